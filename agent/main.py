@@ -1,0 +1,129 @@
+"""`fthsdp agent`: the per-host trainer supervisor.
+
+    fthsdp agent --controller ADDR[,ADDR...] --host-id ID [--spare] [--slots N]
+        [--labels zone=a,rack=3] [--replica-id R --ranks 0,1 --world-size 2]
+        [--restart-budget N --restart-window-s S] [--standby] [--job-id J]
+        -- COMMAND TEMPLATE...
+
+The command template may use {replica_id} {rank} {world_size} {host_id} {job_id} {slot}
+(other braces are left alone); the trainer's environment is described in `agent.env`.
+Prints one JSON line to stdout once first registered, then logs to stderr:
+
+    {"event": "registered", "host_id": "h1", "assignment": {...} | null, "pid": PID}
+
+Exit status: 0 after SIGTERM/SIGINT (trainers stopped), 2 for bad arguments, 3 when the
+controller refuses the registration (duplicate host or duplicate assignment).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import signal
+import sys
+
+from agent.runner import Agent, PermanentError
+from agent.settings import AgentSettings
+
+log = logging.getLogger("agent")
+
+
+def _csv(text: str) -> list[str]:
+    return [part.strip() for part in text.split(",") if part.strip()]
+
+
+def _labels(text: str) -> dict[str, str]:
+    labels = {}
+    for part in _csv(text):
+        key, sep, value = part.partition("=")
+        if not sep or not key:
+            raise argparse.ArgumentTypeError(f"label {part!r} is not KEY=VALUE")
+        labels[key] = value
+    return labels
+
+
+def _ranks(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(r) for r in _csv(text))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"ranks {text!r} are not comma-separated integers")
+
+
+def parse(argv: list[str]) -> AgentSettings:
+    """Settings from the command line; raises ValueError naming a bad value."""
+    command: list[str] = []
+    if "--" in argv:
+        cut = argv.index("--")
+        argv, command = argv[:cut], argv[cut + 1:]
+    p = argparse.ArgumentParser(prog="fthsdp agent", description=__doc__.split("\n")[0])
+    p.add_argument("--controller", required=True, type=_csv,
+                   help="controller gRPC address(es), comma-separated, tried in order")
+    p.add_argument("--host-id", required=True)
+    p.add_argument("--spare", action="store_true", help="register as a warm spare")
+    p.add_argument("--slots", type=int, default=0,
+                   help="trainer processes this host can run (default: number of ranks)")
+    p.add_argument("--labels", type=_labels, default={}, help="e.g. zone=a,rack=3")
+    p.add_argument("--replica-id", default="")
+    p.add_argument("--ranks", type=_ranks, default=())
+    p.add_argument("--world-size", type=int, default=0)
+    p.add_argument("--job-id", default="",
+                   help="passed to trainers as FTHSDP_JOB_ID (default: empty, the controller's)")
+    p.add_argument("--restart-budget", type=int, default=3,
+                   help="local restarts allowed per window before giving up")
+    p.add_argument("--restart-window-s", type=float, default=300.0)
+    p.add_argument("--standby", action="store_true",
+                   help="pre-start trainers with FTHSDP_STANDBY=1 while unassigned")
+    p.add_argument("--heartbeat-interval-s", type=float, default=1.0)
+    p.add_argument("--stop-grace-s", type=float, default=5.0)
+    p.add_argument("--log-level", default="INFO")
+    args = p.parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
+                        format=f"%(asctime)s agent[{args.host_id}] %(levelname)s %(message)s")
+    return AgentSettings(
+        controller_addresses=tuple(args.controller), host_id=args.host_id,
+        command=tuple(command), spare=args.spare, slots=args.slots, labels=args.labels,
+        replica_id=args.replica_id, ranks=args.ranks, world_size=args.world_size,
+        job_id=args.job_id, restart_budget=args.restart_budget,
+        restart_window_s=args.restart_window_s, standby=args.standby,
+        heartbeat_interval_s=args.heartbeat_interval_s, stop_grace_s=args.stop_grace_s,
+    ).validate()
+
+
+async def _run(settings: AgentSettings) -> int:
+    agent = Agent(settings)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+
+    async def announce() -> None:
+        await agent.registered.wait()
+        a = agent.assignment
+        print(json.dumps({"event": "registered", "host_id": settings.host_id,
+                          "assignment": None if a is None else {
+                              "replica_id": a.replica_id, "ranks": list(a.ranks),
+                              "world_size": a.world_size},
+                          "pid": os.getpid()}), flush=True)
+
+    announcer = asyncio.create_task(announce())
+    try:
+        await agent.run(stop)
+    except PermanentError as exc:
+        log.error("%s", exc)
+        return 3
+    finally:
+        announcer.cancel()
+    log.info("stopped")
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    try:
+        settings = parse(argv)
+    except ValueError as exc:
+        print(f"fthsdp agent: {exc}", file=sys.stderr)
+        return 2
+    return asyncio.run(_run(settings))

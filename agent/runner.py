@@ -1,0 +1,252 @@
+"""The agent: register, heartbeat, take orders, report exits; supervise trainers meanwhile.
+
+I/O shell around the pure parts (`orders.plan_order`, `policy.next_action`). One session =
+one controller address: register, then heartbeat + order stream + exit reports together
+until something breaks. A broken session is retried with backoff on the next address (HA);
+a refused registration is permanent and ends the agent (`PermanentError`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import os
+import random
+import time
+import uuid
+from typing import AsyncIterator, Callable
+
+import grpc
+
+from agent import orders
+from agent.orders import Assignment, Effect
+from agent.policy import backoff_s
+from agent.process import ProcessHooks, SubprocessHooks
+from agent.settings import AgentSettings
+from agent.supervisor import Supervisor, TrainerExit
+from protos import controller_pb2 as pb
+from protos import controller_pb2_grpc as pb_grpc
+
+log = logging.getLogger(__name__)
+
+# Answers that retrying cannot fix.
+_PERMANENT = (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.INVALID_ARGUMENT,
+              grpc.StatusCode.ALREADY_EXISTS, grpc.StatusCode.PERMISSION_DENIED,
+              grpc.StatusCode.UNAUTHENTICATED)
+_REMEMBERED_ORDERS = 1024
+
+
+class PermanentError(Exception):
+    """The controller refused this agent; retrying will not help."""
+
+
+class _Reconnect(Exception):
+    """Register again with the same controller: it forgot this host or ended the stream."""
+
+    def __init__(self, why: str, forgotten: bool = False) -> None:
+        super().__init__(why)
+        self.forgotten = forgotten
+
+
+class _NotLeader(Exception):
+    """This controller is a standby: try the next address."""
+
+
+class Agent:
+    def __init__(self, settings: AgentSettings, hooks: ProcessHooks | None = None,
+                 clock: Callable[[], float] = time.monotonic,
+                 base_env: dict[str, str] | None = None) -> None:
+        self.settings = settings
+        self.incarnation = uuid.uuid4().hex
+        self.assignment: Assignment | None = (
+            Assignment(settings.replica_id, settings.ranks, settings.world_size)
+            if settings.replica_id else None)
+        self._pending: collections.deque[TrainerExit] = collections.deque()
+        self._pending_event = asyncio.Event()
+        self._acks: collections.OrderedDict[str, tuple[bool, str]] = collections.OrderedDict()
+        self.supervisor = Supervisor(settings, hooks or SubprocessHooks(
+            settings.stderr_tail_lines, on_exit=lambda: self.supervisor.wake.set()),
+            self._queue_exit, clock, dict(os.environ if base_env is None else base_env))
+        self.registered = asyncio.Event()
+
+    # ------------------------------------------------------------------ top level
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Until `stop` is set (or PermanentError). Trainers are stopped on the way out."""
+        supervising = asyncio.Event()
+        loop_task = asyncio.create_task(self.supervisor.run(supervising))
+        try:
+            await self._sessions(stop)
+        finally:
+            supervising.set()
+            self.supervisor.wake.set()
+            await loop_task
+            await self.supervisor.shutdown()
+
+    async def _sessions(self, stop: asyncio.Event) -> None:
+        addresses, s = self.settings.controller_addresses, self.settings
+        index, attempt = 0, 0
+        while not stop.is_set():
+            address = addresses[index % len(addresses)]
+            try:
+                async with grpc.aio.insecure_channel(address) as channel:
+                    stub = pb_grpc.ControllerStub(channel)
+                    await self._register(stub, address)
+                    attempt = 0
+                    await self._session(stub, stop)
+                continue
+            except _Reconnect as exc:
+                if exc.forgotten:
+                    # The controller declared this agent dead or lost it: to the controller
+                    # this is a new agent, so it gets a new identity (a same-incarnation
+                    # registration would be read as the old, dead one).
+                    self.incarnation = uuid.uuid4().hex
+                log.info("host %s: %s; registering again", s.host_id, exc)
+                delay = 0.0
+            except (grpc.aio.AioRpcError, _NotLeader) as exc:
+                index += 1
+                delay = backoff_s(attempt, base_s=s.reconnect_base_s, cap_s=s.reconnect_cap_s,
+                                  jitter=random.random() * 0.5)
+                attempt += 1
+                why = (f"{exc.code().name}: {exc.details()}"
+                       if isinstance(exc, grpc.aio.AioRpcError) else str(exc))
+                log.warning("host %s: controller %s failed (%s); trying %s in %.2f s",
+                            s.host_id, address, why, addresses[index % len(addresses)], delay)
+            try:
+                await asyncio.wait_for(stop.wait(), delay or 0.001)
+            except asyncio.TimeoutError:
+                pass
+
+    async def _register(self, stub: pb_grpc.ControllerStub, address: str) -> None:
+        s = self.settings
+        request = pb.RegisterAgentRequest(
+            host_id=s.host_id, spare=self.assignment is None, slots=s.slot_count,
+            labels=s.labels, incarnation=self.incarnation,
+            assignment=self.assignment.to_proto() if self.assignment else None)
+        try:
+            response = await stub.RegisterAgent(request, timeout=s.rpc_timeout_s)
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() in _PERMANENT:
+                raise PermanentError(f"controller {address} refused host {s.host_id}: "
+                                     f"{exc.code().name}: {exc.details()}") from exc
+            raise
+        given = Assignment.from_proto(response.assignment)
+        if given != self.assignment:
+            log.warning("host %s: controller %s says run %s instead of %s (%s)", s.host_id,
+                        address, given or "nothing (spare)", self.assignment or "nothing",
+                        response.reason or "no reason given")
+        else:
+            log.info("host %s registered with %s as %s", s.host_id, address,
+                     given or "a spare")
+        self.assignment = given
+        self.supervisor.set_wants(orders.wants_for(given, Effect.TRAIN, s.slot_count,
+                                                   s.standby))
+        self.registered.set()
+        await self.supervisor.reconcile()
+
+    async def _session(self, stub: pb_grpc.ControllerStub, stop: asyncio.Event) -> None:
+        tasks = [asyncio.create_task(c) for c in (
+            self._heartbeats(stub), self._orders(stub), self._report_exits(stub), stop.wait())]
+        try:
+            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                task.result()  # re-raise a session error
+            if not stop.is_set():
+                raise _Reconnect("the order stream ended")
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    # ------------------------------------------------------------------ streams
+
+    async def _heartbeats(self, stub: pb_grpc.ControllerStub) -> None:
+        host_id, interval_s = self.settings.host_id, self.settings.heartbeat_interval_s
+
+        async def beats() -> AsyncIterator[pb.HeartbeatRequest]:
+            while True:
+                yield pb.HeartbeatRequest(host_ids=[host_id])
+                await asyncio.sleep(interval_s)
+
+        async for response in stub.Heartbeat(beats()):
+            if response.not_leader:
+                raise _NotLeader("controller is not the leader")
+            if host_id in response.unknown_ids:
+                raise _Reconnect("the controller does not know this host (or declared it "
+                                 "dead)", forgotten=True)
+
+    async def _orders(self, stub: pb_grpc.ControllerStub) -> None:
+        s = self.settings
+        stream = stub.Orders(pb.OrdersRequest(host_id=s.host_id, incarnation=self.incarnation))
+        async for order in stream:
+            ok, error = await self.handle_order(order)
+            try:
+                await stub.AckOrder(pb.AckOrderRequest(
+                    host_id=s.host_id, order_id=order.order_id, ok=ok, error=error),
+                    timeout=s.rpc_timeout_s)
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() not in _PERMANENT:
+                    raise
+                log.warning("host %s: controller refused the ack of order %s: %s", s.host_id,
+                            order.order_id, exc.details())
+
+    async def _report_exits(self, stub: pb_grpc.ControllerStub) -> None:
+        host_id = self.settings.host_id
+        while True:
+            await self._pending_event.wait()
+            while self._pending:
+                e = self._pending[0]
+                try:
+                    await stub.ReportTrainerExit(pb.TrainerExitRequest(
+                        host_id=host_id, replica_id=e.replica_id, rank=e.rank,
+                        exit_code=e.exit_code, signal=e.signal, stderr_tail=e.stderr_tail,
+                        gave_up=e.gave_up), timeout=self.settings.rpc_timeout_s)
+                except grpc.aio.AioRpcError as exc:
+                    if exc.code() not in _PERMANENT:
+                        raise  # kept: sent again on the next session
+                    log.warning("host %s: controller refused the exit report of replica %s "
+                                "rank %d: %s", host_id, e.replica_id, e.rank, exc.details())
+                self._pending.popleft()
+            self._pending_event.clear()
+
+    def _queue_exit(self, exit_: TrainerExit) -> None:
+        self._pending.append(exit_)
+        self._pending_event.set()
+
+    # ------------------------------------------------------------------ orders
+
+    async def handle_order(self, order: pb.Order) -> tuple[bool, str]:
+        """Execute one order; (ok, error) for its ack. A repeated order_id is answered again."""
+        s = self.settings
+        if order.order_id and order.order_id in self._acks:
+            return self._acks[order.order_id]
+        kind_name = (pb.Order.Kind.Name(order.kind) if order.kind in pb.Order.Kind.values()
+                     else str(order.kind))
+        plan = orders.plan_order(order.kind, Assignment.from_proto(order.assignment),
+                                 self.assignment, s.slot_count, s.host_id)
+        if plan.error:
+            log.warning("host %s: order %s %s: %s", s.host_id, order.order_id, kind_name,
+                        plan.error)
+            result = (False, plan.error)
+        else:
+            assert plan.effect is not None
+            if plan.assignment != self.assignment:
+                log.info("host %s: order %s %s: now runs %s (%s)", s.host_id, order.order_id,
+                         kind_name, plan.assignment or "nothing (spare)", order.reason)
+            else:
+                log.info("host %s: order %s %s (%s)", s.host_id, order.order_id, kind_name,
+                         order.reason)
+            self.assignment = plan.assignment
+            self.supervisor.set_wants(orders.wants_for(plan.assignment, plan.effect,
+                                                       s.slot_count, s.standby))
+            if plan.effect is Effect.RESTART:
+                self.supervisor.bump()
+            if plan.effect in (Effect.RESTART, Effect.TRAIN):
+                self.supervisor.resume()
+            errors = await self.supervisor.reconcile()
+            result = (not errors, "; ".join(errors))
+        self._acks[order.order_id] = result
+        while len(self._acks) > _REMEMBERED_ORDERS:
+            self._acks.popitem(last=False)
+        return result

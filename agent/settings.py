@@ -1,0 +1,115 @@
+"""Agent settings: one frozen dataclass, units in names, one validate().
+
+Command-line flags fill these (see `agent.main`); nothing is read from the environment.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+# Placeholders substituted in the command template. Only these exact `{name}` tokens are
+# replaced; any other braces (a dict literal in `python -c ...`) are left alone.
+PLACEHOLDERS = ("replica_id", "rank", "world_size", "host_id", "job_id", "slot")
+ASSIGNMENT_PLACEHOLDERS = ("replica_id", "rank", "world_size")
+_PLACEHOLDER_RE = re.compile(r"\{(" + "|".join(PLACEHOLDERS) + r")\}")
+
+
+def substitute(template: tuple[str, ...], values: dict[str, object]) -> list[str]:
+    """The command for one trainer: each known `{name}` replaced by `values[name]`."""
+    return [_PLACEHOLDER_RE.sub(lambda m: str(values[m.group(1)]), arg) for arg in template]
+
+
+def placeholders_in(template: tuple[str, ...]) -> set[str]:
+    return {m.group(1) for arg in template for m in _PLACEHOLDER_RE.finditer(arg)}
+
+
+@dataclass(frozen=True)
+class AgentSettings:
+    # Controller gRPC addresses in HA order; on failure the agent tries the next.
+    controller_addresses: tuple[str, ...]
+    # This host's id (unique in the job).
+    host_id: str
+    # The trainer command; placeholders are listed in PLACEHOLDERS.
+    command: tuple[str, ...]
+    # Registered as a warm spare (no assignment) instead of an active host.
+    spare: bool = False
+    # Trainer processes this host can run (GPUs); 0 means "as many as --ranks, at least 1".
+    slots: int = 0
+    # Free-form labels; `zone` decides which spare replaces which host.
+    labels: dict[str, str] = field(default_factory=dict)
+    # Active host assignment.
+    replica_id: str = ""
+    ranks: tuple[int, ...] = ()
+    world_size: int = 0
+    # Trainers get it as FTHSDP_JOB_ID; empty means "whatever job the controller runs"
+    # (the controller accepts an empty job_id).
+    job_id: str = ""
+    # At most restart_budget local restarts per restart_window_s per slot, then give up.
+    restart_budget: int = 3
+    restart_window_s: float = 300.0
+    # Pre-start standby trainers while the host has no assignment.
+    standby: bool = False
+    heartbeat_interval_s: float = 1.0
+    # Stop = SIGTERM to the process group, SIGKILL after this grace.
+    stop_grace_s: float = 5.0
+    # Lines of a trainer's stderr kept and sent with its exit report.
+    stderr_tail_lines: int = 20
+    # Reconnect backoff: base_s * 2**attempt, capped at cap_s.
+    reconnect_base_s: float = 0.2
+    reconnect_cap_s: float = 5.0
+    # Unary calls (register, ack, exit report) give up after this and reconnect.
+    rpc_timeout_s: float = 5.0
+    # The supervisor looks at its processes at least this often (exits wake it at once).
+    poll_interval_s: float = 0.5
+
+    @property
+    def slot_count(self) -> int:
+        return self.slots or max(1, len(self.ranks))
+
+    def validate(self) -> "AgentSettings":
+        """Raise ValueError naming the first bad value; return self when all are good."""
+        if not self.controller_addresses or not all(self.controller_addresses):
+            raise ValueError(f"At least one controller address is needed, got "
+                             f"{list(self.controller_addresses)!r}.")
+        if not self.host_id:
+            raise ValueError("The host id must not be empty.")
+        if not self.command:
+            raise ValueError("A trainer command template is needed after `--`.")
+        if self.slots < 0:
+            raise ValueError(f"slots must be >= 0, got {self.slots}.")
+        if self.spare and self.replica_id:
+            raise ValueError(f"A spare host has no replica, but replica_id={self.replica_id!r} "
+                             "was given.")
+        if not self.spare and not self.replica_id:
+            raise ValueError("An active host needs a replica id (or pass --spare).")
+        if self.replica_id:
+            if not self.ranks:
+                raise ValueError(f"Replica {self.replica_id!r} needs at least one rank.")
+            if self.world_size < 1:
+                raise ValueError(f"world_size must be >= 1, got {self.world_size}.")
+            bad = [r for r in self.ranks if not 0 <= r < self.world_size]
+            if bad:
+                raise ValueError(f"Ranks {bad} are outside 0..{self.world_size - 1} "
+                                 f"(world_size={self.world_size}).")
+            if len(set(self.ranks)) != len(self.ranks):
+                raise ValueError(f"Ranks must be distinct, got {list(self.ranks)}.")
+            if len(self.ranks) > self.slot_count:
+                raise ValueError(f"{len(self.ranks)} ranks do not fit in {self.slot_count} "
+                                 "slots.")
+        if self.restart_budget < 0:
+            raise ValueError(f"restart_budget must be >= 0, got {self.restart_budget}.")
+        for name in ("restart_window_s", "heartbeat_interval_s", "reconnect_base_s",
+                     "reconnect_cap_s", "rpc_timeout_s", "poll_interval_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}.")
+        if self.stop_grace_s < 0:
+            raise ValueError(f"stop_grace_s must be >= 0, got {self.stop_grace_s}.")
+        if self.stderr_tail_lines < 0:
+            raise ValueError(f"stderr_tail_lines must be >= 0, got {self.stderr_tail_lines}.")
+        used = placeholders_in(self.command) & set(ASSIGNMENT_PLACEHOLDERS)
+        if self.standby and used:
+            raise ValueError(f"A standby trainer starts before it has an assignment, so the "
+                             f"command template cannot use {sorted(used)}; read the "
+                             "FTHSDP_* environment after agent.env.wait_for_assignment().")
+        return self

@@ -1,0 +1,227 @@
+"""The supervisor loop: observe each slot, ask `policy.next_action`, execute the answer.
+
+The supervisor owns the slots and their processes; it knows nothing of gRPC. What a slot
+wants is set from outside (`set_wants`, by the order handler); exits of trainers are handed
+to `report` (non-blocking; the controller link sends them). `reconcile()` runs passes until
+every slot waits, so an order's ack can follow its execution.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field, replace
+from typing import Callable
+
+from agent import env as trainer_env
+from agent.policy import (Action, ActionKind, Observed, Proc, RestartBudget, Role, Spec, Want,
+                          next_action)
+from agent.process import ExitStatus, Handle, Launch, ProcessHooks
+from agent.settings import AgentSettings, substitute
+
+log = logging.getLogger(__name__)
+
+_MAX_PASSES = 4
+
+
+@dataclass(frozen=True)
+class TrainerExit:
+    """One trainer exit, for the controller (ReportTrainerExit)."""
+
+    replica_id: str
+    rank: int
+    exit_code: int      # -1 when killed by a signal
+    signal: int         # 0 when it exited on its own
+    stderr_tail: str
+    gave_up: bool
+
+
+@dataclass
+class Slot:
+    index: int
+    want: Want = field(default_factory=lambda: Want(Role.IDLE))
+    handle: Handle | None = None
+    proc: Proc | None = None          # what `handle` runs
+    restart_times_s: list[float] = field(default_factory=list)
+    halted_generation: int | None = None
+    exit_tail: str = ""               # stderr tail of the exited process
+
+
+class Supervisor:
+    def __init__(self, settings: AgentSettings, hooks: ProcessHooks,
+                 report: Callable[[TrainerExit], None], clock: Callable[[], float],
+                 base_env: dict[str, str]) -> None:
+        self.settings = settings
+        self._hooks = hooks
+        self._report = report
+        self._clock = clock
+        self._base_env = base_env
+        self._budget = RestartBudget(settings.restart_budget, settings.restart_window_s)
+        self.slots = [Slot(i) for i in range(settings.slot_count)]
+        self._lock = asyncio.Lock()
+        self.wake = asyncio.Event()
+
+    # ------------------------------------------------------------------ wants
+
+    def set_wants(self, wants: list[Want]) -> None:
+        """New wants, one per slot (missing ones are IDLE); a changed want bumps generation."""
+        wants = wants + [Want(Role.IDLE)] * (len(self.slots) - len(wants))
+        for slot, want in zip(self.slots, wants):
+            if replace(want, generation=0) != replace(slot.want, generation=0):
+                slot.want = replace(want, generation=slot.want.generation + 1)
+        self.wake.set()
+
+    def resume(self) -> None:
+        """Halted slots (gave up, finished, failed to start) may start again."""
+        for slot in self.slots:
+            slot.halted_generation = None
+        self.wake.set()
+
+    def bump(self) -> None:
+        """A new generation for every non-idle slot: running trainers restart, halts clear."""
+        for slot in self.slots:
+            if slot.want.role is not Role.IDLE:
+                slot.want = replace(slot.want, generation=slot.want.generation + 1)
+        self.wake.set()
+
+    # ------------------------------------------------------------------ loop
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Reconcile whenever a trainer exits or wants change, and every poll interval."""
+        while not stop.is_set():
+            self.wake.clear()
+            await self.reconcile()
+            try:
+                await asyncio.wait_for(self.wake.wait(), self.settings.poll_interval_s)
+            except asyncio.TimeoutError:
+                pass
+
+    async def reconcile(self) -> list[str]:
+        """Passes until every slot waits (bounded). Returns errors from starting processes."""
+        errors: list[str] = []
+        async with self._lock:
+            for _ in range(_MAX_PASSES):
+                busy = False
+                for slot in self.slots:
+                    action = self._decide(slot)
+                    if action.kind is not ActionKind.WAIT or slot.proc and slot.proc.exited:
+                        busy = True
+                        error = await self._execute(slot, action)
+                        if error:
+                            errors.append(error)
+                if not busy:
+                    break
+        return errors
+
+    async def shutdown(self) -> None:
+        """Stop every process (agent exit)."""
+        async with self._lock:
+            for slot in self.slots:
+                slot.want = replace(Want(Role.IDLE), generation=slot.want.generation + 1)
+                if slot.handle is not None:
+                    await self._stop(slot, "agent is shutting down")
+
+    # ------------------------------------------------------------------ internals
+
+    def _decide(self, slot: Slot) -> Action:
+        if slot.handle is not None and slot.proc is not None and not slot.proc.exited:
+            status = self._hooks.poll(slot.handle)
+            if status is not None:
+                slot.proc = replace(slot.proc, exited=True, exit_code=status.exit_code,
+                                    signal=status.signal)
+                slot.exit_tail = status.stderr_tail
+        observed = Observed(now_s=self._clock(), proc=slot.proc,
+                            restart_times_s=tuple(slot.restart_times_s),
+                            halted_generation=slot.halted_generation)
+        return next_action(observed, Spec(slot.want, self._budget))
+
+    async def _execute(self, slot: Slot, action: Action) -> str | None:
+        tag = f"slot {slot.index}"
+        if slot.proc is not None and slot.proc.exited:
+            proc, tail = slot.proc, slot.exit_tail
+            slot.handle, slot.proc = None, None
+            log.warning("%s: %s", self._who(proc, tag), action.reason)
+            if proc.role is Role.TRAIN:
+                self._report(TrainerExit(
+                    replica_id=proc.replica_id, rank=proc.rank,
+                    exit_code=-1 if proc.exit_code is None else proc.exit_code,
+                    signal=proc.signal or 0, stderr_tail=tail,
+                    gave_up=action.kind is ActionKind.GIVE_UP))
+            if action.kind is ActionKind.RESTART:
+                slot.restart_times_s.append(self._clock())
+                return await self._start(slot)
+            if proc.generation == slot.want.generation:
+                slot.halted_generation = slot.want.generation  # gave up or finished
+            return None
+        if action.kind is ActionKind.STOP:
+            await self._stop(slot, action.reason)
+        elif action.kind is ActionKind.START:
+            log.info("%s: %s", tag, action.reason)
+            return await self._start(slot)
+        elif action.kind is ActionKind.SWAP_IN:
+            return await self._swap_in(slot, action.reason)
+        return None
+
+    async def _start(self, slot: Slot) -> str | None:
+        want, s = slot.want, self.settings
+        standby = want.role is Role.STANDBY
+        controller = ",".join(s.controller_addresses)
+        values = {"replica_id": want.replica_id, "rank": want.rank,
+                  "world_size": want.world_size, "host_id": s.host_id, "job_id": s.job_id,
+                  "slot": slot.index}
+        launch = Launch(
+            argv=substitute(s.command, values),
+            env=trainer_env.trainer_environment(
+                self._base_env, host_id=s.host_id, job_id=s.job_id, controller=controller,
+                replica_id=None if standby else want.replica_id,
+                rank=None if standby else want.rank,
+                world_size=None if standby else want.world_size),
+            standby=standby,
+            label=f"{s.host_id} standby{slot.index}" if standby
+            else f"{s.host_id} {want.replica_id}/{want.rank}")
+        try:
+            slot.handle = await self._hooks.start(launch)
+        except OSError as exc:
+            slot.halted_generation = want.generation
+            error = f"cannot start {launch.argv[0]!r} on slot {slot.index}: {exc}"
+            log.error("%s", error)
+            return error
+        slot.proc = Proc(want.role, want.generation, want.replica_id, want.rank,
+                         want.world_size)
+        log.info("%s: started pid %d", self._who(slot.proc, f"slot {slot.index}"),
+                 slot.handle.pid)
+        return None
+
+    async def _stop(self, slot: Slot, reason: str) -> ExitStatus | None:
+        if slot.handle is None or slot.proc is None:
+            return None
+        log.info("%s: stopping pid %d: %s", self._who(slot.proc, f"slot {slot.index}"),
+                 slot.handle.pid, reason)
+        status = await self._hooks.stop(slot.handle, self.settings.stop_grace_s)
+        slot.handle, slot.proc = None, None
+        return status
+
+    async def _swap_in(self, slot: Slot, reason: str) -> str | None:
+        assert slot.handle is not None and slot.proc is not None
+        want, s = slot.want, self.settings
+        line = trainer_env.handover_line(
+            replica_id=want.replica_id, rank=want.rank, world_size=want.world_size,
+            host_id=s.host_id, job_id=s.job_id, controller=",".join(s.controller_addresses))
+        try:
+            await self._hooks.hand_over(slot.handle, line)
+        except (OSError, RuntimeError) as exc:
+            # The standby died under us: stop what is left; the next pass cold-starts.
+            log.warning("slot %d: hand-over to pid %d failed (%s); starting cold",
+                        slot.index, slot.handle.pid, exc)
+            await self._stop(slot, "hand-over failed")
+            return None
+        slot.proc = Proc(Role.TRAIN, want.generation, want.replica_id, want.rank,
+                         want.world_size)
+        log.info("%s: %s (pid %d)", self._who(slot.proc, f"slot {slot.index}"), reason,
+                 slot.handle.pid)
+        return None
+
+    def _who(self, proc: Proc, default: str) -> str:
+        if proc.role is Role.TRAIN:
+            return f"replica {proc.replica_id} rank {proc.rank}"
+        return f"{default} {proc.role.value}"

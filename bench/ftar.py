@@ -1,0 +1,133 @@
+"""FTAR vs torch.distributed Gloo all-reduce, measured in the same run on the same data.
+
+    python -m bench.ftar --world 2 4 --sizes 16MiB 64MiB 256MiB --json
+
+Each point starts `world` processes on loopback. Every process builds one float32 tensor; for each
+iteration all ranks pass a Gloo barrier, refill the tensor (not timed), then time one all-reduce;
+an iteration's time is the slowest rank's. Reported: the median of --iters iterations after
+--warmup ones, as bus bandwidth = bytes x 2(n-1)/n / time (GB/s, 1e9 bytes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import socket
+import statistics
+import sys
+import time
+
+UNITS = {"KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "B": 1}
+
+
+def parse_size(text: str) -> int:
+    for unit, factor in UNITS.items():
+        if text.endswith(unit):
+            return int(float(text[: -len(unit)]) * factor)
+    return int(text)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _worker(rank, world, nbytes, iters, warmup, gloo_port, addr_q, members_q, out_q, chunk_bytes, chunks, sockbuf):
+    import torch
+    import torch.distributed as dist
+
+    from ftar_kernels import FtarEndpoint, FtarSettings
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{gloo_port}", rank=rank, world_size=world)
+    settings = FtarSettings(chunk_bytes=chunk_bytes, chunks_in_flight=chunks, timeout_s=60.0, connect_timeout_s=30.0,
+                            socket_buffer_bytes=sockbuf)
+    ep = FtarEndpoint("127.0.0.1", 0, settings)
+    addr_q.put((rank, ep.address))
+    members = members_q.get()
+    ep.configure("bench", 1, members)
+    n = nbytes // 4
+    src = torch.randn(n, generator=torch.Generator().manual_seed(rank))
+    buf = torch.empty_like(src)
+    worst = torch.zeros(1, dtype=torch.float64)
+
+    def timed(run) -> list[float]:
+        times = []
+        for i in range(warmup + iters):
+            buf.copy_(src)
+            dist.barrier()
+            t0 = time.perf_counter()
+            run()
+            worst[0] = time.perf_counter() - t0
+            dist.all_reduce(worst, op=dist.ReduceOp.MAX)
+            if i >= warmup:
+                times.append(float(worst[0]))
+        return times
+
+    ftar = timed(lambda: ep.allreduce(buf).wait())
+    ftar_result = buf.clone()
+    gloo = timed(lambda: dist.all_reduce(buf))
+    same = torch.allclose(ftar_result, buf, rtol=1e-5, atol=1e-4)
+    if rank == 0:
+        out_q.put({"ftar": ftar, "gloo": gloo, "same": bool(same)})
+    dist.barrier()
+    ep.close()
+    dist.destroy_process_group()
+
+
+def measure(world: int, nbytes: int, iters: int, warmup: int, chunk_bytes: int, chunks: int,
+            sockbuf: int) -> dict:
+    ctx = mp.get_context("spawn")
+    addr_q, out_q = ctx.Queue(), ctx.Queue()
+    members_qs = [ctx.Queue() for _ in range(world)]
+    port = free_port()
+    procs = [ctx.Process(target=_worker, args=(r, world, nbytes, iters, warmup, port, addr_q,
+                                               members_qs[r], out_q, chunk_bytes, chunks, sockbuf))
+             for r in range(world)]
+    for p in procs:
+        p.start()
+    addrs = dict(addr_q.get(timeout=120) for _ in range(world))
+    for q in members_qs:
+        q.put([addrs[r] for r in range(world)])
+    result = out_q.get(timeout=1800)
+    for p in procs:
+        p.join(60)
+    factor = nbytes * 2 * (world - 1) / world / 1e9
+    ftar_s, gloo_s = statistics.median(result["ftar"]), statistics.median(result["gloo"])
+    return {"world": world, "bytes": nbytes, "ftar_busbw_gbs": round(factor / ftar_s, 3),
+            "gloo_busbw_gbs": round(factor / gloo_s, 3), "ratio": round(gloo_s / ftar_s, 3),
+            "ftar_median_s": round(ftar_s, 4), "gloo_median_s": round(gloo_s, 4),
+            "iters": len(result["ftar"]), "results_match": result["same"],
+            "chunk_bytes": chunk_bytes, "chunks_in_flight": chunks}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--world", type=int, nargs="+", default=[2, 4])
+    ap.add_argument("--sizes", nargs="+", default=["16MiB", "64MiB", "256MiB"])
+    ap.add_argument("--iters", type=int, default=5)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--chunk-bytes", default="8MiB")
+    ap.add_argument("--chunks-in-flight", type=int, default=2)
+    ap.add_argument("--socket-buffer-bytes", default="4MiB", help="0 keeps kernel autotuning")
+    ap.add_argument("--json", action="store_true", help="one JSON line per point")
+    args = ap.parse_args(argv)
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    for world in args.world:
+        for size in args.sizes:
+            row = measure(world, parse_size(size), args.iters, args.warmup,
+                          parse_size(args.chunk_bytes), args.chunks_in_flight,
+                          parse_size(args.socket_buffer_bytes))
+            if args.json:
+                print(json.dumps(row), flush=True)
+            else:
+                print(f"world {world} {size:>8}: FTAR {row['ftar_busbw_gbs']:.2f} GB/s, "
+                      f"Gloo {row['gloo_busbw_gbs']:.2f} GB/s, ratio {row['ratio']:.2f}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

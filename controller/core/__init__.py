@@ -1,0 +1,1 @@
+"""The controller's decisions: pure functions and state, time passed in, no I/O."""

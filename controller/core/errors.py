@@ -1,0 +1,21 @@
+"""The two kinds of bad request the core refuses. Both leave state unchanged.
+
+The service maps them in one place: InvalidArgument → gRPC INVALID_ARGUMENT / HTTP 400,
+FailedPrecondition → gRPC FAILED_PRECONDITION / HTTP 409, NotFound → NOT_FOUND / 404.
+"""
+
+
+class RequestError(Exception):
+    """A request the controller refuses; the message names the bad value."""
+
+
+class InvalidArgument(RequestError):
+    """The request itself is malformed (negative numbers, empty or oversized fields)."""
+
+
+class FailedPrecondition(RequestError):
+    """The request is well formed but conflicts with the controller's state."""
+
+
+class NotFound(RequestError):
+    """The request names something the controller does not know."""

@@ -1,0 +1,204 @@
+"""Host registry: agents, spares, cordons, swaps and the orders they produce. Time passed in."""
+
+from __future__ import annotations
+
+from controller.core.checks import check_id, check_ranks
+from controller.core.errors import FailedPrecondition, InvalidArgument, NotFound
+from controller.core.model import Assignment, DeathCause, Host, HostState, OrderOut
+from controller.core.spares import pick_spare
+
+MAX_LABELS = 32
+
+
+class HostRegistry:
+    """Mixin of ControllerState: everything about hosts."""
+
+    def register_agent(self, host_id: str, incarnation: str, now: float, *, spare: bool = False,
+                       slots: int = 1, labels: dict[str, str] | None = None,
+                       assignment: Assignment | None = None) -> tuple[Assignment | None, str]:
+        s = self.settings
+        check_id("host_id", host_id, s.max_id_chars)
+        check_id("incarnation", incarnation, s.max_id_chars)
+        labels = dict(labels or {})
+        if slots < 0:
+            raise InvalidArgument(f"slots must not be negative, got {slots}.")
+        if len(labels) > MAX_LABELS:
+            raise InvalidArgument(f"host {host_id} sent {len(labels)} labels; the limit is {MAX_LABELS}.")
+        for k, v in labels.items():
+            check_id("label key", k, s.max_id_chars)
+            if len(v) > s.max_id_chars:
+                raise InvalidArgument(f"label {k}={v[:40]!r}… is longer than {s.max_id_chars} characters.")
+        if assignment is not None:
+            if spare:
+                raise InvalidArgument(f"host {host_id} registered as a spare but also claims {assignment.describe()}.")
+            check_id("assignment replica_id", assignment.replica_id, s.max_id_chars)
+            check_ranks(assignment.ranks, assignment.world_size)
+        h = self.hosts.get(host_id)
+        if h is not None and h.incarnation == incarnation:
+            h.last_seen = now
+            return h.assignment, "already registered"
+        if (h is not None and h.state != HostState.DEAD
+                and now - h.last_seen <= s.heartbeat_timeout_s):
+            raise FailedPrecondition(
+                f"host {host_id} is already registered by a live agent (incarnation {h.incarnation}); "
+                f"incarnation {incarnation} is a duplicate registration with a different identity."
+            )
+        if assignment is not None and (h is None or h.assignment is None):
+            holder = self._holder(assignment, exclude=host_id)
+            if holder is not None:
+                if h is None:
+                    raise FailedPrecondition(
+                        f"duplicate assignment: host {holder} already runs {assignment.describe()}."
+                    )
+                assignment = None  # a returning host whose work moved to a spare joins the pool
+        # Validated: from here on the request changes state.
+        if h is None:
+            h = self.hosts[host_id] = Host(host_id, incarnation, HostState.SPARE)
+            verb = "registered"
+        else:
+            verb = "registered again"
+            if h.cordoned and h.cordon_by == "failure":
+                h.cordoned, h.cordon_reason, h.cordon_by = False, "", ""
+                verb = "returned after repair"
+        h.incarnation, h.slots, h.labels, h.last_seen = incarnation, max(slots, 1), labels, now
+        if h.assignment is None and assignment is not None:
+            h.assignment = assignment
+        h.state = HostState.ACTIVE if h.assignment else HostState.SPARE
+        role = h.assignment.describe() if h.assignment else "spare pool"
+        reason = f"host {host_id} {verb}: {role}" + (" (cordoned)" if h.cordoned else "")
+        self._event(now, "host", host_id, reason)
+        self.dirty_hosts = True
+        if h.state == HostState.SPARE and not h.cordoned:
+            self._fill_orphans(now)
+        return h.assignment, reason
+
+    def heartbeat_hosts(self, host_ids, now: float) -> list[str]:
+        unknown = []
+        for hid in host_ids:
+            h = self.hosts.get(hid)
+            if h is None or h.state == HostState.DEAD:
+                unknown.append(hid)
+            else:
+                h.last_seen = now
+        return unknown
+
+    def expire_hosts(self, now: float) -> None:
+        limit = self.settings.heartbeat_timeout_s
+        for h in list(self.hosts.values()):
+            if h.state != HostState.DEAD and now - h.last_seen > limit:
+                self._host_died(h, f"agent silent for {now - h.last_seen:.1f}s (limit {limit:g}s)", now)
+
+    def trainer_exit(self, host_id: str, replica_id: str, rank: int, now: float, *, exit_code: int = 0,
+                     signal: int = 0, stderr_tail: str = "", gave_up: bool = False) -> None:
+        h = self._known_host(host_id)
+        if h.assignment is None or h.assignment.replica_id != replica_id or rank not in h.assignment.ranks:
+            raise FailedPrecondition(
+                f"host {host_id} does not run replica {replica_id!r} rank {rank}; "
+                f"it runs {h.assignment.describe() if h.assignment else 'nothing'}."
+            )
+        how = f"signal {signal}" if signal else f"exit code {exit_code}"
+        tail = stderr_tail.strip().splitlines()[-1:] if stderr_tail else []
+        why = f"trainer rank {rank} on host {host_id} died ({how})" + (f": {tail[0][:200]}" if tail else "")
+        h.last_seen = now
+        self.kill_replica(replica_id, DeathCause.TRAINER_EXIT, why, now)
+        if gave_up:
+            self._cordon(h, "failure", f"restart budget exhausted: {why}", now)
+            self._swap(h, now)
+
+    def ack_order(self, host_id: str, order_id: str, ok: bool, error: str, now: float) -> None:
+        self._known_host(host_id)
+        if not ok:
+            self._event(now, "order_failed", host_id, f"host {host_id} refused order {order_id}: {error}")
+
+    # -- operator actions --------------------------------------------------------------------
+
+    def drain(self, host_id: str, now: float) -> str:
+        h = self._known_host(host_id)
+        if h.assignment is None:
+            raise FailedPrecondition(f"host {host_id} runs nothing; there is nothing to drain.")
+        choice = pick_spare(h, list(self.hosts.values()))
+        if choice.host_id is None:
+            raise FailedPrecondition(f"cannot drain host {host_id}: {choice.reason}.")
+        self._cordon(h, "admin", "drained by an operator", now)
+        self.kill_replica(h.assignment.replica_id, DeathCause.HOST, f"host {host_id} is being drained", now)
+        return self._swap(h, now)
+
+    def cordon(self, host_id: str, reason: str, now: float) -> None:
+        self._cordon(self._known_host(host_id), "admin", reason or "cordoned by an operator", now)
+
+    def uncordon(self, host_id: str, now: float) -> None:
+        h = self._known_host(host_id)
+        if h.cordoned:
+            h.cordoned, h.cordon_reason, h.cordon_by = False, "", ""
+            self.dirty_hosts = True
+            self._event(now, "host", host_id, f"host {host_id} uncordoned")
+            if h.state == HostState.SPARE:
+                self._fill_orphans(now)
+
+    # -- internals ---------------------------------------------------------------------------
+
+    def _known_host(self, host_id: str) -> Host:
+        check_id("host_id", host_id, self.settings.max_id_chars)
+        h = self.hosts.get(host_id)
+        if h is None:
+            raise NotFound(f"host {host_id!r} is unknown: its agent must register first.")
+        return h
+
+    def _holder(self, a: Assignment, exclude: str) -> str | None:
+        for other in self.hosts.values():
+            oa = other.assignment
+            if other.host_id != exclude and oa and oa.replica_id == a.replica_id and set(oa.ranks) & set(a.ranks):
+                return other.host_id
+        return None
+
+    def _cordon(self, h: Host, by: str, reason: str, now: float) -> None:
+        h.cordoned, h.cordon_reason, h.cordon_by = True, reason, by
+        self.dirty_hosts = True
+        self._event(now, "cordon", h.host_id, f"host {h.host_id} cordoned: {reason}")
+
+    def _host_died(self, h: Host, why: str, now: float) -> None:
+        h.state = HostState.DEAD
+        self.dirty_hosts = True
+        self._event(now, "host_death", h.host_id, f"host {h.host_id} died: {why}", "heartbeat")
+        if h.assignment is not None:
+            self.kill_replica(h.assignment.replica_id, DeathCause.HOST, f"host {h.host_id} died: {why}", now)
+            if not h.cordoned:
+                self._cordon(h, "failure", why, now)
+            self._swap(h, now)
+
+    def _swap(self, failed: Host, now: float) -> str:
+        """Move `failed`'s assignment to a spare and order the replica to rebuild."""
+        a = failed.assignment
+        choice = pick_spare(failed, list(self.hosts.values()))
+        if a is None or choice.host_id is None:
+            self._event(now, "no_spare", failed.host_id,
+                        f"{choice.reason}; {a.describe() if a else 'nothing'} stays out until one is free")
+            return choice.reason
+        spare = self.hosts[choice.host_id]
+        spare.assignment, spare.state = a, HostState.ACTIVE
+        failed.assignment = None
+        if failed.state != HostState.DEAD:
+            failed.state = HostState.SPARE
+            self._order(failed.host_id, "STOP", None, f"its work moved to host {spare.host_id}")
+        self._order(spare.host_id, "ASSIGN", a, f"replaces host {failed.host_id}: {choice.reason}")
+        for other in self.hosts.values():
+            oa = other.assignment
+            if other is not spare and oa and oa.replica_id == a.replica_id and other.state == HostState.ACTIVE:
+                self._order(other.host_id, "RESTART", oa, f"replica {a.replica_id} rebuilds after host {failed.host_id} failed")
+        self.swaps += 1
+        self.dirty_hosts = True
+        why = f"host {spare.host_id} takes {a.describe()} from host {failed.host_id} ({choice.reason})"
+        self._event(now, "swap", failed.host_id, why)
+        return why
+
+    def _fill_orphans(self, now: float) -> None:
+        """A spare arrived: give it work that waits on a dead or cordoned host."""
+        for h in sorted(self.hosts.values(), key=lambda h: h.host_id):
+            if h.assignment is not None and (h.state == HostState.DEAD or h.cordon_by == "failure"):
+                if pick_spare(h, list(self.hosts.values())).host_id is None:
+                    return
+                self._swap(h, now)
+
+    def _order(self, host_id: str, kind: str, a: Assignment | None, reason: str) -> None:
+        self.order_seq += 1
+        self.outbox.append(OrderOut(host_id, f"o{self.order_seq}", kind, a, reason))

@@ -1,0 +1,130 @@
+"""Records the controller keeps: replicas, hosts, quorums, events.
+
+Replica states (every transition carries a reason and becomes an event):
+
+    JOINING ──(in a quorum, at max_step)──▶ HEALTHY
+    JOINING ──(in a quorum, below max_step)─▶ BEHIND
+    HEALTHY ◀──────(caught up, commits)───── BEHIND
+    HEALTHY / BEHIND ──(late for a round)──▶ JOINING
+    any ──(heartbeat silence, failure report, trainer exit, host death)──▶ DEAD
+    DEAD ──(joins again, usually a new incarnation)──▶ JOINING
+
+Host states: ACTIVE (runs an assignment), SPARE (in the pool), DEAD (agent silent);
+`cordon` is a separate flag with a reason (an admin action or a failure).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+
+class ReplicaState(str, enum.Enum):
+    JOINING = "JOINING"
+    HEALTHY = "HEALTHY"
+    BEHIND = "BEHIND"
+    DEAD = "DEAD"
+
+
+class HostState(str, enum.Enum):
+    ACTIVE = "ACTIVE"
+    SPARE = "SPARE"
+    DEAD = "DEAD"
+
+
+class DeathCause(str, enum.Enum):
+    HEARTBEAT = "heartbeat"
+    REPORTED = "reported"
+    TRAINER_EXIT = "trainer_exit"
+    HOST = "host"
+    RESTARTED = "restarted"
+
+
+@dataclass
+class Replica:
+    replica_id: str
+    state: ReplicaState = ReplicaState.JOINING
+    reason: str = "registered"
+    incarnation: str = ""
+    #: The step this replica trains next (last committed + 1).
+    step: int = 0
+    #: Highest step committed (-1: none yet).
+    committed_step: int = -1
+    world_size: int = 0
+    ftar_addresses: tuple[str, ...] = ()
+    state_addresses: tuple[str, ...] = ()
+    leader_address: str = ""
+    last_seen: float = 0.0
+    #: Set by a COMMIT_FAILED report; the next quorum gets a new id.
+    failed_commit: bool = False
+    last_loss: float | None = None
+    last_step_time_s: float | None = None
+    tokens: int = 0
+
+
+@dataclass(frozen=True)
+class Assignment:
+    replica_id: str
+    ranks: tuple[int, ...]
+    world_size: int
+
+    def describe(self) -> str:
+        return f"replica {self.replica_id} ranks {','.join(map(str, self.ranks))}"
+
+
+@dataclass
+class Host:
+    host_id: str
+    incarnation: str
+    state: HostState
+    slots: int = 1
+    labels: dict[str, str] = field(default_factory=dict)
+    assignment: Assignment | None = None
+    last_seen: float = 0.0
+    cordoned: bool = False
+    cordon_reason: str = ""
+    #: "admin" cordons survive re-registration; "failure" cordons are lifted by it.
+    cordon_by: str = ""
+
+
+@dataclass(frozen=True)
+class Member:
+    replica_id: str
+    step: int
+    healthy: bool
+
+
+@dataclass(frozen=True)
+class Quorum:
+    quorum_id: int
+    members: tuple[Member, ...]
+    max_step: int
+    #: behind replica -> sources by rank shard
+    recover: dict[str, tuple[str, ...]]
+    lr_scale: float
+    reason: str
+    formed_at: float
+
+    @property
+    def member_ids(self) -> frozenset[str]:
+        return frozenset(m.replica_id for m in self.members)
+
+
+@dataclass(frozen=True)
+class Event:
+    at: float
+    kind: str
+    subject: str
+    message: str
+    cause: str = ""
+
+
+@dataclass(frozen=True)
+class OrderOut:
+    """An order the service must deliver to one agent."""
+
+    host_id: str
+    order_id: str
+    kind: str
+    assignment: Assignment | None
+    reason: str

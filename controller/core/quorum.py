@@ -1,0 +1,123 @@
+"""When does a quorum round close, and what does the quorum say? Pure functions.
+
+`compute_quorum(view, now, settings)` decides whether the round closes now: it returns the
+members (or None) and a reason a person can read. `form_quorum(...)` turns the members into
+the answer: quorum id, max step, healthy and behind, recovery sources and lr scale.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from controller.core.model import Member, Quorum
+
+
+@dataclass(frozen=True)
+class RoundView:
+    #: replica id -> the step it asks to train, for every replica that joined this round
+    joined: dict[str, int]
+    #: when the first of them joined (None when nobody has)
+    first_join_at: float | None
+    #: every replica that is not DEAD (joiners included)
+    live: frozenset[str]
+    #: members of the previous quorum (empty before the first)
+    previous: frozenset[str]
+    #: configured replicas that have never registered (a job still starting up)
+    unregistered: int = 0
+
+
+@dataclass(frozen=True)
+class QuorumDecision:
+    members: frozenset[str] | None
+    reason: str
+    #: when to look again if nothing changes (None: only on the next event)
+    wake_at: float | None = None
+
+
+def _names(ids) -> str:
+    return ", ".join(sorted(ids)) or "none"
+
+
+def compute_quorum(view: RoundView, now: float, *, min_replicas: int, join_timeout_s: float) -> QuorumDecision:
+    joined = frozenset(view.joined)
+    missing = view.live - joined
+    # Nobody asked: nothing to decide.
+    if not joined:
+        return QuorumDecision(None, "no replica has joined this round")
+    # Fast path: the same members as last time, and all of them are here.
+    if joined == view.previous and not missing:
+        return QuorumDecision(joined, f"fast path: membership unchanged, all {len(joined)} joined")
+    # Below the minimum nothing closes, not even on timeout.
+    if len(joined) < min_replicas:
+        return QuorumDecision(
+            None, f"waiting: {len(joined)} joined, min_replicas is {min_replicas}; missing {_names(missing)}"
+        )
+    # Every live replica is here, and no configured one is still to come: close at once.
+    if not missing and not view.unregistered:
+        return QuorumDecision(joined, f"all {len(joined)} live replicas joined")
+    # Split-brain guard: never close with a minority of the live replicas.
+    if 2 * len(joined) <= len(view.live):
+        return QuorumDecision(
+            None,
+            f"waiting: {len(joined)} joined is not a majority of {len(view.live)} live replicas; "
+            f"missing {_names(missing)}",
+        )
+    # Join timeout, counted from the round's first joiner.
+    deadline = (now if view.first_join_at is None else view.first_join_at) + join_timeout_s
+    if now >= deadline:
+        return QuorumDecision(
+            joined,
+            f"join timeout after {join_timeout_s:g}s: {len(joined)} of {len(view.live)} live joined; "
+            f"left out {_names(missing)}" + (f" and {view.unregistered} unregistered" if view.unregistered else ""),
+        )
+    awaited = _names(missing) if missing else ""
+    if view.unregistered:
+        awaited += f"{', ' if missing else ''}{view.unregistered} replica(s) not registered yet"
+    return QuorumDecision(None, f"waiting up to {deadline - now:.3g}s more for {awaited}", wake_at=deadline)
+
+
+def lr_scale(policy: str, healthy: int, total: int) -> float:
+    """The learning-rate factor for a step trained by `healthy` of `total` replicas."""
+    if policy == "none" or total <= 0:
+        return 1.0
+    fraction = min(healthy, total) / total
+    return fraction if policy == "linear" else math.sqrt(fraction)
+
+
+def assign_recovery(healthy: list[str], behind: list[str]) -> dict[str, tuple[str, ...]]:
+    """Round-robin sources per rank shard: rank r of behind replica b fetches from
+    sources[b][r % len(healthy)], and each behind replica's rotation starts one further on,
+    so no single healthy replica serves every recovering rank."""
+    if not healthy:
+        return {}
+    h = sorted(healthy)
+    return {b: tuple(h[(i + s) % len(h)] for s in range(len(h))) for i, b in enumerate(sorted(behind))}
+
+
+def form_quorum(
+    members: dict[str, int],
+    *,
+    previous_id: int,
+    previous_members: frozenset[str],
+    failed_commit: bool,
+    lr_policy: str,
+    total_replicas: int,
+    reason: str,
+    now: float,
+) -> Quorum:
+    """Build the answer for `members` (replica id -> step)."""
+    max_step = max(members.values())
+    healthy = [r for r, s in members.items() if s == max_step]
+    behind = [r for r, s in members.items() if s < max_step]
+    changed = frozenset(members) != previous_members
+    quorum_id = previous_id + 1 if (changed or failed_commit or previous_id == 0) else previous_id
+    return Quorum(
+        quorum_id=quorum_id,
+        members=tuple(Member(r, members[r], members[r] == max_step) for r in sorted(members)),
+        max_step=max_step,
+        recover=assign_recovery(healthy, behind),
+        lr_scale=lr_scale(lr_policy, len(healthy), total_replicas),
+        reason=reason,
+        formed_at=now,
+    )

@@ -1,0 +1,197 @@
+"""Replica registry and quorum rounds: joins, commits, failures, deaths. Time passed in."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from controller.core.checks import check_addresses, check_id, check_non_negative
+from controller.core.errors import FailedPrecondition, InvalidArgument
+from controller.core.model import DeathCause, Quorum, Replica, ReplicaState
+from controller.core.quorum import RoundView, compute_quorum, form_quorum
+
+
+@dataclass(frozen=True)
+class JoinRequest:
+    replica_id: str
+    step: int
+    world_size: int
+    incarnation: str = ""
+    ftar_addresses: tuple[str, ...] = ()
+    state_addresses: tuple[str, ...] = ()
+    leader_address: str = ""
+
+
+class ReplicaRegistry:
+    """Mixin of ControllerState: everything about replicas and rounds."""
+
+    # -- joining a round ---------------------------------------------------------------
+
+    def join(self, req: JoinRequest, now: float) -> None:
+        s = self.settings
+        rid = check_id("replica_id", req.replica_id, s.max_id_chars)
+        check_non_negative("step", req.step)
+        if not 1 <= req.world_size <= s.max_world_size:
+            raise InvalidArgument(f"world_size must be 1..{s.max_world_size}, got {req.world_size}.")
+        ftar = check_addresses("ftar_addresses", req.ftar_addresses, req.world_size, s.max_address_chars)
+        state = check_addresses("state_addresses", req.state_addresses, req.world_size, s.max_address_chars)
+        if len(req.leader_address) > s.max_address_chars:
+            raise InvalidArgument(f"leader_address is {len(req.leader_address)} characters; the limit is {s.max_address_chars}.")
+        if len(req.incarnation) > s.max_id_chars:
+            raise InvalidArgument(f"incarnation is {len(req.incarnation)} characters; the limit is {s.max_id_chars}.")
+        r = self.replicas.get(rid)
+        if r is None and len(self.replicas) >= 4 * s.replicas + 16:
+            raise FailedPrecondition(
+                f"replica {rid!r} is one too many: the job is configured for {s.replicas} replicas."
+            )
+        restarted = r is not None and bool(r.incarnation) and req.incarnation != r.incarnation
+        if (r is not None and not restarted and r.state != ReplicaState.DEAD
+                and req.step < r.step and not r.failed_commit):
+            raise FailedPrecondition(
+                f"replica {rid} asked to train step {req.step}, but it already committed step "
+                f"{r.committed_step}; a step may go back only after a failed-commit report."
+            )
+        # Validated: from here on the request changes state.
+        if r is None:
+            r = self.replicas[rid] = Replica(replica_id=rid, incarnation=req.incarnation, step=req.step)
+            self._event(now, "replica", rid, f"replica {rid} registered at step {req.step}")
+        elif restarted and r.state != ReplicaState.DEAD:
+            self.kill_replica(rid, DeathCause.RESTARTED,
+                              f"its leader restarted (incarnation {r.incarnation} → {req.incarnation})", now)
+        if r.state == ReplicaState.DEAD:
+            self._transition(r, ReplicaState.JOINING, f"rejoined at step {req.step}", now)
+        r.incarnation = req.incarnation or r.incarnation
+        r.step = req.step
+        r.world_size = req.world_size
+        r.last_seen = now
+        if ftar:
+            r.ftar_addresses = ftar
+        if state:
+            r.state_addresses = state
+        r.leader_address = req.leader_address or r.leader_address
+        if not self.round_joined:
+            self.round_first_join_at = now
+        self.round_joined[rid] = req.step
+
+    def try_close_round(self, now: float) -> Quorum | None:
+        """Close the round if the policy says so; returns the new quorum or None."""
+        s = self.settings
+        previous = self.quorum.member_ids if self.quorum else frozenset()
+        view = RoundView(
+            joined=dict(self.round_joined),
+            first_join_at=self.round_first_join_at,
+            live=frozenset(r.replica_id for r in self.replicas.values() if r.state != ReplicaState.DEAD),
+            previous=previous,
+            unregistered=max(s.replicas - len(self.replicas), 0),
+        )
+        decision = compute_quorum(view, now, min_replicas=s.min_replicas, join_timeout_s=s.join_timeout_s)
+        self.round_reason, self.round_wake_at = decision.reason, decision.wake_at
+        if decision.members is None:
+            return None
+        members = {rid: self.round_joined[rid] for rid in decision.members}
+        q = form_quorum(
+            members,
+            previous_id=self.quorum.quorum_id if self.quorum else 0,
+            previous_members=previous,
+            failed_commit=any(self.replicas[rid].failed_commit for rid in members),
+            lr_policy=s.lr_policy,
+            total_replicas=s.replicas,
+            reason=decision.reason,
+            now=now,
+        )
+        for m in q.members:
+            r = self.replicas[m.replica_id]
+            r.failed_commit = False
+            if m.healthy:
+                self._transition(r, ReplicaState.HEALTHY, f"in quorum {q.quorum_id} at step {q.max_step}", now)
+            else:
+                self._transition(r, ReplicaState.BEHIND,
+                                 f"in quorum {q.quorum_id} at step {m.step}, behind max step {q.max_step}; "
+                                 f"recovering from {', '.join(q.recover.get(m.replica_id, ()))}", now)
+        for r in self.replicas.values():
+            if r.state in (ReplicaState.HEALTHY, ReplicaState.BEHIND) and r.replica_id not in members:
+                self._transition(r, ReplicaState.JOINING, f"left out of quorum {q.quorum_id}: {q.reason}", now)
+        if not self.quorum or q.quorum_id != self.quorum.quorum_id:
+            self._event(now, "quorum", str(q.quorum_id),
+                        f"quorum {q.quorum_id}: {', '.join(m.replica_id for m in q.members)} at step "
+                        f"{q.max_step}, lr_scale {q.lr_scale:.3f} ({q.reason})")
+            self.quorum_history.append(q)
+            del self.quorum_history[: -s.recent_quorums]
+            self.dirty_replicas = True
+        self.quorum = q
+        self.round_joined = {}
+        self.round_first_join_at = None
+        self.round_wake_at = None
+        return q
+
+    # -- reports ---------------------------------------------------------------------------
+
+    def _known_replica(self, replica_id: str) -> Replica:
+        check_id("replica_id", replica_id, self.settings.max_id_chars)
+        r = self.replicas.get(replica_id)
+        if r is None:
+            raise FailedPrecondition(f"replica {replica_id!r} is unknown: it must join a quorum first.")
+        return r
+
+    def report_step(self, replica_id: str, step: int, now: float, *, loss: float | None = None,
+                    step_time_s: float | None = None, tokens: int = 0) -> None:
+        r = self._known_replica(replica_id)
+        check_non_negative("step", step)
+        check_non_negative("tokens", tokens)
+        if step_time_s is not None and step_time_s < 0:
+            raise InvalidArgument(f"step_time_s must not be negative, got {step_time_s}.")
+        if step < r.committed_step:
+            raise FailedPrecondition(
+                f"replica {replica_id} reported step {step} as committed, but it already committed step "
+                f"{r.committed_step}; steps never go backwards."
+            )
+        r.committed_step = step
+        r.step = step + 1
+        r.last_seen = now
+        r.last_loss, r.last_step_time_s = loss, step_time_s
+        r.tokens += tokens
+        self.steps_committed += 1
+        self.dirty_replicas = True
+        if r.state == ReplicaState.BEHIND and self.quorum and step >= self.quorum.max_step:
+            self._transition(r, ReplicaState.HEALTHY, f"caught up and committed step {step}", now)
+
+    def report_commit_failed(self, replica_id: str, step: int, reason: str, now: float) -> None:
+        r = self._known_replica(replica_id)
+        check_non_negative("step", step)
+        r.failed_commit = True
+        r.last_seen = now
+        self._event(now, "commit_failed", replica_id,
+                    f"replica {replica_id} failed to commit step {step}: {reason or 'no reason given'}")
+
+    def report_replica_dead(self, replica_id: str, reason: str, now: float) -> None:
+        self._known_replica(replica_id)
+        self.kill_replica(replica_id, DeathCause.REPORTED, reason or "reported dead", now)
+
+    # -- liveness ----------------------------------------------------------------------------
+
+    def kill_replica(self, replica_id: str, cause: DeathCause, reason: str, now: float) -> bool:
+        r = self.replicas.get(replica_id)
+        if r is None or r.state == ReplicaState.DEAD:
+            return False
+        self._transition(r, ReplicaState.DEAD, reason, now, cause=cause.value)
+        self.deaths[cause.value] = self.deaths.get(cause.value, 0) + 1
+        self.round_joined.pop(replica_id, None)
+        if not self.round_joined:
+            self.round_first_join_at = None
+        return True
+
+    def expire_replicas(self, now: float) -> None:
+        limit = self.settings.heartbeat_timeout_s
+        for r in list(self.replicas.values()):
+            if r.state != ReplicaState.DEAD and now - r.last_seen > limit:
+                self.kill_replica(r.replica_id, DeathCause.HEARTBEAT,
+                                  f"no heartbeat for {now - r.last_seen:.1f}s (limit {limit:g}s)", now)
+
+    def _transition(self, r: Replica, state: ReplicaState, reason: str, now: float, cause: str = "") -> None:
+        if r.state == state and r.reason == reason:
+            return
+        changed = r.state != state
+        r.state, r.reason = state, reason
+        self.dirty_replicas = True
+        if changed:
+            self._event(now, "death" if state == ReplicaState.DEAD else "replica", r.replica_id,
+                        f"replica {r.replica_id} became {state.value}: {reason}", cause)

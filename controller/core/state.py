@@ -1,0 +1,130 @@
+"""ControllerState: the whole picture the controller decides on, and its durable snapshot.
+
+Every method takes `now` (seconds) from the caller; nothing here reads a clock, opens a
+socket or touches the store. The service applies a request, then drains `outbox` (orders
+for agents) and persists the snapshot when `dirty_*` is set.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+
+from controller.core.hosts import HostRegistry
+from controller.core.model import (
+    Assignment, Event, Host, HostState, Member, OrderOut, Quorum, Replica, ReplicaState,
+)
+from controller.core.replicas import ReplicaRegistry
+from controller.settings import ControllerSettings
+
+SNAPSHOT_VERSION = 1
+
+
+class ControllerState(ReplicaRegistry, HostRegistry):
+    def __init__(self, settings: ControllerSettings) -> None:
+        self.settings = settings.validate()
+        self.replicas: dict[str, Replica] = {}
+        self.hosts: dict[str, Host] = {}
+        self.quorum: Quorum | None = None
+        self.quorum_history: list[Quorum] = []
+        self.round_joined: dict[str, int] = {}
+        self.round_first_join_at: float | None = None
+        self.round_reason = "no replica has joined this round"
+        self.round_wake_at: float | None = None
+        self.events: list[Event] = []
+        self.outbox: list[OrderOut] = []
+        self.order_seq = 0
+        self.steps_committed = 0
+        self.swaps = 0
+        self.deaths: dict[str, int] = {}
+        self.dirty_replicas = False
+        self.dirty_hosts = False
+
+    def expire(self, now: float) -> None:
+        """Declare dead whoever has been silent past the heartbeat timeout."""
+        self.expire_hosts(now)
+        self.expire_replicas(now)
+
+    def heartbeat_replicas(self, replica_ids, now: float) -> list[str]:
+        unknown = []
+        for rid in replica_ids:
+            r = self.replicas.get(rid)
+            if r is None or r.state == ReplicaState.DEAD:
+                unknown.append(rid)
+            else:
+                r.last_seen = now
+        return unknown
+
+    def take_orders(self) -> list[OrderOut]:
+        out, self.outbox = self.outbox, []
+        return out
+
+    def _event(self, now: float, kind: str, subject: str, message: str, cause: str = "") -> None:
+        self.events.append(Event(now, kind, subject, message, cause))
+        if len(self.events) > self.settings.recent_events:
+            del self.events[: len(self.events) - self.settings.recent_events]
+
+    # -- durable snapshot --------------------------------------------------------------------
+
+    def snapshot_replicas(self) -> dict:
+        return {
+            "version": SNAPSHOT_VERSION,
+            "quorum": _quorum_to_dict(self.quorum) if self.quorum else None,
+            "history": [_quorum_to_dict(q) for q in self.quorum_history],
+            "replicas": [
+                {k: v for k, v in asdict(r).items() if k not in ("last_seen",)} for r in self.replicas.values()
+            ],
+            "events": [asdict(e) for e in self.events],
+            "steps_committed": self.steps_committed,
+            "swaps": self.swaps,
+            "deaths": self.deaths,
+            "order_seq": self.order_seq,
+        }
+
+    def snapshot_hosts(self) -> dict:
+        return {
+            "version": SNAPSHOT_VERSION,
+            "hosts": [
+                {**{k: v for k, v in asdict(h).items() if k not in ("last_seen", "assignment")},
+                 "assignment": asdict(h.assignment) if h.assignment else None}
+                for h in self.hosts.values()
+            ],
+        }
+
+    def restore(self, replicas: dict | None, hosts: dict | None, now: float) -> None:
+        """Load snapshots written by a previous leader. Everyone gets a fresh heartbeat
+        allowance from `now`: silence before the failover is not held against them."""
+        if replicas:
+            self.quorum = _quorum_from_dict(replicas["quorum"]) if replicas["quorum"] else None
+            self.quorum_history = [_quorum_from_dict(q) for q in replicas["history"]]
+            self.replicas = {}
+            for d in replicas["replicas"]:
+                d = dict(d, state=ReplicaState(d["state"]), ftar_addresses=tuple(d["ftar_addresses"]),
+                         state_addresses=tuple(d["state_addresses"]), last_seen=now)
+                self.replicas[d["replica_id"]] = Replica(**d)
+            self.events = [Event(**e) for e in replicas["events"]]
+            self.steps_committed = replicas["steps_committed"]
+            self.swaps = replicas["swaps"]
+            self.deaths = dict(replicas["deaths"])
+            self.order_seq = replicas["order_seq"]
+        if hosts:
+            self.hosts = {}
+            for d in hosts["hosts"]:
+                a = d["assignment"]
+                d = dict(d, state=HostState(d["state"]), last_seen=now,
+                         assignment=Assignment(a["replica_id"], tuple(a["ranks"]), a["world_size"]) if a else None)
+                self.hosts[d["host_id"]] = Host(**d)
+        self.dirty_replicas = self.dirty_hosts = False
+
+
+def _quorum_to_dict(q: Quorum) -> dict:
+    d = asdict(q)
+    d["recover"] = {k: list(v) for k, v in q.recover.items()}
+    return d
+
+
+def _quorum_from_dict(d: dict) -> Quorum:
+    return Quorum(
+        quorum_id=d["quorum_id"], members=tuple(Member(**m) for m in d["members"]), max_step=d["max_step"],
+        recover={k: tuple(v) for k, v in d["recover"].items()}, lr_scale=d["lr_scale"], reason=d["reason"],
+        formed_at=d["formed_at"],
+    )

@@ -1,0 +1,111 @@
+"""`fthsdp controller`: run the quorum and recovery controller.
+
+Flags win over the --settings JSON file, which wins over defaults. Secrets (tokens, keys)
+come from files or the environment, never from the command line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import signal
+import sys
+from pathlib import Path
+
+from controller.settings import LR_POLICIES, ControllerSettings
+
+ENV_ADMIN_TOKEN = "FTHSDP_ADMIN_TOKEN"
+ENV_READ_TOKEN = "FTHSDP_READ_TOKEN"
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="fthsdp controller", description=__doc__.splitlines()[0])
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1; 0.0.0.0 in a pod)")
+    p.add_argument("--grpc-port", type=int, default=50051, help="gRPC port; 0 picks a free one")
+    p.add_argument("--http-port", type=int, default=8080, help="REST and /metrics port; 0 picks a free one")
+    p.add_argument("--settings", help="JSON file with ControllerSettings fields")
+    p.add_argument("--job-id")
+    p.add_argument("--replicas", type=int, help="configured replica count")
+    p.add_argument("--min-replicas", type=int)
+    p.add_argument("--join-timeout-s", type=float)
+    p.add_argument("--heartbeat-timeout-s", type=float)
+    p.add_argument("--lr-policy", choices=LR_POLICIES)
+    p.add_argument("--etcd", help="comma-separated etcd endpoints (host:port); default: in-memory store")
+    p.add_argument("--lease-ttl-s", type=float, default=5.0, help="leader lease in etcd")
+    p.add_argument("--admin-token-file", help=f"file holding the admin bearer token (or env {ENV_ADMIN_TOKEN})")
+    p.add_argument("--read-token-file", help=f"file holding a token required for reads (or env {ENV_READ_TOKEN})")
+    p.add_argument("--tls-cert-file", help="PEM server certificate: enables TLS on gRPC")
+    p.add_argument("--tls-key-file", help="PEM server private key")
+    p.add_argument("--tls-client-ca-file", help="PEM CA for client certificates: enables mTLS")
+    p.add_argument("--log-level", default="INFO")
+    return p.parse_args(argv)
+
+
+def _secret(path: str | None, env: str) -> str | None:
+    if path:
+        value = Path(path).read_text().strip()
+        if not value:
+            raise ValueError(f"token file {path} is empty.")
+        return value
+    return os.environ.get(env) or None
+
+
+def _credentials(args):
+    import grpc
+
+    if not args.tls_cert_file:
+        if args.tls_key_file or args.tls_client_ca_file:
+            raise ValueError("--tls-key-file and --tls-client-ca-file need --tls-cert-file.")
+        return None
+    if not args.tls_key_file:
+        raise ValueError("--tls-cert-file needs --tls-key-file.")
+    ca = Path(args.tls_client_ca_file).read_bytes() if args.tls_client_ca_file else None
+    return grpc.ssl_server_credentials(
+        [(Path(args.tls_key_file).read_bytes(), Path(args.tls_cert_file).read_bytes())],
+        root_certificates=ca, require_client_auth=ca is not None)
+
+
+def build_server(args):
+    from controller.service.server import ControllerServer
+
+    settings = ControllerSettings.from_file(
+        args.settings, job_id=args.job_id, replicas=args.replicas, min_replicas=args.min_replicas,
+        join_timeout_s=args.join_timeout_s, heartbeat_timeout_s=args.heartbeat_timeout_s, lr_policy=args.lr_policy)
+    store = None
+    if args.etcd:
+        from controller.etcd_store import EtcdStore
+
+        store = EtcdStore(endpoints=args.etcd.split(","), prefix=f"/fthsdp/{settings.job_id}/")
+    return ControllerServer(
+        settings, host=args.host, grpc_port=args.grpc_port, http_port=args.http_port, store=store,
+        admin_token=_secret(args.admin_token_file, ENV_ADMIN_TOKEN),
+        read_token=_secret(args.read_token_file, ENV_READ_TOKEN),
+        grpc_credentials=_credentials(args), lease_ttl_s=args.lease_ttl_s)
+
+
+async def serve(args) -> int:
+    server = build_server(args)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await server.start()
+    print(json.dumps({"event": "serving", "grpc": server.grpc_address, "http": server.http_url,
+                      "pid": os.getpid(), "candidate": server.candidate}), flush=True)
+    await stop.wait()
+    await server.stop()
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        return asyncio.run(serve(args))
+    except (ValueError, OSError) as exc:
+        print(f"fthsdp controller: {exc}", file=sys.stderr)
+        return 2

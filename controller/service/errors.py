@@ -1,0 +1,67 @@
+"""Refusals mapped to gRPC status codes and HTTP problems, in one place."""
+
+from __future__ import annotations
+
+import functools
+import logging
+
+import grpc
+
+from controller.core.errors import FailedPrecondition, InvalidArgument, NotFound, RequestError
+from controller.store import StoreError
+
+log = logging.getLogger("fthsdp.controller")
+
+
+class NotLeader(Exception):
+    """This controller is a standby (or was just deposed): try the leader."""
+
+
+GRPC_CODES: dict[type, grpc.StatusCode] = {
+    InvalidArgument: grpc.StatusCode.INVALID_ARGUMENT,
+    FailedPrecondition: grpc.StatusCode.FAILED_PRECONDITION,
+    NotFound: grpc.StatusCode.FAILED_PRECONDITION,
+    NotLeader: grpc.StatusCode.UNAVAILABLE,
+    StoreError: grpc.StatusCode.UNAVAILABLE,
+}
+
+HTTP_STATUS: dict[type, int] = {
+    InvalidArgument: 400,
+    NotFound: 404,
+    FailedPrecondition: 409,
+    NotLeader: 503,
+    StoreError: 503,
+}
+
+
+def _lookup(table: dict, exc: Exception):
+    for kind in type(exc).__mro__:
+        if kind in table:
+            return table[kind]
+    return None
+
+
+def grpc_code(exc: Exception) -> grpc.StatusCode | None:
+    return _lookup(GRPC_CODES, exc)
+
+
+def http_status(exc: Exception) -> int | None:
+    return _lookup(HTTP_STATUS, exc)
+
+
+def unary(handler):
+    """Wrap a unary gRPC handler: refusals become status codes with the message."""
+
+    @functools.wraps(handler)
+    async def wrapper(self, request, context):
+        try:
+            return await handler(self, request, context)
+        except (RequestError, NotLeader, StoreError) as exc:
+            if not isinstance(exc, (NotLeader, StoreError)):
+                log.info("refused %s: %s", handler.__name__, exc)
+            await context.abort(grpc_code(exc), str(exc))
+
+    return wrapper
+
+
+__all__ = ["NotLeader", "grpc_code", "http_status", "unary", "RequestError"]

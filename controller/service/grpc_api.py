@@ -1,0 +1,129 @@
+"""gRPC handlers: validate, call the state, convert the answer. Refusals map in errors.py."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from controller.core.errors import FailedPrecondition, InvalidArgument, RequestError
+from controller.core.replicas import JoinRequest
+from controller.service.errors import NotLeader, grpc_code, unary
+from controller.service.orders import from_proto_assignment, to_proto_assignment
+from protos import controller_pb2 as pb
+from protos import controller_pb2_grpc
+
+log = logging.getLogger("fthsdp.controller")
+
+
+class ControllerServicer(controller_pb2_grpc.ControllerServicer):
+    def __init__(self, server) -> None:
+        self.server = server
+
+    def _check_job(self, job_id: str) -> None:
+        expected = self.server.settings.job_id
+        if job_id and job_id != expected:
+            raise FailedPrecondition(f"job_id {job_id!r} does not match this controller's job {expected!r}.")
+
+    @unary
+    async def Quorum(self, request, context):
+        self._check_job(request.job_id)
+        state = self.server.require_leader()
+        state.join(JoinRequest(
+            replica_id=request.replica_id, step=request.step, world_size=request.world_size,
+            incarnation=request.incarnation, ftar_addresses=tuple(request.ftar_addresses),
+            state_addresses=tuple(request.state_addresses), leader_address=request.leader_address,
+        ), self.server.clock())
+        fut = asyncio.get_running_loop().create_future()
+        self.server.waiters[request.replica_id].append((fut, request.known_quorum_id))
+        await self.server.settle()
+        return await fut
+
+    async def Heartbeat(self, request_iterator, context):
+        async for beat in request_iterator:
+            if not self.server.leading:
+                yield pb.HeartbeatResponse(not_leader=True)
+                continue
+            now = self.server.clock()
+            state = self.server.state
+            unknown = state.heartbeat_hosts(beat.host_ids, now) + state.heartbeat_replicas(beat.replica_ids, now)
+            yield pb.HeartbeatResponse(unknown_ids=unknown)
+
+    @unary
+    async def ReportStep(self, request, context):
+        self._check_job(request.job_id)
+        self.server.require_leader().report_step(
+            request.replica_id, request.step, self.server.clock(), loss=request.loss,
+            step_time_s=request.step_time_s, tokens=request.tokens)
+        await self.server.persist()
+        return pb.ReportStepResponse()
+
+    @unary
+    async def ReportFailure(self, request, context):
+        self._check_job(request.job_id)
+        state = self.server.require_leader()
+        now = self.server.clock()
+        if request.kind == pb.ReportFailureRequest.COMMIT_FAILED:
+            state.report_commit_failed(request.replica_id, request.step, request.reason, now)
+        elif request.kind == pb.ReportFailureRequest.REPLICA_DEAD:
+            state.report_replica_dead(request.replica_id, request.reason, now)
+        else:
+            raise InvalidArgument(f"failure kind {request.kind} is not COMMIT_FAILED or REPLICA_DEAD.")
+        await self.server.settle()
+        return pb.ReportFailureResponse()
+
+    @unary
+    async def RegisterAgent(self, request, context):
+        state = self.server.require_leader()
+        claimed = from_proto_assignment(request.assignment) if request.HasField("assignment") else None
+        assignment, reason = state.register_agent(
+            request.host_id, request.incarnation, self.server.clock(), spare=request.spare,
+            slots=request.slots, labels=dict(request.labels), assignment=claimed)
+        await self.server.settle()
+        return pb.RegisterAgentResponse(assignment=to_proto_assignment(assignment), reason=reason)
+
+    async def Orders(self, request, context):
+        server = self.server
+        try:
+            state = server.require_leader()
+            host = state._known_host(request.host_id)
+            if host.incarnation != request.incarnation:
+                    raise FailedPrecondition(
+                    f"host {request.host_id} incarnation {request.incarnation!r} is not the registered one "
+                    f"({host.incarnation!r}); register again.")
+        except (RequestError, NotLeader) as exc:
+            await context.abort(grpc_code(exc), str(exc))
+        queue: asyncio.Queue = asyncio.Queue()
+        old = server.order_streams.get(request.host_id)
+        if old is not None:
+            old.put_nowait(None)
+        server.order_streams[request.host_id] = queue
+        pending = server.pending_orders.pop(request.host_id, ())
+        for order in pending:
+            queue.put_nowait(order)
+        try:
+            while True:
+                order = await queue.get()
+                if order is None:
+                    return
+                yield order
+        finally:
+            if server.order_streams.get(request.host_id) is queue:
+                del server.order_streams[request.host_id]
+
+    @unary
+    async def AckOrder(self, request, context):
+        self.server.require_leader().ack_order(request.host_id, request.order_id, request.ok, request.error,
+                                               self.server.clock())
+        return pb.AckOrderResponse()
+
+    @unary
+    async def ReportTrainerExit(self, request, context):
+        self.server.require_leader().trainer_exit(
+            request.host_id, request.replica_id, request.rank, self.server.clock(),
+            exit_code=request.exit_code, signal=request.signal, stderr_tail=request.stderr_tail,
+            gave_up=request.gave_up)
+        await self.server.settle()
+        return pb.TrainerExitResponse()
+
+
+__all__ = ["ControllerServicer", "NotLeader"]

@@ -1,0 +1,23 @@
+"""Core orders and assignments to and from their wire form."""
+
+from __future__ import annotations
+
+from controller.core.model import Assignment, OrderOut
+from protos import controller_pb2 as pb
+
+
+def to_proto_assignment(a: Assignment | None) -> pb.Assignment:
+    if a is None:
+        return pb.Assignment()
+    return pb.Assignment(replica_id=a.replica_id, ranks=list(a.ranks), world_size=a.world_size)
+
+
+def from_proto_assignment(a: pb.Assignment) -> Assignment | None:
+    if not a.replica_id and not a.ranks:
+        return None
+    return Assignment(a.replica_id, tuple(a.ranks), a.world_size)
+
+
+def to_proto_order(o: OrderOut) -> pb.Order:
+    return pb.Order(order_id=o.order_id, kind=pb.Order.Kind.Value(o.kind),
+                    assignment=to_proto_assignment(o.assignment), reason=o.reason)

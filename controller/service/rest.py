@@ -1,0 +1,141 @@
+"""REST status API (FastAPI, OpenAPI at /docs) and /metrics. Routes are short adapters;
+refusals become problem JSON (RFC 9457) in one handler."""
+
+from __future__ import annotations
+
+import hmac
+from typing import Annotated
+
+from fastapi import Depends, FastAPI, Header, Request
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from controller.core.errors import InvalidArgument, RequestError
+from controller.core.state import ControllerState
+from controller.service.errors import NotLeader, http_status
+from controller.service.views import host_view, job_view, quorum_view, replica_view
+from controller.store import StoreError
+
+PROBLEM = "application/problem+json"
+
+
+class Unauthorized(Exception):
+    def __init__(self, status: int, detail: str) -> None:
+        super().__init__(detail)
+        self.status = status
+
+
+def problem(status: int, title: str, detail: str) -> JSONResponse:
+    return JSONResponse({"type": "about:blank", "title": title, "status": status, "detail": detail},
+                        status_code=status, media_type=PROBLEM)
+
+
+def _check_token(expected: str | None, authorization: str | None, what: str) -> None:
+    if expected is None:
+        raise Unauthorized(403, f"the {what} API is disabled: this controller has no token configured")
+    if not authorization or not authorization.startswith("Bearer "):
+        raise Unauthorized(401, f"the {what} API needs an 'Authorization: Bearer <token>' header")
+    if not hmac.compare_digest(authorization[7:].encode(), expected.encode()):
+        raise Unauthorized(403, f"the bearer token is not valid for the {what} API")
+
+
+def get_server(request: Request):
+    return request.app.state.server
+
+
+async def read_access(request: Request, authorization: Annotated[str | None, Header()] = None):
+    srv = get_server(request)
+    if srv.read_token is not None:
+        _check_token(srv.read_token, authorization, "read")
+    return srv
+
+
+async def admin_access(request: Request, authorization: Annotated[str | None, Header()] = None):
+    srv = get_server(request)
+    _check_token(srv.admin_token, authorization, "admin")
+    return srv.require_leader()
+
+
+async def view(srv: Annotated[object, Depends(read_access)]) -> tuple:
+    """The leader's live state, or on a standby the last durable snapshot."""
+    if srv.leading and srv.state is not None:
+        return srv.state, srv
+    return await srv.load_state(), srv
+
+
+View = Annotated[tuple, Depends(view)]
+Admin = Annotated[ControllerState, Depends(admin_access)]
+
+
+def make_app(server) -> FastAPI:
+    app = FastAPI(title="fthsdp controller", version="1",
+                  description="Status and administration of a fault-tolerant HSDP job.")
+    app.state.server = server
+
+    @app.exception_handler(RequestError)
+    @app.exception_handler(NotLeader)
+    @app.exception_handler(StoreError)
+    async def refused(request: Request, exc: Exception):
+        return problem(http_status(exc) or 500, type(exc).__name__, str(exc))
+
+    @app.exception_handler(Unauthorized)
+    async def unauthorized(request: Request, exc: Unauthorized):
+        return problem(exc.status, "Unauthorized" if exc.status == 401 else "Forbidden", str(exc))
+
+    @app.get("/api/v1/job", summary="Job summary: replicas, quorum, spares")
+    async def job(v: View):
+        state, srv = v
+        return job_view(state, await srv.store.leader() or "", srv.leading)
+
+    @app.get("/api/v1/replicas", summary="Every replica with its state and the reason for it")
+    async def replicas(v: View):
+        state, srv = v
+        now = srv.clock()
+        return [replica_view(r, now) for r in sorted(state.replicas.values(), key=lambda r: r.replica_id)]
+
+    @app.get("/api/v1/hosts", summary="Hosts, the spare pool and cordons")
+    async def hosts(v: View):
+        state, srv = v
+        now = srv.clock()
+        return [host_view(h, now) for h in sorted(state.hosts.values(), key=lambda h: h.host_id)]
+
+    @app.get("/api/v1/quorums", summary="The current quorum and recent ones, each with its reason")
+    async def quorums(v: View):
+        state, _ = v
+        return {"current": quorum_view(state.quorum), "round_reason": state.round_reason,
+                "recent": [quorum_view(q) for q in reversed(state.quorum_history)]}
+
+    @app.get("/api/v1/events", summary="Recent state changes, newest last")
+    async def events(v: View, limit: int = 200):
+        state, _ = v
+        if limit < 1:
+            raise InvalidArgument(f"limit must be at least 1, got {limit}.")
+        return [e.__dict__ for e in state.events[-limit:]]
+
+    @app.post("/api/v1/hosts/{host_id}/drain", summary="Move a host's work to a spare, then stop it (admin)")
+    async def drain(host_id: str, state: Admin):
+        message = state.drain(host_id, server.clock())
+        await server.settle()
+        return {"host_id": host_id, "result": message}
+
+    @app.post("/api/v1/hosts/{host_id}/cordon", summary="Keep a host out of the spare pool (admin)")
+    async def cordon(host_id: str, state: Admin, reason: str = ""):
+        state.cordon(host_id, reason, server.clock())
+        await server.settle()
+        return {"host_id": host_id, "cordoned": True}
+
+    @app.post("/api/v1/hosts/{host_id}/uncordon", summary="Return a host to service (admin)")
+    async def uncordon(host_id: str, state: Admin):
+        state.uncordon(host_id, server.clock())
+        await server.settle()
+        return {"host_id": host_id, "cordoned": False}
+
+    @app.get("/metrics", include_in_schema=False)
+    async def metrics():
+        return Response(generate_latest(server.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/healthz", summary="Liveness of this controller process")
+    async def healthz():
+        return {"ok": True, "leading": server.leading}
+
+    return app

@@ -1,0 +1,262 @@
+"""ControllerServer: the thin shell around ControllerState.
+
+It owns the event loop side of things: the gRPC and HTTP servers, leadership in the store,
+persisting snapshots, waking rounds on time, and delivering orders to agent streams. All
+state changes happen on the event loop thread, one request at a time, so the core needs
+no locks. Nothing starts in __init__; `start()` binds and serves, `stop()` drains.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import socket
+import time
+import uuid
+from collections import defaultdict, deque
+
+import grpc
+import uvicorn
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from controller.core.state import ControllerState
+from controller.service.errors import NotLeader
+from controller.service.metrics import Metrics
+from controller.service.orders import to_proto_order
+from controller.service.quorum_answer import QuorumAnswers
+from controller.settings import ControllerSettings
+from controller.store import Leadership, MemoryStore, Store, StoreError
+from protos import controller_pb2_grpc
+
+log = logging.getLogger("fthsdp.controller")
+
+SERVICE_NAME = "fthsdp.v1.Controller"
+MAX_PENDING_ORDERS = 256
+
+
+class ControllerServer:
+    def __init__(self, settings: ControllerSettings, *, host: str = "127.0.0.1", grpc_port: int = 0,
+                 http_port: int = 0, store: Store | None = None, admin_token: str | None = None,
+                 read_token: str | None = None, grpc_credentials: grpc.ServerCredentials | None = None,
+                 candidate: str | None = None, lease_ttl_s: float = 5.0, clock=time.time) -> None:
+        self.settings = settings.validate()
+        self.host, self.grpc_port, self.http_port = host, grpc_port, http_port
+        self.store: Store = store or MemoryStore()
+        self.admin_token, self.read_token = admin_token, read_token
+        self.grpc_credentials = grpc_credentials
+        self.candidate = candidate or f"{socket.gethostname()}-{uuid.uuid4().hex[:8]}"
+        self.lease_ttl_s = lease_ttl_s
+        self.clock = clock
+        self.state: ControllerState | None = None
+        self.leading = False
+        self.leadership: Leadership | None = None
+        self.metrics = Metrics(self)
+        self.answers = QuorumAnswers()
+        self.waiters: dict[str, list[tuple[asyncio.Future, int]]] = defaultdict(list)
+        self.order_streams: dict[str, asyncio.Queue] = {}
+        self.pending_orders: dict[str, deque] = defaultdict(lambda: deque(maxlen=MAX_PENDING_ORDERS))
+        self.grpc_address = self.http_url = ""
+        self._revisions = {"replicas": 0, "hosts": 0}
+        self._persist_lock = asyncio.Lock()
+        self._poke = asyncio.Event()
+        self._last_wake: float | None = None
+        self._tasks: list[asyncio.Task] = []
+        self._grpc: grpc.aio.Server | None = None
+        self._http: uvicorn.Server | None = None
+        self._health = health.HealthServicer(experimental_non_blocking=True)
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        from controller.service.grpc_api import ControllerServicer
+        from controller.service.rest import make_app
+
+        limit = self.settings.max_message_bytes
+        self._grpc = grpc.aio.server(options=[("grpc.max_receive_message_length", limit),
+                                              ("grpc.max_send_message_length", limit)])
+        controller_pb2_grpc.add_ControllerServicer_to_server(ControllerServicer(self), self._grpc)
+        health_pb2_grpc.add_HealthServicer_to_server(self._health, self._grpc)
+        self._set_health(False)
+        target = f"{self.host}:{self.grpc_port}"
+        if self.grpc_credentials is not None:
+            port = self._grpc.add_secure_port(target, self.grpc_credentials)
+        else:
+            port = self._grpc.add_insecure_port(target)
+        await self._grpc.start()
+        self.grpc_address = f"{self.host}:{port}"
+
+        sock = socket.socket(socket.AF_INET6 if ":" in self.host else socket.AF_INET)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((self.host, self.http_port))
+        config = uvicorn.Config(make_app(self), log_level="warning", lifespan="off", access_log=False)
+        self._http = uvicorn.Server(config)
+        self._tasks.append(asyncio.create_task(self._http.serve(sockets=[sock]), name="http"))
+        self.http_url = f"http://{self.host}:{sock.getsockname()[1]}"
+        self._tasks.append(asyncio.create_task(self._lead(), name="leadership"))
+        deadline = time.monotonic() + 10
+        while not self._http.started and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        log.info("controller %s serving gRPC on %s and HTTP on %s", self.candidate, self.grpc_address, self.http_url)
+
+    async def wait_leading(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not self.leading:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"controller {self.candidate} did not become leader within {timeout_s}s")
+            await asyncio.sleep(0.01)
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            if task.get_name() != "http":
+                task.cancel()
+        self._step_down("server stopping")
+        if self._grpc is not None:
+            await self._grpc.stop(self.settings.stop_grace_s)
+        if self._http is not None:
+            self._http.should_exit = True
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks.clear()
+        if self.leadership is not None:
+            try:
+                await asyncio.wait_for(self.store.resign(self.leadership), self.settings.stop_grace_s)
+            except (StoreError, asyncio.TimeoutError, OSError):
+                log.warning("could not resign leadership cleanly; the lease will expire")
+        await self.store.close()
+
+    # -- leadership ------------------------------------------------------------------------
+
+    async def _lead(self) -> None:
+        while True:
+            try:
+                leadership = await self.store.campaign(self.candidate, self.lease_ttl_s)
+                state = await self.load_state()
+            except StoreError as exc:
+                log.warning("store unavailable while campaigning: %s; retrying", exc)
+                await asyncio.sleep(0.5)
+                continue
+            self.state, self.leadership, self.leading = state, leadership, True
+            self._set_health(True)
+            log.info("controller %s became leader (quorum id %s)", self.candidate,
+                     state.quorum.quorum_id if state.quorum else 0)
+            ticker = asyncio.create_task(self._tick(), name="ticker")
+            try:
+                await leadership.lost.wait()
+            finally:
+                ticker.cancel()
+            self._step_down("leadership lost")
+
+    def _step_down(self, why: str) -> None:
+        if not self.leading:
+            return
+        self.leading = False
+        self._set_health(False)
+        log.warning("controller %s stepped down: %s", self.candidate, why)
+        for rid, waiting in list(self.waiters.items()):
+            for fut, _ in waiting:
+                if not fut.done():
+                    fut.set_exception(NotLeader(f"controller {self.candidate} stepped down: {why}"))
+        self.waiters.clear()
+        for q in self.order_streams.values():
+            q.put_nowait(None)
+
+    async def load_state(self) -> ControllerState:
+        """The last durable snapshot as a state (what a new leader starts from and what a
+        standby shows); remembers the revisions that the next writes must match."""
+        state = ControllerState(self.settings)
+        replicas = await self.store.get(self._key("replicas"))
+        hosts = await self.store.get(self._key("hosts"))
+        state.restore(json.loads(replicas.value) if replicas.value else None,
+                      json.loads(hosts.value) if hosts.value else None, self.clock())
+        if not self.leading:
+            self._revisions = {"replicas": replicas.revision, "hosts": hosts.revision}
+        return state
+
+    def require_leader(self) -> ControllerState:
+        if not self.leading or self.state is None:
+            raise NotLeader(f"controller {self.candidate} is a standby; the leader is elsewhere")
+        return self.state
+
+    def _set_health(self, serving: bool) -> None:
+        status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
+        for name in ("", SERVICE_NAME):
+            self._health.set(name, status)
+
+    def _key(self, section: str) -> str:
+        return f"jobs/{self.settings.job_id}/{section}"
+
+    # -- after every change ------------------------------------------------------------------
+
+    async def settle(self) -> None:
+        """Close the round if due, answer or fail waiters, deliver orders, persist."""
+        state = self.require_leader()
+        now = self.clock()
+        first_join = state.round_first_join_at
+        q = state.try_close_round(now)
+        answered = []
+        if q is not None:
+            self.answers.prepare(q, state)
+            for rid in [m.replica_id for m in q.members]:
+                answered.extend(self.waiters.pop(rid, []))
+            if first_join is not None:
+                self.metrics.quorum_latency.observe(max(now - first_join, 0.0))
+        for rid in [rid for rid in self.waiters if rid not in state.round_joined]:
+            reason = state.replicas[rid].reason if rid in state.replicas else "unknown replica"
+            for fut, _ in self.waiters.pop(rid):
+                if not fut.done():
+                    fut.set_exception(NotLeader(f"replica {rid} was dropped from the round: {reason}"))
+        self.deliver_orders()
+        if state.round_wake_at != self._last_wake:
+            self._last_wake = state.round_wake_at
+            self._poke.set()
+        await self.persist()
+        for fut, known in answered:
+            if not fut.done():
+                fut.set_result(self.answers.get(known))
+
+    def deliver_orders(self) -> None:
+        for order in self.state.take_orders():
+            message = to_proto_order(order)
+            stream = self.order_streams.get(order.host_id)
+            if stream is not None:
+                stream.put_nowait(message)
+            else:
+                self.pending_orders[order.host_id].append(message)
+
+    async def persist(self) -> None:
+        """Write dirty snapshot sections with compare-and-set; a refused write means this
+        controller no longer leads."""
+        state = self.require_leader()
+        async with self._persist_lock:
+            for section, dirty, snap in (("replicas", state.dirty_replicas, state.snapshot_replicas),
+                                         ("hosts", state.dirty_hosts, state.snapshot_hosts)):
+                if not dirty:
+                    continue
+                setattr(state, f"dirty_{section}", False)
+                value = json.dumps(snap(), separators=(",", ":")).encode()
+                revision = await self.store.cas(self._key(section), value, self._revisions[section],
+                                                self.leadership)
+                if revision is None:
+                    self.leadership.lost.set()
+                    self._step_down(f"the store refused a write to {section}")
+                    raise NotLeader(f"controller {self.candidate} was deposed; its write was refused")
+                self._revisions[section] = revision
+
+    async def _tick(self) -> None:
+        tick_s = min(0.25, self.settings.heartbeat_timeout_s / 10)
+        while True:
+            state = self.state
+            wake = state.round_wake_at
+            delay = tick_s if wake is None else min(tick_s, max(wake - self.clock(), 0.001))
+            self._poke.clear()
+            try:
+                await asyncio.wait_for(self._poke.wait(), delay)
+            except asyncio.TimeoutError:
+                pass
+            if not self.leading:
+                return
+            state.expire(self.clock())
+            try:
+                await self.settle()
+            except (NotLeader, StoreError) as exc:
+                log.warning("tick could not settle: %s", exc)

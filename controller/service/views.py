@@ -1,0 +1,57 @@
+"""The status API's JSON: plain functions from ControllerState to dicts."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+
+from controller.core.model import HostState, Quorum, ReplicaState
+
+
+def quorum_view(q: Quorum | None) -> dict | None:
+    if q is None:
+        return None
+    return {
+        "quorum_id": q.quorum_id, "max_step": q.max_step, "lr_scale": q.lr_scale, "reason": q.reason,
+        "formed_at": q.formed_at, "members": [asdict(m) for m in q.members],
+        "recover": {k: list(v) for k, v in q.recover.items()},
+    }
+
+
+def job_view(state, leader: str, leading: bool) -> dict:
+    replicas = list(state.replicas.values())
+    return {
+        "job_id": state.settings.job_id,
+        "leader": leader,
+        "this_controller_leads": leading,
+        "replicas_total": state.settings.replicas,
+        "replicas_healthy": sum(r.state == ReplicaState.HEALTHY for r in replicas),
+        "replicas_behind": sum(r.state == ReplicaState.BEHIND for r in replicas),
+        "replicas_dead": sum(r.state == ReplicaState.DEAD for r in replicas),
+        "min_replicas": state.settings.min_replicas,
+        "quorum_id": state.quorum.quorum_id if state.quorum else 0,
+        "max_step": state.quorum.max_step if state.quorum else 0,
+        "lr_scale": state.quorum.lr_scale if state.quorum else 1.0,
+        "round": {"joined": sorted(state.round_joined), "reason": state.round_reason},
+        "steps_committed": state.steps_committed,
+        "spares_free": sum(h.state == HostState.SPARE and not h.cordoned for h in state.hosts.values()),
+        "swaps": state.swaps,
+        "deaths": dict(state.deaths),
+    }
+
+
+def replica_view(r, now: float) -> dict:
+    return {
+        "replica_id": r.replica_id, "state": r.state.value, "reason": r.reason, "step": r.step,
+        "committed_step": r.committed_step, "world_size": r.world_size, "incarnation": r.incarnation,
+        "leader_address": r.leader_address, "seconds_since_seen": round(max(now - r.last_seen, 0.0), 3),
+        "last_loss": r.last_loss, "last_step_time_s": r.last_step_time_s, "tokens": r.tokens,
+    }
+
+
+def host_view(h, now: float) -> dict:
+    return {
+        "host_id": h.host_id, "state": h.state.value, "spare": h.state == HostState.SPARE,
+        "assignment": asdict(h.assignment) if h.assignment else None, "labels": h.labels, "slots": h.slots,
+        "cordoned": h.cordoned, "cordon_reason": h.cordon_reason, "incarnation": h.incarnation,
+        "seconds_since_seen": round(max(now - h.last_seen, 0.0), 3),
+    }

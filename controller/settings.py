@@ -1,0 +1,74 @@
+"""Controller settings: one frozen dataclass, units in the names, one validate().
+
+Command-line flags win over the JSON settings file, which wins over these defaults.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+
+LR_POLICIES = ("none", "linear", "sqrt")
+
+
+@dataclass(frozen=True)
+class ControllerSettings:
+    job_id: str = "job"
+    #: Configured number of replicas: the denominator of lr_scale and the "total" in status.
+    replicas: int = 3
+    #: A round may close on timeout only once this many replicas have joined.
+    min_replicas: int = 1
+    #: How long a round waits for missing live replicas, from its first joiner.
+    join_timeout_s: float = 5.0
+    #: A replica leader or agent silent for longer than this is declared dead.
+    heartbeat_timeout_s: float = 10.0
+    #: How the learning rate follows the healthy fraction: none | linear | sqrt.
+    lr_policy: str = "sqrt"
+    #: Largest accepted replica world size (ranks per replica).
+    max_world_size: int = 65536
+    #: Longest accepted identifier (replica, host, job) and address, in characters.
+    max_id_chars: int = 128
+    max_address_chars: int = 256
+    #: How many past quorums and events the status API keeps.
+    recent_quorums: int = 50
+    recent_events: int = 1000
+    #: gRPC message limit in both directions.
+    max_message_bytes: int = 64 << 20
+    #: Grace period for in-flight calls when the server stops.
+    stop_grace_s: float = 2.0
+
+    def validate(self) -> "ControllerSettings":
+        problems = []
+        if not self.job_id or len(self.job_id) > self.max_id_chars:
+            problems.append(f"job_id must be 1..{self.max_id_chars} characters, got {self.job_id!r}.")
+        if self.replicas < 1:
+            problems.append(f"replicas must be at least 1, got {self.replicas}.")
+        if not 1 <= self.min_replicas <= max(self.replicas, 1):
+            problems.append(
+                f"min_replicas must be between 1 and replicas ({self.replicas}), got {self.min_replicas}."
+            )
+        for name in ("join_timeout_s", "heartbeat_timeout_s", "stop_grace_s"):
+            value = getattr(self, name)
+            if not value > 0:
+                problems.append(f"{name} must be a positive number of seconds, got {value}.")
+        if self.lr_policy not in LR_POLICIES:
+            problems.append(f"lr_policy must be one of {', '.join(LR_POLICIES)}, got {self.lr_policy!r}.")
+        for name in ("max_world_size", "max_id_chars", "max_address_chars", "recent_quorums",
+                     "recent_events", "max_message_bytes"):
+            if getattr(self, name) < 1:
+                problems.append(f"{name} must be at least 1, got {getattr(self, name)}.")
+        if problems:
+            raise ValueError(" ".join(problems))
+        return self
+
+    @classmethod
+    def from_file(cls, path: str | Path, **overrides) -> "ControllerSettings":
+        """Defaults, then the JSON file, then `overrides` (flags), validated."""
+        data = json.loads(Path(path).read_text()) if path else {}
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"Settings file {path} has unknown keys: {', '.join(unknown)}.")
+        merged = replace(cls(), **data)
+        return replace(merged, **{k: v for k, v in overrides.items() if v is not None}).validate()

@@ -1,0 +1,84 @@
+"""The ring schedule as pure arithmetic: which element ranges a rank sends and receives, in order.
+
+The tensor (numel elements) is cut into partitions of at most chunk_elems * chunks * world
+elements. Each partition is cut into `world` segments, each of at most chunks * chunk_elems
+elements, so a segment travels as at most `chunks` chunks. Per partition there are 2(world-1)
+steps: world-1 reduce-scatter steps then world-1 all-gather steps. At step t rank r
+
+    reduce-scatter (t < world-1):   sends segment (r - t), receives (r - t - 1) and adds it in
+    all-gather     (s = t-world+1): sends segment (r + 1 - s), receives (r - s) and copies it in
+
+(indices mod world). The segment sent at step t is the one received at step t-1, so the sender's
+chunk j of step t waits for the receiver's chunk j of step t-1 (`SendChunk.after_recv`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterator
+
+
+@dataclass(frozen=True)
+class Step:
+    partition: int
+    step: int  # 0 .. 2(world-1)-1 within the partition
+    reduce: bool  # True in reduce-scatter, False in all-gather
+    last_of_partition: bool
+    send: tuple[int, int]  # element range [lo, hi)
+    recv: tuple[int, int]
+
+
+@dataclass(frozen=True)
+class SendChunk:
+    lo: int
+    hi: int
+    after_recv: int  # index of the receive chunk that must finish first, or -1
+
+
+def partition_elems(chunk_elems: int, chunks: int, world: int) -> int:
+    return chunk_elems * chunks * world
+
+
+def segment_bounds(lo: int, hi: int, world: int, align_elems: int) -> list[int]:
+    """world+1 boundaries splitting [lo, hi) as evenly as possible, inner ones aligned."""
+    m = hi - lo
+    inner = [lo + ((i * m) // world) // align_elems * align_elems for i in range(1, world)]
+    return [lo, *inner, hi]
+
+
+def ring_steps(rank: int, world: int, numel: int, chunk_elems: int, chunks: int,
+               align_elems: int = 1) -> Iterator[Step]:
+    """Every step of the whole operation for `rank`, partition by partition."""
+    if world < 2:
+        return
+    size = partition_elems(chunk_elems, chunks, world)
+    last = 2 * (world - 1) - 1
+    for p, lo in enumerate(range(0, numel, size)):
+        b = segment_bounds(lo, min(numel, lo + size), world, align_elems)
+
+        def seg(i: int) -> tuple[int, int]:
+            i %= world
+            return b[i], b[i + 1]
+
+        for t in range(last + 1):
+            if t < world - 1:
+                yield Step(p, t, True, t == last, seg(rank - t), seg(rank - t - 1))
+            else:
+                s = t - (world - 1)
+                yield Step(p, t, False, t == last, seg(rank + 1 - s), seg(rank - s))
+
+
+def chunk_ranges(lo: int, hi: int, chunk_elems: int) -> Iterator[tuple[int, int]]:
+    for c in range(lo, hi, chunk_elems):
+        yield c, min(hi, c + chunk_elems)
+
+
+def send_chunks(steps: list[Step] | Iterator[Step], chunk_elems: int) -> Iterator[SendChunk]:
+    """The sender's chunks in order, each naming the receive chunk it depends on."""
+    recv_start = 0  # global index of the first receive chunk of the current step
+    prev_recv_start = 0
+    for st in steps:
+        for j, (lo, hi) in enumerate(chunk_ranges(*st.send, chunk_elems)):
+            yield SendChunk(lo, hi, -1 if st.step == 0 else prev_recv_start + j)
+        n_recv = -(-(st.recv[1] - st.recv[0]) // chunk_elems)
+        prev_recv_start, recv_start = recv_start, recv_start + n_recv

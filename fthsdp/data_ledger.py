@@ -1,0 +1,67 @@
+"""The data ledger: every replica's position in its own data stream (pure).
+
+The ledger is replicated state: it travels with catch-up and checkpoints. On the
+commit of a step it advances the position of every replica whose gradient was
+*included* in that step's sum -- including a replica that aborted the step itself;
+that replica takes its advanced position from the ledger it fetches when it
+catches up, so it never trains that batch again.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Callable, Generic, Iterable, Iterator, TypeVar
+
+T = TypeVar("T")
+
+
+@dataclass
+class DataLedger:
+    positions: dict[str, int] = field(default_factory=dict)
+
+    def position(self, replica_id: str) -> int:
+        """Next unread position of `replica_id`'s stream (0 for a replica never included)."""
+        return self.positions.get(replica_id, 0)
+
+    def advanced(self, included: Iterable[str]) -> "DataLedger":
+        """The ledger after a commit that included these replicas' gradients (each once)."""
+        new = dict(self.positions)
+        for replica_id in set(included):
+            new[replica_id] = new.get(replica_id, 0) + 1
+        return DataLedger(new)
+
+    def to_json(self) -> str:
+        return json.dumps({"positions": dict(sorted(self.positions.items()))}, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> "DataLedger":
+        raw = json.loads(text)
+        positions = raw.get("positions") if isinstance(raw, dict) else None
+        if not isinstance(positions, dict) or not all(
+                isinstance(k, str) and isinstance(v, int) and v >= 0 for k, v in positions.items()):
+            raise ValueError(f"not a data ledger: {text[:200]!r}")
+        return cls(dict(positions))
+
+
+class LedgerBatches(Generic[T]):
+    """An endless iterator over one replica's batches, read at its ledger position.
+
+    It never advances the position itself: a retried step yields the same batch again,
+    a committed one moves on, a caught-up replica continues where the ledger it fetched
+    says. `batch_at(replica_id, position)` must be deterministic.
+    """
+
+    def __init__(self, ledger_of: Callable[[], DataLedger], replica_id: str,
+                 batch_at: Callable[[str, int], T]) -> None:
+        self._ledger_of = ledger_of
+        self._replica_id = replica_id
+        self._batch_at = batch_at
+        self.last_position = -1
+
+    def __iter__(self) -> Iterator[T]:
+        return self
+
+    def __next__(self) -> T:
+        self.last_position = self._ledger_of().position(self._replica_id)
+        return self._batch_at(self._replica_id, self.last_position)

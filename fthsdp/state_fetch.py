@@ -1,0 +1,100 @@
+"""Fetches a peer's live state over HTTP straight into this rank's tensors.
+
+The body is streamed into its destination tensors as it arrives (never buffered
+whole), the CRC-32 trailer is checked, and only then is the optimizer state loaded
+and the fetch acknowledged to the source. A short, damaged or refused transfer
+raises TransferError; `fetch_state` tries again up to `attempts` times.
+"""
+
+from __future__ import annotations
+
+import http.client
+import logging
+import zlib
+from typing import Callable
+
+from fthsdp.state_stream import HEADER, MAX_MANIFEST_BYTES, TRAILER, Manifest, StateTarget, TransferError, tensor_bytes
+
+log = logging.getLogger(__name__)
+
+RECV_SLICE_BYTES = 8 << 20
+
+
+def _read_exact(resp: http.client.HTTPResponse, view: memoryview) -> None:
+    got = 0
+    while got < len(view):
+        n = resp.readinto(view[got:got + RECV_SLICE_BYTES])
+        if not n:
+            raise TransferError(f"state stream ended after {got} of {len(view)} bytes of a section")
+        got += n
+
+
+def fetch_once(address: str, step: int, replica_id: str, target_of: Callable[[], StateTarget],
+               timeout_s: float) -> Manifest:
+    """One attempt: GET the state of `step` from `address` into a fresh target; verify; load."""
+    host, _, port = address.rpartition(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=timeout_s)
+    try:
+        conn.request("GET", f"/state?step={step}&replica={replica_id}")
+        resp = conn.getresponse()
+        if resp.status != 200:
+            raise TransferError(f"{address} refused step {step}: {resp.status} {resp.read(200)!r}")
+        head = bytearray(HEADER.size)
+        _read_exact(resp, memoryview(head))
+        (length,) = HEADER.unpack(head)
+        if length > MAX_MANIFEST_BYTES:
+            raise TransferError(f"state manifest claims {length} bytes, more than {MAX_MANIFEST_BYTES}")
+        body = bytearray(length)
+        _read_exact(resp, memoryview(body))
+        crc = zlib.crc32(body, zlib.crc32(head))
+        manifest = Manifest.from_json(bytes(body))
+        if manifest.step != step:
+            raise TransferError(f"{address} sent step {manifest.step}, asked for {step}")
+        target = target_of()
+        for entry in manifest.entries:
+            view = tensor_bytes(target.destination(entry))
+            for off in range(0, len(view), RECV_SLICE_BYTES):
+                piece = view[off:off + RECV_SLICE_BYTES]
+                _read_exact(resp, piece)
+                crc = zlib.crc32(piece, crc)
+        trailer = bytearray(TRAILER.size)
+        _read_exact(resp, memoryview(trailer))
+        (sent_crc,) = TRAILER.unpack(trailer)
+        if sent_crc != crc:
+            raise TransferError(f"state from {address} failed its checksum (sent {sent_crc:#x}, got {crc:#x})")
+        target.finish(manifest)
+        return manifest
+    except (OSError, http.client.HTTPException) as exc:
+        raise TransferError(f"state fetch from {address} failed: {exc!r}") from exc
+    finally:
+        conn.close()
+
+
+def acknowledge(address: str, step: int, replica_id: str, timeout_s: float) -> None:
+    """Tell the source this replica holds step `step`; the source may move on. Best effort."""
+    host, _, port = address.rpartition(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=timeout_s)
+    try:
+        conn.request("POST", f"/ack?step={step}&replica={replica_id}")
+        conn.getresponse().read()
+    except (OSError, http.client.HTTPException) as exc:
+        log.info("could not acknowledge step %s to %s: %s", step, address, exc)
+    finally:
+        conn.close()
+
+
+def fetch_state(address: str, step: int, replica_id: str, target_of: Callable[[], StateTarget],
+                timeout_s: float, attempts: int) -> Manifest:
+    """Fetch with retries; acknowledges the source after a verified load."""
+    last: TransferError | None = None
+    for attempt in range(1, attempts + 1):
+        try:
+            manifest = fetch_once(address, step, replica_id, target_of, timeout_s)
+            acknowledge(address, step, replica_id, timeout_s)
+            return manifest
+        except TransferError as exc:
+            last = exc
+            log.warning("replica %s: fetch %d/%d of step %s from %s failed: %s",
+                        replica_id, attempt, attempts, step, address, exc)
+    assert last is not None
+    raise last

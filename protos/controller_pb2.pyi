@@ -1,0 +1,251 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class QuorumRequest(_message.Message):
+    __slots__ = ("job_id", "replica_id", "step", "world_size", "ftar_addresses", "state_addresses", "known_quorum_id", "leader_address", "incarnation")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
+    FTAR_ADDRESSES_FIELD_NUMBER: _ClassVar[int]
+    STATE_ADDRESSES_FIELD_NUMBER: _ClassVar[int]
+    KNOWN_QUORUM_ID_FIELD_NUMBER: _ClassVar[int]
+    LEADER_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    replica_id: str
+    step: int
+    world_size: int
+    ftar_addresses: _containers.RepeatedScalarFieldContainer[str]
+    state_addresses: _containers.RepeatedScalarFieldContainer[str]
+    known_quorum_id: int
+    leader_address: str
+    incarnation: str
+    def __init__(self, job_id: _Optional[str] = ..., replica_id: _Optional[str] = ..., step: _Optional[int] = ..., world_size: _Optional[int] = ..., ftar_addresses: _Optional[_Iterable[str]] = ..., state_addresses: _Optional[_Iterable[str]] = ..., known_quorum_id: _Optional[int] = ..., leader_address: _Optional[str] = ..., incarnation: _Optional[str] = ...) -> None: ...
+
+class Member(_message.Message):
+    __slots__ = ("replica_id", "step", "healthy", "ftar_addresses", "state_addresses")
+    REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    HEALTHY_FIELD_NUMBER: _ClassVar[int]
+    FTAR_ADDRESSES_FIELD_NUMBER: _ClassVar[int]
+    STATE_ADDRESSES_FIELD_NUMBER: _ClassVar[int]
+    replica_id: str
+    step: int
+    healthy: bool
+    ftar_addresses: _containers.RepeatedScalarFieldContainer[str]
+    state_addresses: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, replica_id: _Optional[str] = ..., step: _Optional[int] = ..., healthy: _Optional[bool] = ..., ftar_addresses: _Optional[_Iterable[str]] = ..., state_addresses: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class RecoverAssignment(_message.Message):
+    __slots__ = ("replica_id", "sources_by_shard")
+    REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    SOURCES_BY_SHARD_FIELD_NUMBER: _ClassVar[int]
+    replica_id: str
+    sources_by_shard: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, replica_id: _Optional[str] = ..., sources_by_shard: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class QuorumResponse(_message.Message):
+    __slots__ = ("quorum_id", "members", "max_step", "recover", "lr_scale", "reason", "addresses_included", "total_replicas")
+    QUORUM_ID_FIELD_NUMBER: _ClassVar[int]
+    MEMBERS_FIELD_NUMBER: _ClassVar[int]
+    MAX_STEP_FIELD_NUMBER: _ClassVar[int]
+    RECOVER_FIELD_NUMBER: _ClassVar[int]
+    LR_SCALE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    ADDRESSES_INCLUDED_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    quorum_id: int
+    members: _containers.RepeatedCompositeFieldContainer[Member]
+    max_step: int
+    recover: _containers.RepeatedCompositeFieldContainer[RecoverAssignment]
+    lr_scale: float
+    reason: str
+    addresses_included: bool
+    total_replicas: int
+    def __init__(self, quorum_id: _Optional[int] = ..., members: _Optional[_Iterable[_Union[Member, _Mapping]]] = ..., max_step: _Optional[int] = ..., recover: _Optional[_Iterable[_Union[RecoverAssignment, _Mapping]]] = ..., lr_scale: _Optional[float] = ..., reason: _Optional[str] = ..., addresses_included: _Optional[bool] = ..., total_replicas: _Optional[int] = ...) -> None: ...
+
+class HeartbeatRequest(_message.Message):
+    __slots__ = ("host_ids", "replica_ids")
+    HOST_IDS_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_IDS_FIELD_NUMBER: _ClassVar[int]
+    host_ids: _containers.RepeatedScalarFieldContainer[str]
+    replica_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, host_ids: _Optional[_Iterable[str]] = ..., replica_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class HeartbeatResponse(_message.Message):
+    __slots__ = ("unknown_ids", "not_leader")
+    UNKNOWN_IDS_FIELD_NUMBER: _ClassVar[int]
+    NOT_LEADER_FIELD_NUMBER: _ClassVar[int]
+    unknown_ids: _containers.RepeatedScalarFieldContainer[str]
+    not_leader: bool
+    def __init__(self, unknown_ids: _Optional[_Iterable[str]] = ..., not_leader: _Optional[bool] = ...) -> None: ...
+
+class ReportStepRequest(_message.Message):
+    __slots__ = ("job_id", "replica_id", "quorum_id", "step", "step_time_s", "loss", "tokens")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    QUORUM_ID_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    STEP_TIME_S_FIELD_NUMBER: _ClassVar[int]
+    LOSS_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    replica_id: str
+    quorum_id: int
+    step: int
+    step_time_s: float
+    loss: float
+    tokens: int
+    def __init__(self, job_id: _Optional[str] = ..., replica_id: _Optional[str] = ..., quorum_id: _Optional[int] = ..., step: _Optional[int] = ..., step_time_s: _Optional[float] = ..., loss: _Optional[float] = ..., tokens: _Optional[int] = ...) -> None: ...
+
+class ReportStepResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ReportFailureRequest(_message.Message):
+    __slots__ = ("job_id", "replica_id", "quorum_id", "step", "kind", "reason")
+    class Kind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        KIND_UNSPECIFIED: _ClassVar[ReportFailureRequest.Kind]
+        COMMIT_FAILED: _ClassVar[ReportFailureRequest.Kind]
+        REPLICA_DEAD: _ClassVar[ReportFailureRequest.Kind]
+    KIND_UNSPECIFIED: ReportFailureRequest.Kind
+    COMMIT_FAILED: ReportFailureRequest.Kind
+    REPLICA_DEAD: ReportFailureRequest.Kind
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    QUORUM_ID_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    replica_id: str
+    quorum_id: int
+    step: int
+    kind: ReportFailureRequest.Kind
+    reason: str
+    def __init__(self, job_id: _Optional[str] = ..., replica_id: _Optional[str] = ..., quorum_id: _Optional[int] = ..., step: _Optional[int] = ..., kind: _Optional[_Union[ReportFailureRequest.Kind, str]] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class ReportFailureResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class Assignment(_message.Message):
+    __slots__ = ("replica_id", "ranks", "world_size")
+    REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    RANKS_FIELD_NUMBER: _ClassVar[int]
+    WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
+    replica_id: str
+    ranks: _containers.RepeatedScalarFieldContainer[int]
+    world_size: int
+    def __init__(self, replica_id: _Optional[str] = ..., ranks: _Optional[_Iterable[int]] = ..., world_size: _Optional[int] = ...) -> None: ...
+
+class RegisterAgentRequest(_message.Message):
+    __slots__ = ("host_id", "spare", "slots", "labels", "assignment", "incarnation")
+    class LabelsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    HOST_ID_FIELD_NUMBER: _ClassVar[int]
+    SPARE_FIELD_NUMBER: _ClassVar[int]
+    SLOTS_FIELD_NUMBER: _ClassVar[int]
+    LABELS_FIELD_NUMBER: _ClassVar[int]
+    ASSIGNMENT_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
+    host_id: str
+    spare: bool
+    slots: int
+    labels: _containers.ScalarMap[str, str]
+    assignment: Assignment
+    incarnation: str
+    def __init__(self, host_id: _Optional[str] = ..., spare: _Optional[bool] = ..., slots: _Optional[int] = ..., labels: _Optional[_Mapping[str, str]] = ..., assignment: _Optional[_Union[Assignment, _Mapping]] = ..., incarnation: _Optional[str] = ...) -> None: ...
+
+class RegisterAgentResponse(_message.Message):
+    __slots__ = ("assignment", "reason")
+    ASSIGNMENT_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    assignment: Assignment
+    reason: str
+    def __init__(self, assignment: _Optional[_Union[Assignment, _Mapping]] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class OrdersRequest(_message.Message):
+    __slots__ = ("host_id", "incarnation")
+    HOST_ID_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
+    host_id: str
+    incarnation: str
+    def __init__(self, host_id: _Optional[str] = ..., incarnation: _Optional[str] = ...) -> None: ...
+
+class Order(_message.Message):
+    __slots__ = ("order_id", "kind", "assignment", "reason")
+    class Kind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        KIND_UNSPECIFIED: _ClassVar[Order.Kind]
+        START: _ClassVar[Order.Kind]
+        RESTART: _ClassVar[Order.Kind]
+        STOP: _ClassVar[Order.Kind]
+        ASSIGN: _ClassVar[Order.Kind]
+        RELEASE: _ClassVar[Order.Kind]
+    KIND_UNSPECIFIED: Order.Kind
+    START: Order.Kind
+    RESTART: Order.Kind
+    STOP: Order.Kind
+    ASSIGN: Order.Kind
+    RELEASE: Order.Kind
+    ORDER_ID_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    ASSIGNMENT_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    order_id: str
+    kind: Order.Kind
+    assignment: Assignment
+    reason: str
+    def __init__(self, order_id: _Optional[str] = ..., kind: _Optional[_Union[Order.Kind, str]] = ..., assignment: _Optional[_Union[Assignment, _Mapping]] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class AckOrderRequest(_message.Message):
+    __slots__ = ("host_id", "order_id", "ok", "error")
+    HOST_ID_FIELD_NUMBER: _ClassVar[int]
+    ORDER_ID_FIELD_NUMBER: _ClassVar[int]
+    OK_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    host_id: str
+    order_id: str
+    ok: bool
+    error: str
+    def __init__(self, host_id: _Optional[str] = ..., order_id: _Optional[str] = ..., ok: _Optional[bool] = ..., error: _Optional[str] = ...) -> None: ...
+
+class AckOrderResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class TrainerExitRequest(_message.Message):
+    __slots__ = ("host_id", "replica_id", "rank", "exit_code", "signal", "stderr_tail", "gave_up")
+    HOST_ID_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    EXIT_CODE_FIELD_NUMBER: _ClassVar[int]
+    SIGNAL_FIELD_NUMBER: _ClassVar[int]
+    STDERR_TAIL_FIELD_NUMBER: _ClassVar[int]
+    GAVE_UP_FIELD_NUMBER: _ClassVar[int]
+    host_id: str
+    replica_id: str
+    rank: int
+    exit_code: int
+    signal: int
+    stderr_tail: str
+    gave_up: bool
+    def __init__(self, host_id: _Optional[str] = ..., replica_id: _Optional[str] = ..., rank: _Optional[int] = ..., exit_code: _Optional[int] = ..., signal: _Optional[int] = ..., stderr_tail: _Optional[str] = ..., gave_up: _Optional[bool] = ...) -> None: ...
+
+class TrainerExitResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...

@@ -1,0 +1,74 @@
+"""An in-process stand-in for the controller's agent-facing RPCs, for agent tests.
+
+It records registrations, heartbeats, acks and exit reports, and lets a test push orders
+to a host's order stream. `refuse` makes RegisterAgent answer FAILED_PRECONDITION.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import defaultdict
+
+import grpc
+
+from protos import controller_pb2 as pb
+from protos import controller_pb2_grpc as pb_grpc
+
+
+class FakeController(pb_grpc.ControllerServicer):
+    def __init__(self) -> None:
+        self.registrations: list[pb.RegisterAgentRequest] = []
+        self.heartbeats: defaultdict[str, int] = defaultdict(int)
+        self.acks: dict[str, pb.AckOrderRequest] = {}
+        self.exits: list[pb.TrainerExitRequest] = []
+        self.queues: defaultdict[str, asyncio.Queue] = defaultdict(asyncio.Queue)
+        self.streams: defaultdict[str, int] = defaultdict(int)
+        self.refuse = ""
+        self.answer: pb.Assignment | None = None  # overrides the registered assignment
+        self.not_leader = False
+        self.server: grpc.aio.Server | None = None
+        self.address = ""
+
+    async def start(self) -> "FakeController":
+        self.server = grpc.aio.server()
+        pb_grpc.add_ControllerServicer_to_server(self, self.server)
+        port = self.server.add_insecure_port("127.0.0.1:0")
+        self.address = f"127.0.0.1:{port}"
+        await self.server.start()
+        return self
+
+    async def stop(self) -> None:
+        assert self.server is not None
+        await self.server.stop(grace=0.1)
+
+    def order(self, host_id: str, order_id: str, kind: int, assignment=None,
+              reason: str = "test") -> None:
+        self.queues[host_id].put_nowait(pb.Order(order_id=order_id, kind=kind,
+                                                 assignment=assignment, reason=reason))
+
+    async def RegisterAgent(self, request, context):
+        if self.refuse:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, self.refuse)
+        self.registrations.append(request)
+        assignment = self.answer if self.answer is not None else request.assignment
+        return pb.RegisterAgentResponse(assignment=assignment, reason="fake")
+
+    async def Heartbeat(self, request_iterator, context):
+        async for request in request_iterator:
+            for host_id in request.host_ids:
+                self.heartbeats[host_id] += 1
+            yield pb.HeartbeatResponse(not_leader=self.not_leader)
+
+    async def Orders(self, request, context):
+        self.streams[request.host_id] += 1
+        queue = self.queues[request.host_id]
+        while True:
+            yield await queue.get()
+
+    async def AckOrder(self, request, context):
+        self.acks[request.order_id] = request
+        return pb.AckOrderResponse()
+
+    async def ReportTrainerExit(self, request, context):
+        self.exits.append(request)
+        return pb.TrainerExitResponse()

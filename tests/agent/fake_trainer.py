@@ -1,0 +1,54 @@
+"""A scripted trainer for agent tests and bench/swap: no model, just the process contract.
+
+    python fake_trainer.py READY_DIR [--exit CODE] [--ignore-term] [--child] [ARGS...]
+
+A standby (FTHSDP_STANDBY=1) first writes `standby-<pid>.json`, then blocks in
+`agent.env.wait_for_assignment()`. Every trainer then writes `ready-<replica>-<rank>-<pid>.json`
+(atomically) with its FTHSDP_* environment, argv and whether it started as a standby, prints
+"trainer ready" to stderr, and waits to be killed. `--exit CODE` exits instead (after printing
+"boom" to stderr); `--ignore-term` ignores SIGTERM; `--child` starts a child process that
+waits too (its pid is in the ready file) to check that stops reach the process group.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+
+def write(path, values):
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(values, f)
+    os.rename(tmp, path)
+
+
+def main():
+    ready_dir, flags = sys.argv[1], sys.argv[2:]
+    if "--ignore-term" in flags:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    standby = os.environ.get("FTHSDP_STANDBY") == "1"
+    if standby:
+        write(os.path.join(ready_dir, f"standby-{os.getpid()}.json"), {"pid": os.getpid()})
+        from agent.env import wait_for_assignment
+        wait_for_assignment()
+    child = None
+    if "--child" in flags:
+        child = subprocess.Popen([sys.executable, "-c", "import threading; threading.Event().wait()"])
+    env = {k: v for k, v in os.environ.items() if k.startswith("FTHSDP_")}
+    values = {"pid": os.getpid(), "env": env, "argv": sys.argv[1:], "warm": standby,
+              "child_pid": child.pid if child else None, "time": time.time()}
+    replica, rank = env.get("FTHSDP_REPLICA_ID", "?"), env.get("FTHSDP_RANK", "?")
+    write(os.path.join(ready_dir, f"ready-{replica}-{rank}-{os.getpid()}.json"), values)
+    print("trainer ready", file=sys.stderr, flush=True)
+    if "--exit" in flags:
+        print("boom", file=sys.stderr, flush=True)
+        sys.exit(int(flags[flags.index("--exit") + 1]))
+    threading.Event().wait()
+
+
+if __name__ == "__main__":
+    main()

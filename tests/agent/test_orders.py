@@ -1,0 +1,96 @@
+"""Table tests for which orders an agent accepts, and for settings validation."""
+
+from __future__ import annotations
+
+import pytest
+
+from agent.orders import Assignment, Effect, plan_order, wants_for
+from agent.policy import Role
+from agent.settings import AgentSettings, substitute
+from protos import controller_pb2 as pb
+
+R0 = Assignment("r0", (0, 1), 2)
+R1 = Assignment("r1", (0, 1), 2)
+O = pb.Order
+
+CASES = [
+    # (name, kind, proposed, current, assignment after, effect, words in the error)
+    ("spare takes an assignment", O.ASSIGN, R0, None, R0, Effect.TRAIN, ""),
+    ("same assignment again", O.ASSIGN, R0, R0, R0, Effect.TRAIN, ""),
+    ("duplicate assignment", O.ASSIGN, R1, R0, R0, None, "duplicate assignment of replica 'r1'"),
+    ("assign without replica", O.ASSIGN, Assignment("", (0,), 1), None, None, None, "no replica_id"),
+    ("assign empty", O.ASSIGN, None, None, None, None, "no replica_id"),
+    ("assign rank out of range", O.ASSIGN, Assignment("r0", (0, 5), 2), None, None, None,
+     "ranks [5]"),
+    ("assign repeated ranks", O.ASSIGN, Assignment("r0", (1, 1), 2), None, None, None, "repeat"),
+    ("assign bad world size", O.ASSIGN, Assignment("r0", (0,), 0), None, None, None,
+     "world_size must be >= 1, got 0"),
+    ("assign more ranks than slots", O.ASSIGN, Assignment("r0", (0, 1, 2), 4), None, None, None,
+     "do not fit in 2 slots"),
+    ("restart own replica", O.RESTART, None, R0, R0, Effect.RESTART, ""),
+    ("restart naming own replica", O.RESTART, Assignment("r0", (1,), 2), R0, R0, Effect.RESTART,
+     ""),
+    ("restart unknown replica", O.RESTART, Assignment("r9", (0,), 2), R0, R0, None,
+     "unknown replica 'r9'"),
+    ("restart on a spare", O.RESTART, None, None, None, None, "has no assignment"),
+    ("start own replica", O.START, None, R0, R0, Effect.TRAIN, ""),
+    ("start unknown replica", O.START, R1, R0, R0, None, "unknown replica 'r1'"),
+    ("stop: work moved away", O.STOP, None, R0, None, Effect.STOP, ""),
+    ("stop own replica", O.STOP, Assignment("r0", (0, 1), 2), R0, R0, Effect.STOP, ""),
+    ("stop unknown replica", O.STOP, R1, R0, R0, None, "unknown replica 'r1'"),
+    ("release", O.RELEASE, None, R0, None, Effect.RELEASE, ""),
+    ("unspecified kind", O.KIND_UNSPECIFIED, None, R0, R0, None, "unknown order kind"),
+    ("unknown kind number", 42, None, R0, R0, None, "unknown order kind 42"),
+]
+
+
+@pytest.mark.parametrize("name,kind,proposed,current,after,effect,words", CASES,
+                         ids=[c[0] for c in CASES])
+def test_plan_order(name, kind, proposed, current, after, effect, words):
+    plan = plan_order(kind, proposed, current, slots=2, host_id="h1")
+    assert (plan.assignment, plan.effect) == (after, effect)
+    assert (words in plan.error) if words else plan.error == ""
+
+
+def test_wants_follow_the_plan():
+    assert [w.rank for w in wants_for(R0, Effect.TRAIN, 2, standby=False)] == [0, 1]
+    assert {w.role for w in wants_for(R0, Effect.STOP, 2, standby=True)} == {Role.IDLE}
+    assert {w.role for w in wants_for(None, Effect.RELEASE, 2, standby=True)} == {Role.STANDBY}
+    assert {w.role for w in wants_for(None, Effect.RELEASE, 2, standby=False)} == {Role.IDLE}
+
+
+def test_assignment_round_trips_through_the_wire():
+    assert Assignment.from_proto(R0.to_proto()) == R0
+    assert Assignment.from_proto(pb.Assignment()) is None
+
+
+def settings(**kw):
+    base = dict(controller_addresses=("127.0.0.1:1",), host_id="h1", command=("t",),
+                replica_id="r0", ranks=(0,), world_size=1)
+    base.update(kw)
+    return AgentSettings(**base)
+
+
+@pytest.mark.parametrize("kw,words", [
+    ({"controller_addresses": ()}, "controller address"),
+    ({"host_id": ""}, "host id"),
+    ({"command": ()}, "command template"),
+    ({"replica_id": ""}, "needs a replica id"),
+    ({"spare": True}, "replica_id='r0'"),
+    ({"ranks": (0, 3), "world_size": 2, "slots": 2}, "Ranks [3]"),
+    ({"ranks": (0, 1), "world_size": 2, "slots": 1}, "2 ranks do not fit in 1 slots"),
+    ({"restart_budget": -1}, "restart_budget must be >= 0, got -1"),
+    ({"restart_window_s": 0}, "restart_window_s must be > 0, got 0"),
+    ({"spare": True, "replica_id": "", "standby": True, "command": ("t", "{rank}")},
+     "cannot use ['rank']"),
+])
+def test_validate_names_the_bad_value(kw, words):
+    with pytest.raises(ValueError) as err:
+        settings(**kw).validate()
+    assert words in str(err.value)
+
+
+def test_substitute_replaces_only_known_placeholders():
+    argv = substitute(("x", "--r={replica_id}/{rank}", "{'a': {world_size}}", "{other}"),
+                      {"replica_id": "r0", "rank": 1, "world_size": 2})
+    assert argv == ["x", "--r=r0/1", "{'a': 2}", "{other}"]

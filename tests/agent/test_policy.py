@@ -1,0 +1,99 @@
+"""Table tests for the pure decisions: next_action, the restart budget window, backoff."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from agent.policy import (ActionKind, Observed, Proc, RestartBudget, Role, Spec, Want,
+                          backoff_s, next_action, restarts_in_window)
+
+A = ActionKind
+TRAIN = Want(Role.TRAIN, 1, "r0", 0, 2)
+OTHER = Want(Role.TRAIN, 1, "r1", 0, 2)
+STANDBY = Want(Role.STANDBY, 1)
+IDLE = Want(Role.IDLE, 1)
+BUDGET = RestartBudget(restarts=2, window_s=60.0)
+
+
+def proc(role=Role.TRAIN, gen=1, replica="r0", rank=0, exited=False, code=None, sig=None):
+    return Proc(role, gen, replica, rank, 2 if role is Role.TRAIN else 0, exited, code, sig)
+
+
+KILLED = proc(exited=True, sig=9)
+
+CASES = [
+    # (name, proc, want, restart times, halted generation, expected action, words in reason)
+    ("empty slot, trainer wanted", None, TRAIN, (), None, A.START, "replica r0 rank 0"),
+    ("empty slot, standby wanted", None, STANDBY, (), None, A.START, "standby"),
+    ("empty slot, nothing wanted", None, IDLE, (), None, A.WAIT, "idle"),
+    ("halted at this generation", None, TRAIN, (), 1, A.WAIT, "halted"),
+    ("halted at an older generation", None, TRAIN, (), 0, A.START, "starting"),
+    ("trainer running as wanted", proc(), TRAIN, (), None, A.WAIT, "running"),
+    ("standby running as wanted", proc(Role.STANDBY), STANDBY, (), None, A.WAIT, "standby"),
+    ("standby + assignment", proc(Role.STANDBY), TRAIN, (), None, A.SWAP_IN, "takes replica r0"),
+    ("running, nothing wanted", proc(), IDLE, (), None, A.STOP, "no trainer"),
+    ("standby running, nothing wanted", proc(Role.STANDBY), IDLE, (), None, A.STOP, "no trainer"),
+    ("trainer running, released", proc(), STANDBY, (), None, A.STOP, "released"),
+    ("other assignment", proc(), OTHER, (), None, A.STOP, "changed to replica r1"),
+    ("restart ordered", proc(gen=0), TRAIN, (), None, A.STOP, "generation 1"),
+    ("killed, budget left", KILLED, TRAIN, (), None, A.RESTART, "signal 9"),
+    ("killed, one restart used", KILLED, TRAIN, (50.0,), None, A.RESTART, "1 of 2"),
+    ("killed, budget spent", KILLED, TRAIN, (50.0, 90.0), None, A.GIVE_UP, "budget exhausted"),
+    ("killed, old restarts left window", KILLED, TRAIN, (10.0, 39.9), None, A.RESTART, "0 of 2"),
+    ("exit code 3, budget left", proc(exited=True, code=3), TRAIN, (), None, A.RESTART, "code 3"),
+    ("exit code 0 finished", proc(exited=True, code=0), TRAIN, (), None, A.WAIT, "finished"),
+    ("standby died", proc(Role.STANDBY, exited=True, code=1), STANDBY, (), None, A.RESTART,
+     "standby trainer exited"),
+    ("exited, no longer wanted", KILLED, IDLE, (), None, A.WAIT, "no longer wanted"),
+    ("exited, older generation", proc(gen=0, exited=True, sig=9), TRAIN, (), None, A.WAIT,
+     "no longer wanted"),
+]
+
+
+@pytest.mark.parametrize("name,p,want,times,halted,kind,words", CASES, ids=[c[0] for c in CASES])
+def test_next_action(name, p, want, times, halted, kind, words):
+    action = next_action(Observed(100.0, p, times, halted), Spec(want, BUDGET))
+    assert action.kind is kind, action.reason
+    assert words in action.reason
+
+
+def test_every_action_kind_is_covered_by_the_table():
+    seen = {next_action(Observed(100.0, c[1], c[3], c[4]), Spec(c[2], BUDGET)).kind
+            for c in CASES}
+    assert seen == set(ActionKind)
+
+
+def test_zero_budget_gives_up_at_the_first_exit():
+    action = next_action(Observed(0.0, KILLED), Spec(TRAIN, RestartBudget(0, 60.0)))
+    assert action.kind is A.GIVE_UP
+    assert "0 of 0" in action.reason
+
+
+def test_budget_window_moves_with_the_clock():
+    """Three exits in quick succession spend a budget of 2; once the window passes, the same
+    restart history no longer counts."""
+    spec, times = Spec(TRAIN, BUDGET), (100.0, 101.0)
+    assert next_action(Observed(102.0, KILLED, times), spec).kind is A.GIVE_UP
+    assert next_action(Observed(160.5, KILLED, times), spec).kind is A.RESTART  # 100 left
+    assert next_action(Observed(161.0, KILLED, times), spec).kind is A.RESTART  # both left
+
+
+def test_restarts_in_window_matches_a_naive_count():
+    rng = random.Random(5)
+    for _ in range(500):
+        times = tuple(sorted(rng.uniform(0, 100) for _ in range(rng.randint(0, 8))))
+        now, window = rng.uniform(0, 120), rng.choice([0.5, 5.0, 30.0, 1000.0])
+        naive = len([t for t in times if t > now - window and not t > now])
+        assert restarts_in_window(times, now, window) == naive
+
+
+@pytest.mark.parametrize("attempt,expected", [(0, 0.2), (1, 0.4), (2, 0.8), (4, 3.2), (5, 5.0),
+                                              (60, 5.0)])
+def test_backoff_doubles_up_to_the_cap(attempt, expected):
+    assert backoff_s(attempt, base_s=0.2, cap_s=5.0) == pytest.approx(expected)
+
+
+def test_backoff_jitter_only_shortens():
+    assert backoff_s(3, base_s=0.2, cap_s=5.0, jitter=0.5) == pytest.approx(0.8)

@@ -1,0 +1,182 @@
+"""The agent's gRPC side against an in-process fake controller, with real trainer processes:
+registration, orders and acks (including refused ones), exit reports, HA address failover."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+
+import pytest
+
+from agent.runner import Agent, PermanentError
+from agent.settings import AgentSettings
+from protos import controller_pb2 as pb
+from tests.agent.fake_controller import FakeController
+from tests.agent.helpers import alive, ready_files, standby_files, trainer_command, wait_for
+
+O = pb.Order
+
+
+@pytest.fixture
+async def controller():
+    fake = await FakeController().start()
+    yield fake
+    await fake.stop()
+
+
+class Running:
+    """An Agent task with its stop event; stopping waits for its trainers to stop."""
+
+    def __init__(self, settings: AgentSettings) -> None:
+        self.agent = Agent(settings)
+        self.stop = asyncio.Event()
+        self.task = asyncio.create_task(self.agent.run(self.stop))
+
+    async def close(self) -> None:
+        self.stop.set()
+        await asyncio.wait_for(self.task, 15)
+
+
+@pytest.fixture
+async def start_agent(tmp_path):
+    started: list[Running] = []
+
+    def start(addresses, **kw) -> Running:
+        base = dict(controller_addresses=tuple(addresses), host_id="h1",
+                    command=trainer_command(tmp_path), replica_id="r0", ranks=(0,),
+                    world_size=2, heartbeat_interval_s=0.1, stop_grace_s=2.0,
+                    reconnect_base_s=0.05)
+        base.update(kw)
+        started.append(Running(AgentSettings(**base).validate()))
+        return started[-1]
+
+    yield start
+    for running in started:
+        if not running.task.done():
+            await running.close()
+
+
+async def ack(controller: FakeController, order_id: str) -> pb.AckOrderRequest:
+    return await wait_for(lambda: controller.acks.get(order_id), 10, f"ack of {order_id}")
+
+
+async def test_active_host_registers_runs_and_heartbeats(controller, start_agent, tmp_path):
+    run = start_agent([controller.address], labels={"zone": "a"})
+    [info] = await wait_for(lambda: ready_files(tmp_path), 10, "trainer ready")
+    [reg] = controller.registrations
+    assert (reg.host_id, reg.spare, reg.slots, dict(reg.labels)) == ("h1", False, 1, {"zone": "a"})
+    assert (reg.assignment.replica_id, list(reg.assignment.ranks)) == ("r0", [0])
+    assert reg.incarnation == run.agent.incarnation
+    await wait_for(lambda: controller.heartbeats["h1"] >= 3, 10, "three heartbeats")
+    await run.close()
+    assert not alive(info["pid"])
+
+
+async def test_killed_trainer_is_reported_at_once(controller, start_agent, tmp_path):
+    start_agent([controller.address], restart_budget=0)
+    [info] = await wait_for(lambda: ready_files(tmp_path), 10, "trainer ready")
+    os.kill(info["pid"], signal.SIGKILL)
+    [e] = await wait_for(lambda: controller.exits, 10, "exit report")
+    assert (e.host_id, e.replica_id, e.rank) == ("h1", "r0", 0)
+    assert (e.exit_code, e.signal, e.gave_up) == (-1, signal.SIGKILL, True)
+    assert "trainer ready" in e.stderr_tail
+
+
+async def test_restart_order_is_executed_then_acked(controller, start_agent, tmp_path):
+    start_agent([controller.address])
+    [first] = await wait_for(lambda: ready_files(tmp_path), 10, "trainer ready")
+    controller.order("h1", "o1", O.RESTART, pb.Assignment(replica_id="r0"))
+    a = await ack(controller, "o1")
+    assert (a.ok, a.error) == (True, "")
+    assert not alive(first["pid"])
+    await wait_for(lambda: len(ready_files(tmp_path)) == 2, 10, "restarted trainer")
+
+
+@pytest.mark.parametrize("kind,assignment,words", [
+    (O.RESTART, pb.Assignment(replica_id="r9", ranks=[0], world_size=2), "unknown replica 'r9'"),
+    (O.ASSIGN, pb.Assignment(replica_id="r1", ranks=[0], world_size=2),
+     "duplicate assignment of replica 'r1'"),
+    (O.KIND_UNSPECIFIED, None, "unknown order kind KIND_UNSPECIFIED"),
+])
+async def test_bad_orders_are_refused_naming_the_value(controller, start_agent, tmp_path, kind,
+                                                      assignment, words):
+    run = start_agent([controller.address])
+    [info] = await wait_for(lambda: ready_files(tmp_path), 10, "trainer ready")
+    controller.order("h1", "bad", kind, assignment)
+    a = await ack(controller, "bad")
+    assert not a.ok and words in a.error, a.error
+    assert run.agent.assignment.replica_id == "r0" and alive(info["pid"])  # nothing changed
+
+
+async def test_spare_standby_takes_assign_then_release(controller, start_agent, tmp_path):
+    run = start_agent([controller.address], spare=True, replica_id="", ranks=(), world_size=0,
+                      standby=True)
+    [standby] = await wait_for(lambda: standby_files(tmp_path), 10, "standby started")
+    assert controller.registrations[0].spare
+    controller.order("h1", "o1", O.ASSIGN, pb.Assignment(replica_id="r2", ranks=[1],
+                                                         world_size=2))
+    assert (await ack(controller, "o1")).ok
+    [info] = await wait_for(lambda: ready_files(tmp_path), 10, "assigned trainer ready")
+    assert info["pid"] == standby["pid"] and info["warm"]
+    assert (info["env"]["FTHSDP_REPLICA_ID"], info["env"]["FTHSDP_RANK"]) == ("r2", "1")
+    controller.order("h1", "o1", O.ASSIGN, pb.Assignment(replica_id="r2", ranks=[1],
+                                                         world_size=2))  # a resent order
+    controller.order("h1", "o2", O.RELEASE)
+    assert (await ack(controller, "o2")).ok
+    assert run.agent.assignment is None and not alive(info["pid"])
+    await wait_for(lambda: len(standby_files(tmp_path)) == 2, 10, "a new standby")
+
+
+async def test_registration_answer_wins(controller, start_agent, tmp_path):
+    """A swapped-out host that registers again is told it is a spare: it runs nothing."""
+    controller.answer = pb.Assignment()
+    run = start_agent([controller.address])
+    await wait_for(lambda: run.agent.registered.is_set(), 10, "registration")
+    assert run.agent.assignment is None
+    await run.agent.supervisor.reconcile()
+    assert ready_files(tmp_path) == [] and run.agent.supervisor.slots[0].handle is None
+
+
+async def test_refused_registration_is_permanent(controller, start_agent):
+    controller.refuse = "host h1 is already registered with a live agent"
+    run = start_agent([controller.address])
+    with pytest.raises(PermanentError, match="already registered"):
+        await asyncio.wait_for(run.task, 10)
+
+
+async def test_next_address_is_tried_when_the_first_is_down(controller, start_agent, tmp_path):
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        dead = f"127.0.0.1:{s.getsockname()[1]}"
+    start_agent([dead, controller.address])
+    await wait_for(lambda: ready_files(tmp_path), 10, "trainer ready via the second address")
+    assert controller.registrations
+
+
+async def test_reconnects_after_the_controller_restarts(start_agent, tmp_path):
+    first = await FakeController().start()
+    second = await FakeController().start()
+    try:
+        start_agent([first.address, second.address])
+        [info] = await wait_for(lambda: ready_files(tmp_path), 10, "trainer ready")
+        await first.stop()
+        await wait_for(lambda: second.streams["h1"] == 1, 10, "order stream on the standby")
+        assert second.registrations[0].assignment.replica_id == "r0"
+        assert alive(info["pid"]) and len(ready_files(tmp_path)) == 1  # trainer kept running
+    finally:
+        await first.stop()
+        await second.stop()
+
+
+async def test_a_controller_that_is_not_leader_is_left(start_agent, tmp_path):
+    standby = await FakeController().start()
+    leader = await FakeController().start()
+    standby.not_leader = True
+    try:
+        start_agent([standby.address, leader.address])
+        await wait_for(lambda: leader.streams["h1"] == 1, 10, "order stream on the leader")
+    finally:
+        await standby.stop()
+        await leader.stop()

@@ -1,0 +1,133 @@
+"""ControllerState, hosts and spares, on a fake clock."""
+
+import pytest
+
+from controller.core.errors import FailedPrecondition, InvalidArgument, NotFound
+from controller.core.model import Assignment, HostState, ReplicaState
+from controller.core.replicas import JoinRequest
+from controller.core.spares import pick_spare
+from controller.core.state import ControllerState
+from controller.settings import ControllerSettings
+
+
+def a(replica, *ranks, world=2):
+    return Assignment(replica, ranks, world)
+
+
+def cluster(spares=("s0",), spare_zone="z1"):
+    s = ControllerState(ControllerSettings(replicas=2, min_replicas=1, heartbeat_timeout_s=10.0))
+    s.register_agent("h0", "i0", 0.0, assignment=a("r0", 0, 1), labels={"zone": "z1"})
+    s.register_agent("h1", "i1", 0.0, assignment=a("r1", 0, 1), labels={"zone": "z2"})
+    for sp in spares:
+        s.register_agent(sp, "i" + sp, 0.0, spare=True, labels={"zone": spare_zone})
+    for rid in ("r0", "r1"):
+        s.join(JoinRequest(rid, 0, 2), 0.0)
+    s.try_close_round(0.0)
+    return s
+
+
+def orders(s):
+    return [(o.host_id, o.kind, o.assignment.replica_id if o.assignment else None) for o in s.take_orders()]
+
+
+def test_agent_silence_swaps_to_spare():
+    s = cluster()
+    s.heartbeat_hosts(["h1", "s0"], 8.0)
+    s.heartbeat_replicas(["r0", "r1"], 8.0)
+    s.expire(10.5)
+    assert s.hosts["h0"].state == HostState.DEAD and s.hosts["h0"].cordoned
+    assert s.replicas["r0"].state == ReplicaState.DEAD and s.deaths == {"host": 1}
+    assert s.hosts["s0"].assignment == a("r0", 0, 1) and s.hosts["s0"].state == HostState.ACTIVE
+    assert orders(s) == [("s0", "ASSIGN", "r0")]
+    assert s.swaps == 1
+
+
+def test_trainer_exit_kills_replica_and_gave_up_cordons_and_swaps():
+    s = cluster()
+    s.trainer_exit("h1", "r1", 1, 1.0, signal=9)
+    assert s.replicas["r1"].state == ReplicaState.DEAD
+    assert "trainer rank 1 on host h1 died (signal 9)" in s.replicas["r1"].reason
+    assert not s.hosts["h1"].cordoned and orders(s) == []
+    s.trainer_exit("h1", "r1", 0, 2.0, exit_code=3, stderr_tail="boom\nCUDA error: ECC\n", gave_up=True)
+    assert s.hosts["h1"].cordoned and "restart budget exhausted" in s.hosts["h1"].cordon_reason
+    assert "CUDA error: ECC" in s.hosts["h1"].cordon_reason
+    assert orders(s) == [("h1", "STOP", None), ("s0", "ASSIGN", "r1")]
+
+
+def test_no_spare_keeps_replica_out_and_a_new_spare_fills_the_hole():
+    s = cluster(spares=())
+    s.trainer_exit("h0", "r0", 0, 1.0, exit_code=1, gave_up=True)
+    assert s.hosts["h0"].assignment == a("r0", 0, 1)
+    assert any(e.kind == "no_spare" for e in s.events)
+    assert orders(s) == []
+    s.register_agent("s9", "i9", 2.0, spare=True)
+    assert s.hosts["s9"].assignment == a("r0", 0, 1)
+    assert orders(s) == [("h0", "STOP", None), ("s9", "ASSIGN", "r0")]
+
+
+def test_spare_choice_prefers_same_zone():
+    s = cluster(spares=("s0", "s1"), spare_zone="z9")
+    s.hosts["s1"].labels = {"zone": "z2"}
+    choice = pick_spare(s.hosts["h1"], list(s.hosts.values()))
+    assert choice.host_id == "s1" and "same zone (z2)" in choice.reason
+    choice = pick_spare(s.hosts["h0"], list(s.hosts.values()))
+    assert choice.host_id == "s0" and "no spare in zone z1" in choice.reason
+
+
+def test_repaired_host_returns_to_the_pool():
+    s = cluster()
+    s.expire(10.5)  # everyone silent: h0, h1 and s0 die; s0 can't take over
+    s.register_agent("s0", "new-s0", 11.0, spare=True)
+    assert s.hosts["s0"].state == HostState.ACTIVE  # it took the first orphan
+    s.register_agent("h0", "new-h0", 12.0, assignment=a("r0", 0, 1))
+    h0 = s.hosts["h0"]  # r0 moved to s0, so h0 joins the pool, which fills h1's hole at once
+    assert h0.state == HostState.ACTIVE and not h0.cordoned and h0.assignment == a("r1", 0, 1)
+    s.register_agent("h1", "new-h1", 13.0, assignment=a("r1", 0, 1))
+    h1 = s.hosts["h1"]
+    assert h1.state == HostState.SPARE and not h1.cordoned and h1.assignment is None
+
+
+def test_duplicate_registration_and_duplicate_assignment_refused():
+    s = cluster()
+    before = (s.snapshot_hosts(), list(s.outbox))
+    with pytest.raises(FailedPrecondition, match="duplicate registration with a different identity"):
+        s.register_agent("h0", "other", 1.0, assignment=a("r0", 0, 1))
+    with pytest.raises(FailedPrecondition, match="duplicate assignment: host h1 already runs replica r1"):
+        s.register_agent("h7", "i7", 1.0, assignment=a("r1", 1, world=2))
+    with pytest.raises(InvalidArgument, match="ranks \\[5\\] are outside 0..1"):
+        s.register_agent("h8", "i8", 1.0, assignment=a("r1", 5, world=2))
+    with pytest.raises(InvalidArgument, match="registered as a spare but also claims"):
+        s.register_agent("h9", "i9", 1.0, spare=True, assignment=a("r2", 0, world=1))
+    assert (s.snapshot_hosts(), list(s.outbox)) == before
+
+
+def test_trainer_exit_for_wrong_replica_refused():
+    s = cluster()
+    with pytest.raises(FailedPrecondition, match="host h0 does not run replica 'r1' rank 0"):
+        s.trainer_exit("h0", "r1", 0, 1.0)
+    with pytest.raises(NotFound, match="host 'nope' is unknown"):
+        s.trainer_exit("nope", "r1", 0, 1.0)
+    assert s.replicas["r1"].state == ReplicaState.HEALTHY
+
+
+def test_drain_moves_work_then_stops_host():
+    s = cluster()
+    s.drain("h1", 1.0)
+    assert s.hosts["h1"].cordoned and s.hosts["h1"].cordon_by == "admin"
+    assert s.hosts["s0"].assignment == a("r1", 0, 1)
+    assert orders(s) == [("h1", "STOP", None), ("s0", "ASSIGN", "r1")]
+    with pytest.raises(FailedPrecondition, match="cannot drain host h0: no spare"):
+        s.drain("h0", 2.0)
+    # an admin cordon survives re-registration
+    s.register_agent("h1", "again", 20.0)
+    assert s.hosts["h1"].cordoned
+
+
+def test_swap_restarts_the_replicas_other_hosts():
+    s = ControllerState(ControllerSettings(replicas=1, heartbeat_timeout_s=10.0))
+    s.register_agent("h0", "i0", 0.0, assignment=a("r0", 0))
+    s.register_agent("h1", "i1", 0.0, assignment=a("r0", 1))
+    s.register_agent("s0", "is", 0.0, spare=True)
+    s.heartbeat_hosts(["h1", "s0"], 9.0)
+    s.expire(10.5)
+    assert orders(s) == [("s0", "ASSIGN", "r0"), ("h1", "RESTART", "r0")]

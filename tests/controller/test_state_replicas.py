@@ -1,0 +1,168 @@
+"""ControllerState, replicas and rounds, on a fake clock (time is an argument)."""
+
+import copy
+
+import pytest
+
+from controller.core.errors import FailedPrecondition, InvalidArgument
+from controller.core.model import ReplicaState
+from controller.core.replicas import JoinRequest
+from controller.core.state import ControllerState
+from controller.settings import ControllerSettings
+
+SETTINGS = ControllerSettings(replicas=3, min_replicas=2, join_timeout_s=2.0, heartbeat_timeout_s=10.0)
+
+
+def fresh(**kw):
+    return ControllerState(ControllerSettings(**{**SETTINGS.__dict__, **kw}) if kw else SETTINGS)
+
+
+def join(state, rid, step, now, **kw):
+    state.join(JoinRequest(rid, step, kw.pop("world_size", 2), **kw), now)
+
+
+def form(state, steps, now):
+    for rid, step in steps.items():
+        join(state, rid, step, now)
+    return state.try_close_round(now)
+
+
+def picture(state):
+    return copy.deepcopy((state.snapshot_replicas(), state.snapshot_hosts(), dict(state.round_joined)))
+
+
+def test_first_quorum_and_fast_path():
+    s = fresh()
+    q = form(s, {"r0": 0, "r1": 0, "r2": 0}, 0.0)
+    assert q.quorum_id == 1 and q.reason == "all 3 live replicas joined"
+    assert {r.state for r in s.replicas.values()} == {ReplicaState.HEALTHY}
+    for rid in ("r0", "r1", "r2"):
+        s.report_step(rid, 0, 1.0)
+    q2 = form(s, {"r0": 1, "r1": 1, "r2": 1}, 1.0)
+    assert q2.quorum_id == 1 and q2.reason.startswith("fast path")
+
+
+def test_heartbeat_silence_excludes_and_behind_gets_a_source():
+    s = fresh()
+    form(s, {"r0": 0, "r1": 0, "r2": 0}, 0.0)
+    for t in (4.0, 8.0, 12.0):
+        s.heartbeat_replicas(["r0", "r1"], t)
+    s.expire(10.5)
+    assert s.replicas["r2"].state == ReplicaState.DEAD
+    assert "no heartbeat for 10.5s" in s.replicas["r2"].reason
+    assert s.deaths == {"heartbeat": 1}
+    for rid in ("r0", "r1"):
+        s.report_step(rid, 0, 11.0)
+    q = form(s, {"r0": 1, "r1": 1}, 11.0)
+    assert q.quorum_id == 2 and q.member_ids == {"r0", "r1"}
+    # r2 comes back at its old step: it is behind and recovers from a healthy replica
+    join(s, "r2", 0, 12.0)
+    join(s, "r0", 2, 12.0)
+    join(s, "r1", 2, 12.0)
+    q = s.try_close_round(12.0)
+    assert q.quorum_id == 3 and q.max_step == 2
+    assert s.replicas["r2"].state == ReplicaState.BEHIND
+    assert q.recover == {"r2": ("r0", "r1")}
+    s.report_step("r2", 2, 13.0)
+    assert s.replicas["r2"].state == ReplicaState.HEALTHY
+
+
+def test_failure_report_excludes_at_once_and_drops_from_round():
+    s = fresh()
+    form(s, {"r0": 0, "r1": 0, "r2": 0}, 0.0)
+    join(s, "r2", 1, 1.0)
+    s.report_replica_dead("r2", "NIC down", 1.0)
+    assert s.replicas["r2"].state == ReplicaState.DEAD and s.replicas["r2"].reason == "NIC down"
+    assert "r2" not in s.round_joined
+    q = form(s, {"r0": 1, "r1": 1}, 1.0)
+    assert q.member_ids == {"r0", "r1"} and q.reason == "all 2 live replicas joined"
+
+
+def test_failed_commit_bumps_quorum_id_and_allows_retry():
+    s = fresh()
+    form(s, {"r0": 0, "r1": 0, "r2": 0}, 0.0)
+    s.report_commit_failed("r1", 0, "FTAR timeout", 1.0)
+    q = form(s, {"r0": 0, "r1": 0, "r2": 0}, 1.0)
+    assert q.quorum_id == 2
+    assert not s.replicas["r1"].failed_commit
+
+
+def test_backwards_step_refused_without_failed_commit_and_state_unchanged():
+    s = fresh()
+    form(s, {"r0": 0, "r1": 0, "r2": 0}, 0.0)
+    s.report_step("r0", 4, 1.0)
+    before = picture(s)
+    with pytest.raises(FailedPrecondition, match="asked to train step 2.*committed step 4"):
+        join(s, "r0", 2, 2.0)
+    with pytest.raises(FailedPrecondition, match="reported step 3 as committed.*committed step 4"):
+        s.report_step("r0", 3, 2.0)
+    assert picture(s) == before
+
+
+def test_new_incarnation_may_come_back_lower():
+    s = fresh()
+    join(s, "r0", 0, 0.0, incarnation="a")
+    s.report_step("r0", 9, 1.0)
+    join(s, "r0", 0, 2.0, incarnation="b")
+    r = s.replicas["r0"]
+    assert r.state == ReplicaState.JOINING and r.incarnation == "b" and r.step == 0
+    assert s.deaths == {"restarted": 1}
+
+
+@pytest.mark.parametrize("req, message", [
+    (JoinRequest("", 0, 2), "replica_id must not be empty"),
+    (JoinRequest("r 1", 0, 2), "whitespace"),
+    (JoinRequest("x" * 200, 0, 2), "the limit is 128"),
+    (JoinRequest("r0", -1, 2), "step must not be negative, got -1"),
+    (JoinRequest("r0", 0, 0), "world_size must be 1..65536, got 0"),
+    (JoinRequest("r0", 0, 2, ftar_addresses=("a",)), "has 1 entries but world_size is 2"),
+    (JoinRequest("r0", 0, 1, state_addresses=("x" * 300,)), "must be 1..256 characters"),
+])
+def test_bad_join_is_refused_and_changes_nothing(req, message):
+    s = fresh()
+    form(s, {"r0": 0, "r1": 0, "r2": 0}, 0.0)
+    before = picture(s)
+    with pytest.raises(InvalidArgument, match=message):
+        s.join(req, 1.0)
+    assert picture(s) == before
+
+
+def test_unknown_replica_and_negative_numbers_in_reports():
+    s = fresh()
+    with pytest.raises(FailedPrecondition, match="replica 'ghost' is unknown"):
+        s.report_step("ghost", 0, 0.0)
+    join(s, "r0", 0, 0.0)
+    with pytest.raises(InvalidArgument, match="tokens must not be negative, got -5"):
+        s.report_step("r0", 0, 0.0, tokens=-5)
+    assert s.steps_committed == 0
+
+
+def test_too_many_replica_ids_refused():
+    s = fresh(replicas=1, min_replicas=1)
+    for i in range(20):
+        join(s, f"r{i}", 0, 0.0)
+    with pytest.raises(FailedPrecondition, match="one too many"):
+        join(s, "r20", 0, 0.0)
+
+
+def test_late_replica_becomes_joining_then_returns():
+    s = fresh()
+    form(s, {"r0": 0, "r1": 0, "r2": 0}, 0.0)
+    join(s, "r0", 1, 1.0)
+    join(s, "r1", 1, 1.0)
+    s.heartbeat_replicas(["r2"], 2.0)
+    assert s.try_close_round(2.0) is None
+    q = s.try_close_round(3.0)
+    assert q.member_ids == {"r0", "r1"} and "left out r2" in q.reason
+    assert s.replicas["r2"].state == ReplicaState.JOINING
+
+
+def test_snapshot_round_trip():
+    s = fresh()
+    form(s, {"r0": 0, "r1": 0, "r2": 0}, 0.0)
+    s.report_step("r0", 0, 1.0)
+    t = fresh()
+    t.restore(s.snapshot_replicas(), s.snapshot_hosts(), 50.0)
+    assert t.quorum == s.quorum
+    assert t.replicas["r0"].committed_step == 0 and t.replicas["r0"].last_seen == 50.0
+    assert [e.message for e in t.events] == [e.message for e in s.events]

@@ -1,0 +1,328 @@
+"""Kubernetes manifests: schema-valid for a current release, and the checks that matter.
+
+Overlays are rendered with `kubectl kustomize` (kustomize v5 built into kubectl; Debian package
+`kubectl`). Without kubectl the rendering tests skip and say so; the per-file tests still run.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import tomllib
+from pathlib import Path
+
+import kubernetes_validate
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+DEPLOY = ROOT / "deploy"
+KUSTOMIZE = DEPLOY / "kustomize"
+K8S_VERSION = "1.37.0"  # newest schemas kubernetes-validate ships; bump with it
+KUSTOMIZATIONS = ["base", "etcd", "overlays/dev", "overlays/production"]
+OVERLAYS = ["overlays/dev", "overlays/production"]
+WORKLOAD_KINDS = {"Deployment", "DaemonSet", "StatefulSet", "Job"}
+CLUSTER_SCOPED = {"Namespace"}
+KUBECTL = shutil.which("kubectl")
+
+
+def _load_all(text: str) -> list[dict]:
+    return [d for d in yaml.safe_load_all(text) if d]
+
+
+def _kustomization(rel: str) -> dict:
+    return yaml.safe_load((KUSTOMIZE / rel / "kustomization.yaml").read_text())
+
+
+def _listed_files(key: str) -> set[Path]:
+    out = set()
+    for rel in KUSTOMIZATIONS:
+        for entry in _kustomization(rel).get(key, []):
+            path = (KUSTOMIZE / rel / (entry["path"] if isinstance(entry, dict) else entry)).resolve()
+            if path.is_file():
+                out.add(path)
+    return out
+
+
+MANIFEST_FILES = sorted(_listed_files("resources") | set((DEPLOY / "examples").glob("*.yaml")))
+PATCH_FILES = sorted(_listed_files("patches"))
+
+
+def _rel(path: Path) -> str:
+    return str(path.relative_to(ROOT))
+
+
+_rendered: dict[str, list[dict]] = {}
+
+
+def render(rel: str) -> list[dict]:
+    if KUBECTL is None:
+        pytest.skip("kubectl is not installed (apt-get install kubectl): overlays cannot be rendered")
+    if rel not in _rendered:
+        out = subprocess.run([KUBECTL, "kustomize", str(KUSTOMIZE / rel)], check=True,
+                             capture_output=True, text=True, timeout=60)
+        _rendered[rel] = _load_all(out.stdout)
+    return _rendered[rel]
+
+
+def _validate(doc: dict) -> None:
+    try:
+        kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+    except kubernetes_validate.ValidationError as err:
+        where = "/".join(str(p) for p in err.absolute_path)
+        pytest.fail(f"{doc['kind']}/{doc['metadata']['name']} at {where}: {err.message}")
+
+
+def _pod_spec(obj: dict) -> dict | None:
+    if obj["kind"] not in WORKLOAD_KINDS:
+        return None
+    return obj["spec"]["template"]["spec"]
+
+
+def _containers(obj: dict):
+    spec = _pod_spec(obj)
+    if spec:
+        for c in spec.get("initContainers", []) + spec["containers"]:
+            yield spec, c
+
+
+def _everything() -> list[tuple[str, list[dict]]]:
+    """Every rendered overlay plus the example files (which are applied on their own)."""
+    return [(rel, render(rel)) for rel in OVERLAYS] + [
+        (_rel(p), _load_all(p.read_text())) for p in sorted((DEPLOY / "examples").glob("*.yaml"))]
+
+
+def _by(docs: list[dict], kind: str, name: str) -> dict:
+    return next(d for d in docs if d["kind"] == kind and d["metadata"]["name"] == name)
+
+
+# ---------------------------------------------------------------- schemas
+
+
+def test_every_yaml_file_is_a_manifest_a_patch_or_a_kustomization():
+    stray = {p for p in DEPLOY.rglob("*.yaml")} - set(MANIFEST_FILES) - set(PATCH_FILES)
+    stray = {p for p in stray if p.name != "kustomization.yaml"}
+    assert not stray, f"not validated anywhere: {sorted(map(_rel, stray))}"
+
+
+@pytest.mark.parametrize("path", MANIFEST_FILES, ids=_rel)
+def test_manifest_file_is_valid(path):
+    docs = _load_all(path.read_text())
+    assert docs, f"{_rel(path)} holds no object"
+    for doc in docs:
+        _validate(doc)
+
+
+@pytest.mark.parametrize("rel", KUSTOMIZATIONS)
+def test_rendered_kustomization_is_valid(rel):
+    docs = render(rel)
+    assert docs
+    for doc in docs:
+        _validate(doc)
+
+
+@pytest.mark.parametrize("rel", OVERLAYS)
+def test_overlay_puts_everything_in_its_namespace(rel):
+    namespace = _kustomization(rel)["namespace"]
+    docs = render(rel)
+    assert any(d["kind"] == "Namespace" and d["metadata"]["name"] == namespace for d in docs)
+    for d in docs:
+        if d["kind"] not in CLUSTER_SCOPED:
+            assert d["metadata"].get("namespace") == namespace, d["metadata"]["name"]
+
+
+# ---------------------------------------------------------------- pod security
+
+
+def test_every_container_has_resources_and_a_locked_down_security_context():
+    for where, docs in _everything():
+        for obj in docs:
+            for pod, c in _containers(obj):
+                name = f"{where}: {obj['kind']}/{obj['metadata']['name']}/{c['name']}"
+                res = c.get("resources", {})
+                for part in ("requests", "limits"):
+                    assert {"cpu", "memory"} <= set(res.get(part, {})), f"{name}: {part}"
+                for key, value in res.get("requests", {}).items():
+                    if "/" in key:  # extended resources (GPUs) must have requests == limits
+                        assert res["limits"].get(key) == value, f"{name}: {key}"
+                sc, psc = c.get("securityContext", {}), pod.get("securityContext", {})
+                assert sc.get("runAsNonRoot", psc.get("runAsNonRoot")) is True, name
+                assert psc.get("runAsUser", sc.get("runAsUser", 0)) != 0, name
+                assert sc.get("readOnlyRootFilesystem") is True, name
+                assert sc.get("allowPrivilegeEscalation") is False, name
+                assert sc.get("capabilities", {}).get("drop") == ["ALL"], name
+                assert "add" not in sc.get("capabilities", {}), name
+                assert psc.get("seccompProfile", {}).get("type") == "RuntimeDefault", name
+                assert not pod.get("hostNetwork") and not pod.get("hostPID"), name
+
+
+def test_no_secret_values_are_committed():
+    for path in DEPLOY.rglob("*"):
+        if path.is_file() and path.suffix in {".yaml", ".yml", ".json"}:
+            for doc in _load_all(path.read_text()):
+                if doc.get("kind") == "Secret":
+                    assert not doc.get("data") and not doc.get("stringData"), _rel(path)
+    for where, docs in _everything():
+        for obj in docs:
+            for _, c in _containers(obj):
+                for arg in c.get("args", []) + c.get("command", []):
+                    assert not re.match(r"--admin-token(=|$)", arg), f"{where}: token on the command line"
+                for env in c.get("env", []):
+                    assert env["name"] != "FTHSDP_ADMIN_TOKEN" or "value" not in env, where
+
+
+def test_every_referenced_secret_is_documented_for_operators():
+    readme = (DEPLOY / "README.md").read_text()
+    for where, docs in _everything():
+        for obj in docs:
+            spec = _pod_spec(obj) or {}
+            for vol in spec.get("volumes", []):
+                if "secret" in vol:
+                    assert vol["secret"]["secretName"] in readme, f"{where}: {vol['secret']['secretName']}"
+
+
+# ---------------------------------------------------------------- the controller
+
+
+@pytest.mark.parametrize("rel", OVERLAYS)
+def test_controller_readiness_is_grpc_health_and_liveness_is_not(rel):
+    deploy = _by(render(rel), "Deployment", "fthsdp-controller")
+    assert deploy["spec"]["replicas"] == 3
+    c = next(c for c in deploy["spec"]["template"]["spec"]["containers"] if c["name"] == "controller")
+    probe, tls = c["readinessProbe"], any(a.startswith("--tls-cert-file") for a in c["args"])
+    if tls:  # kubelet's native gRPC probe cannot do TLS: the exec probe must carry the TLS files
+        cmd = probe["exec"]["command"]
+        assert cmd[0] == "fthsdp-grpc-health" and "--addr=127.0.0.1:50051" in cmd
+        assert {"--ca-file", "--cert-file", "--key-file"} <= {a.split("=")[0] for a in cmd}
+        assert "grpc" not in probe
+    else:
+        assert probe["grpc"]["port"] == 50051 and "exec" not in probe
+    # Standbys answer NOT_SERVING on purpose: a gRPC-health liveness probe would kill them.
+    assert "grpc" not in c["livenessProbe"] and "exec" not in c["livenessProbe"]
+    # Only one pod is ever Ready, so a rollout must not wait for standbys to become Ready.
+    assert deploy["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] == "100%"
+
+
+@pytest.mark.parametrize("rel", OVERLAYS)
+def test_controller_command_line_uses_the_cli_flags_and_its_env_resolves(rel):
+    docs = render(rel)
+    deploy = _by(docs, "Deployment", "fthsdp-controller")
+    c = deploy["spec"]["template"]["spec"]["containers"][0]
+    assert c["command"] == ["fthsdp", "controller"]
+    flags = {a.split("=", 1)[0] for a in c["args"]}
+    assert {"--grpc-port", "--http-port", "--replicas", "--min-replicas", "--etcd", "--settings",
+            "--admin-token-file"} <= flags
+    env = {e["name"]: e for e in c.get("env", [])}
+    for arg in c["args"]:
+        for var in re.findall(r"\$\((\w+)\)", arg):
+            assert var in env, f"{arg} uses an undefined variable"
+    for e in env.values():
+        ref = e.get("valueFrom", {}).get("configMapKeyRef")
+        if ref:
+            assert ref["key"] in _by(docs, "ConfigMap", ref["name"])["data"], ref
+    cm = _by(docs, "ConfigMap", "fthsdp-controller")["data"]
+    assert 1 <= int(cm["min_replicas"]) <= int(cm["replicas"])
+    yaml.safe_load(cm["controller.json"])  # JSON is YAML: at least it parses
+
+
+# ---------------------------------------------------------------- wiring
+
+
+@pytest.mark.parametrize("rel", OVERLAYS)
+def test_service_selectors_and_ports_match_pods(rel):
+    docs = render(rel)
+    pods = [(o, _pod_spec(o)) for o in docs if _pod_spec(o)]
+    for svc in (d for d in docs if d["kind"] == "Service"):
+        sel = svc["spec"]["selector"].items()
+        matched = [(o, spec) for o, spec in pods if sel <= o["spec"]["template"]["metadata"]["labels"].items()]
+        assert matched, f"Service {svc['metadata']['name']} selects no pods"
+        for port in svc["spec"]["ports"]:
+            for o, spec in matched:
+                named = {p.get("name") for c in spec["containers"] for p in c.get("ports", [])}
+                assert port["targetPort"] in named, f"{svc['metadata']['name']} -> {o['metadata']['name']}"
+    for o, _ in pods:
+        if "selector" in o["spec"] and o["kind"] != "Job":
+            assert o["spec"]["selector"]["matchLabels"].items() <= o["spec"]["template"]["metadata"]["labels"].items()
+
+
+def _selects(selector: dict, labels: dict) -> bool:
+    if not selector.get("matchLabels", {}).items() <= labels.items():
+        return False
+    for expr in selector.get("matchExpressions", []):
+        if expr["operator"] == "In" and labels.get(expr["key"]) not in expr["values"]:
+            return False
+    return True
+
+
+@pytest.mark.parametrize("rel", OVERLAYS)
+def test_network_policy_lets_agents_and_trainers_reach_grpc_and_nobody_else(rel):
+    docs = render(rel)
+    policy = _by(docs, "NetworkPolicy", "fthsdp-controller")
+    grpc_rule = next(r for r in policy["spec"]["ingress"] if r["ports"][0]["port"] == 50051)
+    http_rule = next(r for r in policy["spec"]["ingress"] if r["ports"][0]["port"] == 8080)
+    peers = [p["podSelector"] for p in grpc_rule["from"]]
+    assert all(set(p) == {"podSelector"} for p in grpc_rule["from"]), "gRPC open to other namespaces"
+    job = _load_all((DEPLOY / "examples" / "train-job.yaml").read_text())[0]
+    clients = [o for o in docs if o["kind"] == "DaemonSet"] + [job]
+    assert len(clients) == 3
+    for o in clients:
+        assert any(_selects(p, o["spec"]["template"]["metadata"]["labels"]) for p in peers), o["metadata"]["name"]
+    controller = _by(docs, "Deployment", "fthsdp-controller")
+    assert not any(_selects(p, controller["spec"]["template"]["metadata"]["labels"]) for p in peers)
+    assert {"fthsdp.io/operator": "true"} in [p.get("podSelector", {}).get("matchLabels") for p in http_rule["from"]]
+    etcd_policy = _by(docs, "NetworkPolicy", "fthsdp-etcd")
+    etcd_client = etcd_policy["spec"]["ingress"][0]["from"][0]["podSelector"]
+    assert _selects(etcd_client, controller["spec"]["template"]["metadata"]["labels"])
+
+
+@pytest.mark.parametrize("rel", OVERLAYS)
+def test_agents_split_active_and_spare_hosts(rel):
+    docs = render(rel)
+    active, spare = _by(docs, "DaemonSet", "fthsdp-agent"), _by(docs, "DaemonSet", "fthsdp-agent-spare")
+    a_args = active["spec"]["template"]["spec"]["containers"][0]["args"]
+    s_args = spare["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--spare" in s_args and "--spare" not in a_args
+    assert spare["spec"]["template"]["spec"]["nodeSelector"]["fthsdp.io/spare"] == "true"
+    terms = active["spec"]["template"]["spec"]["affinity"]["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    assert {"key": "fthsdp.io/spare", "operator": "NotIn", "values": ["true"]} in terms[0]["matchExpressions"]
+    for ds in (active, spare):
+        assert ds["spec"]["updateStrategy"]["type"] == "OnDelete"
+        args = ds["spec"]["template"]["spec"]["containers"][0]["args"]
+        assert "--host-id=$(NODE_NAME)" in args and any(a.startswith("--controller=fthsdp-controller-grpc:") for a in args)
+    if rel == "overlays/production":
+        assert "nvidia.com/gpu" in active["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]
+
+
+def test_image_references_are_consistent_across_overlays_and_match_the_version():
+    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    images: dict[str, set[str]] = {}
+    for _, docs in _everything():
+        for obj in docs:
+            for _, c in _containers(obj):
+                images.setdefault(c["name"], set()).add(c["image"])
+    assert set(images) >= {"controller", "agent", "trainer", "etcd"}
+    for name, refs in images.items():
+        assert len(refs) == 1, f"{name} uses several images: {sorted(refs)}"
+    assert images["agent"] == images["trainer"]  # the agent starts trainers from its own image
+    for name in ("controller", "agent"):
+        (ref,) = images[name]
+        assert ref.endswith(f":{version}"), f"{name} image {ref} is not tagged {version}"
+    (etcd,) = images["etcd"]
+    assert not etcd.endswith(":latest")
+
+
+def test_dockerfiles_run_as_non_root_and_copy_files_that_exist():
+    for name in ("controller", "trainer"):
+        text = (DEPLOY / "images" / f"{name}.Dockerfile").read_text()
+        users = re.findall(r"^USER\s+(\S+)", text, re.M)
+        assert users and users[-1].split(":")[0] not in {"0", "root"}, name
+        for src in re.findall(r"^COPY (?:--chmod=\S+ )?(?!--from)(\S+) ", text, re.M):
+            if src not in {".", "${TRAIN_SCRIPT}"}:
+                assert (ROOT / src).exists(), f"{name}.Dockerfile copies missing {src}"
+        assert (DEPLOY / "images" / f"{name}.Dockerfile.dockerignore").exists()
+    default = re.search(r"ARG TRAIN_SCRIPT=(\S+)", (DEPLOY / "images" / "trainer.Dockerfile").read_text())
+    assert (ROOT / default.group(1)).exists()
+    controller = (DEPLOY / "images" / "controller.Dockerfile").read_text()
+    assert "/usr/local/bin/fthsdp-grpc-health" in controller  # the production readiness probe
