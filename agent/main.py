@@ -25,8 +25,14 @@ import os
 import signal
 import sys
 
-from agent.runner import Agent, PermanentError
-from agent.settings import AgentSettings
+# Trainers are fork+exec'ed at once and never use the agent's gRPC state, so gRPC's fork
+# handlers (and their "skipping fork() handlers" warning) are not needed. Set before import;
+# trainers get the environment as it was before (_TRAINER_BASE_ENV).
+_TRAINER_BASE_ENV = dict(os.environ)
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
+
+from agent.runner import Agent, PermanentError  # noqa: E402
+from agent.settings import AgentSettings  # noqa: E402
 
 log = logging.getLogger("agent")
 
@@ -93,7 +99,7 @@ def parse(argv: list[str]) -> AgentSettings:
 
 
 async def _run(settings: AgentSettings) -> int:
-    agent = Agent(settings)
+    agent = Agent(settings, base_env=_TRAINER_BASE_ENV)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

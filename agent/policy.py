@@ -136,7 +136,7 @@ def next_action(observed: Observed, spec: Spec) -> Action:
         return Action(ActionKind.WAIT, "trainer is running")
 
     if proc is not None:  # it exited on its own
-        what = f"{proc.role.value} trainer {describe_exit(proc)}"
+        what = ("trainer " if proc.role is Role.TRAIN else "standby trainer ") + describe_exit(proc)
         # Nobody wants it any more: nothing to restart.
         if want.role is Role.IDLE or proc.generation != want.generation:
             return Action(ActionKind.WAIT, f"{what}; it is no longer wanted")

@@ -143,7 +143,7 @@ class Agent:
         self.supervisor.set_wants(orders.wants_for(given, Effect.TRAIN, s.slot_count,
                                                    s.standby))
         self.registered.set()
-        await self.supervisor.reconcile()
+        await asyncio.shield(self.supervisor.reconcile())
 
     async def _session(self, stub: pb_grpc.ControllerStub, stop: asyncio.Event) -> None:
         tasks = [asyncio.create_task(c) for c in (
@@ -244,7 +244,8 @@ class Agent:
                 self.supervisor.bump()
             if plan.effect in (Effect.RESTART, Effect.TRAIN):
                 self.supervisor.resume()
-            errors = await self.supervisor.reconcile()
+            # Shielded: a broken session must not leave a stop or start half done.
+            errors = await asyncio.shield(self.supervisor.reconcile())
             result = (not errors, "; ".join(errors))
         self._acks[order.order_id] = result
         while len(self._acks) > _REMEMBERED_ORDERS:

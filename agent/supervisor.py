@@ -118,8 +118,8 @@ class Supervisor:
         async with self._lock:
             for slot in self.slots:
                 slot.want = replace(Want(Role.IDLE), generation=slot.want.generation + 1)
-                if slot.handle is not None:
-                    await self._stop(slot, "agent is shutting down")
+            await asyncio.gather(*(self._stop(slot, "agent is shutting down")
+                                   for slot in self.slots if slot.handle is not None))
 
     # ------------------------------------------------------------------ internals
 

@@ -2,9 +2,9 @@
 
     python -m bench.ftar --world 2 4 --sizes 16MiB 64MiB 256MiB --json
 
-Each point starts `world` processes on loopback. Every process builds one float32 tensor; for each
-iteration all ranks pass a Gloo barrier, refill the tensor (not timed), then time one all-reduce;
-an iteration's time is the slowest rank's. Reported: the median of --iters iterations after
+Each point starts `world` processes on loopback. Every process builds one float32 tensor; FTAR and Gloo
+iterations alternate (so background load hits both alike); before each, the tensor is refilled
+(not timed) and all ranks pass a Gloo barrier; an iteration's time is the slowest rank's. Reported: the median of --iters iterations after
 --warmup ones, as bus bandwidth = bytes x 2(n-1)/n / time (GB/s, 1e9 bytes).
 """
 
@@ -54,23 +54,27 @@ def _worker(rank, world, nbytes, iters, warmup, gloo_port, addr_q, members_q, ou
     buf = torch.empty_like(src)
     worst = torch.zeros(1, dtype=torch.float64)
 
-    def timed(run) -> list[float]:
-        times = []
-        for i in range(warmup + iters):
+    ftar_times: list[float] = []
+    gloo_times: list[float] = []
+    ftar_result = None
+    # Interleave FTAR and Gloo iterations so that load from other processes hits both alike.
+    for i in range(warmup + iters):
+        for name, run, times in (("ftar", lambda: ep.allreduce(buf).wait(), ftar_times),
+                                 ("gloo", lambda: dist.all_reduce(buf), gloo_times)):
             buf.copy_(src)
             dist.barrier()
             t0 = time.perf_counter()
             run()
             worst[0] = time.perf_counter() - t0
+            if name == "ftar" and ftar_result is None:
+                ftar_result = buf.clone()
+            if name == "gloo" and i == 0:
+                gloo_result = buf.clone()
             dist.all_reduce(worst, op=dist.ReduceOp.MAX)
             if i >= warmup:
                 times.append(float(worst[0]))
-        return times
-
-    ftar = timed(lambda: ep.allreduce(buf).wait())
-    ftar_result = buf.clone()
-    gloo = timed(lambda: dist.all_reduce(buf))
-    same = torch.allclose(ftar_result, buf, rtol=1e-5, atol=1e-4)
+    ftar, gloo = ftar_times, gloo_times
+    same = torch.allclose(ftar_result, gloo_result, rtol=1e-5, atol=1e-4)
     if rank == 0:
         out_q.put({"ftar": ftar, "gloo": gloo, "same": bool(same)})
     dist.barrier()

@@ -138,9 +138,13 @@ class EtcdStore:
                 host=host, port=port, timeout=self.settings.op_timeout_s,
                 connect_wait_timeout=self.settings.op_timeout_s,
                 options={
+                    # Reconnect soon after etcd comes back (gRPC's default backs off to 120 s).
                     "grpc.initial_reconnect_backoff_ms": min(100, backoff_ms),
-                    "grpc.min_reconnect_backoff_ms": min(100, backoff_ms),
                     "grpc.max_reconnect_backoff_ms": backoff_ms,
+                    # Notice a dead connection (host gone, no RST) while calls are pending.
+                    # etcd refuses pings more often than every 5 s, or without a call.
+                    "grpc.keepalive_time_ms": 10_000,
+                    "grpc.keepalive_timeout_ms": 5_000,
                 })
         return self._clients[index]
 
@@ -239,6 +243,14 @@ class EtcdStore:
         return leadership
 
     async def _keep_alive(self, leadership: Leadership, fence: _Fence, ttl: int) -> None:
+        try:
+            await self._keep_alive_loop(leadership, fence, ttl)
+        except Exception:  # a bug here must depose, never leave a leader without a lease
+            log.exception("the lease keep-alive of %s failed", leadership.candidate)
+            self._lose(leadership, "its lease keep-alive failed")
+            await self._revoke_quietly(fence.lease_id)
+
+    async def _keep_alive_loop(self, leadership: Leadership, fence: _Fence, ttl: int) -> None:
         loop = asyncio.get_running_loop()
         interval = ttl / 3
         while not leadership.lost.is_set():
@@ -266,8 +278,11 @@ class EtcdStore:
             # Sleep, but wake at once when resign() sets `lost`: cancelling alone is not
             # enough, as asyncio.wait_for (3.11) can swallow a cancel that races a reply.
             lost = loop.create_task(leadership.lost.wait())
-            await asyncio.wait({lost}, timeout=max(0.0, min(pause, fence.deadline - loop.time())))
-            lost.cancel()
+            pause = max(0.0, min(pause, fence.deadline - loop.time()))
+            try:
+                await asyncio.wait({lost}, timeout=pause)
+            finally:
+                lost.cancel()
 
     def _lose(self, leadership: Leadership, reason: str) -> None:
         if not leadership.lost.is_set():
@@ -298,8 +313,7 @@ class EtcdStore:
             return
         was_lost = leadership.lost.is_set()
         leadership.lost.set()
-        if leadership in self._leaderships:
-            self._leaderships.remove(leadership)
+        self._leaderships = [held for held in self._leaderships if held is not leadership]
         task, fence.task = fence.task, None
         if task is not None and task is not asyncio.current_task():
             task.cancel()

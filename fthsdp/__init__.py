@@ -1,0 +1,35 @@
+"""fthsdp: the fault-tolerant HSDP trainer runtime (and the `fthsdp` command line).
+
+    from fthsdp import Manager, RuntimeSettings, FaultTolerantOptimizer
+
+Names are imported lazily so that `fthsdp controller` (which imports this package for
+its CLI) never imports torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "Manager": "fthsdp.manager",
+    "StepOutcome": "fthsdp.manager",
+    "RuntimeSettings": "fthsdp.settings",
+    "FaultTolerantOptimizer": "fthsdp.optimizer_wrapper",
+    "ddp_comm_hook": "fthsdp.optimizer_wrapper",
+    "DataLedger": "fthsdp.data_ledger",
+    "RetryLimitExceeded": "fthsdp.retry_policy",
+    "CheckpointStore": "fthsdp.checkpoint_store",
+    "CheckpointError": "fthsdp.checkpoint_store",
+    "state_digest": "fthsdp.state_stream",
+    "simulate_fanout_and_vote": "fthsdp.channel_simulation",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'fthsdp' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)

@@ -48,6 +48,7 @@ class LeaderChannel:
         self._writers: dict[int, asyncio.StreamWriter] = {}
         self._votes: dict[tuple[int, int], dict[int, Vote]] = {}
         self._lost: set[int] = set()
+        self.hellos: dict[int, dict[str, Any]] = {}  # what each rank said when it connected
         self._changed: asyncio.Event | None = None
         self.address = ""
 
@@ -83,6 +84,7 @@ class LeaderChannel:
                 if msg.get("t") == "hello":
                     rank = int(msg["rank"])
                     self._writers[rank] = writer
+                    self.hellos[rank] = msg
                     self._lost.discard(rank)
                 elif msg.get("t") == "vote":
                     vote = Vote(int(msg["rank"]), int(msg["quorum_id"]), int(msg["step"]), bool(msg["ok"]),
@@ -177,7 +179,8 @@ class RankChannel:
         self.leader_address, self.rank = leader_address, rank
         self._sock: socket.socket | None = None
 
-    def connect(self, timeout_s: float) -> "RankChannel":
+    def connect(self, timeout_s: float, **hello: Any) -> "RankChannel":
+        """Connect (retrying while the leader starts) and say hello with `hello`'s extra fields."""
         host, _, port = self.leader_address.rpartition(":")
         deadline = time.monotonic() + timeout_s
         delay = 0.05
@@ -192,7 +195,7 @@ class RankChannel:
                 time.sleep(delay)  # the leader may still be starting
                 delay = min(delay * 2, 1.0)
         self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self.send({"t": "hello", "rank": self.rank})
+        self.send({**hello, "t": "hello", "rank": self.rank})
         return self
 
     def send(self, msg: dict[str, Any]) -> None:

@@ -102,7 +102,7 @@ class ReplicaRegistry:
             r = self.replicas[m.replica_id]
             r.failed_commit = False
             if m.healthy:
-                self._transition(r, ReplicaState.HEALTHY, f"in quorum {q.quorum_id} at step {q.max_step}", now)
+                self._transition(r, ReplicaState.HEALTHY, f"in quorum {q.quorum_id}", now)
             else:
                 self._transition(r, ReplicaState.BEHIND,
                                  f"in quorum {q.quorum_id} at step {m.step}, behind max step {q.max_step}; "

@@ -151,7 +151,7 @@ class ControllerServer:
             return
         self.leading = False
         self._set_health(False)
-        log.warning("controller %s stepped down: %s", self.candidate, why)
+        (log.info if why == "server stopping" else log.warning)("controller %s stepped down: %s", self.candidate, why)
         for rid, waiting in list(self.waiters.items()):
             for fut, _ in waiting:
                 if not fut.done():

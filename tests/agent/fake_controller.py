@@ -26,6 +26,8 @@ class FakeController(pb_grpc.ControllerServicer):
         self.refuse = ""
         self.answer: pb.Assignment | None = None  # overrides the registered assignment
         self.not_leader = False
+        self.forget = 0      # answer this many heartbeats with "unknown host"
+        self.fail_exits = 0  # refuse this many exit reports with UNAVAILABLE
         self.server: grpc.aio.Server | None = None
         self.address = ""
 
@@ -57,7 +59,9 @@ class FakeController(pb_grpc.ControllerServicer):
         async for request in request_iterator:
             for host_id in request.host_ids:
                 self.heartbeats[host_id] += 1
-            yield pb.HeartbeatResponse(not_leader=self.not_leader)
+            unknown = list(request.host_ids) if self.forget > 0 else []
+            self.forget -= bool(unknown)
+            yield pb.HeartbeatResponse(not_leader=self.not_leader, unknown_ids=unknown)
 
     async def Orders(self, request, context):
         self.streams[request.host_id] += 1
@@ -70,5 +74,8 @@ class FakeController(pb_grpc.ControllerServicer):
         return pb.AckOrderResponse()
 
     async def ReportTrainerExit(self, request, context):
+        if self.fail_exits > 0:
+            self.fail_exits -= 1
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "try again")
         self.exits.append(request)
         return pb.TrainerExitResponse()

@@ -8,6 +8,8 @@ A standby (FTHSDP_STANDBY=1) first writes `standby-<pid>.json`, then blocks in
 "trainer ready" to stderr, and waits to be killed. `--exit CODE` exits instead (after printing
 "boom" to stderr); `--ignore-term` ignores SIGTERM; `--child` starts a child process that
 waits too (its pid is in the ready file) to check that stops reach the process group.
+`--join` makes rank 0 act as a minimal replica leader: Quorum, then ReportStep of the quorum's
+max_step, every 0.3 s, so the controller sees the replica train (and rejoin after a swap).
 """
 
 import json
@@ -47,7 +49,35 @@ def main():
     if "--exit" in flags:
         print("boom", file=sys.stderr, flush=True)
         sys.exit(int(flags[flags.index("--exit") + 1]))
+    if "--join" in flags and env.get("FTHSDP_RANK") == "0":
+        train(env)
     threading.Event().wait()
+
+
+def train(env):
+    """A replica leader without a model: join each quorum, commit its max_step."""
+    import uuid
+
+    import grpc
+
+    from protos import controller_pb2 as pb
+    from protos import controller_pb2_grpc as pb_grpc
+
+    replica, world = env["FTHSDP_REPLICA_ID"], int(env["FTHSDP_WORLD_SIZE"])
+    stub = pb_grpc.ControllerStub(grpc.insecure_channel(env["FTHSDP_CONTROLLER"].split(",")[0]))
+    incarnation, step, known = uuid.uuid4().hex, 0, 0
+    while True:
+        try:
+            q = stub.Quorum(pb.QuorumRequest(
+                replica_id=replica, step=step, world_size=world, known_quorum_id=known,
+                incarnation=incarnation, job_id=env.get("FTHSDP_JOB_ID", "")), timeout=30)
+            stub.ReportStep(pb.ReportStepRequest(replica_id=replica, quorum_id=q.quorum_id,
+                                                 step=q.max_step, job_id=env.get("FTHSDP_JOB_ID", "")),
+                            timeout=30)
+            step, known = q.max_step + 1, q.quorum_id
+        except grpc.RpcError as exc:
+            print(f"controller: {exc.code().name}: {exc.details()}", file=sys.stderr, flush=True)
+        time.sleep(0.3)
 
 
 if __name__ == "__main__":

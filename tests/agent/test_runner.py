@@ -180,3 +180,32 @@ async def test_a_controller_that_is_not_leader_is_left(start_agent, tmp_path):
     finally:
         await standby.stop()
         await leader.stop()
+
+
+async def test_forgotten_host_registers_again_with_a_new_identity(controller, start_agent,
+                                                                  tmp_path):
+    run = start_agent([controller.address])
+    [info] = await wait_for(lambda: ready_files(tmp_path), 10, "trainer ready")
+    first = run.agent.incarnation
+    controller.forget = 1
+    await wait_for(lambda: len(controller.registrations) == 2, 10, "a second registration")
+    assert controller.registrations[1].incarnation not in ("", first)
+    assert controller.registrations[1].assignment.replica_id == "r0"
+    assert alive(info["pid"]) and len(ready_files(tmp_path)) == 1  # trainer kept running
+
+
+async def test_an_exit_report_that_fails_is_sent_again(controller, start_agent, tmp_path):
+    controller.fail_exits = 1
+    start_agent([controller.address], restart_budget=0)
+    [info] = await wait_for(lambda: ready_files(tmp_path), 10, "trainer ready")
+    os.kill(info["pid"], signal.SIGKILL)
+    [e] = await wait_for(lambda: controller.exits, 10, "exit report after a retry")
+    assert e.gave_up and len(controller.registrations) == 2
+
+
+async def test_host_with_two_ranks_runs_two_trainers(controller, start_agent, tmp_path):
+    start_agent([controller.address], ranks=(0, 1), world_size=2)
+    infos = await wait_for(lambda: len(ready_files(tmp_path)) == 2 and ready_files(tmp_path),
+                           10, "two trainers")
+    assert sorted(i["env"]["FTHSDP_RANK"] for i in infos) == ["0", "1"]
+    assert controller.registrations[0].slots == 2

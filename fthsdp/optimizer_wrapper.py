@@ -1,0 +1,59 @@
+"""How an existing PyTorch loop adopts the runtime: an optimizer wrapper and a DDP hook.
+
+    opt = FaultTolerantOptimizer(manager, torch.optim.AdamW(model.parameters()))
+    for batch in manager.batches(batch_at):
+        opt.zero_grad()          # joins this step's quorum (and starts catch-up if behind)
+        loss = model(batch).loss
+        loss.backward()
+        opt.step(loss)           # averages gradients, votes, commits or retries -> bool
+
+DDP users register `ddp_comm_hook` instead; `step()` then skips the flat reduction.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from fthsdp.manager import Manager
+
+
+class FaultTolerantOptimizer:
+    """Wraps a torch optimizer: zero_grad() starts the step, step() commits or retries it."""
+
+    def __init__(self, manager: Manager, optimizer: torch.optim.Optimizer) -> None:
+        if manager.optimizer is not optimizer:
+            raise ValueError("wrap the same optimizer the Manager was built with")
+        self.manager, self.optimizer = manager, optimizer
+
+    @property
+    def param_groups(self) -> list[dict[str, Any]]:
+        return self.optimizer.param_groups
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.optimizer.state_dict()
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.manager.begin_step()
+        self.optimizer.zero_grad(set_to_none=set_to_none)
+
+    def step(self, loss: float | torch.Tensor | None = None) -> bool:
+        """Returns True when the step committed; False when it will be retried."""
+        if loss is not None:
+            self.manager._loss = float(loss.detach() if isinstance(loss, torch.Tensor) else loss)
+        return self.manager.end_step()
+
+
+def ddp_comm_hook(manager: Manager, bucket: "torch.distributed.GradBucket") -> torch.futures.Future:
+    """DistributedDataParallel communication hook: `ddp.register_comm_hook(manager, ddp_comm_hook)`.
+
+    Replaces DDP's all-reduce: averages the bucket inside the replica (the DDP process
+    group must be the replica's group) and across replicas over FTAR. A failure is
+    recorded as this step's "no" vote; the returned bucket is then discarded by the retry.
+    """
+    buffer = bucket.buffer()
+    manager.reduce_bucket_(buffer)
+    future: torch.futures.Future = torch.futures.Future()
+    future.set_result(buffer)
+    return future

@@ -1,0 +1,78 @@
+"""`fthsdp status --url URL`: the controller's REST picture as tables for operators."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+ENV_READ_TOKEN = "FTHSDP_READ_TOKEN"
+
+
+def table(headers: list[str], rows: list[list]) -> str:
+    cells = [[str(c) for c in headers]] + [["-" if c is None else str(c) for c in row] for row in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in cells]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def render(job: dict, replicas: list, hosts: list, quorums: dict, events: list) -> str:
+    out = [
+        f"job {job['job_id']}  leader {job['leader'] or '?'}  quorum {job['quorum_id']}  step {job['max_step']}  "
+        f"lr_scale {job['lr_scale']:.3f}",
+        f"replicas {job['replicas_healthy']} healthy / {job['replicas_behind']} behind / {job['replicas_dead']} dead "
+        f"of {job['replicas_total']}  spares free {job['spares_free']}  swaps {job['swaps']}  "
+        f"steps committed {job['steps_committed']}",
+        f"round: {job['round']['reason']}",
+        "",
+        table(["REPLICA", "STATE", "STEP", "COMMITTED", "LOSS", "SEEN(s)", "REASON"],
+              [[r["replica_id"], r["state"], r["step"], r["committed_step"],
+                None if r["last_loss"] is None else f"{r['last_loss']:.4g}", r["seconds_since_seen"], r["reason"]]
+               for r in replicas]),
+    ]
+    if hosts:
+        out += ["", table(["HOST", "STATE", "ASSIGNMENT", "ZONE", "CORDON", "SEEN(s)"],
+                          [[h["host_id"], h["state"],
+                            f"{h['assignment']['replica_id']}:{','.join(map(str, h['assignment']['ranks']))}"
+                            if h["assignment"] else None,
+                            h["labels"].get("zone"), h["cordon_reason"] if h["cordoned"] else None,
+                            h["seconds_since_seen"]] for h in hosts])]
+    current = quorums.get("current")
+    if current:
+        members = ", ".join(f"{m['replica_id']}{'' if m['healthy'] else '(behind)'}" for m in current["members"])
+        out += ["", f"quorum {current['quorum_id']}: {members} — {current['reason']}"]
+    if events:
+        out += ["", "recent events:"] + [f"  {e['message']}" for e in events]
+    return "\n".join(out)
+
+
+def main(argv: list[str]) -> int:
+    import httpx
+
+    p = argparse.ArgumentParser(prog="fthsdp status", description=__doc__.splitlines()[0])
+    p.add_argument("--url", default="http://127.0.0.1:8080", help="the controller's REST address")
+    p.add_argument("--events", type=int, default=10, help="how many recent events to show")
+    p.add_argument("--token-file", help=f"file with a read token (or env {ENV_READ_TOKEN})")
+    p.add_argument("--timeout-s", type=float, default=5.0)
+    args = p.parse_args(argv)
+    token = open(args.token_file).read().strip() if args.token_file else os.environ.get(ENV_READ_TOKEN)
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    try:
+        with httpx.Client(base_url=args.url, headers=headers, timeout=args.timeout_s) as http:
+            parts = {}
+            for name, path in (("job", "/api/v1/job"), ("replicas", "/api/v1/replicas"), ("hosts", "/api/v1/hosts"),
+                               ("quorums", "/api/v1/quorums"), ("events", f"/api/v1/events?limit={max(args.events, 1)}")):
+                reply = http.get(path)
+                if reply.status_code != 200:
+                    detail = reply.json().get("detail", reply.text) if reply.headers.get("content-type", "").endswith("json") else reply.text
+                    print(f"fthsdp status: {path} answered {reply.status_code}: {detail}", file=sys.stderr)
+                    return 1
+                parts[name] = reply.json()
+    except httpx.HTTPError as exc:
+        print(f"fthsdp status: cannot reach {args.url}: {exc}", file=sys.stderr)
+        return 1
+    if args.events == 0:
+        parts["events"] = []
+    print(render(**parts))
+    return 0

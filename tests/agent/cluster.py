@@ -1,0 +1,126 @@
+"""A real controller and real agents as subprocesses on loopback, for integration tests and
+bench/swap. Every process is started here and stopped here, by PID; trainers die with their
+agent (PR_SET_PDEATHSIG) and any left over are killed by the PIDs in their ready files."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import sys
+from pathlib import Path
+
+import httpx
+
+from tests.agent.helpers import alive, ready_files, trainer_command, wait_for
+
+CLI = (sys.executable, "-m", "fthsdp.cli")
+
+
+class Proc:
+    def __init__(self, name: str, proc: asyncio.subprocess.Process, out: Path, err: Path):
+        self.name, self.proc, self.out, self.err = name, proc, out, err
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def first_line(self) -> dict | None:
+        text = self.out.read_text() if self.out.exists() else ""
+        return json.loads(text.splitlines()[0]) if "\n" in text else None
+
+    def log(self) -> str:
+        return self.err.read_text() if self.err.exists() else ""
+
+
+class Cluster:
+    def __init__(self, root: Path, heartbeat_timeout_s: float = 3.0) -> None:
+        self.root = root
+        self.ready_dir = root / "ready"
+        self.ready_dir.mkdir(exist_ok=True)
+        self.token_file = root / "admin-token"
+        self.token_file.write_text("s3cret\n")
+        self.heartbeat_timeout_s = heartbeat_timeout_s
+        self.procs: list[Proc] = []
+        self.grpc = self.http = ""
+
+    async def _spawn(self, name: str, *args: str) -> Proc:
+        out, err = self.root / f"{name}.out", self.root / f"{name}.err"
+        with open(out, "wb") as fo, open(err, "wb") as fe:
+            proc = await asyncio.create_subprocess_exec(*args, stdout=fo, stderr=fe,
+                                                        stdin=asyncio.subprocess.DEVNULL)
+        self.procs.append(Proc(name, proc, out, err))
+        return self.procs[-1]
+
+    async def start_controller(self, replicas: int = 3) -> Proc:
+        p = await self._spawn("controller", *CLI, "controller", "--grpc-port", "0",
+                              "--http-port", "0", "--replicas", str(replicas),
+                              "--min-replicas", "1", "--join-timeout-s", "1.0",
+                              "--heartbeat-timeout-s", str(self.heartbeat_timeout_s),
+                              "--admin-token-file", str(self.token_file))
+        line = await wait_for(p.first_line, 30, "the controller's serving line")
+        self.grpc, self.http = line["grpc"], line["http"]
+        return p
+
+    async def start_agent(self, host_id: str, *, replica: str = "", rank: int = 0,
+                          world_size: int = 1, spare: bool = False, standby: bool = False,
+                          budget: int = 0, labels: str = "", command: tuple[str, ...] = (),
+                          wait: bool = True, extra: tuple[str, ...] = ()) -> Proc:
+        args = [*CLI, "agent", "--controller", self.grpc, "--host-id", host_id,
+                "--restart-budget", str(budget), "--heartbeat-interval-s", "0.3",
+                "--stop-grace-s", "2", *extra]
+        if spare:
+            args.append("--spare")
+        else:
+            args += ["--replica-id", replica, "--ranks", str(rank), "--world-size",
+                     str(world_size)]
+        if standby:
+            args.append("--standby")
+        if labels:
+            args += ["--labels", labels]
+        p = await self._spawn(host_id, *args, "--",
+                              *(command or trainer_command(self.ready_dir, "--join")))
+        if wait:
+            await wait_for(p.first_line, 30, f"agent {host_id} registered")
+        return p
+
+    async def get(self, path: str):
+        async with httpx.AsyncClient(base_url=self.http, timeout=10) as client:
+            response = await client.get(path)
+            response.raise_for_status()
+            return response.json()
+
+    async def post(self, path: str, token: str | None = None) -> httpx.Response:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        async with httpx.AsyncClient(base_url=self.http, timeout=10) as client:
+            return await client.post(path, headers=headers)
+
+    async def host(self, host_id: str) -> dict:
+        return {h["host_id"]: h for h in await self.get("/api/v1/hosts")}[host_id]
+
+    async def replica(self, replica_id: str) -> dict | None:
+        return {r["replica_id"]: r for r in await self.get("/api/v1/replicas")}.get(replica_id)
+
+    async def events(self, kind: str | None = None) -> list[dict]:
+        events = await self.get("/api/v1/events?limit=1000")
+        return [e for e in events if kind is None or e.get("kind") == kind]
+
+    def trainers(self, replica: str = "*", rank: str = "*") -> list[dict]:
+        return ready_files(self.ready_dir, replica, rank)
+
+    async def close(self) -> None:
+        """SIGTERM everything we started (agents first), then SIGKILL what is left."""
+        for p in reversed(self.procs):
+            if p.proc.returncode is None:
+                p.proc.send_signal(signal.SIGTERM)
+        for p in reversed(self.procs):
+            try:
+                await asyncio.wait_for(p.proc.wait(), 10)
+            except asyncio.TimeoutError:
+                p.proc.kill()
+                await p.proc.wait()
+        for t in self.trainers():
+            for pid in (t["pid"], t.get("child_pid")):
+                if pid and alive(pid):
+                    os.kill(pid, signal.SIGKILL)

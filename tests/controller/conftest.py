@@ -1,0 +1,67 @@
+"""In-process controller on OS-chosen loopback ports, with a clock the test moves."""
+
+import asyncio
+import time
+
+import grpc
+import pytest
+
+from controller.service.server import ControllerServer
+from controller.settings import ControllerSettings
+from protos import controller_pb2 as pb
+from protos import controller_pb2_grpc as pbg
+
+
+class FakeClock:
+    def __init__(self, now: float = 1000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+async def wait_for(condition, timeout_s: float = 10.0, what: str = "condition"):
+    """Poll `condition` until it is truthy; fail after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+        await asyncio.sleep(0.01)
+
+
+@pytest.fixture
+def clock():
+    return FakeClock()
+
+
+@pytest.fixture
+def settings():
+    return ControllerSettings(job_id="t", replicas=3, min_replicas=2, join_timeout_s=1.0, heartbeat_timeout_s=5.0)
+
+
+@pytest.fixture
+async def server(settings, clock):
+    srv = ControllerServer(settings, clock=clock, admin_token="s3cret")
+    await srv.start()
+    await srv.wait_leading(10)
+    yield srv
+    await srv.stop()
+
+
+@pytest.fixture
+async def stub(server):
+    channel = grpc.aio.insecure_channel(server.grpc_address)
+    yield pbg.ControllerStub(channel)
+    await channel.close()
+
+
+def quorum_request(rid: str, step: int, world: int = 2, **kw) -> pb.QuorumRequest:
+    return pb.QuorumRequest(job_id="t", replica_id=rid, step=step, world_size=world,
+                            ftar_addresses=[f"{rid}-ftar-{k}:1" for k in range(world)],
+                            state_addresses=[f"{rid}-state-{k}:2" for k in range(world)], **kw)

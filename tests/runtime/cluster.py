@@ -1,0 +1,198 @@
+"""A test cluster on loopback: a controller (CLI subprocess) and replicas of trainer processes.
+
+    result = Cluster(tmp_path, replicas=3, ranks=2, steps=10,
+                     faults=Faults().kill(replica=1, at_step=4)).run()
+
+The cluster plays the agent's part: when a rank dies it kills the rest of its replica and
+starts the replica again (new incarnation). Waits block on process exit (pidfd), bounded.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import selectors
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+PYTHON = sys.executable
+FTHSDP = str(Path(PYTHON).with_name("fthsdp"))
+
+
+class Faults:
+    """What goes wrong, where: a builder of fault descriptions for the workers."""
+
+    def __init__(self) -> None:
+        self.items: list[dict] = []
+
+    def kill(self, replica: int, at_step: int, rank: int = 0) -> "Faults":
+        """The rank exits (as if SIGKILLed) right after its FTAR all-reduce of `at_step` started."""
+        self.items.append({"kind": "kill", "replica": str(replica), "step": at_step, "rank": rank})
+        return self
+
+    def abort(self, replica: int, at_step: int, rank: int = 1) -> "Faults":
+        """The rank votes no on `at_step` after its all-reduce succeeded (others include its gradient)."""
+        self.items.append({"kind": "abort", "replica": str(replica), "step": at_step, "rank": rank})
+        return self
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _read_line(proc: subprocess.Popen, timeout_s: float) -> str:
+    box: list[str] = []
+    reader = threading.Thread(target=lambda: box.append(proc.stdout.readline()), daemon=True)
+    reader.start()
+    reader.join(timeout_s)
+    if not box or not box[0]:
+        raise RuntimeError(f"controller printed no serving line within {timeout_s}s")
+    return box[0]
+
+
+@dataclass
+class Controller:
+    proc: subprocess.Popen
+    grpc: str
+    http: str
+
+    @classmethod
+    def start(cls, log_path: Path, replicas: int, join_timeout_s: float, heartbeat_timeout_s: float,
+              lr_policy: str = "sqrt") -> "Controller":
+        proc = subprocess.Popen(
+            [FTHSDP, "controller", "--grpc-port", "0", "--http-port", "0", "--replicas", str(replicas),
+             "--min-replicas", "1", "--join-timeout-s", str(join_timeout_s), "--heartbeat-timeout-s",
+             str(heartbeat_timeout_s), "--lr-policy", lr_policy, "--job-id", "t"],
+            stdout=subprocess.PIPE, stderr=open(log_path, "w"), text=True, cwd=REPO)
+        line = json.loads(_read_line(proc, 30.0))
+        return cls(proc, line["grpc"], line["http"])
+
+    def stop(self) -> None:
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+@dataclass
+class Cluster:
+    workdir: Path
+    replicas: int = 3
+    ranks: int = 2
+    steps: int = 10
+    faults: Faults = field(default_factory=Faults)
+    join_timeout_s: float = 1.0
+    heartbeat_timeout_s: float = 3.0
+    lr_policy: str = "quorum"
+    controller_lr_policy: str = "sqrt"
+    checkpoint_every: int = 0
+    restarts: int = 1  # per replica
+
+    def __post_init__(self) -> None:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.records_dir = self.workdir / "records"
+        self.records_dir.mkdir(exist_ok=True)
+        self.checkpoint_dir = self.workdir / "ckpt"
+        self._procs: dict[int, list[subprocess.Popen]] = {}
+        self._incarnation: dict[int, int] = {}
+
+    def _spawn(self, controller: Controller, replica: int) -> None:
+        inc = self._incarnation.get(replica, -1) + 1
+        self._incarnation[replica] = inc
+        leader, gloo = f"127.0.0.1:{free_port()}", free_port()
+        procs = []
+        for rank in range(self.ranks):
+            cfg = {"replica_id": str(replica), "rank": rank, "world_size": self.ranks, "incarnation": inc,
+                   "controller": controller.grpc, "leader_address": leader, "gloo_port": gloo,
+                   "steps": self.steps, "faults": self.faults.items, "lr_policy": self.lr_policy,
+                   "record": str(self.records_dir / f"{replica}-{rank}-{inc}.jsonl"),
+                   "checkpoint_dir": str(self.checkpoint_dir) if self.checkpoint_every else "",
+                   "checkpoint_every": self.checkpoint_every}
+            log = open(self.workdir / f"worker-{replica}-{rank}-{inc}.log", "w")
+            procs.append(subprocess.Popen([PYTHON, "-m", "tests.runtime.train_worker", json.dumps(cfg)],
+                                          cwd=REPO, stdout=log, stderr=subprocess.STDOUT))
+        self._procs[replica] = procs
+
+    def run(self, timeout_s: float = 90.0) -> "Records":
+        controller = Controller.start(self.workdir / "controller.log", self.replicas, self.join_timeout_s,
+                                      self.heartbeat_timeout_s, self.controller_lr_policy)
+        try:
+            for r in range(self.replicas):
+                self._spawn(controller, r)
+            self._supervise(controller, time.monotonic() + timeout_s)
+        finally:
+            for procs in self._procs.values():
+                for p in procs:
+                    if p.poll() is None:
+                        p.kill()
+                        p.wait()
+            controller.stop()
+        return Records.load(self.records_dir)
+
+    def _supervise(self, controller: Controller, deadline: float) -> None:
+        restarts = {r: 0 for r in range(self.replicas)}
+        while True:
+            running = {p.pid: (r, p) for r, procs in self._procs.items() for p in procs if p.poll() is None}
+            for r, procs in self._procs.items():
+                codes = [p.poll() for p in procs]
+                if any(c not in (None, 0) for c in codes):
+                    for p in procs:
+                        if p.poll() is None:
+                            p.kill()
+                            p.wait()
+                    if restarts[r] >= self.restarts:
+                        raise AssertionError(f"replica {r} failed again: exit codes {codes}; see {self.workdir}")
+                    restarts[r] += 1
+                    self._spawn(controller, r)
+                    break
+            else:
+                if not running:
+                    return
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise AssertionError(f"cluster did not finish in time; logs in {self.workdir}")
+                _wait_any_exit([p.pid for _, p in running.values()], min(left, 5.0))
+
+
+def _wait_any_exit(pids: list[int], timeout_s: float) -> None:
+    sel = selectors.DefaultSelector()
+    fds = []
+    try:
+        for pid in pids:
+            try:
+                fd = os.pidfd_open(pid)
+            except ProcessLookupError:
+                return
+            fds.append(fd)
+            sel.register(fd, selectors.EVENT_READ)
+        sel.select(timeout_s)
+    finally:
+        sel.close()
+        for fd in fds:
+            os.close(fd)
+
+
+@dataclass
+class Records:
+    rows: list[dict]
+
+    @classmethod
+    def load(cls, folder: Path) -> "Records":
+        rows = []
+        for path in sorted(folder.glob("*.jsonl")):
+            rows += [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        return cls(sorted(rows, key=lambda r: r["t"]))
+
+    def where(self, **match) -> list[dict]:
+        return [r for r in self.rows if all(r.get(k) == v for k, v in match.items())]

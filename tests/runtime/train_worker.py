@@ -1,0 +1,95 @@
+"""One trainer process for the cluster tests: a tiny model on fixed data, recording every step.
+
+Run as `python -m tests.runtime.train_worker CONFIG_JSON`. Writes JSON lines to
+config["record"]: one per step attempt (committed or not) with the state digest,
+the ledger positions the step read, and what this replica trained.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import time
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from fthsdp import FaultTolerantOptimizer, Manager, RuntimeSettings, state_digest
+
+BATCH_ROWS = 8
+
+
+def batch_at(replica_id: str, position: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Replica `replica_id`'s batch number `position`: fixed data, a function of both only."""
+    g = torch.Generator().manual_seed(int(replica_id) * 100_003 + position)
+    x = torch.randn(BATCH_ROWS, 8, generator=g)
+    return x, x.sum(dim=1, keepdim=True) * 0.5
+
+
+def main(cfg: dict) -> int:
+    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s r{cfg['replica_id']}/{cfg['rank']} %(name)s: %(message)s")
+    record = open(cfg["record"], "a", buffering=1)
+
+    def write(**fields) -> None:
+        record.write(json.dumps({"t": time.time(), "replica": cfg["replica_id"], "rank": cfg["rank"],
+                                 "incarnation": cfg["incarnation"], **fields}) + "\n")
+
+    faults = cfg.get("faults", [])
+
+    def fault_hook(point: str, plan) -> str | None:
+        for f in faults:
+            if f["replica"] != cfg["replica_id"] or f["step"] != plan.step or cfg["incarnation"] != 0:
+                continue
+            if f["kind"] == "kill" and point == "allreduce_started" and cfg["rank"] == f.get("rank", 0):
+                write(event="killed", step=plan.step)
+                os._exit(137)
+            if f["kind"] == "abort" and point == "before_vote" and cfg["rank"] == f.get("rank", 0):
+                return "injected abort"
+        return None
+
+    world = cfg["world_size"]
+    group = None
+    if world > 1:
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{cfg['gloo_port']}", rank=cfg["rank"],
+                                world_size=world, timeout=timedelta(seconds=20))
+        group = dist.group.WORLD
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+    opt = torch.optim.AdamW(model.parameters(), lr=0.01)
+    settings = RuntimeSettings.from_env(
+        job_id="t", replica_id=cfg["replica_id"], rank=cfg["rank"], world_size=world,
+        controller_address=cfg["controller"], leader_address=cfg["leader_address"], max_retries=4,
+        lr_policy=cfg.get("lr_policy", "quorum"), quorum_timeout_s=30.0, allreduce_timeout_s=10.0,
+        vote_timeout_s=15.0, fetch_timeout_s=10.0, fetch_hold_timeout_s=5.0, heartbeat_interval_s=0.5,
+        checkpoint_dir=cfg.get("checkpoint_dir", ""), checkpoint_every_steps=cfg.get("checkpoint_every", 0),
+        ftar_chunk_bytes=64 << 10)
+    manager = Manager(model, opt, settings, process_group=group,
+                      pre_init=lambda: write(event="pre_init"), fault_hook=fault_hook)
+    manager.start()
+    write(event="started", step=manager.step)
+    ft_opt = FaultTolerantOptimizer(manager, opt)
+    batches = manager.batches(batch_at)
+    while manager.step < cfg["steps"]:
+        x, y = next(batches)
+        position = batches.last_position
+        ft_opt.zero_grad()
+        rows = slice(cfg["rank"], None, world)
+        loss = torch.nn.functional.mse_loss(model(x[rows]), y[rows])
+        loss.backward()
+        committed = ft_opt.step(loss)
+        out = manager.last_outcome
+        write(event="commit" if committed else "retry", step=out.step, quorum_id=out.quorum_id,
+              behind=out.behind, included=list(out.included), positions_before=out.positions_before,
+              trained_position=position, lr=opt.param_groups[0]["lr"], lr_scale=out.lr_scale,
+              reason=out.reason, wait_s=out.wait_s, ckpt_error=manager.last_checkpoint_error,
+              digest=state_digest(model, opt, manager.ledger.to_json(), manager.step))
+    write(event="done", step=manager.step)
+    manager.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(json.loads(sys.argv[1])))
