@@ -64,7 +64,9 @@ def parse(argv: list[str]) -> AgentSettings:
     if "--" in argv:
         cut = argv.index("--")
         argv, command = argv[:cut], argv[cut + 1:]
-    p = argparse.ArgumentParser(prog="fthsdp agent", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(
+        prog="fthsdp agent", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+        usage="%(prog)s --controller ADDR[,ADDR...] --host-id ID [options] -- COMMAND TEMPLATE...")
     p.add_argument("--controller", required=True, type=_csv,
                    help="controller gRPC address(es), comma-separated, tried in order")
     p.add_argument("--host-id", required=True)

@@ -2,7 +2,7 @@
 
 Each trainer runs in its own session, so it and its children form one process group: a stop
 signals the whole group (SIGTERM, then SIGKILL after a grace period, bounded). On Linux a
-trainer is also SIGKILLed by the kernel when its agent dies (PR_SET_PDEATHSIG). Its stderr is
+trainer is also SIGKILLed by the kernel when its agent dies (see `_with_pdeathsig`). Its stderr is
 copied to the agent's stderr line by line with a `[host replica/rank]` prefix, and the last
 lines are kept for the exit report. A standby's stdin is a pipe that carries the hand-over.
 """
@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import ctypes
 import logging
 import os
+import shutil
 import signal
 import sys
 from dataclasses import dataclass
@@ -25,7 +25,12 @@ log = logging.getLogger(__name__)
 _KILL_WAIT_S = 5.0
 # After exit, how long to wait for the last stderr lines before reporting without them.
 _TAIL_WAIT_S = 1.0
-_PR_SET_PDEATHSIG = 1
+_PDEATHSIG_EXEC = (
+    "import ctypes, os, signal, sys\n"
+    "ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG\n"
+    "if os.getppid() != int(sys.argv[1]):\n"
+    "    sys.exit('fthsdp agent: the agent died before its trainer started')\n"
+    "os.execvp(sys.argv[2], sys.argv[2:])\n")
 
 
 @dataclass(frozen=True)
@@ -81,12 +86,11 @@ class SubprocessHooks:
 
     async def start(self, launch: Launch) -> Trainer:
         proc = await asyncio.create_subprocess_exec(
-            *launch.argv,
+            *_with_pdeathsig(launch.argv),
             env=launch.env,
             stdin=asyncio.subprocess.PIPE if launch.standby else asyncio.subprocess.DEVNULL,
             stderr=asyncio.subprocess.PIPE,
             start_new_session=True,
-            preexec_fn=_die_with_parent,
         )
         trainer = Trainer(proc, launch.label, self._tail_lines)
         trainer._reader = asyncio.create_task(self._read_stderr(trainer))
@@ -151,12 +155,16 @@ class SubprocessHooks:
         self._on_exit()
 
 
-def _die_with_parent() -> None:
-    """In the child before exec: SIGKILL it when the agent dies (Linux), so a dead agent's
-    trainer cannot keep running next to the spare that replaced it."""
-    if sys.platform.startswith("linux"):
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+def _with_pdeathsig(argv: list[str]) -> list[str]:
+    """On Linux, run `argv` through a tiny exec wrapper that asks the kernel to SIGKILL it when
+    the agent dies (PR_SET_PDEATHSIG survives exec), so a dead agent's trainer cannot keep
+    running next to the spare that replaced it. A wrapper, not preexec_fn: Python code between
+    fork and exec in a process with gRPC threads can deadlock or abort."""
+    if not sys.platform.startswith("linux"):
+        return argv
+    if shutil.which(argv[0]) is None:  # report "cannot start" here, not as an exit code
+        raise FileNotFoundError(f"no executable {argv[0]!r}")
+    return [sys.executable, "-I", "-S", "-c", _PDEATHSIG_EXEC, str(os.getpid()), *argv]
 
 
 def _signal_group(pid: int, sig: int) -> None:

@@ -111,8 +111,10 @@ class Agent:
                 attempt += 1
                 why = (f"{exc.code().name}: {exc.details()}"
                        if isinstance(exc, grpc.aio.AioRpcError) else str(exc))
-                log.warning("host %s: controller %s failed (%s); trying %s in %.2f s",
-                            s.host_id, address, why, addresses[index % len(addresses)], delay)
+                # One warning per outage; the retries themselves are chatter.
+                log.log(logging.WARNING if attempt == 1 else logging.DEBUG,
+                        "host %s: controller %s failed (%s); trying %s in %.2f s",
+                        s.host_id, address, why, addresses[index % len(addresses)], delay)
             try:
                 await asyncio.wait_for(stop.wait(), delay or 0.001)
             except asyncio.TimeoutError:

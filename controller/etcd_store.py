@@ -21,11 +21,15 @@ holds sets `lost`. A leadership that is locally lost, or past its deadline, is r
 without a round trip.
 
 Errors. Every call is bounded by `op_timeout_s`; an unreachable or failing etcd raises
-`StoreError`. The client reconnects by itself (gRPC reconnect backoff capped by
+`StoreError`; a `cas` that raised may or may not have been applied, so re-read (`get`)
+before deciding again. The client reconnects by itself (gRPC reconnect backoff capped by
 `reconnect_backoff_max_s`), so after an etcd restart the same object works again. With several
 endpoints, a connection failure moves the next call to the next endpoint. `campaign` retries
 through outages (the caller bounds it); `resign` cleans up locally first and then raises
 `StoreError` if the lease could not be revoked (it then expires by itself).
+
+Fault injection for tests: `pause_keepalive(leadership)` stops refreshing, as a stalled
+process would; `lost` is set when the TTL runs out and etcd then deletes the election key.
 """
 
 from __future__ import annotations

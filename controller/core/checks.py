@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
+import re
+
 from controller.core.errors import InvalidArgument
+
+#: Identifiers (jobs, replicas, hosts, incarnations, label keys): what Kubernetes names and
+#: host names use, plus a few separators. The status API documents the same pattern.
+ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:@/+=-]*$"
+_ID = re.compile(ID_PATTERN)
 
 
 def check_id(kind: str, value: str, max_chars: int) -> str:
@@ -10,8 +17,10 @@ def check_id(kind: str, value: str, max_chars: int) -> str:
         raise InvalidArgument(f"{kind} must not be empty.")
     if len(value) > max_chars:
         raise InvalidArgument(f"{kind} {value[:40]!r}… is {len(value)} characters; the limit is {max_chars}.")
-    if any(c.isspace() or not c.isprintable() for c in value):
-        raise InvalidArgument(f"{kind} {value!r} contains whitespace or unprintable characters.")
+    if not _ID.match(value):
+        raise InvalidArgument(
+            f"{kind} {value!r} must start with a letter or digit and hold only letters, digits and ._:@/+=-"
+        )
     return value
 
 

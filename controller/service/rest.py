@@ -6,17 +6,38 @@ from __future__ import annotations
 import hmac
 from typing import Annotated
 
-from fastapi import Depends, FastAPI, Header, Request
+from fastapi import Depends, FastAPI, Header, Path, Query, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from controller.core.errors import InvalidArgument, RequestError
+from controller.core.checks import ID_PATTERN
+from controller.core.errors import RequestError
 from controller.core.state import ControllerState
 from controller.service.errors import NotLeader, http_status
 from controller.service.views import host_view, job_view, quorum_view, replica_view
 from controller.store import StoreError
 
 PROBLEM = "application/problem+json"
+
+
+class Problem(BaseModel):
+    """An HTTP problem (RFC 9457)."""
+
+    type: str
+    title: str
+    status: int
+    detail: str
+
+
+def _problems(*codes: int) -> dict:
+    return {code: {"model": Problem, "content": {PROBLEM: {}}} for code in codes}
+
+
+READ_PROBLEMS = _problems(401, 403, 422, 503)
+ADMIN_PROBLEMS = _problems(400, 401, 403, 404, 409, 422, 503)
+HostId = Annotated[str, Path(pattern=ID_PATTERN, max_length=128, description="the host's id")]
 
 
 class Unauthorized(Exception):
@@ -78,54 +99,57 @@ def make_app(server) -> FastAPI:
     async def refused(request: Request, exc: Exception):
         return problem(http_status(exc) or 500, type(exc).__name__, str(exc))
 
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, exc: RequestValidationError):
+        details = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        return problem(422, "Unprocessable request", details)
+
     @app.exception_handler(Unauthorized)
     async def unauthorized(request: Request, exc: Unauthorized):
         return problem(exc.status, "Unauthorized" if exc.status == 401 else "Forbidden", str(exc))
 
-    @app.get("/api/v1/job", summary="Job summary: replicas, quorum, spares")
+    @app.get("/api/v1/job", responses=READ_PROBLEMS, summary="Job summary: replicas, quorum, spares")
     async def job(v: View):
         state, srv = v
         return job_view(state, await srv.store.leader() or "", srv.leading)
 
-    @app.get("/api/v1/replicas", summary="Every replica with its state and the reason for it")
+    @app.get("/api/v1/replicas", responses=READ_PROBLEMS, summary="Every replica with its state and the reason for it")
     async def replicas(v: View):
         state, srv = v
         now = srv.clock()
         return [replica_view(r, now) for r in sorted(state.replicas.values(), key=lambda r: r.replica_id)]
 
-    @app.get("/api/v1/hosts", summary="Hosts, the spare pool and cordons")
+    @app.get("/api/v1/hosts", responses=READ_PROBLEMS, summary="Hosts, the spare pool and cordons")
     async def hosts(v: View):
         state, srv = v
         now = srv.clock()
         return [host_view(h, now) for h in sorted(state.hosts.values(), key=lambda h: h.host_id)]
 
-    @app.get("/api/v1/quorums", summary="The current quorum and recent ones, each with its reason")
+    @app.get("/api/v1/quorums", responses=READ_PROBLEMS, summary="The current quorum and recent ones, each with its reason")
     async def quorums(v: View):
         state, _ = v
         return {"current": quorum_view(state.quorum), "round_reason": state.round_reason,
                 "recent": [quorum_view(q) for q in reversed(state.quorum_history)]}
 
-    @app.get("/api/v1/events", summary="Recent state changes, newest last")
-    async def events(v: View, limit: int = 200):
+    @app.get("/api/v1/events", responses=READ_PROBLEMS, summary="Recent state changes, newest last")
+    async def events(v: View, limit: Annotated[int, Query(ge=1, le=100_000)] = 200):
         state, _ = v
-        if limit < 1:
-            raise InvalidArgument(f"limit must be at least 1, got {limit}.")
         return [e.__dict__ for e in state.events[-limit:]]
 
-    @app.post("/api/v1/hosts/{host_id}/drain", summary="Move a host's work to a spare, then stop it (admin)")
-    async def drain(host_id: str, state: Admin):
+    @app.post("/api/v1/hosts/{host_id}/drain", responses=ADMIN_PROBLEMS, summary="Move a host's work to a spare, then stop it (admin)")
+    async def drain(host_id: HostId, state: Admin):
         message = state.drain(host_id, server.clock())
         await server.settle()
         return {"host_id": host_id, "result": message}
 
-    @app.post("/api/v1/hosts/{host_id}/cordon", summary="Keep a host out of the spare pool (admin)")
-    async def cordon(host_id: str, state: Admin, reason: str = ""):
+    @app.post("/api/v1/hosts/{host_id}/cordon", responses=ADMIN_PROBLEMS, summary="Keep a host out of the spare pool (admin)")
+    async def cordon(host_id: HostId, state: Admin, reason: Annotated[str, Query(max_length=512)] = ""):
         state.cordon(host_id, reason, server.clock())
         await server.settle()
         return {"host_id": host_id, "cordoned": True}
 
-    @app.post("/api/v1/hosts/{host_id}/uncordon", summary="Return a host to service (admin)")
-    async def uncordon(host_id: str, state: Admin):
+    @app.post("/api/v1/hosts/{host_id}/uncordon", responses=ADMIN_PROBLEMS, summary="Return a host to service (admin)")
+    async def uncordon(host_id: HostId, state: Admin):
         state.uncordon(host_id, server.clock())
         await server.settle()
         return {"host_id": host_id, "cordoned": False}

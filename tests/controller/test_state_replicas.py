@@ -111,7 +111,7 @@ def test_new_incarnation_may_come_back_lower():
 
 @pytest.mark.parametrize("req, message", [
     (JoinRequest("", 0, 2), "replica_id must not be empty"),
-    (JoinRequest("r 1", 0, 2), "whitespace"),
+    (JoinRequest("r 1", 0, 2), "must start with a letter or digit"),
     (JoinRequest("x" * 200, 0, 2), "the limit is 128"),
     (JoinRequest("r0", -1, 2), "step must not be negative, got -1"),
     (JoinRequest("r0", 0, 0), "world_size must be 1..65536, got 0"),

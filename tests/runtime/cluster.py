@@ -55,7 +55,7 @@ def _read_line(proc: subprocess.Popen, timeout_s: float) -> str:
     reader.start()
     reader.join(timeout_s)
     if not box or not box[0]:
-        raise RuntimeError(f"controller printed no serving line within {timeout_s}s")
+        raise RuntimeError(f"{proc.args[:3]} printed no line within {timeout_s}s")
     return box[0]
 
 
@@ -98,12 +98,15 @@ class Cluster:
     controller_lr_policy: str = "sqrt"
     checkpoint_every: int = 0
     restarts: int = 1  # per replica
+    configured_replicas: int = 0  # the controller's --replicas (default: `replicas`)
+    checkpoint_dir: Path | None = None  # default: <workdir>/ckpt
+    max_steps: int = 2000  # safety cap while waiting for a restarted replica to rejoin
 
     def __post_init__(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.records_dir = self.workdir / "records"
         self.records_dir.mkdir(exist_ok=True)
-        self.checkpoint_dir = self.workdir / "ckpt"
+        self.checkpoint_dir = self.checkpoint_dir or self.workdir / "ckpt"
         self._procs: dict[int, list[subprocess.Popen]] = {}
         self._incarnation: dict[int, int] = {}
 
@@ -115,21 +118,35 @@ class Cluster:
         for rank in range(self.ranks):
             cfg = {"replica_id": str(replica), "rank": rank, "world_size": self.ranks, "incarnation": inc,
                    "controller": controller.grpc, "leader_address": leader, "gloo_port": gloo,
-                   "steps": self.steps, "faults": self.faults.items, "lr_policy": self.lr_policy,
+                   "steps": self.steps, "max_steps": self.max_steps, "replicas": self.replicas, "faults": self.faults.items, "lr_policy": self.lr_policy,
                    "record": str(self.records_dir / f"{replica}-{rank}-{inc}.jsonl"),
                    "checkpoint_dir": str(self.checkpoint_dir) if self.checkpoint_every else "",
                    "checkpoint_every": self.checkpoint_every}
             log = open(self.workdir / f"worker-{replica}-{rank}-{inc}.log", "w")
             procs.append(subprocess.Popen([PYTHON, "-m", "tests.runtime.train_worker", json.dumps(cfg)],
-                                          cwd=REPO, stdout=log, stderr=subprocess.STDOUT))
+                                          cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
+                                          text=True))
         self._procs[replica] = procs
+        if inc > 0:
+            self._go(procs, 120.0)
+
+    def _go(self, procs: list[subprocess.Popen], timeout_s: float) -> None:
+        """Wait for each worker's "ready" (pre-init done), then let them all report in."""
+        for p in procs:
+            if _read_line(p, timeout_s).strip() != "ready":
+                raise AssertionError(f"worker {p.args} did not get ready; logs in {self.workdir}")
+        for p in procs:
+            p.stdin.write("go\n")
+            p.stdin.flush()
 
     def run(self, timeout_s: float = 90.0) -> "Records":
-        controller = Controller.start(self.workdir / "controller.log", self.replicas, self.join_timeout_s,
+        controller = Controller.start(self.workdir / "controller.log", self.configured_replicas or self.replicas,
+                                      self.join_timeout_s,
                                       self.heartbeat_timeout_s, self.controller_lr_policy)
         try:
             for r in range(self.replicas):
                 self._spawn(controller, r)
+            self._go([p for procs in self._procs.values() for p in procs], 120.0)
             self._supervise(controller, time.monotonic() + timeout_s)
         finally:
             for procs in self._procs.values():

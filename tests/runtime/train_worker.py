@@ -66,13 +66,19 @@ def main(cfg: dict) -> int:
         vote_timeout_s=15.0, fetch_timeout_s=10.0, fetch_hold_timeout_s=5.0, heartbeat_interval_s=0.5,
         checkpoint_dir=cfg.get("checkpoint_dir", ""), checkpoint_every_steps=cfg.get("checkpoint_every", 0),
         ftar_chunk_bytes=64 << 10)
-    manager = Manager(model, opt, settings, process_group=group,
-                      pre_init=lambda: write(event="pre_init"), fault_hook=fault_hook)
+    def pre_init() -> None:
+        write(event="pre_init")
+        print("ready", flush=True)  # the cluster answers "go" once every first-incarnation worker is ready
+        if sys.stdin.readline().strip() != "go":
+            raise SystemExit("no go from the cluster")
+
+    manager = Manager(model, opt, settings, process_group=group, pre_init=pre_init, fault_hook=fault_hook)
     manager.start()
     write(event="started", step=manager.step)
     ft_opt = FaultTolerantOptimizer(manager, opt)
     batches = manager.batches(batch_at)
-    while manager.step < cfg["steps"]:
+    full = False  # stop once past `steps` in a step every configured replica contributed to
+    while not (manager.step >= cfg["steps"] and full) and manager.step < cfg["max_steps"]:
         x, y = next(batches)
         position = batches.last_position
         ft_opt.zero_grad()
@@ -81,6 +87,7 @@ def main(cfg: dict) -> int:
         loss.backward()
         committed = ft_opt.step(loss)
         out = manager.last_outcome
+        full = committed and len(out.included) == cfg["replicas"]
         write(event="commit" if committed else "retry", step=out.step, quorum_id=out.quorum_id,
               behind=out.behind, included=list(out.included), positions_before=out.positions_before,
               trained_position=position, lr=opt.param_groups[0]["lr"], lr_scale=out.lr_scale,

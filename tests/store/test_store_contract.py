@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 
+import aetcd
 import pytest
 
 from controller.etcd_store import EtcdStore, EtcdStoreSettings, parse_endpoint
@@ -140,7 +141,7 @@ async def test_a_leadership_the_store_did_not_grant_is_refused(backend):
 
 # -- etcd only ----------------------------------------------------------------------------
 
-pytestmark_etcd = pytest.mark.etcd
+etcd_only = pytest.mark.etcd
 
 
 @pytest.fixture
@@ -150,7 +151,7 @@ async def etcd_backend(etcd):
     await backend.close()
 
 
-@pytestmark_etcd
+@etcd_only
 async def test_lease_expiry_deposes_a_stalled_leader(etcd_backend):
     first, second = etcd_backend.open(), etcd_backend.open()
     lead_a = await bounded(first.campaign("a", ttl_s=1))
@@ -168,14 +169,16 @@ async def test_lease_expiry_deposes_a_stalled_leader(etcd_backend):
     assert await second.leader() == "b"
 
 
-@pytestmark_etcd
+@etcd_only
 async def test_server_side_fencing_refuses_a_deposed_leader_that_has_not_noticed(etcd_backend):
     """Leadership.lost is only a hint: the transaction itself checks the election key."""
     first, second = etcd_backend.open(), etcd_backend.open()
     lead_a = await bounded(first.campaign("a", ttl_s=5))
     rev = await first.cas("k", b"from-a", 0, lead_a)
     # An operator (or etcd) removes a's lease behind its back; b takes over at once.
-    await second._revoke(lead_a.fence.lease_id)
+    host, port = parse_endpoint(etcd_backend.endpoint)
+    async with aetcd.Client(host=host, port=port, timeout=WAIT_S) as operator:
+        await operator.revoke_lease(lead_a.fence.lease_id)
     lead_b = await bounded(second.campaign("b", ttl_s=5))
     # A copy of a's proof that has not heard the news (its keep-alive may have by now).
     unaware = Leadership(candidate="a", fence=lead_a.fence)
@@ -185,10 +188,10 @@ async def test_server_side_fencing_refuses_a_deposed_leader_that_has_not_noticed
     assert await second.cas("k", b"from-b", rev, lead_b) is not None
 
 
-@pytestmark_etcd
+@etcd_only
 async def test_keepalive_holds_leadership_past_the_ttl(etcd_backend):
     store = etcd_backend.open()
-    lead = await bounded(store.campaign("a", ttl_s=1))
+    lead = await bounded(store.campaign("a", ttl_s=2))
     rev = await store.cas("k", b"v", 0, lead)
     # Wait for three lease refreshes (each moves the deadline), i.e. past one TTL.
     fence = lead.fence
@@ -222,7 +225,7 @@ async def _recovers(call, timeout_s: float = WAIT_S):
     return await bounded(retry(), timeout_s)
 
 
-@pytestmark_etcd
+@etcd_only
 @pytest.mark.parametrize("how", ["stop", "kill"])
 async def test_store_survives_an_etcd_restart(own_etcd, how):
     store = EtcdStore([own_etcd.endpoint], "/fthsdp-test/restart", FAST)
@@ -247,7 +250,7 @@ async def test_store_survives_an_etcd_restart(own_etcd, how):
         await store.close()
 
 
-@pytestmark_etcd
+@etcd_only
 async def test_a_paused_etcd_times_out_instead_of_hanging(own_etcd):
     store = EtcdStore([own_etcd.endpoint], "/fthsdp-test/pause",
                       EtcdStoreSettings(op_timeout_s=0.3, poll_interval_s=0.05))
@@ -263,7 +266,7 @@ async def test_a_paused_etcd_times_out_instead_of_hanging(own_etcd):
         await store.close()
 
 
-@pytestmark_etcd
+@etcd_only
 async def test_campaign_waits_out_an_outage(own_etcd):
     store = EtcdStore([own_etcd.endpoint], "/fthsdp-test/outage", FAST)
     try:
@@ -278,7 +281,7 @@ async def test_campaign_waits_out_an_outage(own_etcd):
         await store.close()
 
 
-@pytestmark_etcd
+@etcd_only
 async def test_a_second_endpoint_takes_over(etcd):
     dead = f"127.0.0.1:{_unused_port()}"
     store = EtcdStore([dead, etcd.endpoint], "/fthsdp-test/" + uuid.uuid4().hex, FAST)
@@ -322,6 +325,8 @@ def test_parse_endpoint_rejects(text):
         parse_endpoint(text)
 
 
-def test_constructor_starts_nothing():
+async def test_constructor_starts_nothing():
+    tasks = asyncio.all_tasks()
     store = EtcdStore(["127.0.0.1:1"], "/p")
-    assert store._clients == [None]
+    assert asyncio.all_tasks() == tasks and store._clients == [None]
+    await store.close()

@@ -1,0 +1,57 @@
+"""The ring schedule against a naive reference: simulate every rank step by step and compare."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from ftar_kernels.ring_plan import chunk_ranges, partition_elems, ring_steps, send_chunks
+
+
+def simulate(inputs: list[list[int]], chunk_elems: int, chunks: int, align: int) -> list[list[int]]:
+    """Run the schedule in lock step: at every step each rank sends its send range to the right."""
+    world, numel = len(inputs), len(inputs[0])
+    data = [list(x) for x in inputs]
+    plans = [list(ring_steps(r, world, numel, chunk_elems, chunks, align)) for r in range(world)]
+    for t in range(len(plans[0])):
+        outgoing = [data[r][slice(*plans[r][t].send)] for r in range(world)]
+        for r in range(world):
+            st, got = plans[r][t], outgoing[(r - 1) % world]
+            assert len(got) == st.recv[1] - st.recv[0]
+            lo = st.recv[0]
+            for i, v in enumerate(got):
+                data[r][lo + i] = data[r][lo + i] + v if st.reduce else v
+    return data
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_random_shapes_sum_like_the_naive_reference(seed):
+    rng = random.Random(seed)
+    world = rng.randint(2, 6)
+    numel = rng.choice([1, 2, world - 1, world, rng.randint(1, 400)])
+    chunk_elems, chunks, align = rng.randint(1, 9), rng.randint(1, 4), rng.choice([1, 4, 8])
+    inputs = [[rng.randint(-9, 9) for _ in range(numel)] for _ in range(world)]
+    want = [sum(col) for col in zip(*inputs)]
+    assert simulate(inputs, chunk_elems, chunks, align) == [want] * world
+
+
+@pytest.mark.parametrize("world,numel", [(2, 1), (3, 100), (4, 1000), (6, 5)])
+def test_each_send_waits_for_the_receive_of_the_same_range(world, numel):
+    chunk_elems, chunks = 7, 2
+    for r in range(world):
+        steps = list(ring_steps(r, world, numel, chunk_elems, chunks))
+        recvs = [c for st in steps for c in chunk_ranges(*st.recv, chunk_elems)]
+        for ch in send_chunks(steps, chunk_elems):
+            if ch.after_recv >= 0:
+                assert recvs[ch.after_recv] == (ch.lo, ch.hi)
+        assert len(steps) == 2 * (world - 1) * -(-numel // partition_elems(chunk_elems, chunks, world))
+
+
+def test_segments_never_exceed_the_chunk_window_without_alignment():
+    for st in ring_steps(1, 4, 10_000, 16, 3):
+        assert st.send[1] - st.send[0] <= 16 * 3 and st.recv[1] - st.recv[0] <= 16 * 3
+
+
+def test_a_single_rank_has_no_steps():
+    assert list(ring_steps(0, 1, 100, 8, 2)) == []
