@@ -103,7 +103,7 @@ class Agent:
                     # registration would be read as the old, dead one).
                     self.incarnation = uuid.uuid4().hex
                 log.info("host %s: %s; registering again", s.host_id, exc)
-                delay = 0.0
+                delay = s.reconnect_base_s  # no hot loop if a stream keeps ending
             except (grpc.aio.AioRpcError, _NotLeader) as exc:
                 index += 1
                 delay = backoff_s(attempt, base_s=s.reconnect_base_s, cap_s=s.reconnect_cap_s,
@@ -116,7 +116,7 @@ class Agent:
                         "host %s: controller %s failed (%s); trying %s in %.2f s",
                         s.host_id, address, why, addresses[index % len(addresses)], delay)
             try:
-                await asyncio.wait_for(stop.wait(), delay or 0.001)
+                await asyncio.wait_for(stop.wait(), delay)
             except asyncio.TimeoutError:
                 pass
 

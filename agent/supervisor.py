@@ -138,9 +138,11 @@ class Supervisor:
     async def _execute(self, slot: Slot, action: Action) -> str | None:
         tag = f"slot {slot.index}"
         if slot.proc is not None and slot.proc.exited:
-            proc, tail = slot.proc, slot.exit_tail
+            proc, tail, handle = slot.proc, slot.exit_tail, slot.handle
             slot.handle, slot.proc = None, None
             log.warning("%s: %s", self._who(proc, tag), action.reason)
+            if handle is not None:  # what the trainer left behind in its group goes too
+                await self._hooks.stop(handle, 0.0)
             if proc.role is Role.TRAIN:
                 self._report(TrainerExit(
                     replica_id=proc.replica_id, rank=proc.rank,
@@ -150,7 +152,7 @@ class Supervisor:
             if action.kind is ActionKind.RESTART:
                 slot.restart_times_s.append(self._clock())
                 return await self._start(slot)
-            if proc.generation == slot.want.generation:
+            if action.kind is ActionKind.GIVE_UP or proc.generation == slot.want.generation:
                 slot.halted_generation = slot.want.generation  # gave up or finished
             return None
         if action.kind is ActionKind.STOP:

@@ -171,3 +171,12 @@ async def test_a_command_that_cannot_start_is_an_error_not_a_loop(tmp_path):
         errors = await rig.sup.reconcile()
         assert "cannot start '/nonexistent/trainer'" in errors[0]
         assert await rig.sup.reconcile() == []  # halted until an order resumes it
+
+
+async def test_children_of_a_dead_trainer_are_cleaned_up(tmp_path):
+    async with Rig(tmp_path, "--child", restart_budget=0) as rig:
+        rig.sup.set_wants(TRAIN)
+        [info] = await rig.ready(1)
+        os.kill(info["pid"], signal.SIGKILL)
+        await wait_for(lambda: rig.exits, 10, "exit report")
+        await wait_for(lambda: not alive(info["child_pid"]), 5, "the orphaned child to go")

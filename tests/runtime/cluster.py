@@ -100,6 +100,7 @@ class Cluster:
     restarts: int = 1  # per replica
     configured_replicas: int = 0  # the controller's --replicas (default: `replicas`)
     checkpoint_dir: Path | None = None  # default: <workdir>/ckpt
+    ddp: bool = False  # train through DistributedDataParallel + ddp_comm_hook
     max_steps: int = 2000  # safety cap while waiting for a restarted replica to rejoin
 
     def __post_init__(self) -> None:
@@ -121,7 +122,7 @@ class Cluster:
                    "steps": self.steps, "max_steps": self.max_steps, "replicas": self.replicas, "faults": self.faults.items, "lr_policy": self.lr_policy,
                    "record": str(self.records_dir / f"{replica}-{rank}-{inc}.jsonl"),
                    "checkpoint_dir": str(self.checkpoint_dir) if self.checkpoint_every else "",
-                   "checkpoint_every": self.checkpoint_every}
+                   "checkpoint_every": self.checkpoint_every, "ddp": self.ddp}
             log = open(self.workdir / f"worker-{replica}-{rank}-{inc}.log", "w")
             procs.append(subprocess.Popen([PYTHON, "-m", "tests.runtime.train_worker", json.dumps(cfg)],
                                           cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,

@@ -40,14 +40,15 @@ def test_kill_during_allreduce_and_abort_keep_history_consistent(tmp_path):
     assert two_of_three and all(r["lr_scale"] == pytest.approx(math.sqrt(2 / 3)) for r in two_of_three)
 
 
-def test_checkpoints_resume_the_whole_job_exactly_once(tmp_path):
+def test_checkpoints_resume_the_whole_job_exactly_once_through_ddp(tmp_path):
+    """Both runs train through DistributedDataParallel with the runtime's comm hook."""
     ckpt = tmp_path / "ckpt"
     first = Cluster(tmp_path / "run1", replicas=2, ranks=1, steps=6, checkpoint_every=3,
-                    checkpoint_dir=ckpt).run(timeout_s=90.0)
+                    checkpoint_dir=ckpt, ddp=True).run(timeout_s=90.0)
     hc.check_bitwise_identical_after_every_commit(first)
     assert sorted(p.name for p in ckpt.iterdir() if p.name.startswith("step-"))[-1] == "step-0000000006"
     second = Cluster(tmp_path / "run2", replicas=2, ranks=1, steps=9, checkpoint_every=3,
-                     checkpoint_dir=ckpt).run(timeout_s=90.0)
+                     checkpoint_dir=ckpt, ddp=True).run(timeout_s=90.0)
     started = second.where(event="started")
     assert {r["step"] for r in started} == {6}
     hc.check_bitwise_identical_after_every_commit(second)

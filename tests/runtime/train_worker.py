@@ -17,7 +17,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from fthsdp import FaultTolerantOptimizer, Manager, RuntimeSettings, state_digest
+from fthsdp import FaultTolerantOptimizer, Manager, RuntimeSettings, ddp_comm_hook, state_digest
 
 BATCH_ROWS = 8
 
@@ -52,7 +52,7 @@ def main(cfg: dict) -> int:
 
     world = cfg["world_size"]
     group = None
-    if world > 1:
+    if world > 1 or cfg.get("ddp"):
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{cfg['gloo_port']}", rank=cfg["rank"],
                                 world_size=world, timeout=timedelta(seconds=20))
         group = dist.group.WORLD
@@ -75,6 +75,10 @@ def main(cfg: dict) -> int:
     manager = Manager(model, opt, settings, process_group=group, pre_init=pre_init, fault_hook=fault_hook)
     manager.start()
     write(event="started", step=manager.step)
+    forward = model
+    if cfg.get("ddp"):  # DDP users: the comm hook replaces DDP's all-reduce
+        forward = torch.nn.parallel.DistributedDataParallel(model, process_group=group)
+        forward.register_comm_hook(manager, ddp_comm_hook)
     ft_opt = FaultTolerantOptimizer(manager, opt)
     batches = manager.batches(batch_at)
     full = False  # stop once past `steps` in a step every configured replica contributed to
@@ -83,7 +87,7 @@ def main(cfg: dict) -> int:
         position = batches.last_position
         ft_opt.zero_grad()
         rows = slice(cfg["rank"], None, world)
-        loss = torch.nn.functional.mse_loss(model(x[rows]), y[rows])
+        loss = torch.nn.functional.mse_loss(forward(x[rows]), y[rows])
         loss.backward()
         committed = ft_opt.step(loss)
         out = manager.last_outcome
