@@ -71,8 +71,19 @@ class Trainer:
         self.tail: collections.deque[str] = collections.deque(maxlen=max(tail_lines, 1))
         self.status: ExitStatus | None = None
         self.done = asyncio.Event()
+        self.exited = asyncio.Event()
         self._reader: asyncio.Task[None] | None = None
         self._watcher: asyncio.Task[None] | None = None
+
+
+class _Protocol(asyncio.subprocess.SubprocessStreamProtocol):
+    def __init__(self, exited: asyncio.Event, **kw) -> None:
+        super().__init__(**kw)
+        self._exited = exited
+
+    def process_exited(self) -> None:
+        super().process_exited()
+        self._exited.set()
 
 
 class SubprocessHooks:
@@ -85,14 +96,22 @@ class SubprocessHooks:
         self._echo = echo_stderr
 
     async def start(self, launch: Launch) -> Trainer:
-        proc = await asyncio.create_subprocess_exec(
+        # asyncio.create_subprocess_exec, with a protocol that tells the exit itself: on 3.11
+        # Process.wait() also waits for the pipes, which a trainer's child may hold open.
+        loop = asyncio.get_running_loop()
+        exited = asyncio.Event()
+        transport, protocol = await loop.subprocess_exec(
+            lambda: _Protocol(exited, limit=2 ** 16, loop=loop),
             *_with_pdeathsig(launch.argv),
             env=launch.env,
             stdin=asyncio.subprocess.PIPE if launch.standby else asyncio.subprocess.DEVNULL,
+            stdout=None,
             stderr=asyncio.subprocess.PIPE,
             start_new_session=True,
         )
+        proc = asyncio.subprocess.Process(transport, protocol, loop)
         trainer = Trainer(proc, launch.label, self._tail_lines)
+        trainer.exited = exited
         trainer._reader = asyncio.create_task(self._read_stderr(trainer))
         trainer._watcher = asyncio.create_task(self._watch(trainer))
         return trainer
@@ -141,12 +160,16 @@ class SubprocessHooks:
                 sys.stderr.buffer.flush()
 
     async def _watch(self, trainer: Trainer) -> None:
-        code = await trainer.proc.wait()
+        await trainer.exited.wait()
+        code = trainer.proc.returncode
+        assert code is not None
+        # What the trainer left in its group goes with it (and with it, open stderr pipes).
+        _signal_group(trainer.pid, signal.SIGKILL)
         if trainer._reader is not None:
             try:
                 await asyncio.wait_for(asyncio.shield(trainer._reader), _TAIL_WAIT_S)
             except asyncio.TimeoutError:
-                pass  # a grandchild holds stderr open; report what we have
+                pass  # something still holds stderr open; report what we have
         if code < 0:
             trainer.status = ExitStatus(None, -code, "".join(trainer.tail))
         else:

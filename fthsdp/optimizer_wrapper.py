@@ -10,11 +10,11 @@
 DDP users register `ddp_comm_hook` instead; `step()` then skips the flat reduction.
 """
 
-from __future__ import annotations
-
+# No `from __future__ import annotations` here: DDP checks the hook's annotations as objects.
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from fthsdp.manager import Manager
 
@@ -45,7 +45,7 @@ class FaultTolerantOptimizer:
         return self.manager.end_step()
 
 
-def ddp_comm_hook(manager: Manager, bucket: "torch.distributed.GradBucket") -> torch.futures.Future:
+def ddp_comm_hook(manager: Manager, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """DistributedDataParallel communication hook: `ddp.register_comm_hook(manager, ddp_comm_hook)`.
 
     Replaces DDP's all-reduce: averages the bucket inside the replica (the DDP process
@@ -54,6 +54,6 @@ def ddp_comm_hook(manager: Manager, bucket: "torch.distributed.GradBucket") -> t
     """
     buffer = bucket.buffer()
     manager.reduce_bucket_(buffer)
-    future: torch.futures.Future = torch.futures.Future()
+    future: torch.futures.Future[torch.Tensor] = torch.futures.Future()
     future.set_result(buffer)
     return future

@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
+import zlib
+
 from controller.core.checks import check_id, check_ranks
 from controller.core.errors import FailedPrecondition, InvalidArgument, NotFound
 from controller.core.model import Assignment, DeathCause, Host, HostState, OrderOut
 from controller.core.spares import pick_spare
 
 MAX_LABELS = 32
+#: Hosts are persisted in this many shards, so one change rewrites 1/HOST_SHARDS of them.
+HOST_SHARDS = 16
+
+
+def host_shard(host_id: str) -> int:
+    return zlib.crc32(host_id.encode()) % HOST_SHARDS
 
 
 class HostRegistry:
@@ -62,12 +70,12 @@ class HostRegistry:
                 verb = "returned after repair"
         h.incarnation, h.slots, h.labels, h.last_seen = incarnation, max(slots, 1), labels, now
         if h.assignment is None and assignment is not None:
-            h.assignment = assignment
+            self._assign(h, assignment)
         h.state = HostState.ACTIVE if h.assignment else HostState.SPARE
         role = h.assignment.describe() if h.assignment else "spare pool"
         reason = f"host {host_id} {verb}: {role}" + (" (cordoned)" if h.cordoned else "")
         self._event(now, "host", host_id, reason)
-        self.dirty_hosts = True
+        self._touch(h)
         if h.state == HostState.SPARE and not h.cordoned:
             self._fill_orphans(now)
         return h.assignment, reason
@@ -130,7 +138,7 @@ class HostRegistry:
         h = self._known_host(host_id)
         if h.cordoned:
             h.cordoned, h.cordon_reason, h.cordon_by = False, "", ""
-            self.dirty_hosts = True
+            self._touch(h, urgent=True)
             self._event(now, "host", host_id, f"host {host_id} uncordoned")
             if h.state == HostState.SPARE:
                 self._fill_orphans(now)
@@ -145,20 +153,38 @@ class HostRegistry:
         return h
 
     def _holder(self, a: Assignment, exclude: str) -> str | None:
-        for other in self.hosts.values():
-            oa = other.assignment
-            if other.host_id != exclude and oa and oa.replica_id == a.replica_id and set(oa.ranks) & set(a.ranks):
-                return other.host_id
+        for rank in a.ranks:
+            holder = self.rank_holders.get((a.replica_id, rank))
+            if holder is not None and holder != exclude:
+                return holder
         return None
+
+    def _assign(self, h: Host, a: Assignment | None) -> None:
+        """Change a host's assignment, keeping the (replica, rank) -> host index true."""
+        if h.assignment is not None:
+            for rank in h.assignment.ranks:
+                if self.rank_holders.get((h.assignment.replica_id, rank)) == h.host_id:
+                    del self.rank_holders[(h.assignment.replica_id, rank)]
+        h.assignment = a
+        if a is not None:
+            for rank in a.ranks:
+                self.rank_holders[(a.replica_id, rank)] = h.host_id
+        self._touch(h, urgent=True)
+
+    def _touch(self, h: Host, urgent: bool = False) -> None:
+        """Mark the host's snapshot shard for writing; urgent changes are written before
+        the request that made them is answered, the rest within a tick."""
+        self.dirty_host_shards.add(host_shard(h.host_id))
+        self.urgent_hosts = self.urgent_hosts or urgent
 
     def _cordon(self, h: Host, by: str, reason: str, now: float) -> None:
         h.cordoned, h.cordon_reason, h.cordon_by = True, reason, by
-        self.dirty_hosts = True
+        self._touch(h, urgent=True)
         self._event(now, "cordon", h.host_id, f"host {h.host_id} cordoned: {reason}")
 
     def _host_died(self, h: Host, why: str, now: float) -> None:
         h.state = HostState.DEAD
-        self.dirty_hosts = True
+        self._touch(h, urgent=True)
         self._event(now, "host_death", h.host_id, f"host {h.host_id} died: {why}", "heartbeat")
         if h.assignment is not None:
             self.kill_replica(h.assignment.replica_id, DeathCause.HOST, f"host {h.host_id} died: {why}", now)
@@ -175,8 +201,9 @@ class HostRegistry:
                         f"{choice.reason}; {a.describe() if a else 'nothing'} stays out until one is free")
             return choice.reason
         spare = self.hosts[choice.host_id]
-        spare.assignment, spare.state = a, HostState.ACTIVE
-        failed.assignment = None
+        self._assign(failed, None)
+        self._assign(spare, a)
+        spare.state = HostState.ACTIVE
         if failed.state != HostState.DEAD:
             failed.state = HostState.SPARE
             self._order(failed.host_id, "STOP", None, f"its work moved to host {spare.host_id}")
@@ -186,7 +213,7 @@ class HostRegistry:
             if other is not spare and oa and oa.replica_id == a.replica_id and other.state == HostState.ACTIVE:
                 self._order(other.host_id, "RESTART", oa, f"replica {a.replica_id} rebuilds after host {failed.host_id} failed")
         self.swaps += 1
-        self.dirty_hosts = True
+        self.dirty_replicas = True
         why = f"host {spare.host_id} takes {a.describe()} from host {failed.host_id} ({choice.reason})"
         self._event(now, "swap", failed.host_id, why)
         return why

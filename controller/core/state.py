@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import asdict
 
-from controller.core.hosts import HostRegistry
+from controller.core.hosts import HostRegistry, host_shard
 from controller.core.model import (
     Assignment, Event, Host, HostState, Member, OrderOut, Quorum, Replica, ReplicaState,
 )
@@ -36,8 +36,10 @@ class ControllerState(ReplicaRegistry, HostRegistry):
         self.steps_committed = 0
         self.swaps = 0
         self.deaths: dict[str, int] = {}
+        self.rank_holders: dict[tuple[str, int], str] = {}
         self.dirty_replicas = False
-        self.dirty_hosts = False
+        self.dirty_host_shards: set[int] = set()
+        self.urgent_hosts = False
 
     def expire(self, now: float) -> None:
         """Declare dead whoever has been silent past the heartbeat timeout."""
@@ -80,17 +82,17 @@ class ControllerState(ReplicaRegistry, HostRegistry):
             "order_seq": self.order_seq,
         }
 
-    def snapshot_hosts(self) -> dict:
+    def snapshot_hosts(self, shard: int) -> dict:
         return {
             "version": SNAPSHOT_VERSION,
             "hosts": [
                 {**{k: v for k, v in asdict(h).items() if k not in ("last_seen", "assignment")},
                  "assignment": asdict(h.assignment) if h.assignment else None}
-                for h in self.hosts.values()
+                for h in self.hosts.values() if host_shard(h.host_id) == shard
             ],
         }
 
-    def restore(self, replicas: dict | None, hosts: dict | None, now: float) -> None:
+    def restore(self, replicas: dict | None, host_shards: list[dict | None], now: float) -> None:
         """Load snapshots written by a previous leader. Everyone gets a fresh heartbeat
         allowance from `now`: silence before the failover is not held against them."""
         if replicas:
@@ -106,14 +108,14 @@ class ControllerState(ReplicaRegistry, HostRegistry):
             self.swaps = replicas["swaps"]
             self.deaths = dict(replicas["deaths"])
             self.order_seq = replicas["order_seq"]
-        if hosts:
-            self.hosts = {}
-            for d in hosts["hosts"]:
+        for shard in host_shards:
+            for d in (shard or {}).get("hosts", ()):
                 a = d["assignment"]
-                d = dict(d, state=HostState(d["state"]), last_seen=now,
-                         assignment=Assignment(a["replica_id"], tuple(a["ranks"]), a["world_size"]) if a else None)
-                self.hosts[d["host_id"]] = Host(**d)
-        self.dirty_replicas = self.dirty_hosts = False
+                h = Host(**dict(d, state=HostState(d["state"]), last_seen=now, assignment=None))
+                self.hosts[h.host_id] = h
+                if a:
+                    self._assign(h, Assignment(a["replica_id"], tuple(a["ranks"]), a["world_size"]))
+        self.dirty_replicas, self.dirty_host_shards, self.urgent_hosts = False, set(), False
 
 
 def _quorum_to_dict(q: Quorum) -> dict:

@@ -20,6 +20,7 @@ import grpc
 import uvicorn
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from controller.core.hosts import HOST_SHARDS
 from controller.core.state import ControllerState
 from controller.service.errors import NotLeader
 from controller.service.metrics import Metrics
@@ -57,7 +58,7 @@ class ControllerServer:
         self.order_streams: dict[str, asyncio.Queue] = {}
         self.pending_orders: dict[str, deque] = defaultdict(lambda: deque(maxlen=MAX_PENDING_ORDERS))
         self.grpc_address = self.http_url = ""
-        self._revisions = {"replicas": 0, "hosts": 0}
+        self._revisions: dict[str, int] = {}
         self._persist_lock = asyncio.Lock()
         self._poke = asyncio.Event()
         self._last_wake: float | None = None
@@ -164,12 +165,12 @@ class ControllerServer:
         """The last durable snapshot as a state (what a new leader starts from and what a
         standby shows); remembers the revisions that the next writes must match."""
         state = ControllerState(self.settings)
-        replicas = await self.store.get(self._key("replicas"))
-        hosts = await self.store.get(self._key("hosts"))
-        state.restore(json.loads(replicas.value) if replicas.value else None,
-                      json.loads(hosts.value) if hosts.value else None, self.clock())
+        sections = ["replicas"] + [f"hosts/{i}" for i in range(HOST_SHARDS)]
+        found = {section: await self.store.get(self._key(section)) for section in sections}
+        loaded = {section: json.loads(v.value) if v.value else None for section, v in found.items()}
+        state.restore(loaded["replicas"], [loaded[s] for s in sections[1:]], self.clock())
         if not self.leading:
-            self._revisions = {"replicas": replicas.revision, "hosts": hosts.revision}
+            self._revisions = {section: v.revision for section, v in found.items()}
         return state
 
     def require_leader(self) -> ControllerState:
@@ -223,18 +224,23 @@ class ControllerServer:
             else:
                 self.pending_orders[order.host_id].append(message)
 
-    async def persist(self) -> None:
+    async def persist(self, include_hosts: bool = False) -> None:
         """Write dirty snapshot sections with compare-and-set; a refused write means this
-        controller no longer leads."""
+        controller no longer leads. Replicas (quorum ids, committed steps) and urgent host
+        changes (swaps, cordons, deaths) are written before the caller answers; plain host
+        registrations are written behind, by the ticker."""
         state = self.require_leader()
         async with self._persist_lock:
-            for section, dirty, snap in (("replicas", state.dirty_replicas, state.snapshot_replicas),
-                                         ("hosts", state.dirty_hosts, state.snapshot_hosts)):
-                if not dirty:
-                    continue
-                setattr(state, f"dirty_{section}", False)
-                value = json.dumps(snap(), separators=(",", ":")).encode()
-                revision = await self.store.cas(self._key(section), value, self._revisions[section],
+            writes = []
+            if state.dirty_replicas:
+                state.dirty_replicas = False
+                writes.append(("replicas", state.snapshot_replicas()))
+            if state.dirty_host_shards and (include_hosts or state.urgent_hosts):
+                shards, state.dirty_host_shards, state.urgent_hosts = sorted(state.dirty_host_shards), set(), False
+                writes += [(f"hosts/{i}", state.snapshot_hosts(i)) for i in shards]
+            for section, snapshot in writes:
+                value = json.dumps(snapshot, separators=(",", ":")).encode()
+                revision = await self.store.cas(self._key(section), value, self._revisions.get(section, 0),
                                                 self.leadership)
                 if revision is None:
                     self.leadership.lost.set()
@@ -258,5 +264,6 @@ class ControllerServer:
             state.expire(self.clock())
             try:
                 await self.settle()
+                await self.persist(include_hosts=True)
             except (NotLeader, StoreError) as exc:
                 log.warning("tick could not settle: %s", exc)

@@ -6,6 +6,7 @@ from controller.core.errors import FailedPrecondition, InvalidArgument, NotFound
 from controller.core.model import Assignment, HostState, ReplicaState
 from controller.core.replicas import JoinRequest
 from controller.core.spares import pick_spare
+from controller.core.hosts import HOST_SHARDS
 from controller.core.state import ControllerState
 from controller.settings import ControllerSettings
 
@@ -89,7 +90,7 @@ def test_repaired_host_returns_to_the_pool():
 
 def test_duplicate_registration_and_duplicate_assignment_refused():
     s = cluster()
-    before = (s.snapshot_hosts(), list(s.outbox))
+    before = ([s.snapshot_hosts(i) for i in range(HOST_SHARDS)], list(s.outbox))
     with pytest.raises(FailedPrecondition, match="duplicate registration with a different identity"):
         s.register_agent("h0", "other", 1.0, assignment=a("r0", 0, 1))
     with pytest.raises(FailedPrecondition, match="duplicate assignment: host h1 already runs replica r1"):
@@ -98,7 +99,7 @@ def test_duplicate_registration_and_duplicate_assignment_refused():
         s.register_agent("h8", "i8", 1.0, assignment=a("r1", 5, world=2))
     with pytest.raises(InvalidArgument, match="registered as a spare but also claims"):
         s.register_agent("h9", "i9", 1.0, spare=True, assignment=a("r2", 0, world=1))
-    assert (s.snapshot_hosts(), list(s.outbox)) == before
+    assert ([s.snapshot_hosts(i) for i in range(HOST_SHARDS)], list(s.outbox)) == before
 
 
 def test_trainer_exit_for_wrong_replica_refused():
@@ -131,3 +132,14 @@ def test_swap_restarts_the_replicas_other_hosts():
     s.heartbeat_hosts(["h1", "s0"], 9.0)
     s.expire(10.5)
     assert orders(s) == [("s0", "ASSIGN", "r0"), ("h1", "RESTART", "r0")]
+
+
+def test_hosts_survive_a_snapshot_round_trip():
+    s = cluster()
+    s.drain("h1", 1.0)
+    t = ControllerState(s.settings)
+    t.restore(s.snapshot_replicas(), [s.snapshot_hosts(i) for i in range(HOST_SHARDS)], 5.0)
+    assert {h: (x.state, x.assignment, x.cordoned) for h, x in t.hosts.items()} == \
+        {h: (x.state, x.assignment, x.cordoned) for h, x in s.hosts.items()}
+    with pytest.raises(FailedPrecondition, match="duplicate assignment: host s0 already runs replica r1"):
+        t.register_agent("h5", "i5", 6.0, assignment=a("r1", 0, 1))

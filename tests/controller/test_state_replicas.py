@@ -7,6 +7,7 @@ import pytest
 from controller.core.errors import FailedPrecondition, InvalidArgument
 from controller.core.model import ReplicaState
 from controller.core.replicas import JoinRequest
+from controller.core.hosts import HOST_SHARDS
 from controller.core.state import ControllerState
 from controller.settings import ControllerSettings
 
@@ -28,7 +29,7 @@ def form(state, steps, now):
 
 
 def picture(state):
-    return copy.deepcopy((state.snapshot_replicas(), state.snapshot_hosts(), dict(state.round_joined)))
+    return copy.deepcopy((state.snapshot_replicas(), [state.snapshot_hosts(i) for i in range(HOST_SHARDS)], dict(state.round_joined)))
 
 
 def test_first_quorum_and_fast_path():
@@ -162,7 +163,7 @@ def test_snapshot_round_trip():
     form(s, {"r0": 0, "r1": 0, "r2": 0}, 0.0)
     s.report_step("r0", 0, 1.0)
     t = fresh()
-    t.restore(s.snapshot_replicas(), s.snapshot_hosts(), 50.0)
+    t.restore(s.snapshot_replicas(), [s.snapshot_hosts(i) for i in range(HOST_SHARDS)], 50.0)
     assert t.quorum == s.quorum
     assert t.replicas["r0"].committed_step == 0 and t.replicas["r0"].last_seen == 50.0
     assert [e.message for e in t.events] == [e.message for e in s.events]
