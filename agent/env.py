@@ -13,6 +13,8 @@ environment), so a trainer can always trust them.
 | FTHSDP_HOST_ID      | the host (agent) that runs it                               |
 | FTHSDP_JOB_ID       | the job                                                     |
 | FTHSDP_STANDBY      | "1" for a pre-started standby trainer (no assignment yet)   |
+| FTHSDP_TLS_*        | the agent's TLS files for the controller (`protos.dial`),   |
+|                     | set only when the agent dials with TLS                      |
 
 A standby trainer starts with FTHSDP_STANDBY=1 and without the first three variables. It does
 its set-up (imports, data loader, checkpointer), then calls `wait_for_assignment()`, which
@@ -32,10 +34,13 @@ import os
 import sys
 from typing import IO, Mapping
 
+from protos import dial
+from protos.dial import TlsFiles
+
 REPLICA_ID = "FTHSDP_REPLICA_ID"
 RANK = "FTHSDP_RANK"
 WORLD_SIZE = "FTHSDP_WORLD_SIZE"
-CONTROLLER = "FTHSDP_CONTROLLER"
+CONTROLLER = dial.ENV_CONTROLLER  # "FTHSDP_CONTROLLER"
 HOST_ID = "FTHSDP_HOST_ID"
 JOB_ID = "FTHSDP_JOB_ID"
 STANDBY = "FTHSDP_STANDBY"
@@ -60,6 +65,7 @@ def trainer_environment(
     replica_id: str | None,
     rank: int | None,
     world_size: int | None,
+    tls: TlsFiles | None = None,
 ) -> dict[str, str]:
     """The environment of one trainer: `base` plus our variables (ours win).
 
@@ -67,6 +73,13 @@ def trainer_environment(
     """
     env = {k: v for k, v in base.items() if k not in (REPLICA_ID, RANK, WORLD_SIZE, STANDBY)}
     env.update({HOST_ID: host_id, JOB_ID: job_id, CONTROLLER: controller})
+    if tls is not None and tls.enabled:
+        for name, value in ((dial.ENV_TLS_CA_FILE, tls.ca_file),
+                            (dial.ENV_TLS_CERT_FILE, tls.cert_file),
+                            (dial.ENV_TLS_KEY_FILE, tls.key_file),
+                            (dial.ENV_TLS_SERVER_NAME, tls.server_name)):
+            if value:
+                env[name] = value
     if replica_id is None:
         env[STANDBY] = "1"
     else:

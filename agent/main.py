@@ -33,6 +33,7 @@ os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 
 from agent.runner import Agent, PermanentError  # noqa: E402
 from agent.settings import AgentSettings  # noqa: E402
+from protos import dial  # noqa: E402
 
 log = logging.getLogger("agent")
 
@@ -51,6 +52,13 @@ def _labels(text: str) -> dict[str, str]:
     return labels
 
 
+def _addresses(text: str) -> list[str]:
+    try:
+        return dial.parse_addresses(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc))
+
+
 def _ranks(text: str) -> tuple[int, ...]:
     try:
         return tuple(int(r) for r in _csv(text))
@@ -67,8 +75,8 @@ def parse(argv: list[str]) -> AgentSettings:
     p = argparse.ArgumentParser(
         prog="fthsdp agent", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
         usage="%(prog)s --controller ADDR[,ADDR...] --host-id ID [options] -- COMMAND TEMPLATE...")
-    p.add_argument("--controller", required=True, type=_csv,
-                   help="controller gRPC address(es), comma-separated, tried in order")
+    p.add_argument("--controller", required=True, type=_addresses,
+                   help="controller gRPC address(es) host:port, comma-separated, tried in order")
     p.add_argument("--host-id", required=True)
     p.add_argument("--spare", action="store_true", help="register as a warm spare")
     p.add_argument("--slots", type=int, default=0,
@@ -86,8 +94,17 @@ def parse(argv: list[str]) -> AgentSettings:
                    help="pre-start trainers with FTHSDP_STANDBY=1 while unassigned")
     p.add_argument("--heartbeat-interval-s", type=float, default=1.0)
     p.add_argument("--stop-grace-s", type=float, default=5.0)
+    p.add_argument("--tls-ca-file", help=f"CA of the controller's certificate: turns TLS on "
+                                          f"(or env {dial.ENV_TLS_CA_FILE}; flags win)")
+    p.add_argument("--tls-cert-file", help=f"client certificate for mTLS (or env "
+                                            f"{dial.ENV_TLS_CERT_FILE})")
+    p.add_argument("--tls-key-file", help=f"client key for mTLS (or env {dial.ENV_TLS_KEY_FILE})")
+    p.add_argument("--tls-server-name", help="name to check the controller's certificate "
+                                              f"against (or env {dial.ENV_TLS_SERVER_NAME})")
     p.add_argument("--log-level", default="INFO")
     args = p.parse_args(argv)
+    tls = dial.TlsFiles.from_env(args.tls_ca_file, args.tls_cert_file, args.tls_key_file,
+                                 args.tls_server_name)
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
                         format=f"%(asctime)s agent[{args.host_id}] %(levelname)s %(message)s")
     return AgentSettings(
@@ -96,7 +113,7 @@ def parse(argv: list[str]) -> AgentSettings:
         replica_id=args.replica_id, ranks=args.ranks, world_size=args.world_size,
         job_id=args.job_id, restart_budget=args.restart_budget,
         restart_window_s=args.restart_window_s, standby=args.standby,
-        heartbeat_interval_s=args.heartbeat_interval_s, stop_grace_s=args.stop_grace_s,
+        heartbeat_interval_s=args.heartbeat_interval_s, stop_grace_s=args.stop_grace_s, tls=tls,
     ).validate()
 
 

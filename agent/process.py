@@ -87,7 +87,8 @@ class _Protocol(asyncio.subprocess.SubprocessStreamProtocol):
 
 
 class SubprocessHooks:
-    """Real processes. `on_exit` is called (no arguments) whenever a trainer exits."""
+    """Real processes. `on_exit` is called (no arguments) whenever a trainer exits; by then
+    the rest of its process group has been SIGKILLed."""
 
     def __init__(self, tail_lines: int = 20, on_exit: Callable[[], None] | None = None,
                  echo_stderr: bool = True) -> None:

@@ -27,6 +27,7 @@ from agent.settings import AgentSettings
 from agent.supervisor import Supervisor, TrainerExit
 from protos import controller_pb2 as pb
 from protos import controller_pb2_grpc as pb_grpc
+from protos import dial
 
 log = logging.getLogger(__name__)
 
@@ -90,7 +91,7 @@ class Agent:
         while not stop.is_set():
             address = addresses[index % len(addresses)]
             try:
-                async with grpc.aio.insecure_channel(address) as channel:
+                async with dial.aio_channel(address, s.tls) as channel:
                     stub = pb_grpc.ControllerStub(channel)
                     await self._register(stub, address)
                     attempt = 0
@@ -155,7 +156,7 @@ class Agent:
             for task in done:
                 task.result()  # re-raise a session error
             if not stop.is_set():
-                raise _Reconnect("the order stream ended")
+                raise _Reconnect("a stream to the controller ended")
         finally:
             for task in tasks:
                 task.cancel()

@@ -8,6 +8,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from protos.dial import TlsFiles
+
 # Placeholders substituted in the command template. Only these exact `{name}` tokens are
 # replaced; any other braces (a dict literal in `python -c ...`) are left alone.
 PLACEHOLDERS = ("replica_id", "rank", "world_size", "host_id", "job_id", "slot")
@@ -62,6 +64,9 @@ class AgentSettings:
     rpc_timeout_s: float = 5.0
     # The supervisor looks at its processes at least this often (exits wake it at once).
     poll_interval_s: float = 0.5
+    # TLS to the controller (CA file turns it on; cert + key for mTLS). Trainers get the same
+    # files through the FTHSDP_TLS_* environment (see protos.dial).
+    tls: TlsFiles = field(default_factory=TlsFiles)
 
     @property
     def slot_count(self) -> int:
@@ -107,6 +112,7 @@ class AgentSettings:
             raise ValueError(f"stop_grace_s must be >= 0, got {self.stop_grace_s}.")
         if self.stderr_tail_lines < 0:
             raise ValueError(f"stderr_tail_lines must be >= 0, got {self.stderr_tail_lines}.")
+        self.tls.validate()
         used = placeholders_in(self.command) & set(ASSIGNMENT_PLACEHOLDERS)
         if self.standby and used:
             raise ValueError(f"A standby trainer starts before it has an assignment, so the "

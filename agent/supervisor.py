@@ -138,11 +138,9 @@ class Supervisor:
     async def _execute(self, slot: Slot, action: Action) -> str | None:
         tag = f"slot {slot.index}"
         if slot.proc is not None and slot.proc.exited:
-            proc, tail, handle = slot.proc, slot.exit_tail, slot.handle
+            proc, tail = slot.proc, slot.exit_tail
             slot.handle, slot.proc = None, None
             log.warning("%s: %s", self._who(proc, tag), action.reason)
-            if handle is not None:  # what the trainer left behind in its group goes too
-                await self._hooks.stop(handle, 0.0)
             if proc.role is Role.TRAIN:
                 self._report(TrainerExit(
                     replica_id=proc.replica_id, rank=proc.rank,
@@ -177,7 +175,7 @@ class Supervisor:
                 self._base_env, host_id=s.host_id, job_id=s.job_id, controller=controller,
                 replica_id=None if standby else want.replica_id,
                 rank=None if standby else want.rank,
-                world_size=None if standby else want.world_size),
+                world_size=None if standby else want.world_size, tls=s.tls),
             standby=standby,
             label=f"{s.host_id} standby{slot.index}" if standby
             else f"{s.host_id} {want.replica_id}/{want.rank}")

@@ -100,13 +100,13 @@ class ReduceKernels:
     def add(self, dst_ptr: int, src_ptr: int, nbytes: int, elem_size: int) -> None:
         """Enqueue dst += src on the stream (returns before the GPU finishes)."""
         np = self._np
-        with self._device:
+        # RawKernel launches on CuPy's current stream: make it ours (an ExternalStream of torch's).
+        with self._device, self._stream:
             n_vec = nbytes // 16 if dst_ptr % 16 == 0 and src_ptr % 16 == 0 else 0
             if n_vec:
-                self._vec(self._grid, self._block, (np.uint64(dst_ptr), np.uint64(src_ptr), np.int64(n_vec)),
-                          stream=self._stream)
+                self._vec(self._grid, self._block, (np.uint64(dst_ptr), np.uint64(src_ptr), np.int64(n_vec)))
             done = n_vec * 16
             if done < nbytes:
                 self._one(self._grid, self._block,
                           (np.uint64(dst_ptr + done), np.uint64(src_ptr + done),
-                           np.int64((nbytes - done) // elem_size)), stream=self._stream)
+                           np.int64((nbytes - done) // elem_size)))

@@ -231,6 +231,8 @@ class FtarEndpoint:
                 plane.finish()
             if work is not tensor:
                 tensor.copy_(work)
+                if tensor.is_cuda:
+                    torch.cuda.current_stream(tensor.device).synchronize()
         except BaseException:
             self._apply_if_allowed(RankEvent.FAIL)
             raise

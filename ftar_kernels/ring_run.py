@@ -11,6 +11,7 @@ call on this rank and closes the ring for the neighbours, who then fail too (Rec
 
 from __future__ import annotations
 
+import collections
 import threading
 import time
 
@@ -118,28 +119,64 @@ def run_ring(links: RingLinks, plane, numel: int, elem_size: int, rank: int, wor
         except BaseException as exc:  # noqa: BLE001 - handed to the runner thread
             fail(exc)
 
+    # The receiver (this thread) reads chunk k into staging slot k % C while the folder thread
+    # adds chunk k-1 into the tensor, so socket reads and adds overlap; C slots bound how far the
+    # receiver runs ahead of the folder.
+    folder_queue: collections.deque = collections.deque()
+    folded = threading.Semaphore(chunks)  # free staging slots
+
+    def fold_loop() -> None:
+        try:
+            while True:
+                with progress.cond:
+                    if not progress.cond.wait_for(lambda: folder_queue or progress.error is not None,
+                                                  settings.timeout_s):
+                        raise RecoverableError(f"timed out after {settings.timeout_s} s waiting for data")
+                    if progress.error is not None:
+                        return
+                    item = folder_queue.popleft()
+                if item is None:
+                    return
+                k, lo, hi, reduce = item
+                plane.received(k, lo, hi, reduce)
+                folded.release()
+                links.left.send_all(CREDIT, settings.timeout_s)
+                progress.advance()
+        except BaseException as exc:  # noqa: BLE001
+            fail(exc)
+
     sender = threading.Thread(target=send_loop, name=f"ftar-send-r{rank}", daemon=True)
+    folder = threading.Thread(target=fold_loop, name=f"ftar-fold-r{rank}", daemon=True)
     sender.start()
+    folder.start()
     try:
         k, partition = 0, 0
         for st in ring_steps(rank, world, numel, chunk_elems, chunks, align):
             if st.step == world - 1:
                 protocol.apply(RankEvent.SCATTERED)
             for lo, hi in chunk_ranges(*st.recv, chunk_elems):
+                if not folded.acquire(timeout=settings.timeout_s):
+                    raise RecoverableError(f"timed out after {settings.timeout_s} s waiting for a staging buffer")
+                if progress.error is not None:
+                    raise RecoverableError("aborted")  # the first error is already recorded
                 links.left.recv_exact(plane.recv_view(k, lo, hi, st.reduce), settings.timeout_s)
-                plane.received(k, lo, hi, st.reduce)
-                links.left.send_all(CREDIT, settings.timeout_s)
-                progress.advance()
+                with progress.cond:
+                    folder_queue.append((k, lo, hi, st.reduce))
+                    progress.cond.notify_all()
                 k += 1
             if st.last_of_partition:
                 partition += 1
                 protocol.apply(RankEvent.GATHERED if partition == n_parts else RankEvent.NEXT_PARTITION)
+        with progress.cond:
+            folder_queue.append(None)
+            progress.cond.notify_all()
     except BaseException as exc:  # noqa: BLE001
         fail(exc)
+    folder.join(settings.timeout_s + 5.0)
     deadline = time.monotonic() + settings.timeout_s + 5.0
     sender.join(max(0.0, deadline - time.monotonic()))
-    if sender.is_alive():  # cannot happen unless a transport ignores interrupt(): say so loudly
-        fail(FatalError("the FTAR sender thread did not stop after its connections were interrupted"))
+    if sender.is_alive() or folder.is_alive():  # only if a transport ignores interrupt()
+        fail(FatalError("an FTAR data thread did not stop after its connections were interrupted"))
     if progress.error is not None:
         raise classify(progress.error)
 

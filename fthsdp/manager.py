@@ -89,6 +89,7 @@ class Manager:
         self._flat: torch.Tensor | None = None
         self._attempt: _Attempt | None = None
         self._loss = 0.0
+        self._tokens = 0
         self._started = False
         self.checkpoints = CheckpointStore(settings.checkpoint_dir) if settings.checkpoint_dir else None
 
@@ -245,9 +246,13 @@ class Manager:
             raise RuntimeError("begin_step() (or FaultTolerantOptimizer.zero_grad()) must come first.")
         return self._attempt
 
-    def end_step(self) -> bool:
-        """Vote, then commit or retry. Returns True when the step committed."""
+    def end_step(self, loss: float | None = None, tokens: int = 0) -> bool:
+        """Vote, then commit or retry. Returns True when the step committed.
+        `loss` and `tokens` only go into the leader's report to the controller."""
         attempt = self._require_attempt()
+        if loss is not None:
+            self._loss = float(loss)
+        self._tokens = tokens
         s, plan = self.settings, attempt.plan
         if attempt.sync is None:
             self.sync_gradients()
@@ -332,7 +337,7 @@ class Manager:
                      s.replica_id, s.rank, plan.source_replica, plan.step, plan.quorum_id)
         if s.is_leader and self.controller is not None:
             self.controller.report_step(plan.quorum_id, plan.step, time.monotonic() - attempt.started_at,
-                                        self._loss, 0)
+                                        self._loss, self._tokens)
         self._maybe_checkpoint(plan)
 
     def _retry(self, attempt: _Attempt, decision: CommitDecision) -> None:

@@ -38,11 +38,10 @@ class FaultTolerantOptimizer:
         self.manager.begin_step()
         self.optimizer.zero_grad(set_to_none=set_to_none)
 
-    def step(self, loss: float | torch.Tensor | None = None) -> bool:
-        """Returns True when the step committed; False when it will be retried."""
-        if loss is not None:
-            self.manager._loss = float(loss.detach() if isinstance(loss, torch.Tensor) else loss)
-        return self.manager.end_step()
+    def step(self, loss: float | torch.Tensor | None = None, tokens: int = 0) -> bool:
+        """Returns True when the step committed; False when it will be retried (same batch again)."""
+        value = None if loss is None else float(loss.detach() if isinstance(loss, torch.Tensor) else loss)
+        return self.manager.end_step(value, tokens)
 
 
 def ddp_comm_hook(manager: Manager, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:

@@ -10,20 +10,18 @@ from __future__ import annotations
 
 import http.client
 import logging
-import zlib
 from typing import Callable
 
-from fthsdp.state_stream import HEADER, MAX_MANIFEST_BYTES, TRAILER, Manifest, StateTarget, TransferError, tensor_bytes
+from fthsdp.state_stream import (HEADER, MAX_MANIFEST_BYTES, PIECE_BYTES, TRAILER, Manifest, StateTarget,
+                                 PipelinedChecksum, TransferError, tensor_bytes)
 
 log = logging.getLogger(__name__)
-
-RECV_SLICE_BYTES = 8 << 20
 
 
 def _read_exact(resp: http.client.HTTPResponse, view: memoryview) -> None:
     got = 0
     while got < len(view):
-        n = resp.readinto(view[got:got + RECV_SLICE_BYTES])
+        n = resp.readinto(view[got:])
         if not n:
             raise TransferError(f"state stream ended after {got} of {len(view)} bytes of a section")
         got += n
@@ -46,22 +44,26 @@ def fetch_once(address: str, step: int, replica_id: str, target_of: Callable[[],
             raise TransferError(f"state manifest claims {length} bytes, more than {MAX_MANIFEST_BYTES}")
         body = bytearray(length)
         _read_exact(resp, memoryview(body))
-        crc = zlib.crc32(body, zlib.crc32(head))
         manifest = Manifest.from_json(bytes(body))
         if manifest.step != step:
             raise TransferError(f"{address} sent step {manifest.step}, asked for {step}")
         target = target_of()
-        for entry in manifest.entries:
-            view = tensor_bytes(target.destination(entry))
-            for off in range(0, len(view), RECV_SLICE_BYTES):
-                piece = view[off:off + RECV_SLICE_BYTES]
-                _read_exact(resp, piece)
-                crc = zlib.crc32(piece, crc)
-        trailer = bytearray(TRAILER.size)
-        _read_exact(resp, memoryview(trailer))
+        with PipelinedChecksum() as checksum:
+            checksum.update_bytes(head)
+            checksum.update_bytes(body)
+            for entry in manifest.entries:
+                view = tensor_bytes(target.destination(entry))
+                for off in range(0, len(view), PIECE_BYTES):
+                    piece = view[off:off + PIECE_BYTES]
+                    _read_exact(resp, piece)
+                    checksum.update_piece(piece)
+            trailer = bytearray(TRAILER.size)
+            _read_exact(resp, memoryview(trailer))
+            tensor_digest = checksum.value()
         (sent_crc,) = TRAILER.unpack(trailer)
-        if sent_crc != crc:
-            raise TransferError(f"state from {address} failed its checksum (sent {sent_crc:#x}, got {crc:#x})")
+        if sent_crc != tensor_digest:
+            raise TransferError(f"state from {address} failed its checksum (sent {sent_crc:#x}, "
+                                f"got {tensor_digest:#x})")
         target.finish(manifest)
         return manifest
     except (OSError, http.client.HTTPException) as exc:

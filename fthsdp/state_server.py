@@ -15,7 +15,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-import zlib
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Callable
@@ -23,11 +22,9 @@ from urllib.parse import parse_qs, urlparse
 
 import torch
 
-from fthsdp.state_stream import TRAILER, Manifest, tensor_bytes
+from fthsdp.state_stream import PIECE_BYTES, TRAILER, Manifest, PipelinedChecksum, tensor_bytes
 
 log = logging.getLogger(__name__)
-
-SEND_SLICE_BYTES = 8 << 20
 
 # What the server serves: a manifest and the live tensors in manifest order.
 Snapshot = tuple[Manifest, list[torch.Tensor]]
@@ -126,25 +123,26 @@ class StateServer:
             fault = self._fail_next.pop(0) if self._fail_next else ""
         manifest, tensors = snapshot
         head = manifest.to_bytes()
-        crc = zlib.crc32(head)
-        write(head)
         sent = 0
-        for t in tensors:
-            view = tensor_bytes(t)
-            for off in range(0, len(view), SEND_SLICE_BYTES):
-                if self._cut_off:
-                    raise ConnectionAbortedError("state changed while it was being read")
-                piece = view[off:off + SEND_SLICE_BYTES]
-                crc = zlib.crc32(piece, crc)
-                if fault == "truncate" and sent > 0:
-                    raise ConnectionAbortedError("injected truncation")
-                if fault == "corrupt":
-                    damaged = bytearray(piece)
-                    damaged[0] ^= 0xFF
-                    piece, fault = memoryview(damaged), ""
-                write(piece)
-                sent += len(piece)
-        write(TRAILER.pack(crc))
+        with PipelinedChecksum() as checksum:
+            checksum.update_bytes(head)
+            write(head)
+            for t in tensors:
+                view = tensor_bytes(t)
+                for off in range(0, len(view), PIECE_BYTES):
+                    if self._cut_off:
+                        raise ConnectionAbortedError("state changed while it was being read")
+                    piece = view[off:off + PIECE_BYTES]
+                    checksum.update_piece(piece)
+                    if fault == "truncate" and sent > 0:
+                        raise ConnectionAbortedError("injected truncation")
+                    if fault == "corrupt":
+                        damaged = bytearray(piece)
+                        damaged[0] ^= 0xFF
+                        piece, fault = memoryview(damaged), ""
+                    write(piece)
+                    sent += len(piece)
+            write(TRAILER.pack(checksum.value()))
 
 
 class _Server(ThreadingHTTPServer):

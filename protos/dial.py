@@ -94,3 +94,64 @@ def parse_addresses(text: str) -> list[str]:
 def backoff_s(attempt: int, initial_s: float = 0.1, max_s: float = 5.0) -> float:
     """Delay before retry number `attempt` (0-based): doubling, capped."""
     return min(max_s, initial_s * (2 ** max(attempt, 0)))
+
+
+#: gRPC codes that mean "this controller cannot answer now; another one may".
+FAILOVER_CODES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
+
+
+class FailoverChannel:
+    """An asyncio client for several controller addresses (or one Service address).
+
+    `call(method_name, request)` tries the current controller; on UNAVAILABLE (a standby,
+    a dead or deposed leader, a refused connection) it moves to the next address with
+    doubling backoff, until `total_timeout_s` is spent. Each attempt has its own deadline,
+    so no call waits forever. Refusals such as INVALID_ARGUMENT are raised at once.
+    """
+
+    def __init__(self, addresses: list[str], tls: TlsFiles | None = None, *, attempt_timeout_s: float = 30.0,
+                 total_timeout_s: float = 60.0) -> None:
+        self.addresses = list(addresses)
+        self.tls = tls
+        self.attempt_timeout_s, self.total_timeout_s = attempt_timeout_s, total_timeout_s
+        self.index = 0
+        self._channel: grpc.aio.Channel | None = None
+        self._stub = None
+
+    @property
+    def address(self) -> str:
+        return self.addresses[self.index]
+
+    def stub(self):
+        from protos import controller_pb2_grpc
+
+        if self._channel is None:
+            self._channel = aio_channel(self.address, self.tls)
+            self._stub = controller_pb2_grpc.ControllerStub(self._channel)
+        return self._stub
+
+    async def rotate(self) -> None:
+        await self.close()
+        self.index = (self.index + 1) % len(self.addresses)
+
+    async def call(self, method: str, request, *, attempt_timeout_s: float | None = None):
+        import asyncio
+        import time
+
+        deadline = time.monotonic() + self.total_timeout_s
+        attempt = 0
+        while True:
+            timeout = min(attempt_timeout_s or self.attempt_timeout_s, max(deadline - time.monotonic(), 0.05))
+            try:
+                return await getattr(self.stub(), method)(request, timeout=timeout)
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() not in FAILOVER_CODES or time.monotonic() >= deadline:
+                    raise
+            await self.rotate()
+            await asyncio.sleep(min(backoff_s(attempt // max(len(self.addresses), 1)), max(deadline - time.monotonic(), 0)))
+            attempt += 1
+
+    async def close(self) -> None:
+        if self._channel is not None:
+            channel, self._channel, self._stub = self._channel, None, None
+            await channel.close()

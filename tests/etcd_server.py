@@ -135,8 +135,21 @@ class EtcdServer:
         self.start()
 
     def pause(self) -> None:
-        if self.running():
-            os.kill(self._proc.pid, signal.SIGSTOP)
+        """SIGSTOP, and wait (bounded) until the kernel shows every thread stopped: the
+        signal is delivered asynchronously and could otherwise let a request through."""
+        if not self.running():
+            return
+        os.kill(self._proc.pid, signal.SIGSTOP)
+        deadline = time.monotonic() + self.stop_timeout_s
+        while not self._all_threads_stopped():
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"etcd (pid {self.pid}) did not stop within "
+                                   f"{self.stop_timeout_s} s of SIGSTOP")
+            try:
+                self._proc.wait(timeout=0.005)  # the pause between looks; also sees an exit
+                raise RuntimeError(f"etcd (pid {self.pid}) exited while being paused")
+            except subprocess.TimeoutExpired:
+                pass
 
     def resume(self) -> None:
         if self.running():
@@ -221,6 +234,15 @@ class EtcdServer:
                 os.kill(proc.pid, signal.SIGKILL)
                 proc.wait(timeout=self.stop_timeout_s)
         self._proc = None
+
+    def _all_threads_stopped(self) -> bool:
+        tasks = Path(f"/proc/{self._proc.pid}/task")
+        try:
+            states = [(t / "stat").read_text().rsplit(")", 1)[1].split()[0]
+                      for t in tasks.iterdir()]
+        except (OSError, IndexError):
+            return False
+        return bool(states) and all(state in ("T", "t") for state in states)
 
     def _log_tail(self, chars: int = 2000) -> str:
         try:

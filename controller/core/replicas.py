@@ -63,10 +63,12 @@ class ReplicaRegistry:
         r.step = req.step
         r.world_size = req.world_size
         r.last_seen = now
-        if ftar:
+        if ftar and ftar != r.ftar_addresses:
             r.ftar_addresses = ftar
-        if state:
+            self.dirty_addresses.add(rid)
+        if state and state != r.state_addresses:
             r.state_addresses = state
+            self.dirty_addresses.add(rid)
         r.leader_address = req.leader_address or r.leader_address
         if not self.round_joined:
             self.round_first_join_at = now

@@ -7,7 +7,7 @@ for agents) and persists the snapshot when `dirty_*` is set.
 
 from __future__ import annotations
 
-from dataclasses import asdict
+from dataclasses import asdict, fields
 
 from controller.core.hosts import HostRegistry, host_shard
 from controller.core.model import (
@@ -17,6 +17,11 @@ from controller.core.replicas import ReplicaRegistry
 from controller.settings import ControllerSettings
 
 SNAPSHOT_VERSION = 1
+#: What of a replica survives a failover (addresses are kept apart; last_seen restarts).
+HOST_DURABLE_FIELDS = tuple(f.name for f in fields(Host) if f.name not in ("last_seen", "assignment"))
+REPLICA_DURABLE_FIELDS = tuple(
+    f.name for f in fields(Replica) if f.name not in ("last_seen", "ftar_addresses", "state_addresses")
+)
 
 
 class ControllerState(ReplicaRegistry, HostRegistry):
@@ -38,6 +43,9 @@ class ControllerState(ReplicaRegistry, HostRegistry):
         self.deaths: dict[str, int] = {}
         self.rank_holders: dict[tuple[str, int], str] = {}
         self.dirty_replicas = False
+        #: replicas whose rank addresses changed (persisted apart: they are large and rarely change)
+        self.dirty_addresses: set[str] = set()
+        self.dirty_journal = False
         self.dirty_host_shards: set[int] = set()
         self.urgent_hosts = False
 
@@ -62,60 +70,77 @@ class ControllerState(ReplicaRegistry, HostRegistry):
 
     def _event(self, now: float, kind: str, subject: str, message: str, cause: str = "") -> None:
         self.events.append(Event(now, kind, subject, message, cause))
+        self.dirty_journal = True
         if len(self.events) > self.settings.recent_events:
             del self.events[: len(self.events) - self.settings.recent_events]
 
     # -- durable snapshot --------------------------------------------------------------------
 
     def snapshot_replicas(self) -> dict:
+        """Written before answering: small, and on the hot path of every committed step."""
         return {
             "version": SNAPSHOT_VERSION,
             "quorum": _quorum_to_dict(self.quorum) if self.quorum else None,
-            "history": [_quorum_to_dict(q) for q in self.quorum_history],
             "replicas": [
-                {k: v for k, v in asdict(r).items() if k not in ("last_seen",)} for r in self.replicas.values()
+                {k: getattr(r, k) for k in REPLICA_DURABLE_FIELDS} for r in self.replicas.values()
             ],
-            "events": [asdict(e) for e in self.events],
             "steps_committed": self.steps_committed,
             "swaps": self.swaps,
             "deaths": self.deaths,
             "order_seq": self.order_seq,
         }
 
+    def snapshot_journal(self) -> dict:
+        """Recent quorums and events, for the status API: written behind, within a tick."""
+        return {
+            "version": SNAPSHOT_VERSION,
+            "history": [_quorum_to_dict(q) for q in self.quorum_history],
+            "events": [[e.at, e.kind, e.subject, e.message, e.cause] for e in self.events],
+        }
+
+    def snapshot_addresses(self, replica_id: str) -> dict:
+        r = self.replicas[replica_id]
+        return {"version": SNAPSHOT_VERSION, "ftar": list(r.ftar_addresses), "state": list(r.state_addresses)}
+
     def snapshot_hosts(self, shard: int) -> dict:
         return {
             "version": SNAPSHOT_VERSION,
             "hosts": [
-                {**{k: v for k, v in asdict(h).items() if k not in ("last_seen", "assignment")},
-                 "assignment": asdict(h.assignment) if h.assignment else None}
+                {**{k: getattr(h, k) for k in HOST_DURABLE_FIELDS},
+                 "assignment": [h.assignment.replica_id, list(h.assignment.ranks), h.assignment.world_size]
+                 if h.assignment else None}
                 for h in self.hosts.values() if host_shard(h.host_id) == shard
             ],
         }
 
-    def restore(self, replicas: dict | None, host_shards: list[dict | None], now: float) -> None:
+    def restore(self, replicas: dict | None, host_shards: list[dict | None], now: float,
+                addresses: dict[str, dict] | None = None, journal: dict | None = None) -> None:
         """Load snapshots written by a previous leader. Everyone gets a fresh heartbeat
         allowance from `now`: silence before the failover is not held against them."""
         if replicas:
             self.quorum = _quorum_from_dict(replicas["quorum"]) if replicas["quorum"] else None
-            self.quorum_history = [_quorum_from_dict(q) for q in replicas["history"]]
             self.replicas = {}
             for d in replicas["replicas"]:
-                d = dict(d, state=ReplicaState(d["state"]), ftar_addresses=tuple(d["ftar_addresses"]),
-                         state_addresses=tuple(d["state_addresses"]), last_seen=now)
-                self.replicas[d["replica_id"]] = Replica(**d)
-            self.events = [Event(**e) for e in replicas["events"]]
+                a = (addresses or {}).get(d["replica_id"]) or {"ftar": (), "state": ()}
+                self.replicas[d["replica_id"]] = Replica(
+                    **dict(d, state=ReplicaState(d["state"]), ftar_addresses=tuple(a["ftar"]),
+                           state_addresses=tuple(a["state"]), last_seen=now))
             self.steps_committed = replicas["steps_committed"]
             self.swaps = replicas["swaps"]
             self.deaths = dict(replicas["deaths"])
             self.order_seq = replicas["order_seq"]
+        if journal:
+            self.quorum_history = [_quorum_from_dict(q) for q in journal["history"]]
+            self.events = [Event(*e) for e in journal["events"]]
         for shard in host_shards:
             for d in (shard or {}).get("hosts", ()):
                 a = d["assignment"]
                 h = Host(**dict(d, state=HostState(d["state"]), last_seen=now, assignment=None))
                 self.hosts[h.host_id] = h
                 if a:
-                    self._assign(h, Assignment(a["replica_id"], tuple(a["ranks"]), a["world_size"]))
+                    self._assign(h, Assignment(a[0], tuple(a[1]), a[2]))
         self.dirty_replicas, self.dirty_host_shards, self.urgent_hosts = False, set(), False
+        self.dirty_addresses, self.dirty_journal = set(), False
 
 
 def _quorum_to_dict(q: Quorum) -> dict:

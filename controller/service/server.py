@@ -165,10 +165,15 @@ class ControllerServer:
         """The last durable snapshot as a state (what a new leader starts from and what a
         standby shows); remembers the revisions that the next writes must match."""
         state = ControllerState(self.settings)
-        sections = ["replicas"] + [f"hosts/{i}" for i in range(HOST_SHARDS)]
+        sections = ["replicas", "journal"] + [f"hosts/{i}" for i in range(HOST_SHARDS)]
         found = {section: await self.store.get(self._key(section)) for section in sections}
         loaded = {section: json.loads(v.value) if v.value else None for section, v in found.items()}
-        state.restore(loaded["replicas"], [loaded[s] for s in sections[1:]], self.clock())
+        for rid in [d["replica_id"] for d in (loaded["replicas"] or {}).get("replicas", ())]:
+            section = f"addresses/{rid}"
+            found[section] = await self.store.get(self._key(section))
+            loaded[section] = json.loads(found[section].value) if found[section].value else None
+        addresses = {k.split("/", 1)[1]: v for k, v in loaded.items() if k.startswith("addresses/") and v}
+        state.restore(loaded["replicas"], [loaded[s] for s in sections[2:]], self.clock(), addresses, loaded["journal"])
         if not self.leading:
             self._revisions = {section: v.revision for section, v in found.items()}
         return state
@@ -224,18 +229,25 @@ class ControllerServer:
             else:
                 self.pending_orders[order.host_id].append(message)
 
-    async def persist(self, include_hosts: bool = False) -> None:
+    async def persist(self, background: bool = False) -> None:
         """Write dirty snapshot sections with compare-and-set; a refused write means this
         controller no longer leads. Replicas (quorum ids, committed steps) and urgent host
         changes (swaps, cordons, deaths) are written before the caller answers; plain host
-        registrations are written behind, by the ticker."""
+        registrations and the journal (recent quorums, events) are written behind, by the
+        ticker (`background=True`)."""
         state = self.require_leader()
         async with self._persist_lock:
             writes = []
+            if state.dirty_addresses:
+                changed, state.dirty_addresses = sorted(state.dirty_addresses), set()
+                writes += [(f"addresses/{rid}", state.snapshot_addresses(rid)) for rid in changed]
             if state.dirty_replicas:
                 state.dirty_replicas = False
                 writes.append(("replicas", state.snapshot_replicas()))
-            if state.dirty_host_shards and (include_hosts or state.urgent_hosts):
+            if background and state.dirty_journal:
+                state.dirty_journal = False
+                writes.append(("journal", state.snapshot_journal()))
+            if state.dirty_host_shards and (background or state.urgent_hosts):
                 shards, state.dirty_host_shards, state.urgent_hosts = sorted(state.dirty_host_shards), set(), False
                 writes += [(f"hosts/{i}", state.snapshot_hosts(i)) for i in shards]
             for section, snapshot in writes:
@@ -264,6 +276,6 @@ class ControllerServer:
             state.expire(self.clock())
             try:
                 await self.settle()
-                await self.persist(include_hosts=True)
+                await self.persist(background=True)
             except (NotLeader, StoreError) as exc:
                 log.warning("tick could not settle: %s", exc)

@@ -31,10 +31,13 @@ class FakeController(pb_grpc.ControllerServicer):
         self.server: grpc.aio.Server | None = None
         self.address = ""
 
-    async def start(self) -> "FakeController":
+    async def start(self, credentials: grpc.ServerCredentials | None = None) -> "FakeController":
         self.server = grpc.aio.server()
         pb_grpc.add_ControllerServicer_to_server(self, self.server)
-        port = self.server.add_insecure_port("127.0.0.1:0")
+        if credentials is not None:
+            port = self.server.add_secure_port("127.0.0.1:0", credentials)
+        else:
+            port = self.server.add_insecure_port("127.0.0.1:0")
         self.address = f"127.0.0.1:{port}"
         await self.server.start()
         return self

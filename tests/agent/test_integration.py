@@ -147,3 +147,25 @@ async def test_refusals_and_drain(cluster):
     h2 = await c.host("h2")
     assert h2["cordoned"] and h2["cordon_reason"] == "drained by an operator"
     assert not await c.events("order_failed")
+
+
+async def test_a_frozen_agent_that_comes_back_stops_its_stale_trainer(cluster):
+    """SIGSTOP an agent past the heartbeat timeout: its work moves to the spare. On SIGCONT it
+    learns it was declared dead, registers as a new agent, is told it is a spare, and stops
+    the trainer it still ran, so no rank runs twice."""
+    c = cluster
+    await active_hosts(c)
+    await c.start_agent("h4", spare=True)
+    [stale] = c.trainers("r1")
+    agent = next(p for p in c.procs if p.name == "h2")
+    agent.proc.send_signal(signal.SIGSTOP)
+    try:
+        await wait_for_async(lambda: c.events("host_death"), BOUND_S, "h2 declared dead")
+        await wait_for(lambda: [t for t in c.trainers("r1") if t["pid"] != stale["pid"]],
+                       BOUND_S, "r1 rebuilt on h4")
+        assert alive(stale["pid"])  # the frozen agent could not stop it
+    finally:
+        agent.proc.send_signal(signal.SIGCONT)
+    await wait_for(lambda: not alive(stale["pid"]), BOUND_S, "the stale trainer stopped")
+    h2 = await c.host("h2")
+    assert h2["spare"] and h2["assignment"] is None and h2["state"] != "DEAD"

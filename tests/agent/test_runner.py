@@ -8,6 +8,7 @@ import os
 import signal
 import socket
 
+import grpc
 import pytest
 
 from agent.runner import Agent, PermanentError
@@ -209,3 +210,24 @@ async def test_host_with_two_ranks_runs_two_trainers(controller, start_agent, tm
                            10, "two trainers")
     assert sorted(i["env"]["FTHSDP_RANK"] for i in infos) == ["0", "1"]
     assert controller.registrations[0].slots == 2
+
+
+async def test_mtls_to_the_controller_and_the_same_files_for_trainers(start_agent, tmp_path):
+    from protos.dial import TlsFiles
+    from tests.certs import Authority
+
+    ca = Authority(tmp_path, "ca")
+    server, client = ca.issue("server", "controller", True), ca.issue("client", "h1", False)
+    creds = grpc.ssl_server_credentials([(server.key.read_bytes(), server.cert.read_bytes())],
+                                        root_certificates=ca.pem.cert.read_bytes(),
+                                        require_client_auth=True)
+    fake = await FakeController().start(creds)
+    try:
+        tls = TlsFiles(str(ca.pem.cert), str(client.cert), str(client.key)).validate()
+        start_agent([fake.address], tls=tls)
+        [info] = await wait_for(lambda: ready_files(tmp_path), 10, "trainer ready over mTLS")
+        assert fake.registrations[0].host_id == "h1"
+        assert info["env"]["FTHSDP_TLS_CA_FILE"] == str(ca.pem.cert)
+        assert info["env"]["FTHSDP_TLS_KEY_FILE"] == str(client.key)
+    finally:
+        await fake.stop()

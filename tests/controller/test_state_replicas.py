@@ -163,7 +163,21 @@ def test_snapshot_round_trip():
     form(s, {"r0": 0, "r1": 0, "r2": 0}, 0.0)
     s.report_step("r0", 0, 1.0)
     t = fresh()
-    t.restore(s.snapshot_replicas(), [s.snapshot_hosts(i) for i in range(HOST_SHARDS)], 50.0)
+    t.restore(s.snapshot_replicas(), [s.snapshot_hosts(i) for i in range(HOST_SHARDS)], 50.0,
+              {"r0": s.snapshot_addresses("r0")}, s.snapshot_journal())
     assert t.quorum == s.quorum
     assert t.replicas["r0"].committed_step == 0 and t.replicas["r0"].last_seen == 50.0
     assert [e.message for e in t.events] == [e.message for e in s.events]
+
+
+def test_addresses_are_persisted_apart_and_only_on_change():
+    s = fresh()
+    join(s, "r0", 0, 0.0, world_size=1, ftar_addresses=("f:1",), state_addresses=("s:1",))
+    assert s.dirty_addresses == {"r0"}
+    s.dirty_addresses.clear()
+    join(s, "r0", 0, 1.0, world_size=1)  # empty means unchanged
+    join(s, "r0", 0, 2.0, world_size=1, ftar_addresses=("f:1",), state_addresses=("s:1",))
+    assert s.dirty_addresses == set()
+    t = fresh()
+    t.restore(s.snapshot_replicas(), [], 3.0, {"r0": s.snapshot_addresses("r0")})
+    assert t.replicas["r0"].ftar_addresses == ("f:1",) and t.replicas["r0"].state_addresses == ("s:1",)

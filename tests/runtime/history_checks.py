@@ -26,10 +26,10 @@ def check_bitwise_identical_after_every_commit(rec: Records) -> int:
 def check_exactly_once(rec: Records, replicas: int) -> Counter:
     """Each batch (replica, position) is in committed history once; no position is skipped;
     and the batch a step included is the batch that replica actually trained on."""
-    trained: dict[tuple[str, int, int], int] = {}
+    trained: dict[tuple[str, int], list[int]] = defaultdict(list)  # (replica, step) -> positions trained
     for row in rec.rows:
         if row.get("event") in ("commit", "retry") and not row["behind"]:
-            trained[(row["replica"], row["incarnation"], row["step"])] = row["trained_position"]
+            trained[(row["replica"], row["step"])].append(row["trained_position"])
     batches: Counter = Counter()
     for step, rows in committed_steps(rec).items():
         views = {(tuple(r["included"]), tuple((k, r["positions_before"].get(k, 0)) for k in r["included"]))
@@ -38,7 +38,7 @@ def check_exactly_once(rec: Records, replicas: int) -> Counter:
         included, positions = next(iter(views))
         for replica, position in positions:
             batches[(replica, position)] += 1
-            actually = [p for (r, _, s), p in trained.items() if r == replica and s == step]
+            actually = trained[(replica, step)]
             assert position in actually, (f"step {step} included batch {position} of replica {replica}, "
                                           f"which trained {actually} at that step")
     twice = [b for b, n in batches.items() if n > 1]

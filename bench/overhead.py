@@ -1,0 +1,220 @@
+"""The trainer runtime's steady-state overhead and catch-up bandwidth (no failures).
+
+    python -m bench.overhead --json
+
+Overhead: `--replicas` processes train the same small MLP on the same data two ways, step
+by step in alternation (so background load hits both alike): plain torch.distributed
+(Gloo all-reduce of the flattened gradients across replicas, divide, optimizer step) and
+through this runtime (a controller from the CLI, one Manager per replica: quorum, FTAR,
+vote, commit). Reported: median step times and overhead_pct = (ft - plain) / plain.
+Catch-up: a source process serves a `--catchup-bytes` state from CPU memory and this
+process fetches it over loopback HTTP into its own tensors (checksum verified);
+catchup_gbs = bytes / seconds / 1e9.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _model(hidden: int, width: int):
+    import torch
+
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(width, hidden), torch.nn.ReLU(), torch.nn.Linear(hidden, hidden),
+                               torch.nn.ReLU(), torch.nn.Linear(hidden, width))
+
+
+def _step_worker(args: argparse.Namespace) -> None:
+    import torch
+    import torch.distributed as dist
+
+    from fthsdp import FaultTolerantOptimizer, Manager, RuntimeSettings
+    from fthsdp.gradient_sync import flatten_grads, unflatten_grads_
+
+    torch.set_num_threads(1)
+    r = args.rank
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{args.gloo_port}", rank=r,
+                            world_size=args.replicas)
+    plain, ft_model = _model(args.hidden, args.width), _model(args.hidden, args.width)
+    plain_opt = torch.optim.AdamW(plain.parameters(), lr=1e-3)
+    ft_opt_inner = torch.optim.AdamW(ft_model.parameters(), lr=1e-3)
+    manager = Manager(ft_model, ft_opt_inner, RuntimeSettings(
+        job_id="bench", replica_id=str(r), controller_address=args.controller, lr_policy="none",
+        ftar_chunk_bytes=4 << 20)).start()
+    ft_opt = FaultTolerantOptimizer(manager, ft_opt_inner)
+    params = list(plain.parameters())
+
+    def batch(position: int):
+        g = torch.Generator().manual_seed(r * 1_000_003 + position)
+        return torch.randn(args.batch, args.width, generator=g)
+
+    def plain_step(position: int) -> None:
+        plain_opt.zero_grad()
+        x = batch(position)
+        torch.nn.functional.mse_loss(plain(x), x).backward()
+        flat = flatten_grads(params)
+        dist.all_reduce(flat)
+        flat.div_(args.replicas)
+        unflatten_grads_(params, flat)
+        plain_opt.step()
+
+    batches = manager.batches(lambda _replica, position: batch(position))
+
+    def ft_step() -> None:
+        x = next(batches)
+        ft_opt.zero_grad()
+        loss = torch.nn.functional.mse_loss(ft_model(x), x)
+        loss.backward()
+        if not ft_opt.step(loss):
+            raise RuntimeError(f"step failed without injected faults: {manager.last_outcome}")
+
+    plain_times, ft_times = [], []
+    for i in range(args.warmup + args.steps):
+        dist.barrier()
+        t0 = time.perf_counter()
+        plain_step(i)
+        t1 = time.perf_counter()
+        ft_step()
+        t2 = time.perf_counter()
+        if i >= args.warmup:
+            plain_times.append(t1 - t0)
+            ft_times.append(t2 - t1)
+    manager.close()
+    print(json.dumps({"rank": r, "plain": plain_times, "ft": ft_times}), flush=True)
+
+
+def measure_overhead(args: argparse.Namespace) -> dict:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    ctl = subprocess.Popen([str(Path(sys.executable).with_name("fthsdp")), "controller", "--grpc-port", "0",
+                            "--http-port", "0", "--replicas", str(args.replicas), "--min-replicas", "1",
+                            "--join-timeout-s", "5", "--heartbeat-timeout-s", "10", "--job-id", "bench"],
+                           stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
+    try:
+        controller = json.loads(ctl.stdout.readline())["grpc"]
+        gloo = _free_port()
+        workers = [subprocess.Popen(
+            [sys.executable, "-m", "bench.overhead", "--role", "step-worker", "--rank", str(r), "--controller",
+             controller, "--gloo-port", str(gloo), *_shared_flags(args)], cwd=REPO, env=env,
+            stdout=subprocess.PIPE, text=True) for r in range(args.replicas)]
+        results = [json.loads(w.communicate(timeout=args.timeout_s)[0].strip().splitlines()[-1]) for w in workers]
+    finally:
+        ctl.terminate()
+        ctl.wait(10)
+    # A step's time is the slowest replica's; report medians over steps.
+    plain = [max(vals) for vals in zip(*(r["plain"] for r in results))]
+    ft = [max(vals) for vals in zip(*(r["ft"] for r in results))]
+    plain_ms, ft_ms = statistics.median(plain) * 1e3, statistics.median(ft) * 1e3
+    return {"step_ms_plain": round(plain_ms, 2), "step_ms_ft": round(ft_ms, 2),
+            "overhead_pct": round((ft_ms - plain_ms) / plain_ms * 100, 2)}
+
+
+def _shared_flags(args: argparse.Namespace) -> list[str]:
+    return ["--replicas", str(args.replicas), "--steps", str(args.steps), "--warmup", str(args.warmup),
+            "--hidden", str(args.hidden), "--width", str(args.width), "--batch", str(args.batch)]
+
+
+def _catchup_source(args: argparse.Namespace) -> None:
+    import torch
+
+    from fthsdp.state_server import StateServer
+    from fthsdp.state_stream import build_manifest, live_entries
+
+    model = torch.nn.Module()
+    model.weight = torch.nn.Parameter(torch.empty(args.catchup_bytes // 4).uniform_())
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def snapshot():
+        entries, scalars = live_entries(model, opt)
+        return build_manifest(0, "{}", entries, scalars), [t for _, t in entries]
+
+    server = StateServer("127.0.0.1", 0, snapshot, "bench").start()
+    server.release(0)
+    print(server.address, flush=True)
+    sys.stdin.readline()  # serve until the parent closes our stdin
+    server.close()
+
+
+def measure_catchup(args: argparse.Namespace) -> dict:
+    import torch
+
+    from fthsdp.state_fetch import fetch_once
+    from fthsdp.state_stream import StateTarget
+
+    src = subprocess.Popen([sys.executable, "-m", "bench.overhead", "--role", "catchup-source",
+                            "--catchup-bytes", str(args.catchup_bytes)], cwd=REPO, stdin=subprocess.PIPE,
+                           stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+    try:
+        address = src.stdout.readline().strip()
+        model = torch.nn.Module()
+        model.weight = torch.nn.Parameter(torch.zeros(args.catchup_bytes // 4))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        times = []
+        for _ in range(args.catchup_repeats):
+            t0 = time.perf_counter()
+            fetch_once(address, 0, "bench", lambda: StateTarget(model, opt), 120.0)
+            times.append(time.perf_counter() - t0)
+    finally:
+        src.stdin.close()
+        src.wait(30)
+    best = min(times)
+    return {"catchup_bytes": args.catchup_bytes, "catchup_s": round(best, 3),
+            "catchup_gbs": round(args.catchup_bytes / best / 1e9, 3)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.overhead", description=__doc__.splitlines()[0])
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--replicas", type=int, default=2)
+    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--hidden", type=int, default=2048)
+    p.add_argument("--width", type=int, default=512)
+    p.add_argument("--batch", type=int, default=128)
+    p.add_argument("--catchup-bytes", type=int, default=1 << 30)
+    p.add_argument("--catchup-repeats", type=int, default=3)
+    p.add_argument("--timeout-s", type=float, default=600.0)
+    p.add_argument("--skip", choices=["overhead", "catchup"], action="append", default=[])
+    p.add_argument("--role", choices=["main", "step-worker", "catchup-source"], default="main",
+                   help=argparse.SUPPRESS)
+    p.add_argument("--rank", type=int, default=0, help=argparse.SUPPRESS)
+    p.add_argument("--controller", default="", help=argparse.SUPPRESS)
+    p.add_argument("--gloo-port", type=int, default=0, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.role == "step-worker":
+        _step_worker(args)
+        return 0
+    if args.role == "catchup-source":
+        _catchup_source(args)
+        return 0
+    result: dict = {"replicas": args.replicas, "steps": args.steps}
+    if "overhead" not in args.skip:
+        result.update(measure_overhead(args))
+    if "catchup" not in args.skip:
+        result.update(measure_catchup(args))
+    if args.json:
+        print(json.dumps(result))
+    else:
+        for key, value in result.items():
+            print(f"{key:>16}: {value}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,149 @@
+"""The control plane at 100K-GPU shape on one machine (the paper's §6 "shadow modules").
+
+    python -m bench.scale --replicas 12 --ranks-per-replica 8192 --hosts-per-replica 1024 --json
+
+The real controller runs as its own process. Simulated agents register every host and keep a
+real heartbeat for each of them (multiplexed: one message carries many host ids); simulated
+replica leaders (real gRPC) join quorums with every rank's addresses and commit steps. When
+the trainer runtime's fan-out is available, one replica's intra-replica fan-out and commit is
+also run at full rank count. Prints one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import subprocess
+import sys
+import time
+
+import grpc
+
+from bench.procstat import cpu_seconds, rss_mib
+from bench.quorum import percentile
+from protos import controller_pb2 as pb
+from protos import controller_pb2_grpc as pbg
+
+JOB = "scale"
+
+
+def start_controller(replicas: int, heartbeat_timeout_s: float) -> tuple[subprocess.Popen, dict]:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "fthsdp.cli", "controller", "--grpc-port", "0", "--http-port", "0", "--job-id", JOB,
+         "--replicas", str(replicas), "--min-replicas", str(max(1, replicas // 2 + 1)), "--join-timeout-s", "30",
+         "--heartbeat-timeout-s", str(heartbeat_timeout_s), "--log-level", "WARNING"],
+        stdout=subprocess.PIPE, text=True)
+    return proc, json.loads(proc.stdout.readline())
+
+
+async def register_hosts(stub, replicas: int, hosts_per_replica: int, ranks: int, concurrency: int) -> list[str]:
+    per_host = ranks // hosts_per_replica
+    jobs = [(f"host-{r:02d}-{h:05d}", f"r{r:02d}", list(range(h * per_host, (h + 1) * per_host)))
+            for r in range(replicas) for h in range(hosts_per_replica)]
+    gate = asyncio.Semaphore(concurrency)
+
+    async def one(host, replica, host_ranks):
+        async with gate:
+            await stub.RegisterAgent(pb.RegisterAgentRequest(
+                host_id=host, incarnation="1", slots=per_host, labels={"zone": f"z{int(replica[1:]) % 4}"},
+                assignment=pb.Assignment(replica_id=replica, ranks=host_ranks, world_size=ranks)), timeout=60)
+
+    await asyncio.gather(*(one(*j) for j in jobs))
+    return [j[0] for j in jobs]
+
+
+async def heartbeat_forever(stub, ids: list[str], interval_s: float, batch: int, stop: asyncio.Event) -> int:
+    sent = 0
+
+    async def beats():
+        nonlocal sent
+        while not stop.is_set():
+            for i in range(0, len(ids), batch):
+                yield pb.HeartbeatRequest(host_ids=ids[i:i + batch])
+                sent += len(ids[i:i + batch])
+            try:
+                await asyncio.wait_for(stop.wait(), interval_s)
+            except asyncio.TimeoutError:
+                pass
+
+    async for _ in stub.Heartbeat(beats()):
+        pass
+    return sent
+
+
+async def run(args) -> dict:
+    proc, info = start_controller(args.replicas, args.heartbeat_timeout_s)
+    pid = proc.pid
+    try:
+        channels = [grpc.aio.insecure_channel(info["grpc"], options=[("grpc.max_send_message_length", 64 << 20),
+                                                                     ("grpc.max_receive_message_length", 64 << 20)])
+                    for _ in range(args.replicas + 1)]
+        admin = pbg.ControllerStub(channels[-1])
+        t0 = time.perf_counter()
+        hosts = await register_hosts(admin, args.replicas, args.hosts_per_replica, args.ranks_per_replica, 64)
+        register_s = time.perf_counter() - t0
+        stop = asyncio.Event()
+        streams = 4
+        beaters = [asyncio.create_task(heartbeat_forever(admin, hosts[i::streams], args.heartbeat_interval_s, 1024, stop))
+                   for i in range(streams)]
+        leaders = [pbg.ControllerStub(c) for c in channels[:-1]]
+        known = [0] * args.replicas
+        world = args.ranks_per_replica
+        addresses = {r: ([f"10.{r}.{k // 256}.{k % 256}:29500" for k in range(world)],
+                         [f"10.{r}.{k // 256}.{k % 256}:29600" for k in range(world)]) for r in range(args.replicas)}
+
+        async def leader(r: int, step: int) -> None:
+            first = known[r] == 0
+            reply = await leaders[r].Quorum(pb.QuorumRequest(
+                job_id=JOB, replica_id=f"r{r:02d}", step=step, world_size=world, known_quorum_id=known[r],
+                ftar_addresses=addresses[r][0] if first else [], state_addresses=addresses[r][1] if first else []),
+                timeout=60)
+            known[r] = reply.quorum_id
+            await leaders[r].ReportStep(pb.ReportStepRequest(job_id=JOB, replica_id=f"r{r:02d}", step=step,
+                                                             quorum_id=reply.quorum_id, step_time_s=1.0))
+
+        await asyncio.gather(*(leader(r, 0) for r in range(args.replicas)))  # first join carries addresses
+        cpu0, wall0 = cpu_seconds(pid), time.perf_counter()
+        latencies = []
+        for step in range(1, args.rounds + 1):
+            start = time.perf_counter()
+            await asyncio.gather(*(leader(r, step) for r in range(args.replicas)))
+            latencies.append((time.perf_counter() - start) * 1000)
+        cpu_pct = 100 * (cpu_seconds(pid) - cpu0) / (time.perf_counter() - wall0)
+        stop.set()
+        beats = sum(await asyncio.gather(*beaters))
+        for c in channels:
+            await c.close()
+        return {
+            "replicas": args.replicas, "ranks_per_replica": world, "hosts": len(hosts), "gpus": args.replicas * world,
+            "rounds": len(latencies), "quorum_p50_ms": round(statistics.median(latencies), 2),
+            "quorum_p99_ms": round(percentile(latencies, 99), 2), "register_all_hosts_s": round(register_s, 2),
+            "host_heartbeats_sent": beats, "controller_cpu_pct": round(cpu_pct, 1),
+            "controller_rss_mib": round(rss_mib(pid), 1),
+        }
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--replicas", type=int, default=12)
+    p.add_argument("--ranks-per-replica", type=int, default=8192)
+    p.add_argument("--hosts-per-replica", type=int, default=1024)
+    p.add_argument("--rounds", type=int, default=30)
+    p.add_argument("--heartbeat-interval-s", type=float, default=2.0)
+    p.add_argument("--heartbeat-timeout-s", type=float, default=30.0)
+    p.add_argument("--json", action="store_true", help="print one JSON line (the default output)")
+    args = p.parse_args(argv)
+    if args.ranks_per_replica % args.hosts_per_replica:
+        p.error(f"--ranks-per-replica {args.ranks_per_replica} must be a multiple of --hosts-per-replica "
+                f"{args.hosts_per_replica}")
+    print(json.dumps(asyncio.run(run(args))), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

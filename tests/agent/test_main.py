@@ -1,0 +1,45 @@
+"""The command line: flags to settings, and bad values refused with exit status 2."""
+
+from __future__ import annotations
+
+import pytest
+
+from agent.main import main, parse
+
+
+def test_flags_become_settings():
+    s = parse(["--controller", "127.0.0.1:1,127.0.0.1:2", "--host-id", "h1", "--replica-id", "r3",
+               "--ranks", "0,1", "--world-size", "2", "--labels", "zone=a,rack=3",
+               "--restart-budget", "0", "--restart-window-s", "60", "--",
+               "python", "train.py", "--rank={rank}", "--", "x"])
+    assert s.controller_addresses == ("127.0.0.1:1", "127.0.0.1:2")
+    assert (s.replica_id, s.ranks, s.world_size, s.slot_count) == ("r3", (0, 1), 2, 2)
+    assert s.labels == {"zone": "a", "rack": "3"}
+    assert (s.restart_budget, s.restart_window_s) == (0, 60.0)
+    assert s.command == ("python", "train.py", "--rank={rank}", "--", "x")
+    assert not s.tls.enabled
+
+
+@pytest.mark.parametrize("argv,words", [
+    (["--controller", "127.0.0.1:1", "--host-id", "h1", "--", "t"], "needs a replica id"),
+    (["--controller", "127.0.0.1:1", "--host-id", "h1", "--spare"], "command template"),
+    (["--controller", "127.0.0.1:1", "--host-id", "h1", "--spare", "--standby", "--", "t",
+      "{replica_id}"], "cannot use ['replica_id']"),
+    (["--controller", "127.0.0.1:1", "--host-id", "h1", "--spare", "--tls-cert-file", "c",
+      "--tls-key-file", "k", "--", "t"], "needs TLS"),
+])
+def test_bad_settings_exit_2_naming_the_value(argv, words, capsys):
+    assert main(argv) == 2
+    assert words in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv", [
+    ["--controller", "nowhere", "--host-id", "h1", "--spare", "--", "t"],
+    ["--controller", "127.0.0.1:1", "--host-id", "h1", "--labels", "zone", "--spare", "--", "t"],
+    ["--controller", "127.0.0.1:1", "--host-id", "h1", "--ranks", "0,x", "--", "t"],
+])
+def test_malformed_flags_are_usage_errors(argv, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        parse(argv)
+    assert exit_.value.code == 2
+    assert "error" in capsys.readouterr().err
