@@ -9,7 +9,9 @@ through this runtime (a controller from the CLI, one Manager per replica: quorum
 vote, commit). Reported: median step times and overhead_pct = (ft - plain) / plain.
 Catch-up: a source process serves a `--catchup-bytes` state from CPU memory and this
 process fetches it over loopback HTTP into its own tensors (checksum verified);
-catchup_gbs = bytes / seconds / 1e9.
+catchup_gbs = bytes / seconds / 1e9 (best of --catchup-repeats).
+Fan-out: one plan broadcast + commit vote + decision round of the real leader channel
+against --fanout-ranks simulated ranks (all on this machine, so the ranks' own work counts).
 """
 
 from __future__ import annotations
@@ -190,7 +192,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--catchup-bytes", type=int, default=1 << 30)
     p.add_argument("--catchup-repeats", type=int, default=3)
     p.add_argument("--timeout-s", type=float, default=600.0)
-    p.add_argument("--skip", choices=["overhead", "catchup"], action="append", default=[])
+    p.add_argument("--fanout-ranks", type=int, default=8192, help="ranks in the leader fan-out + vote round")
+    p.add_argument("--skip", choices=["overhead", "catchup", "fanout"], action="append", default=[])
     p.add_argument("--role", choices=["main", "step-worker", "catchup-source"], default="main",
                    help=argparse.SUPPRESS)
     p.add_argument("--rank", type=int, default=0, help=argparse.SUPPRESS)
@@ -208,6 +211,13 @@ def main(argv: list[str] | None = None) -> int:
         result.update(measure_overhead(args))
     if "catchup" not in args.skip:
         result.update(measure_catchup(args))
+    if "fanout" not in args.skip:
+        from fthsdp.channel_simulation import simulate_fanout_and_vote
+
+        t = simulate_fanout_and_vote(args.fanout_ranks)
+        result.update({"fanout_ranks": t.ranks, "fanout_leader_broadcast_s": round(t.broadcast_s, 3),
+                       "fanout_s": round(t.fanout_s, 3),
+                       "fanout_vote_decision_s": round(t.decision_s, 3)})
     if args.json:
         print(json.dumps(result))
     else:

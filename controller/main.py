@@ -78,7 +78,7 @@ def build_server(args):
     if args.etcd:
         from controller.etcd_store import EtcdStore
 
-        store = EtcdStore(endpoints=args.etcd.split(","), prefix=f"/fthsdp/{settings.job_id}/")
+        store = EtcdStore(endpoints=args.etcd.split(","), prefix=f"/fthsdp/{settings.job_id}")
     return ControllerServer(
         settings, host=args.host, grpc_port=args.grpc_port, http_port=args.http_port, store=store,
         admin_token=_secret(args.admin_token_file, ENV_ADMIN_TOKEN),

@@ -59,6 +59,7 @@ class _Session:
         self.stopping = False
         self.sequence = 0
         self.thread: threading.Thread | None = None
+        self.registered: set[int] = set()  # data planes whose buffers the links have registered
 
     def start(self) -> None:
         self.thread = threading.Thread(target=self._run, name=f"ftar-run-g{self.generation}", daemon=True)
@@ -95,9 +96,13 @@ class _Session:
         if self.links is not None:
             self.links.interrupt()
         with self.cond:
+            first = self.broken is None and not self.stopping
             if self.broken is None:
                 self.broken = error
             cancelled, self.queue = list(self.queue), collections.deque()
+        if first:
+            log.warning("%s generation %d aborted (%s): %s", self.endpoint.address, self.generation,
+                        type(error).__name__, error)
         for op in cancelled:
             op.handle._fail(RecoverableError(f"cancelled: an earlier all-reduce failed: {error}"))
 
@@ -222,6 +227,10 @@ class FtarEndpoint:
             work = tensor if tensor.is_contiguous() else tensor.contiguous()
             flat = work.view(-1)
             plane = self._plane_for(flat)
+            if id(plane) not in session.registered:  # a no-op for TCP; RDMA would pin buffers here
+                plane.register(session.links.left)
+                plane.register(session.links.right)
+                session.registered.add(id(plane))
             sent_before = session.links.sent_chunks
             plane.begin(flat, op.ready) if flat.is_cuda else plane.begin(flat)
             try:

@@ -1,7 +1,9 @@
 """One all-reduce over an established ring: header agreement, then the pipelined data phase.
 
-The calling (runner) thread receives from the left neighbour and folds data into the tensor; one
-sender thread per operation sends to the right neighbour. Flow control is by credits: the receiver
+Three threads per operation: the calling (runner) thread receives from the left neighbour into
+staging buffers, a folder thread adds them into the tensor (reads and adds overlap), and a sender
+thread sends to the right neighbour; the sender's chunk waits until the chunk it forwards has been
+folded. Blocking socket calls release the GIL, and so does torch's add_. Flow control is by credits: the receiver
 returns one credit byte on the left connection per chunk it has consumed, and the sender never has
 more than `chunks_in_flight` unconsumed chunks outstanding, so at most S x C bytes are in flight
 between two neighbours. Credit counters belong to the connection and carry over between
@@ -166,7 +168,8 @@ def run_ring(links: RingLinks, plane, numel: int, elem_size: int, rank: int, wor
                 k += 1
             if st.last_of_partition:
                 partition += 1
-                protocol.apply(RankEvent.GATHERED if partition == n_parts else RankEvent.NEXT_PARTITION)
+                if partition < n_parts:
+                    protocol.apply(RankEvent.NEXT_PARTITION)
         with progress.cond:
             folder_queue.append(None)
             progress.cond.notify_all()
@@ -179,6 +182,7 @@ def run_ring(links: RingLinks, plane, numel: int, elem_size: int, rank: int, wor
         fail(FatalError("an FTAR data thread did not stop after its connections were interrupted"))
     if progress.error is not None:
         raise classify(progress.error)
+    protocol.apply(RankEvent.GATHERED)  # every chunk sent, received and folded
 
 
 def classify(error: BaseException) -> FtarError:

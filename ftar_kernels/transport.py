@@ -1,9 +1,11 @@
 """Transports behind one small interface: a listener that accepts, a dialer, a byte connection.
 
 TCP is the only shipped transport. The interface is shaped for an RDMA (pyverbs) one too: data
-moves only between caller-owned memoryviews (`send_all`, `recv_exact`) that the caller
-preallocates and reuses, and `register()` is the hook where an RDMA transport would register
-those buffers (TCP does nothing). Every socket error becomes RecoverableError.
+moves only between caller-owned memoryviews that the caller preallocates and reuses
+(`send_all`, `recv_exact`, `recv_some`; an RDMA transport would post work requests on them and
+wait for their completions), `interrupt()` wakes a blocked caller from another thread, and
+`register()` is the hook where an RDMA transport registers those buffers (TCP does nothing).
+Every socket error becomes RecoverableError.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """One fan-out + vote round of the real leader channel against N simulated ranks.
 
 For benchmarks and the at-scale simulation: the leader side is the production
-`LeaderChannel`; the ranks are asyncio connections on one extra thread that answer
+`LeaderChannel`; the ranks are asyncio connections in one child process that answer
 each plan with a yes vote and wait for the decision.
 """
 
@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import multiprocessing
 import resource
-import threading
 import time
 from dataclasses import dataclass
 
@@ -22,6 +22,7 @@ from fthsdp.intra_replica_channel import FRAME, LeaderChannel, encode
 class RoundTimings:
     ranks: int
     connect_s: float
+    broadcast_s: float     # the leader's own cost: writing the plan to every socket
     fanout_s: float        # plan broadcast until every rank holds it
     vote_s: float          # plan broadcast until the leader decided
     decision_s: float      # plan broadcast until every rank holds the decision
@@ -57,40 +58,56 @@ async def _simulated_rank(address: str, rank: int, got_plan: list[float], got_de
     writer.close()
 
 
-def simulate_fanout_and_vote(n_ranks: int, timeout_s: float = 120.0) -> RoundTimings:
-    """Run one plan fan-out + commit vote with `n_ranks` ranks (rank 0 is the leader)."""
-    _raise_fd_limit(2 * n_ranks + 256)
-    leader = LeaderChannel("127.0.0.1", 0, n_ranks).start()
-    loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_forever, name="simulated-ranks", daemon=True)
-    thread.start()
+def _ranks_process(address: str, n_ranks: int, conn, timeout_s: float) -> None:
+    """Child process: connect n_ranks - 1 simulated ranks, report ready, play one round."""
+    _raise_fd_limit(n_ranks + 256)
     got_plan: list[float] = []
     got_decision: list[float] = []
+
+    async def run() -> None:
+        ready = asyncio.Semaphore(0)
+        tasks = [asyncio.ensure_future(_simulated_rank(address, r, got_plan, got_decision, ready))
+                 for r in range(1, n_ranks)]
+        for _ in range(n_ranks - 1):
+            await ready.acquire()
+        conn.send("ready")
+        await asyncio.wait_for(asyncio.gather(*tasks), timeout_s)
+
+    asyncio.run(run())
+    conn.send((max(got_plan, default=0.0), max(got_decision, default=0.0)))
+    conn.close()
+
+
+def simulate_fanout_and_vote(n_ranks: int, timeout_s: float = 120.0) -> RoundTimings:
+    """Run one plan fan-out + commit vote with `n_ranks` ranks (rank 0 is the leader, in this
+    process; the others are asyncio connections in one child process, as ranks are processes)."""
+    _raise_fd_limit(n_ranks + 256)
+    leader = LeaderChannel("127.0.0.1", 0, n_ranks).start()
+    ctx = multiprocessing.get_context("spawn")  # no fork of a threaded process
+    parent, child = ctx.Pipe()
+    proc = ctx.Process(target=_ranks_process, args=(leader.address, n_ranks, child, timeout_s), daemon=True)
     try:
         t0 = time.perf_counter()
-
-        async def launch() -> list[asyncio.Task]:
-            ready = asyncio.Semaphore(0)
-            tasks = [asyncio.ensure_future(_simulated_rank(leader.address, r, got_plan, got_decision, ready))
-                     for r in range(1, n_ranks)]
-            for _ in range(n_ranks - 1):
-                await ready.acquire()
-            return tasks
-        tasks = asyncio.run_coroutine_threadsafe(launch(), loop).result(timeout_s)
+        proc.start()
+        if not parent.poll(timeout_s) or parent.recv() != "ready":
+            raise TimeoutError(f"{n_ranks - 1} simulated ranks did not connect within {timeout_s}s")
         leader.wait_for_ranks(timeout_s)
         connect_s = time.perf_counter() - t0
         view = {"quorum_id": 1, "step": 0}
-        start = time.perf_counter()
+        start = time.perf_counter()  # CLOCK_MONOTONIC: comparable with the child's readings
         leader.broadcast({"t": "plan", "view": view}, timeout_s)
+        broadcast_s = time.perf_counter() - start
         decision = leader.collect_votes(1, 0, Vote(0, 1, 0, True), timeout_s)
         voted = time.perf_counter()
         leader.broadcast({"t": "decision", "quorum_id": 1, "step": 0, "outcome": decision.outcome.value,
                           "reason": decision.reason}, timeout_s)
-        asyncio.run_coroutine_threadsafe(asyncio.wait_for(asyncio.gather(*tasks), timeout_s), loop).result()
-        return RoundTimings(n_ranks, connect_s, (max(got_plan, default=start) - start),
-                            voted - start, max(got_decision, default=voted) - start,
-                            decision.outcome.value if decision.outcome is not Outcome.PENDING else "pending")
+        if not parent.poll(timeout_s):
+            raise TimeoutError("simulated ranks did not finish the round")
+        last_plan, last_decision = parent.recv()
+        return RoundTimings(n_ranks, connect_s, broadcast_s, max(last_plan, start) - start, voted - start,
+                            max(last_decision, voted) - start, decision.outcome.value)
     finally:
         leader.close()
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(5.0)
+        proc.join(10.0)
+        if proc.is_alive():
+            proc.kill()

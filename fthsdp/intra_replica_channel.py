@@ -130,10 +130,13 @@ class LeaderChannel:
         frame = encode(msg)
 
         async def send() -> None:
-            writers = list(self._writers.values())
-            for w in writers:
-                w.write(frame)
-            await asyncio.gather(*(w.drain() for w in writers), return_exceptions=True)
+            backlogged = []
+            for w in list(self._writers.values()):
+                w.write(frame)  # small frames usually go straight to the socket
+                if w.transport.get_write_buffer_size():
+                    backlogged.append(w)
+            if backlogged:
+                await asyncio.gather(*(w.drain() for w in backlogged), return_exceptions=True)
         self._call(send(), timeout_s)
 
     def collect_votes(self, quorum_id: int, step: int, own: Vote, timeout_s: float) -> CommitDecision:

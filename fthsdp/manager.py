@@ -68,6 +68,7 @@ class _Attempt:
     fetch_thread: threading.Thread | None = None
     fetched: Manifest | None = None
     fetch_error: str = ""
+    fetch_cancelled: threading.Event = field(default_factory=threading.Event)
     faults: list[str] = field(default_factory=list)
 
 
@@ -173,12 +174,12 @@ class Manager:
                             f"{plan.step} but it is at step {self.step}")
         attempt = _Attempt(plan, time.monotonic(), self.ledger)
         self._attempt = attempt
-        self.sync.configure(plan)
-        if plan.behind:
+        if plan.behind:  # fetch in the background; this step contributes zeros meanwhile
             self.state_server.hold_for_fetchers(self.step, set(), 0.0)  # our state is stale now
             attempt.fetch_thread = threading.Thread(target=self._fetch, args=(attempt,), daemon=True,
                                                     name=f"catch-up-{s.replica_id}-{s.rank}")
             attempt.fetch_thread.start()
+        self.sync.configure(plan)
         return plan
 
     def _receive_view(self) -> QuorumView:
@@ -213,7 +214,7 @@ class Manager:
         try:
             attempt.fetched = fetch_state(plan.fetch_from, plan.step, s.replica_id,
                                           lambda: StateTarget(self.model, self.optimizer),
-                                          s.fetch_timeout_s, s.fetch_attempts)
+                                          s.fetch_timeout_s, s.fetch_attempts, attempt.fetch_cancelled.is_set)
         except TransferError as exc:
             attempt.fetch_error = f"catch-up from {plan.source_replica} failed: {exc}"
 
@@ -282,6 +283,8 @@ class Manager:
         if attempt.fetch_thread is not None:
             attempt.fetch_thread.join(s.fetch_timeout_s * s.fetch_attempts)
             if attempt.fetch_thread.is_alive():
+                attempt.fetch_cancelled.set()  # it must not load anything into a later step
+                attempt.fetch_thread.join(s.fetch_timeout_s)
                 return "catch-up fetch did not finish in time"
             if attempt.fetch_error:
                 return attempt.fetch_error

@@ -28,8 +28,9 @@ def _read_exact(resp: http.client.HTTPResponse, view: memoryview) -> None:
 
 
 def fetch_once(address: str, step: int, replica_id: str, target_of: Callable[[], StateTarget],
-               timeout_s: float) -> Manifest:
-    """One attempt: GET the state of `step` from `address` into a fresh target; verify; load."""
+               timeout_s: float, cancelled: Callable[[], bool] = lambda: False) -> Manifest:
+    """One attempt: GET the state of `step` from `address` into a fresh target; verify; load.
+    `cancelled()` is checked between pieces; when it turns true the fetch stops, loading nothing."""
     host, _, port = address.rpartition(":")
     conn = http.client.HTTPConnection(host, int(port), timeout=timeout_s)
     try:
@@ -54,6 +55,8 @@ def fetch_once(address: str, step: int, replica_id: str, target_of: Callable[[],
             for entry in manifest.entries:
                 view = tensor_bytes(target.destination(entry))
                 for off in range(0, len(view), PIECE_BYTES):
+                    if cancelled():
+                        raise TransferError(f"fetch of step {step} from {address} was cancelled")
                     piece = view[off:off + PIECE_BYTES]
                     _read_exact(resp, piece)
                     checksum.update_piece(piece)
@@ -86,17 +89,18 @@ def acknowledge(address: str, step: int, replica_id: str, timeout_s: float) -> N
 
 
 def fetch_state(address: str, step: int, replica_id: str, target_of: Callable[[], StateTarget],
-                timeout_s: float, attempts: int) -> Manifest:
+                timeout_s: float, attempts: int, cancelled: Callable[[], bool] = lambda: False) -> Manifest:
     """Fetch with retries; acknowledges the source after a verified load."""
     last: TransferError | None = None
     for attempt in range(1, attempts + 1):
+        if cancelled():
+            break
         try:
-            manifest = fetch_once(address, step, replica_id, target_of, timeout_s)
+            manifest = fetch_once(address, step, replica_id, target_of, timeout_s, cancelled)
             acknowledge(address, step, replica_id, timeout_s)
             return manifest
         except TransferError as exc:
             last = exc
             log.warning("replica %s: fetch %d/%d of step %s from %s failed: %s",
                         replica_id, attempt, attempts, step, address, exc)
-    assert last is not None
-    raise last
+    raise last or TransferError(f"fetch of step {step} from {address} was cancelled")

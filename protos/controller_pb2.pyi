@@ -171,12 +171,14 @@ class RegisterAgentRequest(_message.Message):
     def __init__(self, host_id: _Optional[str] = ..., spare: _Optional[bool] = ..., slots: _Optional[int] = ..., labels: _Optional[_Mapping[str, str]] = ..., assignment: _Optional[_Union[Assignment, _Mapping]] = ..., incarnation: _Optional[str] = ...) -> None: ...
 
 class RegisterAgentResponse(_message.Message):
-    __slots__ = ("assignment", "reason")
+    __slots__ = ("assignment", "reason", "job_id")
     ASSIGNMENT_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
     assignment: Assignment
     reason: str
-    def __init__(self, assignment: _Optional[_Union[Assignment, _Mapping]] = ..., reason: _Optional[str] = ...) -> None: ...
+    job_id: str
+    def __init__(self, assignment: _Optional[_Union[Assignment, _Mapping]] = ..., reason: _Optional[str] = ..., job_id: _Optional[str] = ...) -> None: ...
 
 class OrdersRequest(_message.Message):
     __slots__ = ("host_id", "incarnation")

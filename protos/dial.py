@@ -110,8 +110,9 @@ class FailoverChannel:
     """
 
     def __init__(self, addresses: list[str], tls: TlsFiles | None = None, *, attempt_timeout_s: float = 30.0,
-                 total_timeout_s: float = 60.0) -> None:
+                 total_timeout_s: float = 60.0, max_backoff_s: float = 0.5) -> None:
         self.addresses = list(addresses)
+        self.max_backoff_s = max_backoff_s
         self.tls = tls
         self.attempt_timeout_s, self.total_timeout_s = attempt_timeout_s, total_timeout_s
         self.index = 0
@@ -148,7 +149,8 @@ class FailoverChannel:
                 if exc.code() not in FAILOVER_CODES or time.monotonic() >= deadline:
                     raise
             await self.rotate()
-            await asyncio.sleep(min(backoff_s(attempt // max(len(self.addresses), 1)), max(deadline - time.monotonic(), 0)))
+            delay = backoff_s(attempt // max(len(self.addresses), 1), max_s=self.max_backoff_s)
+            await asyncio.sleep(min(delay, max(deadline - time.monotonic(), 0)))
             attempt += 1
 
     async def close(self) -> None:

@@ -1,7 +1,8 @@
 """The two kinds of bad request the core refuses. Both leave state unchanged.
 
 The service maps them in one place: InvalidArgument → gRPC INVALID_ARGUMENT / HTTP 400,
-FailedPrecondition → gRPC FAILED_PRECONDITION / HTTP 409, NotFound → NOT_FOUND / 404.
+FailedPrecondition → gRPC FAILED_PRECONDITION / HTTP 409, NotFound → NOT_FOUND / 404
+(an agent that gets NOT_FOUND for its host registers again).
 """
 
 

@@ -42,7 +42,7 @@ class HostRegistry:
             check_id("assignment replica_id", assignment.replica_id, s.max_id_chars)
             check_ranks(assignment.ranks, assignment.world_size)
         h = self.hosts.get(host_id)
-        if h is not None and h.incarnation == incarnation:
+        if h is not None and h.incarnation == incarnation and h.state != HostState.DEAD:
             h.last_seen = now
             return h.assignment, "already registered"
         if (h is not None and h.state != HostState.DEAD
@@ -70,14 +70,14 @@ class HostRegistry:
                 verb = "returned after repair"
         h.incarnation, h.slots, h.labels, h.last_seen = incarnation, max(slots, 1), labels, now
         if h.assignment is None and assignment is not None:
-            self._assign(h, assignment)
+            self._assign(h, assignment, urgent=False)  # the agent says it again if this is lost
         h.state = HostState.ACTIVE if h.assignment else HostState.SPARE
-        role = h.assignment.describe() if h.assignment else "spare pool"
-        reason = f"host {host_id} {verb}: {role}" + (" (cordoned)" if h.cordoned else "")
-        self._event(now, "host", host_id, reason)
         self._touch(h)
         if h.state == HostState.SPARE and not h.cordoned:
             self._fill_orphans(now)
+        role = h.assignment.describe() if h.assignment else "spare pool"
+        reason = f"host {host_id} {verb}: {role}" + (" (cordoned)" if h.cordoned else "")
+        self._event(now, "host", host_id, reason)
         return h.assignment, reason
 
     def heartbeat_hosts(self, host_ids, now: float) -> list[str]:
@@ -159,7 +159,7 @@ class HostRegistry:
                 return holder
         return None
 
-    def _assign(self, h: Host, a: Assignment | None) -> None:
+    def _assign(self, h: Host, a: Assignment | None, urgent: bool = True) -> None:
         """Change a host's assignment, keeping the (replica, rank) -> host index true."""
         if h.assignment is not None:
             for rank in h.assignment.ranks:
@@ -169,7 +169,7 @@ class HostRegistry:
         if a is not None:
             for rank in a.ranks:
                 self.rank_holders[(a.replica_id, rank)] = h.host_id
-        self._touch(h, urgent=True)
+        self._touch(h, urgent=urgent)
 
     def _touch(self, h: Host, urgent: bool = False) -> None:
         """Mark the host's snapshot shard for writing; urgent changes are written before

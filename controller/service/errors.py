@@ -20,7 +20,7 @@ class NotLeader(Exception):
 GRPC_CODES: dict[type, grpc.StatusCode] = {
     InvalidArgument: grpc.StatusCode.INVALID_ARGUMENT,
     FailedPrecondition: grpc.StatusCode.FAILED_PRECONDITION,
-    NotFound: grpc.StatusCode.FAILED_PRECONDITION,
+    NotFound: grpc.StatusCode.NOT_FOUND,
     NotLeader: grpc.StatusCode.UNAVAILABLE,
     StoreError: grpc.StatusCode.UNAVAILABLE,
 }

@@ -79,7 +79,8 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
             request.host_id, request.incarnation, self.server.clock(), spare=request.spare,
             slots=request.slots, labels=dict(request.labels), assignment=claimed)
         await self.server.settle()
-        return pb.RegisterAgentResponse(assignment=to_proto_assignment(assignment), reason=reason)
+        return pb.RegisterAgentResponse(assignment=to_proto_assignment(assignment), reason=reason,
+                                        job_id=self.server.settings.job_id)
 
     async def Orders(self, request, context):
         server = self.server

@@ -58,7 +58,7 @@ class ControllerServer:
         self.order_streams: dict[str, asyncio.Queue] = {}
         self.pending_orders: dict[str, deque] = defaultdict(lambda: deque(maxlen=MAX_PENDING_ORDERS))
         self.grpc_address = self.http_url = ""
-        self._revisions: dict[str, int] = {}
+        self._revisions: dict[str, int | None] = {}
         self._persist_lock = asyncio.Lock()
         self._poke = asyncio.Event()
         self._last_wake: float | None = None
@@ -250,10 +250,17 @@ class ControllerServer:
             if state.dirty_host_shards and (background or state.urgent_hosts):
                 shards, state.dirty_host_shards, state.urgent_hosts = sorted(state.dirty_host_shards), set(), False
                 writes += [(f"hosts/{i}", state.snapshot_hosts(i)) for i in shards]
-            for section, snapshot in writes:
+            for i, (section, snapshot) in enumerate(writes):
                 value = json.dumps(snapshot, separators=(",", ":")).encode()
-                revision = await self.store.cas(self._key(section), value, self._revisions.get(section, 0),
-                                                self.leadership)
+                try:
+                    expected = self._revisions.get(section, 0)
+                    if expected is None:  # an earlier write's outcome is unknown: look
+                        expected = (await self.store.get(self._key(section))).revision
+                    revision = await self.store.cas(self._key(section), value, expected, self.leadership)
+                except StoreError:
+                    self._revisions[section] = None
+                    _mark_unwritten(state, [name for name, _ in writes[i:]])
+                    raise
                 if revision is None:
                     self.leadership.lost.set()
                     self._step_down(f"the store refused a write to {section}")
@@ -279,3 +286,18 @@ class ControllerServer:
                 await self.persist(background=True)
             except (NotLeader, StoreError) as exc:
                 log.warning("tick could not settle: %s", exc)
+
+
+def _mark_unwritten(state: ControllerState, sections: list[str]) -> None:
+    """Sections whose write failed are written again at the next chance."""
+    for section in sections:
+        kind, _, name = section.partition("/")
+        if kind == "replicas":
+            state.dirty_replicas = True
+        elif kind == "journal":
+            state.dirty_journal = True
+        elif kind == "addresses":
+            state.dirty_addresses.add(name)
+        elif kind == "hosts":
+            state.dirty_host_shards.add(int(name))
+            state.urgent_hosts = True

@@ -143,3 +143,11 @@ def test_hosts_survive_a_snapshot_round_trip():
         {h: (x.state, x.assignment, x.cordoned) for h, x in s.hosts.items()}
     with pytest.raises(FailedPrecondition, match="duplicate assignment: host s0 already runs replica r1"):
         t.register_agent("h5", "i5", 6.0, assignment=a("r1", 0, 1))
+
+
+def test_a_dead_host_returning_with_its_old_incarnation_registers_again():
+    s = cluster()
+    s.expire(10.5)  # everyone silent (e.g. the agents were paused)
+    assert s.hosts["h0"].state == HostState.DEAD
+    assignment, reason = s.register_agent("h0", "i0", 11.0, assignment=a("r0", 0, 1))
+    assert s.hosts["h0"].state != HostState.DEAD and "returned after repair" in reason

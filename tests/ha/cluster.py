@@ -1,0 +1,105 @@
+"""Controller processes on one etcd, and simulated replica leaders that train through
+failovers (real gRPC, FailoverChannel over every controller address)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+
+import httpx
+
+from protos import controller_pb2 as pb
+from protos.dial import FailoverChannel
+
+JOB = "ha"
+
+
+class ControllerProcess:
+    def __init__(self, etcd_endpoint: str, *, replicas: int = 3, lease_ttl_s: float = 2.0, name: str = "c") -> None:
+        self.args = [sys.executable, "-m", "fthsdp.cli", "controller", "--grpc-port", "0", "--http-port", "0",
+                     "--job-id", JOB, "--replicas", str(replicas), "--min-replicas", str(min(2, replicas)), "--join-timeout-s", "2",
+                     "--heartbeat-timeout-s", "10", "--etcd", etcd_endpoint, "--lease-ttl-s", str(lease_ttl_s),
+                     "--log-level", "INFO"]
+        self.name = name
+        self.proc: subprocess.Popen | None = None
+        self.grpc = self.http = ""
+
+    def start(self) -> "ControllerProcess":
+        self.proc = subprocess.Popen(self.args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        info = json.loads(self.proc.stdout.readline())  # bounded by the test timeout
+        self.grpc, self.http = info["grpc"], info["http"]
+        return self
+
+    def job(self) -> dict | None:
+        try:
+            return httpx.get(f"{self.http}/api/v1/job", timeout=2).json()
+        except (httpx.HTTPError, ValueError):
+            return None
+
+    def leads(self) -> bool:
+        job = self.job()
+        return bool(job and job.get("this_controller_leads"))
+
+    def signal(self, sig: int) -> None:
+        os.kill(self.proc.pid, sig)
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            try:
+                os.kill(self.proc.pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+
+
+async def wait_until(condition, timeout_s: float, what: str):
+    """Poll a blocking `condition` (off the event loop) until truthy, at most `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = await asyncio.to_thread(condition)
+        if value:
+            return value
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+
+
+@dataclass
+class LeaderLog:
+    """What one simulated leader saw: acked commits and quorum ids, in order."""
+
+    replica_id: str
+    acked_steps: list[int] = field(default_factory=list)
+    quorum_ids: list[int] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+
+async def train(addresses: list[str], replica_id: str, log: LeaderLog, stop: asyncio.Event, step_s: float = 0.02):
+    """Quorum → (catch up to max_step) → commit → report, until stopped; every call fails
+    over between controllers."""
+    client = FailoverChannel(addresses, attempt_timeout_s=5.0, total_timeout_s=30.0)
+    step = 0
+    try:
+        while not stop.is_set():
+            q = await client.call("Quorum", pb.QuorumRequest(job_id=JOB, replica_id=replica_id, step=step,
+                                                              world_size=1, incarnation=replica_id))
+            log.quorum_ids.append(q.quorum_id)
+            await asyncio.sleep(step_s)  # "training"
+            await client.call("ReportStep", pb.ReportStepRequest(job_id=JOB, replica_id=replica_id,
+                                                                  step=q.max_step, quorum_id=q.quorum_id))
+            log.acked_steps.append(q.max_step)
+            step = q.max_step + 1
+    except Exception as exc:  # recorded and asserted on by the test
+        log.errors.append(repr(exc))
+    finally:
+        await client.close()
