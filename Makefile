@@ -8,9 +8,8 @@ STAMP := $(VENV)/.installed
 
 $(STAMP): pyproject.toml requirements-test.txt
 	$(PY) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -r requirements-test.txt
-	$(BIN)/pip install -q -e '.[demo]'
+	$(BIN)/pip install -q -e '.[train,demo]'
 	touch $(STAMP)
 
 demo: $(STAMP)

@@ -3,10 +3,11 @@
 Three threads per operation: the calling (runner) thread receives from the left neighbour into
 staging buffers, a folder thread adds them into the tensor (reads and adds overlap), and a sender
 thread sends to the right neighbour; the sender's chunk waits until the chunk it forwards has been
-folded. Blocking socket calls release the GIL, and so does torch's add_. Flow control is by credits: the receiver
-returns one credit byte on the left connection per chunk it has consumed, and the sender never has
-more than `chunks_in_flight` unconsumed chunks outstanding, so at most S x C bytes are in flight
-between two neighbours. Credit counters belong to the connection and carry over between
+folded. Blocking socket calls release the GIL, and so does torch's add_.
+
+Flow control is by credits: the folder returns one credit byte on the left connection per chunk
+it has consumed, and the sender never has more than `chunks_in_flight` unconsumed chunks
+outstanding, so at most S x C bytes are in flight between two neighbours. Credit counters belong to the connection and carry over between
 operations. The first error wins: both connections are interrupted, which wakes every blocked
 call on this rank and closes the ring for the neighbours, who then fail too (RecoverableError).
 """
@@ -142,7 +143,12 @@ def run_ring(links: RingLinks, plane, numel: int, elem_size: int, rank: int, wor
                 k, lo, hi, reduce = item
                 plane.received(k, lo, hi, reduce)
                 folded.release()
-                links.left.send_all(CREDIT, settings.timeout_s)
+                try:
+                    links.left.send_all(CREDIT, settings.timeout_s)
+                except RecoverableError:
+                    # The left neighbour stopped reading. If it still owes us data, our receiver
+                    # fails on its own; if not (it finished and moved on), this op is unaffected.
+                    pass
                 progress.advance()
         except BaseException as exc:  # noqa: BLE001
             fail(exc)

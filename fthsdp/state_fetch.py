@@ -1,7 +1,7 @@
 """Fetches a peer's live state over HTTP straight into this rank's tensors.
 
 The body is streamed into its destination tensors as it arrives (never buffered
-whole), the CRC-32 trailer is checked, and only then is the optimizer state loaded
+whole), the checksum trailer is checked (see state_stream), and only then is the optimizer state loaded
 and the fetch acknowledged to the source. A short, damaged or refused transfer
 raises TransferError; `fetch_state` tries again up to `attempts` times.
 """
@@ -62,11 +62,11 @@ def fetch_once(address: str, step: int, replica_id: str, target_of: Callable[[],
                     checksum.update_piece(piece)
             trailer = bytearray(TRAILER.size)
             _read_exact(resp, memoryview(trailer))
-            tensor_digest = checksum.value()
-        (sent_crc,) = TRAILER.unpack(trailer)
-        if sent_crc != tensor_digest:
-            raise TransferError(f"state from {address} failed its checksum (sent {sent_crc:#x}, "
-                                f"got {tensor_digest:#x})")
+            digest = checksum.value()
+        (sent_digest,) = TRAILER.unpack(trailer)
+        if sent_digest != digest:
+            raise TransferError(f"state from {address} failed its checksum (sent {sent_digest:#x}, "
+                                f"got {digest:#x})")
         target.finish(manifest)
         return manifest
     except (OSError, http.client.HTTPException) as exc:

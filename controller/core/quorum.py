@@ -111,7 +111,7 @@ def form_quorum(
     healthy = [r for r, s in members.items() if s == max_step]
     behind = [r for r, s in members.items() if s < max_step]
     changed = frozenset(members) != previous_members
-    quorum_id = previous_id + 1 if (changed or failed_commit or previous_id == 0) else previous_id
+    quorum_id = previous_id + 1 if (changed or failed_commit) else previous_id
     return Quorum(
         quorum_id=quorum_id,
         members=tuple(Member(r, members[r], members[r] == max_step) for r in sorted(members)),

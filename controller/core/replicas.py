@@ -57,6 +57,8 @@ class ReplicaRegistry:
         elif restarted and r.state != ReplicaState.DEAD:
             self.kill_replica(rid, DeathCause.RESTARTED,
                               f"its leader restarted (incarnation {r.incarnation} → {req.incarnation})", now)
+        if restarted:  # a restarted replica may resume from an older checkpoint
+            r.committed_step = min(r.committed_step, req.step - 1)
         if r.state == ReplicaState.DEAD:
             self._transition(r, ReplicaState.JOINING, f"rejoined at step {req.step}", now)
         r.incarnation = req.incarnation or r.incarnation
@@ -92,7 +94,7 @@ class ReplicaRegistry:
         members = {rid: self.round_joined[rid] for rid in decision.members}
         q = form_quorum(
             members,
-            previous_id=self.quorum.quorum_id if self.quorum else 0,
+            previous_id=self.quorum.quorum_id if self.quorum else self.first_quorum_id - 1,
             previous_members=previous,
             failed_commit=any(self.replicas[rid].failed_commit for rid in members),
             lr_policy=s.lr_policy,

@@ -30,6 +30,9 @@ class ControllerState(ReplicaRegistry, HostRegistry):
         self.replicas: dict[str, Replica] = {}
         self.hosts: dict[str, Host] = {}
         self.quorum: Quorum | None = None
+        #: Quorum ids count up from here. A controller that starts with an empty store starts
+        #: from its clock (ms), so trainers that outlive it never see a generation go back.
+        self.first_quorum_id = 1
         self.quorum_history: list[Quorum] = []
         self.round_joined: dict[str, int] = {}
         self.round_first_join_at: float | None = None
@@ -84,6 +87,7 @@ class ControllerState(ReplicaRegistry, HostRegistry):
             "replicas": [
                 {k: getattr(r, k) for k in REPLICA_DURABLE_FIELDS} for r in self.replicas.values()
             ],
+            "first_quorum_id": self.first_quorum_id,
             "steps_committed": self.steps_committed,
             "swaps": self.swaps,
             "deaths": self.deaths,
@@ -117,7 +121,10 @@ class ControllerState(ReplicaRegistry, HostRegistry):
                 addresses: dict[str, dict] | None = None, journal: dict | None = None) -> None:
         """Load snapshots written by a previous leader. Everyone gets a fresh heartbeat
         allowance from `now`: silence before the failover is not held against them."""
+        if not replicas:
+            self.first_quorum_id = max(int(now * 1000), 1)
         if replicas:
+            self.first_quorum_id = replicas.get("first_quorum_id", 1)
             self.quorum = _quorum_from_dict(replicas["quorum"]) if replicas["quorum"] else None
             self.replicas = {}
             for d in replicas["replicas"]:

@@ -136,6 +136,10 @@ class ControllerServer:
                 log.warning("store unavailable while campaigning: %s; retrying", exc)
                 await asyncio.sleep(0.5)
                 continue
+            except Exception:  # noqa: BLE001 - a standby that silently stops campaigning is worse
+                log.exception("campaign failed unexpectedly; retrying")
+                await asyncio.sleep(0.5)
+                continue
             self.state, self.leadership, self.leading = state, leadership, True
             self._set_health(True)
             log.info("controller %s became leader (quorum id %s)", self.candidate,

@@ -34,28 +34,30 @@ async def commit(stub, rid, step, quorum_id):
 async def test_quorums_step_after_step_with_failures(server, stub, clock):
     answers = await round_(stub, {r: 0 for r in REPLICAS})
     q1 = answers["r0"]
-    assert {a.quorum_id for a in answers.values()} == {1}
+    base = q1.quorum_id - 1  # a fresh controller counts from its clock: ids never go back
+    assert base == int(clock.now * 1000) - 1
+    assert {a.quorum_id for a in answers.values()} == {base + 1}
     assert [m.replica_id for m in q1.members] == list(REPLICAS)
     assert q1.addresses_included and q1.members[1].ftar_addresses == ["r1-ftar-0:1", "r1-ftar-1:1"]
     assert q1.lr_scale == 1.0 and q1.total_replicas == 3
 
     for step in range(1, 4):  # steady state: fast path, same quorum id, addresses left out
         for r in REPLICAS:
-            await commit(stub, r, step - 1, 1)
-        answers = await round_(stub, {r: step for r in REPLICAS}, known_quorum_id=1)
-        assert {a.quorum_id for a in answers.values()} == {1}
+            await commit(stub, r, step - 1, base + 1)
+        answers = await round_(stub, {r: step for r in REPLICAS}, known_quorum_id=base + 1)
+        assert {a.quorum_id for a in answers.values()} == {base + 1}
         assert all(not a.addresses_included and a.reason.startswith("fast path") for a in answers.values())
 
     # r2 stops heartbeating: after the timeout it is dead and excluded.
     for r in ("r0", "r1"):
-        await commit(stub, r, 3, 1)
+        await commit(stub, r, 3, base + 1)
     clock.advance(3.0)
     await heartbeat(stub, replica_ids=["r0", "r1"])
     clock.advance(3.0)
     await wait_for(lambda: server.state.replicas["r2"].state.value == "DEAD", what="r2 declared dead")
-    answers = await round_(stub, {"r0": 4, "r1": 4}, known_quorum_id=1)
+    answers = await round_(stub, {"r0": 4, "r1": 4}, known_quorum_id=base + 1)
     q2 = answers["r0"]
-    assert q2.quorum_id == 2 and [m.replica_id for m in q2.members] == ["r0", "r1"]
+    assert q2.quorum_id == base + 2 and [m.replica_id for m in q2.members] == ["r0", "r1"]
     assert q2.addresses_included  # membership changed: fresh addresses
     assert q2.lr_scale == pytest.approx((2 / 3) ** 0.5)
 
@@ -63,10 +65,10 @@ async def test_quorums_step_after_step_with_failures(server, stub, clock):
     # and gets a recovery source, r0 stays healthy.
     await stub.ReportFailure(pb.ReportFailureRequest(job_id="t", replica_id="r1", kind=pb.ReportFailureRequest.REPLICA_DEAD,
                                                      reason="GPU fell off the bus"))
-    await commit(stub, "r0", 4, 2)
+    await commit(stub, "r0", 4, base + 2)
     answers = await round_(stub, {"r0": 5, "r2": 3})
     q3 = answers["r2"]
-    assert q3.quorum_id == 3 and q3.max_step == 5 and q3.reason == "all 2 live replicas joined"
+    assert q3.quorum_id == base + 3 and q3.max_step == 5 and q3.reason == "all 2 live replicas joined"
     assert {m.replica_id: m.healthy for m in q3.members} == {"r0": True, "r2": False}
     assert [(r.replica_id, list(r.sources_by_shard)) for r in q3.recover] == [("r2", ["r0"])]
     assert q3.lr_scale == pytest.approx((1 / 3) ** 0.5)
@@ -74,12 +76,12 @@ async def test_quorums_step_after_step_with_failures(server, stub, clock):
     # The REST API shows the same picture, and /metrics the gauges.
     async with httpx.AsyncClient(base_url=server.http_url) as http:
         job = (await http.get("/api/v1/job")).json()
-        assert job["quorum_id"] == 3 and job["replicas_healthy"] == 1 and job["replicas_behind"] == 1
+        assert job["quorum_id"] == base + 3 and job["replicas_healthy"] == 1 and job["replicas_behind"] == 1
         reps = {r["replica_id"]: r for r in (await http.get("/api/v1/replicas")).json()}
         assert reps["r1"]["state"] == "DEAD" and reps["r1"]["reason"] == "GPU fell off the bus"
         assert reps["r2"]["state"] == "BEHIND"
         quorums = (await http.get("/api/v1/quorums")).json()
-        assert quorums["current"]["quorum_id"] == 3 and [q["quorum_id"] for q in quorums["recent"]] == [3, 2, 1]
+        assert [q["quorum_id"] - base for q in quorums["recent"]] == [3, 2, 1]
         events = (await http.get("/api/v1/events")).json()
         assert any("r2 became DEAD: no heartbeat" in e["message"] for e in events)
         metrics = (await http.get("/metrics")).text

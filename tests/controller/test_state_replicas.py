@@ -108,6 +108,18 @@ def test_new_incarnation_may_come_back_lower():
     r = s.replicas["r0"]
     assert r.state == ReplicaState.JOINING and r.incarnation == "b" and r.step == 0
     assert s.deaths == {"restarted": 1}
+    s.report_step("r0", 0, 3.0)  # it resumed from an older checkpoint: its steps count again
+    assert r.committed_step == 0
+
+
+def test_a_fresh_controller_counts_quorum_ids_from_its_clock():
+    s = fresh()
+    s.restore(None, [], 1234.5)
+    q = form(s, {"r0": 0, "r1": 0, "r2": 0}, 1234.5)
+    assert q.quorum_id == 1_234_500
+    t = fresh()
+    t.restore(s.snapshot_replicas(), [], 2000.0)  # a successor keeps counting, never restarts
+    assert t.first_quorum_id == 1_234_500 and t.quorum.quorum_id == 1_234_500
 
 
 @pytest.mark.parametrize("req, message", [

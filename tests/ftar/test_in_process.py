@@ -172,3 +172,21 @@ def test_a_peer_of_another_group_is_refused_fatally():
         assert isinstance(results[0], FatalError) and "serves group" in str(results[0])
     finally:
         parallel(a.close, b.close)
+
+
+def test_a_neighbour_leaving_right_after_its_own_success_does_not_fail_this_rank():
+    # b's sends (data and credit bytes) are slow, so a finishes first and closes while b still owes
+    # a its last credits; those are no longer needed, so b's operation must still succeed.
+    faults = [Faults(), Faults()]
+    a, b = eps = endpoints(2, faults)
+    try:
+        configure(eps, 1)
+        faults[1].delay(0.05)
+        xs = [torch.ones(3000), torch.ones(3000)]
+        ha, hb = a.allreduce(xs[0]), b.allreduce(xs[1])
+        ha.wait(10.0)
+        a.close()
+        hb.wait(10.0)
+        assert torch.equal(xs[1], torch.full((3000,), 2.0))
+    finally:
+        parallel(a.close, b.close)

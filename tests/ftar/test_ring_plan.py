@@ -55,3 +55,28 @@ def test_segments_never_exceed_the_chunk_window_without_alignment():
 
 def test_a_single_rank_has_no_steps():
     assert list(ring_steps(0, 1, 100, 8, 2)) == []
+
+
+class _CreditSource:
+    """A right-hand connection that hands out one credit byte per read, and counts reads."""
+
+    def __init__(self) -> None:
+        self.reads = 0
+
+    def recv_some(self, into, timeout_s):
+        self.reads += 1
+        into[0] = 1
+        return 1
+
+
+def test_the_sender_waits_for_credit_only_when_the_window_is_full():
+    from ftar_kernels.ring_run import RingLinks
+
+    right = _CreditSource()
+    links = RingLinks(left=None, right=right)  # type: ignore[arg-type]
+    window = 3
+    for sent in range(10):
+        links.take_credit(window, timeout_s=1.0)
+        assert links.sent_chunks - links.acked_chunks < window  # room for one more chunk
+        links.sent_chunks += 1
+    assert right.reads == 10 - window  # the first `window` chunks needed no credit

@@ -18,7 +18,8 @@ pytestmark = pytest.mark.slow
 
 
 def test_kill_during_allreduce_and_abort_keep_history_consistent(tmp_path):
-    cluster = Cluster(tmp_path, replicas=3, ranks=2, steps=10,
+    # join_timeout_s=2 leaves a slow-starting replica time to join the first quorum on a loaded machine.
+    cluster = Cluster(tmp_path, replicas=3, ranks=2, steps=10, join_timeout_s=2.0,
                       faults=Faults().kill(replica=1, at_step=4).abort(replica=2, at_step=7, rank=1))
     rec = cluster.run(timeout_s=110.0)
 
