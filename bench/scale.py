@@ -4,9 +4,11 @@
 
 The real controller runs as its own process. Simulated agents register every host and keep a
 real heartbeat for each of them (multiplexed: one message carries many host ids); simulated
-replica leaders (real gRPC) join quorums with every rank's addresses and commit steps. When
-the trainer runtime's fan-out is available, one replica's intra-replica fan-out and commit is
-also run at full rank count. Prints one JSON line.
+replica leaders (real gRPC) join quorums with every rank's addresses and commit steps;
+quorum latency is timed from the release of a round to its last answer (commit reports go
+between rounds). Then one replica's real intra-replica fan-out and commit vote run at full
+rank count (the leader's production channel; the other ranks simulated as asyncio
+connections in one process). Prints one JSON line.
 """
 
 from __future__ import annotations
@@ -101,16 +103,20 @@ async def run(args) -> dict:
                 ftar_addresses=addresses[r][0] if first else [], state_addresses=addresses[r][1] if first else []),
                 timeout=60)
             known[r] = reply.quorum_id
+
+        async def report(r: int, step: int) -> None:
             await leaders[r].ReportStep(pb.ReportStepRequest(job_id=JOB, replica_id=f"r{r:02d}", step=step,
-                                                             quorum_id=reply.quorum_id, step_time_s=1.0))
+                                                             quorum_id=known[r], step_time_s=1.0))
 
         await asyncio.gather(*(leader(r, 0) for r in range(args.replicas)))  # first join carries addresses
+        await asyncio.gather(*(report(r, 0) for r in range(args.replicas)))
         cpu0, wall0 = cpu_seconds(pid), time.perf_counter()
         latencies = []
         for step in range(1, args.rounds + 1):
             start = time.perf_counter()
             await asyncio.gather(*(leader(r, step) for r in range(args.replicas)))
             latencies.append((time.perf_counter() - start) * 1000)
+            await asyncio.gather(*(report(r, step) for r in range(args.replicas)))
         cpu_pct = 100 * (cpu_seconds(pid) - cpu0) / (time.perf_counter() - wall0)
         stop.set()
         beats = sum(await asyncio.gather(*beaters))
@@ -128,6 +134,19 @@ async def run(args) -> dict:
         proc.wait(timeout=30)
 
 
+def fanout(ranks: int, rounds: int) -> dict:
+    """One replica's real intra-replica fan-out + commit at full rank count."""
+    from fthsdp.channel_simulation import simulate_rounds
+
+    rounds_ = simulate_rounds(ranks, rounds)
+    decision_ms = [r.decision_s * 1000 for r in rounds_]
+    return {"fanout_commit_p50_ms": round(statistics.median(decision_ms), 1),
+            "fanout_commit_p99_ms": round(percentile(decision_ms, 99), 1),
+            "fanout_p50_ms": round(statistics.median(r.fanout_s * 1000 for r in rounds_), 1),
+            "leader_broadcast_p50_ms": round(statistics.median(r.broadcast_s * 1000 for r in rounds_), 1),
+            "fanout_rounds": len(rounds_)}
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--replicas", type=int, default=12)
@@ -136,12 +155,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=30)
     p.add_argument("--heartbeat-interval-s", type=float, default=2.0)
     p.add_argument("--heartbeat-timeout-s", type=float, default=30.0)
+    p.add_argument("--fanout-rounds", type=int, default=10, help="0 skips the intra-replica fan-out part")
     p.add_argument("--json", action="store_true", help="print one JSON line (the default output)")
     args = p.parse_args(argv)
     if args.ranks_per_replica % args.hosts_per_replica:
         p.error(f"--ranks-per-replica {args.ranks_per_replica} must be a multiple of --hosts-per-replica "
                 f"{args.hosts_per_replica}")
-    print(json.dumps(asyncio.run(run(args))), flush=True)
+    result = asyncio.run(run(args))
+    if args.fanout_rounds > 0:
+        result.update(fanout(args.ranks_per_replica, args.fanout_rounds))
+    print(json.dumps(result), flush=True)
     return 0
 
 

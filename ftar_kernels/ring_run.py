@@ -1,13 +1,14 @@
 """One all-reduce over an established ring: header agreement, then the pipelined data phase.
 
-Three threads per operation: the calling (runner) thread receives from the left neighbour into
-staging buffers, a folder thread adds them into the tensor (reads and adds overlap), and a sender
-thread sends to the right neighbour; the sender's chunk waits until the chunk it forwards has been
-folded. Blocking socket calls release the GIL, and so does torch's add_.
+Two threads per operation: the calling (runner) thread receives from the left neighbour (into a
+staging slot in reduce-scatter, straight into the tensor in all-gather on CPU), and a sender thread
+sends to the right neighbour; a chunk is sent once the chunk it forwards has been received, and
+folded in just before. Blocking socket calls release the GIL, and so does torch's add_.
 
-Flow control is by credits: the folder returns one credit byte on the left connection per chunk
-it has consumed, and the sender never has more than `chunks_in_flight` unconsumed chunks
-outstanding, so at most S x C bytes are in flight between two neighbours. Credit counters belong to the connection and carry over between
+Flow control is by credits: the receiver returns one credit byte on the left connection per chunk
+it has taken off the wire, and the sender never has more than `chunks_in_flight` chunks
+outstanding, so at most S x C bytes are in flight between two neighbours; staging slots are
+reused only after their chunk is folded. Credit counters belong to the connection and carry over between
 operations. The first error wins: both connections are interrupted, which wakes every blocked
 call on this rank and closes the ring for the neighbours, who then fail too (RecoverableError).
 """
@@ -109,12 +110,27 @@ def run_ring(links: RingLinks, plane, numel: int, elem_size: int, rank: int, wor
         if progress.fail(error):
             links.interrupt()
 
+    # Reduce-scatter chunks wait in staging slots until folded (added into the tensor). Whoever
+    # needs a fold first does it: the sender just before forwarding the chunk, or the receiver
+    # when it needs the slot back. So the receiver never waits for the sender (no cycle around the
+    # ring) and a chunk costs one thread hand-off (receiver -> sender).
+    pending: collections.deque = collections.deque()  # (k, lo, hi) received, not yet folded
+    fold_lock = threading.Lock()
+
+    def fold_through(limit: int) -> None:
+        with fold_lock:
+            while pending and pending[0][0] <= limit:
+                k, lo, hi = pending[0]
+                plane.received(k, lo, hi, True)
+                pending.popleft()
+
     def send_loop() -> None:
         try:
             steps = ring_steps(rank, world, numel, chunk_elems, chunks, align)
             for i, ch in enumerate(send_chunks(steps, chunk_elems)):
                 if ch.after_recv >= 0:
                     progress.wait_for(ch.after_recv + 1, settings.timeout_s)
+                    fold_through(ch.after_recv)
                 links.take_credit(chunks, settings.timeout_s)
                 links.right.send_all(plane.send_view(i, ch.lo, ch.hi), settings.timeout_s)
                 plane.sent(i)
@@ -122,70 +138,43 @@ def run_ring(links: RingLinks, plane, numel: int, elem_size: int, rank: int, wor
         except BaseException as exc:  # noqa: BLE001 - handed to the runner thread
             fail(exc)
 
-    # The receiver (this thread) reads chunk k into staging slot k % C while the folder thread
-    # adds chunk k-1 into the tensor, so socket reads and adds overlap; C slots bound how far the
-    # receiver runs ahead of the folder.
-    folder_queue: collections.deque = collections.deque()
-    folded = threading.Semaphore(chunks)  # free staging slots
-
-    def fold_loop() -> None:
-        try:
-            while True:
-                with progress.cond:
-                    if not progress.cond.wait_for(lambda: folder_queue or progress.error is not None,
-                                                  settings.timeout_s):
-                        raise RecoverableError(f"timed out after {settings.timeout_s} s waiting for data")
-                    if progress.error is not None:
-                        return
-                    item = folder_queue.popleft()
-                if item is None:
-                    return
-                k, lo, hi, reduce = item
-                plane.received(k, lo, hi, reduce)
-                folded.release()
-                try:
-                    links.left.send_all(CREDIT, settings.timeout_s)
-                except RecoverableError:
-                    # The left neighbour stopped reading. If it still owes us data, our receiver
-                    # fails on its own; if not (it finished and moved on), this op is unaffected.
-                    pass
-                progress.advance()
-        except BaseException as exc:  # noqa: BLE001
-            fail(exc)
-
     sender = threading.Thread(target=send_loop, name=f"ftar-send-r{rank}", daemon=True)
-    folder = threading.Thread(target=fold_loop, name=f"ftar-fold-r{rank}", daemon=True)
     sender.start()
-    folder.start()
     try:
         k, partition = 0, 0
         for st in ring_steps(rank, world, numel, chunk_elems, chunks, align):
             if st.step == world - 1:
                 protocol.apply(RankEvent.SCATTERED)
             for lo, hi in chunk_ranges(*st.recv, chunk_elems):
-                if not folded.acquire(timeout=settings.timeout_s):
-                    raise RecoverableError(f"timed out after {settings.timeout_s} s waiting for a staging buffer")
-                if progress.error is not None:
-                    raise RecoverableError("aborted")  # the first error is already recorded
+                fold_through(k - chunks)  # frees staging slot k % C
                 links.left.recv_exact(plane.recv_view(k, lo, hi, st.reduce), settings.timeout_s)
-                with progress.cond:
-                    folder_queue.append((k, lo, hi, st.reduce))
-                    progress.cond.notify_all()
+                if st.reduce:
+                    with fold_lock:
+                        pending.append((k, lo, hi))
+                else:
+                    plane.received(k, lo, hi, False)  # CPU: nothing (received in place)
+                try:
+                    links.left.send_all(CREDIT, settings.timeout_s)
+                except RecoverableError:
+                    # The left neighbour stopped reading. If it still owes us data, the next
+                    # receive fails; if not (it finished and moved on), this op is unaffected.
+                    pass
+                progress.advance()
                 k += 1
             if st.last_of_partition:
                 partition += 1
                 if partition < n_parts:
                     protocol.apply(RankEvent.NEXT_PARTITION)
-        with progress.cond:
-            folder_queue.append(None)
-            progress.cond.notify_all()
     except BaseException as exc:  # noqa: BLE001
         fail(exc)
-    folder.join(settings.timeout_s + 5.0)
-    deadline = time.monotonic() + settings.timeout_s + 5.0
-    sender.join(max(0.0, deadline - time.monotonic()))
-    if sender.is_alive() or folder.is_alive():  # only if a transport ignores interrupt()
-        fail(FatalError("an FTAR data thread did not stop after its connections were interrupted"))
+    sender.join(settings.timeout_s + 5.0)
+    if sender.is_alive():  # only if a transport ignores interrupt()
+        fail(FatalError("the FTAR sender thread did not stop after its connections were interrupted"))
+    if progress.error is None:
+        try:
+            fold_through(k)  # every reduce-scatter chunk was forwarded, so this finds none
+        except BaseException as exc:  # noqa: BLE001
+            fail(exc)
     if progress.error is not None:
         raise classify(progress.error)
     protocol.apply(RankEvent.GATHERED)  # every chunk sent, received and folded

@@ -40,33 +40,34 @@ async def _read(reader: asyncio.StreamReader) -> dict:
     return json.loads(await reader.readexactly(n))
 
 
-async def _simulated_rank(address: str, rank: int, got_plan: list[float], got_decision: list[float],
-                          ready: asyncio.Semaphore) -> None:
+async def _simulated_rank(address: str, rank: int, rounds: int, got_plan: list[list[float]],
+                          got_decision: list[list[float]], ready: asyncio.Semaphore) -> None:
     host, _, port = address.rpartition(":")
     reader, writer = await asyncio.open_connection(host, int(port))
     writer.write(encode({"t": "hello", "rank": rank}))
     await writer.drain()
     ready.release()
-    plan = await _read(reader)
-    got_plan.append(time.perf_counter())
-    view = plan["view"]
-    writer.write(encode({"t": "vote", "rank": rank, "quorum_id": view["quorum_id"], "step": view["step"],
-                         "ok": True, "reason": ""}))
-    await writer.drain()
-    await _read(reader)
-    got_decision.append(time.perf_counter())
+    for i in range(rounds):
+        plan = await _read(reader)
+        got_plan[i].append(time.perf_counter())
+        view = plan["view"]
+        writer.write(encode({"t": "vote", "rank": rank, "quorum_id": view["quorum_id"], "step": view["step"],
+                             "ok": True, "reason": ""}))
+        await writer.drain()
+        await _read(reader)
+        got_decision[i].append(time.perf_counter())
     writer.close()
 
 
-def _ranks_process(address: str, n_ranks: int, conn, timeout_s: float) -> None:
-    """Child process: connect n_ranks - 1 simulated ranks, report ready, play one round."""
+def _ranks_process(address: str, n_ranks: int, rounds: int, conn, timeout_s: float) -> None:
+    """Child process: connect n_ranks - 1 simulated ranks, report ready, play the rounds."""
     _raise_fd_limit(n_ranks + 256)
-    got_plan: list[float] = []
-    got_decision: list[float] = []
+    got_plan: list[list[float]] = [[] for _ in range(rounds)]
+    got_decision: list[list[float]] = [[] for _ in range(rounds)]
 
     async def run() -> None:
         ready = asyncio.Semaphore(0)
-        tasks = [asyncio.ensure_future(_simulated_rank(address, r, got_plan, got_decision, ready))
+        tasks = [asyncio.ensure_future(_simulated_rank(address, r, rounds, got_plan, got_decision, ready))
                  for r in range(1, n_ranks)]
         for _ in range(n_ranks - 1):
             await ready.acquire()
@@ -74,18 +75,24 @@ def _ranks_process(address: str, n_ranks: int, conn, timeout_s: float) -> None:
         await asyncio.wait_for(asyncio.gather(*tasks), timeout_s)
 
     asyncio.run(run())
-    conn.send((max(got_plan, default=0.0), max(got_decision, default=0.0)))
+    conn.send([(max(p, default=0.0), max(d, default=0.0)) for p, d in zip(got_plan, got_decision)])
     conn.close()
 
 
 def simulate_fanout_and_vote(n_ranks: int, timeout_s: float = 120.0) -> RoundTimings:
-    """Run one plan fan-out + commit vote with `n_ranks` ranks (rank 0 is the leader, in this
-    process; the others are asyncio connections in one child process, as ranks are processes)."""
+    """One plan fan-out + commit vote with `n_ranks` ranks; see `simulate_rounds`."""
+    return simulate_rounds(n_ranks, 1, timeout_s)[0]
+
+
+def simulate_rounds(n_ranks: int, rounds: int, timeout_s: float = 120.0) -> list[RoundTimings]:
+    """Run `rounds` plan fan-outs + commit votes over the same connections, with `n_ranks`
+    ranks (rank 0 is the leader, in this process; the others are asyncio connections in one
+    child process, as ranks are processes)."""
     _raise_fd_limit(n_ranks + 256)
     leader = LeaderChannel("127.0.0.1", 0, n_ranks).start()
     ctx = multiprocessing.get_context("spawn")  # no fork of a threaded process
     parent, child = ctx.Pipe()
-    proc = ctx.Process(target=_ranks_process, args=(leader.address, n_ranks, child, timeout_s), daemon=True)
+    proc = ctx.Process(target=_ranks_process, args=(leader.address, n_ranks, rounds, child, timeout_s), daemon=True)
     try:
         t0 = time.perf_counter()
         proc.start()
@@ -93,19 +100,23 @@ def simulate_fanout_and_vote(n_ranks: int, timeout_s: float = 120.0) -> RoundTim
             raise TimeoutError(f"{n_ranks - 1} simulated ranks did not connect within {timeout_s}s")
         leader.wait_for_ranks(timeout_s)
         connect_s = time.perf_counter() - t0
-        view = {"quorum_id": 1, "step": 0}
-        start = time.perf_counter()  # CLOCK_MONOTONIC: comparable with the child's readings
-        leader.broadcast({"t": "plan", "view": view}, timeout_s)
-        broadcast_s = time.perf_counter() - start
-        decision = leader.collect_votes(1, 0, Vote(0, 1, 0, True), timeout_s)
-        voted = time.perf_counter()
-        leader.broadcast({"t": "decision", "quorum_id": 1, "step": 0, "outcome": decision.outcome.value,
-                          "reason": decision.reason}, timeout_s)
+        marks = []
+        for step in range(rounds):
+            view = {"quorum_id": 1, "step": step}
+            start = time.perf_counter()  # CLOCK_MONOTONIC: comparable with the child's readings
+            leader.broadcast({"t": "plan", "view": view}, timeout_s)
+            broadcast_s = time.perf_counter() - start
+            decision = leader.collect_votes(1, step, Vote(0, 1, step, True), timeout_s)
+            voted = time.perf_counter()
+            leader.broadcast({"t": "decision", "quorum_id": 1, "step": step, "outcome": decision.outcome.value,
+                              "reason": decision.reason}, timeout_s)
+            marks.append((start, broadcast_s, voted, decision.outcome.value))
         if not parent.poll(timeout_s):
-            raise TimeoutError("simulated ranks did not finish the round")
-        last_plan, last_decision = parent.recv()
-        return RoundTimings(n_ranks, connect_s, broadcast_s, max(last_plan, start) - start, voted - start,
-                            max(last_decision, voted) - start, decision.outcome.value)
+            raise TimeoutError("simulated ranks did not finish the rounds")
+        lasts = parent.recv()
+        return [RoundTimings(n_ranks, connect_s, broadcast_s, max(last_plan, start) - start, voted - start,
+                             max(last_decision, voted) - start, outcome)
+                for (start, broadcast_s, voted, outcome), (last_plan, last_decision) in zip(marks, lasts)]
     finally:
         leader.close()
         proc.join(10.0)

@@ -68,9 +68,13 @@ class ReplicaRegistry:
         if ftar and ftar != r.ftar_addresses:
             r.ftar_addresses = ftar
             self.dirty_addresses.add(rid)
+            self.round_renewed.add(rid)
         if state and state != r.state_addresses:
             r.state_addresses = state
             self.dirty_addresses.add(rid)
+            self.round_renewed.add(rid)
+        if restarted:
+            self.round_renewed.add(rid)
         r.leader_address = req.leader_address or r.leader_address
         if not self.round_joined:
             self.round_first_join_at = now
@@ -96,7 +100,8 @@ class ReplicaRegistry:
             members,
             previous_id=self.quorum.quorum_id if self.quorum else self.first_quorum_id - 1,
             previous_members=previous,
-            failed_commit=any(self.replicas[rid].failed_commit for rid in members),
+            # a failed commit, or a member with a new process or new addresses, needs new rings
+            failed_commit=any(self.replicas[rid].failed_commit or rid in self.round_renewed for rid in members),
             lr_policy=s.lr_policy,
             total_replicas=s.replicas,
             reason=decision.reason,
@@ -123,6 +128,7 @@ class ReplicaRegistry:
             self.dirty_replicas = True
         self.quorum = q
         self.round_joined = {}
+        self.round_renewed = set()
         self.round_first_join_at = None
         self.round_wake_at = None
         return q

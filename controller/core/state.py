@@ -35,6 +35,8 @@ class ControllerState(ReplicaRegistry, HostRegistry):
         self.first_quorum_id = 1
         self.quorum_history: list[Quorum] = []
         self.round_joined: dict[str, int] = {}
+        #: joiners this round with a new process or new addresses: the quorum id must change
+        self.round_renewed: set[str] = set()
         self.round_first_join_at: float | None = None
         self.round_reason = "no replica has joined this round"
         self.round_wake_at: float | None = None

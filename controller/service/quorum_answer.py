@@ -1,8 +1,10 @@
-"""The quorum answer in wire form, built once per quorum and shared by every member.
+"""The quorum answer in wire form, built once per round and shared by every member.
 
-Addresses make the answer large at scale (12 replicas × 8,192 ranks), so each quorum has
-two prepared forms: with addresses, and without them for leaders that already hold this
-quorum id."""
+Addresses make the answer large at scale (12 replicas × 8,192 ranks × 2), so each round has
+two forms: without addresses (built always: what leaders that already hold this quorum id
+get) and with them (built only when some leader asks for it). Addresses cannot change
+without a new quorum id, so the bare form is never stale.
+"""
 
 from __future__ import annotations
 
@@ -12,25 +14,32 @@ from protos import controller_pb2 as pb
 
 class QuorumAnswers:
     def __init__(self) -> None:
-        self._quorum_id = 0
-        self._full: pb.QuorumResponse | None = None
+        self._quorum: Quorum | None = None
+        self._state = None
         self._bare: pb.QuorumResponse | None = None
+        self._full: pb.QuorumResponse | None = None
 
     def prepare(self, q: Quorum, state) -> None:
-        total = state.settings.replicas
-        recover = [pb.RecoverAssignment(replica_id=b, sources_by_shard=list(src)) for b, src in sorted(q.recover.items())]
-        common = dict(quorum_id=q.quorum_id, max_step=q.max_step, recover=recover, lr_scale=q.lr_scale,
-                      reason=q.reason, total_replicas=total)
-        full_members, bare_members = [], []
-        for m in q.members:
-            r = state.replicas[m.replica_id]
-            full_members.append(pb.Member(replica_id=m.replica_id, step=m.step, healthy=m.healthy,
-                                          ftar_addresses=list(r.ftar_addresses),
-                                          state_addresses=list(r.state_addresses)))
-            bare_members.append(pb.Member(replica_id=m.replica_id, step=m.step, healthy=m.healthy))
-        self._quorum_id = q.quorum_id
-        self._full = pb.QuorumResponse(members=full_members, addresses_included=True, **common)
-        self._bare = pb.QuorumResponse(members=bare_members, addresses_included=False, **common)
+        self._quorum, self._state, self._full = q, state, None
+        self._bare = self._build(with_addresses=False)
 
     def get(self, known_quorum_id: int) -> pb.QuorumResponse:
-        return self._bare if known_quorum_id == self._quorum_id else self._full
+        if known_quorum_id == self._quorum.quorum_id:
+            return self._bare
+        if self._full is None:
+            self._full = self._build(with_addresses=True)
+        return self._full
+
+    def _build(self, with_addresses: bool) -> pb.QuorumResponse:
+        q, replicas = self._quorum, self._state.replicas
+        members = []
+        for m in q.members:
+            member = pb.Member(replica_id=m.replica_id, step=m.step, healthy=m.healthy)
+            if with_addresses:
+                member.ftar_addresses.extend(replicas[m.replica_id].ftar_addresses)
+                member.state_addresses.extend(replicas[m.replica_id].state_addresses)
+            members.append(member)
+        return pb.QuorumResponse(
+            quorum_id=q.quorum_id, members=members, max_step=q.max_step, lr_scale=q.lr_scale, reason=q.reason,
+            recover=[pb.RecoverAssignment(replica_id=b, sources_by_shard=list(src)) for b, src in sorted(q.recover.items())],
+            total_replicas=self._state.settings.replicas, addresses_included=with_addresses)

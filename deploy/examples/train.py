@@ -1,53 +1,92 @@
 """Example trainer: a small model trained under FT-HSDP, one process per (replica, rank).
 
-Run by deploy/examples/train-job.yaml (one pod per replica) or by an agent. It is written
-against the trainer runtime described in DESIGN.md §4 (`fthsdp.Manager` wraps the model, the
-optimizer and the data position, and drives quorum, catch-up, all-reduce and commit). The
-Manager's API was being written alongside this file: check `help(fthsdp.Manager)` and adjust
-the two marked calls if they differ.
+Run by deploy/examples/train-job.yaml (one pod per replica, one rank each) or by an agent
+(`fthsdp agent ... -- python /opt/fthsdp/train.py`). The job, replica, rank, world size,
+controller and leader address come from the FTHSDP_* environment through
+`RuntimeSettings.from_env` (fthsdp/settings.py); the flags below override single fields.
+`bind_host` (where FTAR and the state server listen, reached by other replicas) defaults to
+$POD_IP when set. Ranks of one replica (world_size > 1) also join a torch.distributed group
+through the usual env:// variables MASTER_ADDR and MASTER_PORT.
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
 import os
+import zlib
 
 import torch
+import torch.distributed as dist
 
-import fthsdp
+from fthsdp import FaultTolerantOptimizer, Manager, RuntimeSettings
+
+# RuntimeSettings fields that may be set by a flag (--controller-address ...); a flag left
+# out keeps the environment's value, or the default.
+SETTINGS_FLAGS = {"controller_address": str, "replica_id": str, "bind_host": str,
+                  "checkpoint_dir": str, "checkpoint_every_steps": int}
+
+log = logging.getLogger("train")
 
 
-def batches(position: int, batch_size: int = 32):
-    """A deterministic synthetic stream: batch i is the same wherever it is trained."""
-    while True:
-        g = torch.Generator().manual_seed(position)
-        x = torch.randn(batch_size, 16, generator=g)
-        yield position, x, x.sum(dim=1, keepdim=True)
-        position += 1
+def batch_at(replica_id: str, position: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Replica `replica_id`'s batch number `position`: a function of both only, so a retried
+    step sees the same batch and a caught-up replica continues where its ledger says."""
+    g = torch.Generator().manual_seed(zlib.crc32(replica_id.encode()) * 1_000_003 + position)
+    x = torch.randn(32, 16, generator=g)
+    return x, x.sum(dim=1, keepdim=True)
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--controller", default=os.environ.get("FTHSDP_CONTROLLER", "localhost:50051"))
-    parser.add_argument("--replica-id", default=os.environ.get("FTHSDP_REPLICA_ID", "0"))
-    parser.add_argument("--steps", type=int, default=1000)
-    args = parser.parse_args()
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--steps", type=int, default=1000, help="stop after this many committed steps")
+    p.add_argument("--lr", type=float, default=0.01)
+    p.add_argument("--log-every", type=int, default=50)
+    for field, conv in SETTINGS_FLAGS.items():
+        p.add_argument("--" + field.replace("_", "-"), dest=field, type=conv,
+                       help=f"RuntimeSettings.{field} (default: from the environment)")
+    return p.parse_args(argv)
 
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    overrides = {f: getattr(args, f) for f in SETTINGS_FLAGS if getattr(args, f) is not None}
+    if "bind_host" not in overrides and os.environ.get("POD_IP"):
+        overrides["bind_host"] = os.environ["POD_IP"]
+    settings = RuntimeSettings.from_env(**overrides)
+    logging.basicConfig(level=logging.INFO,
+                        format=f"%(asctime)s {settings.replica_id}/{settings.rank} %(name)s: %(message)s")
+
+    group = None
+    if settings.world_size > 1:  # the replica's own ranks: gradients are averaged inside it first
+        dist.init_process_group("gloo", init_method="env://", rank=settings.rank,
+                                world_size=settings.world_size)
+        group = dist.group.WORLD
+    torch.manual_seed(0)  # every replica starts from the same weights
     model = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    # (1) Manager construction: joins the job through the controller (replica leader = rank 0).
-    manager = fthsdp.Manager(controller=args.controller, replica_id=args.replica_id,
-                             model=model, optimizer=optimizer)
-    while manager.step < args.steps:
-        # (2) One fault-tolerant step: quorum, catch-up if behind, forward/backward on the batch
-        # at this replica's ledger position, FTAR, two-phase commit.
-        manager.train_step(lambda pos: torch.nn.functional.mse_loss(*_forward(model, pos)))
+    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
+    manager = Manager(model, optimizer, settings, process_group=group).start()
+    try:
+        ft_optimizer = FaultTolerantOptimizer(manager, optimizer)
+        batches = manager.batches(batch_at)
+        rows = slice(settings.rank, None, settings.world_size)  # this rank's share of the batch
+        while manager.step < args.steps:
+            x, y = next(batches)
+            ft_optimizer.zero_grad()  # joins the step's quorum; catches up first if behind
+            loss = torch.nn.functional.mse_loss(model(x[rows]), y[rows])
+            loss.backward()
+            # Averages gradients inside the replica and across replicas, votes, then commits
+            # (True) or rolls back for a retry of the same batch (False). Raises
+            # RetryLimitExceeded after max_retries failures in a row: the process exits non-zero
+            # and its Job index or agent restarts it.
+            if ft_optimizer.step(loss) and manager.step % args.log_every == 0:
+                out = manager.last_outcome
+                log.info("step %d loss %.4f replicas %s lr_scale %.3f", manager.step, loss.item(),
+                         ",".join(out.included), out.lr_scale)
+    finally:
+        manager.close()
+    log.info("done at step %d", manager.step)
     return 0
-
-
-def _forward(model: torch.nn.Module, position: int) -> tuple[torch.Tensor, torch.Tensor]:
-    _, x, y = next(batches(position))
-    return model(x), y
 
 
 if __name__ == "__main__":

@@ -193,3 +193,22 @@ def test_addresses_are_persisted_apart_and_only_on_change():
     t = fresh()
     t.restore(s.snapshot_replicas(), [], 3.0, {"r0": s.snapshot_addresses("r0")})
     assert t.replicas["r0"].ftar_addresses == ("f:1",) and t.replicas["r0"].state_addresses == ("s:1",)
+
+
+def test_new_addresses_or_a_restart_change_the_quorum_id_even_with_the_same_members():
+    s = fresh()
+    for rid in ("r0", "r1", "r2"):
+        join(s, rid, 0, 0.0, world_size=1, ftar_addresses=(f"{rid}:1",), incarnation="a")
+    first = s.try_close_round(0.0).quorum_id
+    for rid in ("r0", "r1", "r2"):
+        join(s, rid, 1, 1.0, world_size=1, ftar_addresses=(f"{rid}:1",), incarnation="a")
+    assert s.try_close_round(1.0).quorum_id == first  # nothing changed: fast path, same rings
+    for rid in ("r0", "r1"):
+        join(s, rid, 2, 2.0, world_size=1, incarnation="a")
+    join(s, "r2", 2, 2.0, world_size=1, ftar_addresses=("r2:9",), incarnation="a")
+    assert s.try_close_round(2.0).quorum_id == first + 1
+    for rid in ("r0", "r1"):
+        join(s, rid, 3, 3.0, world_size=1, incarnation="a")
+    join(s, "r2", 0, 3.0, world_size=1, incarnation="b")  # restarted, same addresses
+    q = s.try_close_round(3.0)
+    assert q.quorum_id == first + 2 and q.member_ids == {"r0", "r1", "r2"}

@@ -17,10 +17,14 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
-KUSTOMIZE = DEPLOY / "kustomize"
 K8S_VERSION = "1.37.0"  # newest schemas kubernetes-validate ships; bump with it
-KUSTOMIZATIONS = ["base", "etcd", "overlays/dev", "overlays/production"]
-OVERLAYS = ["overlays/dev", "overlays/production"]
+# Directories under deploy/ that hold a kustomization.yaml.
+KUSTOMIZATIONS = ["kustomize/base", "kustomize/etcd", "kustomize/overlays/dev", "kustomize/overlays/production",
+                  "examples/train-job", "examples/train-job-mtls"]
+OVERLAYS = ["kustomize/overlays/dev", "kustomize/overlays/production"]
+# The example trainer Job to apply next to each overlay (its controller's TLS decides which).
+EXAMPLE_JOBS = {"kustomize/overlays/dev": "examples/train-job",
+                "kustomize/overlays/production": "examples/train-job-mtls"}
 WORKLOAD_KINDS = {"Deployment", "DaemonSet", "StatefulSet", "Job"}
 CLUSTER_SCOPED = {"Namespace"}
 KUBECTL = shutil.which("kubectl")
@@ -31,20 +35,20 @@ def _load_all(text: str) -> list[dict]:
 
 
 def _kustomization(rel: str) -> dict:
-    return yaml.safe_load((KUSTOMIZE / rel / "kustomization.yaml").read_text())
+    return yaml.safe_load((DEPLOY / rel / "kustomization.yaml").read_text())
 
 
 def _listed_files(key: str) -> set[Path]:
     out = set()
     for rel in KUSTOMIZATIONS:
         for entry in _kustomization(rel).get(key, []):
-            path = (KUSTOMIZE / rel / (entry["path"] if isinstance(entry, dict) else entry)).resolve()
+            path = (DEPLOY / rel / (entry["path"] if isinstance(entry, dict) else entry)).resolve()
             if path.is_file():
                 out.add(path)
     return out
 
 
-MANIFEST_FILES = sorted(_listed_files("resources") | set((DEPLOY / "examples").glob("*.yaml")))
+MANIFEST_FILES = sorted(_listed_files("resources"))
 PATCH_FILES = sorted(_listed_files("patches"))
 
 
@@ -59,7 +63,7 @@ def render(rel: str) -> list[dict]:
     if KUBECTL is None:
         pytest.skip("kubectl is not installed (apt-get install kubectl): overlays cannot be rendered")
     if rel not in _rendered:
-        out = subprocess.run([KUBECTL, "kustomize", str(KUSTOMIZE / rel)], check=True,
+        out = subprocess.run([KUBECTL, "kustomize", str(DEPLOY / rel)], check=True,
                              capture_output=True, text=True, timeout=60)
         _rendered[rel] = _load_all(out.stdout)
     return _rendered[rel]
@@ -87,9 +91,8 @@ def _containers(obj: dict):
 
 
 def _everything() -> list[tuple[str, list[dict]]]:
-    """Every rendered overlay plus the example files (which are applied on their own)."""
-    return [(rel, render(rel)) for rel in OVERLAYS] + [
-        (_rel(p), _load_all(p.read_text())) for p in sorted((DEPLOY / "examples").glob("*.yaml"))]
+    """Every rendered overlay plus the example Jobs (which are applied on their own)."""
+    return [(rel, render(rel)) for rel in OVERLAYS + sorted(set(EXAMPLE_JOBS.values()))]
 
 
 def _by(docs: list[dict], kind: str, name: str) -> dict:
@@ -129,6 +132,9 @@ def test_overlay_puts_everything_in_its_namespace(rel):
     for d in docs:
         if d["kind"] not in CLUSTER_SCOPED:
             assert d["metadata"].get("namespace") == namespace, d["metadata"]["name"]
+    # The example Job applied with this overlay: its own namespace, or none (`kubectl -n NS`).
+    for d in render(EXAMPLE_JOBS[rel]):
+        assert d["metadata"].get("namespace") in (None, namespace), EXAMPLE_JOBS[rel]
 
 
 # ---------------------------------------------------------------- pod security
@@ -262,7 +268,7 @@ def test_network_policy_lets_agents_and_trainers_reach_grpc_and_nobody_else(rel)
     http_rule = next(r for r in policy["spec"]["ingress"] if r["ports"][0]["port"] == 8080)
     peers = [p["podSelector"] for p in grpc_rule["from"]]
     assert all(set(p) == {"podSelector"} for p in grpc_rule["from"]), "gRPC open to other namespaces"
-    job = _load_all((DEPLOY / "examples" / "train-job.yaml").read_text())[0]
+    job = _by(render(EXAMPLE_JOBS[rel]), "Job", "fthsdp-example")
     clients = [o for o in docs if o["kind"] == "DaemonSet"] + [job]
     assert len(clients) == 3
     for o in clients:

@@ -1,0 +1,132 @@
+"""`fthsdp demo`: train an MLP on scikit-learn's digits with R replicas on this machine,
+through the real controller, agents and runtime, while failures are injected on a schedule.
+
+    fthsdp demo [--replicas 4] [--steps 300] [--failures kill-trainer@80:r1,kill-agent@170:r2]
+                [--ranks-per-replica 1] [--lr-policy sqrt] [--out fthsdp-report] [--seed 0]
+                [--no-baseline]
+
+Writes OUT/report.json, OUT/loss.png and OUT/healthy_replicas.png (logs and records under
+OUT/run and OUT/baseline). Exit status: 0 when every check passed, 1 when a check failed or
+the job did not finish, 2 for bad arguments (the message names the bad value).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+from fthsdp.demo.schedule import ScheduleError, parse
+
+DEFAULT_FAILURES = "kill-trainer@80:r1,kill-agent@170:r2"
+LR_POLICIES = ("none", "linear", "sqrt")
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="fthsdp demo", description=__doc__.split("\n\n")[0],
+                                epilog=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--replicas", type=int, default=4, help="data-parallel replicas (2..8)")
+    p.add_argument("--ranks-per-replica", type=int, default=1, choices=(1, 2))
+    p.add_argument("--steps", type=int, default=300, help="training steps (10..5000)")
+    p.add_argument("--failures", default=DEFAULT_FAILURES,
+                   help="KIND@STEP:REPLICA,... with KIND kill-trainer or kill-agent; '' for none "
+                        f"(default {DEFAULT_FAILURES})")
+    p.add_argument("--spares", type=int, default=1, help="spare hosts (agents with --spare)")
+    p.add_argument("--cold-spares", action="store_true", help="spares without pre-started standby trainers")
+    p.add_argument("--lr-policy", choices=LR_POLICIES, default="sqrt",
+                   help="how the controller scales the learning rate with healthy/total replicas")
+    p.add_argument("--heartbeat-timeout-s", type=float, default=3.0, help="the controller's detection bound")
+    p.add_argument("--step-time-s", type=float, default=0.1,
+                   help="shortest step: the rest is slept, standing in for accelerator time")
+    p.add_argument("--out", type=Path, default=Path("fthsdp-report"))
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-baseline", action="store_true", help="skip the no-failure baseline run")
+    p.add_argument("--timeout-s", type=float, default=150.0, help="longest one run may take")
+    return p
+
+
+def _check(args) -> None:
+    if not 2 <= args.replicas <= 8:
+        raise ValueError(f"--replicas must be between 2 and 8, got {args.replicas}.")
+    if not 10 <= args.steps <= 5000:
+        raise ValueError(f"--steps must be between 10 and 5000, got {args.steps}.")
+    if not 0 <= args.spares <= 4:
+        raise ValueError(f"--spares must be between 0 and 4, got {args.spares}.")
+    if not 0.5 <= args.heartbeat_timeout_s <= 60:
+        raise ValueError(f"--heartbeat-timeout-s must be between 0.5 and 60, got {args.heartbeat_timeout_s}.")
+    if not 0 <= args.step_time_s <= 10:
+        raise ValueError(f"--step-time-s must be between 0 and 10, got {args.step_time_s}.")
+    if args.timeout_s <= 0:
+        raise ValueError(f"--timeout-s must be > 0, got {args.timeout_s}.")
+
+
+def main(argv: list[str]) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        _check(args)
+        failures = parse(args.failures, replicas=args.replicas, steps=args.steps, spares=args.spares)
+    except ScheduleError as exc:
+        print(f"fthsdp demo: bad --failures: {exc}", file=sys.stderr)
+        return 2
+    except ValueError as exc:
+        print(f"fthsdp demo: {exc}", file=sys.stderr)
+        return 2
+
+    from fthsdp.demo import data, plots, report, run
+    from fthsdp.demo.schedule import replica_ids
+
+    settings = run.RunSettings(
+        replicas=args.replicas, ranks_per_replica=args.ranks_per_replica, steps=args.steps, seed=args.seed,
+        lr_policy=args.lr_policy, spares=args.spares, standby=not args.cold_spares,
+        heartbeat_timeout_s=args.heartbeat_timeout_s, timeout_s=args.timeout_s, min_step_s=args.step_time_s)
+    out = args.out.resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.time()
+    dataset = data.prepare(out / "digits.npz", args.seed)
+    print(f"demo: {args.replicas} replicas x {args.ranks_per_replica} rank(s), {args.steps} steps, "
+          f"failures: {', '.join(f.describe() for f in failures) or 'none'}; output in {out}", flush=True)
+    main_run = run.run_job(out / "run", dataset, settings, failures, tty=sys.stdout.isatty())
+    if main_run.error:
+        print(f"demo: the run failed: {main_run.error}", file=sys.stderr)
+    ids = replica_ids(args.replicas)
+    main_summary = report.summary(main_run.rows, ids, args.ranks_per_replica)
+    base_summary, base_run = None, None
+    if not args.no_baseline:
+        print("demo: baseline run (same seed, data order and steps; no failures, no agents)", flush=True)
+        base_run = run.run_baseline(out / "baseline", dataset, settings)
+        if base_run.error:
+            print(f"demo: the baseline failed: {base_run.error}", file=sys.stderr)
+        base_summary = report.summary(base_run.rows, ids, args.ranks_per_replica)
+    result = report.build(
+        settings={**asdict(settings), "failures": [f.describe() for f in failures]},
+        main=main_summary, injections=main_run.injections, events=main_run.events,
+        wall_s=main_run.ended_at - main_run.started_at,
+        detection_bound_s=settings.heartbeat_timeout_s + 1.5, baseline=base_summary,
+        baseline_wall_s=base_run and base_run.ended_at - base_run.started_at)
+    result["checks"]["run_finished"] = not main_run.error and (base_run is None or not base_run.error)
+    result["total_wall_s"] = round(time.time() - t0, 2)
+    (out / "report.json").write_text(json.dumps(result, indent=2) + "\n")
+    plots.loss_plot(out / "loss.png", report.loss_by_step(main_run.rows),
+                    base_run and report.loss_by_step(base_run.rows), main_run.injections)
+    plots.healthy_plot(out / "healthy_replicas.png", main_run.samples, args.replicas, main_run.injections,
+                       main_run.started_at)
+    _print_summary(result, out)
+    return 0 if report.passed(result) else 1
+
+
+def _print_summary(r: dict, out: Path) -> None:
+    print(f"demo: {r['steps']} steps in {r['wall_s']:.1f}s; effective training time "
+          f"{r['effective_training_time']:.1%}; test accuracy {r['final']['test_accuracy']}")
+    for f in r["failures"]:
+        print(f"demo: {f['kind']} {f['replica']} at step {f['injected_step']}: detected after "
+              f"{f['detection_s']}s, healthy again after {f['rejoin_s']}s")
+    if r["baseline"]:
+        print(f"demo: baseline test accuracy {r['baseline']['test_accuracy']} "
+              f"(difference {r['accuracy_difference']})")
+    print(f"demo: checks {json.dumps(r['checks'])}")
+    for p in r["problems"]:
+        print(f"demo: problem: {p}")
+    print(f"demo: report in {out / 'report.json'}", flush=True)

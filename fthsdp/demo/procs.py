@@ -1,0 +1,128 @@
+"""Processes of the demo: the controller and agent CLIs, trainers, and how they are killed.
+
+Only processes this demo started are signalled, by pid. "Killing a host" SIGKILLs an agent
+and every process under it (its trainers), read from /proc before the agent dies.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+PYTHON = sys.executable
+_FTHSDP_BIN = Path(PYTHON).with_name("fthsdp")
+FTHSDP = [str(_FTHSDP_BIN)] if _FTHSDP_BIN.exists() else [
+    PYTHON, "-c", "import sys; from fthsdp.cli import main; sys.exit(main())"]
+TRAINER = [PYTHON, "-m", "fthsdp.demo.trainer"]
+
+
+def read_json_line(proc: subprocess.Popen, timeout_s: float, what: str) -> dict:
+    """The first JSON line `proc` prints, or RuntimeError naming `what` and its log."""
+    box: list[str] = []
+    reader = threading.Thread(target=lambda: box.append(proc.stdout.readline()), daemon=True)
+    reader.start()
+    reader.join(timeout_s)
+    if not box or not box[0].strip():
+        raise RuntimeError(f"{what} printed nothing within {timeout_s:g}s (exit code {proc.poll()})")
+    return json.loads(box[0])
+
+
+@dataclass
+class Controller:
+    proc: subprocess.Popen
+    grpc: str
+    http: str
+
+    @classmethod
+    def start(cls, log: Path, *, job_id: str, replicas: int, join_timeout_s: float,
+              heartbeat_timeout_s: float, lr_policy: str) -> "Controller":
+        proc = subprocess.Popen(
+            FTHSDP + ["controller", "--grpc-port", "0", "--http-port", "0", "--job-id", job_id,
+                      "--replicas", str(replicas), "--min-replicas", "1", "--join-timeout-s",
+                      str(join_timeout_s), "--heartbeat-timeout-s", str(heartbeat_timeout_s),
+                      "--lr-policy", lr_policy],
+            stdout=subprocess.PIPE, stderr=open(log, "w"), stdin=subprocess.DEVNULL, text=True)
+        try:
+            line = read_json_line(proc, 60.0, f"the controller (log {log})")
+        except Exception:
+            stop(proc, 1.0)
+            raise
+        return cls(proc, line["grpc"], line["http"])
+
+
+def start_agent(log: Path, *, controller: str, host_id: str, job_id: str, command: list[str],
+                replica_id: str = "", ranks: int = 1, spare: bool = False, standby: bool = False,
+                heartbeat_interval_s: float = 0.5) -> subprocess.Popen:
+    args = FTHSDP + ["agent", "--controller", controller, "--host-id", host_id, "--job-id", job_id,
+                     "--heartbeat-interval-s", str(heartbeat_interval_s), "--stop-grace-s", "2",
+                     "--slots", str(ranks)]
+    if spare:
+        args += ["--spare"] + (["--standby"] if standby else [])
+    else:
+        args += ["--replica-id", replica_id, "--ranks", ",".join(map(str, range(ranks))),
+                 "--world-size", str(ranks)]
+    return subprocess.Popen(args + ["--"] + command, stdout=subprocess.PIPE, stderr=open(log, "w"),
+                            stdin=subprocess.DEVNULL, text=True)
+
+
+def start_trainer(log: Path, config: Path, env: dict[str, str]) -> subprocess.Popen:
+    return subprocess.Popen(TRAINER + [str(config)], stdout=subprocess.DEVNULL, stderr=open(log, "w"),
+                            stdin=subprocess.DEVNULL, env={**os.environ, **env})
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process under `pid` (children first-level first), from /proc."""
+    out, todo = [], [pid]
+    while todo:
+        parent = todo.pop()
+        try:
+            tasks = os.listdir(f"/proc/{parent}/task")
+        except FileNotFoundError:
+            continue
+        for tid in tasks:
+            try:
+                children = Path(f"/proc/{parent}/task/{tid}/children").read_text().split()
+            except (FileNotFoundError, ProcessLookupError):
+                continue
+            for child in map(int, children):
+                out.append(child)
+                todo.append(child)
+    return out
+
+
+def kill_host(agent: subprocess.Popen) -> list[int]:
+    """SIGKILL an agent and everything it started, as if the host lost power."""
+    under = descendants(agent.pid)
+    agent.kill()
+    for pid in under:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    agent.wait()
+    return under
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def stop(proc: subprocess.Popen, grace_s: float) -> int:
+    """SIGTERM, then SIGKILL after `grace_s`; the exit code."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    return proc.wait()

@@ -1,0 +1,145 @@
+"""What a demo run means, computed from its records (pure: rows and events in, dicts out).
+
+Trainer rows are the JSON lines of `fthsdp.demo.trainer`; events are the controller's
+/api/v1/events (wall-clock `at`); injections are what the demo did and when.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from statistics import fmean
+
+
+def leader_rows(rows: list[dict], event: str) -> list[dict]:
+    return [r for r in rows if r.get("event") == event and r.get("rank") == 0]
+
+
+def exactly_once(rows: list[dict], replicas: list[str]) -> list[str]:
+    """Problems with committed history: each batch (replica, position) trained exactly once.
+
+    Every commit of a step must agree on what it included and from which positions; each
+    included batch must be one that replica really computed at that step ("trained" rows
+    are written before the all-reduce); no batch twice; no position skipped.
+    """
+    problems: list[str] = []
+    trained: dict[tuple[str, int], set[int]] = defaultdict(set)
+    for r in leader_rows(rows, "trained"):
+        trained[(r["replica"], r["step"])].add(r["position"])
+    by_step: dict[int, set] = defaultdict(set)
+    for r in leader_rows(rows, "commit"):
+        by_step[r["step"]].add(tuple((k, r["positions_before"].get(k, 0)) for k in r["included"]))
+    batches: Counter = Counter()
+    for step in sorted(by_step):
+        views = by_step[step]
+        if len(views) != 1:
+            problems.append(f"step {step} was committed with different contents: {sorted(views)}")
+            continue
+        for replica, position in next(iter(views)):
+            batches[(replica, position)] += 1
+            if position not in trained[(replica, step)]:
+                problems.append(f"step {step} included batch {position} of {replica}, which trained "
+                                f"{sorted(trained[(replica, step)])} at that step")
+    problems += [f"batch {p} of {r} was trained {n} times" for (r, p), n in sorted(batches.items()) if n > 1]
+    for replica in replicas:
+        positions = sorted(p for (r, p) in batches if r == replica)
+        if positions != list(range(len(positions))):
+            missing = sorted(set(range(max(positions, default=-1) + 1)) - set(positions))
+            problems.append(f"replica {replica} skipped batches {missing[:10]}")
+    if not by_step:
+        problems.append("no step was committed")
+    return problems
+
+
+def final_states(rows: list[dict], replicas: list[str], ranks: int) -> tuple[bool, list[str]]:
+    """Whether every (replica, rank) ended with the same step, parameters and optimizer state."""
+    last = {(r["replica"], r["rank"]): r for r in rows if r.get("event") == "done"}
+    missing = [f"{rep}/{k}" for rep in replicas for k in range(ranks) if (rep, k) not in last]
+    if missing:
+        return False, [f"no final state from {', '.join(missing)}"]
+    digests = {f"{rep}/{k}": r["digest"][:12] for (rep, k), r in sorted(last.items())}
+    if len(set(digests.values())) != 1:
+        return False, [f"final states differ: {digests}"]
+    return True, []
+
+
+def loss_by_step(rows: list[dict]) -> dict[int, float]:
+    """Mean training loss of the batches each committed step trained (healthy leaders)."""
+    losses: dict[int, list[float]] = defaultdict(list)
+    for r in leader_rows(rows, "commit"):
+        if not r["behind"]:
+            losses[r["step"]].append(r["loss"])
+    return {step: fmean(v) for step, v in sorted(losses.items())}
+
+
+def effective_training_time(rows: list[dict], replicas: int) -> float:
+    """Fraction of replica-time in committed healthy steps, over the training window
+    (first step begun to last step committed) times the configured replicas."""
+    steps = [r for r in leader_rows(rows, "commit") if not r["behind"]]
+    began = [r["began"] for r in rows if r.get("event") in ("commit", "retry") and r.get("rank") == 0]
+    if not steps or not began:
+        return 0.0
+    window = max(r["t"] for r in steps) - min(began)
+    if window <= 0:
+        return 0.0
+    return min(1.0, sum(r["t"] - r["began"] for r in steps) / (replicas * window))
+
+
+def recovery(injection: dict, events: list[dict]) -> dict:
+    """Detection (failure -> replica DEAD) and rejoin (failure -> HEALTHY again), from events."""
+    t0, replica = injection["injected_at"], injection["replica"]
+    mine = sorted((e for e in events if e.get("subject") == replica and e["at"] >= t0 - 0.05),
+                  key=lambda e: e["at"])
+    dead = next((e for e in mine if e["kind"] == "death"), None)
+    healthy = next((e for e in mine if dead and e["at"] >= dead["at"] and "became HEALTHY" in e["message"]), None)
+    return {"detected_at": dead and dead["at"], "detection_s": dead and round(dead["at"] - t0, 3),
+            "detected_by": dead and (dead.get("cause") or dead["message"]),
+            "rejoined_at": healthy and healthy["at"], "rejoin_s": healthy and round(healthy["at"] - t0, 3)}
+
+
+def summary(rows: list[dict], replicas: list[str], ranks: int) -> dict:
+    done = [r for r in rows if r.get("event") == "done" and r.get("rank") == 0]
+    final = done[-1] if done else {}
+    losses = loss_by_step(rows)
+    identical, problems = final_states(rows, replicas, ranks)
+    once = exactly_once(rows, replicas)
+    return {
+        "steps": final.get("step", 0),
+        "final_train_loss": round(losses[max(losses)], 5) if losses else None,
+        "test_loss": final.get("test_loss"), "test_accuracy": final.get("test_acc"),
+        "effective_training_time": round(effective_training_time(rows, len(replicas)), 4),
+        "commits": len(leader_rows(rows, "commit")), "retries": len(leader_rows(rows, "retry")),
+        "exactly_once": not once, "bitwise_identical": identical, "problems": once + problems,
+    }
+
+
+def build(*, settings: dict, main: dict, injections: list[dict], events: list[dict], wall_s: float,
+          detection_bound_s: float, baseline: dict | None, baseline_wall_s: float | None) -> dict:
+    """report.json. `main` and `baseline` are `summary` results."""
+    failures = [{**i, **recovery(i, events), "detection_bound_s": detection_bound_s} for i in injections]
+    detected = [f["detection_s"] for f in failures]
+    report = {
+        "settings": settings, "wall_s": round(wall_s, 2), "steps": main["steps"],
+        "failures": failures, "effective_training_time": main["effective_training_time"],
+        "final": {"train_loss": main["final_train_loss"], "test_loss": main["test_loss"],
+                  "test_accuracy": main["test_accuracy"]},
+        "commits": main["commits"], "retries": main["retries"],
+        "checks": {
+            "exactly_once": main["exactly_once"], "bitwise_identical": main["bitwise_identical"],
+            "all_failures_detected": all(d is not None for d in detected),
+            "detection_within_bound": all(d is not None and 0 < d <= detection_bound_s for d in detected),
+            "all_failures_rejoined": all(f["rejoin_s"] is not None for f in failures),
+        },
+        "problems": main["problems"], "baseline": None, "accuracy_difference": None,
+    }
+    if baseline is not None:
+        report["baseline"] = {k: baseline[k] for k in ("steps", "final_train_loss", "test_loss", "test_accuracy",
+                                                       "effective_training_time", "exactly_once",
+                                                       "bitwise_identical")}
+        report["baseline"]["wall_s"] = round(baseline_wall_s or 0.0, 2)
+        if main["test_accuracy"] is not None and baseline["test_accuracy"] is not None:
+            report["accuracy_difference"] = round(main["test_accuracy"] - baseline["test_accuracy"], 5)
+    return report
+
+
+def passed(report: dict) -> bool:
+    return all(report["checks"].values())

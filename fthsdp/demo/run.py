@@ -1,0 +1,245 @@
+"""Run one demo job: controller, agents (or direct trainers for the baseline), failures on
+schedule, live progress; returns what happened for `report.build`.
+
+Waits are bounded and event-driven where a file or process tells us (marker files,
+process exits); the controller's REST API is polled for the status table and triggers.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import signal
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+from fthsdp.demo import procs
+from fthsdp.demo.schedule import Failure, replica_ids
+from fthsdp.status import render
+
+log = logging.getLogger("fthsdp.demo")
+JOB_ID = "demo"
+POLL_S = 0.25
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    replicas: int
+    ranks_per_replica: int
+    steps: int
+    seed: int
+    lr_policy: str
+    spares: int = 1
+    standby: bool = True
+    hidden: int = 32
+    batch_rows: int = 32
+    lr: float = 0.05
+    min_step_s: float = 0.1
+    join_timeout_s: float = 1.0
+    heartbeat_timeout_s: float = 3.0
+    timeout_s: float = 150.0
+
+    def trainer_config(self, data: Path, records: Path, ports: dict) -> dict:
+        return {"job_id": JOB_ID, "data": str(data), "records": str(records), "replicas": replica_ids(self.replicas),
+                "steps": self.steps, "max_steps": self.steps * 3 + 50, "seed": self.seed, "hidden": self.hidden,
+                "batch_rows": self.batch_rows, "lr": self.lr, "ports": ports, "min_step_s": self.min_step_s,
+                "timeouts": {"quorum_s": 30.0, "allreduce_s": 5.0, "vote_s": 10.0, "fetch_s": 10.0,
+                             "fetch_hold_s": 5.0, "heartbeat_s": 0.5}}
+
+
+@dataclass
+class RunResult:
+    rows: list[dict]                                          # every trainer record
+    events: list[dict] = field(default_factory=list)          # controller events (wall clock)
+    samples: list[tuple[float, int]] = field(default_factory=list)  # (time, healthy replicas)
+    injections: list[dict] = field(default_factory=list)
+    started_at: float = 0.0
+    ended_at: float = 0.0
+    error: str = ""
+
+
+def _ports(replicas: list[str]) -> dict:
+    import socket
+
+    def free() -> int:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            return s.getsockname()[1]
+    return {r: {"leader": free(), "gloo": free()} for r in replicas}
+
+
+def _prepare(workdir: Path, s: RunSettings, data: Path) -> tuple[Path, Path]:
+    if workdir.exists():
+        shutil.rmtree(workdir)
+    records = workdir / "records"
+    records.mkdir(parents=True)
+    config = workdir / "trainer.json"
+    config.write_text(json.dumps(s.trainer_config(data, records, _ports(replica_ids(s.replicas))), indent=1))
+    return records, config
+
+
+def _done(records: Path, s: RunSettings) -> bool:
+    return all((records / f"{r}-{k}.done").exists() for r in replica_ids(s.replicas)
+               for k in range(s.ranks_per_replica))
+
+
+def _load_rows(records: Path) -> list[dict]:
+    rows = []
+    for path in sorted(records.glob("*.jsonl")):
+        for line in path.read_text().splitlines():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:  # a trainer killed mid-line
+                continue
+    return sorted(rows, key=lambda r: r["t"])
+
+
+class Progress:
+    """The status table (ANSI-refreshed on a TTY) or plain progress lines."""
+
+    def __init__(self, http: httpx.Client, steps: int, tty: bool) -> None:
+        self.http, self.steps, self.tty = http, steps, tty
+        self.notes: list[str] = []
+        self._last_line = ""
+        self._last_at = 0.0
+
+    def note(self, text: str) -> None:
+        self.notes.append(text)
+        print(f"demo: {text}", flush=True)
+
+    def show(self, job: dict, replicas: list, now: float) -> None:
+        if self.tty:
+            parts = {"job": job, "replicas": replicas}
+            for name, path in (("hosts", "/api/v1/hosts"), ("quorums", "/api/v1/quorums"),
+                               ("events", "/api/v1/events?limit=6")):
+                parts[name] = self.http.get(path).json()
+            notes = "\n".join(f"  {n}" for n in self.notes[-6:])
+            sys.stdout.write(f"\x1b[H\x1b[2J{render(**parts)}\n\ndemo (target {self.steps} steps):\n{notes}\n")
+            sys.stdout.flush()
+            return
+        line = (f"step {job['max_step']}/{self.steps}  healthy {job['replicas_healthy']}/{job['replicas_total']}  "
+                f"behind {job['replicas_behind']}  dead {job['replicas_dead']}  quorum {job['quorum_id']}  "
+                f"spares free {job['spares_free']}")
+        if line != self._last_line and now - self._last_at >= 2.0:
+            print(f"demo: {line}", flush=True)
+            self._last_line, self._last_at = line, now
+
+
+def _inject(f: Failure, job: dict, replicas: dict, hosts: list, agents: dict, records: Path) -> dict | None:
+    """Inject `f` if its replica is HEALTHY now; the injection record, or None to try later."""
+    if replicas.get(f.replica, {}).get("state") != "HEALTHY":
+        return None
+    if f.kind == "kill-trainer":
+        pid_file = records / f"{f.replica}-0.pid"
+        pid = int(pid_file.read_text()) if pid_file.exists() else 0
+        if not pid or not procs.alive(pid):
+            return None
+        os.kill(pid, signal.SIGKILL)
+        target = f"trainer pid {pid}"
+    else:
+        host = next((h["host_id"] for h in hosts if h["assignment"] and h["state"] == "ACTIVE"
+                     and h["assignment"]["replica_id"] == f.replica), None)
+        if host is None or host not in agents:
+            return None
+        under = procs.kill_host(agents.pop(host))
+        target = f"host {host} (agent and {len(under)} trainer process(es))"
+    return {"kind": f.kind, "replica": f.replica, "scheduled_step": f.at_step, "injected_step": job["max_step"],
+            "injected_at": time.time(), "target": target}
+
+
+def run_job(workdir: Path, data: Path, s: RunSettings, failures: list[Failure], *, tty: bool) -> RunResult:
+    """The faulty run: embedded controller, one agent per replica plus spares, failures on schedule."""
+    records, config = _prepare(workdir, s, data)
+    command = procs.TRAINER + [str(config)]
+    result = RunResult([], started_at=time.time())
+    controller = procs.Controller.start(workdir / "controller.log", job_id=JOB_ID, replicas=s.replicas,
+                                        join_timeout_s=s.join_timeout_s, heartbeat_timeout_s=s.heartbeat_timeout_s,
+                                        lr_policy=s.lr_policy)
+    agents: dict[str, object] = {}
+    started: list = []
+    try:
+        for i, rid in enumerate(replica_ids(s.replicas)):
+            agents[f"h{i}"] = procs.start_agent(workdir / f"agent-h{i}.log", controller=controller.grpc,
+                                                host_id=f"h{i}", job_id=JOB_ID, command=command, replica_id=rid,
+                                                ranks=s.ranks_per_replica)
+        for j in range(s.spares):
+            agents[f"spare{j}"] = procs.start_agent(workdir / f"agent-spare{j}.log", controller=controller.grpc,
+                                                    host_id=f"spare{j}", job_id=JOB_ID, command=command,
+                                                    ranks=s.ranks_per_replica, spare=True, standby=s.standby)
+        started = list(agents.values())
+        for host, agent in agents.items():
+            procs.read_json_line(agent, 60.0, f"agent {host} (log {workdir / f'agent-{host}.log'})")
+        with httpx.Client(base_url=controller.http, timeout=5.0) as http:
+            _watch(http, s, failures, agents, records, result, tty)
+            result.events = http.get("/api/v1/events", params={"limit": 100_000}).json()
+    except Exception as exc:  # noqa: BLE001 - reported, and the processes still stopped
+        result.error = str(exc)
+    finally:
+        for agent in started:
+            procs.stop(agent, 10.0)
+        procs.stop(controller.proc, 10.0)
+    result.ended_at = time.time()
+    result.rows = _load_rows(records)
+    return result
+
+
+def _watch(http: httpx.Client, s: RunSettings, failures: list[Failure], agents: dict, records: Path,
+           result: RunResult, tty: bool) -> None:
+    progress = Progress(http, s.steps, tty)
+    pending = list(failures)
+    deadline = time.monotonic() + s.timeout_s
+    while not _done(records, s):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the job did not finish within {s.timeout_s:g}s; logs in {records.parent}")
+        job = http.get("/api/v1/job").json()
+        replicas = http.get("/api/v1/replicas").json()
+        now = time.time()
+        result.samples.append((now, sum(r["state"] == "HEALTHY" for r in replicas)))
+        if pending and job["max_step"] >= pending[0].at_step:
+            hosts = http.get("/api/v1/hosts").json()
+            done = _inject(pending[0], job, {r["replica_id"]: r for r in replicas}, hosts, agents, records)
+            if done is not None:
+                pending.pop(0)
+                result.injections.append(done)
+                progress.note(f"step {done['injected_step']}: {done['kind']} {done['replica']}: "
+                              f"SIGKILL {done['target']}")
+        progress.show(job, replicas, time.monotonic())
+        time.sleep(POLL_S)
+    if pending:
+        raise RuntimeError(f"the job ended before {', '.join(f.describe() for f in pending)} could be injected")
+
+
+def run_baseline(workdir: Path, data: Path, s: RunSettings) -> RunResult:
+    """The same job without failures or agents: controller plus trainers started directly."""
+    records, config = _prepare(workdir, s, data)
+    result = RunResult([], started_at=time.time())
+    controller = procs.Controller.start(workdir / "controller.log", job_id=JOB_ID, replicas=s.replicas,
+                                        join_timeout_s=s.join_timeout_s, heartbeat_timeout_s=s.heartbeat_timeout_s,
+                                        lr_policy=s.lr_policy)
+    trainers = []
+    try:
+        for rid in replica_ids(s.replicas):
+            for k in range(s.ranks_per_replica):
+                env = {"FTHSDP_REPLICA_ID": rid, "FTHSDP_RANK": str(k), "FTHSDP_WORLD_SIZE": str(s.ranks_per_replica),
+                       "FTHSDP_CONTROLLER": controller.grpc, "FTHSDP_JOB_ID": JOB_ID}
+                trainers.append(procs.start_trainer(workdir / f"trainer-{rid}-{k}.log", config, env))
+        deadline = time.monotonic() + s.timeout_s
+        for t in trainers:
+            left = deadline - time.monotonic()
+            if t.wait(max(left, 0.1)) != 0:
+                raise RuntimeError(f"baseline trainer {t.args[-1]} exited with {t.returncode}; logs in {workdir}")
+    except Exception as exc:  # noqa: BLE001 - reported, and the processes still stopped
+        result.error = str(exc)
+    finally:
+        for t in trainers:
+            procs.stop(t, 5.0)
+        procs.stop(controller.proc, 10.0)
+    result.ended_at = time.time()
+    result.rows = _load_rows(records)
+    return result

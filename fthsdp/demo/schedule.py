@@ -1,0 +1,76 @@
+"""The failure schedule of `fthsdp demo --failures`, parsed and validated (pure).
+
+    kill-trainer@40:r1,kill-agent@90:r2
+
+Each entry is KIND@STEP:REPLICA. kill-trainer SIGKILLs the replica's leader trainer (its
+agent restarts it; it rejoins behind and catches up); kill-agent SIGKILLs the agent that
+hosts the replica and every trainer under it (a whole host dies; the controller notices the
+heartbeat silence and a spare takes the assignment). Errors name the bad entry.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+KINDS = ("kill-trainer", "kill-agent")
+_ENTRY = re.compile(r"^(?P<kind>[a-z-]+)@(?P<step>\d+):(?P<replica>[A-Za-z0-9_.-]+)$")
+
+
+class ScheduleError(ValueError):
+    """The --failures text is not a valid schedule; the message names the bad entry."""
+
+
+@dataclass(frozen=True)
+class Failure:
+    kind: str       # one of KINDS
+    at_step: int    # injected once the job's step reaches this
+    replica: str    # replica id, e.g. "r1"
+
+    def describe(self) -> str:
+        return f"{self.kind}@{self.at_step}:{self.replica}"
+
+
+def replica_ids(replicas: int) -> list[str]:
+    return [f"r{i}" for i in range(replicas)]
+
+
+def parse(text: str, *, replicas: int, steps: int, spares: int) -> list[Failure]:
+    """The schedule, sorted by step. Empty text means no failures.
+
+    Rules: known kind; step in [1, steps * 0.8] so the replica has time to rejoin before
+    the end; a replica that exists; at most `spares` kill-agent entries (each host death
+    consumes one spare); no two failures at the same step.
+    """
+    failures: list[Failure] = []
+    known = replica_ids(replicas)
+    last_step = max(1, int(steps * 0.8))
+    for raw in text.split(","):
+        entry = raw.strip()
+        if not entry:
+            continue
+        m = _ENTRY.match(entry)
+        if m is None:
+            raise ScheduleError(f"failure {entry!r} is not KIND@STEP:REPLICA "
+                                f"(e.g. kill-trainer@40:r1).")
+        kind, step, replica = m["kind"], int(m["step"]), m["replica"]
+        if kind not in KINDS:
+            raise ScheduleError(f"failure {entry!r} has unknown kind {kind!r}; "
+                                f"expected one of {', '.join(KINDS)}.")
+        if not 1 <= step <= last_step:
+            raise ScheduleError(f"failure {entry!r} is at step {step}, outside 1..{last_step} "
+                                f"(80% of --steps {steps}, leaving time to rejoin).")
+        if replica not in known:
+            raise ScheduleError(f"failure {entry!r} names replica {replica!r}; "
+                                f"this run has {', '.join(known)}.")
+        failures.append(Failure(kind, step, replica))
+    failures.sort(key=lambda f: f.at_step)
+    for a, b in zip(failures, failures[1:]):
+        if a.at_step == b.at_step:
+            raise ScheduleError(f"failures {a.describe()!r} and {b.describe()!r} are at the same "
+                                f"step; give each its own step.")
+    agent_kills = [f for f in failures if f.kind == "kill-agent"]
+    if len(agent_kills) > spares:
+        raise ScheduleError(f"failure {agent_kills[spares].describe()!r} is kill-agent number "
+                            f"{spares + 1}, but only {spares} spare host(s) exist (--spares).")
+    return failures

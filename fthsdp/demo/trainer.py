@@ -1,0 +1,143 @@
+"""One demo trainer process: an MLP on the digits through the real runtime, every step recorded.
+
+    python -m fthsdp.demo.trainer CONFIG_JSON
+
+Started by an agent (assignment in the FTHSDP_* environment, or handed to a standby on
+stdin, see `agent.env`) or directly by the baseline run. Writes JSON lines to
+<records>/<replica>-<rank>-<pid>.jsonl: "trained" before each all-reduce (the batch this
+replica computed), "commit"/"retry" after each step, "done" with the held-out score and
+the state digest at the end. Exits 0 when the job reached its steps in a full step.
+A step takes at least `min_step_s` (the rest is slept, standing in for accelerator time),
+so that recovery on two CPU cores is measured against a realistic step rate.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import numpy as np
+
+from agent import env as agent_env
+from fthsdp.demo.data import batch_rows
+
+
+def build_model(hidden: int):
+    import torch
+
+    return torch.nn.Sequential(torch.nn.Linear(64, hidden), torch.nn.ReLU(), torch.nn.Linear(hidden, 10))
+
+
+def param_hash(model) -> str:
+    h = hashlib.sha256()
+    for name, p in model.state_dict().items():
+        h.update(name.encode())
+        h.update(p.detach().contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def main(argv: list[str]) -> int:
+    cfg = json.loads(Path(argv[0]).read_text())
+    import torch
+    import torch.distributed as dist
+
+    from fthsdp import Manager, RuntimeSettings, state_digest
+
+    torch.set_num_threads(1)
+    data = np.load(cfg["data"])
+    x_train, y_train = torch.from_numpy(data["x_train"]), torch.from_numpy(data["y_train"])
+    if os.environ.get(agent_env.STANDBY) == "1":  # warm spare: imports and data are done
+        try:
+            agent_env.wait_for_assignment()
+        except EOFError:
+            return 0
+    rid, rank = os.environ[agent_env.REPLICA_ID], int(os.environ[agent_env.RANK])
+    world = int(os.environ[agent_env.WORLD_SIZE])
+    controller = os.environ[agent_env.CONTROLLER].split(",")[0]
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
+                        format=f"%(asctime)s trainer {rid}/{rank} %(levelname)s %(message)s")
+    records = Path(cfg["records"])
+    out = open(records / f"{rid}-{rank}-{os.getpid()}.jsonl", "a", buffering=1)
+
+    def write(**fields) -> None:
+        out.write(json.dumps({"t": time.time(), "replica": rid, "rank": rank, "pid": os.getpid(),
+                              **fields}) + "\n")
+
+    _write_atomic(records / f"{rid}-{rank}.pid", str(os.getpid()))
+    ports = cfg["ports"][rid]
+    group = None
+    if world > 1:
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{ports['gloo']}", rank=rank,
+                                world_size=world, timeout=timedelta(seconds=20))
+        group = dist.group.WORLD
+    torch.manual_seed(cfg["seed"])
+    model = build_model(cfg["hidden"])
+    opt = torch.optim.SGD(model.parameters(), lr=cfg["lr"], momentum=0.9)
+    t = cfg["timeouts"]
+    settings = RuntimeSettings.from_env(
+        job_id=cfg["job_id"], replica_id=rid, rank=rank, world_size=world, controller_address=controller,
+        leader_address=f"127.0.0.1:{ports['leader']}", max_retries=30, lr_policy="quorum",
+        quorum_timeout_s=t["quorum_s"], allreduce_timeout_s=t["allreduce_s"], vote_timeout_s=t["vote_s"],
+        fetch_timeout_s=t["fetch_s"], fetch_hold_timeout_s=t["fetch_hold_s"],
+        heartbeat_interval_s=t["heartbeat_s"], ftar_chunk_bytes=64 << 10)
+    replicas = cfg["replicas"]
+    index = {r: i for i, r in enumerate(replicas)}
+
+    def batch_at(replica_id: str, position: int):
+        rows = torch.from_numpy(batch_rows(index[replica_id], position, len(replicas), cfg["batch_rows"],
+                                           len(x_train), cfg["seed"]))
+        return x_train[rows], y_train[rows]
+
+    manager = Manager(model, opt, settings, process_group=group).start()
+    write(event="started", step=manager.step, incarnation=manager.incarnation)
+    batches = manager.batches(batch_at)
+    full = False  # stop past `steps` in a step that every configured replica contributed to
+    while not (manager.step >= cfg["steps"] and full) and manager.step < cfg["max_steps"]:
+        x, y = next(batches)
+        position = batches.last_position
+        began = time.time()
+        plan = manager.begin_step()
+        opt.zero_grad(set_to_none=True)
+        rows = slice(rank, None, world)
+        loss = torch.nn.functional.cross_entropy(model(x[rows]), y[rows])
+        loss.backward()
+        if not plan.behind:
+            write(event="trained", step=plan.step, position=position)
+        manager.sync_gradients(loss.item())
+        committed = manager.end_step(loss.item(), tokens=len(x))
+        o = manager.last_outcome
+        full = committed and len(o.included) == len(replicas)
+        write(event="commit" if committed else "retry", began=began, step=o.step, behind=o.behind,
+              included=list(o.included), positions_before=o.positions_before, position=position,
+              loss=loss.item(), lr_scale=o.lr_scale, reason=o.reason)
+        pace = cfg["min_step_s"] - (time.time() - began)  # stands in for accelerator time
+        if pace > 0:
+            time.sleep(pace)
+    with torch.no_grad():
+        logits = model(torch.from_numpy(data["x_test"]))
+        y_test = torch.from_numpy(data["y_test"])
+        test_loss = torch.nn.functional.cross_entropy(logits, y_test).item()
+        test_acc = (logits.argmax(dim=1) == y_test).float().mean().item()
+    write(event="done", step=manager.step, test_loss=test_loss, test_acc=test_acc, params=param_hash(model),
+          digest=state_digest(model, opt, manager.ledger.to_json(), manager.step))
+    _write_atomic(records / f"{rid}-{rank}.done", str(manager.step))
+    manager.close()
+    if group is not None:
+        dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
