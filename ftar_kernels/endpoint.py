@@ -216,14 +216,19 @@ class FtarEndpoint:
         tensor = op.tensor
         nbytes = tensor.numel() * tensor.element_size()
         self.protocol.apply(RankEvent.START)
+        if session.world > 1:
+            header = OpHeader(session.generation, op.sequence, tensor.numel(),
+                              DTYPE_CODES[str(tensor.dtype).removeprefix("torch.")])
+            try:
+                agree_on_header(session.links, header, session.rank, session.world, self.settings.timeout_s)
+            except BaseException:
+                self._apply_if_allowed(RankEvent.FAIL)
+                raise
         if session.world == 1 or tensor.numel() == 0:
             self.protocol.apply(RankEvent.SCATTERED)
             self.protocol.apply(RankEvent.GATHERED)
             return OpStats(bytes=nbytes, seconds=time.perf_counter() - started)
-        header = OpHeader(session.generation, op.sequence, tensor.numel(),
-                          DTYPE_CODES[str(tensor.dtype).removeprefix("torch.")])
         try:
-            agree_on_header(session.links, header, session.rank, session.world, self.settings.timeout_s)
             work = tensor if tensor.is_contiguous() else tensor.contiguous()
             flat = work.view(-1)
             plane = self._plane_for(flat)

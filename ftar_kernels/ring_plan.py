@@ -1,8 +1,8 @@
 """The ring schedule as pure arithmetic: which element ranges a rank sends and receives, in order.
 
 The tensor (numel elements) is cut into partitions of at most chunk_elems * chunks * world
-elements. Each partition is cut into `world` segments, each of at most chunks * chunk_elems
-elements, so a segment travels as at most `chunks` chunks. Per partition there are 2(world-1)
+elements. Each partition is cut into `world` segments, and each segment into `chunks` near-equal
+chunks of at most chunk_elems (more only when alignment needs the room). Per partition there are 2(world-1)
 steps: world-1 reduce-scatter steps then world-1 all-gather steps. At step t rank r
 
     reduce-scatter (t < world-1):   sends segment (r - t), receives (r - t - 1) and adds it in
@@ -68,17 +68,34 @@ def ring_steps(rank: int, world: int, numel: int, chunk_elems: int, chunks: int,
                 yield Step(p, t, False, t == last, seg(rank + 1 - s), seg(rank - s))
 
 
-def chunk_ranges(lo: int, hi: int, chunk_elems: int) -> Iterator[tuple[int, int]]:
-    for c in range(lo, hi, chunk_elems):
-        yield c, min(hi, c + chunk_elems)
+def chunk_ranges(lo: int, hi: int, chunk_elems: int, chunks: int = 1, align_elems: int = 1
+                 ) -> Iterator[tuple[int, int]]:
+    """Cut a segment into at least `chunks` near-equal, non-empty pieces of at most chunk_elems.
+
+    Equal pieces rather than full chunks plus a remainder keep the pipeline `chunks` deep even for
+    segments smaller than chunks x chunk_elems. Inner boundaries are aligned to align_elems (16
+    bytes, for the CUDA kernel's vector loads)."""
+    m = hi - lo
+    if m <= 0:
+        return
+    n = max(chunks, -(-m // chunk_elems))
+    while True:  # one more piece if aligning the boundaries made one too long (rare)
+        bounds = [lo, *(lo + ((i * m) // n) // align_elems * align_elems for i in range(1, n)), hi]
+        if n >= m or all(b - a <= chunk_elems for a, b in zip(bounds, bounds[1:])):
+            break
+        n += 1
+    for a, b in zip(bounds, bounds[1:]):
+        if b > a:
+            yield a, b
 
 
-def send_chunks(steps: list[Step] | Iterator[Step], chunk_elems: int) -> Iterator[SendChunk]:
+def send_chunks(steps: list[Step] | Iterator[Step], chunk_elems: int, chunks: int = 1,
+                align_elems: int = 1) -> Iterator[SendChunk]:
     """The sender's chunks in order, each naming the receive chunk it depends on."""
     recv_start = 0  # global index of the first receive chunk of the current step
     prev_recv_start = 0
     for st in steps:
-        for j, (lo, hi) in enumerate(chunk_ranges(*st.send, chunk_elems)):
+        for j, (lo, hi) in enumerate(chunk_ranges(*st.send, chunk_elems, chunks, align_elems)):
             yield SendChunk(lo, hi, -1 if st.step == 0 else prev_recv_start + j)
-        n_recv = -(-(st.recv[1] - st.recv[0]) // chunk_elems)
+        n_recv = sum(1 for _ in chunk_ranges(*st.recv, chunk_elems, chunks, align_elems))
         prev_recv_start, recv_start = recv_start, recv_start + n_recv

@@ -127,7 +127,7 @@ def run_ring(links: RingLinks, plane, numel: int, elem_size: int, rank: int, wor
     def send_loop() -> None:
         try:
             steps = ring_steps(rank, world, numel, chunk_elems, chunks, align)
-            for i, ch in enumerate(send_chunks(steps, chunk_elems)):
+            for i, ch in enumerate(send_chunks(steps, chunk_elems, chunks, align)):
                 if ch.after_recv >= 0:
                     progress.wait_for(ch.after_recv + 1, settings.timeout_s)
                     fold_through(ch.after_recv)
@@ -145,7 +145,7 @@ def run_ring(links: RingLinks, plane, numel: int, elem_size: int, rank: int, wor
         for st in ring_steps(rank, world, numel, chunk_elems, chunks, align):
             if st.step == world - 1:
                 protocol.apply(RankEvent.SCATTERED)
-            for lo, hi in chunk_ranges(*st.recv, chunk_elems):
+            for lo, hi in chunk_ranges(*st.recv, chunk_elems, chunks, align):
                 fold_through(k - chunks)  # frees staging slot k % C
                 links.left.recv_exact(plane.recv_view(k, lo, hi, st.reduce), settings.timeout_s)
                 if st.reduce:

@@ -2,8 +2,10 @@
 
 Only rank 0 of a replica uses it. It converts answers into the runtime's plain
 `QuorumView`, remembers members' addresses so the controller may leave them out,
-retries an unreachable controller until the caller's deadline, and keeps a
-heartbeat stream open on one background thread (started by `start_heartbeats`).
+retries an unreachable controller until the caller's deadline (moving to the next
+address when several are given: "host:port,host:port", for a standby taking over), and
+keeps a heartbeat stream open on one background thread (started by `start_heartbeats`).
+TLS comes from FTHSDP_TLS_* (see protos/dial.py), as for the agent that started us.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import grpc
 from fthsdp.step_plan import MemberView, QuorumView
 from protos import controller_pb2 as pb
 from protos import controller_pb2_grpc
+from protos.dial import TlsFiles, parse_addresses, sync_channel
 
 log = logging.getLogger(__name__)
 
@@ -30,16 +33,33 @@ class ControllerError(Exception):
 
 
 class ControllerClient:
-    def __init__(self, address: str, job_id: str, replica_id: str, incarnation: str) -> None:
-        self.address, self.job_id, self.replica_id, self.incarnation = address, job_id, replica_id, incarnation
-        self._channel = grpc.insecure_channel(address, options=[
-            ("grpc.max_receive_message_length", 64 << 20), ("grpc.max_send_message_length", 64 << 20)])
-        self._stub = controller_pb2_grpc.ControllerStub(self._channel)
+    def __init__(self, address: str, job_id: str, replica_id: str, incarnation: str,
+                 tls: TlsFiles | None = None) -> None:
+        self.job_id, self.replica_id, self.incarnation = job_id, replica_id, incarnation
+        self._controllers = parse_addresses(address)
+        self._tls = tls if tls is not None else TlsFiles.from_env()
+        self._index = 0
+        self._open()
         self._known_quorum_id = 0
         self._addresses: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {}
         self._sent_addresses: tuple[tuple[str, ...], tuple[str, ...]] | None = None
         self._stop = threading.Event()
         self._heartbeat_thread: threading.Thread | None = None
+
+    @property
+    def address(self) -> str:
+        return self._controllers[self._index]
+
+    def _open(self) -> None:
+        self._channel = sync_channel(self.address, self._tls)
+        self._stub = controller_pb2_grpc.ControllerStub(self._channel)
+
+    def _next_controller(self) -> None:
+        """Move to the next controller address (a no-op reconnect when there is one)."""
+        old = self._channel
+        self._index = (self._index + 1) % len(self._controllers)
+        self._open()
+        old.close()
 
     def quorum(self, step: int, world_size: int, ftar_addresses: list[str], state_addresses: list[str],
                leader_address: str, timeout_s: float) -> QuorumView:
@@ -65,6 +85,8 @@ class ControllerClient:
                 log.info("replica %s: controller at %s unavailable (%s), retrying", self.replica_id,
                          self.address, code.name)
                 self._sent_addresses = None  # the controller may have restarted and forgotten them
+                if len(self._controllers) > 1:
+                    self._next_controller()
                 time.sleep(delay)
                 delay = min(delay * 2, 1.0)
 

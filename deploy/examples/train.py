@@ -1,6 +1,6 @@
 """Example trainer: a small model trained under FT-HSDP, one process per (replica, rank).
 
-Run by deploy/examples/train-job.yaml (one pod per replica, one rank each) or by an agent
+Run by deploy/examples/train-job/ (one pod per replica, one rank each) or by an agent
 (`fthsdp agent ... -- python /opt/fthsdp/train.py`). The job, replica, rank, world size,
 controller and leader address come from the FTHSDP_* environment through
 `RuntimeSettings.from_env` (fthsdp/settings.py); the flags below override single fields.

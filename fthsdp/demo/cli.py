@@ -1,7 +1,7 @@
 """`fthsdp demo`: train an MLP on scikit-learn's digits with R replicas on this machine,
 through the real controller, agents and runtime, while failures are injected on a schedule.
 
-    fthsdp demo [--replicas 4] [--steps 300] [--failures kill-trainer@80:r1,kill-agent@170:r2]
+    fthsdp demo [--replicas 4] [--steps 200] [--failures kill-trainer@50:r1,kill-agent@130:r2]
                 [--ranks-per-replica 1] [--lr-policy sqrt] [--out fthsdp-report] [--seed 0]
                 [--no-baseline]
 
@@ -21,7 +21,7 @@ from pathlib import Path
 
 from fthsdp.demo.schedule import ScheduleError, parse
 
-DEFAULT_FAILURES = "kill-trainer@80:r1,kill-agent@170:r2"
+DEFAULT_FAILURES = "kill-trainer@50:r1,kill-agent@130:r2"
 LR_POLICIES = ("none", "linear", "sqrt")
 
 
@@ -30,7 +30,7 @@ def _parser() -> argparse.ArgumentParser:
                                 epilog=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--replicas", type=int, default=4, help="data-parallel replicas (2..8)")
     p.add_argument("--ranks-per-replica", type=int, default=1, choices=(1, 2))
-    p.add_argument("--steps", type=int, default=300, help="training steps (10..5000)")
+    p.add_argument("--steps", type=int, default=200, help="training steps (10..5000)")
     p.add_argument("--failures", default=DEFAULT_FAILURES,
                    help="KIND@STEP:REPLICA,... with KIND kill-trainer or kill-agent; '' for none "
                         f"(default {DEFAULT_FAILURES})")

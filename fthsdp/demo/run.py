@@ -132,8 +132,9 @@ class Progress:
 
 
 def _inject(f: Failure, job: dict, replicas: dict, hosts: list, agents: dict, records: Path) -> dict | None:
-    """Inject `f` if its replica is HEALTHY now; the injection record, or None to try later."""
-    if replicas.get(f.replica, {}).get("state") != "HEALTHY":
+    """Inject `f` once every replica is HEALTHY (failures never overlap, so some replica always
+    holds the live state); the injection record, or None to try again later."""
+    if not replicas or any(r["state"] != "HEALTHY" for r in replicas.values()):
         return None
     if f.kind == "kill-trainer":
         pid_file = records / f"{f.replica}-0.pid"

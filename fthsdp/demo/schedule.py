@@ -6,6 +6,8 @@ Each entry is KIND@STEP:REPLICA. kill-trainer SIGKILLs the replica's leader trai
 agent restarts it; it rejoins behind and catches up); kill-agent SIGKILLs the agent that
 hosts the replica and every trainer under it (a whole host dies; the controller notices the
 heartbeat silence and a spare takes the assignment). Errors name the bad entry.
+The demo injects a failure only once every replica is HEALTHY again, so failures never
+overlap: a later entry may land a few steps after its STEP.
 """
 
 from __future__ import annotations

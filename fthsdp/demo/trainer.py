@@ -7,8 +7,8 @@ stdin, see `agent.env`) or directly by the baseline run. Writes JSON lines to
 <records>/<replica>-<rank>-<pid>.jsonl: "trained" before each all-reduce (the batch this
 replica computed), "commit"/"retry" after each step, "done" with the held-out score and
 the state digest at the end. Exits 0 when the job reached its steps in a full step.
-A step takes at least `min_step_s` (the rest is slept, standing in for accelerator time),
-so that recovery on two CPU cores is measured against a realistic step rate.
+Forward + backward take at least `min_step_s` (the rest is slept, standing in for
+accelerator time), so recovery on two CPU cores is measured against a realistic step rate.
 """
 
 from __future__ import annotations
@@ -58,11 +58,15 @@ def main(argv: list[str]) -> int:
     torch.set_num_threads(1)
     data = np.load(cfg["data"])
     x_train, y_train = torch.from_numpy(data["x_train"]), torch.from_numpy(data["y_train"])
-    if os.environ.get(agent_env.STANDBY) == "1":  # warm spare: imports and data are done
+    # Pre-initialize before reporting in: torch.optim's first use imports torch._dynamo (seconds).
+    torch.optim.SGD(build_model(cfg["hidden"]).parameters(), lr=cfg["lr"], momentum=0.9)
+    standby = os.environ.get(agent_env.STANDBY) == "1"
+    if standby:  # warm spare: imports and data are done
         try:
             agent_env.wait_for_assignment()
         except EOFError:
             return 0
+    assigned = time.time()
     rid, rank = os.environ[agent_env.REPLICA_ID], int(os.environ[agent_env.RANK])
     world = int(os.environ[agent_env.WORLD_SIZE])
     controller = os.environ[agent_env.CONTROLLER].split(",")[0]
@@ -101,7 +105,8 @@ def main(argv: list[str]) -> int:
         return x_train[rows], y_train[rows]
 
     manager = Manager(model, opt, settings, process_group=group).start()
-    write(event="started", step=manager.step, incarnation=manager.incarnation)
+    write(event="started", step=manager.step, incarnation=manager.incarnation, standby=standby,
+          start_s=round(time.time() - assigned, 3))
     batches = manager.batches(batch_at)
     full = False  # stop past `steps` in a step that every configured replica contributed to
     while not (manager.step >= cfg["steps"] and full) and manager.step < cfg["max_steps"]:
@@ -110,9 +115,13 @@ def main(argv: list[str]) -> int:
         began = time.time()
         plan = manager.begin_step()
         opt.zero_grad(set_to_none=True)
+        computing = time.time()
         rows = slice(rank, None, world)
         loss = torch.nn.functional.cross_entropy(model(x[rows]), y[rows])
         loss.backward()
+        pace = cfg["min_step_s"] - (time.time() - computing)  # stands in for accelerator time
+        if pace > 0:
+            time.sleep(pace)
         if not plan.behind:
             write(event="trained", step=plan.step, position=position)
         manager.sync_gradients(loss.item())
@@ -122,9 +131,6 @@ def main(argv: list[str]) -> int:
         write(event="commit" if committed else "retry", began=began, step=o.step, behind=o.behind,
               included=list(o.included), positions_before=o.positions_before, position=position,
               loss=loss.item(), lr_scale=o.lr_scale, reason=o.reason)
-        pace = cfg["min_step_s"] - (time.time() - began)  # stands in for accelerator time
-        if pace > 0:
-            time.sleep(pace)
     with torch.no_grad():
         logits = model(torch.from_numpy(data["x_test"]))
         y_test = torch.from_numpy(data["y_test"])

@@ -32,8 +32,8 @@ _saved_env = dict(os.environ)
 from agent import env as agent_env  # noqa: E402
 from agent import main as agent_main  # noqa: E402  (sets GRPC_ENABLE_FORK_SUPPORT; undone below)
 
-os.environ.clear()
-os.environ.update(_saved_env)
+if "GRPC_ENABLE_FORK_SUPPORT" not in _saved_env:
+    os.environ.pop("GRPC_ENABLE_FORK_SUPPORT", None)
 
 TLS_FLAGS = ("--tls-ca-file", "--tls-cert-file", "--tls-key-file")
 TLS_ENV = {"--tls-ca-file": "FTHSDP_TLS_CA_FILE", "--tls-cert-file": "FTHSDP_TLS_CERT_FILE",
@@ -123,19 +123,27 @@ def test_production_turns_mtls_on():
     assert _controller_tls(render("kustomize/overlays/dev")) == (False, False)
 
 
-@pytest.mark.parametrize("rel", OVERLAYS)
-def test_overlay_agent_args_are_the_base_args_plus_tls(rel):
-    """A patch replaces `args` whole: it must not drift from base/agent.yaml."""
-    if rel.endswith("/dev"):
-        pytest.skip("the dev overlay resizes the agents on purpose (--slots, --labels)")
+def test_production_agent_args_are_the_base_args_plus_tls():
+    """A patch replaces `args` whole: it must not drift from base/agent.yaml. (The dev overlay
+    changes --slots and --labels on purpose.)"""
     base = render("kustomize/base")
-    for ds in (d for d in render(rel) if d["kind"] == "DaemonSet"):
+    for ds in (d for d in render("kustomize/overlays/production") if d["kind"] == "DaemonSet"):
         args = _container(ds, "agent")["args"]
         kept = [a for a in args if a.split("=", 1)[0] not in TLS_FLAGS]
         assert kept == _container(_by(base, "DaemonSet", ds["metadata"]["name"]), "agent")["args"]
 
 
 # ---------------------------------------------------------------- real command lines
+
+
+def _expand(c: dict, docs: list[dict]) -> list[str]:
+    """c's args with $(VAR) replaced as kubelet does, from literal env or ConfigMap keys."""
+    values = {}
+    for e in c.get("env", []):
+        ref = e.get("valueFrom", {}).get("configMapKeyRef")
+        values[e["name"]] = e["value"] if "value" in e else (
+            _by(docs, "ConfigMap", ref["name"])["data"][ref["key"]] if ref else f"<{e['name']}>")
+    return [re.sub(r"\$\((\w+)\)", lambda m: values[m.group(1)], a) for a in c["args"]]
 
 
 def _localize(args: list[str], tmp_path: Path) -> list[str]:
@@ -177,8 +185,9 @@ def test_agent_args_parse_and_trainers_get_the_agents_tls_files(rel, name, tmp_p
 def test_controller_args_parse_and_bind_all_interfaces(rel, tmp_path):
     from controller import main as controller_main
 
-    c = _container(_by(render(rel), "Deployment", "fthsdp-controller"), "controller")
-    args = controller_main.parse_args(_localize(c["args"], tmp_path))
+    docs = render(rel)
+    c = _container(_by(docs, "Deployment", "fthsdp-controller"), "controller")
+    args = controller_main.parse_args(_localize(_expand(c, docs), tmp_path))
     assert args.host == "0.0.0.0"  # the default, 127.0.0.1, is unreachable from Services and kubelet
     assert args.grpc_port == 50051 and args.http_port == 8080
 
@@ -307,8 +316,7 @@ async def test_production_controller_agent_and_probe_talk_mtls(tmp_path):
 
     c = _container(_by(docs, "Deployment", "fthsdp-controller"), "controller")
     args = [a.replace("/etc/fthsdp/tls/", f"{server_dir}/").replace("/etc/fthsdp/controller.json", str(settings))
-            for a in c["args"] if not a.startswith(("--etcd=", "--admin-token-file="))]
-    args = [re.sub(r"\$\(\w+\)", "1", a) for a in args]  # replicas / min_replicas
+            for a in _expand(c, docs) if not a.startswith(("--etcd=", "--admin-token-file="))]
     args = [a for a in args if not a.startswith(("--grpc-port=", "--http-port=", "--host="))]
     server = controller_main.build_server(controller_main.parse_args(
         args + ["--host=127.0.0.1", "--grpc-port=0", "--http-port=0"]))

@@ -62,10 +62,13 @@ _rendered: dict[str, list[dict]] = {}
 def render(rel: str) -> list[dict]:
     if KUBECTL is None:
         pytest.skip("kubectl is not installed (apt-get install kubectl): overlays cannot be rendered")
-    if rel not in _rendered:
-        out = subprocess.run([KUBECTL, "kustomize", str(DEPLOY / rel)], check=True,
-                             capture_output=True, text=True, timeout=60)
-        _rendered[rel] = _load_all(out.stdout)
+    if not _rendered:  # all at once, in parallel: each kubectl start costs most of a second
+        procs = {k: subprocess.Popen([KUBECTL, "kustomize", str(DEPLOY / k)], stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True) for k in KUSTOMIZATIONS}
+        for k, proc in procs.items():
+            out, err = proc.communicate(timeout=60)
+            assert proc.returncode == 0, f"kubectl kustomize deploy/{k}: {err}"
+            _rendered[k] = _load_all(out)
     return _rendered[rel]
 
 

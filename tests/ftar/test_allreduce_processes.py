@@ -58,6 +58,13 @@ def test_mismatched_dtypes_are_fatal_on_every_rank(cluster):
     assert {a.value[0] for a in answers if not a.ok} == {"FatalError"} and not any(a.ok for a in answers)
 
 
+def test_empty_tensors_agree_and_a_mismatch_with_an_empty_one_is_fatal(cluster):
+    workers = configured(cluster, 3)
+    assert all(a.ok and a.value["bytes"] == 0 for a in cluster.allreduce(workers, 0, "float32", 1))
+    answers = cluster.allreduce(workers, 0, "float32", 1, numels={1: 10})
+    assert {a.value[0] for a in answers if not a.ok} == {"FatalError"} and not any(a.ok for a in answers)
+
+
 def test_ring_works_again_after_reconfiguring(cluster):
     workers = configured(cluster, 5)
     answers = cluster.allreduce(workers, 4097, "bfloat16", 11)

@@ -41,11 +41,25 @@ def test_each_send_waits_for_the_receive_of_the_same_range(world, numel):
     chunk_elems, chunks = 7, 2
     for r in range(world):
         steps = list(ring_steps(r, world, numel, chunk_elems, chunks))
-        recvs = [c for st in steps for c in chunk_ranges(*st.recv, chunk_elems)]
-        for ch in send_chunks(steps, chunk_elems):
+        recvs = [c for st in steps for c in chunk_ranges(*st.recv, chunk_elems, chunks)]
+        for ch in send_chunks(steps, chunk_elems, chunks):
             if ch.after_recv >= 0:
                 assert recvs[ch.after_recv] == (ch.lo, ch.hi)
         assert len(steps) == 2 * (world - 1) * -(-numel // partition_elems(chunk_elems, chunks, world))
+
+
+@pytest.mark.parametrize("m,chunk_elems,chunks,align", [
+    (1, 16, 2, 4), (5, 16, 4, 4), (100, 16, 2, 4), (64, 32, 2, 8), (4096, 2048, 2, 4), (4099, 2048, 2, 4),
+    (3000, 64, 4, 8), (7, 3, 2, 1),
+])
+def test_chunks_cover_the_segment_in_at_least_c_pieces_of_at_most_s(m, chunk_elems, chunks, align):
+    pieces = list(chunk_ranges(10, 10 + m, chunk_elems, chunks, align))
+    assert pieces[0][0] == 10 and pieces[-1][1] == 10 + m
+    assert all(a < b and b == c for (a, b), (c, _) in zip(pieces, pieces[1:] + [(10 + m, 0)]))
+    assert all(b - a <= chunk_elems for a, b in pieces)
+    assert len(pieces) >= min(chunks, m // align or 1)
+    if m == chunks * chunk_elems:  # a full segment: exactly C chunks of S
+        assert len(pieces) == chunks
 
 
 def test_segments_never_exceed_the_chunk_window_without_alignment():

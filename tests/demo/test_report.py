@@ -1,0 +1,110 @@
+"""Report computations over synthetic trainer records and controller events (pure)."""
+
+from __future__ import annotations
+
+import pytest
+
+from fthsdp.demo import report
+
+R = ["r0", "r1"]
+
+
+def step(replica, n, included, positions, t, began, behind=False, loss=1.0, rank=0, event="commit"):
+    return {"event": event, "replica": replica, "rank": rank, "step": n, "included": included,
+            "positions_before": positions, "t": t, "began": began, "behind": behind, "loss": loss}
+
+
+def trained(replica, n, position, rank=0):
+    return {"event": "trained", "replica": replica, "rank": rank, "step": n, "position": position, "t": 0.0}
+
+
+def healthy_history():
+    """Two replicas, three steps; r1 fails step 1, catches up at step 2 from r0's ledger."""
+    return [
+        trained("r0", 0, 0), trained("r1", 0, 0),
+        step("r0", 0, ["r0", "r1"], {}, 1.0, 0.0, loss=2.0), step("r1", 0, ["r0", "r1"], {}, 1.0, 0.0, loss=4.0),
+        trained("r0", 1, 1),
+        step("r0", 1, ["r0"], {"r0": 1, "r1": 1}, 2.0, 1.0, loss=1.0),
+        step("r1", 1, ["r0"], {"r0": 1, "r1": 1}, 2.0, 1.5, event="retry"),
+        trained("r0", 2, 2), trained("r1", 2, 1),
+        step("r0", 2, ["r0", "r1"], {"r0": 2, "r1": 1}, 3.0, 2.0, loss=0.5),
+        step("r1", 2, ["r0", "r1"], {"r0": 2, "r1": 1}, 3.0, 2.0, loss=0.7),
+    ]
+
+
+def test_exactly_once_holds_for_a_consistent_history():
+    assert report.exactly_once(healthy_history(), R) == []
+
+
+@pytest.mark.parametrize("mutate, problem", [
+    # r1 trains its batch 1 again at step 2 although step 1 already included it
+    (lambda rows: rows[:9] + [step("r0", 2, ["r0", "r1"], {"r0": 2, "r1": 0}, 3.0, 2.0)], "trained 2 times"),
+    # step 2 claims r1's batch 1 but r1 computed batch 3 then
+    (lambda rows: rows[:8] + [trained("r1", 2, 3)] + rows[9:], "which trained [3]"),
+    # two commits of step 2 disagree on what they included
+    (lambda rows: rows[:10] + [step("r1", 2, ["r1"], {"r1": 1}, 3.0, 2.0)], "different contents"),
+    # r1's batch 0 is never committed: positions start at 1
+    (lambda rows: [trained("r1", 2, 1), step("r0", 2, ["r1"], {"r1": 1}, 3.0, 2.0)], "skipped batches [0]"),
+    (lambda rows: [], "no step was committed"),
+])
+def test_exactly_once_finds_violations(mutate, problem):
+    problems = report.exactly_once(mutate(healthy_history()), R)
+    assert any(problem in p for p in problems), problems
+
+
+@pytest.mark.parametrize("digests, ok", [
+    ({("r0", 0): "a", ("r1", 0): "a"}, True),
+    ({("r0", 0): "a", ("r1", 0): "b"}, False),
+    ({("r0", 0): "a"}, False),
+])
+def test_final_states(digests, ok):
+    rows = [{"event": "done", "replica": r, "rank": k, "digest": d} for (r, k), d in digests.items()]
+    assert report.final_states(rows, R, 1)[0] is ok
+
+
+def test_loss_by_step_averages_healthy_leaders():
+    assert report.loss_by_step(healthy_history()) == {0: 3.0, 1: 1.0, 2: 0.6}
+
+
+def test_effective_training_time():
+    # window 0..3 s, 2 replicas = 6 replica-seconds; committed healthy steps: r0 3 s, r1 2 s
+    assert report.effective_training_time(healthy_history(), 2) == pytest.approx(5 / 6)
+    assert report.effective_training_time([], 2) == 0.0
+
+
+EVENTS = [
+    {"at": 99.0, "kind": "death", "subject": "r1", "message": "replica r1 became DEAD: old", "cause": "x"},
+    {"at": 100.4, "kind": "death", "subject": "r1", "message": "replica r1 became DEAD: gone", "cause": "trainer_exit"},
+    {"at": 100.5, "kind": "replica", "subject": "r0", "message": "replica r0 became HEALTHY: x", "cause": ""},
+    {"at": 104.0, "kind": "replica", "subject": "r1", "message": "replica r1 became BEHIND: joined", "cause": ""},
+    {"at": 105.0, "kind": "replica", "subject": "r1", "message": "replica r1 became HEALTHY: caught up", "cause": ""},
+]
+
+
+@pytest.mark.parametrize("events, detection, rejoin", [
+    (EVENTS, 0.4, 5.0),
+    (EVENTS[:4], 0.4, None),   # never healthy again
+    (EVENTS[:1], None, None),  # a death before the failure does not count
+])
+def test_recovery_times(events, detection, rejoin):
+    got = report.recovery({"injected_at": 100.0, "replica": "r1"}, events)
+    assert got["detection_s"] == (detection if detection is None else pytest.approx(detection))
+    assert got["rejoin_s"] == (rejoin if rejoin is None else pytest.approx(rejoin))
+
+
+def test_build_report_checks_and_baseline_difference():
+    main = report.summary(healthy_history() + [
+        {"event": "done", "replica": r, "rank": 0, "digest": "d", "step": 3, "test_loss": 0.2, "test_acc": 0.9}
+        for r in R], R, 1)
+    base = dict(main, test_accuracy=0.95)
+    out = report.build(settings={}, main=main, injections=[{"injected_at": 100.0, "replica": "r1",
+                                                             "kind": "kill-trainer", "injected_step": 1}],
+                       events=EVENTS, wall_s=10.0, detection_bound_s=4.5, baseline=base, baseline_wall_s=8.0)
+    assert out["checks"] == {"exactly_once": True, "bitwise_identical": True, "all_failures_detected": True,
+                             "detection_within_bound": True, "all_failures_rejoined": True}
+    assert report.passed(out)
+    assert out["accuracy_difference"] == pytest.approx(-0.05)
+    assert out["failures"][0]["detection_s"] == pytest.approx(0.4)
+    slow = report.build(settings={}, main=main, injections=out["failures"][:1], events=EVENTS, wall_s=1.0,
+                        detection_bound_s=0.3, baseline=None, baseline_wall_s=None)
+    assert not slow["checks"]["detection_within_bound"] and slow["baseline"] is None
