@@ -5,6 +5,8 @@
         [--restart-budget N --restart-window-s S] [--standby] [--job-id J]
         -- COMMAND TEMPLATE...
 
+Without --spare and without --replica-id the controller picks the work: a slot of its own
+replica layout (`--hosts-per-replica`), or the spare pool when it has none or it is full.
 The command template may use {replica_id} {rank} {world_size} {host_id} {job_id} {slot}
 (other braces are left alone); the trainer's environment is described in `agent.env`.
 Prints one JSON line to stdout once first registered, then logs to stderr:

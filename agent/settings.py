@@ -86,8 +86,6 @@ class AgentSettings:
         if self.spare and self.replica_id:
             raise ValueError(f"A spare host has no replica, but replica_id={self.replica_id!r} "
                              "was given.")
-        if not self.spare and not self.replica_id:
-            raise ValueError("An active host needs a replica id (or pass --spare).")
         if self.replica_id:
             if not self.ranks:
                 raise ValueError(f"Replica {self.replica_id!r} needs at least one rank.")

@@ -33,6 +33,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--join-timeout-s", type=float)
     p.add_argument("--heartbeat-timeout-s", type=float)
     p.add_argument("--lr-policy", choices=LR_POLICIES)
+    p.add_argument("--hosts-per-replica", type=int,
+                   help="lay replicas out here: agents without an assignment get a free host slot")
+    p.add_argument("--ranks-per-host", type=int, help="ranks (GPUs) per host in that layout")
     p.add_argument("--etcd", help="comma-separated etcd endpoints (host:port); default: in-memory store")
     p.add_argument("--lease-ttl-s", type=float, default=5.0, help="leader lease in etcd")
     p.add_argument("--admin-token-file", help=f"file holding the admin bearer token (or env {ENV_ADMIN_TOKEN})")
@@ -73,7 +76,8 @@ def build_server(args):
 
     settings = ControllerSettings.from_file(
         args.settings, job_id=args.job_id, replicas=args.replicas, min_replicas=args.min_replicas,
-        join_timeout_s=args.join_timeout_s, heartbeat_timeout_s=args.heartbeat_timeout_s, lr_policy=args.lr_policy)
+        join_timeout_s=args.join_timeout_s, heartbeat_timeout_s=args.heartbeat_timeout_s, lr_policy=args.lr_policy,
+        hosts_per_replica=args.hosts_per_replica, ranks_per_host=args.ranks_per_host)
     store = None
     if args.etcd:
         from controller.etcd_store import EtcdStore

@@ -25,6 +25,11 @@ class ControllerSettings:
     heartbeat_timeout_s: float = 10.0
     #: How the learning rate follows the healthy fraction: none | linear | sqrt.
     lr_policy: str = "sqrt"
+    #: When set, the controller lays replicas out itself: an agent that registers without an
+    #: assignment (and not as a spare) gets the first free host slot of replicas r0..r{N-1},
+    #: each made of this many hosts of `ranks_per_host` ranks. 0: agents bring assignments.
+    hosts_per_replica: int = 0
+    ranks_per_host: int = 1
     #: Largest accepted replica world size (ranks per replica).
     max_world_size: int = 65536
     #: Longest accepted identifier (replica, host, job) and address, in characters.
@@ -54,7 +59,12 @@ class ControllerSettings:
                 problems.append(f"{name} must be a positive number of seconds, got {value}.")
         if self.lr_policy not in LR_POLICIES:
             problems.append(f"lr_policy must be one of {', '.join(LR_POLICIES)}, got {self.lr_policy!r}.")
-        for name in ("max_world_size", "max_id_chars", "max_address_chars", "recent_quorums",
+        if self.hosts_per_replica < 0:
+            problems.append(f"hosts_per_replica must not be negative, got {self.hosts_per_replica}.")
+        if self.hosts_per_replica * self.ranks_per_host > self.max_world_size:
+            problems.append(f"hosts_per_replica × ranks_per_host ({self.hosts_per_replica * self.ranks_per_host}) "
+                            f"exceeds max_world_size ({self.max_world_size}).")
+        for name in ("ranks_per_host", "max_world_size", "max_id_chars", "max_address_chars", "recent_quorums",
                      "recent_events", "max_message_bytes"):
             if getattr(self, name) < 1:
                 problems.append(f"{name} must be at least 1, got {getattr(self, name)}.")

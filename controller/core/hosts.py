@@ -59,6 +59,8 @@ class HostRegistry:
                         f"duplicate assignment: host {holder} already runs {assignment.describe()}."
                     )
                 assignment = None  # a returning host whose work moved to a spare joins the pool
+        if assignment is None and not spare and (h is None or h.assignment is None):
+            assignment = self._free_slot(exclude=host_id)  # None: no layout, or it is full
         # Validated: from here on the request changes state.
         if h is None:
             h = self.hosts[host_id] = Host(host_id, incarnation, HostState.SPARE)
@@ -157,6 +159,17 @@ class HostRegistry:
             holder = self.rank_holders.get((a.replica_id, rank))
             if holder is not None and holder != exclude:
                 return holder
+        return None
+
+    def _free_slot(self, exclude: str) -> Assignment | None:
+        """The first host slot of the controller's own layout that nobody holds."""
+        s = self.settings
+        world = s.hosts_per_replica * s.ranks_per_host
+        for i in range(s.replicas if s.hosts_per_replica else 0):
+            for k in range(s.hosts_per_replica):
+                slot = Assignment(f"r{i}", tuple(range(k * s.ranks_per_host, (k + 1) * s.ranks_per_host)), world)
+                if self._holder(slot, exclude=exclude) is None:
+                    return slot
         return None
 
     def _assign(self, h: Host, a: Assignment | None, urgent: bool = True) -> None:

@@ -21,7 +21,6 @@ def test_flags_become_settings():
 
 
 @pytest.mark.parametrize("argv,words", [
-    (["--controller", "127.0.0.1:1", "--host-id", "h1", "--", "t"], "needs a replica id"),
     (["--controller", "127.0.0.1:1", "--host-id", "h1", "--spare"], "command template"),
     (["--controller", "127.0.0.1:1", "--host-id", "h1", "--spare", "--standby", "--", "t",
       "{replica_id}"], "cannot use ['replica_id']"),
@@ -43,3 +42,8 @@ def test_malformed_flags_are_usage_errors(argv, capsys):
         parse(argv)
     assert exit_.value.code == 2
     assert "error" in capsys.readouterr().err
+
+
+def test_an_active_host_may_leave_its_assignment_to_the_controller():
+    s = parse(["--controller", "127.0.0.1:1", "--host-id", "h1", "--", "t"])
+    assert not s.spare and s.replica_id == ""

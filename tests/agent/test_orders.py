@@ -75,7 +75,6 @@ def settings(**kw):
     ({"controller_addresses": ()}, "controller address"),
     ({"host_id": ""}, "host id"),
     ({"command": ()}, "command template"),
-    ({"replica_id": ""}, "needs a replica id"),
     ({"spare": True}, "replica_id='r0'"),
     ({"ranks": (0, 3), "world_size": 2, "slots": 2}, "Ranks [3]"),
     ({"ranks": (0, 1), "world_size": 2, "slots": 1}, "2 ranks do not fit in 1 slots"),

@@ -151,3 +151,25 @@ def test_a_dead_host_returning_with_its_old_incarnation_registers_again():
     assert s.hosts["h0"].state == HostState.DEAD
     assignment, reason = s.register_agent("h0", "i0", 11.0, assignment=a("r0", 0, 1))
     assert s.hosts["h0"].state != HostState.DEAD and "returned after repair" in reason
+
+
+def test_controller_layout_gives_unassigned_agents_free_slots():
+    s = ControllerState(ControllerSettings(replicas=2, hosts_per_replica=2, ranks_per_host=4))
+    got = [s.register_agent(f"n{i}", "i", 0.0)[0] for i in range(5)]
+    assert got[:4] == [a("r0", 0, 1, 2, 3, world=8), a("r0", 4, 5, 6, 7, world=8),
+                       a("r1", 0, 1, 2, 3, world=8), a("r1", 4, 5, 6, 7, world=8)]
+    assert got[4] is None and s.hosts["n4"].state == HostState.SPARE  # layout full: it joins the pool
+    s.register_agent("sp", "i", 0.0, spare=True)
+    assert s.hosts["sp"].assignment is None  # declared spares stay spares
+    # a node whose agent restarts keeps its slot; a new node takes a freed one
+    s.heartbeat_hosts([f"n{i}" for i in (0, 2, 3, 4)] + ["sp"], 9.0)
+    s.expire(10.5)  # n1 died: a spare (n4, the lowest id) took its slot
+    assert s.hosts["n4"].assignment == a("r0", 4, 5, 6, 7, world=8)
+    assert s.register_agent("n9", "i", 11.0)[0] is None
+
+
+def test_layout_settings_are_validated():
+    with pytest.raises(ValueError, match="hosts_per_replica must not be negative, got -1"):
+        ControllerSettings(hosts_per_replica=-1).validate()
+    with pytest.raises(ValueError, match="ranks_per_host must be at least 1, got 0"):
+        ControllerSettings(hosts_per_replica=1, ranks_per_host=0).validate()

@@ -161,13 +161,7 @@ def _localize(args: list[str], tmp_path: Path) -> list[str]:
     return out
 
 
-_ACTIVE_AGENT_GAP = pytest.mark.xfail(strict=True, raises=ValueError, reason=(
-    "`fthsdp agent` without --spare needs --replica-id/--ranks/--world-size, which one DaemonSet "
-    "cannot give each node (deploy/README.md, open items)"))
-
-
-@pytest.mark.parametrize("name", [pytest.param("fthsdp-agent", marks=_ACTIVE_AGENT_GAP),
-                                  "fthsdp-agent-spare"])
+@pytest.mark.parametrize("name", ["fthsdp-agent", "fthsdp-agent-spare"])
 @pytest.mark.parametrize("rel", OVERLAYS)
 def test_agent_args_parse_and_trainers_get_the_agents_tls_files(rel, name, tmp_path):
     c = _container(_by(render(rel), "DaemonSet", name), "agent")
