@@ -82,16 +82,6 @@ class HostRegistry:
         self._event(now, "host", host_id, reason)
         return h.assignment, reason
 
-    def heartbeat_hosts(self, host_ids, now: float) -> list[str]:
-        unknown = []
-        for hid in host_ids:
-            h = self.hosts.get(hid)
-            if h is None or h.state == HostState.DEAD:
-                unknown.append(hid)
-            else:
-                h.last_seen = now
-        return unknown
-
     def expire_hosts(self, now: float) -> None:
         limit = self.settings.heartbeat_timeout_s
         for h in list(self.hosts.values()):

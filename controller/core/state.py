@@ -60,14 +60,10 @@ class ControllerState(ReplicaRegistry, HostRegistry):
         self.expire_replicas(now)
 
     def heartbeat_replicas(self, replica_ids, now: float) -> list[str]:
-        unknown = []
-        for rid in replica_ids:
-            r = self.replicas.get(rid)
-            if r is None or r.state == ReplicaState.DEAD:
-                unknown.append(rid)
-            else:
-                r.last_seen = now
-        return unknown
+        return _beat(self.replicas, replica_ids, ReplicaState.DEAD, now)
+
+    def heartbeat_hosts(self, host_ids, now: float) -> list[str]:
+        return _beat(self.hosts, host_ids, HostState.DEAD, now)
 
     def take_orders(self) -> list[OrderOut]:
         out, self.outbox = self.outbox, []
@@ -150,6 +146,19 @@ class ControllerState(ReplicaRegistry, HostRegistry):
                     self._assign(h, Assignment(a[0], tuple(a[1]), a[2]))
         self.dirty_replicas, self.dirty_host_shards, self.urgent_hosts = False, set(), False
         self.dirty_addresses, self.dirty_journal = set(), False
+
+
+def _beat(records: dict, ids, dead, now: float) -> list[str]:
+    """Refresh `last_seen` of each live record named; return the ids that are unknown or
+    dead (their senders must register or join again)."""
+    unknown = []
+    for key in ids:
+        record = records.get(key)
+        if record is None or record.state == dead:
+            unknown.append(key)
+        else:
+            record.last_seen = now
+    return unknown
 
 
 def _quorum_to_dict(q: Quorum) -> dict:
