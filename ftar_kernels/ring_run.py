@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import collections
 import threading
-import time
 
 from .errors import FatalError, FtarError, RecoverableError
 from .handshake import HEADER_BYTES, OpHeader, disagreement

@@ -14,7 +14,7 @@ import resource
 import time
 from dataclasses import dataclass
 
-from fthsdp.commit_votes import Outcome, Vote
+from fthsdp.commit_votes import Vote
 from fthsdp.intra_replica_channel import FRAME, LeaderChannel, encode
 
 

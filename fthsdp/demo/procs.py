@@ -41,13 +41,13 @@ class Controller:
 
     @classmethod
     def start(cls, log: Path, *, job_id: str, replicas: int, join_timeout_s: float,
-              heartbeat_timeout_s: float, lr_policy: str) -> "Controller":
-        proc = subprocess.Popen(
-            FTHSDP + ["controller", "--grpc-port", "0", "--http-port", "0", "--job-id", job_id,
-                      "--replicas", str(replicas), "--min-replicas", "1", "--join-timeout-s",
-                      str(join_timeout_s), "--heartbeat-timeout-s", str(heartbeat_timeout_s),
-                      "--lr-policy", lr_policy],
-            stdout=subprocess.PIPE, stderr=open(log, "w"), stdin=subprocess.DEVNULL, text=True)
+              heartbeat_timeout_s: float, lr_policy: str) -> Controller:
+        args = FTHSDP + ["controller", "--grpc-port", "0", "--http-port", "0", "--job-id", job_id,
+                         "--replicas", str(replicas), "--min-replicas", "1", "--join-timeout-s",
+                         str(join_timeout_s), "--heartbeat-timeout-s", str(heartbeat_timeout_s),
+                         "--lr-policy", lr_policy]
+        with open(log, "w") as err:
+            proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=err, stdin=subprocess.DEVNULL, text=True)
         try:
             line = read_json_line(proc, 60.0, f"the controller (log {log})")
         except Exception:
@@ -67,13 +67,15 @@ def start_agent(log: Path, *, controller: str, host_id: str, job_id: str, comman
     else:
         args += ["--replica-id", replica_id, "--ranks", ",".join(map(str, range(ranks))),
                  "--world-size", str(ranks)]
-    return subprocess.Popen(args + ["--"] + command, stdout=subprocess.PIPE, stderr=open(log, "w"),
-                            stdin=subprocess.DEVNULL, text=True)
+    with open(log, "w") as err:
+        return subprocess.Popen(args + ["--"] + command, stdout=subprocess.PIPE, stderr=err,
+                                stdin=subprocess.DEVNULL, text=True)
 
 
 def start_trainer(log: Path, config: Path, env: dict[str, str]) -> subprocess.Popen:
-    return subprocess.Popen(TRAINER + [str(config)], stdout=subprocess.DEVNULL, stderr=open(log, "w"),
-                            stdin=subprocess.DEVNULL, env={**os.environ, **env})
+    with open(log, "w") as err:
+        return subprocess.Popen(TRAINER + [str(config)], stdout=subprocess.DEVNULL, stderr=err,
+                                stdin=subprocess.DEVNULL, env={**os.environ, **env})
 
 
 def descendants(pid: int) -> list[int]:

@@ -96,6 +96,10 @@ def recovery(injection: dict, events: list[dict]) -> dict:
             "rejoined_at": healthy and healthy["at"], "rejoin_s": healthy and round(healthy["at"] - t0, 3)}
 
 
+def _round(value: float | None, digits: int = 5) -> float | None:
+    return None if value is None else round(value, digits)
+
+
 def summary(rows: list[dict], replicas: list[str], ranks: int) -> dict:
     done = [r for r in rows if r.get("event") == "done" and r.get("rank") == 0]
     final = done[-1] if done else {}
@@ -105,7 +109,7 @@ def summary(rows: list[dict], replicas: list[str], ranks: int) -> dict:
     return {
         "steps": final.get("step", 0),
         "final_train_loss": round(losses[max(losses)], 5) if losses else None,
-        "test_loss": final.get("test_loss"), "test_accuracy": final.get("test_acc"),
+        "test_loss": _round(final.get("test_loss")), "test_accuracy": _round(final.get("test_acc")),
         "effective_training_time": round(effective_training_time(rows, len(replicas)), 4),
         "commits": len(leader_rows(rows, "commit")), "retries": len(leader_rows(rows, "retry")),
         "exactly_once": not once, "bitwise_identical": identical, "problems": once + problems,

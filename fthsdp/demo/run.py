@@ -12,6 +12,7 @@ import logging
 import os
 import shutil
 import signal
+import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
@@ -26,6 +27,7 @@ from fthsdp.status import render
 log = logging.getLogger("fthsdp.demo")
 JOB_ID = "demo"
 POLL_S = 0.25
+LATE_MARGIN_STEPS = 3  # no failure is injected this close to the last step
 
 
 @dataclass(frozen=True)
@@ -59,6 +61,7 @@ class RunResult:
     events: list[dict] = field(default_factory=list)          # controller events (wall clock)
     samples: list[tuple[float, int]] = field(default_factory=list)  # (time, healthy replicas)
     injections: list[dict] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)  # failures that found no time left
     started_at: float = 0.0
     ended_at: float = 0.0
     error: str = ""
@@ -82,6 +85,12 @@ def _prepare(workdir: Path, s: RunSettings, data: Path) -> tuple[Path, Path]:
     config = workdir / "trainer.json"
     config.write_text(json.dumps(s.trainer_config(data, records, _ports(replica_ids(s.replicas))), indent=1))
     return records, config
+
+
+def _controller(workdir: Path, s: RunSettings) -> procs.Controller:
+    return procs.Controller.start(workdir / "controller.log", job_id=JOB_ID, replicas=s.replicas,
+                                  join_timeout_s=s.join_timeout_s, heartbeat_timeout_s=s.heartbeat_timeout_s,
+                                  lr_policy=s.lr_policy)
 
 
 def _done(records: Path, s: RunSettings) -> bool:
@@ -159,10 +168,11 @@ def run_job(workdir: Path, data: Path, s: RunSettings, failures: list[Failure], 
     records, config = _prepare(workdir, s, data)
     command = procs.TRAINER + [str(config)]
     result = RunResult([], started_at=time.time())
-    controller = procs.Controller.start(workdir / "controller.log", job_id=JOB_ID, replicas=s.replicas,
-                                        join_timeout_s=s.join_timeout_s, heartbeat_timeout_s=s.heartbeat_timeout_s,
-                                        lr_policy=s.lr_policy)
-    agents: dict[str, object] = {}
+    try:
+        controller = _controller(workdir, s)
+    except (RuntimeError, OSError) as exc:
+        return RunResult([], error=str(exc), started_at=result.started_at, ended_at=time.time())
+    agents: dict[str, subprocess.Popen] = {}
     started: list = []
     try:
         for i, rid in enumerate(replica_ids(s.replicas)):
@@ -202,27 +212,34 @@ def _watch(http: httpx.Client, s: RunSettings, failures: list[Failure], agents: 
         replicas = http.get("/api/v1/replicas").json()
         now = time.time()
         result.samples.append((now, sum(r["state"] == "HEALTHY" for r in replicas)))
-        if pending and job["max_step"] >= pending[0].at_step:
+        if pending and job["max_step"] >= s.steps - LATE_MARGIN_STEPS:
+            # Too close to the end: the survivors would finish and leave nobody to rejoin.
+            late = pending.pop(0)
+            result.skipped.append(late.describe())
+            progress.note(f"step {job['max_step']}: skipped {late.describe()}: the job is within "
+                          f"{LATE_MARGIN_STEPS} steps of its end (failures wait until every replica is HEALTHY)")
+        elif pending and job["max_step"] >= pending[0].at_step:
             hosts = http.get("/api/v1/hosts").json()
             done = _inject(pending[0], job, {r["replica_id"]: r for r in replicas}, hosts, agents, records)
             if done is not None:
                 pending.pop(0)
+                done["after_s"] = round(done["injected_at"] - result.started_at, 3)
                 result.injections.append(done)
                 progress.note(f"step {done['injected_step']}: {done['kind']} {done['replica']}: "
                               f"SIGKILL {done['target']}")
         progress.show(job, replicas, time.monotonic())
         time.sleep(POLL_S)
-    if pending:
-        raise RuntimeError(f"the job ended before {', '.join(f.describe() for f in pending)} could be injected")
+    result.skipped += [f.describe() for f in pending]
 
 
 def run_baseline(workdir: Path, data: Path, s: RunSettings) -> RunResult:
     """The same job without failures or agents: controller plus trainers started directly."""
     records, config = _prepare(workdir, s, data)
     result = RunResult([], started_at=time.time())
-    controller = procs.Controller.start(workdir / "controller.log", job_id=JOB_ID, replicas=s.replicas,
-                                        join_timeout_s=s.join_timeout_s, heartbeat_timeout_s=s.heartbeat_timeout_s,
-                                        lr_policy=s.lr_policy)
+    try:
+        controller = _controller(workdir, s)
+    except (RuntimeError, OSError) as exc:
+        return RunResult([], error=str(exc), started_at=result.started_at, ended_at=time.time())
     trainers = []
     try:
         for rid in replica_ids(s.replicas):

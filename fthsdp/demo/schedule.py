@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from itertools import pairwise
 
 KINDS = ("kill-trainer", "kill-agent")
 _ENTRY = re.compile(r"^(?P<kind>[a-z-]+)@(?P<step>\d+):(?P<replica>[A-Za-z0-9_.-]+)$")
@@ -35,6 +36,15 @@ class Failure:
 
 def replica_ids(replicas: int) -> list[str]:
     return [f"r{i}" for i in range(replicas)]
+
+
+def default_text(*, replicas: int, steps: int, spares: int) -> str:
+    """The schedule used when --failures is not given: a trainer kill at 25% of the steps,
+    then (with a spare) a host kill at 65%, on different replicas."""
+    text = f"kill-trainer@{max(1, steps // 4)}:r{min(1, replicas - 1)}"
+    if spares > 0:
+        text += f",kill-agent@{max(2, steps * 65 // 100)}:r{min(2, replicas - 1)}"
+    return text
 
 
 def parse(text: str, *, replicas: int, steps: int, spares: int) -> list[Failure]:
@@ -67,7 +77,7 @@ def parse(text: str, *, replicas: int, steps: int, spares: int) -> list[Failure]
                                 f"this run has {', '.join(known)}.")
         failures.append(Failure(kind, step, replica))
     failures.sort(key=lambda f: f.at_step)
-    for a, b in zip(failures, failures[1:]):
+    for a, b in pairwise(failures):
         if a.at_step == b.at_step:
             raise ScheduleError(f"failures {a.describe()!r} and {b.describe()!r} are at the same "
                                 f"step; give each its own step.")

@@ -73,7 +73,7 @@ def main(argv: list[str]) -> int:
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
                         format=f"%(asctime)s trainer {rid}/{rank} %(levelname)s %(message)s")
     records = Path(cfg["records"])
-    out = open(records / f"{rid}-{rank}-{os.getpid()}.jsonl", "a", buffering=1)
+    out = open(records / f"{rid}-{rank}-{os.getpid()}.jsonl", "a", buffering=1)  # noqa: SIM115 - whole life
 
     def write(**fields) -> None:
         out.write(json.dumps({"t": time.time(), "replica": rid, "rank": rank, "pid": os.getpid(),
@@ -140,6 +140,7 @@ def main(argv: list[str]) -> int:
           digest=state_digest(model, opt, manager.ledger.to_json(), manager.step))
     _write_atomic(records / f"{rid}-{rank}.done", str(manager.step))
     manager.close()
+    out.close()
     if group is not None:
         dist.destroy_process_group()
     return 0

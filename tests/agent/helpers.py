@@ -2,43 +2,13 @@
 
 from __future__ import annotations
 
-import asyncio
 import glob
 import json
 import os
 import sys
-from typing import Awaitable, Callable, TypeVar
-
-T = TypeVar("T")
+from tests.waiting import wait_for, wait_for_async  # noqa: F401 - re-exported for the agent tests
 
 FAKE_TRAINER = os.path.join(os.path.dirname(__file__), "fake_trainer.py")
-
-
-async def wait_for(predicate: Callable[[], T], timeout_s: float, what: str,
-                   every_s: float = 0.02) -> T:
-    """Poll `predicate` until it returns something truthy; fail naming `what` after timeout."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if loop.time() > deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-        await asyncio.sleep(every_s)
-
-
-async def wait_for_async(predicate: Callable[[], Awaitable[T]], timeout_s: float, what: str,
-                         every_s: float = 0.1) -> T:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    while True:
-        value = await predicate()
-        if value:
-            return value
-        if loop.time() > deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-        await asyncio.sleep(every_s)
 
 
 def ready_files(ready_dir: str, replica: str = "*", rank: str = "*") -> list[dict]:

@@ -10,7 +10,6 @@ import asyncio
 import os
 import signal
 
-import pytest
 
 from agent.policy import Role, Want
 from agent.process import SubprocessHooks

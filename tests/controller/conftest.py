@@ -1,8 +1,5 @@
 """In-process controller on OS-chosen loopback ports, with a clock the test moves."""
 
-import asyncio
-import time
-
 import grpc
 import pytest
 
@@ -10,6 +7,7 @@ from controller.service.server import ControllerServer
 from controller.settings import ControllerSettings
 from protos import controller_pb2 as pb
 from protos import controller_pb2_grpc as pbg
+from tests.waiting import wait_for  # noqa: F401 - used by the tests through this module
 
 
 class FakeClock:
@@ -21,18 +19,6 @@ class FakeClock:
 
     def advance(self, seconds: float) -> None:
         self.now += seconds
-
-
-async def wait_for(condition, timeout_s: float = 10.0, what: str = "condition"):
-    """Poll `condition` until it is truthy; fail after `timeout_s`."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
-        await asyncio.sleep(0.01)
 
 
 @pytest.fixture

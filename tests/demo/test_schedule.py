@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from fthsdp.demo.schedule import Failure, ScheduleError, parse
+from fthsdp.demo.schedule import Failure, ScheduleError, default_text, parse
 
 
 @pytest.mark.parametrize("text, expected", [
@@ -39,3 +39,13 @@ def test_bad_schedules_name_the_entry(text, named, why):
 def test_no_spares_means_no_agent_kills():
     with pytest.raises(ScheduleError, match="only 0 spare"):
         parse("kill-agent@10:r0", replicas=2, steps=100, spares=0)
+
+
+@pytest.mark.parametrize("replicas, steps, spares, text", [
+    (4, 200, 1, "kill-trainer@50:r1,kill-agent@130:r2"),
+    (2, 40, 1, "kill-trainer@10:r1,kill-agent@26:r1"),
+    (3, 10, 0, "kill-trainer@2:r1"),
+])
+def test_default_schedule_fits_the_run(replicas, steps, spares, text):
+    assert default_text(replicas=replicas, steps=steps, spares=spares) == text
+    assert parse(text, replicas=replicas, steps=steps, spares=spares)

@@ -9,7 +9,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from dataclasses import dataclass, field
 
 import httpx
@@ -63,22 +62,13 @@ class ControllerProcess:
                 self.proc.wait(timeout=10)
 
 
-async def wait_until(condition, timeout_s: float, what: str):
-    """Poll a blocking `condition` (off the event loop) until truthy, at most `timeout_s`."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = await asyncio.to_thread(condition)
-        if value:
-            return value
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
-
-
 @dataclass
 class LeaderLog:
     """What one simulated leader saw: acked commits and quorum ids, in order."""
 
     replica_id: str
+    #: the step of the last ReportStep sent (maybe applied, maybe not when stopped mid-call)
+    sent_step: int = -1
     acked_steps: list[int] = field(default_factory=list)
     quorum_ids: list[int] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
@@ -95,10 +85,13 @@ async def train(addresses: list[str], replica_id: str, log: LeaderLog, stop: asy
                                                               world_size=1, incarnation=replica_id))
             log.quorum_ids.append(q.quorum_id)
             await asyncio.sleep(step_s)  # "training"
+            log.sent_step = q.max_step
             await client.call("ReportStep", pb.ReportStepRequest(job_id=JOB, replica_id=replica_id,
                                                                   step=q.max_step, quorum_id=q.quorum_id))
             log.acked_steps.append(q.max_step)
             step = q.max_step + 1
+    except asyncio.CancelledError:
+        raise
     except Exception as exc:  # recorded and asserted on by the test
         log.errors.append(repr(exc))
     finally:
