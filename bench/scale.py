@@ -117,13 +117,15 @@ async def run(args) -> dict:
             await asyncio.gather(*(leader(r, step) for r in range(args.replicas)))
             latencies.append((time.perf_counter() - start) * 1000)
             await asyncio.gather(*(report(r, step) for r in range(args.replicas)))
+            await asyncio.sleep(args.step_s)  # the step itself: heartbeats keep flowing meanwhile
         cpu_pct = 100 * (cpu_seconds(pid) - cpu0) / (time.perf_counter() - wall0)
         stop.set()
         beats = sum(await asyncio.gather(*beaters))
         for c in channels:
             await c.close()
         return {
-            "replicas": args.replicas, "ranks_per_replica": world, "hosts": len(hosts), "gpus": args.replicas * world,
+            "replicas": args.replicas, "ranks_per_replica": world, "step_s": args.step_s,
+            "heartbeat_interval_s": args.heartbeat_interval_s, "hosts": len(hosts), "gpus": args.replicas * world,
             "rounds": len(latencies), "quorum_p50_ms": round(statistics.median(latencies), 2),
             "quorum_p99_ms": round(percentile(latencies, 99), 2), "register_all_hosts_s": round(register_s, 2),
             "host_heartbeats_sent": beats, "controller_cpu_pct": round(cpu_pct, 1),
@@ -153,7 +155,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ranks-per-replica", type=int, default=8192)
     p.add_argument("--hosts-per-replica", type=int, default=1024)
     p.add_argument("--rounds", type=int, default=30)
-    p.add_argument("--heartbeat-interval-s", type=float, default=2.0)
+    p.add_argument("--heartbeat-interval-s", type=float, default=1.0)
+    p.add_argument("--step-s", type=float, default=0.1, help="time between rounds (the simulated step)")
     p.add_argument("--heartbeat-timeout-s", type=float, default=30.0)
     p.add_argument("--fanout-rounds", type=int, default=10, help="0 skips the intra-replica fan-out part")
     p.add_argument("--json", action="store_true", help="print one JSON line (the default output)")
