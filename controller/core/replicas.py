@@ -96,6 +96,11 @@ class ReplicaRegistry:
         if decision.members is None:
             return None
         members = {rid: self.round_joined[rid] for rid in decision.members}
+        reason = decision.reason
+        if max(members.values()) <= self.max_committed_step:
+            # Nobody alive holds the newest state: the job goes back (a checkpoint, or step 0).
+            reason += (f"; ROLLBACK: the job had committed step {self.max_committed_step}, but no member holds "
+                       f"it, so training resumes at step {max(members.values())}")
         q = form_quorum(
             members,
             previous_id=self.quorum.quorum_id if self.quorum else self.first_quorum_id - 1,
@@ -104,7 +109,7 @@ class ReplicaRegistry:
             failed_commit=any(self.replicas[rid].failed_commit or rid in self.round_renewed for rid in members),
             lr_policy=s.lr_policy,
             total_replicas=s.replicas,
-            reason=decision.reason,
+            reason=reason,
             now=now,
         )
         for m in q.members:
@@ -120,6 +125,8 @@ class ReplicaRegistry:
             if r.state in (ReplicaState.HEALTHY, ReplicaState.BEHIND) and r.replica_id not in members:
                 self._transition(r, ReplicaState.JOINING, f"left out of quorum {q.quorum_id}: {q.reason}", now)
         if not self.quorum or q.quorum_id != self.quorum.quorum_id:
+            if "ROLLBACK" in reason:
+                self._event(now, "rollback", str(q.quorum_id), f"quorum {q.quorum_id} rolls back: {reason}")
             self._event(now, "quorum", str(q.quorum_id),
                         f"quorum {q.quorum_id}: {', '.join(m.replica_id for m in q.members)} at step "
                         f"{q.max_step}, lr_scale {q.lr_scale:.3f} ({q.reason})")
@@ -155,6 +162,7 @@ class ReplicaRegistry:
                 f"{r.committed_step}; steps never go backwards."
             )
         r.committed_step = step
+        self.max_committed_step = max(self.max_committed_step, step)
         r.step = step + 1
         r.last_seen = now
         r.last_loss, r.last_step_time_s = loss, step_time_s

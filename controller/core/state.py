@@ -44,6 +44,8 @@ class ControllerState(ReplicaRegistry, HostRegistry):
         self.outbox: list[OrderOut] = []
         self.order_seq = 0
         self.steps_committed = 0
+        #: the highest step any replica ever committed: a quorum below it is a rollback
+        self.max_committed_step = -1
         self.swaps = 0
         self.deaths: dict[str, int] = {}
         self.rank_holders: dict[tuple[str, int], str] = {}
@@ -86,6 +88,7 @@ class ControllerState(ReplicaRegistry, HostRegistry):
                 {k: getattr(r, k) for k in REPLICA_DURABLE_FIELDS} for r in self.replicas.values()
             ],
             "first_quorum_id": self.first_quorum_id,
+            "max_committed_step": self.max_committed_step,
             "steps_committed": self.steps_committed,
             "swaps": self.swaps,
             "deaths": self.deaths,
@@ -131,6 +134,7 @@ class ControllerState(ReplicaRegistry, HostRegistry):
                     **dict(d, state=ReplicaState(d["state"]), ftar_addresses=tuple(a["ftar"]),
                            state_addresses=tuple(a["state"]), last_seen=now))
             self.steps_committed = replicas["steps_committed"]
+            self.max_committed_step = replicas.get("max_committed_step", -1)
             self.swaps = replicas["swaps"]
             self.deaths = dict(replicas["deaths"])
             self.order_seq = replicas["order_seq"]

@@ -212,3 +212,18 @@ def test_new_addresses_or_a_restart_change_the_quorum_id_even_with_the_same_memb
     join(s, "r2", 0, 3.0, world_size=1, incarnation="b")  # restarted, same addresses
     q = s.try_close_round(3.0)
     assert q.quorum_id == first + 2 and q.member_ids == {"r0", "r1", "r2"}
+
+
+def test_a_quorum_below_the_committed_step_is_flagged_as_a_rollback():
+    s = fresh(replicas=2, min_replicas=1)
+    for rid in ("r0", "r1"):
+        join(s, rid, 0, 0.0, incarnation="first")
+    s.try_close_round(0.0)
+    for rid in ("r0", "r1"):
+        s.report_step(rid, 7, 1.0)
+    for rid in ("r0", "r1"):  # both replicas die and come back as new processes at step 0
+        join(s, rid, 0, 2.0, incarnation="again")
+    q = s.try_close_round(2.0)
+    assert "ROLLBACK: the job had committed step 7" in q.reason and "resumes at step 0" in q.reason
+    assert [e.kind for e in s.events].count("rollback") == 1
+    assert s.max_committed_step == 7
