@@ -26,6 +26,8 @@ import sys
 import time
 from pathlib import Path
 
+from controller.launch import launch
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -104,12 +106,10 @@ def _step_worker(args: argparse.Namespace) -> None:
 
 def measure_overhead(args: argparse.Namespace) -> dict:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    ctl = subprocess.Popen([str(Path(sys.executable).with_name("fthsdp")), "controller", "--grpc-port", "0",
-                            "--http-port", "0", "--replicas", str(args.replicas), "--min-replicas", "1",
-                            "--join-timeout-s", "5", "--heartbeat-timeout-s", "10", "--job-id", "bench"],
-                           stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
+    ctl = launch("--replicas", str(args.replicas), "--min-replicas", "1", "--join-timeout-s", "5",
+                 "--heartbeat-timeout-s", "10", "--job-id", "bench", env=env)
     try:
-        controller = json.loads(ctl.stdout.readline())["grpc"]
+        controller = ctl.grpc
         gloo = _free_port()
         workers = [subprocess.Popen(
             [sys.executable, "-m", "bench.overhead", "--role", "step-worker", "--rank", str(r), "--controller",
@@ -117,8 +117,7 @@ def measure_overhead(args: argparse.Namespace) -> dict:
             stdout=subprocess.PIPE, text=True) for r in range(args.replicas)]
         results = [json.loads(w.communicate(timeout=args.timeout_s)[0].strip().splitlines()[-1]) for w in workers]
     finally:
-        ctl.terminate()
-        ctl.wait(10)
+        ctl.stop()
     # A step's time is the slowest replica's; report medians over steps.
     plain = [max(vals) for vals in zip(*(r["plain"] for r in results))]
     ft = [max(vals) for vals in zip(*(r["ft"] for r in results))]

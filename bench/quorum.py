@@ -13,25 +13,16 @@ import argparse
 import asyncio
 import json
 import statistics
-import subprocess
 import sys
 import time
 
 import grpc
 
+from controller.launch import launch
 from protos import controller_pb2 as pb
 from protos import controller_pb2_grpc as pbg
 
 WARMUP_ROUNDS = 5
-
-
-def start_controller(replicas: int) -> tuple[subprocess.Popen, dict]:
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "fthsdp.cli", "controller", "--grpc-port", "0", "--http-port", "0",
-         "--replicas", str(replicas), "--min-replicas", str(replicas), "--heartbeat-timeout-s", "600",
-         "--join-timeout-s", "60", "--job-id", "bench", "--log-level", "WARNING"],
-        stdout=subprocess.PIPE, text=True)
-    return proc, json.loads(proc.stdout.readline())
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -72,12 +63,12 @@ def main(argv: list[str] | None = None) -> int:
     for n in args.replicas:
         if n < 1:
             p.error(f"--replicas values must be at least 1, got {n}")
-        proc, info = start_controller(n)
+        ctl = launch("--replicas", str(n), "--min-replicas", str(n), "--heartbeat-timeout-s", "600",
+                     "--join-timeout-s", "60", "--job-id", "bench", "--log-level", "WARNING")
         try:
-            lat = asyncio.run(measure(info["grpc"], n, args.rounds))
+            lat = asyncio.run(measure(ctl.grpc, n, args.rounds))
         finally:
-            proc.terminate()
-            proc.wait(timeout=10)
+            ctl.stop()
         print(json.dumps({"replicas": n, "p50_ms": round(statistics.median(lat), 3),
                           "p99_ms": round(percentile(lat, 99), 3), "rounds": len(lat)}), flush=True)
     return 0

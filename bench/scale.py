@@ -17,7 +17,6 @@ import argparse
 import asyncio
 import json
 import statistics
-import subprocess
 import sys
 import time
 
@@ -25,19 +24,11 @@ import grpc
 
 from bench.procstat import cpu_seconds, rss_mib
 from bench.quorum import percentile
+from controller.launch import launch
 from protos import controller_pb2 as pb
 from protos import controller_pb2_grpc as pbg
 
 JOB = "scale"
-
-
-def start_controller(replicas: int, heartbeat_timeout_s: float) -> tuple[subprocess.Popen, dict]:
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "fthsdp.cli", "controller", "--grpc-port", "0", "--http-port", "0", "--job-id", JOB,
-         "--replicas", str(replicas), "--min-replicas", str(max(1, replicas // 2 + 1)), "--join-timeout-s", "30",
-         "--heartbeat-timeout-s", str(heartbeat_timeout_s), "--log-level", "WARNING"],
-        stdout=subprocess.PIPE, text=True)
-    return proc, json.loads(proc.stdout.readline())
 
 
 async def register_hosts(stub, replicas: int, hosts_per_replica: int, ranks: int, concurrency: int) -> list[str]:
@@ -76,8 +67,10 @@ async def heartbeat_forever(stub, ids: list[str], interval_s: float, batch: int,
 
 
 async def run(args) -> dict:
-    proc, info = start_controller(args.replicas, args.heartbeat_timeout_s)
-    pid = proc.pid
+    ctl = launch("--job-id", JOB, "--replicas", str(args.replicas), "--min-replicas",
+                 str(max(1, args.replicas // 2 + 1)), "--join-timeout-s", "30", "--heartbeat-timeout-s",
+                 str(args.heartbeat_timeout_s), "--log-level", "WARNING")
+    pid, info = ctl.pid, {"grpc": ctl.grpc}
     try:
         channels = [grpc.aio.insecure_channel(info["grpc"], options=[("grpc.max_send_message_length", 64 << 20),
                                                                      ("grpc.max_receive_message_length", 64 << 20)])
@@ -132,8 +125,7 @@ async def run(args) -> dict:
             "controller_rss_mib": round(rss_mib(pid), 1),
         }
     finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+        ctl.stop(30.0)
 
 
 def fanout(ranks: int, rounds: int) -> dict:

@@ -113,3 +113,7 @@ def main(argv: list[str]) -> int:
     except (ValueError, OSError) as exc:
         print(f"fthsdp controller: {exc}", file=sys.stderr)
         return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

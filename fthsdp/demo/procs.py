@@ -6,14 +6,13 @@ and every process under it (its trainers), read from /proc before the agent dies
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
 import sys
-import threading
-from dataclasses import dataclass
 from pathlib import Path
+
+from controller.launch import ControllerProcess, launch, read_json_line  # noqa: F401 - used by run.py
 
 PYTHON = sys.executable
 _FTHSDP_BIN = Path(PYTHON).with_name("fthsdp")
@@ -22,38 +21,12 @@ FTHSDP = [str(_FTHSDP_BIN)] if _FTHSDP_BIN.exists() else [
 TRAINER = [PYTHON, "-m", "fthsdp.demo.trainer"]
 
 
-def read_json_line(proc: subprocess.Popen, timeout_s: float, what: str) -> dict:
-    """The first JSON line `proc` prints, or RuntimeError naming `what` and its log."""
-    box: list[str] = []
-    reader = threading.Thread(target=lambda: box.append(proc.stdout.readline()), daemon=True)
-    reader.start()
-    reader.join(timeout_s)
-    if not box or not box[0].strip():
-        raise RuntimeError(f"{what} printed nothing within {timeout_s:g}s (exit code {proc.poll()})")
-    return json.loads(box[0])
-
-
-@dataclass
-class Controller:
-    proc: subprocess.Popen
-    grpc: str
-    http: str
-
-    @classmethod
-    def start(cls, log: Path, *, job_id: str, replicas: int, join_timeout_s: float,
-              heartbeat_timeout_s: float, lr_policy: str) -> Controller:
-        args = FTHSDP + ["controller", "--grpc-port", "0", "--http-port", "0", "--job-id", job_id,
-                         "--replicas", str(replicas), "--min-replicas", "1", "--join-timeout-s",
-                         str(join_timeout_s), "--heartbeat-timeout-s", str(heartbeat_timeout_s),
-                         "--lr-policy", lr_policy]
-        with open(log, "w") as err:
-            proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=err, stdin=subprocess.DEVNULL, text=True)
-        try:
-            line = read_json_line(proc, 60.0, f"the controller (log {log})")
-        except Exception:
-            stop(proc, 1.0)
-            raise
-        return cls(proc, line["grpc"], line["http"])
+def start_controller(log: Path, *, job_id: str, replicas: int, join_timeout_s: float,
+                     heartbeat_timeout_s: float, lr_policy: str) -> ControllerProcess:
+    with open(log, "w") as err:
+        return launch("--job-id", job_id, "--replicas", str(replicas), "--min-replicas", "1",
+                      "--join-timeout-s", str(join_timeout_s), "--heartbeat-timeout-s", str(heartbeat_timeout_s),
+                      "--lr-policy", lr_policy, stderr=err)
 
 
 def start_agent(log: Path, *, controller: str, host_id: str, job_id: str, command: list[str],

@@ -87,8 +87,8 @@ def _prepare(workdir: Path, s: RunSettings, data: Path) -> tuple[Path, Path]:
     return records, config
 
 
-def _controller(workdir: Path, s: RunSettings) -> procs.Controller:
-    return procs.Controller.start(workdir / "controller.log", job_id=JOB_ID, replicas=s.replicas,
+def _controller(workdir: Path, s: RunSettings) -> procs.ControllerProcess:
+    return procs.start_controller(workdir / "controller.log", job_id=JOB_ID, replicas=s.replicas,
                                   join_timeout_s=s.join_timeout_s, heartbeat_timeout_s=s.heartbeat_timeout_s,
                                   lr_policy=s.lr_policy)
 

@@ -1,6 +1,5 @@
 """schemathesis against the controller's own OpenAPI: no 5xx, no schema violations."""
 
-import json
 import shutil
 import subprocess
 import sys
@@ -8,6 +7,8 @@ from pathlib import Path
 
 import grpc
 import pytest
+
+from controller.launch import launch
 
 from protos import controller_pb2 as pb
 from protos import controller_pb2_grpc as pbg
@@ -20,11 +21,9 @@ ST = Path(sys.executable).with_name("st")
 def test_rest_api_survives_schemathesis(tmp_path):
     token = tmp_path / "admin-token"
     token.write_text("fuzz-token\n")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "fthsdp.cli", "controller", "--grpc-port", "0", "--http-port", "0", "--replicas", "2",
-         "--admin-token-file", str(token), "--log-level", "ERROR"], stdout=subprocess.PIPE, text=True)
+    ctl = launch("--replicas", "2", "--admin-token-file", str(token))
+    info = {"grpc": ctl.grpc, "http": ctl.http}
     try:
-        info = json.loads(proc.stdout.readline())
         with grpc.insecure_channel(info["grpc"]) as channel:  # give the admin routes a real host to act on
             stub = pbg.ControllerStub(channel)
             for host, spare in (("h1", False), ("s1", True)):
@@ -38,5 +37,4 @@ def test_rest_api_survives_schemathesis(tmp_path):
         assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-2000:]
         assert " passed" in out.stdout
     finally:
-        proc.terminate()
-        proc.wait(timeout=10)
+        ctl.stop()

@@ -1,25 +1,22 @@
 """`fthsdp status` against a real controller process."""
 
-import json
 import subprocess
 import sys
 
 import pytest
+
+from controller.launch import launch
 
 from fthsdp.status import table
 
 
 @pytest.fixture
 def controller_process():
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "fthsdp.cli", "controller", "--grpc-port", "0", "--http-port", "0",
-         "--replicas", "2", "--job-id", "demo"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    ctl = launch("--replicas", "2", "--job-id", "demo")
     try:
-        line = proc.stdout.readline()  # the one "serving" line; bounded by the test timeout
-        yield json.loads(line)
+        yield {"grpc": ctl.grpc, "http": ctl.http}
     finally:
-        proc.terminate()
-        proc.wait(timeout=10)
+        ctl.stop()
 
 
 def test_status_prints_tables(controller_process):

@@ -4,15 +4,14 @@ failovers (real gRPC, FailoverChannel over every controller address)."""
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import signal
 import subprocess
-import sys
 from dataclasses import dataclass, field
 
 import httpx
 
+from controller.launch import launch
 from protos import controller_pb2 as pb
 from protos.dial import FailoverChannel
 
@@ -20,19 +19,19 @@ JOB = "ha"
 
 
 class ControllerProcess:
+    """One of several controllers sharing an etcd, watched through its REST API."""
+
     def __init__(self, etcd_endpoint: str, *, replicas: int = 3, lease_ttl_s: float = 2.0, name: str = "c") -> None:
-        self.args = [sys.executable, "-m", "fthsdp.cli", "controller", "--grpc-port", "0", "--http-port", "0",
-                     "--job-id", JOB, "--replicas", str(replicas), "--min-replicas", str(min(2, replicas)), "--join-timeout-s", "2",
-                     "--heartbeat-timeout-s", "10", "--etcd", etcd_endpoint, "--lease-ttl-s", str(lease_ttl_s),
-                     "--log-level", "INFO"]
+        self.flags = ["--job-id", JOB, "--replicas", str(replicas), "--min-replicas", str(min(2, replicas)),
+                      "--join-timeout-s", "2", "--heartbeat-timeout-s", "10", "--etcd", etcd_endpoint,
+                      "--lease-ttl-s", str(lease_ttl_s)]
         self.name = name
         self.proc: subprocess.Popen | None = None
         self.grpc = self.http = ""
 
     def start(self) -> "ControllerProcess":
-        self.proc = subprocess.Popen(self.args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-        info = json.loads(self.proc.stdout.readline())  # bounded by the test timeout
-        self.grpc, self.http = info["grpc"], info["http"]
+        started = launch(*self.flags)
+        self.proc, self.grpc, self.http = started.proc, started.grpc, started.http
         return self
 
     def job(self) -> dict | None:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import selectors
-import signal
 import socket
 import subprocess
 import sys
@@ -20,6 +19,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from controller.launch import ControllerProcess, launch
 
 REPO = Path(__file__).resolve().parents[2]
 PYTHON = sys.executable
@@ -59,30 +60,12 @@ def _read_line(proc: subprocess.Popen, timeout_s: float) -> str:
     return box[0]
 
 
-@dataclass
-class Controller:
-    proc: subprocess.Popen
-    grpc: str
-    http: str
-
-    @classmethod
-    def start(cls, log_path: Path, replicas: int, join_timeout_s: float, heartbeat_timeout_s: float,
-              lr_policy: str = "sqrt") -> "Controller":
-        proc = subprocess.Popen(
-            [FTHSDP, "controller", "--grpc-port", "0", "--http-port", "0", "--replicas", str(replicas),
-             "--min-replicas", "1", "--join-timeout-s", str(join_timeout_s), "--heartbeat-timeout-s",
-             str(heartbeat_timeout_s), "--lr-policy", lr_policy, "--job-id", "t"],
-            stdout=subprocess.PIPE, stderr=open(log_path, "w"), text=True, cwd=REPO)
-        line = json.loads(_read_line(proc, 30.0))
-        return cls(proc, line["grpc"], line["http"])
-
-    def stop(self) -> None:
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+def start_controller(log_path: Path, replicas: int, join_timeout_s: float, heartbeat_timeout_s: float,
+                     lr_policy: str = "sqrt") -> ControllerProcess:
+    with open(log_path, "w") as log:
+        return launch("--replicas", str(replicas), "--min-replicas", "1", "--join-timeout-s", str(join_timeout_s),
+                      "--heartbeat-timeout-s", str(heartbeat_timeout_s), "--lr-policy", lr_policy, "--job-id", "t",
+                      stderr=log, timeout_s=30.0, cwd=str(REPO))
 
 
 @dataclass
@@ -111,7 +94,7 @@ class Cluster:
         self._procs: dict[int, list[subprocess.Popen]] = {}
         self._incarnation: dict[int, int] = {}
 
-    def _spawn(self, controller: Controller, replica: int) -> None:
+    def _spawn(self, controller: ControllerProcess, replica: int) -> None:
         inc = self._incarnation.get(replica, -1) + 1
         self._incarnation[replica] = inc
         leader, gloo = f"127.0.0.1:{free_port()}", free_port()
@@ -141,7 +124,7 @@ class Cluster:
             p.stdin.flush()
 
     def run(self, timeout_s: float = 90.0) -> "Records":
-        controller = Controller.start(self.workdir / "controller.log", self.configured_replicas or self.replicas,
+        controller = start_controller(self.workdir / "controller.log", self.configured_replicas or self.replicas,
                                       self.join_timeout_s,
                                       self.heartbeat_timeout_s, self.controller_lr_policy)
         try:
@@ -158,7 +141,7 @@ class Cluster:
             controller.stop()
         return Records.load(self.records_dir)
 
-    def _supervise(self, controller: Controller, deadline: float) -> None:
+    def _supervise(self, controller: ControllerProcess, deadline: float) -> None:
         restarts = {r: 0 for r in range(self.replicas)}
         while True:
             running = {p.pid: (r, p) for r, procs in self._procs.items() for p in procs if p.poll() is None}

@@ -1,25 +1,21 @@
 """The leader's controller client moves past a dead controller address to a live one."""
 
-import json
 import socket
-import subprocess
-import sys
 
 import pytest
+
+from controller.launch import launch
 
 from fthsdp.controller_client import ControllerClient, ControllerError
 
 
 @pytest.fixture
 def controller():
-    proc = subprocess.Popen([sys.executable, "-m", "fthsdp.cli", "controller", "--grpc-port", "0", "--http-port", "0",
-                             "--replicas", "1", "--job-id", "cc"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                            text=True)
+    ctl = launch("--replicas", "1", "--job-id", "cc")
     try:
-        yield json.loads(proc.stdout.readline())
+        yield {"grpc": ctl.grpc, "http": ctl.http}
     finally:
-        proc.terminate()
-        proc.wait(timeout=10)
+        ctl.stop()
 
 
 def dead_address() -> str:

@@ -6,17 +6,17 @@ import pytest
 import torch
 
 from fthsdp import FaultTolerantOptimizer, Manager, RetryLimitExceeded, RuntimeSettings
-from tests.runtime.cluster import Controller
+from tests.runtime.cluster import start_controller
 
 
 @pytest.fixture
 def controller(tmp_path):
-    ctl = Controller.start(tmp_path / "controller.log", replicas=2, join_timeout_s=0.2, heartbeat_timeout_s=3.0)
+    ctl = start_controller(tmp_path / "controller.log", replicas=2, join_timeout_s=0.2, heartbeat_timeout_s=3.0)
     yield ctl
     ctl.stop()
 
 
-def _manager(controller: Controller, pre_init=None, fault_hook=None,
+def _manager(controller, pre_init=None, fault_hook=None,
              **overrides) -> tuple[Manager, torch.nn.Module, torch.optim.Optimizer]:
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 1)
