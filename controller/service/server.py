@@ -131,7 +131,7 @@ class ControllerServer:
         while True:
             try:
                 leadership = await self.store.campaign(self.candidate, self.lease_ttl_s)
-                state = await self.load_state()
+                state = await self.load_state(for_writing=True)
             except StoreError as exc:
                 log.warning("store unavailable while campaigning: %s; retrying", exc)
                 await asyncio.sleep(0.5)
@@ -165,9 +165,10 @@ class ControllerServer:
         for q in self.order_streams.values():
             q.put_nowait(None)
 
-    async def load_state(self) -> ControllerState:
-        """The last durable snapshot as a state (what a new leader starts from and what a
-        standby shows); remembers the revisions that the next writes must match."""
+    async def load_state(self, for_writing: bool = False) -> ControllerState:
+        """The last durable snapshot as a state: what a new leader starts from
+        (`for_writing`: it remembers the revisions its next writes must match) and what a
+        standby shows."""
         state = ControllerState(self.settings)
         sections = ["replicas", "journal"] + [f"hosts/{i}" for i in range(HOST_SHARDS)]
         found = {section: await self.store.get(self._key(section)) for section in sections}
@@ -178,7 +179,7 @@ class ControllerServer:
             loaded[section] = json.loads(found[section].value) if found[section].value else None
         addresses = {k.split("/", 1)[1]: v for k, v in loaded.items() if k.startswith("addresses/") and v}
         state.restore(loaded["replicas"], [loaded[s] for s in sections[2:]], self.clock(), addresses, loaded["journal"])
-        if not self.leading:
+        if for_writing:
             self._revisions = {section: v.revision for section, v in found.items()}
         return state
 
