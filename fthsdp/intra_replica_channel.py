@@ -45,7 +45,7 @@ class LeaderChannel:
         self._loop = asyncio.new_event_loop()
         self._thread: threading.Thread | None = None
         self._server: asyncio.base_events.Server | None = None
-        self._writers: dict[int, asyncio.StreamWriter] = {}
+        self._writers: dict[int, _RankConnection] = {}
         self._votes: dict[tuple[int, int], dict[int, Vote]] = {}
         self._lost: set[int] = set()
         self.hellos: dict[int, dict[str, Any]] = {}  # what each rank said when it connected
@@ -63,8 +63,9 @@ class LeaderChannel:
 
     async def _listen(self) -> str:
         self._changed = asyncio.Event()
-        self._server = await asyncio.start_server(self._serve_rank, self._host, self._port,
-                                                  backlog=min(self.world_size + 16, 65535))
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(lambda: _RankConnection(self), self._host, self._port,
+                                                backlog=min(self.world_size + 16, 65535))
         host, port = self._server.sockets[0].getsockname()[:2]
         return f"{host}:{port}"
 
@@ -73,41 +74,29 @@ class LeaderChannel:
         self._changed.set()
         self._changed = asyncio.Event()
 
-    async def _serve_rank(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        rank = -1
-        try:
-            while True:
-                (length,) = FRAME.unpack(await reader.readexactly(FRAME.size))
-                if length > MAX_FRAME_BYTES:
-                    raise ChannelError(f"frame of {length} bytes from rank {rank}")
-                msg = json.loads(await reader.readexactly(length))
-                if msg.get("t") == "hello":
-                    rank = int(msg["rank"])
-                    self._writers[rank] = writer
-                    self.hellos[rank] = msg
-                    self._lost.discard(rank)
-                elif msg.get("t") == "vote":
-                    vote = Vote(int(msg["rank"]), int(msg["quorum_id"]), int(msg["step"]), bool(msg["ok"]),
-                                str(msg.get("reason", "")))
-                    votes = self._votes.setdefault((vote.quorum_id, vote.step), {})
-                    votes[vote.rank] = vote
-                    # Wake the collector only when it can decide: a no, or the last vote in.
-                    if not vote.ok or len(votes) >= self.world_size - 1:
-                        self._notify()
-                    continue
-                self._notify()
-        except asyncio.IncompleteReadError as exc:
-            if rank >= 0 and exc.partial:
-                log.warning("rank %s left the intra-replica channel mid-message", rank)
-        except (ConnectionError, ValueError, KeyError, ChannelError) as exc:
-            if rank >= 0:
-                log.warning("rank %s left the intra-replica channel: %r", rank, exc)
-        finally:
-            if rank >= 0 and self._writers.get(rank) is writer:
-                del self._writers[rank]
-                self._lost.add(rank)
-                self._notify()
-            writer.close()
+    def _on_message(self, conn: "_RankConnection", msg: dict[str, Any]) -> None:
+        if msg.get("t") == "hello":
+            conn.rank = int(msg["rank"])
+            self._writers[conn.rank] = conn
+            self.hellos[conn.rank] = msg
+            self._lost.discard(conn.rank)
+        elif msg.get("t") == "vote":
+            vote = Vote(int(msg["rank"]), int(msg["quorum_id"]), int(msg["step"]), bool(msg["ok"]),
+                        str(msg.get("reason", "")))
+            votes = self._votes.setdefault((vote.quorum_id, vote.step), {})
+            votes[vote.rank] = vote
+            # Wake the collector only when it can decide: a no, or the last vote in.
+            if vote.ok and len(votes) < self.world_size - 1:
+                return
+        self._notify()
+
+    def _on_lost(self, conn: "_RankConnection", exc: Exception | None) -> None:
+        if conn.rank >= 0 and self._writers.get(conn.rank) is conn:
+            if exc is not None:
+                log.warning("rank %s left the intra-replica channel: %r", conn.rank, exc)
+            del self._writers[conn.rank]
+            self._lost.add(conn.rank)
+            self._notify()
 
     def wait_for_ranks(self, timeout_s: float) -> None:
         """Block until ranks 1..world_size-1 said hello."""
@@ -130,13 +119,11 @@ class LeaderChannel:
         frame = encode(msg)
 
         async def send() -> None:
-            backlogged = []
-            for w in list(self._writers.values()):
-                w.write(frame)  # small frames usually go straight to the socket
-                if w.transport.get_write_buffer_size():
-                    backlogged.append(w)
-            if backlogged:
-                await asyncio.gather(*(w.drain() for w in backlogged), return_exceptions=True)
+            for conn in list(self._writers.values()):
+                conn.transport.write(frame)  # small frames usually go straight to the socket
+            paused = [conn.drained for conn in self._writers.values() if not conn.drained.done()]
+            if paused:
+                await asyncio.gather(*paused, return_exceptions=True)
         self._call(send(), timeout_s)
 
     def collect_votes(self, quorum_id: int, step: int, own: Vote, timeout_s: float) -> CommitDecision:
@@ -165,14 +152,61 @@ class LeaderChannel:
         async def shut() -> None:
             if self._server is not None:
                 self._server.close()
-            for w in list(self._writers.values()):
-                w.close()
+            for conn in list(self._writers.values()):
+                conn.transport.close()
         if self._thread is not None:
             try:
                 self._call(shut(), 5.0)
             finally:
                 self._loop.call_soon_threadsafe(self._loop.stop)
                 self._thread.join(5.0)
+
+
+class _RankConnection(asyncio.Protocol):
+    """One rank's connection on the leader: frames are parsed as bytes arrive (no task or
+    future per message), which is what lets one thread serve thousands of ranks."""
+
+    def __init__(self, channel: LeaderChannel) -> None:
+        self.channel = channel
+        self.rank = -1
+        self.transport: asyncio.Transport | None = None
+        self.buffer = bytearray()
+        self.drained: asyncio.Future = asyncio.get_running_loop().create_future()
+        self.drained.set_result(None)
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        self.buffer += data
+        try:
+            while len(self.buffer) >= FRAME.size:
+                (length,) = FRAME.unpack_from(self.buffer)
+                if length > MAX_FRAME_BYTES:
+                    raise ChannelError(f"frame of {length} bytes from rank {self.rank}")
+                if len(self.buffer) < FRAME.size + length:
+                    return
+                msg = json.loads(bytes(self.buffer[FRAME.size:FRAME.size + length]))
+                del self.buffer[:FRAME.size + length]
+                self.channel._on_message(self, msg)
+        except (ValueError, KeyError, TypeError, ChannelError) as exc:
+            if self.rank >= 0:
+                log.warning("rank %s sent a bad frame: %r", self.rank, exc)
+            self.transport.close()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.buffer and self.rank >= 0:
+            log.warning("rank %s left the intra-replica channel mid-message", self.rank)
+        self.channel._on_lost(self, exc)
+        if not self.drained.done():
+            self.drained.set_result(None)
+
+    def pause_writing(self) -> None:
+        self.drained = asyncio.get_running_loop().create_future()
+
+    def resume_writing(self) -> None:
+        if not self.drained.done():
+            self.drained.set_result(None)
 
 
 class RankChannel:
