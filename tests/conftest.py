@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from controller.launch import launch
 from tests.etcd_server import EtcdServer
 
 
@@ -16,3 +17,18 @@ def etcd():
         yield server
     finally:
         server.close()
+
+
+@pytest.fixture
+def controller_process():
+    """Start `fthsdp controller` processes on free ports: call it with the controller's flags;
+    every process it started is stopped at teardown."""
+    started = []
+
+    def start(*flags: str, **kw):
+        started.append(launch(*flags, **kw))
+        return started[-1]
+
+    yield start
+    for ctl in started:
+        ctl.stop()

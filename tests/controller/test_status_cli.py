@@ -3,24 +3,13 @@
 import subprocess
 import sys
 
-import pytest
-
-from controller.launch import launch
 
 from fthsdp.status import table
 
 
-@pytest.fixture
-def controller_process():
-    ctl = launch("--replicas", "2", "--job-id", "demo")
-    try:
-        yield {"grpc": ctl.grpc, "http": ctl.http}
-    finally:
-        ctl.stop()
-
-
 def test_status_prints_tables(controller_process):
-    out = subprocess.run([sys.executable, "-m", "fthsdp.cli", "status", "--url", controller_process["http"]],
+    ctl = controller_process("--replicas", "2", "--job-id", "demo")
+    out = subprocess.run([sys.executable, "-m", "fthsdp.cli", "status", "--url", ctl.http],
                          capture_output=True, text=True, timeout=30)
     assert out.returncode == 0, out.stderr
     assert "job demo" in out.stdout and "REPLICA" in out.stdout

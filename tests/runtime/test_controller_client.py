@@ -4,18 +4,12 @@ import socket
 
 import pytest
 
-from controller.launch import launch
-
 from fthsdp.controller_client import ControllerClient, ControllerError
 
 
 @pytest.fixture
-def controller():
-    ctl = launch("--replicas", "1", "--job-id", "cc")
-    try:
-        yield {"grpc": ctl.grpc, "http": ctl.http}
-    finally:
-        ctl.stop()
+def controller(controller_process):
+    return controller_process("--replicas", "1", "--job-id", "cc")
 
 
 def dead_address() -> str:
@@ -25,16 +19,16 @@ def dead_address() -> str:
 
 
 def test_quorum_fails_over_to_the_next_controller(controller):
-    client = ControllerClient(f"{dead_address()},{controller['grpc']}", "cc", "r0", "inc-1")
+    client = ControllerClient(f"{dead_address()},{controller.grpc}", "cc", "r0", "inc-1")
     try:
         view = client.quorum(0, 1, ["127.0.0.1:1"], ["127.0.0.1:2"], "", timeout_s=20)
-        assert view.members[0].replica_id == "r0" and client.address == controller["grpc"]
+        assert view.members[0].replica_id == "r0" and client.address == controller.grpc
     finally:
         client.close()
 
 
 def test_refusals_are_not_retried(controller):
-    client = ControllerClient(controller["grpc"], "other-job", "r0", "inc-1")
+    client = ControllerClient(controller.grpc, "other-job", "r0", "inc-1")
     try:
         with pytest.raises(ControllerError, match="FAILED_PRECONDITION.*job_id 'other-job'"):
             client.quorum(0, 1, ["127.0.0.1:1"], ["127.0.0.1:2"], "", timeout_s=20)
