@@ -41,7 +41,9 @@ class StateServer:
         self._cut_off = False
         self._acks: dict[int, set[str]] = {}
         self._fail_next: list[str] = []
-        self.fetches_served = 0
+        #: fetch requests accepted (counted on acceptance, so a client that has its answer
+        #: always sees its own request counted)
+        self.fetches_accepted = 0
         self._httpd = _Server((host, port), _Handler)
         self._httpd.owner = self
         self._thread: threading.Thread | None = None
@@ -105,12 +107,12 @@ class StateServer:
             if not self._open or step != self._step:
                 return False
             self._active += 1
+            self.fetches_accepted += 1
             return True
 
     def _end(self) -> None:
         with self._cond:
             self._active -= 1
-            self.fetches_served += 1
             self._cond.notify_all()
 
     def _ack(self, step: int, replica: str) -> None:

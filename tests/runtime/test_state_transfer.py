@@ -57,7 +57,7 @@ def test_damaged_transfer_is_detected_and_fetched_again(source, damage):
     server.fail_next(damage)
     dst_model, dst_opt = _fresh()
     fetch_state(server.address, 5, "b", lambda: StateTarget(dst_model, dst_opt), 5.0, 2)
-    assert server.fetches_served == 2
+    assert server.fetches_accepted == 2
     assert state_digest(dst_model, dst_opt) == state_digest(model, opt)
 
 
