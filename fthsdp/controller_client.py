@@ -11,6 +11,7 @@ TLS comes from FTHSDP_TLS_* (see protos/dial.py), as for the agent that started 
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from typing import Iterator
@@ -24,6 +25,8 @@ from protos.dial import TlsFiles, parse_addresses, sync_channel
 
 log = logging.getLogger(__name__)
 
+ENV_HOST_ID = "FTHSDP_HOST_ID"  # the agent's name for it (agent/env.py HOST_ID)
+
 RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.RESOURCE_EXHAUSTED)
 REPORT_TIMEOUT_S = 5.0
 
@@ -36,6 +39,8 @@ class ControllerClient:
     def __init__(self, address: str, job_id: str, replica_id: str, incarnation: str,
                  tls: TlsFiles | None = None) -> None:
         self.job_id, self.replica_id, self.incarnation = job_id, replica_id, incarnation
+        #: set by the agent that started us; the controller fences leaders on replaced hosts
+        self.host_id = os.environ.get(ENV_HOST_ID, "")
         self._controllers = parse_addresses(address)
         self._tls = tls if tls is not None else TlsFiles.from_env()
         self._index = 0
@@ -72,7 +77,7 @@ class ControllerClient:
                 job_id=self.job_id, replica_id=self.replica_id, step=step, world_size=world_size,
                 ftar_addresses=list(send[0]), state_addresses=list(send[1]),
                 known_quorum_id=self._known_quorum_id, leader_address=leader_address,
-                incarnation=self.incarnation)
+                incarnation=self.incarnation, host_id=self.host_id)
             left = deadline - time.monotonic()
             try:
                 answer = self._stub.Quorum(request, timeout=max(left, 0.01))
@@ -110,7 +115,7 @@ class ControllerClient:
     def report_step(self, quorum_id: int, step: int, step_time_s: float, loss: float, tokens: int) -> None:
         self._best_effort("ReportStep", self._stub.ReportStep, pb.ReportStepRequest(
             job_id=self.job_id, replica_id=self.replica_id, quorum_id=quorum_id, step=step,
-            step_time_s=step_time_s, loss=loss, tokens=tokens))
+            step_time_s=step_time_s, loss=loss, tokens=tokens, host_id=self.host_id))
 
     def report_failure(self, quorum_id: int, step: int, reason: str, dead: bool = False) -> None:
         kind = pb.ReportFailureRequest.REPLICA_DEAD if dead else pb.ReportFailureRequest.COMMIT_FAILED

@@ -8,7 +8,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class QuorumRequest(_message.Message):
-    __slots__ = ("job_id", "replica_id", "step", "world_size", "ftar_addresses", "state_addresses", "known_quorum_id", "leader_address", "incarnation")
+    __slots__ = ("job_id", "replica_id", "step", "world_size", "ftar_addresses", "state_addresses", "known_quorum_id", "leader_address", "incarnation", "host_id")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
@@ -18,6 +18,7 @@ class QuorumRequest(_message.Message):
     KNOWN_QUORUM_ID_FIELD_NUMBER: _ClassVar[int]
     LEADER_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     INCARNATION_FIELD_NUMBER: _ClassVar[int]
+    HOST_ID_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     replica_id: str
     step: int
@@ -27,7 +28,8 @@ class QuorumRequest(_message.Message):
     known_quorum_id: int
     leader_address: str
     incarnation: str
-    def __init__(self, job_id: _Optional[str] = ..., replica_id: _Optional[str] = ..., step: _Optional[int] = ..., world_size: _Optional[int] = ..., ftar_addresses: _Optional[_Iterable[str]] = ..., state_addresses: _Optional[_Iterable[str]] = ..., known_quorum_id: _Optional[int] = ..., leader_address: _Optional[str] = ..., incarnation: _Optional[str] = ...) -> None: ...
+    host_id: str
+    def __init__(self, job_id: _Optional[str] = ..., replica_id: _Optional[str] = ..., step: _Optional[int] = ..., world_size: _Optional[int] = ..., ftar_addresses: _Optional[_Iterable[str]] = ..., state_addresses: _Optional[_Iterable[str]] = ..., known_quorum_id: _Optional[int] = ..., leader_address: _Optional[str] = ..., incarnation: _Optional[str] = ..., host_id: _Optional[str] = ...) -> None: ...
 
 class Member(_message.Message):
     __slots__ = ("replica_id", "step", "healthy", "ftar_addresses", "state_addresses")
@@ -88,7 +90,7 @@ class HeartbeatResponse(_message.Message):
     def __init__(self, unknown_ids: _Optional[_Iterable[str]] = ..., not_leader: _Optional[bool] = ...) -> None: ...
 
 class ReportStepRequest(_message.Message):
-    __slots__ = ("job_id", "replica_id", "quorum_id", "step", "step_time_s", "loss", "tokens")
+    __slots__ = ("job_id", "replica_id", "quorum_id", "step", "step_time_s", "loss", "tokens", "host_id")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     QUORUM_ID_FIELD_NUMBER: _ClassVar[int]
@@ -96,6 +98,7 @@ class ReportStepRequest(_message.Message):
     STEP_TIME_S_FIELD_NUMBER: _ClassVar[int]
     LOSS_FIELD_NUMBER: _ClassVar[int]
     TOKENS_FIELD_NUMBER: _ClassVar[int]
+    HOST_ID_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     replica_id: str
     quorum_id: int
@@ -103,7 +106,8 @@ class ReportStepRequest(_message.Message):
     step_time_s: float
     loss: float
     tokens: int
-    def __init__(self, job_id: _Optional[str] = ..., replica_id: _Optional[str] = ..., quorum_id: _Optional[int] = ..., step: _Optional[int] = ..., step_time_s: _Optional[float] = ..., loss: _Optional[float] = ..., tokens: _Optional[int] = ...) -> None: ...
+    host_id: str
+    def __init__(self, job_id: _Optional[str] = ..., replica_id: _Optional[str] = ..., quorum_id: _Optional[int] = ..., step: _Optional[int] = ..., step_time_s: _Optional[float] = ..., loss: _Optional[float] = ..., tokens: _Optional[int] = ..., host_id: _Optional[str] = ...) -> None: ...
 
 class ReportStepResponse(_message.Message):
     __slots__ = ()

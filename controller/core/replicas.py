@@ -19,6 +19,7 @@ class JoinRequest:
     ftar_addresses: tuple[str, ...] = ()
     state_addresses: tuple[str, ...] = ()
     leader_address: str = ""
+    host_id: str = ""
 
 
 class ReplicaRegistry:
@@ -38,6 +39,7 @@ class ReplicaRegistry:
             raise InvalidArgument(f"leader_address is {len(req.leader_address)} characters; the limit is {s.max_address_chars}.")
         if len(req.incarnation) > s.max_id_chars:
             raise InvalidArgument(f"incarnation is {len(req.incarnation)} characters; the limit is {s.max_id_chars}.")
+        self._check_leader_host(rid, req.host_id)
         r = self.replicas.get(rid)
         if r is None and len(self.replicas) >= 4 * s.replicas + 16:
             raise FailedPrecondition(
@@ -149,9 +151,20 @@ class ReplicaRegistry:
             raise FailedPrecondition(f"replica {replica_id!r} is unknown: it must join a quorum first.")
         return r
 
+    def _check_leader_host(self, replica_id: str, host_id: str) -> None:
+        """Fencing: only the host that holds rank 0 of a replica may lead it."""
+        if len(host_id) > self.settings.max_id_chars:
+            raise InvalidArgument(f"host_id is {len(host_id)} characters; the limit is {self.settings.max_id_chars}.")
+        holder = self.rank_holders.get((replica_id, 0))
+        if host_id and holder is not None and holder != host_id:
+            raise FailedPrecondition(
+                f"host {host_id} does not hold rank 0 of replica {replica_id} (host {holder} does): "
+                f"a trainer left on a replaced host must stop.")
+
     def report_step(self, replica_id: str, step: int, now: float, *, loss: float | None = None,
-                    step_time_s: float | None = None, tokens: int = 0) -> None:
+                    step_time_s: float | None = None, tokens: int = 0, host_id: str = "") -> None:
         r = self._known_replica(replica_id)
+        self._check_leader_host(replica_id, host_id)
         check_non_negative("step", step)
         check_non_negative("tokens", tokens)
         if step_time_s is not None and step_time_s < 0:

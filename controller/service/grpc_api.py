@@ -32,6 +32,7 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
             replica_id=request.replica_id, step=request.step, world_size=request.world_size,
             incarnation=request.incarnation, ftar_addresses=tuple(request.ftar_addresses),
             state_addresses=tuple(request.state_addresses), leader_address=request.leader_address,
+            host_id=request.host_id,
         ), self.server.clock())
         fut = asyncio.get_running_loop().create_future()
         self.server.waiters[request.replica_id].append((fut, request.known_quorum_id))
@@ -53,7 +54,7 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
         self._check_job(request.job_id)
         self.server.require_leader().report_step(
             request.replica_id, request.step, self.server.clock(), loss=request.loss,
-            step_time_s=request.step_time_s, tokens=request.tokens)
+            step_time_s=request.step_time_s, tokens=request.tokens, host_id=request.host_id)
         await self.server.persist()
         return pb.ReportStepResponse()
 

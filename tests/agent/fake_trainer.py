@@ -70,9 +70,11 @@ def train(env):
         try:
             q = stub.Quorum(pb.QuorumRequest(
                 replica_id=replica, step=step, world_size=world, known_quorum_id=known,
-                incarnation=incarnation, job_id=env.get("FTHSDP_JOB_ID", "")), timeout=30)
+                incarnation=incarnation, job_id=env.get("FTHSDP_JOB_ID", ""),
+                host_id=env.get("FTHSDP_HOST_ID", "")), timeout=30)
             stub.ReportStep(pb.ReportStepRequest(replica_id=replica, quorum_id=q.quorum_id,
-                                                 step=q.max_step, job_id=env.get("FTHSDP_JOB_ID", "")),
+                                                 step=q.max_step, job_id=env.get("FTHSDP_JOB_ID", ""),
+                                                 host_id=env.get("FTHSDP_HOST_ID", "")),
                             timeout=30)
             step, known = q.max_step + 1, q.quorum_id
         except grpc.RpcError as exc:

@@ -173,3 +173,17 @@ def test_layout_settings_are_validated():
         ControllerSettings(hosts_per_replica=-1).validate()
     with pytest.raises(ValueError, match="ranks_per_host must be at least 1, got 0"):
         ControllerSettings(hosts_per_replica=1, ranks_per_host=0).validate()
+
+
+def test_only_the_host_holding_rank_0_may_lead_its_replica():
+    s = cluster()
+    s.drain("h0", 1.0)  # r0 moves to s0; a trainer left on h0 must not lead r0 any more
+    before = s.snapshot_replicas()
+    with pytest.raises(FailedPrecondition, match="host h0 does not hold rank 0 of replica r0 \\(host s0 does\\)"):
+        s.join(JoinRequest("r0", 1, 2, host_id="h0"), 2.0)
+    with pytest.raises(FailedPrecondition, match="host h0 does not hold rank 0 of replica r0"):
+        s.report_step("r0", 1, 2.0, host_id="h0")
+    assert s.snapshot_replicas() == before and "r0" not in s.round_joined
+    s.join(JoinRequest("r0", 1, 2, host_id="s0"), 3.0)  # the replacement leads
+    s.join(JoinRequest("r9", 0, 1, host_id="anywhere"), 3.0)  # no agent holds r9: nothing to fence
+    assert {"r0", "r9"} <= set(s.round_joined)
