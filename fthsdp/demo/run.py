@@ -163,41 +163,52 @@ def _inject(f: Failure, job: dict, replicas: dict, hosts: list, agents: dict, re
             "injected_at": time.time(), "target": target}
 
 
-def run_job(workdir: Path, data: Path, s: RunSettings, failures: list[Failure], *, tty: bool) -> RunResult:
-    """The faulty run: embedded controller, one agent per replica plus spares, failures on schedule."""
-    records, config = _prepare(workdir, s, data)
-    command = procs.TRAINER + [str(config)]
+def _with_controller(workdir: Path, s: RunSettings, records: Path, body) -> RunResult:
+    """Start the controller, run `body(controller, result, children)`, then stop every child
+    process it started and the controller (whatever happened), and collect the records."""
     result = RunResult([], started_at=time.time())
     try:
         controller = _controller(workdir, s)
     except (RuntimeError, OSError) as exc:
         return RunResult([], error=str(exc), started_at=result.started_at, ended_at=time.time())
-    agents: dict[str, subprocess.Popen] = {}
-    started: list = []
+    children: list[subprocess.Popen] = []
     try:
+        body(controller, result, children)
+    except Exception as exc:  # noqa: BLE001 - reported, and the processes still stopped
+        result.error = str(exc)
+    finally:
+        for child in children:
+            procs.stop(child, 10.0)
+        procs.stop(controller.proc, 10.0)
+    result.ended_at = time.time()
+    result.rows = _load_rows(records)
+    return result
+
+
+def run_job(workdir: Path, data: Path, s: RunSettings, failures: list[Failure], *, tty: bool) -> RunResult:
+    """The faulty run: embedded controller, one agent per replica plus spares, failures on schedule."""
+    records, config = _prepare(workdir, s, data)
+    command = procs.TRAINER + [str(config)]
+
+    def body(controller, result: RunResult, children: list) -> None:
+        agents: dict[str, subprocess.Popen] = {}
         for i, rid in enumerate(replica_ids(s.replicas)):
             agents[f"h{i}"] = procs.start_agent(workdir / f"agent-h{i}.log", controller=controller.grpc,
                                                 host_id=f"h{i}", job_id=JOB_ID, command=command, replica_id=rid,
                                                 ranks=s.ranks_per_replica)
+            children.append(agents[f"h{i}"])
         for j in range(s.spares):
             agents[f"spare{j}"] = procs.start_agent(workdir / f"agent-spare{j}.log", controller=controller.grpc,
                                                     host_id=f"spare{j}", job_id=JOB_ID, command=command,
                                                     ranks=s.ranks_per_replica, spare=True, standby=s.standby)
-        started = list(agents.values())
+            children.append(agents[f"spare{j}"])
         for host, agent in agents.items():
             procs.read_json_line(agent, 60.0, f"agent {host} (log {workdir / f'agent-{host}.log'})")
         with httpx.Client(base_url=controller.http, timeout=5.0) as http:
             _watch(http, s, failures, agents, records, result, tty)
             result.events = http.get("/api/v1/events", params={"limit": 100_000}).json()
-    except Exception as exc:  # noqa: BLE001 - reported, and the processes still stopped
-        result.error = str(exc)
-    finally:
-        for agent in started:
-            procs.stop(agent, 10.0)
-        procs.stop(controller.proc, 10.0)
-    result.ended_at = time.time()
-    result.rows = _load_rows(records)
-    return result
+
+    return _with_controller(workdir, s, records, body)
 
 
 def _watch(http: httpx.Client, s: RunSettings, failures: list[Failure], agents: dict, records: Path,
@@ -235,29 +246,17 @@ def _watch(http: httpx.Client, s: RunSettings, failures: list[Failure], agents: 
 def run_baseline(workdir: Path, data: Path, s: RunSettings) -> RunResult:
     """The same job without failures or agents: controller plus trainers started directly."""
     records, config = _prepare(workdir, s, data)
-    result = RunResult([], started_at=time.time())
-    try:
-        controller = _controller(workdir, s)
-    except (RuntimeError, OSError) as exc:
-        return RunResult([], error=str(exc), started_at=result.started_at, ended_at=time.time())
-    trainers = []
-    try:
+
+    def body(controller, result: RunResult, children: list) -> None:
         for rid in replica_ids(s.replicas):
             for k in range(s.ranks_per_replica):
                 env = {"FTHSDP_REPLICA_ID": rid, "FTHSDP_RANK": str(k), "FTHSDP_WORLD_SIZE": str(s.ranks_per_replica),
                        "FTHSDP_CONTROLLER": controller.grpc, "FTHSDP_JOB_ID": JOB_ID}
-                trainers.append(procs.start_trainer(workdir / f"trainer-{rid}-{k}.log", config, env))
+                children.append(procs.start_trainer(workdir / f"trainer-{rid}-{k}.log", config, env))
         deadline = time.monotonic() + s.timeout_s
-        for t in trainers:
+        for t in children:
             left = deadline - time.monotonic()
             if t.wait(max(left, 0.1)) != 0:
                 raise RuntimeError(f"baseline trainer {t.args[-1]} exited with {t.returncode}; logs in {workdir}")
-    except Exception as exc:  # noqa: BLE001 - reported, and the processes still stopped
-        result.error = str(exc)
-    finally:
-        for t in trainers:
-            procs.stop(t, 5.0)
-        procs.stop(controller.proc, 10.0)
-    result.ended_at = time.time()
-    result.rows = _load_rows(records)
-    return result
+
+    return _with_controller(workdir, s, records, body)
