@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17protos/controller.proto\x12\tfthsdp.v1\"\xdd\x01\n\rQuorumRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x12\n\nreplica_id\x18\x02 \x01(\t\x12\x0c\n\x04step\x18\x03 \x01(\x03\x12\x12\n\nworld_size\x18\x04 \x01(\x05\x12\x16\n\x0e\x66tar_addresses\x18\x05 \x03(\t\x12\x17\n\x0fstate_addresses\x18\x06 \x03(\t\x12\x17\n\x0fknown_quorum_id\x18\x07 \x01(\x03\x12\x16\n\x0eleader_address\x18\x08 \x01(\t\x12\x13\n\x0bincarnation\x18\t \x01(\t\x12\x0f\n\x07host_id\x18\n \x01(\t\"l\n\x06Member\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12\x0c\n\x04step\x18\x02 \x01(\x03\x12\x0f\n\x07healthy\x18\x03 \x01(\x08\x12\x16\n\x0e\x66tar_addresses\x18\x04 \x03(\t\x12\x17\n\x0fstate_addresses\x18\x05 \x03(\t\"A\n\x11RecoverAssignment\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12\x18\n\x10sources_by_shard\x18\x02 \x03(\t\"\xde\x01\n\x0eQuorumResponse\x12\x11\n\tquorum_id\x18\x01 \x01(\x03\x12\"\n\x07members\x18\x02 \x03(\x0b\x32\x11.fthsdp.v1.Member\x12\x10\n\x08max_step\x18\x03 \x01(\x03\x12-\n\x07recover\x18\x04 \x03(\x0b\x32\x1c.fthsdp.v1.RecoverAssignment\x12\x10\n\x08lr_scale\x18\x05 \x01(\x01\x12\x0e\n\x06reason\x18\x06 \x01(\t\x12\x1a\n\x12\x61\x64\x64resses_included\x18\x07 \x01(\x08\x12\x16\n\x0etotal_replicas\x18\x08 \x01(\x05\"9\n\x10HeartbeatRequest\x12\x10\n\x08host_ids\x18\x01 \x03(\t\x12\x13\n\x0breplica_ids\x18\x02 \x03(\t\"<\n\x11HeartbeatResponse\x12\x13\n\x0bunknown_ids\x18\x01 \x03(\t\x12\x12\n\nnot_leader\x18\x02 \x01(\x08\"\x9c\x01\n\x11ReportStepRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x12\n\nreplica_id\x18\x02 \x01(\t\x12\x11\n\tquorum_id\x18\x03 \x01(\x03\x12\x0c\n\x04step\x18\x04 \x01(\x03\x12\x13\n\x0bstep_time_s\x18\x05 \x01(\x01\x12\x0c\n\x04loss\x18\x06 \x01(\x01\x12\x0e\n\x06tokens\x18\x07 \x01(\x03\x12\x0f\n\x07host_id\x18\x08 \x01(\t\"\x14\n\x12ReportStepResponse\"\xe2\x01\n\x14ReportFailureRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x12\n\nreplica_id\x18\x02 \x01(\t\x12\x11\n\tquorum_id\x18\x03 \x01(\x03\x12\x0c\n\x04step\x18\x04 \x01(\x03\x12\x32\n\x04kind\x18\x05 \x01(\x0e\x32$.fthsdp.v1.ReportFailureRequest.Kind\x12\x0e\n\x06reason\x18\x06 \x01(\t\"A\n\x04Kind\x12\x14\n\x10KIND_UNSPECIFIED\x10\x00\x12\x11\n\rCOMMIT_FAILED\x10\x01\x12\x10\n\x0cREPLICA_DEAD\x10\x02\"\x17\n\x15ReportFailureResponse\"C\n\nAssignment\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12\r\n\x05ranks\x18\x02 \x03(\x05\x12\x12\n\nworld_size\x18\x03 \x01(\x05\"\xf1\x01\n\x14RegisterAgentRequest\x12\x0f\n\x07host_id\x18\x01 \x01(\t\x12\r\n\x05spare\x18\x02 \x01(\x08\x12\r\n\x05slots\x18\x03 \x01(\x05\x12;\n\x06labels\x18\x04 \x03(\x0b\x32+.fthsdp.v1.RegisterAgentRequest.LabelsEntry\x12)\n\nassignment\x18\x05 \x01(\x0b\x32\x15.fthsdp.v1.Assignment\x12\x13\n\x0bincarnation\x18\x06 \x01(\t\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"b\n\x15RegisterAgentResponse\x12)\n\nassignment\x18\x01 \x01(\x0b\x32\x15.fthsdp.v1.Assignment\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\x0e\n\x06job_id\x18\x03 \x01(\t\"5\n\rOrdersRequest\x12\x0f\n\x07host_id\x18\x01 \x01(\t\x12\x13\n\x0bincarnation\x18\x02 \x01(\t\"\xd2\x01\n\x05Order\x12\x10\n\x08order_id\x18\x01 \x01(\t\x12#\n\x04kind\x18\x02 \x01(\x0e\x32\x15.fthsdp.v1.Order.Kind\x12)\n\nassignment\x18\x03 \x01(\x0b\x32\x15.fthsdp.v1.Assignment\x12\x0e\n\x06reason\x18\x04 \x01(\t\"W\n\x04Kind\x12\x14\n\x10KIND_UNSPECIFIED\x10\x00\x12\t\n\x05START\x10\x01\x12\x0b\n\x07RESTART\x10\x02\x12\x08\n\x04STOP\x10\x03\x12\n\n\x06\x41SSIGN\x10\x04\x12\x0b\n\x07RELEASE\x10\x05\"O\n\x0f\x41\x63kOrderRequest\x12\x0f\n\x07host_id\x18\x01 \x01(\t\x12\x10\n\x08order_id\x18\x02 \x01(\t\x12\n\n\x02ok\x18\x03 \x01(\x08\x12\r\n\x05\x65rror\x18\x04 \x01(\t\"\x12\n\x10\x41\x63kOrderResponse\"\x90\x01\n\x12TrainerExitRequest\x12\x0f\n\x07host_id\x18\x01 \x01(\t\x12\x12\n\nreplica_id\x18\x02 \x01(\t\x12\x0c\n\x04rank\x18\x03 \x01(\x05\x12\x11\n\texit_code\x18\x04 \x01(\x05\x12\x0e\n\x06signal\x18\x05 \x01(\x05\x12\x13\n\x0bstderr_tail\x18\x06 \x01(\t\x12\x0f\n\x07gave_up\x18\x07 \x01(\x08\"\x15\n\x13TrainerExitResponse2\xdb\x04\n\nController\x12=\n\x06Quorum\x12\x18.fthsdp.v1.QuorumRequest\x1a\x19.fthsdp.v1.QuorumResponse\x12J\n\tHeartbeat\x12\x1b.fthsdp.v1.HeartbeatRequest\x1a\x1c.fthsdp.v1.HeartbeatResponse(\x01\x30\x01\x12I\n\nReportStep\x12\x1c.fthsdp.v1.ReportStepRequest\x1a\x1d.fthsdp.v1.ReportStepResponse\x12R\n\rReportFailure\x12\x1f.fthsdp.v1.ReportFailureRequest\x1a .fthsdp.v1.ReportFailureResponse\x12R\n\rRegisterAgent\x12\x1f.fthsdp.v1.RegisterAgentRequest\x1a .fthsdp.v1.RegisterAgentResponse\x12\x36\n\x06Orders\x12\x18.fthsdp.v1.OrdersRequest\x1a\x10.fthsdp.v1.Order0\x01\x12\x43\n\x08\x41\x63kOrder\x12\x1a.fthsdp.v1.AckOrderRequest\x1a\x1b.fthsdp.v1.AckOrderResponse\x12R\n\x11ReportTrainerExit\x12\x1d.fthsdp.v1.TrainerExitRequest\x1a\x1e.fthsdp.v1.TrainerExitResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17protos/controller.proto\x12\tfthsdp.v1\"\xdd\x01\n\rQuorumRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x12\n\nreplica_id\x18\x02 \x01(\t\x12\x0c\n\x04step\x18\x03 \x01(\x03\x12\x12\n\nworld_size\x18\x04 \x01(\x05\x12\x16\n\x0e\x66tar_addresses\x18\x05 \x03(\t\x12\x17\n\x0fstate_addresses\x18\x06 \x03(\t\x12\x17\n\x0fknown_quorum_id\x18\x07 \x01(\x03\x12\x16\n\x0eleader_address\x18\x08 \x01(\t\x12\x13\n\x0bincarnation\x18\t \x01(\t\x12\x0f\n\x07host_id\x18\n \x01(\t\"l\n\x06Member\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12\x0c\n\x04step\x18\x02 \x01(\x03\x12\x0f\n\x07healthy\x18\x03 \x01(\x08\x12\x16\n\x0e\x66tar_addresses\x18\x04 \x03(\t\x12\x17\n\x0fstate_addresses\x18\x05 \x03(\t\"A\n\x11RecoverAssignment\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12\x18\n\x10sources_by_shard\x18\x02 \x03(\t\"\xde\x01\n\x0eQuorumResponse\x12\x11\n\tquorum_id\x18\x01 \x01(\x03\x12\"\n\x07members\x18\x02 \x03(\x0b\x32\x11.fthsdp.v1.Member\x12\x10\n\x08max_step\x18\x03 \x01(\x03\x12-\n\x07recover\x18\x04 \x03(\x0b\x32\x1c.fthsdp.v1.RecoverAssignment\x12\x10\n\x08lr_scale\x18\x05 \x01(\x01\x12\x0e\n\x06reason\x18\x06 \x01(\t\x12\x1a\n\x12\x61\x64\x64resses_included\x18\x07 \x01(\x08\x12\x16\n\x0etotal_replicas\x18\x08 \x01(\x05\"9\n\x10HeartbeatRequest\x12\x10\n\x08host_ids\x18\x01 \x03(\t\x12\x13\n\x0breplica_ids\x18\x02 \x03(\t\"d\n\x11HeartbeatResponse\x12\x13\n\x0bunknown_ids\x18\x01 \x03(\t\x12\x12\n\nnot_leader\x18\x02 \x01(\x08\x12&\n\tjob_state\x18\x03 \x01(\x0e\x32\x13.fthsdp.v1.JobState\"\xbf\x01\n\x11ReportStepRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x12\n\nreplica_id\x18\x02 \x01(\t\x12\x11\n\tquorum_id\x18\x03 \x01(\x03\x12\x0c\n\x04step\x18\x04 \x01(\x03\x12\x13\n\x0bstep_time_s\x18\x05 \x01(\x01\x12\x0c\n\x04loss\x18\x06 \x01(\x01\x12\x0e\n\x06tokens\x18\x07 \x01(\x03\x12\x0f\n\x07host_id\x18\x08 \x01(\t\x12\x0e\n\x06\x64igest\x18\t \x01(\t\x12\x11\n\tcaught_up\x18\n \x01(\x08\"\x14\n\x12ReportStepResponse\"j\n\x15ReportFinishedRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x12\n\nreplica_id\x18\x02 \x01(\t\x12\x0c\n\x04step\x18\x03 \x01(\x03\x12\x0f\n\x07host_id\x18\x04 \x01(\t\x12\x0e\n\x06reason\x18\x05 \x01(\t\"@\n\x16ReportFinishedResponse\x12&\n\tjob_state\x18\x01 \x01(\x0e\x32\x13.fthsdp.v1.JobState\"\xe2\x01\n\x14ReportFailureRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x12\n\nreplica_id\x18\x02 \x01(\t\x12\x11\n\tquorum_id\x18\x03 \x01(\x03\x12\x0c\n\x04step\x18\x04 \x01(\x03\x12\x32\n\x04kind\x18\x05 \x01(\x0e\x32$.fthsdp.v1.ReportFailureRequest.Kind\x12\x0e\n\x06reason\x18\x06 \x01(\t\"A\n\x04Kind\x12\x14\n\x10KIND_UNSPECIFIED\x10\x00\x12\x11\n\rCOMMIT_FAILED\x10\x01\x12\x10\n\x0cREPLICA_DEAD\x10\x02\"\x17\n\x15ReportFailureResponse\"C\n\nAssignment\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12\r\n\x05ranks\x18\x02 \x03(\x05\x12\x12\n\nworld_size\x18\x03 \x01(\x05\"\xf1\x01\n\x14RegisterAgentRequest\x12\x0f\n\x07host_id\x18\x01 \x01(\t\x12\r\n\x05spare\x18\x02 \x01(\x08\x12\r\n\x05slots\x18\x03 \x01(\x05\x12;\n\x06labels\x18\x04 \x03(\x0b\x32+.fthsdp.v1.RegisterAgentRequest.LabelsEntry\x12)\n\nassignment\x18\x05 \x01(\x0b\x32\x15.fthsdp.v1.Assignment\x12\x13\n\x0bincarnation\x18\x06 \x01(\t\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x8a\x01\n\x15RegisterAgentResponse\x12)\n\nassignment\x18\x01 \x01(\x0b\x32\x15.fthsdp.v1.Assignment\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\x0e\n\x06job_id\x18\x03 \x01(\t\x12&\n\tjob_state\x18\x04 \x01(\x0e\x32\x13.fthsdp.v1.JobState\"5\n\rOrdersRequest\x12\x0f\n\x07host_id\x18\x01 \x01(\t\x12\x13\n\x0bincarnation\x18\x02 \x01(\t\"\xd2\x01\n\x05Order\x12\x10\n\x08order_id\x18\x01 \x01(\t\x12#\n\x04kind\x18\x02 \x01(\x0e\x32\x15.fthsdp.v1.Order.Kind\x12)\n\nassignment\x18\x03 \x01(\x0b\x32\x15.fthsdp.v1.Assignment\x12\x0e\n\x06reason\x18\x04 \x01(\t\"W\n\x04Kind\x12\x14\n\x10KIND_UNSPECIFIED\x10\x00\x12\t\n\x05START\x10\x01\x12\x0b\n\x07RESTART\x10\x02\x12\x08\n\x04STOP\x10\x03\x12\n\n\x06\x41SSIGN\x10\x04\x12\x0b\n\x07RELEASE\x10\x05\"O\n\x0f\x41\x63kOrderRequest\x12\x0f\n\x07host_id\x18\x01 \x01(\t\x12\x10\n\x08order_id\x18\x02 \x01(\t\x12\n\n\x02ok\x18\x03 \x01(\x08\x12\r\n\x05\x65rror\x18\x04 \x01(\t\"\x12\n\x10\x41\x63kOrderResponse\"\x90\x01\n\x12TrainerExitRequest\x12\x0f\n\x07host_id\x18\x01 \x01(\t\x12\x12\n\nreplica_id\x18\x02 \x01(\t\x12\x0c\n\x04rank\x18\x03 \x01(\x05\x12\x11\n\texit_code\x18\x04 \x01(\x05\x12\x0e\n\x06signal\x18\x05 \x01(\x05\x12\x13\n\x0bstderr_tail\x18\x06 \x01(\t\x12\x0f\n\x07gave_up\x18\x07 \x01(\x08\"\x15\n\x13TrainerExitResponse*A\n\x08JobState\x12\x19\n\x15JOB_STATE_UNSPECIFIED\x10\x00\x12\x0b\n\x07RUNNING\x10\x01\x12\r\n\tCOMPLETED\x10\x02\x32\xb2\x05\n\nController\x12=\n\x06Quorum\x12\x18.fthsdp.v1.QuorumRequest\x1a\x19.fthsdp.v1.QuorumResponse\x12J\n\tHeartbeat\x12\x1b.fthsdp.v1.HeartbeatRequest\x1a\x1c.fthsdp.v1.HeartbeatResponse(\x01\x30\x01\x12I\n\nReportStep\x12\x1c.fthsdp.v1.ReportStepRequest\x1a\x1d.fthsdp.v1.ReportStepResponse\x12R\n\rReportFailure\x12\x1f.fthsdp.v1.ReportFailureRequest\x1a .fthsdp.v1.ReportFailureResponse\x12R\n\rRegisterAgent\x12\x1f.fthsdp.v1.RegisterAgentRequest\x1a .fthsdp.v1.RegisterAgentResponse\x12\x36\n\x06Orders\x12\x18.fthsdp.v1.OrdersRequest\x1a\x10.fthsdp.v1.Order0\x01\x12\x43\n\x08\x41\x63kOrder\x12\x1a.fthsdp.v1.AckOrderRequest\x1a\x1b.fthsdp.v1.AckOrderResponse\x12R\n\x11ReportTrainerExit\x12\x1d.fthsdp.v1.TrainerExitRequest\x1a\x1e.fthsdp.v1.TrainerExitResponse\x12U\n\x0eReportFinished\x12 .fthsdp.v1.ReportFinishedRequest\x1a!.fthsdp.v1.ReportFinishedResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,6 +33,8 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_REGISTERAGENTREQUEST_LABELSENTRY']._loaded_options = None
   _globals['_REGISTERAGENTREQUEST_LABELSENTRY']._serialized_options = b'8\001'
+  _globals['_JOBSTATE']._serialized_start=2462
+  _globals['_JOBSTATE']._serialized_end=2527
   _globals['_QUORUMREQUEST']._serialized_start=39
   _globals['_QUORUMREQUEST']._serialized_end=260
   _globals['_MEMBER']._serialized_start=262
@@ -44,39 +46,43 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_HEARTBEATREQUEST']._serialized_start=664
   _globals['_HEARTBEATREQUEST']._serialized_end=721
   _globals['_HEARTBEATRESPONSE']._serialized_start=723
-  _globals['_HEARTBEATRESPONSE']._serialized_end=783
-  _globals['_REPORTSTEPREQUEST']._serialized_start=786
-  _globals['_REPORTSTEPREQUEST']._serialized_end=942
-  _globals['_REPORTSTEPRESPONSE']._serialized_start=944
-  _globals['_REPORTSTEPRESPONSE']._serialized_end=964
-  _globals['_REPORTFAILUREREQUEST']._serialized_start=967
-  _globals['_REPORTFAILUREREQUEST']._serialized_end=1193
-  _globals['_REPORTFAILUREREQUEST_KIND']._serialized_start=1128
-  _globals['_REPORTFAILUREREQUEST_KIND']._serialized_end=1193
-  _globals['_REPORTFAILURERESPONSE']._serialized_start=1195
-  _globals['_REPORTFAILURERESPONSE']._serialized_end=1218
-  _globals['_ASSIGNMENT']._serialized_start=1220
-  _globals['_ASSIGNMENT']._serialized_end=1287
-  _globals['_REGISTERAGENTREQUEST']._serialized_start=1290
-  _globals['_REGISTERAGENTREQUEST']._serialized_end=1531
-  _globals['_REGISTERAGENTREQUEST_LABELSENTRY']._serialized_start=1486
-  _globals['_REGISTERAGENTREQUEST_LABELSENTRY']._serialized_end=1531
-  _globals['_REGISTERAGENTRESPONSE']._serialized_start=1533
-  _globals['_REGISTERAGENTRESPONSE']._serialized_end=1631
-  _globals['_ORDERSREQUEST']._serialized_start=1633
-  _globals['_ORDERSREQUEST']._serialized_end=1686
-  _globals['_ORDER']._serialized_start=1689
-  _globals['_ORDER']._serialized_end=1899
-  _globals['_ORDER_KIND']._serialized_start=1812
-  _globals['_ORDER_KIND']._serialized_end=1899
-  _globals['_ACKORDERREQUEST']._serialized_start=1901
-  _globals['_ACKORDERREQUEST']._serialized_end=1980
-  _globals['_ACKORDERRESPONSE']._serialized_start=1982
-  _globals['_ACKORDERRESPONSE']._serialized_end=2000
-  _globals['_TRAINEREXITREQUEST']._serialized_start=2003
-  _globals['_TRAINEREXITREQUEST']._serialized_end=2147
-  _globals['_TRAINEREXITRESPONSE']._serialized_start=2149
-  _globals['_TRAINEREXITRESPONSE']._serialized_end=2170
-  _globals['_CONTROLLER']._serialized_start=2173
-  _globals['_CONTROLLER']._serialized_end=2776
+  _globals['_HEARTBEATRESPONSE']._serialized_end=823
+  _globals['_REPORTSTEPREQUEST']._serialized_start=826
+  _globals['_REPORTSTEPREQUEST']._serialized_end=1017
+  _globals['_REPORTSTEPRESPONSE']._serialized_start=1019
+  _globals['_REPORTSTEPRESPONSE']._serialized_end=1039
+  _globals['_REPORTFINISHEDREQUEST']._serialized_start=1041
+  _globals['_REPORTFINISHEDREQUEST']._serialized_end=1147
+  _globals['_REPORTFINISHEDRESPONSE']._serialized_start=1149
+  _globals['_REPORTFINISHEDRESPONSE']._serialized_end=1213
+  _globals['_REPORTFAILUREREQUEST']._serialized_start=1216
+  _globals['_REPORTFAILUREREQUEST']._serialized_end=1442
+  _globals['_REPORTFAILUREREQUEST_KIND']._serialized_start=1377
+  _globals['_REPORTFAILUREREQUEST_KIND']._serialized_end=1442
+  _globals['_REPORTFAILURERESPONSE']._serialized_start=1444
+  _globals['_REPORTFAILURERESPONSE']._serialized_end=1467
+  _globals['_ASSIGNMENT']._serialized_start=1469
+  _globals['_ASSIGNMENT']._serialized_end=1536
+  _globals['_REGISTERAGENTREQUEST']._serialized_start=1539
+  _globals['_REGISTERAGENTREQUEST']._serialized_end=1780
+  _globals['_REGISTERAGENTREQUEST_LABELSENTRY']._serialized_start=1735
+  _globals['_REGISTERAGENTREQUEST_LABELSENTRY']._serialized_end=1780
+  _globals['_REGISTERAGENTRESPONSE']._serialized_start=1783
+  _globals['_REGISTERAGENTRESPONSE']._serialized_end=1921
+  _globals['_ORDERSREQUEST']._serialized_start=1923
+  _globals['_ORDERSREQUEST']._serialized_end=1976
+  _globals['_ORDER']._serialized_start=1979
+  _globals['_ORDER']._serialized_end=2189
+  _globals['_ORDER_KIND']._serialized_start=2102
+  _globals['_ORDER_KIND']._serialized_end=2189
+  _globals['_ACKORDERREQUEST']._serialized_start=2191
+  _globals['_ACKORDERREQUEST']._serialized_end=2270
+  _globals['_ACKORDERRESPONSE']._serialized_start=2272
+  _globals['_ACKORDERRESPONSE']._serialized_end=2290
+  _globals['_TRAINEREXITREQUEST']._serialized_start=2293
+  _globals['_TRAINEREXITREQUEST']._serialized_end=2437
+  _globals['_TRAINEREXITRESPONSE']._serialized_start=2439
+  _globals['_TRAINEREXITRESPONSE']._serialized_end=2460
+  _globals['_CONTROLLER']._serialized_start=2530
+  _globals['_CONTROLLER']._serialized_end=3220
 # @@protoc_insertion_point(module_scope)

@@ -7,6 +7,15 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class JobState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    JOB_STATE_UNSPECIFIED: _ClassVar[JobState]
+    RUNNING: _ClassVar[JobState]
+    COMPLETED: _ClassVar[JobState]
+JOB_STATE_UNSPECIFIED: JobState
+RUNNING: JobState
+COMPLETED: JobState
+
 class QuorumRequest(_message.Message):
     __slots__ = ("job_id", "replica_id", "step", "world_size", "ftar_addresses", "state_addresses", "known_quorum_id", "leader_address", "incarnation", "host_id")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
@@ -82,15 +91,17 @@ class HeartbeatRequest(_message.Message):
     def __init__(self, host_ids: _Optional[_Iterable[str]] = ..., replica_ids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class HeartbeatResponse(_message.Message):
-    __slots__ = ("unknown_ids", "not_leader")
+    __slots__ = ("unknown_ids", "not_leader", "job_state")
     UNKNOWN_IDS_FIELD_NUMBER: _ClassVar[int]
     NOT_LEADER_FIELD_NUMBER: _ClassVar[int]
+    JOB_STATE_FIELD_NUMBER: _ClassVar[int]
     unknown_ids: _containers.RepeatedScalarFieldContainer[str]
     not_leader: bool
-    def __init__(self, unknown_ids: _Optional[_Iterable[str]] = ..., not_leader: _Optional[bool] = ...) -> None: ...
+    job_state: JobState
+    def __init__(self, unknown_ids: _Optional[_Iterable[str]] = ..., not_leader: _Optional[bool] = ..., job_state: _Optional[_Union[JobState, str]] = ...) -> None: ...
 
 class ReportStepRequest(_message.Message):
-    __slots__ = ("job_id", "replica_id", "quorum_id", "step", "step_time_s", "loss", "tokens", "host_id")
+    __slots__ = ("job_id", "replica_id", "quorum_id", "step", "step_time_s", "loss", "tokens", "host_id", "digest", "caught_up")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     QUORUM_ID_FIELD_NUMBER: _ClassVar[int]
@@ -99,6 +110,8 @@ class ReportStepRequest(_message.Message):
     LOSS_FIELD_NUMBER: _ClassVar[int]
     TOKENS_FIELD_NUMBER: _ClassVar[int]
     HOST_ID_FIELD_NUMBER: _ClassVar[int]
+    DIGEST_FIELD_NUMBER: _ClassVar[int]
+    CAUGHT_UP_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     replica_id: str
     quorum_id: int
@@ -107,11 +120,33 @@ class ReportStepRequest(_message.Message):
     loss: float
     tokens: int
     host_id: str
-    def __init__(self, job_id: _Optional[str] = ..., replica_id: _Optional[str] = ..., quorum_id: _Optional[int] = ..., step: _Optional[int] = ..., step_time_s: _Optional[float] = ..., loss: _Optional[float] = ..., tokens: _Optional[int] = ..., host_id: _Optional[str] = ...) -> None: ...
+    digest: str
+    caught_up: bool
+    def __init__(self, job_id: _Optional[str] = ..., replica_id: _Optional[str] = ..., quorum_id: _Optional[int] = ..., step: _Optional[int] = ..., step_time_s: _Optional[float] = ..., loss: _Optional[float] = ..., tokens: _Optional[int] = ..., host_id: _Optional[str] = ..., digest: _Optional[str] = ..., caught_up: _Optional[bool] = ...) -> None: ...
 
 class ReportStepResponse(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
+
+class ReportFinishedRequest(_message.Message):
+    __slots__ = ("job_id", "replica_id", "step", "host_id", "reason")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    HOST_ID_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    replica_id: str
+    step: int
+    host_id: str
+    reason: str
+    def __init__(self, job_id: _Optional[str] = ..., replica_id: _Optional[str] = ..., step: _Optional[int] = ..., host_id: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class ReportFinishedResponse(_message.Message):
+    __slots__ = ("job_state",)
+    JOB_STATE_FIELD_NUMBER: _ClassVar[int]
+    job_state: JobState
+    def __init__(self, job_state: _Optional[_Union[JobState, str]] = ...) -> None: ...
 
 class ReportFailureRequest(_message.Message):
     __slots__ = ("job_id", "replica_id", "quorum_id", "step", "kind", "reason")
@@ -175,14 +210,16 @@ class RegisterAgentRequest(_message.Message):
     def __init__(self, host_id: _Optional[str] = ..., spare: _Optional[bool] = ..., slots: _Optional[int] = ..., labels: _Optional[_Mapping[str, str]] = ..., assignment: _Optional[_Union[Assignment, _Mapping]] = ..., incarnation: _Optional[str] = ...) -> None: ...
 
 class RegisterAgentResponse(_message.Message):
-    __slots__ = ("assignment", "reason", "job_id")
+    __slots__ = ("assignment", "reason", "job_id", "job_state")
     ASSIGNMENT_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    JOB_STATE_FIELD_NUMBER: _ClassVar[int]
     assignment: Assignment
     reason: str
     job_id: str
-    def __init__(self, assignment: _Optional[_Union[Assignment, _Mapping]] = ..., reason: _Optional[str] = ..., job_id: _Optional[str] = ...) -> None: ...
+    job_state: JobState
+    def __init__(self, assignment: _Optional[_Union[Assignment, _Mapping]] = ..., reason: _Optional[str] = ..., job_id: _Optional[str] = ..., job_state: _Optional[_Union[JobState, str]] = ...) -> None: ...
 
 class OrdersRequest(_message.Message):
     __slots__ = ("host_id", "incarnation")

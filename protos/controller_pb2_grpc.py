@@ -74,6 +74,11 @@ class ControllerStub:
                 request_serializer=protos_dot_controller__pb2.TrainerExitRequest.SerializeToString,
                 response_deserializer=protos_dot_controller__pb2.TrainerExitResponse.FromString,
                 _registered_method=True)
+        self.ReportFinished = channel.unary_unary(
+                '/fthsdp.v1.Controller/ReportFinished',
+                request_serializer=protos_dot_controller__pb2.ReportFinishedRequest.SerializeToString,
+                response_deserializer=protos_dot_controller__pb2.ReportFinishedResponse.FromString,
+                _registered_method=True)
 
 
 class ControllerServicer:
@@ -137,6 +142,14 @@ class ControllerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReportFinished(self, request, context):
+        """A leader reports that its replica finished training (Manager.close() or max_steps):
+        the replica becomes FINISHED (not dead); the job is COMPLETED when every replica finished.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ControllerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -179,6 +192,11 @@ def add_ControllerServicer_to_server(servicer, server):
                     servicer.ReportTrainerExit,
                     request_deserializer=protos_dot_controller__pb2.TrainerExitRequest.FromString,
                     response_serializer=protos_dot_controller__pb2.TrainerExitResponse.SerializeToString,
+            ),
+            'ReportFinished': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReportFinished,
+                    request_deserializer=protos_dot_controller__pb2.ReportFinishedRequest.FromString,
+                    response_serializer=protos_dot_controller__pb2.ReportFinishedResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -397,6 +415,33 @@ class Controller:
             '/fthsdp.v1.Controller/ReportTrainerExit',
             protos_dot_controller__pb2.TrainerExitRequest.SerializeToString,
             protos_dot_controller__pb2.TrainerExitResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReportFinished(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fthsdp.v1.Controller/ReportFinished',
+            protos_dot_controller__pb2.ReportFinishedRequest.SerializeToString,
+            protos_dot_controller__pb2.ReportFinishedResponse.FromString,
             options,
             channel_credentials,
             insecure,
