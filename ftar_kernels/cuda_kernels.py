@@ -65,8 +65,20 @@ extern "C" __global__ void ftar_add_one_NAME(ELEM* __restrict__ dst, const ELEM*
 """
 
 _ELEM = {"float32": "u32", "bfloat16": "u16", "float16": "u16"}
+#: NVRTC options of the runtime's compile (tests compile the same source with nvcc and these).
+COMPILE_OPTIONS = ("--std=c++14",)
 _lock = threading.Lock()
 _module = None
+
+
+def kernel_source() -> str:
+    """The exact CUDA C++ source the runtime compiles: helpers, then two kernels per dtype
+    (`ftar_add_vec_<dtype>` on 16-byte words, `ftar_add_one_<dtype>` for the tail)."""
+    return _SOURCE + "".join(_PER_DTYPE.replace("NAME", name).replace("ELEM", elem) for name, elem in _ELEM.items())
+
+
+def kernel_names() -> list[str]:
+    return [f"ftar_add_{kind}_{name}" for name in _ELEM for kind in ("vec", "one")]
 
 
 def _load():
@@ -75,10 +87,7 @@ def _load():
         if _module is None:
             import cupy  # lazy: only CUDA tensors need it
 
-            code = _SOURCE + "".join(
-                _PER_DTYPE.replace("NAME", name).replace("ELEM", elem) for name, elem in _ELEM.items()
-            )
-            _module = cupy.RawModule(code=code, options=("--std=c++14",))
+            _module = cupy.RawModule(code=kernel_source(), options=COMPILE_OPTIONS)
         return _module
 
 

@@ -52,8 +52,7 @@ DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 
 @pytest.fixture(scope="module")
 def emulated(tmp_path_factory):
-    code = cuda_kernels._SOURCE + "".join(
-        cuda_kernels._PER_DTYPE.replace("NAME", n).replace("ELEM", e) for n, e in cuda_kernels._ELEM.items())
+    code = cuda_kernels.kernel_source()
     code = code.replace('{ float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f; }',
                         "{ _Float16 x; __builtin_memcpy(&x, &h, 2); return (float)x; }")
     code = code.replace('{ u16 h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h; }',
