@@ -38,6 +38,11 @@ class ControllerSettings:
     #: How many past quorums and events the status API keeps.
     recent_quorums: int = 50
     recent_events: int = 1000
+    #: Replica digests: the longest accepted (hex digits), how many recent steps' digests are
+    #: kept for comparison, and how long a step's comparison waits for the other replicas.
+    max_digest_chars: int = 128
+    digest_steps_kept: int = 16
+    digest_wait_s: float = 30.0
     #: gRPC message limit in both directions.
     max_message_bytes: int = 64 << 20
     #: Grace period for in-flight calls when the server stops.
@@ -53,7 +58,7 @@ class ControllerSettings:
             problems.append(
                 f"min_replicas must be between 1 and replicas ({self.replicas}), got {self.min_replicas}."
             )
-        for name in ("join_timeout_s", "heartbeat_timeout_s", "stop_grace_s"):
+        for name in ("join_timeout_s", "heartbeat_timeout_s", "stop_grace_s", "digest_wait_s"):
             value = getattr(self, name)
             if not value > 0:
                 problems.append(f"{name} must be a positive number of seconds, got {value}.")
@@ -65,9 +70,11 @@ class ControllerSettings:
             problems.append(f"hosts_per_replica × ranks_per_host ({self.hosts_per_replica * self.ranks_per_host}) "
                             f"exceeds max_world_size ({self.max_world_size}).")
         for name in ("ranks_per_host", "max_world_size", "max_id_chars", "max_address_chars", "recent_quorums",
-                     "recent_events", "max_message_bytes"):
+                     "recent_events", "max_message_bytes", "digest_steps_kept"):
             if getattr(self, name) < 1:
                 problems.append(f"{name} must be at least 1, got {getattr(self, name)}.")
+        if not 8 <= self.max_digest_chars <= 1024:
+            problems.append(f"max_digest_chars must be 8..1024, got {self.max_digest_chars}.")
         if problems:
             raise ValueError(" ".join(problems))
         return self

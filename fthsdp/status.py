@@ -19,16 +19,19 @@ def table(headers: list[str], rows: list[list]) -> str:
 
 def render(job: dict, replicas: list, hosts: list, quorums: dict, events: list) -> str:
     out = [
-        f"job {job['job_id']}  leader {job['leader'] or '?'}  quorum {job['quorum_id']}  step {job['max_step']}  "
-        f"lr_scale {job['lr_scale']:.3f}",
-        f"replicas {job['replicas_healthy']} healthy / {job['replicas_behind']} behind / {job['replicas_dead']} dead "
+        f"job {job['job_id']} {job['job_state']}  leader {job['leader'] or '?'}  quorum {job['quorum_id']}  "
+        f"step {job['max_step']}  lr_scale {job['lr_scale']:.3f}",
+        f"replicas {job['replicas_healthy']} healthy / {job['replicas_behind']} behind / "
+        f"{job['replicas_diverged']} diverged / {job['replicas_finished']} finished / {job['replicas_dead']} dead "
         f"of {job['replicas_total']}  spares free {job['spares_free']}  swaps {job['swaps']}  "
-        f"steps committed {job['steps_committed']}",
+        f"steps committed {job['steps_committed']}  digest mismatches {job['digest_mismatches']}",
         f"round: {job['round']['reason']}",
         "",
-        table(["REPLICA", "STATE", "STEP", "COMMITTED", "LOSS", "SEEN(s)", "REASON"],
+        table(["REPLICA", "STATE", "STEP", "COMMITTED", "LOSS", "DIGEST", "SEEN(s)", "REASON"],
               [[r["replica_id"], r["state"], r["step"], r["committed_step"],
-                None if r["last_loss"] is None else f"{r['last_loss']:.4g}", r["seconds_since_seen"], r["reason"]]
+                None if r["last_loss"] is None else f"{r['last_loss']:.4g}",
+                f"{r['digest'][:12]}@{r['digest_step']}" if r["digest"] else None,
+                r["seconds_since_seen"], r["reason"]]
                for r in replicas]),
     ]
     if hosts:
@@ -40,7 +43,9 @@ def render(job: dict, replicas: list, hosts: list, quorums: dict, events: list) 
                             h["seconds_since_seen"]] for h in hosts])]
     current = quorums.get("current")
     if current:
-        members = ", ".join(f"{m['replica_id']}{'' if m['healthy'] else '(behind)'}" for m in current["members"])
+        states = {r["replica_id"]: r["state"] for r in replicas}
+        members = ", ".join(m["replica_id"] + ("" if m["healthy"] else "(diverged)" if states.get(m["replica_id"]) ==
+                                               "DIVERGED" else "(behind)") for m in current["members"])
         out += ["", f"quorum {current['quorum_id']}: {members} — {current['reason']}"]
     if events:
         out += ["", "recent events:"] + [f"  {e['message']}" for e in events]

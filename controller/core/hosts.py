@@ -100,7 +100,7 @@ class HostRegistry:
         tail = stderr_tail.strip().splitlines()[-1:] if stderr_tail else []
         why = f"trainer rank {rank} on host {host_id} died ({how})" + (f": {tail[0][:200]}" if tail else "")
         h.last_seen = now
-        self.kill_replica(replica_id, DeathCause.TRAINER_EXIT, why, now)
+        self._trainer_exited(host_id, replica_id, rank, exit_code, signal, why, now)  # a death, or a clean finish
         if gave_up:
             self._cordon(h, "failure", f"restart budget exhausted: {why}", now)
             self._swap(h, now)

@@ -8,6 +8,15 @@ Replica states (every transition carries a reason and becomes an event):
     HEALTHY / BEHIND ──(late for a round)──▶ JOINING
     any ──(heartbeat silence, failure report, trainer exit, host death)──▶ DEAD
     DEAD ──(joins again, usually a new incarnation)──▶ JOINING
+    HEALTHY / BEHIND ──(its digest is in the minority for a step)──▶ DIVERGED
+    DIVERGED ──(in a quorum: not healthy, re-syncs from the reference; commits caught up)──▶ HEALTHY
+    any ──(its leader reports it finished)──▶ FINISHED
+    FINISHED ──(a new incarnation joins while the job runs)──▶ JOINING
+
+A DIVERGED replica is still a member of rounds; it leaves that state only by re-syncing (or
+dying). A FINISHED replica is not waited for in rounds, not declared dead by silence, and not
+killed by its trainers' exits: only a new incarnation takes it back. The job is COMPLETED once
+every registered replica is FINISHED or DEAD and at least one finished; that is final.
 
 Host states: ACTIVE (runs an assignment), SPARE (in the pool), DEAD (agent silent);
 `cordon` is a separate flag with a reason (an admin action or a failure).
@@ -24,6 +33,13 @@ class ReplicaState(str, enum.Enum):
     HEALTHY = "HEALTHY"
     BEHIND = "BEHIND"
     DEAD = "DEAD"
+    DIVERGED = "DIVERGED"
+    FINISHED = "FINISHED"
+
+
+class JobState(str, enum.Enum):
+    RUNNING = "RUNNING"
+    COMPLETED = "COMPLETED"
 
 
 class HostState(str, enum.Enum):
@@ -60,6 +76,9 @@ class Replica:
     last_loss: float | None = None
     last_step_time_s: float | None = None
     tokens: int = 0
+    #: The last digest of its committed state it reported, and the step it was taken after.
+    digest: str = ""
+    digest_step: int = -1
 
 
 @dataclass(frozen=True)

@@ -3,6 +3,9 @@
 `compute_quorum(view, now, settings)` decides whether the round closes now: it returns the
 members (or None) and a reason a person can read. `form_quorum(...)` turns the members into
 the answer: quorum id, max step, healthy and behind, recovery sources and lr scale.
+A member that must re-sync (its state diverged from the others') is never healthy while a
+member at max step holds the reference state, and it makes the quorum id change (new rings),
+as a failed commit does.
 """
 
 from __future__ import annotations
@@ -105,16 +108,24 @@ def form_quorum(
     total_replicas: int,
     reason: str,
     now: float,
+    must_resync: frozenset[str] = frozenset(),
 ) -> Quorum:
-    """Build the answer for `members` (replica id -> step)."""
+    """Build the answer for `members` (replica id -> step); `must_resync`: members whose
+    state diverged, which fetch the state like behind ones."""
     max_step = max(members.values())
-    healthy = [r for r, s in members.items() if s == max_step]
-    behind = [r for r, s in members.items() if s < max_step]
+    at_max = [r for r, s in members.items() if s == max_step]
+    healthy = [r for r in at_max if r not in must_resync]
+    if not healthy:
+        # Nobody at max step holds the reference: the job goes on from what it has.
+        healthy = at_max
+        reason += f"; no member holds the reference state, so {', '.join(sorted(at_max))} carry on from theirs"
+    behind = [r for r in members if r not in healthy]
     changed = frozenset(members) != previous_members
-    quorum_id = previous_id + 1 if (changed or failed_commit) else previous_id
+    resync = bool(must_resync & set(behind))
+    quorum_id = previous_id + 1 if (changed or failed_commit or resync) else previous_id
     return Quorum(
         quorum_id=quorum_id,
-        members=tuple(Member(r, members[r], members[r] == max_step) for r in sorted(members)),
+        members=tuple(Member(r, members[r], r in healthy) for r in sorted(members)),
         max_step=max_step,
         recover=assign_recovery(healthy, behind),
         lr_scale=lr_scale(lr_policy, len(healthy), total_replicas),

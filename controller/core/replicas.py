@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from controller.core.checks import check_addresses, check_id, check_non_negative
+from controller.core.digests import check_digest
 from controller.core.errors import FailedPrecondition, InvalidArgument
 from controller.core.model import DeathCause, Quorum, Replica, ReplicaState
 from controller.core.quorum import RoundView, compute_quorum, form_quorum
@@ -46,6 +47,7 @@ class ReplicaRegistry:
                 f"replica {rid!r} is one too many: the job is configured for {s.replicas} replicas."
             )
         restarted = r is not None and bool(r.incarnation) and req.incarnation != r.incarnation
+        self._check_join_allowed(rid, r, restarted)
         if (r is not None and not restarted and r.state != ReplicaState.DEAD
                 and req.step < r.step and not r.failed_commit):
             raise FailedPrecondition(
@@ -56,6 +58,10 @@ class ReplicaRegistry:
         if r is None:
             r = self.replicas[rid] = Replica(replica_id=rid, incarnation=req.incarnation, step=req.step)
             self._event(now, "replica", rid, f"replica {rid} registered at step {req.step}")
+        elif restarted and r.state == ReplicaState.FINISHED:
+            self.finished_exits.discard(rid)
+            self._transition(r, ReplicaState.JOINING, f"trains again after it finished (incarnation "
+                                                      f"{r.incarnation} → {req.incarnation})", now)
         elif restarted and r.state != ReplicaState.DEAD:
             self.kill_replica(rid, DeathCause.RESTARTED,
                               f"its leader restarted (incarnation {r.incarnation} → {req.incarnation})", now)
@@ -89,7 +95,8 @@ class ReplicaRegistry:
         view = RoundView(
             joined=dict(self.round_joined),
             first_join_at=self.round_first_join_at,
-            live=frozenset(r.replica_id for r in self.replicas.values() if r.state != ReplicaState.DEAD),
+            live=frozenset(r.replica_id for r in self.replicas.values()
+                           if r.state not in (ReplicaState.DEAD, ReplicaState.FINISHED)),
             previous=previous,
             unregistered=max(s.replicas - len(self.replicas), 0),
         )
@@ -103,12 +110,14 @@ class ReplicaRegistry:
             # Nobody alive holds the newest state: the job goes back (a checkpoint, or step 0).
             reason += (f"; ROLLBACK: the job had committed step {self.max_committed_step}, but no member holds "
                        f"it, so training resumes at step {max(members.values())}")
+        diverged = self.diverged_members(members)
         q = form_quorum(
             members,
             previous_id=self.quorum.quorum_id if self.quorum else self.first_quorum_id - 1,
             previous_members=previous,
             # a failed commit, or a member with a new process or new addresses, needs new rings
             failed_commit=any(self.replicas[rid].failed_commit or rid in self.round_renewed for rid in members),
+            must_resync=diverged,
             lr_policy=s.lr_policy,
             total_replicas=s.replicas,
             reason=reason,
@@ -118,7 +127,13 @@ class ReplicaRegistry:
             r = self.replicas[m.replica_id]
             r.failed_commit = False
             if m.healthy:
-                self._transition(r, ReplicaState.HEALTHY, f"in quorum {q.quorum_id}", now)
+                self._transition(r, ReplicaState.HEALTHY, f"in quorum {q.quorum_id}" + (
+                    f": no member holds the reference state, so training goes on from {r.replica_id}'s state"
+                    if r.replica_id in diverged else ""), now)
+            elif r.replica_id in diverged:
+                self._transition(r, ReplicaState.DIVERGED,
+                                 f"re-syncing in quorum {q.quorum_id} from "
+                                 f"{', '.join(q.recover.get(m.replica_id, ()))}: its digest diverged", now)
             else:
                 self._transition(r, ReplicaState.BEHIND,
                                  f"in quorum {q.quorum_id} at step {m.step}, behind max step {q.max_step}; "
@@ -162,8 +177,10 @@ class ReplicaRegistry:
                 f"a trainer left on a replaced host must stop.")
 
     def report_step(self, replica_id: str, step: int, now: float, *, loss: float | None = None,
-                    step_time_s: float | None = None, tokens: int = 0, host_id: str = "") -> None:
+                    step_time_s: float | None = None, tokens: int = 0, host_id: str = "",
+                    digest: str = "", caught_up: bool = False) -> None:
         r = self._known_replica(replica_id)
+        digest = check_digest(digest, self.settings.max_digest_chars)
         self._check_leader_host(replica_id, host_id)
         check_non_negative("step", step)
         check_non_negative("tokens", tokens)
@@ -184,6 +201,7 @@ class ReplicaRegistry:
         self.dirty_replicas = True
         if r.state == ReplicaState.BEHIND and self.quorum and step >= self.quorum.max_step:
             self._transition(r, ReplicaState.HEALTHY, f"caught up and committed step {step}", now)
+        self._record_digest(r, step, digest, caught_up, now)
 
     def report_commit_failed(self, replica_id: str, step: int, reason: str, now: float) -> None:
         r = self._known_replica(replica_id)
@@ -201,7 +219,8 @@ class ReplicaRegistry:
 
     def kill_replica(self, replica_id: str, cause: DeathCause, reason: str, now: float) -> bool:
         r = self.replicas.get(replica_id)
-        if r is None or r.state == ReplicaState.DEAD:
+        # A finished replica's work is done: only a new incarnation takes it out of FINISHED.
+        if r is None or r.state in (ReplicaState.DEAD, ReplicaState.FINISHED):
             return False
         self._transition(r, ReplicaState.DEAD, reason, now, cause=cause.value)
         self.deaths[cause.value] = self.deaths.get(cause.value, 0) + 1
@@ -213,7 +232,7 @@ class ReplicaRegistry:
     def expire_replicas(self, now: float) -> None:
         limit = self.settings.heartbeat_timeout_s
         for r in list(self.replicas.values()):
-            if r.state != ReplicaState.DEAD and now - r.last_seen > limit:
+            if r.state not in (ReplicaState.DEAD, ReplicaState.FINISHED) and now - r.last_seen > limit:
                 self.kill_replica(r.replica_id, DeathCause.HEARTBEAT,
                                   f"no heartbeat for {now - r.last_seen:.1f}s (limit {limit:g}s)", now)
 
@@ -226,3 +245,5 @@ class ReplicaRegistry:
         if changed:
             self._event(now, "death" if state == ReplicaState.DEAD else "replica", r.replica_id,
                         f"replica {r.replica_id} became {state.value}: {reason}", cause)
+            if state in (ReplicaState.DEAD, ReplicaState.FINISHED):
+                self._check_completed(now)

@@ -9,6 +9,9 @@ from __future__ import annotations
 
 from dataclasses import asdict, fields
 
+from controller.core.digests import DigestLedger
+from controller.core.divergence import DivergenceTracker
+from controller.core.finishing import JobLifecycle
 from controller.core.hosts import HostRegistry, host_shard
 from controller.core.model import (
     Assignment, Event, Host, HostState, Member, OrderOut, Quorum, Replica, ReplicaState,
@@ -24,7 +27,7 @@ REPLICA_DURABLE_FIELDS = tuple(
 )
 
 
-class ControllerState(ReplicaRegistry, HostRegistry):
+class ControllerState(ReplicaRegistry, HostRegistry, DivergenceTracker, JobLifecycle):
     def __init__(self, settings: ControllerSettings) -> None:
         self.settings = settings.validate()
         self.replicas: dict[str, Replica] = {}
@@ -55,11 +58,22 @@ class ControllerState(ReplicaRegistry, HostRegistry):
         self.dirty_journal = False
         self.dirty_host_shards: set[int] = set()
         self.urgent_hosts = False
+        #: recent steps' replica digests, compared per step (bounded; not persisted)
+        self.digest_ledger = DigestLedger(settings.digest_steps_kept, settings.digest_wait_s)
+        self.digest_mismatches = 0
+        #: when the job became COMPLETED (None: it runs); final, and persisted
+        self.completed_at: float | None = None
+        #: finished replicas whose trainers' clean exit was already told in an event
+        self.finished_exits: set[str] = set()
 
     def expire(self, now: float) -> None:
-        """Declare dead whoever has been silent past the heartbeat timeout."""
-        self.expire_hosts(now)
+        """Declare dead whoever has been silent past the heartbeat timeout, and compare the
+        digests that waited long enough. A completed job's agents leave: their silence is no
+        failure (no host deaths, no swaps)."""
+        if self.completed_at is None:
+            self.expire_hosts(now)
         self.expire_replicas(now)
+        self.compare_digests(now)
 
     def heartbeat_replicas(self, replica_ids, now: float) -> list[str]:
         return _beat(self.replicas, replica_ids, ReplicaState.DEAD, now)
@@ -93,6 +107,8 @@ class ControllerState(ReplicaRegistry, HostRegistry):
             "swaps": self.swaps,
             "deaths": self.deaths,
             "order_seq": self.order_seq,
+            "digest_mismatches": self.digest_mismatches,
+            "completed_at": self.completed_at,
         }
 
     def snapshot_journal(self) -> dict:
@@ -138,6 +154,8 @@ class ControllerState(ReplicaRegistry, HostRegistry):
             self.swaps = replicas["swaps"]
             self.deaths = dict(replicas["deaths"])
             self.order_seq = replicas["order_seq"]
+            self.digest_mismatches = replicas.get("digest_mismatches", 0)
+            self.completed_at = replicas.get("completed_at")
         if journal:
             self.quorum_history = [_quorum_from_dict(q) for q in journal["history"]]
             self.events = [Event(*e) for e in journal["events"]]

@@ -6,6 +6,7 @@ import asyncio
 import logging
 
 from controller.core.errors import FailedPrecondition, InvalidArgument, RequestError
+from controller.core.model import JobState
 from controller.core.replicas import JoinRequest
 from controller.service.errors import NotLeader, grpc_code, unary
 from controller.service.orders import from_proto_assignment, to_proto_assignment
@@ -13,6 +14,8 @@ from protos import controller_pb2 as pb
 from protos import controller_pb2_grpc
 
 log = logging.getLogger("fthsdp.controller")
+
+JOB_STATES = {JobState.RUNNING: pb.RUNNING, JobState.COMPLETED: pb.COMPLETED}
 
 
 class ControllerServicer(controller_pb2_grpc.ControllerServicer):
@@ -47,16 +50,25 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
             now = self.server.clock()
             state = self.server.state
             unknown = state.heartbeat_hosts(beat.host_ids, now) + state.heartbeat_replicas(beat.replica_ids, now)
-            yield pb.HeartbeatResponse(unknown_ids=unknown)
+            yield pb.HeartbeatResponse(unknown_ids=unknown, job_state=JOB_STATES[state.job_state])
 
     @unary
     async def ReportStep(self, request, context):
         self._check_job(request.job_id)
         self.server.require_leader().report_step(
             request.replica_id, request.step, self.server.clock(), loss=request.loss,
-            step_time_s=request.step_time_s, tokens=request.tokens, host_id=request.host_id)
+            step_time_s=request.step_time_s, tokens=request.tokens, host_id=request.host_id,
+            digest=request.digest, caught_up=request.caught_up)
         await self.server.persist()
         return pb.ReportStepResponse()
+
+    @unary
+    async def ReportFinished(self, request, context):
+        self._check_job(request.job_id)
+        job_state = self.server.require_leader().report_finished(
+            request.replica_id, request.step, self.server.clock(), reason=request.reason, host_id=request.host_id)
+        await self.server.settle()
+        return pb.ReportFinishedResponse(job_state=JOB_STATES[job_state])
 
     @unary
     async def ReportFailure(self, request, context):
@@ -81,7 +93,8 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
             slots=request.slots, labels=dict(request.labels), assignment=claimed)
         await self.server.settle()
         return pb.RegisterAgentResponse(assignment=to_proto_assignment(assignment), reason=reason,
-                                        job_id=self.server.settings.job_id)
+                                        job_id=self.server.settings.job_id,
+                                        job_state=JOB_STATES[state.job_state])
 
     async def Orders(self, request, context):
         server = self.server

@@ -58,6 +58,13 @@ class StateCollector:
         swaps = CounterMetricFamily("fthsdp_spare_swaps", "Hosts replaced by a spare")
         swaps.add_metric([], state.swaps)
         yield swaps
+        mismatches = CounterMetricFamily("fthsdp_digest_mismatches",
+                                         "Steps whose replica digests disagreed (each one an event)")
+        mismatches.add_metric([], state.digest_mismatches)
+        yield mismatches
+        completed = GaugeMetricFamily("fthsdp_job_completed", "1 once every replica finished or died (COMPLETED)")
+        completed.add_metric([], 1.0 if state.completed_at is not None else 0.0)
+        yield completed
 
 
 class Metrics:

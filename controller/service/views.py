@@ -27,6 +27,11 @@ def job_view(state, leader: str, leading: bool) -> dict:
         "replicas_healthy": sum(r.state == ReplicaState.HEALTHY for r in replicas),
         "replicas_behind": sum(r.state == ReplicaState.BEHIND for r in replicas),
         "replicas_dead": sum(r.state == ReplicaState.DEAD for r in replicas),
+        "replicas_diverged": sum(r.state == ReplicaState.DIVERGED for r in replicas),
+        "replicas_finished": sum(r.state == ReplicaState.FINISHED for r in replicas),
+        "job_state": state.job_state.value,
+        "completed_at": state.completed_at,
+        "digest_mismatches": state.digest_mismatches,
         "min_replicas": state.settings.min_replicas,
         "quorum_id": state.quorum.quorum_id if state.quorum else 0,
         "max_step": state.quorum.max_step if state.quorum else 0,
@@ -45,6 +50,7 @@ def replica_view(r, now: float) -> dict:
         "committed_step": r.committed_step, "world_size": r.world_size, "incarnation": r.incarnation,
         "leader_address": r.leader_address, "seconds_since_seen": round(max(now - r.last_seen, 0.0), 3),
         "last_loss": r.last_loss, "last_step_time_s": r.last_step_time_s, "tokens": r.tokens,
+        "digest": r.digest, "digest_step": r.digest_step, "diverged": r.state == ReplicaState.DIVERGED,
     }
 
 

@@ -1,0 +1,161 @@
+"""Digests in ControllerState on a fake clock: mismatch → DIVERGED → re-sync → HEALTHY."""
+
+import copy
+
+import pytest
+
+from controller.core.errors import InvalidArgument
+from controller.core.hosts import HOST_SHARDS
+from controller.core.model import ReplicaState
+from controller.core.replicas import JoinRequest
+from controller.core.state import ControllerState
+from controller.settings import ControllerSettings
+
+A, B = "a0" * 8, "b1" * 8
+SETTINGS = ControllerSettings(replicas=3, min_replicas=2, join_timeout_s=2.0, heartbeat_timeout_s=10.0,
+                              digest_wait_s=5.0)
+
+
+def form(state, steps, now):
+    for rid, step in steps.items():
+        state.join(JoinRequest(rid, step, 2), now)
+    return state.try_close_round(now)
+
+
+def commit(state, digests, step, now, **kw):
+    for rid, digest in digests.items():
+        state.report_step(rid, step, now, digest=digest, **kw)
+
+
+def states(state):
+    return {rid: r.state for rid, r in state.replicas.items()}
+
+
+def mismatches(state):
+    return [e for e in state.events if e.kind == "digest_mismatch"]
+
+
+def diverged_r1():
+    s = ControllerState(SETTINGS)
+    first = form(s, {"r0": 0, "r1": 0, "r2": 0}, 0.0)
+    commit(s, {"r0": A, "r1": B}, 0, 1.0)
+    assert not mismatches(s)  # r2 has not reported step 0 yet: nothing decided
+    commit(s, {"r2": A}, 0, 1.1)
+    return s, first
+
+
+def test_minority_digest_makes_the_replica_diverged_with_one_event():
+    s, _ = diverged_r1()
+    assert states(s) == {"r0": ReplicaState.HEALTHY, "r1": ReplicaState.DIVERGED, "r2": ReplicaState.HEALTHY}
+    [event] = mismatches(s)
+    assert f"r0, r2 hold {A}" in event.message and f"r1 holds {B}" in event.message
+    assert event.subject == "r1" and s.digest_mismatches == 1
+    assert "held by r0, r2" in s.replicas["r1"].reason
+    assert (s.replicas["r1"].digest, s.replicas["r1"].digest_step) == (B, 0)
+
+
+def test_diverged_member_is_not_healthy_next_quorum_then_resyncs():
+    s, first = diverged_r1()
+    heal = form(s, {"r0": 1, "r1": 1, "r2": 1}, 2.0)
+    assert heal.reason.startswith("fast path")  # the round still closes at once ...
+    assert heal.quorum_id == first.quorum_id + 1  # ... but with new rings
+    assert {m.replica_id: m.healthy for m in heal.members} == {"r0": True, "r1": False, "r2": True}
+    assert heal.recover == {"r1": ("r0", "r2")}
+    assert heal.lr_scale == pytest.approx((2 / 3) ** 0.5)
+    assert s.replicas["r1"].state == ReplicaState.DIVERGED and "re-syncing in quorum" in s.replicas["r1"].reason
+    commit(s, {"r0": A, "r2": A}, 1, 3.0)
+    commit(s, {"r1": A}, 1, 3.0, caught_up=True)
+    assert s.replicas["r1"].state == ReplicaState.HEALTHY
+    assert s.replicas["r1"].reason == "re-synced from r0, r2 and committed step 1"
+    after = form(s, {"r0": 2, "r1": 2, "r2": 2}, 4.0)
+    assert after.quorum_id == heal.quorum_id and all(m.healthy for m in after.members)
+    assert len(mismatches(s)) == 1
+
+
+def test_a_resync_that_still_disagrees_stays_diverged():
+    s, _ = diverged_r1()
+    form(s, {"r0": 1, "r1": 1, "r2": 1}, 2.0)
+    commit(s, {"r0": A}, 1, 3.0)
+    commit(s, {"r1": B}, 1, 3.0, caught_up=True)
+    assert s.replicas["r1"].state == ReplicaState.DIVERGED and "still differs" in s.replicas["r1"].reason
+    commit(s, {"r2": A}, 1, 3.1)
+    assert len(mismatches(s)) == 2 and s.digest_mismatches == 2
+
+
+def test_without_the_catch_up_flag_a_diverged_replica_stays_diverged():
+    s, _ = diverged_r1()
+    form(s, {"r0": 1, "r1": 1, "r2": 1}, 2.0)
+    commit(s, {"r0": "", "r1": "", "r2": ""}, 1, 3.0)
+    assert s.replicas["r1"].state == ReplicaState.DIVERGED
+    again = form(s, {"r0": 2, "r1": 2, "r2": 2}, 4.0)
+    assert [m.replica_id for m in again.members if not m.healthy] == ["r1"]
+
+
+def test_a_tie_of_two_keeps_the_lowest_replica_id_and_names_both():
+    s = ControllerState(ControllerSettings(replicas=2, min_replicas=1))
+    form(s, {"r0": 0, "r1": 0}, 0.0)
+    commit(s, {"r1": B, "r0": A}, 0, 1.0)
+    [event] = mismatches(s)
+    assert f"r0 holds {A}" in event.message and f"r1 holds {B}" in event.message
+    assert "lowest replica id" in event.message
+    assert states(s) == {"r0": ReplicaState.HEALTHY, "r1": ReplicaState.DIVERGED}
+    assert "lowest replica id" in s.replicas["r1"].reason
+
+
+def test_a_missing_report_is_not_waited_for_past_digest_wait_s():
+    s = ControllerState(SETTINGS)
+    form(s, {"r0": 0, "r1": 0, "r2": 0}, 0.0)
+    commit(s, {"r0": A, "r1": A, "r2": ""}, 0, 1.0)  # r2 sent no digest: the step waits for nobody
+    assert not mismatches(s) and len(s.digest_ledger) == 1
+    s.report_step("r0", 1, 2.0, digest=A)
+    s.report_step("r1", 1, 2.0, digest=B)
+    s.expire(6.9)
+    assert not mismatches(s)  # r2 may still report step 1
+    s.heartbeat_replicas(["r0", "r1", "r2"], 7.0)
+    s.expire(7.0)
+    [event] = mismatches(s)
+    assert "step 1" in event.message and s.replicas["r1"].state == ReplicaState.DIVERGED
+    s.report_step("r2", 1, 8.0, digest=B)  # late: judged against the reference that stands
+    assert len(mismatches(s)) == 2 and s.replicas["r2"].state == ReplicaState.DIVERGED
+
+
+def test_without_a_reference_member_the_diverged_one_carries_on():
+    s = ControllerState(ControllerSettings(replicas=2, min_replicas=1))
+    form(s, {"r0": 0, "r1": 0}, 0.0)
+    commit(s, {"r0": A, "r1": B}, 0, 1.0)
+    s.report_replica_dead("r0", "host lost", 1.5)
+    q = form(s, {"r1": 1}, 2.0)
+    assert [m.healthy for m in q.members] == [True] and "no member holds the reference state" in q.reason
+    assert s.replicas["r1"].state == ReplicaState.HEALTHY and "goes on from r1's state" in s.replicas["r1"].reason
+
+
+def test_a_diverged_replica_late_for_a_round_keeps_its_mark():
+    s, _ = diverged_r1()
+    form(s, {"r0": 1, "r2": 1}, 2.0)
+    s.heartbeat_replicas(["r1"], 2.0)
+    q = s.try_close_round(4.0)
+    assert q.member_ids == {"r0", "r2"} and s.replicas["r1"].state == ReplicaState.DIVERGED
+
+
+def test_divergence_survives_a_failover():
+    s, _ = diverged_r1()
+    t = ControllerState(SETTINGS)
+    t.restore(s.snapshot_replicas(), [s.snapshot_hosts(i) for i in range(HOST_SHARDS)], 50.0)
+    assert t.replicas["r1"].state == ReplicaState.DIVERGED and t.digest_mismatches == 1
+    assert t.replicas["r1"].digest == B
+    q = form(t, {"r0": 1, "r1": 1, "r2": 1}, 51.0)
+    assert q.recover == {"r1": ("r0", "r2")}
+
+
+@pytest.mark.parametrize("digest, message", [
+    ("ab" * 100, "is 200 characters; it must be 8..128 hex digits"),
+    ("not-a-hex-digest", "not hexadecimal"),
+    ("1234", "is 4 characters"),
+])
+def test_bad_digest_is_refused_and_changes_nothing(digest, message):
+    s = ControllerState(SETTINGS)
+    form(s, {"r0": 0, "r1": 0, "r2": 0}, 0.0)
+    before = copy.deepcopy((s.snapshot_replicas(), len(s.digest_ledger), len(s.events)))
+    with pytest.raises(InvalidArgument, match=message):
+        s.report_step("r0", 0, 1.0, digest=digest)
+    assert copy.deepcopy((s.snapshot_replicas(), len(s.digest_ledger), len(s.events))) == before
