@@ -1,0 +1,154 @@
+"""FINISHED replicas and the COMPLETED job in ControllerState, on a fake clock."""
+
+import copy
+import re
+
+import pytest
+
+from controller.core.errors import FailedPrecondition, InvalidArgument, NotFound
+from controller.core.hosts import HOST_SHARDS
+from controller.core.model import Assignment, HostState, JobState, ReplicaState
+from controller.core.replicas import JoinRequest
+from controller.core.state import ControllerState
+from controller.settings import ControllerSettings
+
+SETTINGS = ControllerSettings(replicas=3, min_replicas=2, join_timeout_s=2.0, heartbeat_timeout_s=10.0)
+
+
+def started(replicas=("r0", "r1", "r2")):
+    """Hosts h<i> hold rank 0 of replica r<i>; every replica in a quorum at step 0, committed."""
+    s = ControllerState(SETTINGS)
+    for i, rid in enumerate(replicas):
+        s.register_agent(f"h{i}", f"i{i}", 0.0, assignment=Assignment(rid, (0,), 1))
+        s.join(JoinRequest(rid, 0, 1, incarnation="one", host_id=f"h{i}"), 0.0)
+    s.try_close_round(0.0)
+    for rid in replicas:
+        s.report_step(rid, 0, 0.5)
+    return s
+
+
+def picture(s):
+    return copy.deepcopy((s.snapshot_replicas(), [s.snapshot_hosts(i) for i in range(HOST_SHARDS)],
+                          dict(s.round_joined), len(s.events)))
+
+
+def kinds(s, kind):
+    return [e for e in s.events if e.kind == kind]
+
+
+def test_finished_replica_is_not_waited_for_nor_expired():
+    s = started()
+    assert s.report_finished("r0", 0, 1.0, reason="max_steps reached", host_id="h0") == JobState.RUNNING
+    r0 = s.replicas["r0"]
+    assert r0.state == ReplicaState.FINISHED and r0.reason == "finished after step 0: max_steps reached"
+    for rid in ("r1", "r2"):
+        s.join(JoinRequest(rid, 1, 1, incarnation="one"), 2.0)
+    q = s.try_close_round(2.0)
+    assert q.member_ids == {"r1", "r2"} and q.reason == "all 2 live replicas joined"
+    s.heartbeat_replicas(["r1", "r2"], 20.0)
+    s.heartbeat_hosts(["h0", "h1", "h2"], 20.0)
+    s.expire(20.0)
+    assert r0.state == ReplicaState.FINISHED and s.deaths == {}
+
+
+def test_the_job_completes_when_every_replica_finished_or_died():
+    s = started()
+    s.report_finished("r0", 0, 1.0)
+    s.report_replica_dead("r1", "GPU lost", 1.0)
+    assert s.job_state == JobState.RUNNING
+    assert s.report_finished("r2", 0, 2.0) == JobState.COMPLETED
+    [event] = kinds(s, "job")
+    assert event.message == "job job COMPLETED: 2 replica(s) finished, 1 dead"
+    assert s.completed_at == 2.0 and s.round_reason == "the job is COMPLETED"
+    before = picture(s)
+    for req in (JoinRequest("r1", 0, 1, incarnation="two"), JoinRequest("r9", 0, 1),
+                JoinRequest("r0", 1, 1, incarnation="two")):
+        with pytest.raises(FailedPrecondition, match="job job is COMPLETED"):
+            s.join(req, 3.0)
+    assert picture(s) == before
+    assert s.report_finished("r2", 0, 4.0) == JobState.COMPLETED  # said again: nothing new
+    assert len(kinds(s, "job")) == 1
+
+
+def test_all_dead_is_not_completed():
+    s = started()
+    for rid in ("r0", "r1", "r2"):
+        s.report_replica_dead(rid, "gone", 1.0)
+    assert s.job_state == JobState.RUNNING and s.completed_at is None
+
+
+def test_a_completed_job_survives_a_failover_and_its_silent_agents_are_no_failure():
+    s = started()
+    for rid in ("r0", "r1", "r2"):
+        s.report_finished(rid, 0, 1.0)
+    t = ControllerState(SETTINGS)
+    t.restore(s.snapshot_replicas(), [s.snapshot_hosts(i) for i in range(HOST_SHARDS)], 5.0)
+    assert t.job_state == JobState.COMPLETED and t.replicas["r1"].state == ReplicaState.FINISHED
+    t.expire(100.0)
+    assert {h.state for h in t.hosts.values()} == {HostState.ACTIVE} and not t.take_orders()
+
+
+def test_a_new_incarnation_of_a_finished_replica_trains_again_while_the_job_runs():
+    s = started()
+    s.report_finished("r0", 0, 1.0)
+    with pytest.raises(FailedPrecondition, match="only a new process"):
+        s.join(JoinRequest("r0", 1, 1, incarnation="one"), 2.0)
+    s.join(JoinRequest("r0", 0, 1, incarnation="two"), 2.0)
+    r0 = s.replicas["r0"]
+    assert r0.state == ReplicaState.JOINING and "trains again after it finished" in r0.reason
+    assert s.deaths == {}  # finishing and coming back is no death
+    for rid in ("r1", "r2"):
+        s.join(JoinRequest(rid, 1, 1, incarnation="one"), 2.0)
+    q = s.try_close_round(2.0)
+    assert q.member_ids == {"r0", "r1", "r2"} and q.recover == {"r0": ("r1", "r2")}
+
+
+def test_trainer_exit_0_after_finishing_is_a_normal_end():
+    s = started()
+    s.report_finished("r0", 0, 1.0)
+    for rank_exit in range(2):  # two ranks' exits: one event for the replica
+        s.trainer_exit("h0", "r0", 0, 1.5 + rank_exit, exit_code=0)
+    [event] = kinds(s, "finished")
+    assert event.message == "replica r0 finished: trainer rank 0 on host h0 exited with code 0"
+    assert s.replicas["r0"].state == ReplicaState.FINISHED and s.deaths == {}
+    s.trainer_exit("h0", "r0", 0, 2.0, exit_code=1, stderr_tail="teardown failed")
+    assert s.replicas["r0"].state == ReplicaState.FINISHED  # its work is done: no death
+
+
+def test_trainer_exit_0_before_finishing_is_a_death():
+    s = started()
+    s.trainer_exit("h1", "r1", 0, 1.0, exit_code=0)
+    r1 = s.replicas["r1"]
+    assert r1.state == ReplicaState.DEAD and s.deaths == {"trainer_exit": 1}
+    assert r1.reason == "trainer rank 0 on host h1 exited cleanly before its replica finished"
+    assert s.report_finished("r1", 0, 1.2, host_id="h1") == JobState.RUNNING  # its leader's report came last
+    assert r1.state == ReplicaState.FINISHED
+
+
+def test_a_lost_step_report_is_made_good_by_the_finish():
+    s = started()
+    s.report_finished("r0", 7, 1.0)
+    assert (s.replicas["r0"].committed_step, s.max_committed_step) == (7, 7)
+
+
+@pytest.mark.parametrize("rid, step, host, reason, error, message", [
+    ("ghost", 3, "", "", FailedPrecondition, "replica 'ghost' is unknown"),
+    ("r 0", 3, "", "", InvalidArgument, "must start with a letter or digit"),
+    ("r0", -2, "", "", InvalidArgument, "step must be -1 (nothing committed) or more, got -2."),
+    ("r0", 2, "", "", FailedPrecondition, "finished at step 2, but it already committed step 3"),
+    ("r0", 3, "h1", "", FailedPrecondition, "host h1 does not hold rank 0 of replica r0"),
+    ("r0", 3, "h0", "x" * 2000, InvalidArgument, "reason is 2000 characters; the limit is 1024"),
+])
+def test_bad_finish_reports_are_refused_and_change_nothing(rid, step, host, reason, error, message):
+    s = started()
+    s.report_step("r0", 3, 0.7)
+    before = picture(s)
+    with pytest.raises(error, match=re.escape(message)):
+        s.report_finished(rid, step, 1.0, host_id=host, reason=reason)
+    assert picture(s) == before
+
+
+def test_trainer_exit_of_an_unknown_host_is_refused():
+    s = started()
+    with pytest.raises(NotFound):
+        s.trainer_exit("h9", "r0", 0, 1.0, exit_code=0)
