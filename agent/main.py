@@ -3,6 +3,7 @@
     fthsdp agent --controller ADDR[,ADDR...] --host-id ID [--spare] [--slots N]
         [--labels zone=a,rack=3] [--replica-id R --ranks 0,1 --world-size 2]
         [--restart-budget N --restart-window-s S] [--standby] [--job-id J]
+        [--on-job-complete exit|idle]
         -- COMMAND TEMPLATE...
 
 Without --spare and without --replica-id the controller picks the work: a slot of its own
@@ -13,8 +14,9 @@ Prints one JSON line to stdout once first registered, then logs to stderr:
 
     {"event": "registered", "host_id": "h1", "assignment": {...} | null, "pid": PID}
 
-Exit status: 0 after SIGTERM/SIGINT (trainers stopped), 2 for bad arguments, 3 when the
-controller refuses the registration (duplicate host or duplicate assignment).
+Exit status: 0 after SIGTERM/SIGINT (trainers stopped) or once the controller says the job is
+COMPLETED (trainers stopped; with --on-job-complete idle the agent stays instead), 2 for bad
+arguments, 3 when the controller refuses the registration (duplicate host or assignment).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ import sys
 _TRAINER_BASE_ENV = dict(os.environ)
 os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 
+from agent.policy import ON_JOB_COMPLETE  # noqa: E402
 from agent.runner import Agent, PermanentError  # noqa: E402
 from agent.settings import AgentSettings  # noqa: E402
 from protos import dial  # noqa: E402
@@ -94,6 +97,9 @@ def parse(argv: list[str]) -> AgentSettings:
     p.add_argument("--restart-window-s", type=float, default=300.0)
     p.add_argument("--standby", action="store_true",
                    help="pre-start trainers with FTHSDP_STANDBY=1 while unassigned")
+    p.add_argument("--on-job-complete", choices=ON_JOB_COMPLETE, default="exit",
+                   help="when the job is COMPLETED: stop trainers and exit 0 (default), or stop "
+                        "them and idle")
     p.add_argument("--heartbeat-interval-s", type=float, default=1.0)
     p.add_argument("--stop-grace-s", type=float, default=5.0)
     p.add_argument("--tls-ca-file", help=f"CA of the controller's certificate: turns TLS on "
@@ -116,6 +122,7 @@ def parse(argv: list[str]) -> AgentSettings:
         job_id=args.job_id, restart_budget=args.restart_budget,
         restart_window_s=args.restart_window_s, standby=args.standby,
         heartbeat_interval_s=args.heartbeat_interval_s, stop_grace_s=args.stop_grace_s, tls=tls,
+        on_job_complete=args.on_job_complete,
     ).validate()
 
 

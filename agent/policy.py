@@ -12,8 +12,12 @@ supervisor executing `next_action` (the state diagram):
     running --exits--> exited
     exited --RESTART--> running                              budget allows another local restart
     exited --GIVE_UP--> halted                               budget spent; the controller swaps the host
-    exited(code 0) --WAIT--> halted                          the trainer finished
+    exited(code 0) --WAIT--> halted                          the trainer finished: no restart, no
+                                                             warning (the controller tells a clean
+                                                             finish from an early exit)
     halted --(new generation: an order)--> empty
+    any --(job COMPLETED: every slot wants IDLE)--> empty    then the agent exits 0, or idles and
+                                                             starts nothing (`after_job_state`)
 
 Every order that changes what a slot wants (ASSIGN, RESTART, START, RELEASE, STOP) bumps the
 slot's `generation`; a halted slot stays halted until its generation changes.
@@ -160,6 +164,23 @@ def next_action(observed: Observed, spec: Spec) -> Action:
     if want.role is Role.STANDBY:
         return Action(ActionKind.START, "pre-starting a standby trainer")
     return Action(ActionKind.START, f"starting replica {want.replica_id} rank {want.rank}")
+
+
+class JobEnd(enum.Enum):
+    RUN = "run"      # the job runs: slots do what orders want
+    EXIT = "exit"    # the job COMPLETED: stop every trainer gracefully, then the agent exits 0
+    IDLE = "idle"    # the job COMPLETED: stop every trainer, stay registered, start nothing
+
+
+#: What an agent does once the job is COMPLETED (the `on_job_complete` setting).
+ON_JOB_COMPLETE = (JobEnd.EXIT.value, JobEnd.IDLE.value)
+
+
+def after_job_state(completed: bool, on_job_complete: str) -> JobEnd:
+    """What the whole host does, given the job state the controller last told."""
+    if not completed:
+        return JobEnd.RUN
+    return JobEnd(on_job_complete)
 
 
 def backoff_s(attempt: int, *, base_s: float, cap_s: float, jitter: float = 0.0) -> float:

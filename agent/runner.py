@@ -3,7 +3,9 @@
 I/O shell around the pure parts (`orders.plan_order`, `policy.next_action`). One session =
 one controller address: register, then heartbeat + order stream + exit reports together
 until something breaks. A broken session is retried with backoff on the next address (HA);
-a refused registration is permanent and ends the agent (`PermanentError`).
+a refused registration is permanent and ends the agent (`PermanentError`). When the controller
+says the job is COMPLETED (in a heartbeat or registration answer), trainers stop and the agent
+ends (or idles, `on_job_complete`), as `policy.after_job_state` decides.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import grpc
 
 from agent import orders
 from agent.orders import Assignment, Effect
-from agent.policy import backoff_s
+from agent.policy import JobEnd, Want, after_job_state, backoff_s
 from agent.process import ProcessHooks, SubprocessHooks
 from agent.settings import AgentSettings
 from agent.supervisor import Supervisor, TrainerExit
@@ -70,6 +72,9 @@ class Agent:
             settings.stderr_tail_lines, on_exit=lambda: self.supervisor.wake.set()),
             self._queue_exit, clock, dict(os.environ if base_env is None else base_env))
         self.registered = asyncio.Event()
+        #: set once the controller said the job is COMPLETED: no trainer starts again
+        self.job_completed = asyncio.Event()
+        self._quit = asyncio.Event()
 
     # ------------------------------------------------------------------ top level
 
@@ -77,9 +82,11 @@ class Agent:
         """Until `stop` is set (or PermanentError). Trainers are stopped on the way out."""
         supervising = asyncio.Event()
         loop_task = asyncio.create_task(self.supervisor.run(supervising))
+        relay = asyncio.create_task(_relay(stop, self._quit))
         try:
-            await self._sessions(stop)
+            await self._sessions(self._quit)
         finally:
+            relay.cancel()
             supervising.set()
             self.supervisor.wake.set()
             await loop_task
@@ -143,8 +150,8 @@ class Agent:
             log.info("host %s registered with %s as %s", s.host_id, address,
                      given or "a spare")
         self.assignment = given
-        self.supervisor.set_wants(orders.wants_for(given, Effect.TRAIN, s.slot_count,
-                                                   s.standby))
+        self._job_state(response.job_state, f"registration with {address}")
+        self.supervisor.set_wants(self._wants(given, Effect.TRAIN))
         self.registered.set()
         await asyncio.shield(self.supervisor.reconcile())
 
@@ -178,6 +185,7 @@ class Agent:
             if host_id in response.unknown_ids:
                 raise _Reconnect("the controller does not know this host (or declared it "
                                  "dead)", forgotten=True)
+            self._job_state(response.job_state, "heartbeat")
 
     async def _orders(self, stub: pb_grpc.ControllerStub) -> None:
         s = self.settings
@@ -217,6 +225,26 @@ class Agent:
         self._pending.append(exit_)
         self._pending_event.set()
 
+    # ------------------------------------------------------------------ job state
+
+    def _job_state(self, job_state: int, source: str) -> None:
+        """Act on the job state the controller told (once: COMPLETED is final)."""
+        end = after_job_state(job_state == pb.COMPLETED, self.settings.on_job_complete)
+        if end is JobEnd.RUN or self.job_completed.is_set():
+            return
+        self.job_completed.set()
+        log.info("host %s: the job is COMPLETED (%s): stopping trainers%s", self.settings.host_id,
+                 source, " and exiting" if end is JobEnd.EXIT else "; idling")
+        self.supervisor.set_wants([])
+        if end is JobEnd.EXIT:
+            self._quit.set()
+
+    def _wants(self, assignment: Assignment | None, effect: Effect) -> list[Want]:
+        if self.job_completed.is_set():
+            return []  # every slot idle
+        s = self.settings
+        return orders.wants_for(assignment, effect, s.slot_count, s.standby)
+
     # ------------------------------------------------------------------ orders
 
     async def handle_order(self, order: pb.Order) -> tuple[bool, str]:
@@ -224,6 +252,8 @@ class Agent:
         s = self.settings
         if order.order_id and order.order_id in self._acks:
             return self._acks[order.order_id]
+        if self.job_completed.is_set():
+            return False, f"the job is COMPLETED: host {s.host_id} starts no trainers"
         kind_name = (pb.Order.Kind.Name(order.kind) if order.kind in pb.Order.Kind.values()
                      else str(order.kind))
         plan = orders.plan_order(order.kind, Assignment.from_proto(order.assignment),
@@ -241,8 +271,7 @@ class Agent:
                 log.info("host %s: order %s %s (%s)", s.host_id, order.order_id, kind_name,
                          order.reason)
             self.assignment = plan.assignment
-            self.supervisor.set_wants(orders.wants_for(plan.assignment, plan.effect,
-                                                       s.slot_count, s.standby))
+            self.supervisor.set_wants(self._wants(plan.assignment, plan.effect))
             if plan.effect is Effect.RESTART:
                 self.supervisor.bump()
             if plan.effect in (Effect.RESTART, Effect.TRAIN):
@@ -254,3 +283,8 @@ class Agent:
         while len(self._acks) > _REMEMBERED_ORDERS:
             self._acks.popitem(last=False)
         return result
+
+
+async def _relay(source: asyncio.Event, target: asyncio.Event) -> None:
+    await source.wait()
+    target.set()

@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from agent.policy import ON_JOB_COMPLETE
 from protos.dial import TlsFiles
 
 # Placeholders substituted in the command template. Only these exact `{name}` tokens are
@@ -64,6 +65,9 @@ class AgentSettings:
     rpc_timeout_s: float = 5.0
     # The supervisor looks at its processes at least this often (exits wake it at once).
     poll_interval_s: float = 0.5
+    # Once the controller says the job is COMPLETED: "exit" (stop trainers gracefully, exit 0)
+    # or "idle" (stop trainers, stay registered and start nothing).
+    on_job_complete: str = "exit"
     # TLS to the controller (CA file turns it on; cert + key for mTLS). Trainers get the same
     # files through the FTHSDP_TLS_* environment (see protos.dial).
     tls: TlsFiles = field(default_factory=TlsFiles)
@@ -110,6 +114,9 @@ class AgentSettings:
             raise ValueError(f"stop_grace_s must be >= 0, got {self.stop_grace_s}.")
         if self.stderr_tail_lines < 0:
             raise ValueError(f"stderr_tail_lines must be >= 0, got {self.stderr_tail_lines}.")
+        if self.on_job_complete not in ON_JOB_COMPLETE:
+            raise ValueError(f"on_job_complete must be one of {', '.join(ON_JOB_COMPLETE)}, got "
+                             f"{self.on_job_complete!r}.")
         self.tls.validate()
         used = placeholders_in(self.command) & set(ASSIGNMENT_PLACEHOLDERS)
         if self.standby and used:

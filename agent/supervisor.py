@@ -140,7 +140,9 @@ class Supervisor:
         if slot.proc is not None and slot.proc.exited:
             proc, tail = slot.proc, slot.exit_tail
             slot.handle, slot.proc = None, None
-            log.warning("%s: %s", self._who(proc, tag), action.reason)
+            clean = proc.exit_code == 0 and not proc.signal  # a finish, not a failure
+            log.log(logging.INFO if clean else logging.WARNING, "%s: %s", self._who(proc, tag),
+                    action.reason)
             if proc.role is Role.TRAIN:
                 self._report(TrainerExit(
                     replica_id=proc.replica_id, rank=proc.rank,

@@ -1,7 +1,8 @@
 """An in-process stand-in for the controller's agent-facing RPCs, for agent tests.
 
 It records registrations, heartbeats, acks and exit reports, and lets a test push orders
-to a host's order stream. `refuse` makes RegisterAgent answer FAILED_PRECONDITION.
+to a host's order stream. `refuse` makes RegisterAgent answer FAILED_PRECONDITION;
+`job_state` is what heartbeat and registration answers say about the job.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ class FakeController(pb_grpc.ControllerServicer):
         self.not_leader = False
         self.forget = 0      # answer this many heartbeats with "unknown host"
         self.fail_exits = 0  # refuse this many exit reports with UNAVAILABLE
+        self.job_state = pb.RUNNING
         self.server: grpc.aio.Server | None = None
         self.address = ""
 
@@ -56,7 +58,7 @@ class FakeController(pb_grpc.ControllerServicer):
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, self.refuse)
         self.registrations.append(request)
         assignment = self.answer if self.answer is not None else request.assignment
-        return pb.RegisterAgentResponse(assignment=assignment, reason="fake")
+        return pb.RegisterAgentResponse(assignment=assignment, reason="fake", job_state=self.job_state)
 
     async def Heartbeat(self, request_iterator, context):
         async for request in request_iterator:
@@ -64,7 +66,8 @@ class FakeController(pb_grpc.ControllerServicer):
                 self.heartbeats[host_id] += 1
             unknown = list(request.host_ids) if self.forget > 0 else []
             self.forget -= bool(unknown)
-            yield pb.HeartbeatResponse(not_leader=self.not_leader, unknown_ids=unknown)
+            yield pb.HeartbeatResponse(not_leader=self.not_leader, unknown_ids=unknown,
+                                       job_state=self.job_state)
 
     async def Orders(self, request, context):
         self.streams[request.host_id] += 1

@@ -10,6 +10,8 @@ A standby (FTHSDP_STANDBY=1) first writes `standby-<pid>.json`, then blocks in
 waits too (its pid is in the ready file) to check that stops reach the process group.
 `--join` makes rank 0 act as a minimal replica leader: Quorum, then ReportStep of the quorum's
 max_step, every 0.3 s, so the controller sees the replica train (and rejoin after a swap).
+`--finish-after N` (with --join) reports the replica finished after N steps trained by every
+configured replica together (or once the others finished), then exits 0.
 """
 
 import json
@@ -66,6 +68,9 @@ def train(env):
     replica, world = env["FTHSDP_REPLICA_ID"], int(env["FTHSDP_WORLD_SIZE"])
     stub = pb_grpc.ControllerStub(grpc.insecure_channel(env["FTHSDP_CONTROLLER"].split(",")[0]))
     incarnation, step, known = uuid.uuid4().hex, 0, 0
+    flags = sys.argv[2:]
+    finish_after = int(flags[flags.index("--finish-after") + 1]) if "--finish-after" in flags else None
+    together = 0
     while True:
         try:
             q = stub.Quorum(pb.QuorumRequest(
@@ -77,6 +82,15 @@ def train(env):
                                                  host_id=env.get("FTHSDP_HOST_ID", "")),
                             timeout=30)
             step, known = q.max_step + 1, q.quorum_id
+            full = len(q.members) == q.total_replicas
+            together += full
+            # Done after N steps together, or once the others finished first.
+            if finish_after is not None and (together >= finish_after or (together and not full)):
+                stub.ReportFinished(pb.ReportFinishedRequest(
+                    replica_id=replica, step=q.max_step, job_id=env.get("FTHSDP_JOB_ID", ""),
+                    host_id=env.get("FTHSDP_HOST_ID", ""), reason="fake trainer done"), timeout=30)
+                print("replica finished", file=sys.stderr, flush=True)
+                sys.exit(0)
         except grpc.RpcError as exc:
             print(f"controller: {exc.code().name}: {exc.details()}", file=sys.stderr, flush=True)
         time.sleep(0.3)

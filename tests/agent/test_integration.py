@@ -5,13 +5,15 @@ Every wait is a condition with a generous bound; nothing asserts on wall-clock t
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
+import subprocess
 
 import pytest
 
-from tests.agent.cluster import Cluster
-from tests.agent.helpers import alive, wait_for, wait_for_async
+from tests.agent.cluster import CLI, Cluster
+from tests.agent.helpers import alive, trainer_command, wait_for, wait_for_async
 
 pytestmark = pytest.mark.slow
 BOUND_S = 30
@@ -169,3 +171,28 @@ async def test_a_frozen_agent_that_comes_back_stops_its_stale_trainer(cluster):
     await wait_for(lambda: not alive(stale["pid"]), BOUND_S, "the stale trainer stopped")
     h2 = await c.host("h2")
     assert h2["spare"] and h2["assignment"] is None and h2["state"] != "DEAD"
+
+
+async def test_replicas_that_finish_complete_the_job_and_their_agents_exit_0(tmp_path):
+    """Trainers that report their replica finished and exit 0 are not restarted, are no
+    deaths, and the COMPLETED job ends every agent with exit status 0."""
+    c = Cluster(tmp_path)
+    try:
+        await c.start_controller(replicas=2)
+        command = trainer_command(c.ready_dir, "--join", "--finish-after", "3")
+        agents = [await c.start_agent(f"h{i}", replica=f"r{i}", budget=3, command=command) for i in range(2)]
+        for agent in agents:
+            assert await asyncio.wait_for(agent.proc.wait(), BOUND_S) == 0, agent.log()
+            assert "the job is COMPLETED" in agent.log()
+        job = await c.get("/api/v1/job")
+        assert (job["job_state"], job["replicas_finished"], job["deaths"]) == ("COMPLETED", 2, {})
+        for rid in ("r0", "r1"):
+            assert (await c.replica(rid))["state"] == "FINISHED"
+            [trainer] = c.trainers(rid)  # started once, never again
+            assert not alive(trainer["pid"])
+        finished = {e["subject"] for e in await c.events("finished")}
+        assert finished == {"r0", "r1"}
+        out = subprocess.run([*CLI, "status", "--url", c.http], capture_output=True, text=True, timeout=30)
+        assert out.returncode == 0 and "COMPLETED" in out.stdout and "2 finished" in out.stdout, out.stderr
+    finally:
+        await c.close()

@@ -11,52 +11,12 @@ import socket
 import grpc
 import pytest
 
-from agent.runner import Agent, PermanentError
-from agent.settings import AgentSettings
+from agent.runner import PermanentError
 from protos import controller_pb2 as pb
 from tests.agent.fake_controller import FakeController
-from tests.agent.helpers import alive, ready_files, standby_files, trainer_command, wait_for
+from tests.agent.helpers import alive, ready_files, standby_files, wait_for
 
 O = pb.Order
-
-
-@pytest.fixture
-async def controller():
-    fake = await FakeController().start()
-    yield fake
-    await fake.stop()
-
-
-class Running:
-    """An Agent task with its stop event; stopping waits for its trainers to stop."""
-
-    def __init__(self, settings: AgentSettings) -> None:
-        self.agent = Agent(settings)
-        self.stop = asyncio.Event()
-        self.task = asyncio.create_task(self.agent.run(self.stop))
-
-    async def close(self) -> None:
-        self.stop.set()
-        await asyncio.wait_for(self.task, 15)
-
-
-@pytest.fixture
-async def start_agent(tmp_path):
-    started: list[Running] = []
-
-    def start(addresses, **kw) -> Running:
-        base = dict(controller_addresses=tuple(addresses), host_id="h1",
-                    command=trainer_command(tmp_path), replica_id="r0", ranks=(0,),
-                    world_size=2, heartbeat_interval_s=0.1, stop_grace_s=2.0,
-                    reconnect_base_s=0.05)
-        base.update(kw)
-        started.append(Running(AgentSettings(**base).validate()))
-        return started[-1]
-
-    yield start
-    for running in started:
-        if not running.task.done():
-            await running.close()
 
 
 async def ack(controller: FakeController, order_id: str) -> pb.AckOrderRequest:
