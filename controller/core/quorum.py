@@ -118,7 +118,8 @@ def form_quorum(
     if not healthy:
         # Nobody at max step holds the reference: the job goes on from what it has.
         healthy = at_max
-        reason += f"; no member holds the reference state, so {', '.join(sorted(at_max))} carry on from theirs"
+        reason += (f"; no member holds the reference state, so training goes on from the state of "
+                   f"{', '.join(sorted(at_max))}")
     behind = [r for r in members if r not in healthy]
     changed = frozenset(members) != previous_members
     resync = bool(must_resync & set(behind))

@@ -91,6 +91,9 @@ class ReplicaRegistry:
     def try_close_round(self, now: float) -> Quorum | None:
         """Close the round if the policy says so; returns the new quorum or None."""
         s = self.settings
+        if self.completed_at is not None:  # final: no quorum forms after it
+            self.round_reason, self.round_wake_at = "the job is COMPLETED", None
+            return None
         previous = self.quorum.member_ids if self.quorum else frozenset()
         view = RoundView(
             joined=dict(self.round_joined),

@@ -73,3 +73,20 @@ def test_form_quorum_ids_change_only_with_membership_or_failed_commit():
     assert grown.max_step == 3 and [m.healthy for m in grown.members] == [True, True, False]
     assert grown.recover == {C: (A, B)}
     assert grown.lr_scale == pytest.approx(math.sqrt(2 / 3))
+
+
+def test_a_member_that_must_resync_is_behind_and_renews_the_rings():
+    base = dict(lr_policy="linear", total_replicas=3, reason="fast path", now=0.0)
+    q = form_quorum({A: 4, B: 4, C: 4}, previous_id=7, previous_members=frozenset({A, B, C}), failed_commit=False,
+                    must_resync=frozenset({B}), **base)
+    assert q.quorum_id == 8 and [m.healthy for m in q.members] == [True, False, True]
+    assert q.recover == {B: (A, C)} and q.lr_scale == pytest.approx(2 / 3) and q.reason == "fast path"
+    # A diverged member below max step is simply behind; it still renews the rings.
+    q = form_quorum({A: 4, B: 2}, previous_id=8, previous_members=frozenset({A, B}), failed_commit=False,
+                    must_resync=frozenset({B}), **base)
+    assert q.quorum_id == 9 and q.recover == {B: (A,)}
+    # Nobody at max step holds the reference: the job carries on from what it has, same rings.
+    q = form_quorum({A: 2, B: 4}, previous_id=9, previous_members=frozenset({A, B}), failed_commit=False,
+                    must_resync=frozenset({B}), **base)
+    assert q.quorum_id == 9 and [m.healthy for m in q.members] == [False, True] and q.recover == {A: (B,)}
+    assert "no member holds the reference state, so training goes on from the state of b" in q.reason

@@ -72,6 +72,7 @@ async def test_replicas_finish_and_the_job_completes(server, stub):
         job = (await http.get("/api/v1/job")).json()
         assert (job["job_state"], job["replicas_finished"], job["replicas_dead"]) == ("COMPLETED", 2, 1)
         assert job["completed_at"] == server.clock.now
+        assert job["round"]["reason"] == "the job is COMPLETED"
         reps = {r["replica_id"]: r for r in (await http.get("/api/v1/replicas")).json()}
         assert reps["r0"]["state"] == "FINISHED" and reps["r0"]["reason"] == "finished after step 0: max_steps reached"
         events = [e["message"] for e in (await http.get("/api/v1/events")).json()]
