@@ -67,6 +67,8 @@ class Agent:
             if settings.replica_id else None)
         self._pending: collections.deque[TrainerExit] = collections.deque()
         self._pending_event = asyncio.Event()
+        self._all_sent = asyncio.Event()  # no exit report waits to be sent
+        self._all_sent.set()
         self._acks: collections.OrderedDict[str, tuple[bool, str]] = collections.OrderedDict()
         self.supervisor = Supervisor(settings, hooks or SubprocessHooks(
             settings.stderr_tail_lines, on_exit=lambda: self.supervisor.wake.set()),
@@ -162,6 +164,8 @@ class Agent:
             done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
             for task in done:
                 task.result()  # re-raise a session error
+            if self.job_completed.is_set():
+                await self._send_last_exits()
             if not stop.is_set():
                 raise _Reconnect("a stream to the controller ended")
         finally:
@@ -220,10 +224,21 @@ class Agent:
                                 "rank %d: %s", host_id, e.replica_id, e.rank, exc.details())
                 self._pending.popleft()
             self._pending_event.clear()
+            self._all_sent.set()
 
     def _queue_exit(self, exit_: TrainerExit) -> None:
         self._pending.append(exit_)
+        self._all_sent.clear()
         self._pending_event.set()
+
+    async def _send_last_exits(self) -> None:
+        """Leaving a completed job: exits already seen reach the controller first (bounded)."""
+        await asyncio.shield(self.supervisor.reconcile())
+        try:
+            await asyncio.wait_for(self._all_sent.wait(), self.settings.rpc_timeout_s)
+        except asyncio.TimeoutError:
+            log.warning("host %s: %d exit report(s) not sent before leaving the completed job",
+                        self.settings.host_id, len(self._pending))
 
     # ------------------------------------------------------------------ job state
 

@@ -10,8 +10,8 @@ A standby (FTHSDP_STANDBY=1) first writes `standby-<pid>.json`, then blocks in
 waits too (its pid is in the ready file) to check that stops reach the process group.
 `--join` makes rank 0 act as a minimal replica leader: Quorum, then ReportStep of the quorum's
 max_step, every 0.3 s, so the controller sees the replica train (and rejoin after a swap).
-`--finish-after N` (with --join) reports the replica finished after N steps trained by every
-configured replica together (or once the others finished), then exits 0.
+`--finish-after N` (with --join) reports the replica finished after N steps counted from the
+first step every configured replica trained together, then exits 0.
 """
 
 import json
@@ -70,7 +70,7 @@ def train(env):
     incarnation, step, known = uuid.uuid4().hex, 0, 0
     flags = sys.argv[2:]
     finish_after = int(flags[flags.index("--finish-after") + 1]) if "--finish-after" in flags else None
-    together = 0
+    counted = 0
     while True:
         try:
             q = stub.Quorum(pb.QuorumRequest(
@@ -82,10 +82,8 @@ def train(env):
                                                  host_id=env.get("FTHSDP_HOST_ID", "")),
                             timeout=30)
             step, known = q.max_step + 1, q.quorum_id
-            full = len(q.members) == q.total_replicas
-            together += full
-            # Done after N steps together, or once the others finished first.
-            if finish_after is not None and (together >= finish_after or (together and not full)):
+            counted += bool(counted) or len(q.members) == q.total_replicas
+            if finish_after is not None and counted >= finish_after:
                 stub.ReportFinished(pb.ReportFinishedRequest(
                     replica_id=replica, step=q.max_step, job_id=env.get("FTHSDP_JOB_ID", ""),
                     host_id=env.get("FTHSDP_HOST_ID", ""), reason="fake trainer done"), timeout=30)
