@@ -37,7 +37,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="lay replicas out here: agents without an assignment get a free host slot")
     p.add_argument("--ranks-per-host", type=int, help="ranks (GPUs) per host in that layout")
     p.add_argument("--etcd", help="comma-separated etcd endpoints (host:port); default: in-memory store")
-    p.add_argument("--lease-ttl-s", type=float, default=5.0, help="leader lease in etcd")
+    p.add_argument("--lease-ttl-s", type=float, help="leader lease in etcd (default 5)")
+    p.add_argument("--advertise-address",
+                   help="host:port clients know this controller by; a standby names the leader's in its "
+                        "refusals (default: the gRPC address it binds)")
     p.add_argument("--admin-token-file", help=f"file holding the admin bearer token (or env {ENV_ADMIN_TOKEN})")
     p.add_argument("--read-token-file", help=f"file holding a token required for reads (or env {ENV_READ_TOKEN})")
     p.add_argument("--tls-cert-file", help="PEM server certificate: enables TLS on gRPC")
@@ -77,7 +80,8 @@ def build_server(args):
     settings = ControllerSettings.from_file(
         args.settings, job_id=args.job_id, replicas=args.replicas, min_replicas=args.min_replicas,
         join_timeout_s=args.join_timeout_s, heartbeat_timeout_s=args.heartbeat_timeout_s, lr_policy=args.lr_policy,
-        hosts_per_replica=args.hosts_per_replica, ranks_per_host=args.ranks_per_host)
+        hosts_per_replica=args.hosts_per_replica, ranks_per_host=args.ranks_per_host,
+        lease_ttl_s=args.lease_ttl_s)
     store = None
     if args.etcd:
         from controller.etcd_store import EtcdStore
@@ -87,7 +91,7 @@ def build_server(args):
         settings, host=args.host, grpc_port=args.grpc_port, http_port=args.http_port, store=store,
         admin_token=_secret(args.admin_token_file, ENV_ADMIN_TOKEN),
         read_token=_secret(args.read_token_file, ENV_READ_TOKEN),
-        grpc_credentials=_credentials(args), lease_ttl_s=args.lease_ttl_s)
+        grpc_credentials=_credentials(args), advertise_address=args.advertise_address)
 
 
 async def serve(args) -> int:

@@ -47,6 +47,36 @@ class ControllerSettings:
     max_message_bytes: int = 64 << 20
     #: Grace period for in-flight calls when the server stops.
     stop_grace_s: float = 2.0
+    #: The leader's lease in the store (etcd: whole seconds, at least 1): a standby takes over
+    #: about this long after the leader stopped renewing it.
+    lease_ttl_s: float = 5.0
+    #: What the controller may assume of its clients (agents, replica leaders): the longest
+    #: pause between two passes over the controller addresses (agents: reconnect_cap_s)...
+    client_backoff_cap_s: float = 1.0
+    #: ...how long a working controller may take to answer the call that reconnects a client
+    #: (a registration written to the store, a first heartbeat)...
+    client_call_s: float = 1.0
+    #: ...and how long a client waits on a controller that does not answer (a frozen process,
+    #: a partition) before it tries the next address (agents: rpc_timeout_s).
+    client_timeout_s: float = 5.0
+    #: When no live replica holds the newest committed step, how long a round waits for the
+    #: replicas that held it to come back before it forms a rollback quorum (0: do not wait).
+    rollback_wait_s: float = 20.0
+
+    @property
+    def reconnect_cycle_s(self) -> float:
+        """How long a live client may stay unheard while the leader can be reached: one
+        capped pause, then the call that reconnects it. The heartbeat timeout must cover it."""
+        return self.client_backoff_cap_s + self.client_call_s
+
+    @property
+    def takeover_grace_s(self) -> float:
+        """After a takeover, silence is counted only from this long after it: a client may
+        first have to give up on the old leader (client_timeout_s, when it froze rather than
+        died), then complete a reconnect cycle. The lease TTL does not add to it: silence
+        before the takeover (the old leader's end and the election, about a lease TTL) is
+        forgiven outright, since the new leader restarts every last-seen time."""
+        return self.client_timeout_s + self.reconnect_cycle_s
 
     def validate(self) -> "ControllerSettings":
         problems = []
@@ -58,10 +88,18 @@ class ControllerSettings:
             problems.append(
                 f"min_replicas must be between 1 and replicas ({self.replicas}), got {self.min_replicas}."
             )
-        for name in ("join_timeout_s", "heartbeat_timeout_s", "stop_grace_s", "digest_wait_s"):
+        for name in ("join_timeout_s", "heartbeat_timeout_s", "stop_grace_s", "digest_wait_s", "lease_ttl_s",
+                     "client_backoff_cap_s", "client_call_s", "client_timeout_s"):
             value = getattr(self, name)
             if not value > 0:
                 problems.append(f"{name} must be a positive number of seconds, got {value}.")
+        if self.rollback_wait_s < 0:
+            problems.append(f"rollback_wait_s must not be negative, got {self.rollback_wait_s}.")
+        if self.heartbeat_timeout_s < self.reconnect_cycle_s:
+            problems.append(
+                f"heartbeat_timeout_s ({self.heartbeat_timeout_s:g} s) cannot cover a client's reconnect cycle: "
+                f"client_backoff_cap_s ({self.client_backoff_cap_s:g} s) + client_call_s ({self.client_call_s:g} s) "
+                f"= {self.reconnect_cycle_s:g} s; raise the timeout or lower the clients' backoff cap.")
         if self.lr_policy not in LR_POLICIES:
             problems.append(f"lr_policy must be one of {', '.join(LR_POLICIES)}, got {self.lr_policy!r}.")
         if self.hosts_per_replica < 0:

@@ -63,7 +63,7 @@ class RecoverAssignment(_message.Message):
     def __init__(self, replica_id: _Optional[str] = ..., sources_by_shard: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class QuorumResponse(_message.Message):
-    __slots__ = ("quorum_id", "members", "max_step", "recover", "lr_scale", "reason", "addresses_included", "total_replicas")
+    __slots__ = ("quorum_id", "members", "max_step", "recover", "lr_scale", "reason", "addresses_included", "total_replicas", "resume_checkpoint_step")
     QUORUM_ID_FIELD_NUMBER: _ClassVar[int]
     MEMBERS_FIELD_NUMBER: _ClassVar[int]
     MAX_STEP_FIELD_NUMBER: _ClassVar[int]
@@ -72,6 +72,7 @@ class QuorumResponse(_message.Message):
     REASON_FIELD_NUMBER: _ClassVar[int]
     ADDRESSES_INCLUDED_FIELD_NUMBER: _ClassVar[int]
     TOTAL_REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    RESUME_CHECKPOINT_STEP_FIELD_NUMBER: _ClassVar[int]
     quorum_id: int
     members: _containers.RepeatedCompositeFieldContainer[Member]
     max_step: int
@@ -80,7 +81,8 @@ class QuorumResponse(_message.Message):
     reason: str
     addresses_included: bool
     total_replicas: int
-    def __init__(self, quorum_id: _Optional[int] = ..., members: _Optional[_Iterable[_Union[Member, _Mapping]]] = ..., max_step: _Optional[int] = ..., recover: _Optional[_Iterable[_Union[RecoverAssignment, _Mapping]]] = ..., lr_scale: _Optional[float] = ..., reason: _Optional[str] = ..., addresses_included: _Optional[bool] = ..., total_replicas: _Optional[int] = ...) -> None: ...
+    resume_checkpoint_step: int
+    def __init__(self, quorum_id: _Optional[int] = ..., members: _Optional[_Iterable[_Union[Member, _Mapping]]] = ..., max_step: _Optional[int] = ..., recover: _Optional[_Iterable[_Union[RecoverAssignment, _Mapping]]] = ..., lr_scale: _Optional[float] = ..., reason: _Optional[str] = ..., addresses_included: _Optional[bool] = ..., total_replicas: _Optional[int] = ..., resume_checkpoint_step: _Optional[int] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
     __slots__ = ("host_ids", "replica_ids")
@@ -91,17 +93,19 @@ class HeartbeatRequest(_message.Message):
     def __init__(self, host_ids: _Optional[_Iterable[str]] = ..., replica_ids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class HeartbeatResponse(_message.Message):
-    __slots__ = ("unknown_ids", "not_leader", "job_state")
+    __slots__ = ("unknown_ids", "not_leader", "job_state", "leader_address")
     UNKNOWN_IDS_FIELD_NUMBER: _ClassVar[int]
     NOT_LEADER_FIELD_NUMBER: _ClassVar[int]
     JOB_STATE_FIELD_NUMBER: _ClassVar[int]
+    LEADER_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     unknown_ids: _containers.RepeatedScalarFieldContainer[str]
     not_leader: bool
     job_state: JobState
-    def __init__(self, unknown_ids: _Optional[_Iterable[str]] = ..., not_leader: _Optional[bool] = ..., job_state: _Optional[_Union[JobState, str]] = ...) -> None: ...
+    leader_address: str
+    def __init__(self, unknown_ids: _Optional[_Iterable[str]] = ..., not_leader: _Optional[bool] = ..., job_state: _Optional[_Union[JobState, str]] = ..., leader_address: _Optional[str] = ...) -> None: ...
 
 class ReportStepRequest(_message.Message):
-    __slots__ = ("job_id", "replica_id", "quorum_id", "step", "step_time_s", "loss", "tokens", "host_id", "digest", "caught_up")
+    __slots__ = ("job_id", "replica_id", "quorum_id", "step", "step_time_s", "loss", "tokens", "host_id", "digest", "caught_up", "checkpoint_step")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     QUORUM_ID_FIELD_NUMBER: _ClassVar[int]
@@ -112,6 +116,7 @@ class ReportStepRequest(_message.Message):
     HOST_ID_FIELD_NUMBER: _ClassVar[int]
     DIGEST_FIELD_NUMBER: _ClassVar[int]
     CAUGHT_UP_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_STEP_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     replica_id: str
     quorum_id: int
@@ -122,7 +127,8 @@ class ReportStepRequest(_message.Message):
     host_id: str
     digest: str
     caught_up: bool
-    def __init__(self, job_id: _Optional[str] = ..., replica_id: _Optional[str] = ..., quorum_id: _Optional[int] = ..., step: _Optional[int] = ..., step_time_s: _Optional[float] = ..., loss: _Optional[float] = ..., tokens: _Optional[int] = ..., host_id: _Optional[str] = ..., digest: _Optional[str] = ..., caught_up: _Optional[bool] = ...) -> None: ...
+    checkpoint_step: int
+    def __init__(self, job_id: _Optional[str] = ..., replica_id: _Optional[str] = ..., quorum_id: _Optional[int] = ..., step: _Optional[int] = ..., step_time_s: _Optional[float] = ..., loss: _Optional[float] = ..., tokens: _Optional[int] = ..., host_id: _Optional[str] = ..., digest: _Optional[str] = ..., caught_up: _Optional[bool] = ..., checkpoint_step: _Optional[int] = ...) -> None: ...
 
 class ReportStepResponse(_message.Message):
     __slots__ = ()
@@ -177,14 +183,18 @@ class ReportFailureResponse(_message.Message):
     def __init__(self) -> None: ...
 
 class Assignment(_message.Message):
-    __slots__ = ("replica_id", "ranks", "world_size")
+    __slots__ = ("replica_id", "ranks", "world_size", "version", "replica_version")
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     RANKS_FIELD_NUMBER: _ClassVar[int]
     WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_VERSION_FIELD_NUMBER: _ClassVar[int]
     replica_id: str
     ranks: _containers.RepeatedScalarFieldContainer[int]
     world_size: int
-    def __init__(self, replica_id: _Optional[str] = ..., ranks: _Optional[_Iterable[int]] = ..., world_size: _Optional[int] = ...) -> None: ...
+    version: int
+    replica_version: int
+    def __init__(self, replica_id: _Optional[str] = ..., ranks: _Optional[_Iterable[int]] = ..., world_size: _Optional[int] = ..., version: _Optional[int] = ..., replica_version: _Optional[int] = ...) -> None: ...
 
 class RegisterAgentRequest(_message.Message):
     __slots__ = ("host_id", "spare", "slots", "labels", "assignment", "incarnation")
@@ -230,7 +240,7 @@ class OrdersRequest(_message.Message):
     def __init__(self, host_id: _Optional[str] = ..., incarnation: _Optional[str] = ...) -> None: ...
 
 class Order(_message.Message):
-    __slots__ = ("order_id", "kind", "assignment", "reason")
+    __slots__ = ("order_id", "kind", "assignment", "reason", "version")
     class Kind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         KIND_UNSPECIFIED: _ClassVar[Order.Kind]
@@ -239,21 +249,25 @@ class Order(_message.Message):
         STOP: _ClassVar[Order.Kind]
         ASSIGN: _ClassVar[Order.Kind]
         RELEASE: _ClassVar[Order.Kind]
+        CURRENT: _ClassVar[Order.Kind]
     KIND_UNSPECIFIED: Order.Kind
     START: Order.Kind
     RESTART: Order.Kind
     STOP: Order.Kind
     ASSIGN: Order.Kind
     RELEASE: Order.Kind
+    CURRENT: Order.Kind
     ORDER_ID_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     ASSIGNMENT_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
     order_id: str
     kind: Order.Kind
     assignment: Assignment
     reason: str
-    def __init__(self, order_id: _Optional[str] = ..., kind: _Optional[_Union[Order.Kind, str]] = ..., assignment: _Optional[_Union[Assignment, _Mapping]] = ..., reason: _Optional[str] = ...) -> None: ...
+    version: int
+    def __init__(self, order_id: _Optional[str] = ..., kind: _Optional[_Union[Order.Kind, str]] = ..., assignment: _Optional[_Union[Assignment, _Mapping]] = ..., reason: _Optional[str] = ..., version: _Optional[int] = ...) -> None: ...
 
 class AckOrderRequest(_message.Message):
     __slots__ = ("host_id", "order_id", "ok", "error")

@@ -93,35 +93,100 @@ def parse_addresses(text: str) -> list[str]:
 
 def backoff_s(attempt: int, initial_s: float = 0.1, max_s: float = 5.0) -> float:
     """Delay before retry number `attempt` (0-based): doubling, capped."""
-    return min(max_s, initial_s * (2 ** max(attempt, 0)))
+    return min(max_s, initial_s * (2 ** min(max(attempt, 0), 30)))
 
 
 #: gRPC codes that mean "this controller cannot answer now; another one may".
 FAILOVER_CODES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
+#: Trailing metadata of a standby's refusal: the leader's address, when the standby knows it.
+LEADER_METADATA_KEY = "fthsdp-leader"
+
+
+def leader_hint(error: grpc.RpcError) -> str:
+    """The leader's address named by a refusing standby, or ""."""
+    try:
+        metadata = error.trailing_metadata() or ()
+    except Exception:  # noqa: BLE001 - an error without metadata (e.g. a local one) names nobody
+        return ""
+    return next((str(value) for key, value in metadata if key == LEADER_METADATA_KEY), "")
+
+
+class AddressRotation:
+    """Which controller to try next, and how long to wait first: the failover rule that
+    agents and trainers share. Pure: no clock, no I/O, no randomness (jitter is passed in).
+
+    After a failure ("not leader", unreachable, no answer in time) the next address is tried
+    at once, or the leader a standby named (`hint`), if it is one of the configured
+    addresses (a hint never leads a client anywhere else). Only after a whole pass of
+    failures, as many attempts as there are addresses, comes a pause: base_s, doubling per
+    failed pass, capped at cap_s (shortened by the jitter fraction). A success ends the
+    outage; the next one starts with an immediate pass again.
+    """
+
+    def __init__(self, addresses, *, base_s: float, cap_s: float) -> None:
+        self.addresses = list(addresses)
+        if not self.addresses:
+            raise ValueError("AddressRotation needs at least one address, got none.")
+        if not 0 < base_s <= cap_s:
+            raise ValueError(f"backoff needs 0 < base_s <= cap_s, got base_s={base_s} cap_s={cap_s}.")
+        self.base_s, self.cap_s = base_s, cap_s
+        self.index = 0
+        #: attempts failed in the current pass, and passes failed in this outage
+        self.failed_in_pass = 0
+        self.failed_passes = 0
+
+    @property
+    def current(self) -> str:
+        return self.addresses[self.index]
+
+    def succeeded(self) -> None:
+        self.failed_in_pass = self.failed_passes = 0
+
+    def failed(self, hint: str = "", jitter: float = 0.0) -> float:
+        """Move to the next address to try; return how long to wait before trying it."""
+        if hint in self.addresses and hint != self.current:
+            self.index = self.addresses.index(hint)
+        else:
+            self.index = (self.index + 1) % len(self.addresses)
+        self.failed_in_pass += 1
+        if self.failed_in_pass < len(self.addresses):
+            return 0.0
+        self.failed_in_pass = 0
+        delay = backoff_s(self.failed_passes, self.base_s, self.cap_s)
+        self.failed_passes += 1
+        return delay * (1.0 - min(max(jitter, 0.0), 0.99))
 
 
 class FailoverChannel:
     """An asyncio client for several controller addresses (or one Service address).
 
     `call(method_name, request)` tries the current controller; on UNAVAILABLE (a standby,
-    a dead or deposed leader, a refused connection) it moves to the next address with
-    doubling backoff, until `total_timeout_s` is spent. Each attempt has its own deadline,
+    a dead or deposed leader, a refused connection) or DEADLINE_EXCEEDED it moves on as
+    `AddressRotation` says (the leader a standby names, else the next address; a pause only
+    after a whole pass), until `total_timeout_s` is spent. Each attempt has its own deadline,
     so no call waits forever. Refusals such as INVALID_ARGUMENT are raised at once.
     """
 
     def __init__(self, addresses: list[str], tls: TlsFiles | None = None, *, attempt_timeout_s: float = 30.0,
                  total_timeout_s: float = 60.0, max_backoff_s: float = 0.5) -> None:
-        self.addresses = list(addresses)
-        self.max_backoff_s = max_backoff_s
+        self.rotation = AddressRotation(addresses, base_s=min(0.1, max_backoff_s), cap_s=max_backoff_s)
+        self.addresses = self.rotation.addresses
         self.tls = tls
         self.attempt_timeout_s, self.total_timeout_s = attempt_timeout_s, total_timeout_s
-        self.index = 0
         self._channel: grpc.aio.Channel | None = None
         self._stub = None
 
     @property
+    def index(self) -> int:
+        return self.rotation.index
+
+    @index.setter
+    def index(self, value: int) -> None:
+        self.rotation.index = value % len(self.addresses)
+
+    @property
     def address(self) -> str:
-        return self.addresses[self.index]
+        return self.rotation.current
 
     def stub(self):
         from protos import controller_pb2_grpc
@@ -131,27 +196,26 @@ class FailoverChannel:
             self._stub = controller_pb2_grpc.ControllerStub(self._channel)
         return self._stub
 
-    async def rotate(self) -> None:
-        await self.close()
-        self.index = (self.index + 1) % len(self.addresses)
-
     async def call(self, method: str, request, *, attempt_timeout_s: float | None = None):
         import asyncio
+        import random
         import time
 
         deadline = time.monotonic() + self.total_timeout_s
-        attempt = 0
         while True:
             timeout = min(attempt_timeout_s or self.attempt_timeout_s, max(deadline - time.monotonic(), 0.05))
             try:
-                return await getattr(self.stub(), method)(request, timeout=timeout)
+                answer = await getattr(self.stub(), method)(request, timeout=timeout)
+                self.rotation.succeeded()
+                return answer
             except grpc.aio.AioRpcError as exc:
                 if exc.code() not in FAILOVER_CODES or time.monotonic() >= deadline:
                     raise
-            await self.rotate()
-            delay = backoff_s(attempt // max(len(self.addresses), 1), max_s=self.max_backoff_s)
-            await asyncio.sleep(min(delay, max(deadline - time.monotonic(), 0)))
-            attempt += 1
+                hint = leader_hint(exc)
+            await self.close()
+            delay = self.rotation.failed(hint, jitter=random.random() * 0.5)
+            if delay:
+                await asyncio.sleep(min(delay, max(deadline - time.monotonic(), 0)))
 
     async def close(self) -> None:
         if self._channel is not None:

@@ -83,10 +83,11 @@ class HostRegistry:
         return h.assignment, reason
 
     def expire_hosts(self, now: float) -> None:
-        limit = self.settings.heartbeat_timeout_s
         for h in list(self.hosts.values()):
-            if h.state != HostState.DEAD and now - h.last_seen > limit:
-                self._host_died(h, f"agent silent for {now - h.last_seen:.1f}s (limit {limit:g}s)", now)
+            if h.state != HostState.DEAD:
+                why = self.silence(h.last_seen, now)
+                if why:
+                    self._host_died(h, f"agent silent {why}", now)
 
     def trainer_exit(self, host_id: str, replica_id: str, rank: int, now: float, *, exit_code: int = 0,
                      signal: int = 0, stderr_tail: str = "", gave_up: bool = False) -> None:
@@ -109,6 +110,21 @@ class HostRegistry:
         self._known_host(host_id)
         if not ok:
             self._event(now, "order_failed", host_id, f"host {host_id} refused order {order_id}: {error}")
+
+    def orders_on_connect(self, host_id: str, pending: OrderOut | None) -> list[OrderOut]:
+        """What a host whose order stream (re)opens is sent: its current assignment (maybe
+        none), never a replay. An undelivered RESTART or START still stands if no later
+        decision changed the host's assignment; anything else undelivered is superseded."""
+        h = self._known_host(host_id)
+        out = [self._new_order(h, "CURRENT", h.assignment, "the current assignment of a (re)connecting host")]
+        if pending is not None and pending.kind in ("RESTART", "START") and pending.version == h.assignment_version:
+            out.append(pending)
+        return out
+
+    def is_superseded(self, order: OrderOut) -> bool:
+        """A later decision changed the recipient's assignment since `order` was made."""
+        h = self.hosts.get(order.host_id)
+        return h is None or order.version < h.assignment_version
 
     # -- operator actions --------------------------------------------------------------------
 
@@ -163,7 +179,18 @@ class HostRegistry:
         return None
 
     def _assign(self, h: Host, a: Assignment | None, urgent: bool = True) -> None:
-        """Change a host's assignment, keeping the (replica, rank) -> host index true."""
+        """Decide a host's assignment: a new version for the host and for the replicas it
+        leaves and joins."""
+        version = self._next_version()
+        for old_or_new in (h.assignment, a):
+            if old_or_new is not None:
+                self.replica_versions[old_or_new.replica_id] = version
+        h.assignment_version = version
+        self._index(h, a)
+        self._touch(h, urgent=urgent)
+
+    def _index(self, h: Host, a: Assignment | None) -> None:
+        """Set a host's assignment, keeping the (replica, rank) -> host index true."""
         if h.assignment is not None:
             for rank in h.assignment.ranks:
                 if self.rank_holders.get((h.assignment.replica_id, rank)) == h.host_id:
@@ -172,7 +199,6 @@ class HostRegistry:
         if a is not None:
             for rank in a.ranks:
                 self.rank_holders[(a.replica_id, rank)] = h.host_id
-        self._touch(h, urgent=urgent)
 
     def _touch(self, h: Host, urgent: bool = False) -> None:
         """Mark the host's snapshot shard for writing; urgent changes are written before
@@ -209,7 +235,9 @@ class HostRegistry:
         spare.state = HostState.ACTIVE
         if failed.state != HostState.DEAD:
             failed.state = HostState.SPARE
-            self._order(failed.host_id, "STOP", None, f"its work moved to host {spare.host_id}")
+        # A dead host is told too: if its agent still listens (it was only slow), it stops now;
+        # if not, it learns its (empty) assignment when it reconnects.
+        self._order(failed.host_id, "STOP", None, f"its work moved to host {spare.host_id}")
         self._order(spare.host_id, "ASSIGN", a, f"replaces host {failed.host_id}: {choice.reason}")
         for other in self.hosts.values():
             oa = other.assignment
@@ -230,5 +258,9 @@ class HostRegistry:
                 self._swap(h, now)
 
     def _order(self, host_id: str, kind: str, a: Assignment | None, reason: str) -> None:
+        self.outbox.append(self._new_order(self.hosts[host_id], kind, a, reason))
+
+    def _new_order(self, h: Host, kind: str, a: Assignment | None, reason: str) -> OrderOut:
         self.order_seq += 1
-        self.outbox.append(OrderOut(host_id, f"o{self.order_seq}", kind, a, reason))
+        return OrderOut(h.host_id, f"o{self.order_seq}", kind, a, reason, version=h.assignment_version,
+                        replica_version=self.replica_versions.get(a.replica_id, 0) if a else 0)

@@ -79,6 +79,9 @@ class Replica:
     #: The last digest of its committed state it reported, and the step it was taken after.
     digest: str = ""
     digest_step: int = -1
+    #: The history (see controller.core.rollback) this replica last trained on as a quorum
+    #: member: its commits extend the job's history only while this is the current one.
+    history_epoch: int = 0
 
 
 @dataclass(frozen=True)
@@ -104,6 +107,10 @@ class Host:
     cordon_reason: str = ""
     #: "admin" cordons survive re-registration; "failure" cordons are lifted by it.
     cordon_by: str = ""
+    #: The decision that last gave this host its assignment or took it away: one counter over
+    #: all hosts, persisted, so it only grows, across failovers too. Orders carry it; an agent
+    #: refuses an order older than what it runs.
+    assignment_version: int = 0
 
 
 @dataclass(frozen=True)
@@ -123,6 +130,9 @@ class Quorum:
     lr_scale: float
     reason: str
     formed_at: float
+    #: Set on a rollback quorum whose members should load the newest durable checkpoint
+    #: (the state after committing this step) rather than train on from their own.
+    resume_checkpoint_step: int | None = None
 
     @property
     def member_ids(self) -> frozenset[str]:
@@ -147,3 +157,7 @@ class OrderOut:
     kind: str
     assignment: Assignment | None
     reason: str
+    #: The recipient's assignment version when this was decided (Host.assignment_version).
+    version: int = 0
+    #: The newest assignment version among the hosts of the assignment's replica.
+    replica_version: int = 0

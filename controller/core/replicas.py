@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from controller.core.checks import check_addresses, check_id, check_non_negative
 from controller.core.digests import check_digest
 from controller.core.errors import FailedPrecondition, InvalidArgument
 from controller.core.model import DeathCause, Quorum, Replica, ReplicaState
 from controller.core.quorum import RoundView, compute_quorum, form_quorum
+from controller.core.rollback import RollbackDecision, check_rollback
 
 
 @dataclass(frozen=True)
@@ -108,11 +109,20 @@ class ReplicaRegistry:
         if decision.members is None:
             return None
         members = {rid: self.round_joined[rid] for rid in decision.members}
-        reason = decision.reason
-        if max(members.values()) <= self.max_committed_step:
-            # Nobody alive holds the newest state: the job goes back (a checkpoint, or step 0).
-            reason += (f"; ROLLBACK: the job had committed step {self.max_committed_step}, but no member holds "
-                       f"it, so training resumes at step {max(members.values())}")
+        holders = {r.replica_id: r.committed_step for r in self.replicas.values()
+                   if r.replica_id not in members and r.committed_step >= self.history_step
+                   and r.state != ReplicaState.FINISHED}  # a finished replica does not come back
+        rollback = check_rollback(members, history_step=self.history_step, holders=holders,
+                                  newest_checkpoint_step=self.newest_checkpoint_step,
+                                  waiting_since=self.rollback_wait_since, now=now, wait_s=s.rollback_wait_s)
+        if rollback is not None and rollback.wait:
+            if self.rollback_wait_since is None:
+                self._event(now, "rollback_wait", "round", rollback.reason)
+                self.rollback_wait_since = now
+            self.round_reason, self.round_wake_at = rollback.reason, rollback.wake_at
+            return None
+        self.rollback_wait_since = None
+        reason = decision.reason + (f"; {rollback.reason}" if rollback else "")
         diverged = self.diverged_members(members)
         q = form_quorum(
             members,
@@ -126,9 +136,13 @@ class ReplicaRegistry:
             reason=reason,
             now=now,
         )
+        if rollback is not None:
+            q = replace(q, resume_checkpoint_step=rollback.resume_checkpoint_step)
+        self._switch_history(q, rollback, now)
         for m in q.members:
             r = self.replicas[m.replica_id]
             r.failed_commit = False
+            r.history_epoch = self.history_epoch
             if m.healthy:
                 self._transition(r, ReplicaState.HEALTHY, f"in quorum {q.quorum_id}" + (
                     f": no member holds the reference state, so training goes on from {r.replica_id}'s state"
@@ -145,8 +159,6 @@ class ReplicaRegistry:
             if r.state in (ReplicaState.HEALTHY, ReplicaState.BEHIND) and r.replica_id not in members:
                 self._transition(r, ReplicaState.JOINING, f"left out of quorum {q.quorum_id}: {q.reason}", now)
         if not self.quorum or q.quorum_id != self.quorum.quorum_id:
-            if "ROLLBACK" in reason:
-                self._event(now, "rollback", str(q.quorum_id), f"quorum {q.quorum_id} rolls back: {reason}")
             self._event(now, "quorum", str(q.quorum_id),
                         f"quorum {q.quorum_id}: {', '.join(m.replica_id for m in q.members)} at step "
                         f"{q.max_step}, lr_scale {q.lr_scale:.3f} ({q.reason})")
@@ -159,6 +171,38 @@ class ReplicaRegistry:
         self.round_first_join_at = None
         self.round_wake_at = None
         return q
+
+    def _switch_history(self, q: Quorum, rollback: RollbackDecision | None, now: float) -> None:
+        """A rollback starts a new history below the newest committed step; a member that
+        brings a step past the history's newest (a replica back from an older history) rolls
+        it forward, abandoning what was committed since the rollback. Both are loud: an event
+        with both steps, and the steps counted in `steps_lost`."""
+        newest = q.max_step - 1
+        if rollback is not None:
+            # The history continues from what the members hold; if they load the offered
+            # checkpoint instead, their first report moves it up to there.
+            self._lose("rollback", rollback.steps_lost)
+            self._event(now, "rollback", str(q.quorum_id),
+                        f"quorum {q.quorum_id} rolls back from step {self.history_step} to step {newest} "
+                        f"({rollback.steps_lost} committed steps lost): {rollback.reason}", "rollback")
+            self.history_step, self.branch_start_step = newest, q.max_step
+        elif newest > self.history_step and any(
+                self.replicas[m.replica_id].history_epoch != self.history_epoch for m in q.members if m.healthy):
+            abandoned = max(self.history_step - self.branch_start_step + 1, 0) if self.branch_start_step >= 0 else 0
+            back = sorted(m.replica_id for m in q.members if m.healthy)
+            self._lose("abandoned", abandoned)
+            self._event(now, "roll_forward", str(q.quorum_id),
+                        f"quorum {q.quorum_id} rolls forward from step {self.history_step} to step {newest}: "
+                        f"{', '.join(back)} came back with it; {abandoned} steps committed since the rollback "
+                        f"are abandoned", "roll_forward")
+            self.history_step, self.branch_start_step = newest, -1
+        else:
+            return
+        self.history_epoch += 1
+        self.dirty_replicas = True
+
+    def _lose(self, kind: str, steps: int) -> None:
+        self.steps_lost[kind] = self.steps_lost.get(kind, 0) + max(steps, 0)
 
     # -- reports ---------------------------------------------------------------------------
 
@@ -181,12 +225,15 @@ class ReplicaRegistry:
 
     def report_step(self, replica_id: str, step: int, now: float, *, loss: float | None = None,
                     step_time_s: float | None = None, tokens: int = 0, host_id: str = "",
-                    digest: str = "", caught_up: bool = False) -> None:
+                    digest: str = "", caught_up: bool = False, checkpoint_step: int | None = None) -> None:
         r = self._known_replica(replica_id)
         digest = check_digest(digest, self.settings.max_digest_chars)
         self._check_leader_host(replica_id, host_id)
         check_non_negative("step", step)
         check_non_negative("tokens", tokens)
+        if checkpoint_step is not None and not 0 <= checkpoint_step <= step:
+            raise InvalidArgument(f"checkpoint_step must be between 0 and the committed step {step}, "
+                                  f"got {checkpoint_step}.")
         if step_time_s is not None and step_time_s < 0:
             raise InvalidArgument(f"step_time_s must not be negative, got {step_time_s}.")
         if step < r.committed_step:
@@ -196,6 +243,10 @@ class ReplicaRegistry:
             )
         r.committed_step = step
         self.max_committed_step = max(self.max_committed_step, step)
+        if r.history_epoch == self.history_epoch:  # a commit on an older history extends nothing
+            self.history_step = max(self.history_step, step)
+            if checkpoint_step is not None:
+                self.newest_checkpoint_step = max(self.newest_checkpoint_step, checkpoint_step)
         r.step = step + 1
         r.last_seen = now
         r.last_loss, r.last_step_time_s = loss, step_time_s
@@ -233,11 +284,11 @@ class ReplicaRegistry:
         return True
 
     def expire_replicas(self, now: float) -> None:
-        limit = self.settings.heartbeat_timeout_s
         for r in list(self.replicas.values()):
-            if r.state not in (ReplicaState.DEAD, ReplicaState.FINISHED) and now - r.last_seen > limit:
-                self.kill_replica(r.replica_id, DeathCause.HEARTBEAT,
-                                  f"no heartbeat for {now - r.last_seen:.1f}s (limit {limit:g}s)", now)
+            if r.state not in (ReplicaState.DEAD, ReplicaState.FINISHED):
+                why = self.silence(r.last_seen, now)
+                if why:
+                    self.kill_replica(r.replica_id, DeathCause.HEARTBEAT, f"no heartbeat {why}", now)
 
     def _transition(self, r: Replica, state: ReplicaState, reason: str, now: float, cause: str = "") -> None:
         if r.state == state and r.reason == reason:

@@ -20,6 +20,8 @@ from controller.core.replicas import ReplicaRegistry
 from controller.settings import ControllerSettings
 
 SNAPSHOT_VERSION = 1
+#: Assignment versions reserved per write of the replicas snapshot.
+VERSION_BLOCK = 1024
 #: What of a replica survives a failover (addresses are kept apart; last_seen restarts).
 HOST_DURABLE_FIELDS = tuple(f.name for f in fields(Host) if f.name not in ("last_seen", "assignment"))
 REPLICA_DURABLE_FIELDS = tuple(
@@ -47,8 +49,26 @@ class ControllerState(ReplicaRegistry, HostRegistry, DivergenceTracker, JobLifec
         self.outbox: list[OrderOut] = []
         self.order_seq = 0
         self.steps_committed = 0
-        #: the highest step any replica ever committed: a quorum below it is a rollback
+        #: the highest step any replica ever committed
         self.max_committed_step = -1
+        #: the job's current history (see controller.core.rollback): its newest committed
+        #: step, its number (bumped by every rollback and roll-forward), the step its latest
+        #: rollback resumed at (-1: none), and the newest durable checkpoint leaders reported
+        self.history_step = -1
+        self.history_epoch = 0
+        self.branch_start_step = -1
+        self.newest_checkpoint_step = -1
+        #: committed steps given up: "rollback" (gone back past them), "abandoned" (trained on
+        #: a history that a returning replica's newer state replaced)
+        self.steps_lost: dict[str, int] = {}
+        #: since when a round has been waiting before a rollback (not durable: a new leader waits anew)
+        self.rollback_wait_since: float | None = None
+        #: silence before this moment is not held against anyone (a takeover's grace)
+        self.silence_counted_from = float("-inf")
+        #: assignment versions: the last one given, and the ceiling persisted ahead of it
+        self.assignment_seq = 0
+        self.version_ceiling = 0
+        self.replica_versions: dict[str, int] = {}
         self.swaps = 0
         self.deaths: dict[str, int] = {}
         self.rank_holders: dict[tuple[str, int], str] = {}
@@ -74,6 +94,33 @@ class ControllerState(ReplicaRegistry, HostRegistry, DivergenceTracker, JobLifec
             self.expire_hosts(now)
         self.expire_replicas(now)
         self.compare_digests(now)
+
+    def silence(self, last_seen: float, now: float) -> str:
+        """Why a record last seen at `last_seen` counts as dead now, or "" while it does not.
+        Silence is counted from `last_seen` or from the end of a takeover grace, the later."""
+        limit = self.settings.heartbeat_timeout_s
+        since = max(last_seen, self.silence_counted_from)
+        if now - since <= limit:
+            return ""
+        grace = ", counted from the end of a takeover grace" if since > last_seen else ""
+        return f"for {now - last_seen:.1f}s (limit {limit:g}s{grace})"
+
+    def forgive_silence(self, now: float, grace_s: float, why: str) -> None:
+        """Nobody is declared dead for silence until `grace_s` from now has passed, plus the
+        heartbeat timeout: clients get that long to find this controller."""
+        self.silence_counted_from = max(self.silence_counted_from, now + grace_s)
+        self._event(now, "grace", "controller",
+                    f"{why}: nobody is declared dead for silence before {grace_s:g}s + the heartbeat timeout "
+                    f"({self.settings.heartbeat_timeout_s:g}s) have passed")
+
+    def _next_version(self) -> int:
+        """The next assignment version. The persisted ceiling runs ahead of it in blocks, so a
+        new leader starts above every version given before without a write per decision."""
+        self.assignment_seq += 1
+        if self.assignment_seq > self.version_ceiling:
+            self.version_ceiling = self.assignment_seq + VERSION_BLOCK
+            self.dirty_replicas = True
+        return self.assignment_seq
 
     def heartbeat_replicas(self, replica_ids, now: float) -> list[str]:
         return _beat(self.replicas, replica_ids, ReplicaState.DEAD, now)
@@ -109,6 +156,10 @@ class ControllerState(ReplicaRegistry, HostRegistry, DivergenceTracker, JobLifec
             "order_seq": self.order_seq,
             "digest_mismatches": self.digest_mismatches,
             "completed_at": self.completed_at,
+            "history": [self.history_step, self.history_epoch, self.branch_start_step, self.newest_checkpoint_step],
+            "steps_lost": self.steps_lost,
+            "version_ceiling": self.version_ceiling,
+            "replica_versions": self.replica_versions,
         }
 
     def snapshot_journal(self) -> dict:
@@ -139,7 +190,10 @@ class ControllerState(ReplicaRegistry, HostRegistry, DivergenceTracker, JobLifec
         """Load snapshots written by a previous leader. Everyone gets a fresh heartbeat
         allowance from `now`: silence before the failover is not held against them."""
         if not replicas:
+            # An empty store: count ids and versions up from the clock (ms), so clients that
+            # outlive a controller without a durable store never see them go back.
             self.first_quorum_id = max(int(now * 1000), 1)
+            self.version_ceiling = self.order_seq = int(now * 1000)
         if replicas:
             self.first_quorum_id = replicas.get("first_quorum_id", 1)
             self.quorum = _quorum_from_dict(replicas["quorum"]) if replicas["quorum"] else None
@@ -153,9 +207,16 @@ class ControllerState(ReplicaRegistry, HostRegistry, DivergenceTracker, JobLifec
             self.max_committed_step = replicas.get("max_committed_step", -1)
             self.swaps = replicas["swaps"]
             self.deaths = dict(replicas["deaths"])
-            self.order_seq = replicas["order_seq"]
             self.digest_mismatches = replicas.get("digest_mismatches", 0)
             self.completed_at = replicas.get("completed_at")
+            # Order ids must never repeat (agents answer a repeated id from memory), and the
+            # counter is written only now and then: continue from the clock if it is ahead.
+            self.order_seq = max(replicas["order_seq"], int(now * 1000))
+            (self.history_step, self.history_epoch, self.branch_start_step,
+             self.newest_checkpoint_step) = replicas.get("history", [self.max_committed_step, 0, -1, -1])
+            self.steps_lost = dict(replicas.get("steps_lost", {}))
+            self.version_ceiling = replicas.get("version_ceiling", 0)
+            self.replica_versions = dict(replicas.get("replica_versions", {}))
         if journal:
             self.quorum_history = [_quorum_from_dict(q) for q in journal["history"]]
             self.events = [Event(*e) for e in journal["events"]]
@@ -165,7 +226,12 @@ class ControllerState(ReplicaRegistry, HostRegistry, DivergenceTracker, JobLifec
                 h = Host(**dict(d, state=HostState(d["state"]), last_seen=now, assignment=None))
                 self.hosts[h.host_id] = h
                 if a:
-                    self._assign(h, Assignment(a[0], tuple(a[1]), a[2]))
+                    self._index(h, Assignment(a[0], tuple(a[1]), a[2]))
+                    rid = a[0]
+                    self.replica_versions[rid] = max(self.replica_versions.get(rid, 0), h.assignment_version)
+                self.version_ceiling = max(self.version_ceiling, h.assignment_version)
+        # Every version given before this point is at most the ceiling: continue above it.
+        self.assignment_seq = self.version_ceiling
         self.dirty_replicas, self.dirty_host_shards, self.urgent_hosts = False, set(), False
         self.dirty_addresses, self.dirty_journal = set(), False
 
@@ -193,5 +259,5 @@ def _quorum_from_dict(d: dict) -> Quorum:
     return Quorum(
         quorum_id=d["quorum_id"], members=tuple(Member(**m) for m in d["members"]), max_step=d["max_step"],
         recover={k: tuple(v) for k, v in d["recover"].items()}, lr_scale=d["lr_scale"], reason=d["reason"],
-        formed_at=d["formed_at"],
+        formed_at=d["formed_at"], resume_checkpoint_step=d.get("resume_checkpoint_step"),
     )

@@ -9,12 +9,25 @@ import grpc
 
 from controller.core.errors import FailedPrecondition, InvalidArgument, NotFound, RequestError
 from controller.store import StoreError
+from protos.dial import LEADER_METADATA_KEY
 
 log = logging.getLogger("fthsdp.controller")
 
 
+
 class NotLeader(Exception):
-    """This controller is a standby (or was just deposed): try the leader."""
+    """This controller is a standby (or was just deposed): try the leader, at
+    `leader_address` when this controller knows it."""
+
+    def __init__(self, message: str, leader_address: str = "") -> None:
+        super().__init__(message)
+        self.leader_address = leader_address
+
+
+def trailing_metadata(exc: Exception) -> tuple[tuple[str, str], ...]:
+    """What a refusal carries besides its code and message: a standby names the leader."""
+    address = getattr(exc, "leader_address", "")
+    return ((LEADER_METADATA_KEY, address),) if address else ()
 
 
 GRPC_CODES: dict[type, grpc.StatusCode] = {
@@ -59,9 +72,10 @@ def unary(handler):
         except (RequestError, NotLeader, StoreError) as exc:
             if not isinstance(exc, (NotLeader, StoreError)):
                 log.info("refused %s: %s", handler.__name__, exc)
-            await context.abort(grpc_code(exc), str(exc))
+            await context.abort(grpc_code(exc), str(exc), trailing_metadata(exc))
 
     return wrapper
 
 
-__all__ = ["NotLeader", "grpc_code", "http_status", "unary", "RequestError"]
+__all__ = ["LEADER_METADATA_KEY", "NotLeader", "grpc_code", "http_status", "trailing_metadata", "unary",
+           "RequestError"]

@@ -8,8 +8,8 @@ import logging
 from controller.core.errors import FailedPrecondition, InvalidArgument, RequestError
 from controller.core.model import JobState
 from controller.core.replicas import JoinRequest
-from controller.service.errors import NotLeader, grpc_code, unary
-from controller.service.orders import from_proto_assignment, to_proto_assignment
+from controller.service.errors import NotLeader, grpc_code, trailing_metadata, unary
+from controller.service.orders import from_proto_assignment, to_proto_assignment, to_proto_order
 from protos import controller_pb2 as pb
 from protos import controller_pb2_grpc
 
@@ -45,7 +45,7 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
     async def Heartbeat(self, request_iterator, context):
         async for beat in request_iterator:
             if not self.server.leading:
-                yield pb.HeartbeatResponse(not_leader=True)
+                yield pb.HeartbeatResponse(not_leader=True, leader_address=self.server.leader_address)
                 continue
             now = self.server.clock()
             state = self.server.state
@@ -58,7 +58,8 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
         self.server.require_leader().report_step(
             request.replica_id, request.step, self.server.clock(), loss=request.loss,
             step_time_s=request.step_time_s, tokens=request.tokens, host_id=request.host_id,
-            digest=request.digest, caught_up=request.caught_up)
+            digest=request.digest, caught_up=request.caught_up,
+            checkpoint_step=request.checkpoint_step if request.HasField("checkpoint_step") else None)
         await self.server.persist()
         return pb.ReportStepResponse()
 
@@ -92,9 +93,11 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
             request.host_id, request.incarnation, self.server.clock(), spare=request.spare,
             slots=request.slots, labels=dict(request.labels), assignment=claimed)
         await self.server.settle()
-        return pb.RegisterAgentResponse(assignment=to_proto_assignment(assignment), reason=reason,
-                                        job_id=self.server.settings.job_id,
-                                        job_state=JOB_STATES[state.job_state])
+        host = state.hosts[request.host_id]
+        return pb.RegisterAgentResponse(
+            assignment=to_proto_assignment(assignment, host.assignment_version,
+                                           state.replica_versions.get(assignment.replica_id, 0) if assignment else 0),
+            reason=reason, job_id=self.server.settings.job_id, job_state=JOB_STATES[state.job_state])
 
     async def Orders(self, request, context):
         server = self.server
@@ -106,15 +109,19 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
                     f"host {request.host_id} incarnation {request.incarnation!r} is not the registered one "
                     f"({host.incarnation!r}); register again.")
         except (RequestError, NotLeader) as exc:
-            await context.abort(grpc_code(exc), str(exc))
+            await context.abort(grpc_code(exc), str(exc), trailing_metadata(exc))
         queue: asyncio.Queue = asyncio.Queue()
         old = server.order_streams.get(request.host_id)
         if old is not None:
             old.put_nowait(None)
         server.order_streams[request.host_id] = queue
-        pending = server.pending_orders.pop(request.host_id, ())
-        for order in pending:
-            queue.put_nowait(order)
+        pending = server.pending_orders.pop(request.host_id, None)
+        first = state.orders_on_connect(request.host_id, pending)
+        if pending is not None and pending not in first:
+            log.info("host %s: dropped order %s %s, superseded by its current assignment", request.host_id,
+                     pending.order_id, pending.kind)
+        for order in first:
+            queue.put_nowait(to_proto_order(order))
         try:
             while True:
                 order = await queue.get()

@@ -65,6 +65,11 @@ class StateCollector:
         completed = GaugeMetricFamily("fthsdp_job_completed", "1 once every replica finished or died (COMPLETED)")
         completed.add_metric([], 1.0 if state.completed_at is not None else 0.0)
         yield completed
+        lost = CounterMetricFamily("fthsdp_steps_lost", "Committed steps given up, by how: rolled back past, "
+                                   "or abandoned when a returning replica's newer state won", labels=["kind"])
+        for kind in ("rollback", "abandoned"):
+            lost.add_metric([kind], state.steps_lost.get(kind, 0))
+        yield lost
 
 
 class Metrics:

@@ -14,13 +14,14 @@ import logging
 import socket
 import time
 import uuid
-from collections import defaultdict, deque
+from collections import defaultdict
 
 import grpc
 import uvicorn
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from controller.core.hosts import HOST_SHARDS
+from controller.core.model import OrderOut
 from controller.core.state import ControllerState
 from controller.service.errors import NotLeader
 from controller.service.metrics import Metrics
@@ -33,21 +34,25 @@ from protos import controller_pb2_grpc
 log = logging.getLogger("fthsdp.controller")
 
 SERVICE_NAME = "fthsdp.v1.Controller"
-MAX_PENDING_ORDERS = 256
+#: How often a standby re-reads where the leader is.
+LEADER_WATCH_S = 0.5
 
 
 class ControllerServer:
     def __init__(self, settings: ControllerSettings, *, host: str = "127.0.0.1", grpc_port: int = 0,
                  http_port: int = 0, store: Store | None = None, admin_token: str | None = None,
                  read_token: str | None = None, grpc_credentials: grpc.ServerCredentials | None = None,
-                 candidate: str | None = None, lease_ttl_s: float = 5.0, clock=time.time) -> None:
+                 candidate: str | None = None, advertise_address: str | None = None, clock=time.time) -> None:
         self.settings = settings.validate()
         self.host, self.grpc_port, self.http_port = host, grpc_port, http_port
         self.store: Store = store or MemoryStore()
         self.admin_token, self.read_token = admin_token, read_token
         self.grpc_credentials = grpc_credentials
         self.candidate = candidate or f"{socket.gethostname()}-{uuid.uuid4().hex[:8]}"
-        self.lease_ttl_s = lease_ttl_s
+        #: where clients reach this controller (a standby names the leader's in refusals)
+        self.advertise_address = advertise_address or ""
+        #: while a standby: the leader's advertised address, as the store last said
+        self.leader_address = ""
         self.clock = clock
         self.state: ControllerState | None = None
         self.leading = False
@@ -56,7 +61,9 @@ class ControllerServer:
         self.answers = QuorumAnswers()
         self.waiters: dict[str, list[tuple[asyncio.Future, int]]] = defaultdict(list)
         self.order_streams: dict[str, asyncio.Queue] = {}
-        self.pending_orders: dict[str, deque] = defaultdict(lambda: deque(maxlen=MAX_PENDING_ORDERS))
+        #: per host without an open stream: only its newest undelivered order (a reconnecting
+        #: host is told its current assignment; see HostRegistry.orders_on_connect)
+        self.pending_orders: dict[str, OrderOut] = {}
         self.grpc_address = self.http_url = ""
         self._revisions: dict[str, int | None] = {}
         self._persist_lock = asyncio.Lock()
@@ -86,6 +93,7 @@ class ControllerServer:
             port = self._grpc.add_insecure_port(target)
         await self._grpc.start()
         self.grpc_address = f"{self.host}:{port}"
+        self.advertise_address = self.advertise_address or self.grpc_address
 
         sock = socket.socket(socket.AF_INET6 if ":" in self.host else socket.AF_INET)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -95,6 +103,7 @@ class ControllerServer:
         self._tasks.append(asyncio.create_task(self._http.serve(sockets=[sock]), name="http"))
         self.http_url = f"http://{self.host}:{sock.getsockname()[1]}"
         self._tasks.append(asyncio.create_task(self._lead(), name="leadership"))
+        self._tasks.append(asyncio.create_task(self._watch_leader(), name="leader-watch"))
         deadline = time.monotonic() + 10
         while not self._http.started and time.monotonic() < deadline:
             await asyncio.sleep(0.01)
@@ -129,18 +138,30 @@ class ControllerServer:
 
     async def _lead(self) -> None:
         while True:
+            leadership = None
             try:
-                leadership = await self.store.campaign(self.candidate, self.lease_ttl_s)
+                leadership = await self.store.campaign(self.candidate, self.settings.lease_ttl_s)
                 state = await self.load_state(for_writing=True)
             except StoreError as exc:
                 log.warning("store unavailable while campaigning: %s; retrying", exc)
+                if leadership is not None:  # won but could not load: let go, or nobody ever leads
+                    await self._let_go(leadership)
                 await asyncio.sleep(0.5)
                 continue
             except Exception:  # noqa: BLE001 - a standby that silently stops campaigning is worse
                 log.exception("campaign failed unexpectedly; retrying")
+                if leadership is not None:
+                    await self._let_go(leadership)
                 await asyncio.sleep(0.5)
                 continue
+            # Clients lost the old leader and back off; give them a reconnect cycle to find us
+            # before silence counts (an empty store means a first start: nobody to wait for).
+            if state.hosts or state.replicas:
+                state.forgive_silence(self.clock(), self.settings.takeover_grace_s,
+                                      f"controller {self.candidate} took over")
             self.state, self.leadership, self.leading = state, leadership, True
+            self.leader_address = self.advertise_address
+            await self._announce(leadership)
             self._set_health(True)
             log.info("controller %s became leader (quorum id %s)", self.candidate,
                      state.quorum.quorum_id if state.quorum else 0)
@@ -155,6 +176,7 @@ class ControllerServer:
         if not self.leading:
             return
         self.leading = False
+        self.leader_address = ""
         self._set_health(False)
         (log.info if why == "server stopping" else log.warning)("controller %s stepped down: %s", self.candidate, why)
         for rid, waiting in list(self.waiters.items()):
@@ -183,9 +205,45 @@ class ControllerServer:
             self._revisions = {section: v.revision for section, v in found.items()}
         return state
 
+    async def _let_go(self, leadership: Leadership) -> None:
+        try:
+            await asyncio.wait_for(self.store.resign(leadership), self.settings.stop_grace_s)
+        except (StoreError, asyncio.TimeoutError, OSError):
+            log.warning("could not resign a leadership it could not use; the lease will expire")
+
+    async def _announce(self, leadership: Leadership) -> None:
+        """Write where clients reach the new leader, so standbys can point them there. Best
+        effort: without it standbys only say "not leader"; a refused write means we lost."""
+        key = self._key("leader")
+        record = json.dumps({"candidate": self.candidate, "address": self.advertise_address}).encode()
+        try:
+            revision = (await self.store.get(key)).revision
+            if await self.store.cas(key, record, revision, leadership) is None:
+                leadership.lost.set()
+        except StoreError as exc:
+            log.warning("could not record this leader's address: %s", exc)
+
+    async def _watch_leader(self) -> None:
+        """While a standby, keep the leader's address fresh (the record is trusted only while
+        its candidate holds the lease). Best effort: a failure only leaves it unknown."""
+        while True:
+            if not self.leading:
+                try:
+                    found = await self.store.get(self._key("leader"))
+                    record = json.loads(found.value) if found.value else {}
+                    current = await self.store.leader()
+                    self.leader_address = record.get("address", "") if current and current == record.get(
+                        "candidate") else ""
+                except (StoreError, ValueError, OSError) as exc:
+                    log.debug("could not read the leader's address: %s", exc)
+                    self.leader_address = ""
+            await asyncio.sleep(LEADER_WATCH_S)
+
     def require_leader(self) -> ControllerState:
         if not self.leading or self.state is None:
-            raise NotLeader(f"controller {self.candidate} is a standby; the leader is elsewhere")
+            where = f" (at {self.leader_address})" if self.leader_address else ""
+            raise NotLeader(f"controller {self.candidate} is a standby; the leader is elsewhere{where}",
+                            self.leader_address)
         return self.state
 
     def _set_health(self, serving: bool) -> None:
@@ -216,23 +274,24 @@ class ControllerServer:
             for fut, _ in self.waiters.pop(rid):
                 if not fut.done():
                     fut.set_exception(NotLeader(f"replica {rid} was dropped from the round: {reason}"))
-        self.deliver_orders()
         if state.round_wake_at != self._last_wake:
             self._last_wake = state.round_wake_at
             self._poke.set()
         await self.persist()
+        # Orders leave only once the decisions behind them are durable: a successor never
+        # finds an agent running an assignment it has no record of.
+        self.deliver_orders()
         for fut, known in answered:
             if not fut.done():
                 fut.set_result(self.answers.get(known))
 
     def deliver_orders(self) -> None:
         for order in self.state.take_orders():
-            message = to_proto_order(order)
             stream = self.order_streams.get(order.host_id)
             if stream is not None:
-                stream.put_nowait(message)
+                stream.put_nowait(to_proto_order(order))
             else:
-                self.pending_orders[order.host_id].append(message)
+                self.pending_orders[order.host_id] = order  # supersedes any older one
 
     async def persist(self, background: bool = False) -> None:
         """Write dirty snapshot sections with compare-and-set; a refused write means this

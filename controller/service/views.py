@@ -41,6 +41,9 @@ def job_view(state, leader: str, leading: bool) -> dict:
         "spares_free": sum(h.state == HostState.SPARE and not h.cordoned for h in state.hosts.values()),
         "swaps": state.swaps,
         "deaths": dict(state.deaths),
+        "history_step": state.history_step,
+        "steps_lost": dict(state.steps_lost),
+        "newest_checkpoint_step": state.newest_checkpoint_step,
     }
 
 
@@ -59,5 +62,6 @@ def host_view(h, now: float) -> dict:
         "host_id": h.host_id, "state": h.state.value, "spare": h.state == HostState.SPARE,
         "assignment": asdict(h.assignment) if h.assignment else None, "labels": h.labels, "slots": h.slots,
         "cordoned": h.cordoned, "cordon_reason": h.cordon_reason, "incarnation": h.incarnation,
+        "assignment_version": h.assignment_version,
         "seconds_since_seen": round(max(now - h.last_seen, 0.0), 3),
     }

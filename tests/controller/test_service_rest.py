@@ -24,6 +24,11 @@ async def test_drain_moves_work_to_spare_and_orders_reach_streams(server, stub):
     assert reply.assignment.replica_id == "" and "spare pool" in reply.reason
     spare_orders = stub.Orders(pb.OrdersRequest(host_id="s0", incarnation="s0-1"))
     h0_orders = stub.Orders(pb.OrdersRequest(host_id="h0", incarnation="h0-1"))
+    # Every stream starts with the host's current assignment (none for the spare).
+    first = await asyncio.wait_for(spare_orders.read(), 10)
+    assert first.kind == pb.Order.CURRENT and first.assignment.replica_id == ""
+    first = await asyncio.wait_for(h0_orders.read(), 10)
+    assert first.kind == pb.Order.CURRENT and first.assignment.replica_id == "r0"
     async with httpx.AsyncClient(base_url=server.http_url) as http:
         missing = await http.post("/api/v1/hosts/h0/drain")
         assert missing.status_code == 401 and missing.headers["content-type"] == "application/problem+json"
@@ -37,7 +42,7 @@ async def test_drain_moves_work_to_spare_and_orders_reach_streams(server, stub):
         order = await asyncio.wait_for(spare_orders.read(), 10)
         assert order.kind == pb.Order.ASSIGN and order.assignment.replica_id == "r0"
         stop = await asyncio.wait_for(h0_orders.read(), 10)
-        assert stop.kind == pb.Order.STOP
+        assert stop.kind == pb.Order.STOP and stop.version == order.version - 1 > first.version
         await stub.AckOrder(pb.AckOrderRequest(host_id="s0", order_id=order.order_id, ok=True))
         hosts = {h["host_id"]: h for h in (await http.get("/api/v1/hosts")).json()}
         assert hosts["h0"]["cordoned"] and hosts["h0"]["cordon_reason"] == "drained by an operator"

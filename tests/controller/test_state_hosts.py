@@ -39,7 +39,8 @@ def test_agent_silence_swaps_to_spare():
     assert s.hosts["h0"].state == HostState.DEAD and s.hosts["h0"].cordoned
     assert s.replicas["r0"].state == ReplicaState.DEAD and s.deaths == {"host": 1}
     assert s.hosts["s0"].assignment == a("r0", 0, 1) and s.hosts["s0"].state == HostState.ACTIVE
-    assert orders(s) == [("s0", "ASSIGN", "r0")]
+    # The dead host is told to stop too: if its agent still listens, it must not run r0 on.
+    assert orders(s) == [("h0", "STOP", None), ("s0", "ASSIGN", "r0")]
     assert s.swaps == 1
 
 
@@ -131,7 +132,7 @@ def test_swap_restarts_the_replicas_other_hosts():
     s.register_agent("s0", "is", 0.0, spare=True)
     s.heartbeat_hosts(["h1", "s0"], 9.0)
     s.expire(10.5)
-    assert orders(s) == [("s0", "ASSIGN", "r0"), ("h1", "RESTART", "r0")]
+    assert orders(s) == [("h0", "STOP", None), ("s0", "ASSIGN", "r0"), ("h1", "RESTART", "r0")]
 
 
 def test_hosts_survive_a_snapshot_round_trip():
