@@ -1,8 +1,15 @@
 """Which orders an agent accepts, and what each does to its assignment: pure decisions.
 
-`plan_order(kind, proposed, current, slots)` answers with a `Plan`: the assignment the host
-holds afterwards, the effect on its trainers, or an error sentence naming the bad value (the
-agent acks ok=false with it and changes nothing).
+`plan_order(kind, proposed, current, slots, host_id, version=, current_version=)` answers
+with a `Plan`: the assignment the host holds afterwards and its version, the effect on its
+trainers, or an error sentence naming the bad value (the agent acks ok=false with it and
+changes nothing).
+
+Versions: every order carries the controller's version of this host's assignment when it was
+decided; the agent remembers the version of what it runs. An order older than that was
+superseded by a later decision (it crossed a failover, or waited in a stream while the host
+was cut off) and is refused. A newer ASSIGN replaces whatever the host ran: the controller
+moved it. Version 0 means "unversioned" and is never refused for its age.
 """
 
 from __future__ import annotations
@@ -40,6 +47,7 @@ class Effect(enum.Enum):
     RESTART = "restart"    # stop and start every trainer of the assignment
     STOP = "stop"          # stop every trainer (and no standby)
     RELEASE = "release"    # drop the assignment; back to the spare pool (standby if enabled)
+    KEEP = "keep"          # nothing changes (the controller confirmed what the host runs)
 
 
 @dataclass(frozen=True)
@@ -47,6 +55,8 @@ class Plan:
     assignment: Assignment | None
     effect: Effect | None
     error: str = ""
+    #: the assignment version the host runs afterwards
+    version: int = 0
 
 
 def check_assignment(a: Assignment | None, slots: int) -> str:
@@ -68,15 +78,36 @@ def check_assignment(a: Assignment | None, slots: int) -> str:
 
 
 def plan_order(kind: int, proposed: Assignment | None, current: Assignment | None,
-               slots: int, host_id: str) -> Plan:
+               slots: int, host_id: str, *, version: int = 0, current_version: int = 0) -> Plan:
     """What an order does, or why it is refused (rules in order, first match wins)."""
+    plan = _plan(kind, proposed, current, slots, host_id, version, current_version)
+    if plan.error:
+        return Plan(current, None, plan.error, current_version)
+    return Plan(plan.assignment, plan.effect, "", max(version, current_version))
+
+
+def _plan(kind: int, proposed: Assignment | None, current: Assignment | None, slots: int, host_id: str,
+          version: int, current_version: int) -> Plan:
     name = pb.Order.Kind.Name(kind) if kind in pb.Order.Kind.values() else str(kind)
+    # A later decision superseded this order: it must not undo what the host runs now.
+    if version and version < current_version:
+        return Plan(current, None, f"{name} refused: its assignment version {version} is older than "
+                                   f"version {current_version}, which host {host_id} runs")
+    if kind == pb.Order.CURRENT:
+        # The controller's record of this host: adopt it; trainers already running it go on.
+        if proposed == current:
+            return Plan(current, Effect.KEEP)
+        if proposed is None:
+            return Plan(None, Effect.RELEASE)
+        error = check_assignment(proposed, slots)
+        return Plan(current, None, f"CURRENT refused: {error}") if error else Plan(proposed, Effect.TRAIN)
     if kind == pb.Order.ASSIGN:
         error = check_assignment(proposed, slots)
         if error:
             return Plan(current, None, f"ASSIGN refused: {error}")
-        # One host runs one assignment: a second, different one is a duplicate assignment.
-        if current is not None and current != proposed:
+        # One host runs one assignment: a second, different one is a duplicate assignment,
+        # unless a newer decision moved this host (then it replaces the old one).
+        if current is not None and current != proposed and not version > current_version:
             return Plan(current, None, f"ASSIGN refused: host {host_id} already runs "
                                        f"{current}; duplicate assignment of {proposed}")
         return Plan(proposed, Effect.TRAIN)
@@ -106,6 +137,7 @@ def plan_order(kind: int, proposed: Assignment | None, current: Assignment | Non
 def wants_for(assignment: Assignment | None, effect: Effect, slots: int,
               standby: bool) -> list[Want]:
     """Per-slot wants after an order (generations are the supervisor's business)."""
+    assert effect is not Effect.KEEP, "KEEP changes no want"
     if effect is Effect.STOP:
         return [Want(Role.IDLE)] * slots
     if assignment is None:

@@ -1,4 +1,7 @@
-"""The agent's decisions, pure: what one trainer slot should do next, and reconnect backoff.
+"""The agent's decisions, pure: what one trainer slot should do next.
+
+(Which controller to reconnect to, and when, is `protos.dial.AddressRotation`: the trainer
+runtime follows the same rule.)
 
 No process, clock, gRPC or asyncio here: the supervisor observes, calls `next_action`, and
 executes the answer. Time arrives as `Observed.now_s` (any monotonic clock, seconds).
@@ -182,12 +185,3 @@ def after_job_state(completed: bool, on_job_complete: str) -> JobEnd:
         return JobEnd.RUN
     return JobEnd(on_job_complete)
 
-
-def backoff_s(attempt: int, *, base_s: float, cap_s: float, jitter: float = 0.0) -> float:
-    """Delay before reconnect attempt `attempt` (0-based): base * 2**attempt, capped.
-
-    `jitter` in [0, 1) is drawn by the caller; it shortens the delay by up to that fraction,
-    so agents that lost the same controller do not reconnect in lockstep.
-    """
-    delay = min(cap_s, base_s * (2 ** min(attempt, 30)))
-    return delay * (1.0 - jitter)

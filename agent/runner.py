@@ -1,9 +1,12 @@
 """The agent: register, heartbeat, take orders, report exits; supervise trainers meanwhile.
 
-I/O shell around the pure parts (`orders.plan_order`, `policy.next_action`). One session =
-one controller address: register, then heartbeat + order stream + exit reports together
-until something breaks. A broken session is retried with backoff on the next address (HA);
-a refused registration is permanent and ends the agent (`PermanentError`). When the controller
+I/O shell around the pure parts (`orders.plan_order`, `policy.next_action`,
+`protos.dial.AddressRotation`). One session = one controller address: register, then
+heartbeat + order stream + exit reports together until something breaks. A broken session
+moves on as AddressRotation says: to the leader a standby named, else the next address, at
+once; a pause only after a whole pass of failures. A controller that stops answering
+heartbeats for rpc_timeout_s counts as failed (a frozen process keeps its connections
+open). A refused registration is permanent and ends the agent (`PermanentError`). When the controller
 says the job is COMPLETED (in a heartbeat or registration answer), trainers stop and the agent
 ends (or idles, `on_job_complete`), as `policy.after_job_state` decides.
 """
@@ -23,7 +26,7 @@ import grpc
 
 from agent import orders
 from agent.orders import Assignment, Effect
-from agent.policy import JobEnd, Want, after_job_state, backoff_s
+from agent.policy import JobEnd, Want, after_job_state
 from agent.process import ProcessHooks, SubprocessHooks
 from agent.settings import AgentSettings
 from agent.supervisor import Supervisor, TrainerExit
@@ -53,7 +56,11 @@ class _Reconnect(Exception):
 
 
 class _NotLeader(Exception):
-    """This controller is a standby: try the next address."""
+    """This controller is a standby: try the leader it names, or the next address."""
+
+    def __init__(self, why: str, leader_address: str = "") -> None:
+        super().__init__(why)
+        self.leader_address = leader_address
 
 
 class Agent:
@@ -65,6 +72,8 @@ class Agent:
         self.assignment: Assignment | None = (
             Assignment(settings.replica_id, settings.ranks, settings.world_size)
             if settings.replica_id else None)
+        #: the controller's version of `assignment` (0: none known yet); see agent.orders
+        self.version = 0
         self._pending: collections.deque[TrainerExit] = collections.deque()
         self._pending_event = asyncio.Event()
         self._all_sent = asyncio.Event()  # no exit report waits to be sent
@@ -95,15 +104,18 @@ class Agent:
             await self.supervisor.shutdown()
 
     async def _sessions(self, stop: asyncio.Event) -> None:
-        addresses, s = self.settings.controller_addresses, self.settings
-        index, attempt = 0, 0
+        s = self.settings
+        rotation = dial.AddressRotation(s.controller_addresses, base_s=s.reconnect_base_s,
+                                        cap_s=s.reconnect_cap_s)
+        outage = 0
         while not stop.is_set():
-            address = addresses[index % len(addresses)]
+            address = rotation.current
             try:
                 async with dial.aio_channel(address, s.tls) as channel:
                     stub = pb_grpc.ControllerStub(channel)
                     await self._register(stub, address)
-                    attempt = 0
+                    rotation.succeeded()
+                    outage = 0
                     await self._session(stub, stop)
                 continue
             except _Reconnect as exc:
@@ -115,16 +127,16 @@ class Agent:
                 log.info("host %s: %s; registering again", s.host_id, exc)
                 delay = s.reconnect_base_s  # no hot loop if a stream keeps ending
             except (grpc.aio.AioRpcError, _NotLeader) as exc:
-                index += 1
-                delay = backoff_s(attempt, base_s=s.reconnect_base_s, cap_s=s.reconnect_cap_s,
-                                  jitter=random.random() * 0.5)
-                attempt += 1
-                why = (f"{exc.code().name}: {exc.details()}"
-                       if isinstance(exc, grpc.aio.AioRpcError) else str(exc))
+                if isinstance(exc, grpc.aio.AioRpcError):
+                    why, hint = f"{exc.code().name}: {exc.details()}", dial.leader_hint(exc)
+                else:
+                    why, hint = str(exc), exc.leader_address
+                delay = rotation.failed(hint, jitter=random.random() * 0.5)
+                outage += 1
                 # One warning per outage; the retries themselves are chatter.
-                log.log(logging.WARNING if attempt == 1 else logging.DEBUG,
+                log.log(logging.WARNING if outage == 1 else logging.DEBUG,
                         "host %s: controller %s failed (%s); trying %s in %.2f s",
-                        s.host_id, address, why, addresses[index % len(addresses)], delay)
+                        s.host_id, address, why, rotation.current, delay)
             try:
                 await asyncio.wait_for(stop.wait(), delay)
             except asyncio.TimeoutError:
@@ -144,6 +156,9 @@ class Agent:
                                      f"{exc.code().name}: {exc.details()}") from exc
             raise
         given = Assignment.from_proto(response.assignment)
+        # The registration answer is the controller's record: adopted as it is, version too
+        # (a controller that lost its store may count versions anew; orders follow it).
+        self.version = response.assignment.version
         if given != self.assignment:
             log.warning("host %s: controller %s says run %s instead of %s (%s)", s.host_id,
                         address, given or "nothing (spare)", self.assignment or "nothing",
@@ -177,15 +192,24 @@ class Agent:
 
     async def _heartbeats(self, stub: pb_grpc.ControllerStub) -> None:
         host_id, interval_s = self.settings.host_id, self.settings.heartbeat_interval_s
+        silent_s = self.settings.rpc_timeout_s
 
         async def beats() -> AsyncIterator[pb.HeartbeatRequest]:
             while True:
                 yield pb.HeartbeatRequest(host_ids=[host_id])
                 await asyncio.sleep(interval_s)
 
-        async for response in stub.Heartbeat(beats()):
+        call = stub.Heartbeat(beats())
+        while True:
+            try:
+                response = await asyncio.wait_for(call.read(), silent_s)
+            except asyncio.TimeoutError:
+                call.cancel()
+                raise _NotLeader(f"controller did not answer a heartbeat for {silent_s:g} s") from None
+            if response is grpc.aio.EOF:
+                return
             if response.not_leader:
-                raise _NotLeader("controller is not the leader")
+                raise _NotLeader("controller is not the leader", response.leader_address)
             if host_id in response.unknown_ids:
                 raise _Reconnect("the controller does not know this host (or declared it "
                                  "dead)", forgotten=True)
@@ -272,7 +296,8 @@ class Agent:
         kind_name = (pb.Order.Kind.Name(order.kind) if order.kind in pb.Order.Kind.values()
                      else str(order.kind))
         plan = orders.plan_order(order.kind, Assignment.from_proto(order.assignment),
-                                 self.assignment, s.slot_count, s.host_id)
+                                 self.assignment, s.slot_count, s.host_id, version=order.version,
+                                 current_version=self.version)
         if plan.error:
             log.warning("host %s: order %s %s: %s", s.host_id, order.order_id, kind_name,
                         plan.error)
@@ -285,8 +310,9 @@ class Agent:
             else:
                 log.info("host %s: order %s %s (%s)", s.host_id, order.order_id, kind_name,
                          order.reason)
-            self.assignment = plan.assignment
-            self.supervisor.set_wants(self._wants(plan.assignment, plan.effect))
+            self.assignment, self.version = plan.assignment, plan.version
+            if plan.effect is not Effect.KEEP:
+                self.supervisor.set_wants(self._wants(plan.assignment, plan.effect))
             if plan.effect is Effect.RESTART:
                 self.supervisor.bump()
             if plan.effect in (Effect.RESTART, Effect.TRAIN):

@@ -58,10 +58,14 @@ class AgentSettings:
     stop_grace_s: float = 5.0
     # Lines of a trainer's stderr kept and sent with its exit report.
     stderr_tail_lines: int = 20
-    # Reconnect backoff: base_s * 2**attempt, capped at cap_s.
+    # Reconnect (protos.dial.AddressRotation): every address once at once, then pauses of
+    # base_s * 2**failed_passes, capped at cap_s. The controller assumes its clients' cap
+    # (ControllerSettings.client_backoff_cap_s): keep them equal.
     reconnect_base_s: float = 0.2
-    reconnect_cap_s: float = 5.0
-    # Unary calls (register, ack, exit report) give up after this and reconnect.
+    reconnect_cap_s: float = 1.0
+    # Unary calls (register, ack, exit report) give up after this and reconnect; a heartbeat
+    # stream without an answer for this long counts as a failed controller too
+    # (ControllerSettings.client_timeout_s).
     rpc_timeout_s: float = 5.0
     # The supervisor looks at its processes at least this often (exits wake it at once).
     poll_interval_s: float = 0.5
@@ -110,6 +114,13 @@ class AgentSettings:
                      "reconnect_cap_s", "rpc_timeout_s", "poll_interval_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}.")
+        if self.reconnect_base_s > self.reconnect_cap_s:
+            raise ValueError(f"reconnect_base_s ({self.reconnect_base_s}) must not exceed "
+                             f"reconnect_cap_s ({self.reconnect_cap_s}).")
+        if self.heartbeat_interval_s >= self.rpc_timeout_s:
+            raise ValueError(f"heartbeat_interval_s ({self.heartbeat_interval_s}) must be below "
+                             f"rpc_timeout_s ({self.rpc_timeout_s}): a controller that stays silent "
+                             "that long counts as failed.")
         if self.stop_grace_s < 0:
             raise ValueError(f"stop_grace_s must be >= 0, got {self.stop_grace_s}.")
         if self.stderr_tail_lines < 0:

@@ -57,41 +57,45 @@ def main():
 
 
 def train(env):
-    """A replica leader without a model: join each quorum, commit its max_step."""
+    """A replica leader without a model: join each quorum, commit its max_step. It follows
+    the shared failover rule (protos.dial.AddressRotation) over every controller address."""
     import uuid
 
     import grpc
 
     from protos import controller_pb2 as pb
     from protos import controller_pb2_grpc as pb_grpc
+    from protos.dial import FAILOVER_CODES, AddressRotation, leader_hint
 
     replica, world = env["FTHSDP_REPLICA_ID"], int(env["FTHSDP_WORLD_SIZE"])
-    stub = pb_grpc.ControllerStub(grpc.insecure_channel(env["FTHSDP_CONTROLLER"].split(",")[0]))
+    rotation = AddressRotation(env["FTHSDP_CONTROLLER"].split(","), base_s=0.1, cap_s=0.5)
+    stubs = {a: pb_grpc.ControllerStub(grpc.insecure_channel(a)) for a in rotation.addresses}
     incarnation, step, known = uuid.uuid4().hex, 0, 0
     flags = sys.argv[2:]
     finish_after = int(flags[flags.index("--finish-after") + 1]) if "--finish-after" in flags else None
     counted = 0
+    job, host = env.get("FTHSDP_JOB_ID", ""), env.get("FTHSDP_HOST_ID", "")
     while True:
+        stub, pause = stubs[rotation.current], 0.3
         try:
             q = stub.Quorum(pb.QuorumRequest(
                 replica_id=replica, step=step, world_size=world, known_quorum_id=known,
-                incarnation=incarnation, job_id=env.get("FTHSDP_JOB_ID", ""),
-                host_id=env.get("FTHSDP_HOST_ID", "")), timeout=30)
+                incarnation=incarnation, job_id=job, host_id=host), timeout=30)
             stub.ReportStep(pb.ReportStepRequest(replica_id=replica, quorum_id=q.quorum_id,
-                                                 step=q.max_step, job_id=env.get("FTHSDP_JOB_ID", ""),
-                                                 host_id=env.get("FTHSDP_HOST_ID", "")),
-                            timeout=30)
+                                                 step=q.max_step, job_id=job, host_id=host), timeout=30)
             step, known = q.max_step + 1, q.quorum_id
+            rotation.succeeded()
             counted += bool(counted) or len(q.members) == q.total_replicas
             if finish_after is not None and counted >= finish_after:
-                stub.ReportFinished(pb.ReportFinishedRequest(
-                    replica_id=replica, step=q.max_step, job_id=env.get("FTHSDP_JOB_ID", ""),
-                    host_id=env.get("FTHSDP_HOST_ID", ""), reason="fake trainer done"), timeout=30)
+                stub.ReportFinished(pb.ReportFinishedRequest(replica_id=replica, step=q.max_step, job_id=job,
+                                                             host_id=host, reason="fake trainer done"), timeout=30)
                 print("replica finished", file=sys.stderr, flush=True)
                 sys.exit(0)
         except grpc.RpcError as exc:
             print(f"controller: {exc.code().name}: {exc.details()}", file=sys.stderr, flush=True)
-        time.sleep(0.3)
+            if exc.code() in FAILOVER_CODES:
+                pause = rotation.failed(leader_hint(exc))
+        time.sleep(pause)
 
 
 if __name__ == "__main__":

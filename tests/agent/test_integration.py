@@ -169,8 +169,12 @@ async def test_a_frozen_agent_that_comes_back_stops_its_stale_trainer(cluster):
     finally:
         agent.proc.send_signal(signal.SIGCONT)
     await wait_for(lambda: not alive(stale["pid"]), BOUND_S, "the stale trainer stopped")
-    h2 = await c.host("h2")
-    assert h2["spare"] and h2["assignment"] is None and h2["state"] != "DEAD"
+
+    async def back_in_the_pool():
+        h2 = await c.host("h2")
+        return h2["spare"] and h2["assignment"] is None and h2["state"] != "DEAD"
+    await wait_for_async(back_in_the_pool, BOUND_S, "h2 back in the spare pool")
+    assert len([t for t in c.trainers("r1") if alive(t["pid"])]) == 1  # r1 runs once, on h4
 
 
 async def test_replicas_that_finish_complete_the_job_and_their_agents_exit_0(tmp_path):

@@ -44,6 +44,35 @@ CASES = [
 ]
 
 
+VERSION_CASES = [
+    # (name, kind, proposed, current, order version, host version, after, effect, version after, error words)
+    ("stale assign refused", O.ASSIGN, R1, None, 3, 5, None, None, 5,
+     "ASSIGN refused: its assignment version 3 is older than version 5, which host h1 runs"),
+    ("stale stop refused", O.STOP, None, R0, 4, 5, R0, None, 5, "older than version 5"),
+    ("stale restart refused", O.RESTART, None, R0, 4, 5, R0, None, 5, "version 4 is older"),
+    ("restart at the host's version", O.RESTART, None, R0, 5, 5, R0, Effect.RESTART, 5, ""),
+    ("newer assign replaces another replica", O.ASSIGN, R1, R0, 6, 5, R1, Effect.TRAIN, 6, ""),
+    ("same-version assign of another replica is a duplicate", O.ASSIGN, R1, R0, 5, 5, R0, None, 5,
+     "duplicate assignment"),
+    ("unversioned order is not refused for age", O.STOP, None, R0, 0, 5, None, Effect.STOP, 5, ""),
+    ("current: what it runs", O.CURRENT, R0, R0, 5, 5, R0, Effect.KEEP, 5, ""),
+    ("current: nothing any more", O.CURRENT, None, R0, 7, 5, None, Effect.RELEASE, 7, ""),
+    ("current: another replica", O.CURRENT, R1, R0, 7, 5, R1, Effect.TRAIN, 7, ""),
+    ("current: stale", O.CURRENT, None, R0, 4, 5, R0, None, 5, "CURRENT refused: its assignment version 4"),
+    ("current: bad assignment", O.CURRENT, Assignment("r0", (0, 9), 2), None, 7, 5, None, None, 5,
+     "ranks [9]"),
+]
+
+
+@pytest.mark.parametrize("name,kind,proposed,current,version,mine,after,effect,after_version,words",
+                         VERSION_CASES, ids=[c[0] for c in VERSION_CASES])
+def test_orders_older_than_what_the_host_runs_are_refused(name, kind, proposed, current, version, mine,
+                                                          after, effect, after_version, words):
+    plan = plan_order(kind, proposed, current, slots=2, host_id="h1", version=version, current_version=mine)
+    assert (plan.assignment, plan.effect, plan.version) == (after, effect, after_version)
+    assert (words in plan.error) if words else plan.error == ""
+
+
 @pytest.mark.parametrize("name,kind,proposed,current,after,effect,words", CASES,
                          ids=[c[0] for c in CASES])
 def test_plan_order(name, kind, proposed, current, after, effect, words):

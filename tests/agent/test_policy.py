@@ -1,4 +1,4 @@
-"""Table tests for the pure decisions: next_action, the restart budget window, backoff."""
+"""Table tests for the pure decisions: next_action and the restart budget window."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import random
 import pytest
 
 from agent.policy import (ActionKind, Observed, Proc, RestartBudget, Role, Spec, Want,
-                          backoff_s, next_action, restarts_in_window)
+                          next_action, restarts_in_window)
 
 A = ActionKind
 TRAIN = Want(Role.TRAIN, 1, "r0", 0, 2)
@@ -88,12 +88,3 @@ def test_restarts_in_window_matches_a_naive_count():
         naive = len([t for t in times if t > now - window and not t > now])
         assert restarts_in_window(times, now, window) == naive
 
-
-@pytest.mark.parametrize("attempt,expected", [(0, 0.2), (1, 0.4), (2, 0.8), (4, 3.2), (5, 5.0),
-                                              (60, 5.0)])
-def test_backoff_doubles_up_to_the_cap(attempt, expected):
-    assert backoff_s(attempt, base_s=0.2, cap_s=5.0) == pytest.approx(expected)
-
-
-def test_backoff_jitter_only_shortens():
-    assert backoff_s(3, base_s=0.2, cap_s=5.0, jitter=0.5) == pytest.approx(0.8)
