@@ -183,8 +183,10 @@ class ReplicaRegistry:
             # checkpoint instead, their first report moves it up to there.
             self._lose("rollback", rollback.steps_lost)
             self._event(now, "rollback", str(q.quorum_id),
-                        f"quorum {q.quorum_id} rolls back from step {self.history_step} to step {newest} "
-                        f"({rollback.steps_lost} committed steps lost): {rollback.reason}", "rollback")
+                        f"quorum {q.quorum_id} rolls back: the job had committed step {self.history_step}, "
+                        f"training resumes at step {q.max_step} ({rollback.steps_lost} committed steps lost"
+                        + (f"; from the checkpoint of step {q.resume_checkpoint_step}"
+                           if q.resume_checkpoint_step is not None else "") + ")", "rollback")
             self.history_step, self.branch_start_step = newest, q.max_step
         elif newest > self.history_step and any(
                 self.replicas[m.replica_id].history_epoch != self.history_epoch for m in q.members if m.healthy):

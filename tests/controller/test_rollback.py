@@ -1,0 +1,138 @@
+"""Rollback is a last resort, and loud: the pure rule, then rounds on a fake clock."""
+
+import pytest
+
+from controller.core.errors import InvalidArgument
+from controller.core.model import DeathCause, ReplicaState
+from controller.core.replicas import JoinRequest
+from controller.core.rollback import check_rollback
+from controller.core.state import ControllerState
+from controller.service.quorum_answer import QuorumAnswers
+from controller.settings import ControllerSettings
+
+WAIT = 20.0
+
+
+def rule(members, history=51, holders=None, checkpoint=-1, since=None, now=100.0):
+    return check_rollback(members, history_step=history, holders=holders or {}, newest_checkpoint_step=checkpoint,
+                          waiting_since=since, now=now, wait_s=WAIT)
+
+
+def test_the_rule_in_order():
+    # 1. A member continues the history.
+    assert rule({"r0": 52, "r1": 0}) is None
+    # 2. A holder of the newest step may come back: wait, until the bound.
+    d = rule({"r0": 0}, holders={"r2": 51})
+    assert d.wait and d.wake_at == 120.0 and "r2 (which committed step 51)" in d.reason
+    assert rule({"r0": 0}, holders={"r2": 51}, since=90.0, now=109.9).wait
+    # 3. The wait is over, or nobody holds it: roll back, and say how much is lost.
+    d = rule({"r0": 0}, holders={"r2": 51}, since=90.0, now=110.0)
+    assert not d.wait and d.steps_lost == 52 and d.resume_checkpoint_step is None
+    assert "ROLLBACK: the job had committed step 51" in d.reason and "r2 did not come back within 20s" in d.reason
+    d = rule({"r0": 3, "r1": 2})
+    assert not d.wait and d.steps_lost == 49 and "no replica that committed it is left" in d.reason
+    # ...from the newest durable checkpoint when it is newer than what the members hold.
+    d = rule({"r0": 3}, checkpoint=40)
+    assert d.resume_checkpoint_step == 40 and d.steps_lost == 11 and "checkpoint of step 40" in d.reason
+    assert rule({"r0": 41}, checkpoint=40).resume_checkpoint_step is None  # members hold step 40 already
+
+
+def job(checkpoint: bool = True):
+    s = ControllerState(ControllerSettings(replicas=3, min_replicas=1, join_timeout_s=1.0, heartbeat_timeout_s=10.0,
+                                           rollback_wait_s=WAIT))
+    for rid in ("r0", "r1", "r2"):
+        s.join(JoinRequest(rid, 0, 1, incarnation=f"{rid}-a"), 0.0)
+    s.try_close_round(0.0)
+    for step in range(52):  # three replicas commit steps 0..51, checkpointing step 40 (or not)
+        for rid in ("r0", "r1", "r2"):
+            s.report_step(rid, step, 1.0, checkpoint_step=40 if checkpoint and step >= 40 else None)
+    return s
+
+
+def round_(s, steps, now, incarnation="a"):
+    for rid, step in steps.items():
+        s.join(JoinRequest(rid, step, 1, incarnation=f"{rid}-{incarnation}"), now)
+    return s.try_close_round(now)
+
+
+def lose_r2_then_restart_r0_r1(s):
+    """The issue's case: r2 (which holds step 51) is stopped and declared dead; r0 and r1
+    come back as new processes at step 0."""
+    s.kill_replica("r2", DeathCause.HEARTBEAT, "silent", 2.0)
+    return round_(s, {"r0": 0, "r1": 0}, 3.0, incarnation="b")
+
+
+def test_a_round_waits_for_the_replica_that_holds_the_newest_step_and_it_wins():
+    s = job()
+    assert lose_r2_then_restart_r0_r1(s) is None
+    assert s.round_wake_at == 3.0 + WAIT and "waiting up to 20s more for r2" in s.round_reason
+    assert [e.kind for e in s.events].count("rollback_wait") == 1
+    assert s.try_close_round(10.0) is None  # still waiting, one event only
+    assert [e.kind for e in s.events].count("rollback_wait") == 1
+    s.join(JoinRequest("r2", 52, 1, incarnation="r2-a"), 12.0)  # r2 was only stopped: it comes back
+    q = s.try_close_round(12.0)
+    assert q.max_step == 52 and {m.replica_id: m.healthy for m in q.members} == {"r0": False, "r1": False, "r2": True}
+    assert "ROLLBACK" not in q.reason and s.steps_lost == {}
+    assert not [e for e in s.events if e.kind in ("rollback", "roll_forward")]
+
+
+def test_without_the_holder_it_rolls_back_loudly_then_a_returning_holder_rolls_it_forward():
+    s = job(checkpoint=False)  # no durable checkpoint: back to step 0
+    assert lose_r2_then_restart_r0_r1(s) is None
+    q = s.try_close_round(3.0 + WAIT)
+    assert q.max_step == 0 and q.resume_checkpoint_step is None and "ROLLBACK" in q.reason
+    [rollback] = [e for e in s.events if e.kind == "rollback"]
+    assert "the job had committed step 51, training resumes at step 0 (52 committed steps lost" in rollback.message
+    assert s.steps_lost == {"rollback": 52} and s.history_step == -1
+    # The new history commits steps 0 and 1; rounds on it are no rollbacks.
+    for step in (0, 1):
+        s.report_step("r0", step, 30.0)
+        s.report_step("r1", step, 30.0)
+        q = round_(s, {"r0": step + 1, "r1": step + 1}, 31.0, incarnation="b")
+        assert "ROLLBACK" not in q.reason
+    # r2 was only stopped: it comes back with step 51, and its newer state wins.
+    s.report_step("r2", 51, 32.0)  # a late report from the old history extends nothing
+    assert s.history_step == 1
+    s.join(JoinRequest("r2", 52, 1, incarnation="r2-a"), 33.0)
+    q = round_(s, {"r0": 2, "r1": 2}, 33.0, incarnation="b")
+    assert q.max_step == 52 and [m.replica_id for m in q.members if m.healthy] == ["r2"]
+    [forward] = [e for e in s.events if e.kind == "roll_forward"]
+    assert "rolls forward from step 1 to step 51: r2 came back with it; 2 steps committed" in forward.message
+    assert s.steps_lost == {"rollback": 52, "abandoned": 2} and s.history_step == 51
+    assert {r.history_epoch for r in s.replicas.values()} == {s.history_epoch}
+
+
+def test_a_rollback_offers_the_newest_durable_checkpoint():
+    s = job()
+    assert s.newest_checkpoint_step == 40
+    lose_r2_then_restart_r0_r1(s)
+    q = s.try_close_round(3.0 + WAIT)
+    assert q.resume_checkpoint_step == 40 and q.max_step == 0 and s.steps_lost == {"rollback": 11}
+    answers = QuorumAnswers()
+    answers.prepare(q, s)
+    answer = answers.get(0)
+    assert answer.HasField("resume_checkpoint_step") and answer.resume_checkpoint_step == 40
+    # A member that loads it reports step 41 next: the history continues from there.
+    s.report_step("r0", 41, 30.0)
+    q = round_(s, {"r0": 42, "r1": 0}, 31.0, incarnation="b")
+    assert "ROLLBACK" not in q.reason and q.max_step == 42
+
+
+def test_a_checkpoint_step_past_the_committed_step_is_refused_and_changes_nothing():
+    s = job()
+    before = s.snapshot_replicas()
+    with pytest.raises(InvalidArgument, match="checkpoint_step must be between 0 and the committed step 52, got 53"):
+        s.report_step("r0", 52, 5.0, checkpoint_step=53)
+    with pytest.raises(InvalidArgument, match="got -1"):
+        s.report_step("r0", 52, 5.0, checkpoint_step=-1)
+    assert s.snapshot_replicas() == before and s.replicas["r0"].state == ReplicaState.HEALTHY
+
+
+def test_history_survives_a_takeover():
+    s = job()
+    lose_r2_then_restart_r0_r1(s)
+    s.try_close_round(3.0 + WAIT)
+    t = ControllerState(s.settings)
+    t.restore(s.snapshot_replicas(), [], 40.0)
+    assert (t.history_step, t.history_epoch, t.branch_start_step, t.newest_checkpoint_step, t.steps_lost) == \
+        (s.history_step, s.history_epoch, s.branch_start_step, 40, {"rollback": 11})

@@ -1,0 +1,155 @@
+"""After a takeover, on a fake clock: the silence grace, and assignment versions that never go
+back, orders that know when they are stale, the current assignment on (re)connect."""
+
+import pytest
+
+from controller.core.hosts import HOST_SHARDS
+from controller.core.model import Assignment, HostState, ReplicaState
+from controller.core.replicas import JoinRequest
+from controller.core.state import VERSION_BLOCK, ControllerState
+from controller.settings import ControllerSettings
+
+HB = 3.0  # the demo's heartbeat timeout
+SETTINGS = ControllerSettings(replicas=3, min_replicas=1, heartbeat_timeout_s=HB)
+
+
+def a(replica, *ranks, world=1):
+    return Assignment(replica, ranks, world)
+
+
+def running_job(now=0.0):
+    s = ControllerState(SETTINGS)
+    for i, rid in enumerate(("r0", "r1", "r2")):
+        s.register_agent(f"h{i}", f"i{i}", now, assignment=a(rid, 0))
+        s.join(JoinRequest(rid, 0, 1, host_id=f"h{i}"), now)
+    s.register_agent("spare0", "is", now, spare=True)
+    assert s.try_close_round(now) is not None
+    return s
+
+
+def take_over(s, now):
+    """What a new leader does: load the last snapshot, then forgive silence."""
+    t = ControllerState(s.settings)
+    t.restore(s.snapshot_replicas(), [s.snapshot_hosts(i) for i in range(HOST_SHARDS)], now)
+    t.forgive_silence(now, t.settings.takeover_grace_s, "controller b took over")
+    return t
+
+
+def dead(s):
+    return sorted([h.host_id for h in s.hosts.values() if h.state == HostState.DEAD]
+                  + [r.replica_id for r in s.replicas.values() if r.state == ReplicaState.DEAD])
+
+
+def test_the_grace_is_a_reconnect_cycle_after_a_frozen_leader_is_given_up():
+    s = SETTINGS.validate()
+    assert s.reconnect_cycle_s == s.client_backoff_cap_s + s.client_call_s == 2.0
+    assert s.takeover_grace_s == s.client_timeout_s + s.reconnect_cycle_s == 7.0
+
+
+def test_nobody_is_declared_dead_for_silence_during_the_takeover_grace():
+    s = running_job()
+    t = take_over(s, 100.0)  # the old leader died long ago: that silence is forgiven
+    grace = t.settings.takeover_grace_s
+    t.expire(100.0 + HB + 0.5)  # the old rule's deadline: everybody would have died here
+    assert dead(t) == [] and t.swaps == 0 and t.take_orders() == []
+    # Agents and leaders reconnect within the grace and beat as usual: still nobody dies.
+    t.heartbeat_hosts(["h0", "h1", "spare0"], 100.0 + grace - 1)
+    t.heartbeat_replicas(["r0", "r1"], 100.0 + grace - 1)
+    t.expire(100.0 + grace + HB - 0.01)
+    assert dead(t) == []
+    # Whoever never came back counts as silent from the end of the grace, then dies.
+    t.heartbeat_hosts(["h0", "h1", "spare0"], 100.0 + grace + 1)
+    t.heartbeat_replicas(["r0", "r1"], 100.0 + grace + 1)
+    t.expire(100.0 + grace + HB + 0.01)
+    assert dead(t) == ["h2", "r2"]
+    host_death = next(e for e in t.events if e.kind == "host_death")
+    assert "counted from the end of a takeover grace" in host_death.message
+    assert any(e.kind == "grace" and "took over" in e.message for e in t.events)
+
+
+def test_a_heartbeat_timeout_that_cannot_cover_a_reconnect_cycle_is_refused():
+    with pytest.raises(ValueError) as err:
+        ControllerSettings(heartbeat_timeout_s=1.5).validate()
+    assert ("heartbeat_timeout_s (1.5 s) cannot cover a client's reconnect cycle: client_backoff_cap_s (1 s) "
+            "+ client_call_s (1 s) = 2 s") in str(err.value)
+    ControllerSettings(heartbeat_timeout_s=1.5, client_backoff_cap_s=0.5).validate()  # a faster client cap
+    with pytest.raises(ValueError, match="rollback_wait_s must not be negative, got -1"):
+        ControllerSettings(rollback_wait_s=-1).validate()
+    with pytest.raises(ValueError, match="client_timeout_s must be a positive number of seconds, got 0"):
+        ControllerSettings(client_timeout_s=0).validate()
+
+
+def test_versions_never_go_back_across_a_takeover_even_unpersisted_ones():
+    s = running_job()
+    hosts_before = [s.snapshot_hosts(i) for i in range(HOST_SHARDS)]
+    s.register_agent("h9", "i9", 1.0)  # a spare's registration: its shard is written behind
+    s.drain("h0", 1.0)  # and this decision's version went out with an order
+    given = max(h.assignment_version for h in s.hosts.values())
+    t = ControllerState(s.settings)
+    t.restore(s.snapshot_replicas(), hosts_before, 2.0)  # the host shards never got written
+    t.drain("h1", 3.0)  # the new leader's decisions: versions above every one given before
+    assert t.hosts["h1"].assignment_version > given and t.hosts["spare0"].assignment_version > given
+    assert t.version_ceiling >= t.assignment_seq and s.version_ceiling == VERSION_BLOCK + 1
+
+
+def test_the_issue_sequence_a_stale_assign_is_never_replayed():
+    """r2 moved h2 -> spare0 while spare0 was cut off, then spare0 -> h2; when spare0 comes back
+    it is told it runs nothing, and the next swap onto it is accepted."""
+    s = running_job()
+    pending = {}  # what the service keeps for hosts without an open stream: the newest order
+
+    def deliver():
+        for order in s.take_orders():
+            pending[order.host_id] = order
+    # h2 falls silent: r2 moves to spare0 (which is cut off too: its ASSIGN waits).
+    s.heartbeat_hosts(["h0", "h1"], 2.5)
+    s.heartbeat_replicas(["r0", "r1"], 2.5)
+    s.heartbeat_hosts(["spare0"], 2.0)
+    s.expire(3.5)
+    assert s.hosts["spare0"].assignment == a("r2", 0)
+    deliver()
+    stale_assign = pending["spare0"]
+    assert stale_assign.kind == "ASSIGN" and stale_assign.version == s.hosts["spare0"].assignment_version
+    # h2's agent comes back (its work moved: it joins the pool); spare0 is declared dead.
+    s.register_agent("h2", "i2-new", 4.0, assignment=a("r2", 0))
+    for t in (4.0, 5.0, 5.5):
+        s.heartbeat_hosts(["h0", "h1", "h2"], t)
+    s.expire(5.5)
+    assert s.hosts["spare0"].state == HostState.DEAD and s.hosts["h2"].assignment == a("r2", 0)
+    deliver()
+    assert pending["spare0"].kind == "STOP" and s.is_superseded(stale_assign)
+    # spare0 reconnects: told its current assignment (none), nothing replayed.
+    assignment, _ = s.register_agent("spare0", "is-2", 6.0, spare=True)
+    assert assignment is None
+    [current] = s.orders_on_connect("spare0", pending.pop("spare0"))
+    assert current.kind == "CURRENT" and current.assignment is None
+    assert current.version == s.hosts["spare0"].assignment_version > stale_assign.version
+    # The next swap onto spare0 goes through.
+    s.heartbeat_hosts(["h1", "h2", "spare0"], 9.0)
+    s.heartbeat_replicas(["r1", "r2"], 9.0)
+    s.expire(9.0)
+    assert s.hosts["spare0"].assignment == a("r0", 0)
+    orders = s.take_orders()
+    assert [(o.host_id, o.kind) for o in orders] == [("h0", "STOP"), ("spare0", "ASSIGN")]
+    assert orders[1].replica_version == s.replica_versions["r0"] == orders[1].version
+
+
+def test_a_pending_restart_still_stands_unless_superseded():
+    s = ControllerState(ControllerSettings(replicas=1, heartbeat_timeout_s=10.0))
+    s.register_agent("h0", "i0", 0.0, assignment=a("r0", 0, world=2))
+    s.register_agent("h1", "i1", 0.0, assignment=a("r0", 1, world=2))
+    s.register_agent("s0", "is", 0.0, spare=True)
+    s.heartbeat_hosts(["h1", "s0"], 9.0)
+    s.expire(10.5)
+    s.register_agent("s1", "is1", 10.5, spare=True)
+    restart = next(o for o in s.take_orders() if o.kind == "RESTART")
+    assert [o.kind for o in s.orders_on_connect("h1", restart)] == ["CURRENT", "RESTART"]
+    s.drain("h1", 11.0)  # too late: h1's assignment changed since
+    assert [o.kind for o in s.orders_on_connect("h1", restart)] == ["CURRENT"]
+
+
+def test_current_orders_get_ids_that_a_new_leader_never_repeats():
+    s = running_job()
+    first = s.orders_on_connect("h0", None)[0]
+    t = take_over(s, 50.0)
+    assert int(t.orders_on_connect("h0", None)[0].order_id[1:]) > int(first.order_id[1:])
