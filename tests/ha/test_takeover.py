@@ -1,0 +1,112 @@
+"""A takeover does no damage of its own: two controller processes on a real etcd, real agent
+processes with fake trainers that lead their replicas, the demo's 3 s heartbeat timeout.
+SIGKILL the leader: nobody is declared dead, nothing is swapped, no trainer restarts."""
+
+import asyncio
+import signal
+import time
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from controller.settings import ControllerSettings
+from protos import controller_pb2 as pb
+from protos import controller_pb2_grpc as pbg
+from protos.dial import LEADER_METADATA_KEY
+from tests.agent.cluster import Cluster
+from tests.agent.helpers import alive
+from tests.etcd_server import EtcdServer
+from tests.waiting import wait_for_async, wait_for_blocking
+
+from .cluster import ControllerProcess
+
+pytestmark = [pytest.mark.etcd, pytest.mark.slow]
+HB = 3.0  # the demo's heartbeat timeout
+GRACE = ControllerSettings(heartbeat_timeout_s=HB).takeover_grace_s
+REPLICAS = ("r0", "r1", "r2")
+DAMAGE = ("death", "host_death", "swap", "order_failed", "cordon", "no_spare")
+
+
+@pytest.fixture
+async def ha(tmp_path):
+    etcd = EtcdServer.start_new()
+    controllers = [ControllerProcess(etcd.endpoint, name=n, heartbeat_timeout_s=HB).start() for n in "ab"]
+    agents = Cluster(tmp_path, heartbeat_timeout_s=HB)
+    agents.grpc = ",".join(c.grpc for c in controllers)  # every agent and trainer knows both
+    yield controllers, agents
+    await agents.close()
+    for c in controllers:
+        c.stop()
+    etcd.close()
+
+
+async def committed(c: Cluster) -> dict[str, int]:
+    return {r["replica_id"]: r["committed_step"] for r in await c.get("/api/v1/replicas")}
+
+
+async def no_damage(c: Cluster) -> None:
+    bad = [e for e in await c.events() if e["kind"] in DAMAGE]
+    assert not bad, bad
+
+
+async def health(address: str) -> int:
+    async with grpc.aio.insecure_channel(address) as channel:
+        reply = await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=""), timeout=5)
+    return reply.status
+
+
+async def test_sigkill_of_the_leader_declares_nobody_dead_and_swaps_nothing(ha):
+    controllers, c = ha
+    await wait_for_blocking(lambda: any(x.leads() for x in controllers), 20, "a leader")
+    leader, standby = sorted(controllers, key=lambda x: not x.leads())
+    c.http = leader.http
+    for i, rid in enumerate(REPLICAS, start=1):
+        await c.start_agent(f"h{i}", replica=rid)
+    await c.start_agent("spare0", spare=True)
+
+    async def trained_past(steps=None):
+        done = await committed(c)
+        return all(done.get(r, -1) > (steps or {}).get(r, 2) for r in REPLICAS) and done
+    await wait_for_async(trained_past, 60, "every replica training", every_s=0.2)
+
+    # The standby is NOT_SERVING and names the leader when it refuses.
+    assert await health(standby.grpc) == health_pb2.HealthCheckResponse.NOT_SERVING
+    async with grpc.aio.insecure_channel(standby.grpc) as channel:
+        stub = pbg.ControllerStub(channel)
+
+        async def named():
+            reply = await stub.Heartbeat(iter([pb.HeartbeatRequest(host_ids=["h1"])])).read()
+            return reply.not_leader and reply.leader_address == leader.grpc
+        await wait_for_async(named, 10, "the standby to name the leader")
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await stub.RegisterAgent(pb.RegisterAgentRequest(host_id="h9", incarnation="x"), timeout=5)
+        assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert dict(err.value.trailing_metadata())[LEADER_METADATA_KEY] == leader.grpc
+
+    pids = {rid: [t["pid"] for t in c.trainers(rid)] for rid in REPLICAS}
+    before = await committed(c)
+    leader.signal(signal.SIGKILL)
+    await wait_for_blocking(standby.leads, 30, "the standby to take over")
+    c.http = standby.http
+    assert await health(standby.grpc) == health_pb2.HealthCheckResponse.SERVING
+    [grace] = await c.events("grace")
+    # Past the point where silence would count (the grace, then the heartbeat timeout),
+    # with every replica still training: a client that never reconnected would be dead by now.
+    danger_over_at = grace["at"] + GRACE + HB + 1.0
+
+    async def safely_past():
+        await no_damage(c)
+        return time.time() > danger_over_at and await trained_past({r: s + 2 for r, s in before.items()})
+    await wait_for_async(safely_past, GRACE + HB + 40, "training past the takeover's danger window", every_s=0.3)
+
+    await no_damage(c)
+    job = await c.get("/api/v1/job")
+    assert job["swaps"] == 0 and job["deaths"] == {} and job["replicas_healthy"] == 3
+    hosts = {h["host_id"]: h for h in await c.get("/api/v1/hosts")}
+    assert {h: x["state"] for h, x in hosts.items()} == {"h1": "ACTIVE", "h2": "ACTIVE", "h3": "ACTIVE",
+                                                          "spare0": "SPARE"}
+    assert all(x["seconds_since_seen"] < HB for x in hosts.values())  # they did reconnect
+    for rid in REPLICAS:  # no trainer was stopped or restarted
+        assert [t["pid"] for t in c.trainers(rid)] == pids[rid] and alive(pids[rid][0])
+    assert not await asyncio.to_thread(leader.leads)
