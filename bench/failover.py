@@ -1,10 +1,19 @@
-"""Controller failover time on a real etcd.
+"""Controller failover on a real etcd: how long it takes, and whether it hurts anyone.
 
-    python -m bench.failover --json
+    python -m bench.failover --json [--trials 5] [--lease-ttl-s 2]
 
-Two controllers share one etcd; a replica leader keeps training. Each trial SIGKILLs the
-active controller and measures until the next quorum is answered by the new leader.
-Prints one JSON line: failover_s (median), the trials, and the lease TTL used.
+Two controllers share one etcd, each on a fixed port (a killed one comes back on its own
+port, as a pod behind a Service would). Two real agent processes (an active host whose
+trainer is `sleep`, and a spare) heartbeat through every takeover, and a simulated replica
+leader trains r0 without pause, failing over like every client (protos.dial). The heartbeat
+timeout is the lease TTL + 1 s: tight enough that a takeover which left clients waiting
+would get them declared dead. Each trial SIGKILLs the active controller; `failover_s` is the
+time until the leader's next quorum is answered. The trial then waits out the takeover's
+danger window (the silence grace, then the heartbeat timeout) before the next kill.
+
+Prints one JSON line: failover_s (median) and the trials, spurious_deaths (replica deaths
+plus host deaths the controllers recorded; nothing but controllers was harmed, so every one
+is spurious: must be 0), swaps, lease_ttl_s, heartbeat_timeout_s.
 """
 
 from __future__ import annotations
@@ -12,37 +21,164 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import signal
+import socket
 import statistics
+import subprocess
 import sys
 import time
 
+from controller.settings import ControllerSettings
 from protos import controller_pb2 as pb
 from protos.dial import FailoverChannel
 
 
-async def one_trial(controllers, leader_index: int, step: int) -> tuple[float, int]:
-    from tests.ha.cluster import JOB
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
-    client = FailoverChannel([c.grpc for c in controllers], attempt_timeout_s=2.0, total_timeout_s=60.0)
-    client.index = leader_index
+
+class Leader:
+    """A replica leader without a model: quorum, commit, report, as fast as answers come."""
+
+    def __init__(self, addresses: list[str], job: str) -> None:
+        self.client = FailoverChannel(addresses, attempt_timeout_s=2.0, total_timeout_s=120.0)
+        self.job = job
+        self.answered: list[float] = []  # perf_counter of every quorum answer
+        self.error: BaseException | None = None
+
+    async def run(self, stop: asyncio.Event) -> None:
+        step = 0
+        try:
+            while not stop.is_set():
+                q = await self.client.call("Quorum", pb.QuorumRequest(job_id=self.job, replica_id="r0", step=step,
+                                                                      world_size=1, incarnation="bench"))
+                self.answered.append(time.perf_counter())
+                await self.client.call("ReportStep", pb.ReportStepRequest(job_id=self.job, replica_id="r0",
+                                                                          step=q.max_step, quorum_id=q.quorum_id))
+                step = q.max_step + 1
+                await asyncio.sleep(0.05)
+        except Exception as exc:  # noqa: BLE001 - reported by the trial that waits on it
+            self.error = exc
+        finally:
+            await self.client.close()
+
+    async def next_answer_after(self, t: float, timeout_s: float) -> float:
+        deadline = time.monotonic() + timeout_s
+        while not any(a > t for a in self.answered):
+            if self.error is not None:
+                raise RuntimeError(f"the simulated leader failed: {self.error!r}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"no quorum was answered within {timeout_s}s of the kill")
+            await asyncio.sleep(0.01)
+        return next(a for a in self.answered if a > t)
+
+
+def start_agent(addresses: str, host_id: str, *extra: str) -> subprocess.Popen:
+    """A real agent process (its trainer is `sleep`); stopped by PID in `run`."""
+    return subprocess.Popen([sys.executable, "-m", "fthsdp.cli", "agent", "--controller", addresses,
+                             "--host-id", host_id, "--heartbeat-interval-s", "0.5", *extra, "--", "sleep", "600"],
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+HOSTS = ("h1", "spare0")
+
+
+def hosts_registered(controller) -> bool:
+    import httpx
+
+    hosts = httpx.get(f"{controller.http}/api/v1/hosts", timeout=5).json()
+    return {h["host_id"] for h in hosts} >= set(HOSTS)
+
+
+def damage(controller) -> tuple[int, int]:
+    """(deaths, swaps) as the leading controller recorded them."""
+    import httpx
+
+    if not hosts_registered(controller):
+        raise RuntimeError(f"the agents {HOSTS} are not registered: the measurement would mean nothing")
+    job = httpx.get(f"{controller.http}/api/v1/job", timeout=5).json()
+    events = httpx.get(f"{controller.http}/api/v1/events?limit=100000", timeout=5).json()
+    return sum(job["deaths"].values()) + sum(e["kind"] == "host_death" for e in events), job["swaps"]
+
+
+async def leader_of(controllers, timeout_s: float = 30.0):
+    deadline = time.monotonic() + timeout_s
+    while True:
+        for c in controllers:
+            if await asyncio.to_thread(c.leads):
+                return c
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"no controller became leader within {timeout_s}s")
+        await asyncio.sleep(0.05)
+
+
+async def run(trials: int, lease_ttl_s: float) -> dict:
+    from tests.etcd_server import EtcdServer
+    from tests.ha.cluster import JOB, ControllerProcess
+
+    heartbeat_timeout_s = lease_ttl_s + 1.0
+    settings = ControllerSettings(heartbeat_timeout_s=heartbeat_timeout_s).validate()
+    window_s = settings.takeover_grace_s + heartbeat_timeout_s + 1.0
+    ports = [free_port() for _ in range(2)]
+    addresses = [f"127.0.0.1:{p}" for p in ports]
+
+    def controller(i: int):
+        return ControllerProcess(etcd.endpoint, replicas=1, lease_ttl_s=lease_ttl_s,
+                                 heartbeat_timeout_s=heartbeat_timeout_s,
+                                 extra=("--grpc-port", str(ports[i]))).start()
+
+    etcd = EtcdServer.start_new()
+    controllers, agents, times = [], [], []
+    stop = asyncio.Event()
+    leader = Leader(addresses, JOB)
+    task = None
     try:
-        await client.call("Quorum", pb.QuorumRequest(job_id=JOB, replica_id="r0", step=step, world_size=1))
-        await client.call("ReportStep", pb.ReportStepRequest(job_id=JOB, replica_id="r0", step=step))
-        controllers[leader_index].signal(signal.SIGKILL)
-        start = time.perf_counter()
-        await client.call("Quorum", pb.QuorumRequest(job_id=JOB, replica_id="r0", step=step + 1, world_size=1))
-        elapsed = time.perf_counter() - start
-        await client.call("ReportStep", pb.ReportStepRequest(job_id=JOB, replica_id="r0", step=step + 1))
-        return elapsed, client.index
+        controllers = [await asyncio.to_thread(controller, i) for i in range(2)]
+        await leader_of(controllers)
+        agents = [start_agent(",".join(addresses), "h1", "--replica-id", "r0", "--ranks", "0", "--world-size", "1"),
+                  start_agent(",".join(addresses), "spare0", "--spare")]
+        task = asyncio.create_task(leader.run(stop))
+        await leader.next_answer_after(time.perf_counter(), 60)
+        deadline = time.monotonic() + 60
+        while not await asyncio.to_thread(hosts_registered, await leader_of(controllers)):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the agents {HOSTS} did not register within 60 s")
+            await asyncio.sleep(0.1)
+        for _ in range(trials):
+            active = await leader_of(controllers)
+            i = controllers.index(active)
+            killed = time.perf_counter()
+            active.signal(signal.SIGKILL)
+            times.append(await leader.next_answer_after(killed, 60) - killed)
+            await asyncio.to_thread(active.proc.wait, 10)
+            controllers[i] = await asyncio.to_thread(controller, i)  # back on its port, as a standby
+            # Wait out the danger window: a client that had not found the new leader dies in it.
+            await asyncio.sleep(max(window_s - (time.perf_counter() - killed), 0))
+        deaths, swaps = await asyncio.to_thread(damage, await leader_of(controllers))
     finally:
-        await client.close()
+        stop.set()
+        if task is not None:
+            await asyncio.wait_for(task, 30)
+        for a in agents:
+            a.terminate()
+        for a in agents:
+            try:
+                a.wait(15)
+            except subprocess.TimeoutExpired:
+                os.kill(a.pid, signal.SIGKILL)
+                a.wait(5)
+        for c in controllers:
+            c.stop()
+        etcd.close()
+    return {"failover_s": round(statistics.median(times), 3), "trials": [round(t, 3) for t in times],
+            "spurious_deaths": deaths, "swaps": swaps, "lease_ttl_s": lease_ttl_s,
+            "heartbeat_timeout_s": heartbeat_timeout_s}
 
 
 def main(argv: list[str] | None = None) -> int:
-    from tests.etcd_server import EtcdServer
-    from tests.ha.cluster import ControllerProcess
-
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--trials", type=int, default=5)
     p.add_argument("--lease-ttl-s", type=float, default=2.0)
@@ -50,31 +186,9 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.trials < 1:
         p.error(f"--trials must be at least 1, got {args.trials}")
-    etcd = EtcdServer.start_new()
-    controllers = []
-    times = []
-    try:
-        controllers = [ControllerProcess(etcd.endpoint, replicas=1, lease_ttl_s=args.lease_ttl_s).start()
-                       for _ in range(2)]
-        step = 0
-        for _ in range(args.trials):
-            deadline = time.monotonic() + 30
-            while not any(c.leads() for c in controllers):
-                if time.monotonic() > deadline:
-                    raise RuntimeError("no controller became leader within 30 s")
-                time.sleep(0.05)
-            leader = next(i for i, c in enumerate(controllers) if c.leads())
-            elapsed, _ = asyncio.run(one_trial(controllers, leader, step))
-            times.append(elapsed)
-            step += 2
-            controllers[leader].proc.wait(timeout=10)
-            controllers[leader] = ControllerProcess(etcd.endpoint, replicas=1, lease_ttl_s=args.lease_ttl_s).start()
-    finally:
-        for c in controllers:
-            c.stop()
-        etcd.close()
-    print(json.dumps({"failover_s": round(statistics.median(times), 3), "trials": [round(t, 3) for t in times],
-                      "lease_ttl_s": args.lease_ttl_s}), flush=True)
+    if args.lease_ttl_s < 1:
+        p.error(f"--lease-ttl-s must be at least 1 (etcd leases are whole seconds), got {args.lease_ttl_s}")
+    print(json.dumps(asyncio.run(run(args.trials, args.lease_ttl_s))), flush=True)
     return 0
 
 
