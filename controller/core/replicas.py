@@ -188,6 +188,7 @@ class ReplicaRegistry:
                         + (f"; from the checkpoint of step {q.resume_checkpoint_step}"
                            if q.resume_checkpoint_step is not None else "") + ")", "rollback")
             self.history_step, self.branch_start_step = newest, q.max_step
+            kind = "rollback"
         elif newest > self.history_step and any(
                 self.replicas[m.replica_id].history_epoch != self.history_epoch for m in q.members if m.healthy):
             abandoned = max(self.history_step - self.branch_start_step + 1, 0) if self.branch_start_step >= 0 else 0
@@ -198,8 +199,10 @@ class ReplicaRegistry:
                         f"{', '.join(back)} came back with it; {abandoned} steps committed since the rollback "
                         f"are abandoned", "roll_forward")
             self.history_step, self.branch_start_step = newest, -1
+            kind = "roll_forward"
         else:
             return
+        self.history_changes[kind] = self.history_changes.get(kind, 0) + 1
         self.history_epoch += 1
         self.dirty_replicas = True
 

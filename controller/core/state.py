@@ -61,6 +61,8 @@ class ControllerState(ReplicaRegistry, HostRegistry, DivergenceTracker, JobLifec
         #: committed steps given up: "rollback" (gone back past them), "abandoned" (trained on
         #: a history that a returning replica's newer state replaced)
         self.steps_lost: dict[str, int] = {}
+        #: how often the history changed: "rollback", "roll_forward"
+        self.history_changes: dict[str, int] = {}
         #: since when a round has been waiting before a rollback (not durable: a new leader waits anew)
         self.rollback_wait_since: float | None = None
         #: silence before this moment is not held against anyone (a takeover's grace)
@@ -158,6 +160,7 @@ class ControllerState(ReplicaRegistry, HostRegistry, DivergenceTracker, JobLifec
             "completed_at": self.completed_at,
             "history": [self.history_step, self.history_epoch, self.branch_start_step, self.newest_checkpoint_step],
             "steps_lost": self.steps_lost,
+            "history_changes": self.history_changes,
             "version_ceiling": self.version_ceiling,
             "replica_versions": self.replica_versions,
         }
@@ -215,6 +218,7 @@ class ControllerState(ReplicaRegistry, HostRegistry, DivergenceTracker, JobLifec
             (self.history_step, self.history_epoch, self.branch_start_step,
              self.newest_checkpoint_step) = replicas.get("history", [self.max_committed_step, 0, -1, -1])
             self.steps_lost = dict(replicas.get("steps_lost", {}))
+            self.history_changes = dict(replicas.get("history_changes", {}))
             self.version_ceiling = replicas.get("version_ceiling", 0)
             self.replica_versions = dict(replicas.get("replica_versions", {}))
         if journal:

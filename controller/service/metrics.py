@@ -70,6 +70,11 @@ class StateCollector:
         for kind in ("rollback", "abandoned"):
             lost.add_metric([kind], state.steps_lost.get(kind, 0))
         yield lost
+        changes = CounterMetricFamily("fthsdp_history_changes", "Quorums that rolled the job back, or forward "
+                                      "onto a returning replica's newer state", labels=["kind"])
+        for kind in ("rollback", "roll_forward"):
+            changes.add_metric([kind], state.history_changes.get(kind, 0))
+        yield changes
 
 
 class Metrics:

@@ -43,6 +43,7 @@ def job_view(state, leader: str, leading: bool) -> dict:
         "deaths": dict(state.deaths),
         "history_step": state.history_step,
         "steps_lost": dict(state.steps_lost),
+        "history_changes": dict(state.history_changes),
         "newest_checkpoint_step": state.newest_checkpoint_step,
     }
 

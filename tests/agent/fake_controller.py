@@ -27,6 +27,8 @@ class FakeController(pb_grpc.ControllerServicer):
         self.refuse = ""
         self.answer: pb.Assignment | None = None  # overrides the registered assignment
         self.not_leader = False
+        self.leader_address = ""  # named in not_leader answers
+        self.mute = False    # read heartbeats but never answer (a frozen process)
         self.forget = 0      # answer this many heartbeats with "unknown host"
         self.fail_exits = 0  # refuse this many exit reports with UNAVAILABLE
         self.job_state = pb.RUNNING
@@ -64,10 +66,13 @@ class FakeController(pb_grpc.ControllerServicer):
         async for request in request_iterator:
             for host_id in request.host_ids:
                 self.heartbeats[host_id] += 1
+            if self.mute:
+                continue
             unknown = list(request.host_ids) if self.forget > 0 else []
             self.forget -= bool(unknown)
             yield pb.HeartbeatResponse(not_leader=self.not_leader, unknown_ids=unknown,
-                                       job_state=self.job_state)
+                                       job_state=self.job_state,
+                                       leader_address=self.leader_address if self.not_leader else "")
 
     async def Orders(self, request, context):
         self.streams[request.host_id] += 1

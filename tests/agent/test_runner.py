@@ -143,6 +143,45 @@ async def test_a_controller_that_is_not_leader_is_left(start_agent, tmp_path):
         await leader.stop()
 
 
+async def test_a_standby_naming_the_leader_sends_the_agent_straight_there(start_agent, tmp_path):
+    standby, decoy, leader = [await FakeController().start() for _ in range(3)]
+    standby.not_leader, standby.leader_address = True, leader.address
+    try:
+        start_agent([standby.address, decoy.address, leader.address])
+        await wait_for(lambda: leader.streams["h1"] == 1, 10, "order stream on the named leader")
+        assert not decoy.registrations  # the address between them was skipped
+    finally:
+        for fake in (standby, decoy, leader):
+            await fake.stop()
+
+
+async def test_a_controller_that_stops_answering_heartbeats_is_left(start_agent, tmp_path):
+    frozen, other = await FakeController().start(), await FakeController().start()
+    try:
+        run = start_agent([frozen.address, other.address], rpc_timeout_s=0.5)
+        [info] = await wait_for(lambda: ready_files(tmp_path), 10, "trainer ready")
+        frozen.mute = True  # its connections stay open; it just never answers
+        await wait_for(lambda: other.streams["h1"] == 1, 10, "order stream on the other controller")
+        assert alive(info["pid"]) and run.agent.assignment.replica_id == "r0"  # the trainer kept running
+    finally:
+        await frozen.stop()
+        await other.stop()
+
+
+async def test_a_stale_order_is_refused_naming_both_versions(controller, start_agent, tmp_path):
+    controller.answer = pb.Assignment(replica_id="r0", ranks=[0], world_size=2, version=7)
+    run = start_agent([controller.address])
+    [info] = await wait_for(lambda: ready_files(tmp_path), 10, "trainer ready")
+    controller.queues["h1"].put_nowait(pb.Order(order_id="old", kind=O.STOP, version=5, reason="superseded"))
+    a = await ack(controller, "old")
+    assert not a.ok and "its assignment version 5 is older than version 7, which host h1 runs" in a.error
+    assert alive(info["pid"]) and run.agent.version == 7
+    controller.queues["h1"].put_nowait(pb.Order(order_id="new", kind=O.CURRENT, version=9, reason="moved"))
+    assert (await ack(controller, "new")).ok
+    await wait_for(lambda: not alive(info["pid"]), 10, "the trainer stopped: the host runs nothing now")
+    assert run.agent.assignment is None and run.agent.version == 9
+
+
 async def test_forgotten_host_registers_again_with_a_new_identity(controller, start_agent,
                                                                   tmp_path):
     run = start_agent([controller.address])

@@ -99,6 +99,7 @@ def test_without_the_holder_it_rolls_back_loudly_then_a_returning_holder_rolls_i
     [forward] = [e for e in s.events if e.kind == "roll_forward"]
     assert "rolls forward from step 1 to step 51: r2 came back with it; 2 steps committed" in forward.message
     assert s.steps_lost == {"rollback": 52, "abandoned": 2} and s.history_step == 51
+    assert s.history_changes == {"rollback": 1, "roll_forward": 1}
     assert {r.history_epoch for r in s.replicas.values()} == {s.history_epoch}
 
 
