@@ -46,7 +46,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--tls-cert-file", help="PEM server certificate: enables TLS on gRPC")
     p.add_argument("--tls-key-file", help="PEM server private key")
     p.add_argument("--tls-client-ca-file", help="PEM CA for client certificates: enables mTLS")
-    p.add_argument("--log-level", default="INFO")
+    p.add_argument("--log-level", default="INFO", help="the text log on stderr")
+    p.add_argument("--event-log", default="stderr",
+                   help="where the JSON event lines go: stderr (default), off, or a file path (appended)")
+    p.add_argument("--event-log-level", default="INFO", choices=("INFO", "WARNING", "ERROR"),
+                   help="the least level of event written (default INFO: every event)")
+    p.add_argument("--no-telemetry", action="store_true",
+                   help="no live goodput, failure histograms or event log (to measure their cost)")
     return p.parse_args(argv)
 
 
@@ -81,7 +87,7 @@ def build_server(args):
         args.settings, job_id=args.job_id, replicas=args.replicas, min_replicas=args.min_replicas,
         join_timeout_s=args.join_timeout_s, heartbeat_timeout_s=args.heartbeat_timeout_s, lr_policy=args.lr_policy,
         hosts_per_replica=args.hosts_per_replica, ranks_per_host=args.ranks_per_host,
-        lease_ttl_s=args.lease_ttl_s)
+        lease_ttl_s=args.lease_ttl_s, telemetry=False if args.no_telemetry else None)
     store = None
     if args.etcd:
         from controller.etcd_store import EtcdStore
@@ -112,6 +118,13 @@ def main(argv: list[str]) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from controller.service import event_log
+
+    try:
+        event_log.configure("off" if args.no_telemetry else args.event_log, args.event_log_level)
+    except OSError as exc:
+        print(f"fthsdp controller: cannot open --event-log {args.event_log}: {exc}", file=sys.stderr)
+        return 2
     try:
         return asyncio.run(serve(args))
     except (ValueError, OSError) as exc:

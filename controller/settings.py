@@ -62,6 +62,8 @@ class ControllerSettings:
     #: When no live replica holds the newest committed step, how long a round waits for the
     #: replicas that held it to come back before it forms a rollback quorum (0: do not wait).
     rollback_wait_s: float = 20.0
+    #: Live goodput, failure histograms and the JSON event log. Off only to measure their cost.
+    telemetry: bool = True
 
     @property
     def reconnect_cycle_s(self) -> float:

@@ -230,6 +230,7 @@ class HostRegistry:
                         f"{choice.reason}; {a.describe() if a else 'nothing'} stays out until one is free")
             return choice.reason
         spare = self.hosts[choice.host_id]
+        first = len(self.outbox)
         self._assign(failed, None)
         self._assign(spare, a)
         spare.state = HostState.ACTIVE
@@ -247,7 +248,22 @@ class HostRegistry:
         self.dirty_replicas = True
         why = f"host {spare.host_id} takes {a.describe()} from host {failed.host_id} ({choice.reason})"
         self._event(now, "swap", failed.host_id, why)
+        self._orders_event(first, now)
         return why
+
+    def _orders_event(self, first: int, now: float) -> None:
+        """One event for the orders queued from outbox index `first` on (a replica of 1,000
+        hosts is restarted by one line, not 1,000)."""
+        orders = self.outbox[first:]
+        if not orders:
+            return
+        restarts = [o for o in orders if o.kind == "RESTART"]
+        parts = [f"{o.kind} to host {o.host_id}" + (f" ({o.assignment.describe()})" if o.assignment else "")
+                 for o in orders if o.kind != "RESTART"]
+        if restarts:
+            parts.append(f"RESTART to {len(restarts)} host(s) of replica {restarts[0].assignment.replica_id}")
+        self._event(now, "order", orders[0].host_id,
+                    f"orders {orders[0].order_id}..{orders[-1].order_id}: {'; '.join(parts)}")
 
     def _fill_orphans(self, now: float) -> None:
         """A spare arrived: give it work that waits on a dead or cordoned host."""

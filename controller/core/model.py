@@ -146,6 +146,10 @@ class Event:
     subject: str
     message: str
     cause: str = ""
+    #: "info", "warning" or "error" (controller/core/events.py)
+    level: str = "info"
+    #: counts up over the job's life, across failovers
+    seq: int = 0
 
 
 @dataclass(frozen=True)

@@ -88,6 +88,7 @@ class ReplicaRegistry:
         if not self.round_joined:
             self.round_first_join_at = now
         self.round_joined[rid] = req.step
+        self.goodput.on_join(rid, now)
 
     def try_close_round(self, now: float) -> Quorum | None:
         """Close the round if the policy says so; returns the new quorum or None."""
@@ -123,6 +124,7 @@ class ReplicaRegistry:
             return None
         self.rollback_wait_since = None
         reason = decision.reason + (f"; {rollback.reason}" if rollback else "")
+        self.goodput.on_quorum(members, now)
         diverged = self.diverged_members(members)
         q = form_quorum(
             members,
@@ -246,6 +248,8 @@ class ReplicaRegistry:
                 f"replica {replica_id} reported step {step} as committed, but it already committed step "
                 f"{r.committed_step}; steps never go backwards."
             )
+        trained = r.state == ReplicaState.HEALTHY and not caught_up  # a catch-up step trains nothing
+        self.goodput.on_commit(replica_id, step, step_time_s, trained, now)
         r.committed_step = step
         self.max_committed_step = max(self.max_committed_step, step)
         if r.history_epoch == self.history_epoch:  # a commit on an older history extends nothing
@@ -304,5 +308,7 @@ class ReplicaRegistry:
         if changed:
             self._event(now, "death" if state == ReplicaState.DEAD else "replica", r.replica_id,
                         f"replica {r.replica_id} became {state.value}: {reason}", cause)
+            self.goodput.on_state(r.replica_id, state == ReplicaState.HEALTHY, state == ReplicaState.DEAD,
+                                  cause, r.last_seen, now)
             if state in (ReplicaState.DEAD, ReplicaState.FINISHED):
                 self._check_completed(now)

@@ -11,7 +11,9 @@ from dataclasses import asdict, fields
 
 from controller.core.digests import DigestLedger
 from controller.core.divergence import DivergenceTracker
+from controller.core.events import level_of
 from controller.core.finishing import JobLifecycle
+from controller.core.goodput import GoodputTracker, NoGoodput
 from controller.core.hosts import HostRegistry, host_shard
 from controller.core.model import (
     Assignment, Event, Host, HostState, Member, OrderOut, Quorum, Replica, ReplicaState,
@@ -46,6 +48,10 @@ class ControllerState(ReplicaRegistry, HostRegistry, DivergenceTracker, JobLifec
         self.round_reason = "no replica has joined this round"
         self.round_wake_at: float | None = None
         self.events: list[Event] = []
+        #: events not yet handed to the service's event log (drained by `take_events`)
+        self.fresh_events: list[Event] = []
+        self.event_seq = 0
+        self.goodput = (GoodputTracker if settings.telemetry else NoGoodput)(settings.replicas)
         self.outbox: list[OrderOut] = []
         self.order_seq = 0
         self.steps_committed = 0
@@ -78,6 +84,8 @@ class ControllerState(ReplicaRegistry, HostRegistry, DivergenceTracker, JobLifec
         #: replicas whose rank addresses changed (persisted apart: they are large and rarely change)
         self.dirty_addresses: set[str] = set()
         self.dirty_journal = False
+        #: the journal holds a warning or error not yet written: write it before answering
+        self.urgent_journal = False
         self.dirty_host_shards: set[int] = set()
         self.urgent_hosts = False
         #: recent steps' replica digests, compared per step (bounded; not persisted)
@@ -134,9 +142,27 @@ class ControllerState(ReplicaRegistry, HostRegistry, DivergenceTracker, JobLifec
         out, self.outbox = self.outbox, []
         return out
 
-    def _event(self, now: float, kind: str, subject: str, message: str, cause: str = "") -> None:
-        self.events.append(Event(now, kind, subject, message, cause))
+    def take_events(self) -> list[Event]:
+        out, self.fresh_events = self.fresh_events, []
+        return out
+
+    def leader_elected(self, candidate: str, now: float) -> None:
+        """Record that `candidate` leads from `now` on (a warning when it takes over a job)."""
+        running = self.quorum is not None or bool(self.replicas)
+        self._event(now, "leader", candidate,
+                    f"controller {candidate} became the leader" + (
+                        f", taking over at quorum {self.quorum.quorum_id if self.quorum else 0} with "
+                        f"{len(self.replicas)} replicas and {len(self.hosts)} hosts" if running else " of a new job"),
+                    level="warning" if running else "info")
+
+    def _event(self, now: float, kind: str, subject: str, message: str, cause: str = "",
+               level: str | None = None) -> None:
+        self.event_seq += 1
+        event = Event(now, kind, subject, message, cause, level or level_of(kind), self.event_seq)
+        self.events.append(event)
+        self.fresh_events.append(event)
         self.dirty_journal = True
+        self.urgent_journal = self.urgent_journal or event.level != "info"
         if len(self.events) > self.settings.recent_events:
             del self.events[: len(self.events) - self.settings.recent_events]
 
@@ -163,6 +189,7 @@ class ControllerState(ReplicaRegistry, HostRegistry, DivergenceTracker, JobLifec
             "history_changes": self.history_changes,
             "version_ceiling": self.version_ceiling,
             "replica_versions": self.replica_versions,
+            "goodput": self.goodput.snapshot(),
         }
 
     def snapshot_journal(self) -> dict:
@@ -170,7 +197,9 @@ class ControllerState(ReplicaRegistry, HostRegistry, DivergenceTracker, JobLifec
         return {
             "version": SNAPSHOT_VERSION,
             "history": [_quorum_to_dict(q) for q in self.quorum_history],
-            "events": [[e.at, e.kind, e.subject, e.message, e.cause] for e in self.events],
+            "events": [[e.at, e.kind, e.subject, e.message, e.cause, e.level, e.seq] for e in self.events],
+            "event_seq": self.event_seq,
+            "goodput": self.goodput.snapshot_history(),
         }
 
     def snapshot_addresses(self, replica_id: str) -> dict:
@@ -224,6 +253,11 @@ class ControllerState(ReplicaRegistry, HostRegistry, DivergenceTracker, JobLifec
         if journal:
             self.quorum_history = [_quorum_from_dict(q) for q in journal["history"]]
             self.events = [Event(*e) for e in journal["events"]]
+            self.event_seq = max(journal.get("event_seq", 0), max((e.seq for e in self.events), default=0))
+        self.goodput.restore((replicas or {}).get("goodput"), (journal or {}).get("goodput"), now)
+        for r in self.replicas.values():
+            if r.replica_id in self.goodput.replicas:
+                self.goodput.replicas[r.replica_id].healthy = r.state == ReplicaState.HEALTHY
         for shard in host_shards:
             for d in (shard or {}).get("hosts", ()):
                 a = d["assignment"]
@@ -237,7 +271,7 @@ class ControllerState(ReplicaRegistry, HostRegistry, DivergenceTracker, JobLifec
         # Every version given before this point is at most the ceiling: continue above it.
         self.assignment_seq = self.version_ceiling
         self.dirty_replicas, self.dirty_host_shards, self.urgent_hosts = False, set(), False
-        self.dirty_addresses, self.dirty_journal = set(), False
+        self.dirty_addresses, self.dirty_journal, self.urgent_journal = set(), False, False
 
 
 def _beat(records: dict, ids, dead, now: float) -> list[str]:

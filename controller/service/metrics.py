@@ -1,14 +1,31 @@
-"""Prometheus metrics: gauges and counters read from the state at scrape time, plus the
-quorum latency histogram observed as rounds close."""
+"""Prometheus metrics: gauges and counters read from the leader's state at scrape time, and
+histograms observed as things happen (quorum rounds close, steps commit, failures are
+detected and recovered).
+
+Every series carries `job_id`; per-replica series add `replica` (tens of replicas: never a
+rank or host label, which would mean 100,000 series at scale). A standby exports only
+`fthsdp_controller_leader 0`, so sums over all controllers count the leader once.
+docs/operations.md lists every metric.
+"""
 
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from controller.core.model import HostState, ReplicaState
+from controller.core.model import DeathCause, HostState, ReplicaState
 
 LATENCY_BUCKETS_S = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 30, 60)
+STEP_BUCKETS_S = (0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300)
+FAILURE_BUCKETS_S = (0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1800, 3600)
+JOB = ["job_id"]
+
+
+def _gauge(name: str, doc: str, job: str, value: float, labels: list[str] | None = None) -> GaugeMetricFamily:
+    g = GaugeMetricFamily(name, doc, labels=JOB + (labels or []))
+    if labels is None:
+        g.add_metric([job], value)
+    return g
 
 
 class StateCollector:
@@ -16,47 +33,57 @@ class StateCollector:
         self._server = server
 
     def collect(self):
-        state = self._server.state
-        leading = GaugeMetricFamily("fthsdp_controller_leader", "1 when this controller is the active leader")
-        leading.add_metric([], 1.0 if self._server.leading else 0.0)
-        yield leading
-        if state is None:
+        srv = self._server
+        job = srv.settings.job_id
+        yield _gauge("fthsdp_controller_leader", "1 when this controller is the active leader", job,
+                     1.0 if srv.leading else 0.0)
+        state = srv.state
+        if state is None or not srv.leading:
             return
-        by_state = GaugeMetricFamily("fthsdp_replicas", "Replicas by state", labels=["state"])
+        yield from self._replicas(state, job)
+        yield from self._hosts(state, job)
+        yield from self._goodput(state, job, srv.clock())
+
+    def _replicas(self, state, job: str):
+        replicas = list(state.replicas.values())
+        by_state = _gauge("fthsdp_replicas", "Replicas by state", job, 0, ["state"])
         for s in ReplicaState:
-            by_state.add_metric([s.value], sum(1 for r in state.replicas.values() if r.state == s))
+            by_state.add_metric([job, s.value], sum(r.state == s for r in replicas))
         yield by_state
-        healthy = GaugeMetricFamily("fthsdp_replicas_healthy", "Replicas at the quorum's max step")
-        healthy.add_metric([], sum(1 for r in state.replicas.values() if r.state == ReplicaState.HEALTHY))
+        yield _gauge("fthsdp_replicas_healthy", "Replicas at the quorum's max step", job,
+                     sum(r.state == ReplicaState.HEALTHY for r in replicas))
+        yield _gauge("fthsdp_replicas_total", "Configured replica count", job, state.settings.replicas)
+        yield _gauge("fthsdp_min_replicas", "Fewest replicas a round may close with", job, state.settings.min_replicas)
+        yield _gauge("fthsdp_quorum_size", "Members of the current quorum", job,
+                     len(state.quorum.members) if state.quorum else 0)
+        yield _gauge("fthsdp_quorum_id", "Current quorum id", job, state.quorum.quorum_id if state.quorum else 0)
+        yield _gauge("fthsdp_quorum_lr_scale", "Learning-rate factor of the current quorum", job,
+                     state.quorum.lr_scale if state.quorum else 1.0)
+        yield _gauge("fthsdp_job_committed_step", "Highest step any replica committed (-1: none yet)", job,
+                     state.max_committed_step)
+        healthy = _gauge("fthsdp_replica_healthy", "1 while the replica is HEALTHY", job, 0, ["replica"])
+        step = _gauge("fthsdp_replica_committed_step", "The replica's last committed step", job, 0, ["replica"])
+        for r in sorted(replicas, key=lambda r: r.replica_id):
+            healthy.add_metric([job, r.replica_id], 1.0 if r.state == ReplicaState.HEALTHY else 0.0)
+            step.add_metric([job, r.replica_id], r.committed_step)
         yield healthy
-        total = GaugeMetricFamily("fthsdp_replicas_total", "Configured replica count")
-        total.add_metric([], state.settings.replicas)
-        yield total
-        size = GaugeMetricFamily("fthsdp_quorum_size", "Members of the current quorum")
-        size.add_metric([], len(state.quorum.members) if state.quorum else 0)
-        yield size
-        qid = GaugeMetricFamily("fthsdp_quorum_id", "Current quorum id")
-        qid.add_metric([], state.quorum.quorum_id if state.quorum else 0)
-        yield qid
-        hosts = GaugeMetricFamily("fthsdp_hosts", "Hosts by state", labels=["state"])
-        for s in HostState:
-            hosts.add_metric([s.value], sum(1 for h in state.hosts.values() if h.state == s))
-        yield hosts
-        spares = GaugeMetricFamily("fthsdp_spares_free", "Live, uncordoned spare hosts")
-        spares.add_metric([], sum(1 for h in state.hosts.values() if h.state == HostState.SPARE and not h.cordoned))
-        yield spares
-        cordoned = GaugeMetricFamily("fthsdp_hosts_cordoned", "Cordoned hosts")
-        cordoned.add_metric([], sum(1 for h in state.hosts.values() if h.cordoned))
-        yield cordoned
-        steps = CounterMetricFamily("fthsdp_steps_committed", "Committed steps reported by replica leaders")
-        steps.add_metric([], state.steps_committed)
-        yield steps
-        deaths = CounterMetricFamily("fthsdp_replica_deaths", "Replica deaths by cause", labels=["cause"])
+        yield step
+        deaths = CounterMetricFamily("fthsdp_replica_deaths", "Replica deaths by cause", labels=JOB + ["cause"])
         for cause, n in sorted(state.deaths.items()):
-            deaths.add_metric([cause], n)
+            deaths.add_metric([job, cause], n)
         yield deaths
-        swaps = CounterMetricFamily("fthsdp_spare_swaps", "Hosts replaced by a spare")
-        swaps.add_metric([], state.swaps)
+
+    def _hosts(self, state, job: str):
+        hosts = list(state.hosts.values())
+        by_state = _gauge("fthsdp_hosts", "Hosts by state", job, 0, ["state"])
+        for s in HostState:
+            by_state.add_metric([job, s.value], sum(h.state == s for h in hosts))
+        yield by_state
+        yield _gauge("fthsdp_spares_free", "Live, uncordoned spare hosts", job,
+                     sum(h.state == HostState.SPARE and not h.cordoned for h in hosts))
+        yield _gauge("fthsdp_hosts_cordoned", "Cordoned hosts", job, sum(h.cordoned for h in hosts))
+        swaps = CounterMetricFamily("fthsdp_spare_swaps", "Hosts replaced by a spare", labels=JOB)
+        swaps.add_metric([job], state.swaps)
         yield swaps
         mismatches = CounterMetricFamily("fthsdp_digest_mismatches",
                                          "Steps whose replica digests disagreed (each one an event)")
@@ -76,12 +103,58 @@ class StateCollector:
             changes.add_metric([kind], state.history_changes.get(kind, 0))
         yield changes
 
+    def _goodput(self, state, job: str, now: float):
+        if not state.settings.telemetry:
+            return
+        v = state.goodput.view(now)
+        yield _gauge("fthsdp_job_effective_training_ratio",
+                     "Replica-time covered by committed, trained steps over replicas x wall time", job,
+                     v.effective_training_ratio)
+        yield _gauge("fthsdp_job_wall_seconds", "Seconds since the job's first join", job, v.wall_s)
+        yield _gauge("fthsdp_job_committed_steps_per_second",
+                     "Advances of the job's committed step per second over the last window", job,
+                     v.committed_steps_per_s)
+        ratio = _gauge("fthsdp_replica_effective_training_ratio",
+                       "The replica's covered time over the job's wall time", job, 0, ["replica"])
+        commits = CounterMetricFamily("fthsdp_replica_commits", "Commits reported by the replica's leader",
+                                      labels=JOB + ["replica"])
+        failures = CounterMetricFamily("fthsdp_replica_failures", "Times the replica was declared DEAD",
+                                       labels=JOB + ["replica"])
+        for rid, g in v.replicas.items():
+            ratio.add_metric([job, rid], g["effective_training_ratio"])
+            commits.add_metric([job, rid], g["commits"])
+            failures.add_metric([job, rid], g["failures"])
+        yield ratio
+        yield commits
+        yield failures
+
 
 class Metrics:
     def __init__(self, server) -> None:
+        self.job_id = server.settings.job_id
         self.registry = CollectorRegistry()
         self.quorum_latency = Histogram(
-            "fthsdp_quorum_latency_seconds", "From a round's first join to its answer",
-            buckets=LATENCY_BUCKETS_S, registry=self.registry,
-        )
+            "fthsdp_quorum_latency_seconds", "From a round's first join to its answer", JOB,
+            buckets=LATENCY_BUCKETS_S, registry=self.registry).labels(self.job_id)
+        self.step_time = Histogram(
+            "fthsdp_step_seconds", "Time covered by each committed, trained step", JOB,
+            buckets=STEP_BUCKETS_S, registry=self.registry).labels(self.job_id)
+        self._detect = Histogram(
+            "fthsdp_failure_detection_seconds",
+            "From a replica's last sign of life to its declared death, by cause", JOB + ["cause"],
+            buckets=FAILURE_BUCKETS_S, registry=self.registry)
+        self.recover = Histogram(
+            "fthsdp_failure_recovery_seconds", "From a replica's declared death to HEALTHY again", JOB,
+            buckets=FAILURE_BUCKETS_S, registry=self.registry).labels(self.job_id)
+        for cause in DeathCause:  # every cause has series from the start (zeros, not "no data")
+            self._detect.labels(self.job_id, cause.value)
         self.registry.register(StateCollector(server))
+
+    def observe(self, observations) -> None:
+        for o in observations:
+            if o.what == "step":
+                self.step_time.observe(o.seconds)
+            elif o.what == "detect":
+                self._detect.labels(self.job_id, o.cause or "unknown").observe(o.seconds)
+            elif o.what == "recover":
+                self.recover.observe(o.seconds)

@@ -4,11 +4,14 @@ refusals become problem JSON (RFC 9457) in one handler."""
 from __future__ import annotations
 
 import hmac
+from pathlib import Path as FilePath
 from typing import Annotated
 
 from fastapi import Depends, FastAPI, Header, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import FileResponse, JSONResponse, RedirectResponse, Response
+from fastapi.staticfiles import StaticFiles
+from fastapi_offline import FastAPIOffline
 from pydantic import BaseModel
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
@@ -20,6 +23,9 @@ from controller.service.views import host_view, job_view, quorum_view, replica_v
 from controller.store import StoreError
 
 PROBLEM = "application/problem+json"
+#: The status page: HTML, JS and CSS shipped in the package (no CDN). Swagger UI and ReDoc
+#: come from the fastapi-offline package's files, served under /ui/vendor.
+UI_DIR = FilePath(__file__).parent / "ui"
 
 
 class Problem(BaseModel):
@@ -89,9 +95,19 @@ Admin = Annotated[ControllerState, Depends(admin_access)]
 
 
 def make_app(server) -> FastAPI:
-    app = FastAPI(title="fthsdp controller", version="1",
-                  description="Status and administration of a fault-tolerant HSDP job.")
+    app = FastAPIOffline(title="fthsdp controller", version="1", static_url="/ui/vendor",
+                         description="Status and administration of a fault-tolerant HSDP job. "
+                                     "The status page is at /ui.")
     app.state.server = server
+    app.mount("/ui/assets", StaticFiles(directory=UI_DIR), name="ui-assets")
+
+    @app.get("/", include_in_schema=False)
+    async def root():
+        return RedirectResponse("/ui")
+
+    @app.get("/ui", include_in_schema=False)
+    async def ui():
+        return FileResponse(UI_DIR / "index.html", media_type="text/html")
 
     @app.exception_handler(RequestError)
     @app.exception_handler(NotLeader)
@@ -111,7 +127,7 @@ def make_app(server) -> FastAPI:
     @app.get("/api/v1/job", responses=READ_PROBLEMS, summary="Job summary: replicas, quorum, spares")
     async def job(v: View):
         state, srv = v
-        return job_view(state, await srv.store.leader() or "", srv.leading)
+        return job_view(state, await srv.store.leader() or "", srv.leading, srv.clock())
 
     @app.get("/api/v1/replicas", responses=READ_PROBLEMS, summary="Every replica with its state and the reason for it")
     async def replicas(v: View):
@@ -135,6 +151,12 @@ def make_app(server) -> FastAPI:
     async def events(v: View, limit: Annotated[int, Query(ge=1, le=100_000)] = 200):
         state, _ = v
         return [e.__dict__ for e in state.events[-limit:]]
+
+    @app.get("/api/v1/history", responses=READ_PROBLEMS,
+             summary="Chart samples of the job: [time, committed step, healthy replicas], oldest first")
+    async def history(v: View, limit: Annotated[int, Query(ge=1, le=10_000)] = 720):
+        state, _ = v
+        return [list(sample) for sample in list(state.goodput.history)[-limit:]]
 
     @app.post("/api/v1/hosts/{host_id}/drain", responses=ADMIN_PROBLEMS, summary="Move a host's work to a spare, then stop it (admin)")
     async def drain(host_id: HostId, state: Admin):

@@ -21,8 +21,9 @@ import uvicorn
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from controller.core.hosts import HOST_SHARDS
-from controller.core.model import OrderOut
+from controller.core.model import Event, OrderOut
 from controller.core.state import ControllerState
+from controller.service import event_log
 from controller.service.errors import NotLeader
 from controller.service.metrics import Metrics
 from controller.service.orders import to_proto_order
@@ -162,6 +163,7 @@ class ControllerServer:
             self.state, self.leadership, self.leading = state, leadership, True
             self.leader_address = self.advertise_address
             await self._announce(leadership)
+            state.leader_elected(self.candidate, self.clock())
             self._set_health(True)
             log.info("controller %s became leader (quorum id %s)", self.candidate,
                      state.quorum.quorum_id if state.quorum else 0)
@@ -179,6 +181,10 @@ class ControllerServer:
         self.leader_address = ""
         self._set_health(False)
         (log.info if why == "server stopping" else log.warning)("controller %s stepped down: %s", self.candidate, why)
+        if self.settings.telemetry:  # not persisted: only the leader writes; the next one records its election
+            event_log.emit(self.settings.job_id, [Event(
+                self.clock(), "leader", self.candidate, f"controller {self.candidate} stepped down: {why}", "",
+                "info" if why == "server stopping" else "warning")])
         for rid, waiting in list(self.waiters.items()):
             for fut, _ in waiting:
                 if not fut.done():
@@ -300,6 +306,7 @@ class ControllerServer:
         registrations and the journal (recent quorums, events) are written behind, by the
         ticker (`background=True`)."""
         state = self.require_leader()
+        self._drain_telemetry(state)
         async with self._persist_lock:
             writes = []
             if state.dirty_addresses:
@@ -308,8 +315,8 @@ class ControllerServer:
             if state.dirty_replicas:
                 state.dirty_replicas = False
                 writes.append(("replicas", state.snapshot_replicas()))
-            if background and state.dirty_journal:
-                state.dirty_journal = False
+            if (background or state.urgent_journal) and state.dirty_journal:
+                state.dirty_journal = state.urgent_journal = False
                 writes.append(("journal", state.snapshot_journal()))
             if state.dirty_host_shards and (background or state.urgent_hosts):
                 shards, state.dirty_host_shards, state.urgent_hosts = sorted(state.dirty_host_shards), set(), False
@@ -330,6 +337,13 @@ class ControllerServer:
                     self._step_down(f"the store refused a write to {section}")
                     raise NotLeader(f"controller {self.candidate} was deposed; its write was refused")
                 self._revisions[section] = revision
+
+    def _drain_telemetry(self, state: ControllerState) -> None:
+        """Hand new events to the JSON event log and new observations to the histograms."""
+        events, observations = state.take_events(), state.goodput.take_observations()
+        if self.settings.telemetry:
+            event_log.emit(self.settings.job_id, events)
+            self.metrics.observe(observations)
 
     async def _tick(self) -> None:
         tick_s = min(0.25, self.settings.heartbeat_timeout_s / 10)

@@ -17,7 +17,16 @@ def quorum_view(q: Quorum | None) -> dict | None:
     }
 
 
-def job_view(state, leader: str, leading: bool) -> dict:
+def goodput_view(state, now: float) -> dict:
+    v = state.goodput.view(now)
+    return {
+        "effective_training_ratio": v.effective_training_ratio, "wall_s": v.wall_s, "started_at": v.started_at,
+        "committed_steps_per_s": v.committed_steps_per_s, "window_s": v.window_s,
+        "replicas": v.replicas, "recent_failures": list(v.recent_failures),
+    }
+
+
+def job_view(state, leader: str, leading: bool, now: float) -> dict:
     replicas = list(state.replicas.values())
     return {
         "job_id": state.settings.job_id,
@@ -37,6 +46,7 @@ def job_view(state, leader: str, leading: bool) -> dict:
         "max_step": state.quorum.max_step if state.quorum else 0,
         "lr_scale": state.quorum.lr_scale if state.quorum else 1.0,
         "round": {"joined": sorted(state.round_joined), "reason": state.round_reason},
+        "committed_step": state.max_committed_step,
         "steps_committed": state.steps_committed,
         "spares_free": sum(h.state == HostState.SPARE and not h.cordoned for h in state.hosts.values()),
         "swaps": state.swaps,
@@ -45,6 +55,8 @@ def job_view(state, leader: str, leading: bool) -> dict:
         "steps_lost": dict(state.steps_lost),
         "history_changes": dict(state.history_changes),
         "newest_checkpoint_step": state.newest_checkpoint_step,
+        "telemetry": state.settings.telemetry,
+        "goodput": goodput_view(state, now),
     }
 
 

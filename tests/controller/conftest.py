@@ -2,6 +2,7 @@
 
 import grpc
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from controller.service.server import ControllerServer
 from controller.settings import ControllerSettings
@@ -51,3 +52,15 @@ def quorum_request(rid: str, step: int, world: int = 2, **kw) -> pb.QuorumReques
     return pb.QuorumRequest(job_id="t", replica_id=rid, step=step, world_size=world,
                             ftar_addresses=[f"{rid}-ftar-{k}:1" for k in range(world)],
                             state_addresses=[f"{rid}-state-{k}:2" for k in range(world)], **kw)
+
+
+def samples(text: str, job_id: str = "t") -> dict:
+    """Prometheus text as {(sample name, sorted labels without job_id): value}; every sample
+    must carry this controller's job_id."""
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            labels = dict(s.labels)
+            assert labels.pop("job_id", None) == job_id, s
+            out[(s.name, tuple(sorted(labels.items())))] = s.value
+    return out

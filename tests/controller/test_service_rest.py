@@ -50,7 +50,8 @@ async def test_drain_moves_work_to_spare_and_orders_reach_streams(server, stub):
         again = await http.post("/api/v1/hosts/h1/drain", headers=ADMIN)
         assert again.status_code == 409 and "no spare is free" in again.json()["detail"]
         metrics = (await http.get("/metrics")).text
-        assert "fthsdp_spare_swaps_total 1.0" in metrics and "fthsdp_hosts_cordoned 1.0" in metrics
+        assert 'fthsdp_spare_swaps_total{job_id="t"} 1.0' in metrics
+        assert 'fthsdp_hosts_cordoned{job_id="t"} 1.0' in metrics
     spare_orders.cancel()
     h0_orders.cancel()
 

@@ -1,0 +1,36 @@
+"""The kinds of events the controller records, each with its level and meaning.
+
+Every decision that changes the cluster becomes one `Event` (controller/core/model.py): kept
+in the status API's bounded ring, persisted with the journal (so a new leader keeps them) and
+written by the service as one JSON line. docs/operations.md lists the same table for
+operators. A kind not in the table (a newer one) is logged at "info".
+"""
+
+from __future__ import annotations
+
+LEVELS = ("info", "warning", "error")
+
+#: kind -> (level, what it means)
+KINDS: dict[str, tuple[str, str]] = {
+    "replica": ("info", "a replica registered, or changed state (JOINING, HEALTHY, BEHIND) with a reason"),
+    "finished": ("info", "a replica trained all its steps and its trainer exited cleanly"),
+    "job": ("info", "the job COMPLETED: every replica finished or is dead"),
+    "death": ("warning", "a replica became DEAD; `cause` says how it was detected"),
+    "quorum": ("info", "a new quorum formed: its members, max step, lr scale and the reason it closed"),
+    "rollback": ("error", "a quorum's members all lack the newest committed step: training goes back"),
+    "commit_failed": ("warning", "a replica's two-phase commit failed; the next quorum gets a new id"),
+    "host": ("info", "an agent registered, registered again, returned after repair, or was uncordoned"),
+    "host_death": ("warning", "an agent fell silent past the heartbeat timeout"),
+    "cordon": ("warning", "a host was cordoned (by an operator, or after a failure)"),
+    "swap": ("warning", "a spare took a failed or drained host's assignment"),
+    "no_spare": ("error", "a host's work has no spare to move to: its replica stays out"),
+    "order": ("info", "orders were queued for agents (assign, stop, restart)"),
+    "order_failed": ("error", "an agent refused an order"),
+    "leader": ("info", "this controller became the leader (warning when it took over a running job)"),
+    "digest_mismatch": ("error", "replicas that committed the same step hold different state: the minority "
+                                 "becomes DIVERGED and re-syncs from the majority"),
+}
+
+
+def level_of(kind: str) -> str:
+    return KINDS.get(kind, ("info", ""))[0]
