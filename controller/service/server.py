@@ -164,6 +164,7 @@ class ControllerServer:
             self.leader_address = self.advertise_address
             await self._announce(leadership)
             state.leader_elected(self.candidate, self.clock())
+            self._drain_telemetry(state)
             self._set_health(True)
             log.info("controller %s became leader (quorum id %s)", self.candidate,
                      state.quorum.quorum_id if state.quorum else 0)

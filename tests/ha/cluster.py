@@ -74,19 +74,20 @@ class LeaderLog:
     errors: list[str] = field(default_factory=list)
 
 
-async def train(addresses: list[str], replica_id: str, log: LeaderLog, stop: asyncio.Event, step_s: float = 0.02):
+async def train(addresses: list[str], replica_id: str, log: LeaderLog, stop: asyncio.Event, step_s: float = 0.02,
+                job_id: str = JOB):
     """Quorum → (catch up to max_step) → commit → report, until stopped; every call fails
     over between controllers."""
     client = FailoverChannel(addresses, attempt_timeout_s=5.0, total_timeout_s=30.0)
     step = 0
     try:
         while not stop.is_set():
-            q = await client.call("Quorum", pb.QuorumRequest(job_id=JOB, replica_id=replica_id, step=step,
+            q = await client.call("Quorum", pb.QuorumRequest(job_id=job_id, replica_id=replica_id, step=step,
                                                               world_size=1, incarnation=replica_id))
             log.quorum_ids.append(q.quorum_id)
             await asyncio.sleep(step_s)  # "training"
             log.sent_step = q.max_step
-            await client.call("ReportStep", pb.ReportStepRequest(job_id=JOB, replica_id=replica_id,
+            await client.call("ReportStep", pb.ReportStepRequest(job_id=job_id, replica_id=replica_id,
                                                                   step=q.max_step, quorum_id=q.quorum_id))
             log.acked_steps.append(q.max_step)
             step = q.max_step + 1

@@ -1,0 +1,122 @@
+"""Live goodput through ControllerState on a fake clock: covered time, effective training
+ratio, step rate, time to detect and to recover, and what survives a failover."""
+
+import random
+
+import pytest
+
+from controller.core.goodput import GoodputTracker
+from controller.core.replicas import JoinRequest
+from controller.core.state import ControllerState
+from controller.settings import ControllerSettings
+
+SETTINGS = ControllerSettings(replicas=2, min_replicas=1, join_timeout_s=1.0, heartbeat_timeout_s=10.0)
+
+
+def form(state, steps, now):
+    for rid, step in steps.items():
+        state.join(JoinRequest(rid, step, 1), now)
+    return state.try_close_round(now)
+
+
+def trained_job():
+    """r0 and r1 train steps 0 and 1; r1 dies at t=3.5 and is back, caught up, at t=6."""
+    s = ControllerState(SETTINGS)
+    form(s, {"r0": 0, "r1": 0}, 0.0)
+    s.report_step("r0", 0, 1.0, step_time_s=0.8)
+    s.report_step("r1", 0, 1.0, step_time_s=0.9)
+    form(s, {"r0": 1, "r1": 1}, 1.0)
+    s.report_step("r0", 1, 2.0, step_time_s=50.0)  # a leader that over-reports: clipped to 1 s
+    s.report_step("r1", 1, 2.0)  # no step time reported: the interval since its last commit
+    s.heartbeat_replicas(["r1"], 3.0)
+    s.report_replica_dead("r1", "GPU fell off the bus", 3.5)
+    form(s, {"r0": 2}, 4.0)
+    s.report_step("r0", 2, 5.0, step_time_s=0.5)
+    form(s, {"r0": 3, "r1": 1}, 5.0)  # r1 rejoins behind
+    s.report_step("r1", 3, 6.0, step_time_s=0.7)  # its catch-up step (max step 3): trains nothing
+    s.report_step("r0", 3, 6.0, step_time_s=0.6)
+    return s
+
+
+def test_covered_time_ratio_and_failures():
+    s = trained_job()
+    v = s.goodput.view(6.0)
+    assert v.started_at == 0.0 and v.wall_s == 6.0 and v.committed_step == 3
+    assert v.replicas["r0"]["covered_s"] == pytest.approx(0.8 + 1.0 + 0.5 + 0.6)
+    assert v.replicas["r1"]["covered_s"] == pytest.approx(0.9 + 1.0)
+    assert v.effective_training_ratio == pytest.approx((2.9 + 1.9) / (2 * 6.0), abs=1e-4)
+    assert v.replicas["r1"]["commits"] == 3 and v.replicas["r1"]["failures"] == 1
+    assert v.healthy == 2
+    (failure,) = v.recent_failures
+    assert failure["cause"] == "reported" and failure["detect_s"] == pytest.approx(0.5)  # last heartbeat at 3.0
+    assert failure["recover_s"] == pytest.approx(2.5)  # DEAD at 3.5, HEALTHY after catching up at 6.0
+    assert v.committed_steps_per_s == pytest.approx(4 / 6.0, abs=1e-3)  # 4 advances, all inside the window
+    observed = [(o.what, round(o.seconds, 3)) for o in s.goodput.take_observations()]
+    assert ("detect", 0.5) in observed and ("recover", 2.5) in observed
+    assert sorted(sec for what, sec in observed if what == "step") == [0.5, 0.6, 0.8, 0.9, 1.0, 1.0]
+    assert s.goodput.take_observations() == []
+
+
+def test_step_rate_window_and_history():
+    g = GoodputTracker(1, window_s=10.0)
+    g.on_join("r0", 0.0)
+    g.on_quorum(["r0"], 0.0)
+    g.on_state("r0", True, False, "", 0.0, 0.0)
+    for step in range(30):
+        g.on_commit("r0", step, 0.5, True, 1.0 + step)
+    v = g.view(30.0)
+    assert v.committed_steps_per_s == pytest.approx(1.0)  # steps at t=21..30 are inside (20, 30]
+    assert g.view(100.0).committed_steps_per_s == 0.0
+    assert v.effective_training_ratio == pytest.approx(15 / 30)
+    assert g.history[0] == (0.0, -1, 1) and g.history[-1] == (30.0, 29, 1)
+    assert all(b[0] - a[0] >= 1.0 for a, b in zip(g.history, list(g.history)[1:]))
+
+
+def test_goodput_survives_a_failover_and_open_intervals_restart():
+    s = trained_job()
+    before = s.goodput.view(6.0)
+    new = ControllerState(SETTINGS)
+    new.restore(s.snapshot_replicas(), [], 60.0, None, s.snapshot_journal())
+    after = new.goodput.view(60.0)
+    assert after.started_at == 0.0 and after.committed_step == 3 and after.healthy == 2
+    assert after.replicas["r0"]["covered_s"] == before.replicas["r0"]["covered_s"]
+    assert after.recent_failures == before.recent_failures
+    assert list(new.goodput.history) == list(s.goodput.history)
+    # the 54 s of the failover are not covered: the first commit after it covers nothing
+    new.report_step("r0", 4, 61.0, step_time_s=0.5)
+    assert new.goodput.view(61.0).replicas["r0"]["covered_s"] == before.replicas["r0"]["covered_s"]
+
+
+def test_telemetry_off_tracks_nothing():
+    s = ControllerState(ControllerSettings(**{**SETTINGS.__dict__, "telemetry": False}))
+    form(s, {"r0": 0, "r1": 0}, 0.0)
+    s.report_step("r0", 0, 1.0, step_time_s=0.8)
+    v = s.goodput.view(1.0)
+    assert v.started_at is None and v.replicas == {} and s.goodput.take_observations() == []
+    assert s.max_committed_step == 0  # the controller itself is unchanged
+
+
+def test_random_reports_never_cover_more_than_wall_time():
+    """Against a naive reference: covered = sum of min(reported, time since the later of the
+    last commit and the quorum), and never more than the wall time."""
+    rng = random.Random(7)
+    for _ in range(50):
+        g = GoodputTracker(3)
+        now, naive, since = 0.0, {}, {}
+        for rid in ("r0", "r1", "r2"):
+            g.on_join(rid, now)
+        g.on_quorum(["r0", "r1", "r2"], now)
+        since = {rid: 0.0 for rid in ("r0", "r1", "r2")}
+        for step in range(40):
+            now += rng.uniform(0, 3)
+            rid = rng.choice(("r0", "r1", "r2"))
+            reported = rng.choice((None, 0.0, rng.uniform(0, 10), 1e9))
+            g.on_commit(rid, step, reported, True, now)
+            interval = now - since[rid]
+            naive[rid] = naive.get(rid, 0.0) + (min(reported, interval) if reported else interval)
+            since[rid] = now
+        v = g.view(now)
+        for rid, covered in naive.items():
+            assert v.replicas[rid]["covered_s"] == pytest.approx(covered, abs=2e-3)
+            assert v.replicas[rid]["covered_s"] <= v.wall_s + 1e-6
+        assert 0.0 <= v.effective_training_ratio <= 1.0
