@@ -1,0 +1,101 @@
+"""The status page, Swagger UI and ReDoc in a real headless Chromium, against a live
+controller process with a running job (simulated replica leaders over real gRPC)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import struct
+
+import grpc
+import pytest
+
+from protos import controller_pb2 as pb
+from protos import controller_pb2_grpc as pbg
+from tests.ha.cluster import LeaderLog, train
+from tests.waiting import wait_for
+
+from .browser import Browser
+
+JOB = "ui"
+INJECTED = '<img src=x id=injected onerror="document.title=1">'
+
+
+@pytest.fixture
+def browser(tmp_path):
+    b = Browser(tmp_path / "profile")
+    yield b
+    b.close()
+
+
+def png_size(data: bytes) -> tuple[int, int]:
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", "not a PNG"
+    return struct.unpack(">II", data[16:24])
+
+
+async def in_browser(fn, *args):
+    return await asyncio.to_thread(fn, *args)
+
+
+@pytest.mark.slow
+async def test_status_page_shows_the_live_job(controller_process, browser, tmp_path):
+    ctl = controller_process("--job-id", JOB, "--replicas", "3", "--min-replicas", "1", "--join-timeout-s", "1",
+                             "--heartbeat-timeout-s", "5", "--event-log", "off")
+    logs = {r: LeaderLog(r) for r in ("r0", "r1", "r2")}
+    stops = {r: asyncio.Event() for r in logs}
+    tasks = {r: asyncio.ensure_future(train([ctl.grpc], r, logs[r], stops[r], step_s=0.05, job_id=JOB)) for r in logs}
+    try:
+        await wait_for(lambda: all(len(log.acked_steps) >= 3 for log in logs.values()), 30, "3 steps each")
+        tasks["r2"].cancel()
+        async with grpc.aio.insecure_channel(ctl.grpc) as channel:
+            stub = pbg.ControllerStub(channel)
+            await stub.ReportFailure(pb.ReportFailureRequest(job_id=JOB, replica_id="r2", reason="GPU fell off the bus",
+                                                             kind=pb.ReportFailureRequest.REPLICA_DEAD))
+            await stub.ReportFailure(pb.ReportFailureRequest(job_id=JOB, replica_id="r1", reason=INJECTED,
+                                                             kind=pb.ReportFailureRequest.COMMIT_FAILED))
+
+        await in_browser(browser.open, f"{ctl.http}/ui")
+        rows = "[...document.querySelectorAll('#replicas tbody tr')]"
+        states = await in_browser(browser.wait_for, f"""(() => {{
+            const s = Object.fromEntries({rows}.map(r => [r.dataset.replica, r.dataset.state]));
+            return s.r2 === 'DEAD' && s.r0 === 'HEALTHY' && s.r1 === 'HEALTHY' && JSON.stringify(s); }})()""",
+                                  30, "three replica rows: r0, r1 HEALTHY and r2 DEAD")
+        assert json.loads(states) == {"r0": "HEALTHY", "r1": "HEALTHY", "r2": "DEAD"}
+        reason = await in_browser(browser.evaluate, f"{rows}.find(r => r.dataset.replica === 'r2').cells[7].textContent")
+        assert reason == "GPU fell off the bus"
+        first = int(await in_browser(browser.evaluate, "document.getElementById('committed-step').textContent"))
+        assert first >= 2
+        # refreshed live: the committed step moves on without a reload, the chart has samples
+        await in_browser(browser.wait_for, f"Number(document.getElementById('committed-step').textContent) > {first}"
+                                           " && Number(document.body.dataset.refreshed) >= 2", 30, "a live refresh")
+        assert int(await in_browser(browser.evaluate, "document.getElementById('chart').dataset.samples")) >= 2
+        assert await in_browser(browser.evaluate, "document.querySelectorAll('#chart polyline').length") == 2
+        assert (await in_browser(browser.evaluate, "document.getElementById('healthy').textContent")) == "2 / 3"
+        assert "%" in await in_browser(browser.evaluate, "document.getElementById('ett').textContent")
+        quorum = await in_browser(browser.evaluate, "document.getElementById('quorum').textContent")
+        assert "r0, r1" in quorum and "r2" not in quorum
+        failures = await in_browser(browser.evaluate, "document.querySelector('#failures tbody tr').textContent")
+        assert failures.startswith("r2reported")
+        events = await in_browser(browser.evaluate, "document.getElementById('events').textContent")
+        assert "GPU fell off the bus" in events and INJECTED in events  # shown as text, never as HTML
+        assert await in_browser(browser.evaluate, "document.getElementById('injected')") is None
+        shot = await in_browser(browser.screenshot, tmp_path / "status-page.png")
+        width, height = png_size(shot.read_bytes())
+        assert width >= 1000 and height >= 600
+
+        for path, ready in (("/docs", "document.querySelector('.swagger-ui .info .title')?.textContent"),
+                            ("/redoc", "document.querySelector('.redoc-wrap h1')?.textContent")):
+            await in_browser(browser.open, f"{ctl.http}{path}")
+            title = await in_browser(browser.wait_for, ready, 30, f"{path} to render")
+            assert "fthsdp controller" in title
+        # everything the three pages loaded came from the controller itself: no CDN
+        urls = browser.requested_urls()
+        assert any(u.endswith("/ui/vendor/swagger-ui-bundle.js") for u in urls)
+        assert any(u.endswith("/ui/vendor/redoc.standalone.js") for u in urls)
+        local = (ctl.http, f"blob:{ctl.http}", "data:", "about:")
+        assert [u for u in urls if not u.startswith(local)] == []
+    finally:
+        for r in logs:
+            stops[r].set()
+            tasks[r].cancel()
+        await asyncio.gather(*tasks.values(), return_exceptions=True)
