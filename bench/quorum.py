@@ -59,18 +59,22 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--replicas", type=int, nargs="+", default=[2, 8, 16, 64])
     p.add_argument("--rounds", type=int, default=50)
     p.add_argument("--json", action="store_true", help="one JSON line per replica count (the default output)")
+    p.add_argument("--no-telemetry", action="store_true",
+                   help="run the controller without live goodput, failure histograms and event log")
     args = p.parse_args(argv)
     for n in args.replicas:
         if n < 1:
             p.error(f"--replicas values must be at least 1, got {n}")
         ctl = launch("--replicas", str(n), "--min-replicas", str(n), "--heartbeat-timeout-s", "600",
-                     "--join-timeout-s", "60", "--job-id", "bench", "--log-level", "WARNING")
+                     "--join-timeout-s", "60", "--job-id", "bench", "--log-level", "WARNING",
+                     *(["--no-telemetry"] if args.no_telemetry else []))
         try:
             lat = asyncio.run(measure(ctl.grpc, n, args.rounds))
         finally:
             ctl.stop()
         print(json.dumps({"replicas": n, "p50_ms": round(statistics.median(lat), 3),
-                          "p99_ms": round(percentile(lat, 99), 3), "rounds": len(lat)}), flush=True)
+                          "p99_ms": round(percentile(lat, 99), 3), "rounds": len(lat),
+                          "telemetry": not args.no_telemetry}), flush=True)
     return 0
 
 

@@ -69,7 +69,8 @@ async def heartbeat_forever(stub, ids: list[str], interval_s: float, batch: int,
 async def run(args) -> dict:
     ctl = launch("--job-id", JOB, "--replicas", str(args.replicas), "--min-replicas",
                  str(max(1, args.replicas // 2 + 1)), "--join-timeout-s", "30", "--heartbeat-timeout-s",
-                 str(args.heartbeat_timeout_s), "--log-level", "WARNING")
+                 str(args.heartbeat_timeout_s), "--log-level", "WARNING",
+                 *(["--no-telemetry"] if args.no_telemetry else []))
     pid, info = ctl.pid, {"grpc": ctl.grpc}
     try:
         channels = [grpc.aio.insecure_channel(info["grpc"], options=[("grpc.max_send_message_length", 64 << 20),
@@ -122,7 +123,7 @@ async def run(args) -> dict:
             "rounds": len(latencies), "quorum_p50_ms": round(statistics.median(latencies), 2),
             "quorum_p99_ms": round(percentile(latencies, 99), 2), "register_all_hosts_s": round(register_s, 2),
             "host_heartbeats_sent": beats, "controller_cpu_pct": round(cpu_pct, 1),
-            "controller_rss_mib": round(rss_mib(pid), 1),
+            "controller_rss_mib": round(rss_mib(pid), 1), "telemetry": not args.no_telemetry,
         }
     finally:
         ctl.stop(30.0)
@@ -152,6 +153,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--heartbeat-timeout-s", type=float, default=30.0)
     p.add_argument("--fanout-rounds", type=int, default=10, help="0 skips the intra-replica fan-out part")
     p.add_argument("--json", action="store_true", help="print one JSON line (the default output)")
+    p.add_argument("--no-telemetry", action="store_true",
+                   help="run the controller without live goodput, failure histograms and event log")
     args = p.parse_args(argv)
     if args.ranks_per_replica % args.hosts_per_replica:
         p.error(f"--ranks-per-replica {args.ranks_per_replica} must be a multiple of --hosts-per-replica "
