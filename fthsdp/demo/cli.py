@@ -16,7 +16,7 @@ import argparse
 import json
 import sys
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 from fthsdp.demo.schedule import ScheduleError, default_text, parse
@@ -93,27 +93,41 @@ def main(argv: list[str]) -> int:
     if main_run.error:
         print(f"demo: the run failed: {main_run.error}", file=sys.stderr)
     ids = replica_ids(args.replicas)
-    main_summary = report.summary(main_run.rows, ids, args.ranks_per_replica)
+    main_summary = report.summary(main_run.rows, ids, args.ranks_per_replica, settings.batch_rows)
     base_summary, base_run = None, None
     if not args.no_baseline:
-        print("demo: baseline run (same seed, data order and steps; no failures, no agents)", flush=True)
-        base_run = run.run_baseline(out / "baseline", dataset, settings)
+        # The paper compares at equal tokens: the baseline trains until it has seen as many
+        # samples as the run with failures did, so the difference is quality, not lost time.
+        base_steps = max(10, report.baseline_steps_for(main_summary["samples_seen"], args.replicas,
+                                                       settings.batch_rows))
+        print(f"demo: baseline run to the same samples seen ({main_summary['samples_seen']}: {base_steps} steps; "
+              f"same seed and data order; no failures, no agents)", flush=True)
+        base_run = run.run_baseline(out / "baseline", dataset, replace(settings, steps=base_steps))
         if base_run.error:
             print(f"demo: the baseline failed: {base_run.error}", file=sys.stderr)
-        base_summary = report.summary(base_run.rows, ids, args.ranks_per_replica)
+        base_summary = report.summary(base_run.rows, ids, args.ranks_per_replica, settings.batch_rows)
+    main_losses = report.loss_by_samples(main_run.rows, settings.batch_rows)
+    base_losses = base_run and report.loss_by_samples(base_run.rows, settings.batch_rows)
+    window = 10 * args.replicas * settings.batch_rows  # about the last 10 steps
+    seen = main_summary["samples_seen"]
     result = report.build(
         settings={**asdict(settings), "failures": [f.describe() for f in failures]},
         main=main_summary, injections=main_run.injections, events=main_run.events,
         wall_s=main_run.ended_at - main_run.started_at,
         detection_bound_s=settings.heartbeat_timeout_s + 1.5, baseline=base_summary,
-        baseline_wall_s=base_run and base_run.ended_at - base_run.started_at)
+        baseline_wall_s=base_run and base_run.ended_at - base_run.started_at,
+        band=report.band_view(report.load_band(), {**asdict(settings), "steps": args.steps}),
+        loss_window=base_losses and {"samples": [max(seen - window, 0), seen],
+                                     "run": report.mean_loss_near(main_losses, seen, window),
+                                     "baseline": report.mean_loss_near(base_losses, seen, window)})
     result["checks"]["run_finished"] = not main_run.error and (base_run is None or not base_run.error)
     result["checks"]["all_failures_injected"] = not main_run.skipped
     result["skipped_failures"] = main_run.skipped
     result["total_wall_s"] = round(time.time() - t0, 2)
     (out / "report.json").write_text(json.dumps(result, indent=2) + "\n")
-    plots.loss_plot(out / "loss.png", report.loss_by_step(main_run.rows),
-                    base_run and report.loss_by_step(base_run.rows), main_run.injections)
+    samples = report.samples_by_step(main_run.rows, settings.batch_rows)
+    plots.loss_plot(out / "loss.png", main_losses, base_losses,
+                    [dict(i, samples=samples.get(i["injected_step"], 0)) for i in main_run.injections])
     plots.healthy_plot(out / "healthy_replicas.png", main_run.samples, args.replicas, main_run.injections,
                        main_run.started_at)
     _print_summary(result, out)
@@ -127,8 +141,11 @@ def _print_summary(r: dict, out: Path) -> None:
         print(f"demo: {f['kind']} {f['replica']} at step {f['injected_step']}: detected after "
               f"{f['detection_s']}s, healthy again after {f['rejoin_s']}s")
     if r["baseline"]:
+        comparison = r["comparison"]
         print(f"demo: baseline test accuracy {r['baseline']['test_accuracy']} "
               f"(difference {r['accuracy_difference']})")
+        if comparison.get("statement"):
+            print(f"demo: {comparison['statement']}")
     print(f"demo: checks {json.dumps(r['checks'])}")
     for p in r["problems"]:
         print(f"demo: problem: {p}")

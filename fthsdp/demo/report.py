@@ -6,8 +6,14 @@ Trainer rows are the JSON lines of `fthsdp.demo.trainer`; events are the control
 
 from __future__ import annotations
 
+import json
+import math
 from collections import Counter, defaultdict
+from pathlib import Path
 from statistics import fmean
+
+#: The baseline's seed-to-seed spread, measured once with `python -m fthsdp.demo.band`.
+BAND_FILE = Path(__file__).with_name("baseline_band.json")
 
 
 def leader_rows(rows: list[dict], event: str) -> list[dict]:
@@ -71,6 +77,51 @@ def loss_by_step(rows: list[dict]) -> dict[int, float]:
     return {step: fmean(v) for step, v in sorted(losses.items())}
 
 
+def samples_by_step(rows: list[dict], batch_rows: int) -> dict[int, int]:
+    """Samples the job had trained on after each committed step: every replica whose batch a
+    step included adds `batch_rows` (the paper's x-axis is tokens; ours is samples)."""
+    included: dict[int, int] = {}
+    for r in leader_rows(rows, "commit"):
+        included.setdefault(r["step"], len(r["included"]))
+    total, out = 0, {}
+    for step in sorted(included):
+        total += included[step] * batch_rows
+        out[step] = total
+    return out
+
+
+def loss_by_samples(rows: list[dict], batch_rows: int) -> dict[int, float]:
+    """`loss_by_step` keyed by samples seen after the step."""
+    samples = samples_by_step(rows, batch_rows)
+    return {samples[step]: loss for step, loss in loss_by_step(rows).items() if step in samples}
+
+
+def baseline_steps_for(samples: int, replicas: int, batch_rows: int) -> int:
+    """Steps a no-failure run of `replicas` needs to see `samples` (it includes every replica)."""
+    return max(1, math.ceil(samples / (replicas * batch_rows)))
+
+
+def mean_loss_near(losses: dict[int, float], samples: int, window: int) -> float | None:
+    """Mean training loss of the steps that ended within `window` samples before `samples`
+    (one batch's loss is noisy; a window of steps is not)."""
+    near = [loss for seen, loss in losses.items() if samples - window < seen <= samples]
+    return fmean(near) if near else None
+
+
+def load_band(path: Path = BAND_FILE) -> dict | None:
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def band_view(band: dict | None, config: dict) -> dict | None:
+    """The measured seed-to-seed band, and whether it was measured for this configuration."""
+    if not band:
+        return None
+    accuracy = band["test_accuracy"]
+    return {"seeds": band["seeds"], "test_accuracy_min": min(accuracy), "test_accuracy_max": max(accuracy),
+            "test_accuracy_spread": round(max(accuracy) - min(accuracy), 5), "config": band["config"],
+            "applies": all(config.get(k) == v for k, v in band["config"].items()), "how": band["measured_with"]}
+
+
 def effective_training_time(rows: list[dict], replicas: int) -> float:
     """Fraction of replica-time in committed healthy steps, over the training window
     (first step begun to last step committed) times the configured replicas."""
@@ -100,7 +151,7 @@ def _round(value: float | None, digits: int = 5) -> float | None:
     return None if value is None else round(value, digits)
 
 
-def summary(rows: list[dict], replicas: list[str], ranks: int) -> dict:
+def summary(rows: list[dict], replicas: list[str], ranks: int, batch_rows: int = 0) -> dict:
     done = [r for r in rows if r.get("event") == "done" and r.get("rank") == 0]
     final = done[-1] if done else {}
     losses = loss_by_step(rows)
@@ -113,12 +164,17 @@ def summary(rows: list[dict], replicas: list[str], ranks: int) -> dict:
         "effective_training_time": round(effective_training_time(rows, len(replicas)), 4),
         "commits": len(leader_rows(rows, "commit")), "retries": len(leader_rows(rows, "retry")),
         "exactly_once": not once, "bitwise_identical": identical, "problems": once + problems,
+        "samples_seen": max(samples_by_step(rows, batch_rows).values(), default=0),
     }
 
 
 def build(*, settings: dict, main: dict, injections: list[dict], events: list[dict], wall_s: float,
-          detection_bound_s: float, baseline: dict | None, baseline_wall_s: float | None) -> dict:
-    """report.json. `main` and `baseline` are `summary` results."""
+          detection_bound_s: float, baseline: dict | None, baseline_wall_s: float | None,
+          band: dict | None = None, loss_window: dict | None = None) -> dict:
+    """report.json. `main` and `baseline` are `summary` results; the baseline ran to the same
+    samples seen as the main run (`baseline_steps_for`), so their difference is quality lost,
+    not time lost. `band` is `band_view`; `loss_window` the two runs' mean training loss near
+    the main run's last samples."""
     failures = [{**i, **recovery(i, events), "detection_bound_s": detection_bound_s} for i in injections]
     detected = [f["detection_s"] for f in failures]
     report = {
@@ -134,15 +190,34 @@ def build(*, settings: dict, main: dict, injections: list[dict], events: list[di
             "all_failures_rejoined": all(f["rejoin_s"] is not None for f in failures),
         },
         "problems": main["problems"], "baseline": None, "accuracy_difference": None,
+        "samples_seen": main["samples_seen"], "comparison": None,
     }
     if baseline is not None:
         report["baseline"] = {k: baseline[k] for k in ("steps", "final_train_loss", "test_loss", "test_accuracy",
                                                        "effective_training_time", "exactly_once",
-                                                       "bitwise_identical")}
+                                                       "bitwise_identical", "samples_seen")}
         report["baseline"]["wall_s"] = round(baseline_wall_s or 0.0, 2)
         if main["test_accuracy"] is not None and baseline["test_accuracy"] is not None:
             report["accuracy_difference"] = round(main["test_accuracy"] - baseline["test_accuracy"], 5)
+        report["comparison"] = _comparison(report["accuracy_difference"], main, baseline, band, loss_window)
     return report
+
+
+def _comparison(difference: float | None, main: dict, baseline: dict, band: dict | None,
+                loss_window: dict | None) -> dict:
+    spread = band["test_accuracy_spread"] if band else None
+    out = {"basis": "equal samples seen", "samples_seen": main["samples_seen"],
+           "baseline_samples_seen": baseline["samples_seen"], "test_accuracy_difference": difference,
+           "baseline_seed_band": band,
+           "difference_within_band": None if difference is None or spread is None else abs(difference) <= spread,
+           "train_loss_near_end": loss_window}
+    if difference is not None and band:
+        out["statement"] = (
+            f"at {main['samples_seen']} samples seen (baseline {baseline['samples_seen']}), test accuracy "
+            f"differs by {difference:+.4f}; the baseline's seed-to-seed band is {spread:.4f} "
+            f"({band['test_accuracy_min']:.4f}..{band['test_accuracy_max']:.4f} over seeds "
+            f"{', '.join(map(str, band['seeds']))}{'' if band['applies'] else ', measured for another configuration'})")
+    return out
 
 
 def passed(report: dict) -> bool:

@@ -13,7 +13,6 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -110,27 +109,45 @@ def _load_rows(records: Path) -> list[dict]:
 
 
 class Progress:
-    """The status table (ANSI-refreshed on a TTY) or plain progress lines."""
+    """On a terminal, the status table updated in place (rich's Live display: the cursor moves
+    back over the last frame, the screen is never cleared); otherwise plain progress lines.
+    `console` is where the live view draws (stdout unless given)."""
 
-    def __init__(self, http: httpx.Client, steps: int, tty: bool) -> None:
+    def __init__(self, http: httpx.Client, steps: int, tty: bool, console=None) -> None:
         self.http, self.steps, self.tty = http, steps, tty
         self.notes: list[str] = []
         self._last_line = ""
         self._last_at = 0.0
+        self._live = None
+        if tty:
+            from rich.console import Console
+            from rich.live import Live
+
+            self._live = Live(console=console or Console(), auto_refresh=False, redirect_stdout=False)
+            self._live.start()
+
+    def close(self) -> None:
+        if self._live is not None:
+            self._live.stop()
+            self._live = None
 
     def note(self, text: str) -> None:
         self.notes.append(text)
-        print(f"demo: {text}", flush=True)
+        if self._live is not None:
+            self._live.console.print(f"demo: {text}")  # above the live table, which stays in place
+        else:
+            print(f"demo: {text}", flush=True)
 
     def show(self, job: dict, replicas: list, now: float) -> None:
-        if self.tty:
+        if self._live is not None:
+            from rich.text import Text
+
             parts = {"job": job, "replicas": replicas}
             for name, path in (("hosts", "/api/v1/hosts"), ("quorums", "/api/v1/quorums"),
                                ("events", "/api/v1/events?limit=6")):
                 parts[name] = self.http.get(path).json()
-            notes = "\n".join(f"  {n}" for n in self.notes[-6:])
-            sys.stdout.write(f"\x1b[H\x1b[2J{render(**parts)}\n\ndemo (target {self.steps} steps):\n{notes}\n")
-            sys.stdout.flush()
+            self._live.update(Text(f"{render(**parts)}\n\ndemo: step {job['max_step']} of {self.steps}"),
+                              refresh=True)
             return
         line = (f"step {job['max_step']}/{self.steps}  healthy {job['replicas_healthy']}/{job['replicas_total']}  "
                 f"behind {job['replicas_behind']}  dead {job['replicas_dead']}  quorum {job['quorum_id']}  "
@@ -214,6 +231,14 @@ def run_job(workdir: Path, data: Path, s: RunSettings, failures: list[Failure], 
 def _watch(http: httpx.Client, s: RunSettings, failures: list[Failure], agents: dict, records: Path,
            result: RunResult, tty: bool) -> None:
     progress = Progress(http, s.steps, tty)
+    try:
+        _follow(http, s, failures, agents, records, result, progress)
+    finally:
+        progress.close()
+
+
+def _follow(http: httpx.Client, s: RunSettings, failures: list[Failure], agents: dict, records: Path,
+            result: RunResult, progress: Progress) -> None:
     pending = list(failures)
     deadline = time.monotonic() + s.timeout_s
     while not _done(records, s):

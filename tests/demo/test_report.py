@@ -108,3 +108,36 @@ def test_build_report_checks_and_baseline_difference():
     slow = report.build(settings={}, main=main, injections=out["failures"][:1], events=EVENTS, wall_s=1.0,
                         detection_bound_s=0.3, baseline=None, baseline_wall_s=None)
     assert not slow["checks"]["detection_within_bound"] and slow["baseline"] is None
+
+
+def test_samples_seen_and_the_equal_samples_baseline():
+    rows = healthy_history()
+    assert report.samples_by_step(rows, 32) == {0: 64, 1: 96, 2: 160}  # 2, 1, 2 replicas included
+    assert report.loss_by_samples(rows, 32) == {64: 3.0, 96: 1.0, 160: 0.6}
+    assert report.baseline_steps_for(192, 2, 32) == 3 and report.baseline_steps_for(193, 2, 32) == 4
+    assert report.mean_loss_near({64: 3.0, 96: 1.0, 160: 0.6}, 160, 70) == pytest.approx(0.8)
+    assert report.mean_loss_near({64: 3.0}, 160, 10) is None
+
+
+def test_comparison_states_the_seed_band():
+    main = report.summary(healthy_history() + [
+        {"event": "done", "replica": r, "rank": 0, "digest": "d", "step": 3, "test_loss": 0.2, "test_acc": 0.95}
+        for r in R], R, 1, batch_rows=32)
+    base = dict(main, test_accuracy=0.955, samples_seen=192)
+    band = report.band_view({"config": {"replicas": 2, "steps": 3}, "seeds": [0, 1, 2],
+                             "test_accuracy": [0.947, 0.958, 0.951], "final_train_loss": [0.1, 0.1, 0.1],
+                             "measured_with": "python -m fthsdp.demo.band --seeds 0 1 2 --write"},
+                            {"replicas": 2, "steps": 3, "seed": 9})
+    assert band["test_accuracy_spread"] == pytest.approx(0.011) and band["applies"]
+    out = report.build(settings={}, main=main, injections=[], events=[], wall_s=1.0, detection_bound_s=1.0,
+                       baseline=base, baseline_wall_s=1.0, band=band, loss_window=None)
+    c = out["comparison"]
+    assert out["samples_seen"] == 160 and c["basis"] == "equal samples seen" and c["baseline_samples_seen"] == 192
+    assert c["test_accuracy_difference"] == pytest.approx(-0.005) and c["difference_within_band"] is True
+    assert "differs by -0.0050" in c["statement"] and "0.9470..0.9580 over seeds 0, 1, 2" in c["statement"]
+    other = report.band_view({**band, "test_accuracy": [0.95, 0.951], "config": {"replicas": 4},
+                              "measured_with": ""}, {"replicas": 2})
+    assert not other["applies"]
+    far = report.build(settings={}, main=main, injections=[], events=[], wall_s=1.0, detection_bound_s=1.0,
+                       baseline=dict(base, test_accuracy=0.99), baseline_wall_s=1.0, band=band)
+    assert far["comparison"]["difference_within_band"] is False
