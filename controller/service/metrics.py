@@ -21,11 +21,23 @@ FAILURE_BUCKETS_S = (0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 180
 JOB = ["job_id"]
 
 
-def _gauge(name: str, doc: str, job: str, value: float, labels: list[str] | None = None) -> GaugeMetricFamily:
-    g = GaugeMetricFamily(name, doc, labels=JOB + (labels or []))
-    if labels is None:
-        g.add_metric([job], value)
+def _gauge(name: str, doc: str, job: str, value: float) -> GaugeMetricFamily:
+    g = GaugeMetricFamily(name, doc, labels=JOB)
+    g.add_metric([job], value)
     return g
+
+
+def _labelled(family, name: str, doc: str, job: str, label: str, values: dict):
+    """A gauge or counter family with one series per `label` value."""
+    f = family(name, doc, labels=JOB + [label])
+    for key, value in values.items():
+        f.add_metric([job, key], value)
+    return f
+
+
+def _by_state(name: str, doc: str, job: str, states, records) -> GaugeMetricFamily:
+    return _labelled(GaugeMetricFamily, name, doc, job, "state", {s.value: sum(r.state == s for r in records)
+                                                                  for s in states})
 
 
 class StateCollector:
@@ -46,10 +58,7 @@ class StateCollector:
 
     def _replicas(self, state, job: str):
         replicas = list(state.replicas.values())
-        by_state = _gauge("fthsdp_replicas", "Replicas by state", job, 0, ["state"])
-        for s in ReplicaState:
-            by_state.add_metric([job, s.value], sum(r.state == s for r in replicas))
-        yield by_state
+        yield _by_state("fthsdp_replicas", "Replicas by state", job, ReplicaState, replicas)
         yield _gauge("fthsdp_replicas_healthy", "Replicas at the quorum's max step", job,
                      sum(r.state == ReplicaState.HEALTHY for r in replicas))
         yield _gauge("fthsdp_replicas_total", "Configured replica count", job, state.settings.replicas)
@@ -61,24 +70,17 @@ class StateCollector:
                      state.quorum.lr_scale if state.quorum else 1.0)
         yield _gauge("fthsdp_job_committed_step", "Highest step any replica committed (-1: none yet)", job,
                      state.max_committed_step)
-        healthy = _gauge("fthsdp_replica_healthy", "1 while the replica is HEALTHY", job, 0, ["replica"])
-        step = _gauge("fthsdp_replica_committed_step", "The replica's last committed step", job, 0, ["replica"])
-        for r in sorted(replicas, key=lambda r: r.replica_id):
-            healthy.add_metric([job, r.replica_id], 1.0 if r.state == ReplicaState.HEALTHY else 0.0)
-            step.add_metric([job, r.replica_id], r.committed_step)
-        yield healthy
-        yield step
-        deaths = CounterMetricFamily("fthsdp_replica_deaths", "Replica deaths by cause", labels=JOB + ["cause"])
-        for cause, n in sorted(state.deaths.items()):
-            deaths.add_metric([job, cause], n)
-        yield deaths
+        ordered = sorted(replicas, key=lambda r: r.replica_id)
+        yield _labelled(GaugeMetricFamily, "fthsdp_replica_healthy", "1 while the replica is HEALTHY", job, "replica",
+                        {r.replica_id: float(r.state == ReplicaState.HEALTHY) for r in ordered})
+        yield _labelled(GaugeMetricFamily, "fthsdp_replica_committed_step", "The replica's last committed step", job,
+                        "replica", {r.replica_id: r.committed_step for r in ordered})
+        yield _labelled(CounterMetricFamily, "fthsdp_replica_deaths", "Replica deaths by cause", job, "cause",
+                        dict(sorted(state.deaths.items())))
 
     def _hosts(self, state, job: str):
         hosts = list(state.hosts.values())
-        by_state = _gauge("fthsdp_hosts", "Hosts by state", job, 0, ["state"])
-        for s in HostState:
-            by_state.add_metric([job, s.value], sum(h.state == s for h in hosts))
-        yield by_state
+        yield _by_state("fthsdp_hosts", "Hosts by state", job, HostState, hosts)
         yield _gauge("fthsdp_spares_free", "Live, uncordoned spare hosts", job,
                      sum(h.state == HostState.SPARE and not h.cordoned for h in hosts))
         yield _gauge("fthsdp_hosts_cordoned", "Cordoned hosts", job, sum(h.cordoned for h in hosts))
@@ -114,19 +116,14 @@ class StateCollector:
         yield _gauge("fthsdp_job_committed_steps_per_second",
                      "Advances of the job's committed step per second over the last window", job,
                      v.committed_steps_per_s)
-        ratio = _gauge("fthsdp_replica_effective_training_ratio",
-                       "The replica's covered time over the job's wall time", job, 0, ["replica"])
-        commits = CounterMetricFamily("fthsdp_replica_commits", "Commits reported by the replica's leader",
-                                      labels=JOB + ["replica"])
-        failures = CounterMetricFamily("fthsdp_replica_failures", "Times the replica was declared DEAD",
-                                       labels=JOB + ["replica"])
-        for rid, g in v.replicas.items():
-            ratio.add_metric([job, rid], g["effective_training_ratio"])
-            commits.add_metric([job, rid], g["commits"])
-            failures.add_metric([job, rid], g["failures"])
-        yield ratio
-        yield commits
-        yield failures
+        per = v.replicas
+        yield _labelled(GaugeMetricFamily, "fthsdp_replica_effective_training_ratio",
+                        "The replica's covered time over the job's wall time", job, "replica",
+                        {rid: g["effective_training_ratio"] for rid, g in per.items()})
+        yield _labelled(CounterMetricFamily, "fthsdp_replica_commits", "Commits reported by the replica's leader",
+                        job, "replica", {rid: g["commits"] for rid, g in per.items()})
+        yield _labelled(CounterMetricFamily, "fthsdp_replica_failures", "Times the replica was declared DEAD",
+                        job, "replica", {rid: g["failures"] for rid, g in per.items()})
 
 
 class Metrics:
