@@ -17,6 +17,15 @@ def table(headers: list[str], rows: list[list]) -> str:
     return "\n".join(lines)
 
 
+def _goodput_line(job: dict) -> list[str]:
+    """The live goodput of /api/v1/job (absent from older controllers, off with --no-telemetry)."""
+    g = job.get("goodput")
+    if not g or not job.get("telemetry", True):
+        return []
+    return [f"committed step {job.get('committed_step', '?')}  effective training time "
+            f"{g['effective_training_ratio']:.1%} over {g['wall_s']:.0f}s  {g['committed_steps_per_s']:.2f} steps/s"]
+
+
 def render(job: dict, replicas: list, hosts: list, quorums: dict, events: list) -> str:
     out = [
         f"job {job['job_id']} {job['job_state']}  leader {job['leader'] or '?'}  quorum {job['quorum_id']}  "
@@ -25,6 +34,7 @@ def render(job: dict, replicas: list, hosts: list, quorums: dict, events: list) 
         f"{job['replicas_diverged']} diverged / {job['replicas_finished']} finished / {job['replicas_dead']} dead "
         f"of {job['replicas_total']}  spares free {job['spares_free']}  swaps {job['swaps']}  "
         f"steps committed {job['steps_committed']}  digest mismatches {job['digest_mismatches']}",
+        *_goodput_line(job),
         f"round: {job['round']['reason']}",
         "",
         table(["REPLICA", "STATE", "STEP", "COMMITTED", "LOSS", "DIGEST", "SEEN(s)", "REASON"],

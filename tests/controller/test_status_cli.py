@@ -14,6 +14,7 @@ def test_status_prints_tables(controller_process):
     assert out.returncode == 0, out.stderr
     assert "job demo" in out.stdout and "REPLICA" in out.stdout
     assert "round: no replica has joined this round" in out.stdout
+    assert "committed step -1  effective training time 0.0% over 0s" in out.stdout
 
 
 def test_status_reports_unreachable_controller():
