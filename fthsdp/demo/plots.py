@@ -53,7 +53,7 @@ def loss_figure(losses: dict[int, float], baseline: dict[int, float] | None, inj
     ax.set_ylabel("training loss (mean over included replicas)")
     ax.set_yscale("log")
     ax.set_title("Loss against samples seen, failures marked")
-    ax.legend(loc="upper right")
+    ax.legend(loc="lower left")  # the loss falls from the top left: this corner stays free
     fig.tight_layout()
     return fig
 
