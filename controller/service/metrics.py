@@ -21,8 +21,9 @@ FAILURE_BUCKETS_S = (0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 180
 JOB = ["job_id"]
 
 
-def _gauge(name: str, doc: str, job: str, value: float) -> GaugeMetricFamily:
-    g = GaugeMetricFamily(name, doc, labels=JOB)
+def _gauge(name: str, doc: str, job: str, value: float, family=GaugeMetricFamily):
+    """One series of the job (a counter when `family` is CounterMetricFamily)."""
+    g = family(name, doc, labels=JOB)
     g.add_metric([job], value)
     return g
 
@@ -77,6 +78,16 @@ class StateCollector:
                         "replica", {r.replica_id: r.committed_step for r in ordered})
         yield _labelled(CounterMetricFamily, "fthsdp_replica_deaths", "Replica deaths by cause", job, "cause",
                         dict(sorted(state.deaths.items())))
+        yield _gauge("fthsdp_digest_mismatches", "Steps whose replica digests disagreed (each one an event)", job,
+                     state.digest_mismatches, CounterMetricFamily)
+        yield _gauge("fthsdp_job_completed", "1 once every replica finished or died (COMPLETED)", job,
+                     1.0 if state.completed_at is not None else 0.0)
+        yield _labelled(CounterMetricFamily, "fthsdp_steps_lost", "Committed steps given up, by how: rolled back "
+                        "past, or abandoned when a returning replica's newer state won", job, "kind",
+                        {kind: state.steps_lost.get(kind, 0) for kind in ("rollback", "abandoned")})
+        yield _labelled(CounterMetricFamily, "fthsdp_history_changes", "Quorums that rolled the job back, or "
+                        "forward onto a returning replica's newer state", job, "kind",
+                        {kind: state.history_changes.get(kind, 0) for kind in ("rollback", "roll_forward")})
 
     def _hosts(self, state, job: str):
         hosts = list(state.hosts.values())
@@ -84,26 +95,7 @@ class StateCollector:
         yield _gauge("fthsdp_spares_free", "Live, uncordoned spare hosts", job,
                      sum(h.state == HostState.SPARE and not h.cordoned for h in hosts))
         yield _gauge("fthsdp_hosts_cordoned", "Cordoned hosts", job, sum(h.cordoned for h in hosts))
-        swaps = CounterMetricFamily("fthsdp_spare_swaps", "Hosts replaced by a spare", labels=JOB)
-        swaps.add_metric([job], state.swaps)
-        yield swaps
-        mismatches = CounterMetricFamily("fthsdp_digest_mismatches",
-                                         "Steps whose replica digests disagreed (each one an event)")
-        mismatches.add_metric([], state.digest_mismatches)
-        yield mismatches
-        completed = GaugeMetricFamily("fthsdp_job_completed", "1 once every replica finished or died (COMPLETED)")
-        completed.add_metric([], 1.0 if state.completed_at is not None else 0.0)
-        yield completed
-        lost = CounterMetricFamily("fthsdp_steps_lost", "Committed steps given up, by how: rolled back past, "
-                                   "or abandoned when a returning replica's newer state won", labels=["kind"])
-        for kind in ("rollback", "abandoned"):
-            lost.add_metric([kind], state.steps_lost.get(kind, 0))
-        yield lost
-        changes = CounterMetricFamily("fthsdp_history_changes", "Quorums that rolled the job back, or forward "
-                                      "onto a returning replica's newer state", labels=["kind"])
-        for kind in ("rollback", "roll_forward"):
-            changes.add_metric([kind], state.history_changes.get(kind, 0))
-        yield changes
+        yield _gauge("fthsdp_spare_swaps", "Hosts replaced by a spare", job, state.swaps, CounterMetricFamily)
 
     def _goodput(self, state, job: str, now: float):
         if not state.settings.telemetry:

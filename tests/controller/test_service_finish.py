@@ -11,7 +11,7 @@ from controller.service.server import ControllerServer
 from controller.store import MemoryStore
 from protos import controller_pb2 as pb
 
-from .conftest import quorum_request
+from .conftest import quorum_request, samples
 
 REPLICAS = ("r0", "r1", "r2")
 
@@ -79,10 +79,10 @@ async def test_replicas_finish_and_the_job_completes(server, stub):
         assert "replica r0 finished: trainer rank 0 on host h0 exited with code 0" in events
         assert "job t COMPLETED: 2 replica(s) finished, 1 dead" in events
         assert any("exited cleanly before its replica finished" in m for m in events)
-        metrics = (await http.get("/metrics")).text
-        assert "fthsdp_job_completed 1.0" in metrics
-        assert 'fthsdp_replicas{state="FINISHED"} 2.0' in metrics
-        assert 'fthsdp_replica_deaths_total{cause="trainer_exit"} 1.0' in metrics
+        metrics = samples((await http.get("/metrics")).text)
+        assert metrics[("fthsdp_job_completed", ())] == 1
+        assert metrics[("fthsdp_replicas", (("state", "FINISHED"),))] == 2
+        assert metrics[("fthsdp_replica_deaths_total", (("cause", "trainer_exit"),))] == 1
 
 
 @pytest.mark.parametrize("request_, code, text", [
