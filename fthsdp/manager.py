@@ -1,4 +1,4 @@
-"""The Manager: one trainer process's side of the per-step protocol (DESIGN §4).
+"""The Manager: one trainer process's side of the per-step protocol (docs/architecture.md).
 
     begin_step()      quorum (leader) + fan-out, FTAR ring, catch-up fetch when behind
     sync_gradients()  average gradients inside the replica and across replicas

@@ -7,15 +7,18 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import subprocess
 from pathlib import Path
 
 import grpc
 import httpx
+import kubernetes_validate
 import promql_parser
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from protos import controller_pb2 as pb
+from tests.deploy.test_manifests import K8S_VERSION
 from protos import controller_pb2_grpc as pbg
 from tests.ha.cluster import LeaderLog, train
 from tests.waiting import wait_for, wait_for_blocking
@@ -113,6 +116,21 @@ async def test_every_dashboard_expression_names_exported_series(controller_proce
                     assert any(labels.get(label) == value for labels in exported[name]), (expr, label, value)
             checked.add(name)
     assert len(checked) >= 15, sorted(checked)
+
+
+def test_monitoring_kustomization_renders_the_dashboard_configmap():
+    out = subprocess.run(["kubectl", "kustomize", str(MONITORING)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    docs = {d["kind"]: d for d in yaml.safe_load_all(out.stdout) if d}
+    assert set(docs) == {"ConfigMap", "PodMonitor"}
+    kubernetes_validate.validate(docs["ConfigMap"], K8S_VERSION, strict=True)
+    assert docs["ConfigMap"]["metadata"]["labels"] == {"grafana_dashboard": "1"}
+    assert json.loads(docs["ConfigMap"]["data"]["fthsdp.json"])["uid"] == "fthsdp-job"
+    monitor = docs["PodMonitor"]
+    assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
+    assert set(monitor["spec"]) == {"selector", "podMetricsEndpoints"}
+    for endpoint in monitor["spec"]["podMetricsEndpoints"]:
+        assert set(endpoint) <= {"port", "path", "interval", "scrapeTimeout"}
 
 
 def test_podmonitor_selects_the_controller_pods_port():

@@ -1,4 +1,4 @@
-"""Consistency checks over the cluster's recorded step history (DESIGN §4 invariants)."""
+"""Consistency checks over the cluster's recorded step history (the invariants in docs/architecture.md)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Real processes on loopback: a controller (CLI) and replicas of trainer processes with injected faults.
 
-These check DESIGN §4's invariants from the recorded history: bitwise-identical state after
+These check the invariants of docs/architecture.md from the recorded history: bitwise-identical state after
 every commit, exactly-once data, catch-up of a restarted replica, untouched state after a
 failed step, and the survivors' wait bounded by the configured detection bound.
 """
