@@ -18,6 +18,10 @@ KINDS: dict[str, tuple[str, str]] = {
     "death": ("warning", "a replica became DEAD; `cause` says how it was detected"),
     "quorum": ("info", "a new quorum formed: its members, max step, lr scale and the reason it closed"),
     "rollback": ("error", "a quorum's members all lack the newest committed step: training goes back"),
+    "rollback_wait": ("warning", "no live replica holds the newest committed step: the round waits (bounded) "
+                                 "for a replica that does"),
+    "roll_forward": ("warning", "a replica came back with newer state than a rollback's: the job rolls forward "
+                                "to it, abandoning the steps committed since the rollback"),
     "commit_failed": ("warning", "a replica's two-phase commit failed; the next quorum gets a new id"),
     "host": ("info", "an agent registered, registered again, returned after repair, or was uncordoned"),
     "host_death": ("warning", "an agent fell silent past the heartbeat timeout"),
@@ -26,6 +30,7 @@ KINDS: dict[str, tuple[str, str]] = {
     "no_spare": ("error", "a host's work has no spare to move to: its replica stays out"),
     "order": ("info", "orders were queued for agents (assign, stop, restart)"),
     "order_failed": ("error", "an agent refused an order"),
+    "grace": ("info", "a new leader forgives silence while clients reconnect after the takeover"),
     "leader": ("info", "this controller became the leader (warning when it took over a running job)"),
     "digest_mismatch": ("error", "replicas that committed the same step hold different state: the minority "
                                  "becomes DIVERGED and re-syncs from the majority"),

@@ -110,3 +110,17 @@ async def test_events_survive_a_real_failover(etcd, tmp_path):
     finally:
         for c in controllers:
             c.stop()
+
+
+def test_every_event_kind_the_core_records_has_a_level_and_a_meaning():
+    from pathlib import Path
+    import re
+
+    from controller.core.events import KINDS, LEVELS
+
+    core = Path(__file__).resolve().parents[2] / "controller" / "core"
+    kinds = {k for f in core.glob("*.py") for k in re.findall(r'_event\(\s*now,\s*"([a-z_]+)"', f.read_text())}
+    assert len(kinds) >= 15 and kinds <= set(KINDS), sorted(kinds - set(KINDS))
+    assert all(level in LEVELS and meaning for level, meaning in KINDS.values())
+    documented = (core.parents[1] / "docs" / "operations.md").read_text()
+    assert all(f"| `{k}` | {level} |" in documented for k, (level, _) in KINDS.items())

@@ -110,10 +110,10 @@ async def test_rollback_waits_for_the_newest_step_and_a_late_return_rolls_forwar
             async with httpx.AsyncClient(base_url=ctl.http) as client:
                 metrics = (await client.get("/metrics")).text
                 job = (await client.get("/api/v1/job")).json()
-            assert 'fthsdp_steps_lost_total{kind="rollback"} 6.0' in metrics
-            assert 'fthsdp_steps_lost_total{kind="abandoned"} 2.0' in metrics
-            assert 'fthsdp_history_changes_total{kind="rollback"} 1.0' in metrics
-            assert 'fthsdp_history_changes_total{kind="roll_forward"} 1.0' in metrics
+            assert 'fthsdp_steps_lost_total{job_id="t",kind="rollback"} 6.0' in metrics
+            assert 'fthsdp_steps_lost_total{job_id="t",kind="abandoned"} 2.0' in metrics
+            assert 'fthsdp_history_changes_total{job_id="t",kind="rollback"} 1.0' in metrics
+            assert 'fthsdp_history_changes_total{job_id="t",kind="roll_forward"} 1.0' in metrics
             assert job["steps_lost"] == {"rollback": 6, "abandoned": 2} and job["history_step"] == 6
         finally:
             stop.set()
