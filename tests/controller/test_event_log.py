@@ -4,14 +4,17 @@ store and survive a real failover (two controller processes on a real etcd)."""
 import asyncio
 import json
 import logging
+import re
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import grpc
 import httpx
 import pytest
 
+from controller.core.events import KINDS, LEVELS
 from controller.service.event_log import LOGGER
 from protos import controller_pb2 as pb
 from protos import controller_pb2_grpc as pbg
@@ -113,11 +116,6 @@ async def test_events_survive_a_real_failover(etcd, tmp_path):
 
 
 def test_every_event_kind_the_core_records_has_a_level_and_a_meaning():
-    from pathlib import Path
-    import re
-
-    from controller.core.events import KINDS, LEVELS
-
     core = Path(__file__).resolve().parents[2] / "controller" / "core"
     kinds = {k for f in core.glob("*.py") for k in re.findall(r'_event\(\s*now,\s*"([a-z_]+)"', f.read_text())}
     assert len(kinds) >= 15 and kinds <= set(KINDS), sorted(kinds - set(KINDS))
