@@ -26,6 +26,15 @@ PROBLEM = "application/problem+json"
 #: The status page: HTML, JS and CSS shipped in the package (no CDN). Swagger UI and ReDoc
 #: come from the fastapi-offline package's files, served under /ui/vendor.
 UI_DIR = FilePath(__file__).parent / "ui"
+#: The pages may load only what this controller serves: an air-gapped cluster's browser never
+#: tries a CDN (ReDoc would fetch its logo from one). Swagger UI starts from an inline script.
+PAGE_POLICIES = {
+    "/ui": "default-src 'self'; img-src 'self' data:; frame-ancestors 'none'",
+    "/docs": "default-src 'self'; script-src 'self' 'unsafe-inline'; style-src 'self' 'unsafe-inline'; "
+             "img-src 'self' data:; frame-ancestors 'none'",
+    "/redoc": "default-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data:; "
+              "worker-src 'self' blob:; font-src 'self' data:; frame-ancestors 'none'",
+}
 
 
 class Problem(BaseModel):
@@ -100,6 +109,14 @@ def make_app(server) -> FastAPI:
                                      "The status page is at /ui.")
     app.state.server = server
     app.mount("/ui/assets", StaticFiles(directory=UI_DIR), name="ui-assets")
+
+    @app.middleware("http")
+    async def page_policy(request: Request, call_next):
+        response = await call_next(request)
+        policy = PAGE_POLICIES.get(request.url.path)
+        if policy is not None:
+            response.headers["Content-Security-Policy"] = policy
+        return response
 
     @app.get("/", include_in_schema=False)
     async def root():

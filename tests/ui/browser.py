@@ -123,8 +123,21 @@ class Browser:
             time.sleep(every_s)
 
     def requested_urls(self) -> list[str]:
+        """Every URL the pages asked for, except those the page's policy blocked before any
+        byte left the browser (Content-Security-Policy)."""
         with self._arrived:
-            return [e["params"]["request"]["url"] for e in self.events if e.get("method") == "Network.requestWillBeSent"]
+            blocked = {e["params"]["requestId"] for e in self.events if e.get("method") == "Network.loadingFailed"
+                       and e["params"].get("blockedReason") == "csp"}
+            return [e["params"]["request"]["url"] for e in self.events
+                    if e.get("method") == "Network.requestWillBeSent" and e["params"]["requestId"] not in blocked]
+
+    def blocked_urls(self) -> list[str]:
+        """URLs the page's Content-Security-Policy refused to fetch."""
+        with self._arrived:
+            blocked = {e["params"]["requestId"] for e in self.events if e.get("method") == "Network.loadingFailed"
+                       and e["params"].get("blockedReason") == "csp"}
+            return [e["params"]["request"]["url"] for e in self.events
+                    if e.get("method") == "Network.requestWillBeSent" and e["params"]["requestId"] in blocked]
 
     def screenshot(self, path: Path) -> Path:
         data = self.send("Page.captureScreenshot", {"format": "png", "captureBeyondViewport": True})["data"]

@@ -88,6 +88,10 @@ async def test_status_page_shows_the_live_job(controller_process, browser, tmp_p
             await in_browser(browser.open, f"{ctl.http}{path}")
             title = await in_browser(browser.wait_for, ready, 30, f"{path} to render")
             assert "fthsdp controller" in title
+        # ReDoc's bundle asks a CDN for its logo; the page's policy refuses it before it leaves
+        await in_browser(browser.wait_for, "document.querySelector('img[src^=\"https://\"]') !== null", 30,
+                         "ReDoc's external logo")
+        await wait_for(lambda: any("redoc" in u for u in browser.blocked_urls()), 10, "the CSP to block it")
         # everything the three pages loaded came from the controller itself: no CDN
         urls = browser.requested_urls()
         assert any(u.endswith("/ui/vendor/swagger-ui-bundle.js") for u in urls)
