@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint protos bench clean browser
+.PHONY: demo test lint protos bench clean tools
 
 $(STAMP): pyproject.toml requirements-test.txt
 	$(PY) -m venv $(VENV)
@@ -15,16 +15,19 @@ $(STAMP): pyproject.toml requirements-test.txt
 demo: $(STAMP)
 	$(BIN)/fthsdp demo $(DEMO_ARGS)
 
-test: $(STAMP) browser
+test: $(STAMP) tools
 	$(BIN)/lint-imports
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
-# The status-page test drives a real headless Chromium: Debian's package, installed here when
-# missing (as root, as on CI); anyone else is told the one command to run.
-browser:
-	@command -v chromium >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && apt-get update -q && \
-	  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends chromium; } || \
-	  { echo "make test: the UI test needs Chromium: run 'apt-get install chromium' as root" >&2; exit 1; }
+# Tools some tests drive, from Debian's packages: chromium (the status-page test) and kubectl
+# (rendering the kustomizations the docs apply). Installed here when missing (as root, as on
+# CI); anyone else is told the one command to run.
+TOOLS := chromium kubectl
+tools:
+	@missing="$$(for t in $(TOOLS); do command -v $$t >/dev/null 2>&1 || printf '%s ' $$t; done)"; \
+	[ -z "$$missing" ] || { [ "$$(id -u)" = 0 ] && apt-get update -q && \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $$missing; } || \
+	  { echo "make test: some tests need $$missing: run 'apt-get install $$missing' as root" >&2; exit 1; }
 
 protos: $(STAMP)
 	$(BIN)/python -m grpc_tools.protoc -I. --python_out=. --grpc_python_out=. --pyi_out=. protos/controller.proto
