@@ -69,6 +69,9 @@ class Agent:
                  base_env: dict[str, str] | None = None) -> None:
         self.settings = settings
         self.incarnation = uuid.uuid4().hex
+        #: Given by the controller when this incarnation registers; presented on the order
+        #: stream, acks and exit reports. Never logged.
+        self._secret = ""
         self.assignment: Assignment | None = (
             Assignment(settings.replica_id, settings.ranks, settings.world_size)
             if settings.replica_id else None)
@@ -123,7 +126,7 @@ class Agent:
                     # The controller declared this agent dead or lost it: to the controller
                     # this is a new agent, so it gets a new identity (a same-incarnation
                     # registration would be read as the old, dead one).
-                    self.incarnation = uuid.uuid4().hex
+                    self.incarnation, self._secret = uuid.uuid4().hex, ""
                 log.info("host %s: %s; registering again", s.host_id, exc)
                 delay = s.reconnect_base_s  # no hot loop if a stream keeps ending
             except (grpc.aio.AioRpcError, _NotLeader) as exc:
@@ -155,6 +158,8 @@ class Agent:
                 raise PermanentError(f"controller {address} refused host {s.host_id}: "
                                      f"{exc.code().name}: {exc.details()}") from exc
             raise
+        if response.agent_secret:  # a repeated registration of this incarnation keeps the one it has
+            self._secret = response.agent_secret
         given = Assignment.from_proto(response.assignment)
         # The registration answer is the controller's record: adopted as it is, version too
         # (a controller that lost its store may count versions anew; orders follow it).
@@ -217,12 +222,14 @@ class Agent:
 
     async def _orders(self, stub: pb_grpc.ControllerStub) -> None:
         s = self.settings
-        stream = stub.Orders(pb.OrdersRequest(host_id=s.host_id, incarnation=self.incarnation))
+        stream = stub.Orders(pb.OrdersRequest(host_id=s.host_id, incarnation=self.incarnation,
+                                              agent_secret=self._secret))
         async for order in stream:
             ok, error = await self.handle_order(order)
             try:
                 await stub.AckOrder(pb.AckOrderRequest(
-                    host_id=s.host_id, order_id=order.order_id, ok=ok, error=error),
+                    host_id=s.host_id, order_id=order.order_id, ok=ok, error=error,
+                    agent_secret=self._secret),
                     timeout=s.rpc_timeout_s)
             except grpc.aio.AioRpcError as exc:
                 if exc.code() not in _PERMANENT:
@@ -240,7 +247,8 @@ class Agent:
                     await stub.ReportTrainerExit(pb.TrainerExitRequest(
                         host_id=host_id, replica_id=e.replica_id, rank=e.rank,
                         exit_code=e.exit_code, signal=e.signal, stderr_tail=e.stderr_tail,
-                        gave_up=e.gave_up), timeout=self.settings.rpc_timeout_s)
+                        gave_up=e.gave_up, agent_secret=self._secret),
+                        timeout=self.settings.rpc_timeout_s)
                 except grpc.aio.AioRpcError as exc:
                     if exc.code() not in _PERMANENT:
                         raise  # kept: sent again on the next session

@@ -53,11 +53,13 @@ class Leader:
         step = 0
         try:
             while not stop.is_set():
+                # r0's rank 0 is on h1 (the agent below): its leader names that host
                 q = await self.client.call("Quorum", pb.QuorumRequest(job_id=self.job, replica_id="r0", step=step,
-                                                                      world_size=1, incarnation="bench"))
+                                                                      world_size=1, incarnation="bench", host_id="h1"))
                 self.answered.append(time.perf_counter())
                 await self.client.call("ReportStep", pb.ReportStepRequest(job_id=self.job, replica_id="r0",
-                                                                          step=q.max_step, quorum_id=q.quorum_id))
+                                                                          step=q.max_step, quorum_id=q.quorum_id,
+                                                                          host_id="h1"))
                 step = q.max_step + 1
                 await asyncio.sleep(0.05)
         except Exception as exc:  # noqa: BLE001 - reported by the trial that waits on it

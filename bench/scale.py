@@ -94,13 +94,15 @@ async def run(args) -> dict:
             first = known[r] == 0
             reply = await leaders[r].Quorum(pb.QuorumRequest(
                 job_id=JOB, replica_id=f"r{r:02d}", step=step, world_size=world, known_quorum_id=known[r],
+                host_id=f"host-{r:02d}-00000",  # the host holding rank 0 leads
                 ftar_addresses=addresses[r][0] if first else [], state_addresses=addresses[r][1] if first else []),
                 timeout=60)
             known[r] = reply.quorum_id
 
         async def report(r: int, step: int) -> None:
             await leaders[r].ReportStep(pb.ReportStepRequest(job_id=JOB, replica_id=f"r{r:02d}", step=step,
-                                                             quorum_id=known[r], step_time_s=1.0))
+                                                             quorum_id=known[r], step_time_s=1.0,
+                                                             host_id=f"host-{r:02d}-00000"))
 
         await asyncio.gather(*(leader(r, 0) for r in range(args.replicas)))  # first join carries addresses
         await asyncio.gather(*(report(r, 0) for r in range(args.replicas)))

@@ -20,6 +20,11 @@ value and lease this leadership created it with. A refused write whose leadershi
 holds sets `lost`. A leadership that is locally lost, or past its deadline, is refused
 without a round trip.
 
+Security. `https://` endpoints, or a CA file, turn TLS on (the CA checks etcd's certificate;
+a client certificate and key add mTLS); a user and password authenticate to etcd's auth (the
+token etcd hands out is fetched again when etcd says it expired). aetcd 1.0 opens only
+plaintext channels, so `_Client` opens the channel itself and leaves the rest to aetcd.
+
 Errors. Every call is bounded by `op_timeout_s`; an unreachable or failing etcd raises
 `StoreError`; a `cas` that raised may or may not have been applied, so re-read (`get`)
 before deciding again. The client reconnects by itself (gRPC reconnect backoff capped by
@@ -44,8 +49,11 @@ import aetcd
 import aetcd.exceptions
 import aetcd.rpc
 import aetcd.transactions
+import aetcd.watcher
+import grpc
 
 from controller.store import Leadership, StoreError, Versioned
+from protos.dial import TlsFiles
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +69,14 @@ class EtcdStoreSettings:
     keep-alive retries after a failed refresh."""
     reconnect_backoff_max_s: float = 1.0
     """Longest pause between gRPC reconnection attempts after etcd went away."""
+    ca_file: str | None = None
+    """PEM CA that signed etcd's server certificate: turns TLS on."""
+    cert_file: str | None = None
+    """PEM client certificate (with `key_file`) for etcd's --client-cert-auth."""
+    key_file: str | None = None
+    username: str | None = None
+    """etcd user (with `password`) for etcd's auth; the password is never shown."""
+    password: str | None = field(default=None, repr=False)
 
     def validate(self) -> None:
         for name in ("op_timeout_s", "poll_interval_s", "reconnect_backoff_max_s"):
@@ -68,6 +84,13 @@ class EtcdStoreSettings:
             if not (isinstance(value, (int, float)) and value > 0 and math.isfinite(value)):
                 raise ValueError(f"EtcdStoreSettings.{name} must be a positive number of "
                                  f"seconds, got {value!r}.")
+        self.tls_files().validate()
+        if bool(self.username) != bool(self.password):
+            raise ValueError(f"etcd auth needs both a user and a password, got user={self.username!r} "
+                             f"and {'a' if self.password else 'no'} password.")
+
+    def tls_files(self) -> TlsFiles:
+        return TlsFiles(self.ca_file, self.cert_file, self.key_file, peer="etcd")
 
 
 @dataclass
@@ -92,14 +115,54 @@ class _LeaseCompare(aetcd.transactions.BaseCompare):
 
 
 def parse_endpoint(endpoint: str) -> tuple[str, int]:
-    """"host:port", "http://host:port" or "[::1]:port" -> (host, port). TLS is not supported."""
+    """"host:port", "http(s)://host:port" or "[::1]:port" -> (host, port)."""
     split = urlsplit(endpoint if "//" in endpoint else f"//{endpoint}")
-    if split.scheme not in ("", "http"):
-        raise ValueError(f"etcd endpoint {endpoint!r}: only plain http is supported.")
+    if split.scheme not in ("", "http", "https"):
+        raise ValueError(f"etcd endpoint {endpoint!r}: the scheme must be http or https.")
     if not split.hostname or split.port is None:
         raise ValueError(f"etcd endpoint {endpoint!r} must name a host and a port.")
     host = split.hostname
     return (f"[{host}]" if ":" in host else host), split.port
+
+
+class _Client(aetcd.Client):
+    """aetcd's client on a channel opened here: TLS when `credentials` are given (aetcd 1.0
+    opens plaintext channels only), then etcd auth as aetcd does it."""
+
+    def __init__(self, *, credentials: grpc.ChannelCredentials | None, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self._credentials = credentials
+
+    async def connect(self) -> None:
+        if self._connected.is_set():
+            return
+        if self._is_connecting:  # another call is connecting: wait for it
+            await asyncio.wait_for(self._connected.wait(), self._connect_wait_timeout)
+            return
+        self._is_connecting = True
+        try:
+            target, options = f"{self._host}:{self._port}", list(self._options.items())
+            self.channel = (grpc.aio.secure_channel(target, self._credentials, options=options)
+                            if self._credentials is not None else grpc.aio.insecure_channel(target, options=options))
+            if self._username is not None:
+                reply = await aetcd.rpc.AuthStub(self.channel).Authenticate(
+                    aetcd.rpc.AuthenticateRequest(name=self._username, password=self._password),
+                    timeout=self._timeout)
+                self.metadata = (("token", reply.token),)
+            self.kvstub = aetcd.rpc.KVStub(self.channel)
+            self.clusterstub = aetcd.rpc.ClusterStub(self.channel)
+            self.leasestub = aetcd.rpc.LeaseStub(self.channel)
+            self.maintenancestub = aetcd.rpc.MaintenanceStub(self.channel)
+            self._watcher = aetcd.watcher.Watcher(aetcd.rpc.WatchStub(self.channel), timeout=self._timeout,
+                                                  metadata=self.metadata)
+            self._connected.set()
+        except BaseException:
+            if self.channel is not None:
+                await self.channel.close()
+            self._init_channel_attrs()
+            raise
+        finally:
+            self._is_connecting = False
 
 
 _CONNECTION_ERRORS = (aetcd.exceptions.ConnectionFailedError,
@@ -119,6 +182,11 @@ class EtcdStore:
         self.settings = settings or EtcdStoreSettings()
         self.settings.validate()
         self._addresses = [parse_endpoint(e) for e in endpoints]
+        tls = self.settings.ca_file or any(e.startswith("https://") for e in endpoints)
+        plain = [e for e in endpoints if e.startswith("http://")]
+        if tls and plain:
+            raise ValueError(f"etcd endpoints {plain} are plain http, but TLS is on (https endpoints or a CA file).")
+        self._credentials = self.settings.tls_files().credentials() if tls else None
         self._prefix = prefix.rstrip("/")
         self._election_key = f"{self._prefix}/leader".encode()
         self._clients: list[aetcd.Client | None] = [None] * len(self._addresses)
@@ -138,7 +206,8 @@ class EtcdStore:
         if self._clients[index] is None:
             host, port = self._addresses[index]
             backoff_ms = int(self.settings.reconnect_backoff_max_s * 1000)
-            self._clients[index] = aetcd.Client(
+            self._clients[index] = _Client(
+                credentials=self._credentials, username=self.settings.username, password=self.settings.password,
                 host=host, port=port, timeout=self.settings.op_timeout_s,
                 connect_wait_timeout=self.settings.op_timeout_s,
                 options={
@@ -153,9 +222,18 @@ class EtcdStore:
         return self._clients[index]
 
     async def _call(self, what: str, make):
-        """Run `make(client)` bounded by op_timeout_s; failures become StoreError."""
+        """Run `make(client)` bounded by op_timeout_s; failures become StoreError. When etcd
+        says the auth token expired, the client logs in again and the call is tried once more."""
         try:
-            return await asyncio.wait_for(make(self._client()), self.settings.op_timeout_s)
+            try:
+                return await asyncio.wait_for(make(self._client()), self.settings.op_timeout_s)
+            except aetcd.exceptions.UnauthenticatedError:
+                if self.settings.username is None:
+                    raise
+                await self._drop_client()
+                return await asyncio.wait_for(make(self._client()), self.settings.op_timeout_s)
+        except grpc.aio.AioRpcError as error:  # raised by connect(): TLS handshake, wrong password
+            raise StoreError(f"etcd {what} failed: {error.code().name}: {error.details()}") from error
         except _CONNECTION_ERRORS as error:
             if len(self._addresses) > 1:
                 self._current = (self._current + 1) % len(self._addresses)
@@ -194,6 +272,14 @@ class EtcdStore:
         if not self._still_ours(fence, responses[0]):
             self._lose(leadership, "the election key is no longer its own")
         return None
+
+    async def _drop_client(self) -> None:
+        client, self._clients[self._current] = self._clients[self._current], None
+        if client is not None:
+            try:
+                await client.close()
+            except Exception as error:  # noqa: BLE001 - closing a broken client must not hide the retry
+                log.debug("closing the etcd client failed: %s", error)
 
     @staticmethod
     def _still_ours(fence: _Fence, range_kvs) -> bool:

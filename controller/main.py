@@ -19,6 +19,7 @@ from controller.settings import LR_POLICIES, ControllerSettings
 
 ENV_ADMIN_TOKEN = "FTHSDP_ADMIN_TOKEN"
 ENV_READ_TOKEN = "FTHSDP_READ_TOKEN"
+ENV_ETCD_PASSWORD = "FTHSDP_ETCD_PASSWORD"
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -36,16 +37,30 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--hosts-per-replica", type=int,
                    help="lay replicas out here: agents without an assignment get a free host slot")
     p.add_argument("--ranks-per-host", type=int, help="ranks (GPUs) per host in that layout")
-    p.add_argument("--etcd", help="comma-separated etcd endpoints (host:port); default: in-memory store")
+    p.add_argument("--etcd", help="comma-separated etcd endpoints (host:port, http(s)://host:port); "
+                                   "default: in-memory store")
     p.add_argument("--lease-ttl-s", type=float, help="leader lease in etcd (default 5)")
     p.add_argument("--advertise-address",
                    help="host:port clients know this controller by; a standby names the leader's in its "
                         "refusals (default: the gRPC address it binds)")
+    p.add_argument("--etcd-ca-file", help="PEM CA of etcd's server certificate: enables TLS to etcd")
+    p.add_argument("--etcd-cert-file", help="PEM client certificate for etcd (mTLS)")
+    p.add_argument("--etcd-key-file", help="PEM client key for etcd (mTLS)")
+    p.add_argument("--etcd-user", help="etcd user (etcd auth); the password comes from --etcd-password-file")
+    p.add_argument("--etcd-password-file", help=f"file holding the etcd user's password (or env {ENV_ETCD_PASSWORD})")
+    p.add_argument("--store-max-request-bytes", type=int,
+                   help="largest store write: etcd's --max-request-bytes (default 1572864)")
     p.add_argument("--admin-token-file", help=f"file holding the admin bearer token (or env {ENV_ADMIN_TOKEN})")
     p.add_argument("--read-token-file", help=f"file holding a token required for reads (or env {ENV_READ_TOKEN})")
     p.add_argument("--tls-cert-file", help="PEM server certificate: enables TLS on gRPC")
     p.add_argument("--tls-key-file", help="PEM server private key")
     p.add_argument("--tls-client-ca-file", help="PEM CA for client certificates: enables mTLS")
+    p.add_argument("--bind-client-cert-to-host", metavar="RULE",
+                   help="with mTLS: which certificate may act as which host id: 'exact' (a SAN DNS name, SAN "
+                        "URI or the CN equals the host id) or a pattern with {host_id}, e.g. "
+                        "'spiffe://example.com/agent/{host_id}'")
+    p.add_argument("--http-tls-cert-file", help="PEM certificate: serves the REST API and /metrics over HTTPS")
+    p.add_argument("--http-tls-key-file", help="PEM private key for --http-tls-cert-file")
     p.add_argument("--log-level", default="INFO", help="the text log on stderr")
     p.add_argument("--event-log", default="stderr",
                    help="where the JSON event lines go: stderr (default), off, or a file path (appended)")
@@ -60,9 +75,28 @@ def _secret(path: str | None, env: str) -> str | None:
     if path:
         value = Path(path).read_text().strip()
         if not value:
-            raise ValueError(f"token file {path} is empty.")
+            raise ValueError(f"secret file {path} is empty.")
         return value
     return os.environ.get(env) or None
+
+
+def _http_tls(args) -> tuple[str, str] | None:
+    if bool(args.http_tls_cert_file) != bool(args.http_tls_key_file):
+        raise ValueError("--http-tls-cert-file and --http-tls-key-file go together.")
+    for path in (args.http_tls_cert_file, args.http_tls_key_file):
+        if path and not Path(path).is_file():
+            raise ValueError(f"HTTP TLS file {path} does not exist.")
+    return (args.http_tls_cert_file, args.http_tls_key_file) if args.http_tls_cert_file else None
+
+
+def _etcd_store(args, job_id: str):
+    from controller.etcd_store import EtcdStore, EtcdStoreSettings
+
+    password = _secret(args.etcd_password_file, ENV_ETCD_PASSWORD)
+    settings = EtcdStoreSettings(ca_file=args.etcd_ca_file, cert_file=args.etcd_cert_file,
+                                 key_file=args.etcd_key_file, username=args.etcd_user,
+                                 password=password if args.etcd_user else None)
+    return EtcdStore(endpoints=args.etcd.split(","), prefix=f"/fthsdp/{job_id}", settings=settings)
 
 
 def _credentials(args):
@@ -87,17 +121,18 @@ def build_server(args):
         args.settings, job_id=args.job_id, replicas=args.replicas, min_replicas=args.min_replicas,
         join_timeout_s=args.join_timeout_s, heartbeat_timeout_s=args.heartbeat_timeout_s, lr_policy=args.lr_policy,
         hosts_per_replica=args.hosts_per_replica, ranks_per_host=args.ranks_per_host,
-        lease_ttl_s=args.lease_ttl_s, telemetry=False if args.no_telemetry else None)
-    store = None
-    if args.etcd:
-        from controller.etcd_store import EtcdStore
-
-        store = EtcdStore(endpoints=args.etcd.split(","), prefix=f"/fthsdp/{settings.job_id}")
+        lease_ttl_s=args.lease_ttl_s, telemetry=False if args.no_telemetry else None,
+        store_max_request_bytes=args.store_max_request_bytes, bind_client_cert_to_host=args.bind_client_cert_to_host)
+    if settings.bind_client_cert_to_host and not args.tls_client_ca_file:
+        raise ValueError("--bind-client-cert-to-host needs mTLS: give --tls-client-ca-file too.")
+    if not args.etcd and (args.etcd_ca_file or args.etcd_cert_file or args.etcd_user):
+        raise ValueError("the --etcd-* TLS and auth flags need --etcd.")
+    store = _etcd_store(args, settings.job_id) if args.etcd else None
     return ControllerServer(
         settings, host=args.host, grpc_port=args.grpc_port, http_port=args.http_port, store=store,
         admin_token=_secret(args.admin_token_file, ENV_ADMIN_TOKEN),
         read_token=_secret(args.read_token_file, ENV_READ_TOKEN),
-        grpc_credentials=_credentials(args), advertise_address=args.advertise_address)
+        grpc_credentials=_credentials(args), advertise_address=args.advertise_address, http_tls=_http_tls(args))
 
 
 async def serve(args) -> int:

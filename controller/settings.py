@@ -6,10 +6,17 @@ Command-line flags win over the JSON settings file, which wins over these defaul
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 LR_POLICIES = ("none", "linear", "sqrt")
+#: Hard ceilings on the settings themselves (a settings file is input too).
+MAX_WORLD_SIZE = 1 << 20
+MAX_RECENT = 10_000
+MIN_REASON_CHARS, MAX_REASON_CHARS = 64, 65_536
+#: Below this not even an empty job's snapshot fits.
+MIN_STORE_REQUEST_BYTES = 16_384
 
 
 @dataclass(frozen=True)
@@ -35,6 +42,27 @@ class ControllerSettings:
     #: Longest accepted identifier (replica, host, job) and address, in characters.
     max_id_chars: int = 128
     max_address_chars: int = 256
+    #: Free text from clients (failure reasons, order errors, stderr tails) longer than this is
+    #: cut to this many characters, ending with a marker that says how much was cut.
+    max_reason_chars: int = 1024
+    #: Most hosts (agents) the controller keeps; a registration past it is refused.
+    max_hosts: int = 100_000
+    #: Most trainer slots, and so ranks, one host may run.
+    max_slots_per_host: int = 1024
+    #: Largest gRPC request accepted. The biggest legitimate one is a Quorum carrying every
+    #: rank's addresses, which must fit in the store anyway (store_max_request_bytes).
+    max_request_bytes: int = 8 << 20
+    #: The largest write the store accepts: etcd's --max-request-bytes (default 1.5 MiB).
+    #: Every write is checked against it before the request that causes it is acknowledged.
+    store_max_request_bytes: int = 1_572_864
+    #: The leader steps down (health NOT_SERVING, lease released) when this many store writes
+    #: failed in a row, or when writes have kept failing for this long, whichever comes first.
+    store_failed_writes_to_step_down: int = 5
+    store_failing_s_to_step_down: float = 10.0
+    #: With mTLS: which client certificates may act as which host. "" (off), "exact" (a SAN
+    #: DNS name, SAN URI or the CN equals the host id) or a pattern with {host_id} in it, e.g.
+    #: "{host_id}.agents.example.com" or "spiffe://example.com/agent/{host_id}".
+    bind_client_cert_to_host: str = ""
     #: How many past quorums and events the status API keeps.
     recent_quorums: int = 50
     recent_events: int = 1000
@@ -80,6 +108,11 @@ class ControllerSettings:
         forgiven outright, since the new leader restarts every last-seen time."""
         return self.client_timeout_s + self.reconnect_cycle_s
 
+    @property
+    def max_replica_records(self) -> int:
+        """Most replica ids the controller keeps: room for restarts and renames, but bounded."""
+        return 4 * self.replicas + 16
+
     def validate(self) -> "ControllerSettings":
         problems = []
         if not self.job_id or len(self.job_id) > self.max_id_chars:
@@ -91,9 +124,9 @@ class ControllerSettings:
                 f"min_replicas must be between 1 and replicas ({self.replicas}), got {self.min_replicas}."
             )
         for name in ("join_timeout_s", "heartbeat_timeout_s", "stop_grace_s", "digest_wait_s", "lease_ttl_s",
-                     "client_backoff_cap_s", "client_call_s", "client_timeout_s"):
+                     "client_backoff_cap_s", "client_call_s", "client_timeout_s", "store_failing_s_to_step_down"):
             value = getattr(self, name)
-            if not value > 0:
+            if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
                 problems.append(f"{name} must be a positive number of seconds, got {value}.")
         if self.rollback_wait_s < 0:
             problems.append(f"rollback_wait_s must not be negative, got {self.rollback_wait_s}.")
@@ -110,11 +143,37 @@ class ControllerSettings:
             problems.append(f"hosts_per_replica × ranks_per_host ({self.hosts_per_replica * self.ranks_per_host}) "
                             f"exceeds max_world_size ({self.max_world_size}).")
         for name in ("ranks_per_host", "max_world_size", "max_id_chars", "max_address_chars", "recent_quorums",
-                     "recent_events", "max_message_bytes", "digest_steps_kept"):
+                     "recent_events", "max_message_bytes", "digest_steps_kept", "max_hosts", "max_slots_per_host", "max_request_bytes",
+                     "store_failed_writes_to_step_down"):
             if getattr(self, name) < 1:
                 problems.append(f"{name} must be at least 1, got {getattr(self, name)}.")
         if not 8 <= self.max_digest_chars <= 1024:
             problems.append(f"max_digest_chars must be 8..1024, got {self.max_digest_chars}.")
+        if not MIN_REASON_CHARS <= self.max_reason_chars <= MAX_REASON_CHARS:
+            problems.append(f"max_reason_chars must be {MIN_REASON_CHARS}..{MAX_REASON_CHARS}, "
+                            f"got {self.max_reason_chars}.")
+        if self.max_world_size > MAX_WORLD_SIZE:
+            problems.append(f"max_world_size must be at most {MAX_WORLD_SIZE}, got {self.max_world_size}.")
+        if self.recent_events > MAX_RECENT:
+            problems.append(f"recent_events must be at most {MAX_RECENT}, got {self.recent_events}.")
+        if self.recent_quorums > MAX_RECENT:
+            problems.append(f"recent_quorums must be at most {MAX_RECENT}, got {self.recent_quorums}.")
+        if self.ranks_per_host > self.max_slots_per_host:
+            problems.append(f"ranks_per_host ({self.ranks_per_host}) exceeds max_slots_per_host "
+                            f"({self.max_slots_per_host}).")
+        if self.store_max_request_bytes < MIN_STORE_REQUEST_BYTES:
+            problems.append(f"store_max_request_bytes must be at least {MIN_STORE_REQUEST_BYTES}, "
+                            f"got {self.store_max_request_bytes}.")
+        binding = self.bind_client_cert_to_host
+        if binding and binding != "exact" and "{host_id}" not in binding:
+            problems.append(f"bind_client_cert_to_host must be empty, 'exact' or a pattern containing "
+                            f"{{host_id}}, got {binding!r}.")
+        if not problems:
+            from controller.core.sizes import replicas_section_problem
+
+            problem = replicas_section_problem(self)
+            if problem:
+                problems.append(problem)
         if problems:
             raise ValueError(" ".join(problems))
         return self

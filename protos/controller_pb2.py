@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17protos/controller.proto\x12\tfthsdp.v1\"\xdd\x01\n\rQuorumRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x12\n\nreplica_id\x18\x02 \x01(\t\x12\x0c\n\x04step\x18\x03 \x01(\x03\x12\x12\n\nworld_size\x18\x04 \x01(\x05\x12\x16\n\x0e\x66tar_addresses\x18\x05 \x03(\t\x12\x17\n\x0fstate_addresses\x18\x06 \x03(\t\x12\x17\n\x0fknown_quorum_id\x18\x07 \x01(\x03\x12\x16\n\x0eleader_address\x18\x08 \x01(\t\x12\x13\n\x0bincarnation\x18\t \x01(\t\x12\x0f\n\x07host_id\x18\n \x01(\t\"l\n\x06Member\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12\x0c\n\x04step\x18\x02 \x01(\x03\x12\x0f\n\x07healthy\x18\x03 \x01(\x08\x12\x16\n\x0e\x66tar_addresses\x18\x04 \x03(\t\x12\x17\n\x0fstate_addresses\x18\x05 \x03(\t\"A\n\x11RecoverAssignment\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12\x18\n\x10sources_by_shard\x18\x02 \x03(\t\"\x9e\x02\n\x0eQuorumResponse\x12\x11\n\tquorum_id\x18\x01 \x01(\x03\x12\"\n\x07members\x18\x02 \x03(\x0b\x32\x11.fthsdp.v1.Member\x12\x10\n\x08max_step\x18\x03 \x01(\x03\x12-\n\x07recover\x18\x04 \x03(\x0b\x32\x1c.fthsdp.v1.RecoverAssignment\x12\x10\n\x08lr_scale\x18\x05 \x01(\x01\x12\x0e\n\x06reason\x18\x06 \x01(\t\x12\x1a\n\x12\x61\x64\x64resses_included\x18\x07 \x01(\x08\x12\x16\n\x0etotal_replicas\x18\x08 \x01(\x05\x12#\n\x16resume_checkpoint_step\x18\t \x01(\x03H\x00\x88\x01\x01\x42\x19\n\x17_resume_checkpoint_step\"9\n\x10HeartbeatRequest\x12\x10\n\x08host_ids\x18\x01 \x03(\t\x12\x13\n\x0breplica_ids\x18\x02 \x03(\t\"|\n\x11HeartbeatResponse\x12\x13\n\x0bunknown_ids\x18\x01 \x03(\t\x12\x12\n\nnot_leader\x18\x02 \x01(\x08\x12&\n\tjob_state\x18\x03 \x01(\x0e\x32\x13.fthsdp.v1.JobState\x12\x16\n\x0eleader_address\x18\x04 \x01(\t\"\xf1\x01\n\x11ReportStepRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x12\n\nreplica_id\x18\x02 \x01(\t\x12\x11\n\tquorum_id\x18\x03 \x01(\x03\x12\x0c\n\x04step\x18\x04 \x01(\x03\x12\x13\n\x0bstep_time_s\x18\x05 \x01(\x01\x12\x0c\n\x04loss\x18\x06 \x01(\x01\x12\x0e\n\x06tokens\x18\x07 \x01(\x03\x12\x0f\n\x07host_id\x18\x08 \x01(\t\x12\x0e\n\x06\x64igest\x18\t \x01(\t\x12\x11\n\tcaught_up\x18\n \x01(\x08\x12\x1c\n\x0f\x63heckpoint_step\x18\x0b \x01(\x03H\x00\x88\x01\x01\x42\x12\n\x10_checkpoint_step\"\x14\n\x12ReportStepResponse\"j\n\x15ReportFinishedRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x12\n\nreplica_id\x18\x02 \x01(\t\x12\x0c\n\x04step\x18\x03 \x01(\x03\x12\x0f\n\x07host_id\x18\x04 \x01(\t\x12\x0e\n\x06reason\x18\x05 \x01(\t\"@\n\x16ReportFinishedResponse\x12&\n\tjob_state\x18\x01 \x01(\x0e\x32\x13.fthsdp.v1.JobState\"\xe2\x01\n\x14ReportFailureRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x12\n\nreplica_id\x18\x02 \x01(\t\x12\x11\n\tquorum_id\x18\x03 \x01(\x03\x12\x0c\n\x04step\x18\x04 \x01(\x03\x12\x32\n\x04kind\x18\x05 \x01(\x0e\x32$.fthsdp.v1.ReportFailureRequest.Kind\x12\x0e\n\x06reason\x18\x06 \x01(\t\"A\n\x04Kind\x12\x14\n\x10KIND_UNSPECIFIED\x10\x00\x12\x11\n\rCOMMIT_FAILED\x10\x01\x12\x10\n\x0cREPLICA_DEAD\x10\x02\"\x17\n\x15ReportFailureResponse\"m\n\nAssignment\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12\r\n\x05ranks\x18\x02 \x03(\x05\x12\x12\n\nworld_size\x18\x03 \x01(\x05\x12\x0f\n\x07version\x18\x04 \x01(\x04\x12\x17\n\x0freplica_version\x18\x05 \x01(\x04\"\xf1\x01\n\x14RegisterAgentRequest\x12\x0f\n\x07host_id\x18\x01 \x01(\t\x12\r\n\x05spare\x18\x02 \x01(\x08\x12\r\n\x05slots\x18\x03 \x01(\x05\x12;\n\x06labels\x18\x04 \x03(\x0b\x32+.fthsdp.v1.RegisterAgentRequest.LabelsEntry\x12)\n\nassignment\x18\x05 \x01(\x0b\x32\x15.fthsdp.v1.Assignment\x12\x13\n\x0bincarnation\x18\x06 \x01(\t\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x8a\x01\n\x15RegisterAgentResponse\x12)\n\nassignment\x18\x01 \x01(\x0b\x32\x15.fthsdp.v1.Assignment\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\x0e\n\x06job_id\x18\x03 \x01(\t\x12&\n\tjob_state\x18\x04 \x01(\x0e\x32\x13.fthsdp.v1.JobState\"5\n\rOrdersRequest\x12\x0f\n\x07host_id\x18\x01 \x01(\t\x12\x13\n\x0bincarnation\x18\x02 \x01(\t\"\xf0\x01\n\x05Order\x12\x10\n\x08order_id\x18\x01 \x01(\t\x12#\n\x04kind\x18\x02 \x01(\x0e\x32\x15.fthsdp.v1.Order.Kind\x12)\n\nassignment\x18\x03 \x01(\x0b\x32\x15.fthsdp.v1.Assignment\x12\x0e\n\x06reason\x18\x04 \x01(\t\x12\x0f\n\x07version\x18\x05 \x01(\x04\"d\n\x04Kind\x12\x14\n\x10KIND_UNSPECIFIED\x10\x00\x12\t\n\x05START\x10\x01\x12\x0b\n\x07RESTART\x10\x02\x12\x08\n\x04STOP\x10\x03\x12\n\n\x06\x41SSIGN\x10\x04\x12\x0b\n\x07RELEASE\x10\x05\x12\x0b\n\x07\x43URRENT\x10\x06\"O\n\x0f\x41\x63kOrderRequest\x12\x0f\n\x07host_id\x18\x01 \x01(\t\x12\x10\n\x08order_id\x18\x02 \x01(\t\x12\n\n\x02ok\x18\x03 \x01(\x08\x12\r\n\x05\x65rror\x18\x04 \x01(\t\"\x12\n\x10\x41\x63kOrderResponse\"\x90\x01\n\x12TrainerExitRequest\x12\x0f\n\x07host_id\x18\x01 \x01(\t\x12\x12\n\nreplica_id\x18\x02 \x01(\t\x12\x0c\n\x04rank\x18\x03 \x01(\x05\x12\x11\n\texit_code\x18\x04 \x01(\x05\x12\x0e\n\x06signal\x18\x05 \x01(\x05\x12\x13\n\x0bstderr_tail\x18\x06 \x01(\t\x12\x0f\n\x07gave_up\x18\x07 \x01(\x08\"\x15\n\x13TrainerExitResponse*A\n\x08JobState\x12\x19\n\x15JOB_STATE_UNSPECIFIED\x10\x00\x12\x0b\n\x07RUNNING\x10\x01\x12\r\n\tCOMPLETED\x10\x02\x32\xb2\x05\n\nController\x12=\n\x06Quorum\x12\x18.fthsdp.v1.QuorumRequest\x1a\x19.fthsdp.v1.QuorumResponse\x12J\n\tHeartbeat\x12\x1b.fthsdp.v1.HeartbeatRequest\x1a\x1c.fthsdp.v1.HeartbeatResponse(\x01\x30\x01\x12I\n\nReportStep\x12\x1c.fthsdp.v1.ReportStepRequest\x1a\x1d.fthsdp.v1.ReportStepResponse\x12R\n\rReportFailure\x12\x1f.fthsdp.v1.ReportFailureRequest\x1a .fthsdp.v1.ReportFailureResponse\x12R\n\rRegisterAgent\x12\x1f.fthsdp.v1.RegisterAgentRequest\x1a .fthsdp.v1.RegisterAgentResponse\x12\x36\n\x06Orders\x12\x18.fthsdp.v1.OrdersRequest\x1a\x10.fthsdp.v1.Order0\x01\x12\x43\n\x08\x41\x63kOrder\x12\x1a.fthsdp.v1.AckOrderRequest\x1a\x1b.fthsdp.v1.AckOrderResponse\x12R\n\x11ReportTrainerExit\x12\x1d.fthsdp.v1.TrainerExitRequest\x1a\x1e.fthsdp.v1.TrainerExitResponse\x12U\n\x0eReportFinished\x12 .fthsdp.v1.ReportFinishedRequest\x1a!.fthsdp.v1.ReportFinishedResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17protos/controller.proto\x12\tfthsdp.v1\"\xdd\x01\n\rQuorumRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x12\n\nreplica_id\x18\x02 \x01(\t\x12\x0c\n\x04step\x18\x03 \x01(\x03\x12\x12\n\nworld_size\x18\x04 \x01(\x05\x12\x16\n\x0e\x66tar_addresses\x18\x05 \x03(\t\x12\x17\n\x0fstate_addresses\x18\x06 \x03(\t\x12\x17\n\x0fknown_quorum_id\x18\x07 \x01(\x03\x12\x16\n\x0eleader_address\x18\x08 \x01(\t\x12\x13\n\x0bincarnation\x18\t \x01(\t\x12\x0f\n\x07host_id\x18\n \x01(\t\"l\n\x06Member\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12\x0c\n\x04step\x18\x02 \x01(\x03\x12\x0f\n\x07healthy\x18\x03 \x01(\x08\x12\x16\n\x0e\x66tar_addresses\x18\x04 \x03(\t\x12\x17\n\x0fstate_addresses\x18\x05 \x03(\t\"A\n\x11RecoverAssignment\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12\x18\n\x10sources_by_shard\x18\x02 \x03(\t\"\x9e\x02\n\x0eQuorumResponse\x12\x11\n\tquorum_id\x18\x01 \x01(\x03\x12\"\n\x07members\x18\x02 \x03(\x0b\x32\x11.fthsdp.v1.Member\x12\x10\n\x08max_step\x18\x03 \x01(\x03\x12-\n\x07recover\x18\x04 \x03(\x0b\x32\x1c.fthsdp.v1.RecoverAssignment\x12\x10\n\x08lr_scale\x18\x05 \x01(\x01\x12\x0e\n\x06reason\x18\x06 \x01(\t\x12\x1a\n\x12\x61\x64\x64resses_included\x18\x07 \x01(\x08\x12\x16\n\x0etotal_replicas\x18\x08 \x01(\x05\x12#\n\x16resume_checkpoint_step\x18\t \x01(\x03H\x00\x88\x01\x01\x42\x19\n\x17_resume_checkpoint_step\"9\n\x10HeartbeatRequest\x12\x10\n\x08host_ids\x18\x01 \x03(\t\x12\x13\n\x0breplica_ids\x18\x02 \x03(\t\"|\n\x11HeartbeatResponse\x12\x13\n\x0bunknown_ids\x18\x01 \x03(\t\x12\x12\n\nnot_leader\x18\x02 \x01(\x08\x12&\n\tjob_state\x18\x03 \x01(\x0e\x32\x13.fthsdp.v1.JobState\x12\x16\n\x0eleader_address\x18\x04 \x01(\t\"\xf1\x01\n\x11ReportStepRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x12\n\nreplica_id\x18\x02 \x01(\t\x12\x11\n\tquorum_id\x18\x03 \x01(\x03\x12\x0c\n\x04step\x18\x04 \x01(\x03\x12\x13\n\x0bstep_time_s\x18\x05 \x01(\x01\x12\x0c\n\x04loss\x18\x06 \x01(\x01\x12\x0e\n\x06tokens\x18\x07 \x01(\x03\x12\x0f\n\x07host_id\x18\x08 \x01(\t\x12\x0e\n\x06\x64igest\x18\t \x01(\t\x12\x11\n\tcaught_up\x18\n \x01(\x08\x12\x1c\n\x0f\x63heckpoint_step\x18\x0b \x01(\x03H\x00\x88\x01\x01\x42\x12\n\x10_checkpoint_step\"\x14\n\x12ReportStepResponse\"j\n\x15ReportFinishedRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x12\n\nreplica_id\x18\x02 \x01(\t\x12\x0c\n\x04step\x18\x03 \x01(\x03\x12\x0f\n\x07host_id\x18\x04 \x01(\t\x12\x0e\n\x06reason\x18\x05 \x01(\t\"@\n\x16ReportFinishedResponse\x12&\n\tjob_state\x18\x01 \x01(\x0e\x32\x13.fthsdp.v1.JobState\"\xf3\x01\n\x14ReportFailureRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x12\n\nreplica_id\x18\x02 \x01(\t\x12\x11\n\tquorum_id\x18\x03 \x01(\x03\x12\x0c\n\x04step\x18\x04 \x01(\x03\x12\x32\n\x04kind\x18\x05 \x01(\x0e\x32$.fthsdp.v1.ReportFailureRequest.Kind\x12\x0e\n\x06reason\x18\x06 \x01(\t\x12\x0f\n\x07host_id\x18\x07 \x01(\t\"A\n\x04Kind\x12\x14\n\x10KIND_UNSPECIFIED\x10\x00\x12\x11\n\rCOMMIT_FAILED\x10\x01\x12\x10\n\x0cREPLICA_DEAD\x10\x02\"\x17\n\x15ReportFailureResponse\"m\n\nAssignment\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12\r\n\x05ranks\x18\x02 \x03(\x05\x12\x12\n\nworld_size\x18\x03 \x01(\x05\x12\x0f\n\x07version\x18\x04 \x01(\x04\x12\x17\n\x0freplica_version\x18\x05 \x01(\x04\"\xf1\x01\n\x14RegisterAgentRequest\x12\x0f\n\x07host_id\x18\x01 \x01(\t\x12\r\n\x05spare\x18\x02 \x01(\x08\x12\r\n\x05slots\x18\x03 \x01(\x05\x12;\n\x06labels\x18\x04 \x03(\x0b\x32+.fthsdp.v1.RegisterAgentRequest.LabelsEntry\x12)\n\nassignment\x18\x05 \x01(\x0b\x32\x15.fthsdp.v1.Assignment\x12\x13\n\x0bincarnation\x18\x06 \x01(\t\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xa0\x01\n\x15RegisterAgentResponse\x12)\n\nassignment\x18\x01 \x01(\x0b\x32\x15.fthsdp.v1.Assignment\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\x0e\n\x06job_id\x18\x03 \x01(\t\x12&\n\tjob_state\x18\x04 \x01(\x0e\x32\x13.fthsdp.v1.JobState\x12\x14\n\x0c\x61gent_secret\x18\x05 \x01(\t\"K\n\rOrdersRequest\x12\x0f\n\x07host_id\x18\x01 \x01(\t\x12\x13\n\x0bincarnation\x18\x02 \x01(\t\x12\x14\n\x0c\x61gent_secret\x18\x03 \x01(\t\"\xf0\x01\n\x05Order\x12\x10\n\x08order_id\x18\x01 \x01(\t\x12#\n\x04kind\x18\x02 \x01(\x0e\x32\x15.fthsdp.v1.Order.Kind\x12)\n\nassignment\x18\x03 \x01(\x0b\x32\x15.fthsdp.v1.Assignment\x12\x0e\n\x06reason\x18\x04 \x01(\t\x12\x0f\n\x07version\x18\x05 \x01(\x04\"d\n\x04Kind\x12\x14\n\x10KIND_UNSPECIFIED\x10\x00\x12\t\n\x05START\x10\x01\x12\x0b\n\x07RESTART\x10\x02\x12\x08\n\x04STOP\x10\x03\x12\n\n\x06\x41SSIGN\x10\x04\x12\x0b\n\x07RELEASE\x10\x05\x12\x0b\n\x07\x43URRENT\x10\x06\"e\n\x0f\x41\x63kOrderRequest\x12\x0f\n\x07host_id\x18\x01 \x01(\t\x12\x10\n\x08order_id\x18\x02 \x01(\t\x12\n\n\x02ok\x18\x03 \x01(\x08\x12\r\n\x05\x65rror\x18\x04 \x01(\t\x12\x14\n\x0c\x61gent_secret\x18\x05 \x01(\t\"\x12\n\x10\x41\x63kOrderResponse\"\xa6\x01\n\x12TrainerExitRequest\x12\x0f\n\x07host_id\x18\x01 \x01(\t\x12\x12\n\nreplica_id\x18\x02 \x01(\t\x12\x0c\n\x04rank\x18\x03 \x01(\x05\x12\x11\n\texit_code\x18\x04 \x01(\x05\x12\x0e\n\x06signal\x18\x05 \x01(\x05\x12\x13\n\x0bstderr_tail\x18\x06 \x01(\t\x12\x0f\n\x07gave_up\x18\x07 \x01(\x08\x12\x14\n\x0c\x61gent_secret\x18\x08 \x01(\t\"\x15\n\x13TrainerExitResponse*A\n\x08JobState\x12\x19\n\x15JOB_STATE_UNSPECIFIED\x10\x00\x12\x0b\n\x07RUNNING\x10\x01\x12\r\n\tCOMPLETED\x10\x02\x32\xb2\x05\n\nController\x12=\n\x06Quorum\x12\x18.fthsdp.v1.QuorumRequest\x1a\x19.fthsdp.v1.QuorumResponse\x12J\n\tHeartbeat\x12\x1b.fthsdp.v1.HeartbeatRequest\x1a\x1c.fthsdp.v1.HeartbeatResponse(\x01\x30\x01\x12I\n\nReportStep\x12\x1c.fthsdp.v1.ReportStepRequest\x1a\x1d.fthsdp.v1.ReportStepResponse\x12R\n\rReportFailure\x12\x1f.fthsdp.v1.ReportFailureRequest\x1a .fthsdp.v1.ReportFailureResponse\x12R\n\rRegisterAgent\x12\x1f.fthsdp.v1.RegisterAgentRequest\x1a .fthsdp.v1.RegisterAgentResponse\x12\x36\n\x06Orders\x12\x18.fthsdp.v1.OrdersRequest\x1a\x10.fthsdp.v1.Order0\x01\x12\x43\n\x08\x41\x63kOrder\x12\x1a.fthsdp.v1.AckOrderRequest\x1a\x1b.fthsdp.v1.AckOrderResponse\x12R\n\x11ReportTrainerExit\x12\x1d.fthsdp.v1.TrainerExitRequest\x1a\x1e.fthsdp.v1.TrainerExitResponse\x12U\n\x0eReportFinished\x12 .fthsdp.v1.ReportFinishedRequest\x1a!.fthsdp.v1.ReportFinishedResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,8 +33,8 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_REGISTERAGENTREQUEST_LABELSENTRY']._loaded_options = None
   _globals['_REGISTERAGENTREQUEST_LABELSENTRY']._serialized_options = b'8\001'
-  _globals['_JOBSTATE']._serialized_start=2672
-  _globals['_JOBSTATE']._serialized_end=2737
+  _globals['_JOBSTATE']._serialized_start=2777
+  _globals['_JOBSTATE']._serialized_end=2842
   _globals['_QUORUMREQUEST']._serialized_start=39
   _globals['_QUORUMREQUEST']._serialized_end=260
   _globals['_MEMBER']._serialized_start=262
@@ -56,33 +56,33 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_REPORTFINISHEDRESPONSE']._serialized_start=1287
   _globals['_REPORTFINISHEDRESPONSE']._serialized_end=1351
   _globals['_REPORTFAILUREREQUEST']._serialized_start=1354
-  _globals['_REPORTFAILUREREQUEST']._serialized_end=1580
-  _globals['_REPORTFAILUREREQUEST_KIND']._serialized_start=1515
-  _globals['_REPORTFAILUREREQUEST_KIND']._serialized_end=1580
-  _globals['_REPORTFAILURERESPONSE']._serialized_start=1582
-  _globals['_REPORTFAILURERESPONSE']._serialized_end=1605
-  _globals['_ASSIGNMENT']._serialized_start=1607
-  _globals['_ASSIGNMENT']._serialized_end=1716
-  _globals['_REGISTERAGENTREQUEST']._serialized_start=1719
-  _globals['_REGISTERAGENTREQUEST']._serialized_end=1960
-  _globals['_REGISTERAGENTREQUEST_LABELSENTRY']._serialized_start=1915
-  _globals['_REGISTERAGENTREQUEST_LABELSENTRY']._serialized_end=1960
-  _globals['_REGISTERAGENTRESPONSE']._serialized_start=1963
-  _globals['_REGISTERAGENTRESPONSE']._serialized_end=2101
-  _globals['_ORDERSREQUEST']._serialized_start=2103
-  _globals['_ORDERSREQUEST']._serialized_end=2156
-  _globals['_ORDER']._serialized_start=2159
-  _globals['_ORDER']._serialized_end=2399
-  _globals['_ORDER_KIND']._serialized_start=2299
-  _globals['_ORDER_KIND']._serialized_end=2399
-  _globals['_ACKORDERREQUEST']._serialized_start=2401
-  _globals['_ACKORDERREQUEST']._serialized_end=2480
-  _globals['_ACKORDERRESPONSE']._serialized_start=2482
-  _globals['_ACKORDERRESPONSE']._serialized_end=2500
-  _globals['_TRAINEREXITREQUEST']._serialized_start=2503
-  _globals['_TRAINEREXITREQUEST']._serialized_end=2647
-  _globals['_TRAINEREXITRESPONSE']._serialized_start=2649
-  _globals['_TRAINEREXITRESPONSE']._serialized_end=2670
-  _globals['_CONTROLLER']._serialized_start=2740
-  _globals['_CONTROLLER']._serialized_end=3430
+  _globals['_REPORTFAILUREREQUEST']._serialized_end=1597
+  _globals['_REPORTFAILUREREQUEST_KIND']._serialized_start=1532
+  _globals['_REPORTFAILUREREQUEST_KIND']._serialized_end=1597
+  _globals['_REPORTFAILURERESPONSE']._serialized_start=1599
+  _globals['_REPORTFAILURERESPONSE']._serialized_end=1622
+  _globals['_ASSIGNMENT']._serialized_start=1624
+  _globals['_ASSIGNMENT']._serialized_end=1733
+  _globals['_REGISTERAGENTREQUEST']._serialized_start=1736
+  _globals['_REGISTERAGENTREQUEST']._serialized_end=1977
+  _globals['_REGISTERAGENTREQUEST_LABELSENTRY']._serialized_start=1932
+  _globals['_REGISTERAGENTREQUEST_LABELSENTRY']._serialized_end=1977
+  _globals['_REGISTERAGENTRESPONSE']._serialized_start=1980
+  _globals['_REGISTERAGENTRESPONSE']._serialized_end=2140
+  _globals['_ORDERSREQUEST']._serialized_start=2142
+  _globals['_ORDERSREQUEST']._serialized_end=2217
+  _globals['_ORDER']._serialized_start=2220
+  _globals['_ORDER']._serialized_end=2460
+  _globals['_ORDER_KIND']._serialized_start=2360
+  _globals['_ORDER_KIND']._serialized_end=2460
+  _globals['_ACKORDERREQUEST']._serialized_start=2462
+  _globals['_ACKORDERREQUEST']._serialized_end=2563
+  _globals['_ACKORDERRESPONSE']._serialized_start=2565
+  _globals['_ACKORDERRESPONSE']._serialized_end=2583
+  _globals['_TRAINEREXITREQUEST']._serialized_start=2586
+  _globals['_TRAINEREXITREQUEST']._serialized_end=2752
+  _globals['_TRAINEREXITRESPONSE']._serialized_start=2754
+  _globals['_TRAINEREXITRESPONSE']._serialized_end=2775
+  _globals['_CONTROLLER']._serialized_start=2845
+  _globals['_CONTROLLER']._serialized_end=3535
 # @@protoc_insertion_point(module_scope)

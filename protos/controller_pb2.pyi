@@ -155,7 +155,7 @@ class ReportFinishedResponse(_message.Message):
     def __init__(self, job_state: _Optional[_Union[JobState, str]] = ...) -> None: ...
 
 class ReportFailureRequest(_message.Message):
-    __slots__ = ("job_id", "replica_id", "quorum_id", "step", "kind", "reason")
+    __slots__ = ("job_id", "replica_id", "quorum_id", "step", "kind", "reason", "host_id")
     class Kind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         KIND_UNSPECIFIED: _ClassVar[ReportFailureRequest.Kind]
@@ -170,13 +170,15 @@ class ReportFailureRequest(_message.Message):
     STEP_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
+    HOST_ID_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     replica_id: str
     quorum_id: int
     step: int
     kind: ReportFailureRequest.Kind
     reason: str
-    def __init__(self, job_id: _Optional[str] = ..., replica_id: _Optional[str] = ..., quorum_id: _Optional[int] = ..., step: _Optional[int] = ..., kind: _Optional[_Union[ReportFailureRequest.Kind, str]] = ..., reason: _Optional[str] = ...) -> None: ...
+    host_id: str
+    def __init__(self, job_id: _Optional[str] = ..., replica_id: _Optional[str] = ..., quorum_id: _Optional[int] = ..., step: _Optional[int] = ..., kind: _Optional[_Union[ReportFailureRequest.Kind, str]] = ..., reason: _Optional[str] = ..., host_id: _Optional[str] = ...) -> None: ...
 
 class ReportFailureResponse(_message.Message):
     __slots__ = ()
@@ -220,24 +222,28 @@ class RegisterAgentRequest(_message.Message):
     def __init__(self, host_id: _Optional[str] = ..., spare: _Optional[bool] = ..., slots: _Optional[int] = ..., labels: _Optional[_Mapping[str, str]] = ..., assignment: _Optional[_Union[Assignment, _Mapping]] = ..., incarnation: _Optional[str] = ...) -> None: ...
 
 class RegisterAgentResponse(_message.Message):
-    __slots__ = ("assignment", "reason", "job_id", "job_state")
+    __slots__ = ("assignment", "reason", "job_id", "job_state", "agent_secret")
     ASSIGNMENT_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     JOB_STATE_FIELD_NUMBER: _ClassVar[int]
+    AGENT_SECRET_FIELD_NUMBER: _ClassVar[int]
     assignment: Assignment
     reason: str
     job_id: str
     job_state: JobState
-    def __init__(self, assignment: _Optional[_Union[Assignment, _Mapping]] = ..., reason: _Optional[str] = ..., job_id: _Optional[str] = ..., job_state: _Optional[_Union[JobState, str]] = ...) -> None: ...
+    agent_secret: str
+    def __init__(self, assignment: _Optional[_Union[Assignment, _Mapping]] = ..., reason: _Optional[str] = ..., job_id: _Optional[str] = ..., job_state: _Optional[_Union[JobState, str]] = ..., agent_secret: _Optional[str] = ...) -> None: ...
 
 class OrdersRequest(_message.Message):
-    __slots__ = ("host_id", "incarnation")
+    __slots__ = ("host_id", "incarnation", "agent_secret")
     HOST_ID_FIELD_NUMBER: _ClassVar[int]
     INCARNATION_FIELD_NUMBER: _ClassVar[int]
+    AGENT_SECRET_FIELD_NUMBER: _ClassVar[int]
     host_id: str
     incarnation: str
-    def __init__(self, host_id: _Optional[str] = ..., incarnation: _Optional[str] = ...) -> None: ...
+    agent_secret: str
+    def __init__(self, host_id: _Optional[str] = ..., incarnation: _Optional[str] = ..., agent_secret: _Optional[str] = ...) -> None: ...
 
 class Order(_message.Message):
     __slots__ = ("order_id", "kind", "assignment", "reason", "version")
@@ -270,23 +276,25 @@ class Order(_message.Message):
     def __init__(self, order_id: _Optional[str] = ..., kind: _Optional[_Union[Order.Kind, str]] = ..., assignment: _Optional[_Union[Assignment, _Mapping]] = ..., reason: _Optional[str] = ..., version: _Optional[int] = ...) -> None: ...
 
 class AckOrderRequest(_message.Message):
-    __slots__ = ("host_id", "order_id", "ok", "error")
+    __slots__ = ("host_id", "order_id", "ok", "error", "agent_secret")
     HOST_ID_FIELD_NUMBER: _ClassVar[int]
     ORDER_ID_FIELD_NUMBER: _ClassVar[int]
     OK_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
+    AGENT_SECRET_FIELD_NUMBER: _ClassVar[int]
     host_id: str
     order_id: str
     ok: bool
     error: str
-    def __init__(self, host_id: _Optional[str] = ..., order_id: _Optional[str] = ..., ok: _Optional[bool] = ..., error: _Optional[str] = ...) -> None: ...
+    agent_secret: str
+    def __init__(self, host_id: _Optional[str] = ..., order_id: _Optional[str] = ..., ok: _Optional[bool] = ..., error: _Optional[str] = ..., agent_secret: _Optional[str] = ...) -> None: ...
 
 class AckOrderResponse(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
 class TrainerExitRequest(_message.Message):
-    __slots__ = ("host_id", "replica_id", "rank", "exit_code", "signal", "stderr_tail", "gave_up")
+    __slots__ = ("host_id", "replica_id", "rank", "exit_code", "signal", "stderr_tail", "gave_up", "agent_secret")
     HOST_ID_FIELD_NUMBER: _ClassVar[int]
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
@@ -294,6 +302,7 @@ class TrainerExitRequest(_message.Message):
     SIGNAL_FIELD_NUMBER: _ClassVar[int]
     STDERR_TAIL_FIELD_NUMBER: _ClassVar[int]
     GAVE_UP_FIELD_NUMBER: _ClassVar[int]
+    AGENT_SECRET_FIELD_NUMBER: _ClassVar[int]
     host_id: str
     replica_id: str
     rank: int
@@ -301,7 +310,8 @@ class TrainerExitRequest(_message.Message):
     signal: int
     stderr_tail: str
     gave_up: bool
-    def __init__(self, host_id: _Optional[str] = ..., replica_id: _Optional[str] = ..., rank: _Optional[int] = ..., exit_code: _Optional[int] = ..., signal: _Optional[int] = ..., stderr_tail: _Optional[str] = ..., gave_up: _Optional[bool] = ...) -> None: ...
+    agent_secret: str
+    def __init__(self, host_id: _Optional[str] = ..., replica_id: _Optional[str] = ..., rank: _Optional[int] = ..., exit_code: _Optional[int] = ..., signal: _Optional[int] = ..., stderr_tail: _Optional[str] = ..., gave_up: _Optional[bool] = ..., agent_secret: _Optional[str] = ...) -> None: ...
 
 class TrainerExitResponse(_message.Message):
     __slots__ = ()

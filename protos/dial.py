@@ -31,6 +31,8 @@ class TlsFiles:
     key_file: str | None = None
     #: Name to check the controller's certificate against, when it differs from the address.
     server_name: str | None = None
+    #: Whom these files are for, in error messages (the controller's store uses them for etcd).
+    peer: str = "the controller"
 
     @classmethod
     def from_env(cls, ca_file=None, cert_file=None, key_file=None, server_name=None) -> "TlsFiles":
@@ -43,10 +45,10 @@ class TlsFiles:
             raise ValueError(f"a client certificate needs both a cert and a key file, got cert={self.cert_file!r} "
                              f"key={self.key_file!r}.")
         if self.cert_file and not self.ca_file:
-            raise ValueError("a client certificate needs TLS: name the controller's CA file too.")
+            raise ValueError(f"a client certificate needs TLS: name {self.peer}'s CA file too.")
         for path in (self.ca_file, self.cert_file, self.key_file):
             if path and not Path(path).is_file():
-                raise ValueError(f"TLS file {path} does not exist.")
+                raise ValueError(f"TLS file {path} does not exist (TLS to {self.peer}).")
         return self
 
     @property

@@ -44,7 +44,9 @@ class Authority:
                      .sign(self.key, hashes.SHA256()))
         self.pem = _write(dir_, name, self.cert, self.key)
 
-    def issue(self, stem: str, cn: str, server: bool) -> Pem:
+    def issue(self, stem: str, cn: str, server: bool, dns: tuple[str, ...] = (), uris: tuple[str, ...] = ()) -> Pem:
+        """A certificate for `cn`; a server one names localhost and 127.0.0.1, a client one
+        the SAN DNS names and URIs given (identities a controller may bind to host ids)."""
         key = ec.generate_private_key(ec.SECP256R1())
         now = datetime.datetime.now(datetime.timezone.utc)
         builder = (x509.CertificateBuilder().subject_name(_name(cn)).issuer_name(self.cert.subject)
@@ -54,4 +56,7 @@ class Authority:
         if server:
             builder = builder.add_extension(x509.SubjectAlternativeName(
                 [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
+        elif dns or uris:
+            builder = builder.add_extension(x509.SubjectAlternativeName(
+                [x509.DNSName(d) for d in dns] + [x509.UniformResourceIdentifier(u) for u in uris]), critical=False)
         return _write(self.dir, stem, builder.sign(self.key, hashes.SHA256()), key)

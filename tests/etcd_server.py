@@ -6,6 +6,8 @@
     server.kill()                        # SIGKILL, no goodbye
     server.pause(); server.resume()      # SIGSTOP / SIGCONT
     server.close()                       # stop and delete the data dir
+    EtcdServer.start_new(tls=EtcdTls(...), extra_args=("--max-request-bytes", "65536"))
+                                         # TLS (and mTLS) clients, or any other etcd flags
 
 Only the process this object started is ever signalled, by its PID. Waits are bounded and
 poll a condition (the process exiting, /health answering); nothing sleeps blindly.
@@ -23,8 +25,10 @@ import socket
 import subprocess
 import tempfile
 import time
+import ssl
 import urllib.error
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -54,6 +58,17 @@ def etcd_binary() -> str:
                 f"or set {ETCD_BINARY_ENV}", pytrace=False)
 
 
+@dataclass(frozen=True)
+class EtcdTls:
+    """etcd's server certificate and key; with `client_ca`, clients must present a certificate
+    it signed (--client-cert-auth)."""
+
+    cert_file: Path
+    key_file: Path
+    ca_file: Path
+    client_ca: bool = False
+
+
 def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
@@ -65,8 +80,11 @@ class EtcdServer:
     restarts, so clients reconnect to the same address and find the same data."""
 
     def __init__(self, binary: str, *, start_timeout_s: float = 20.0,
-                 stop_timeout_s: float = 5.0) -> None:
+                 stop_timeout_s: float = 5.0, tls: EtcdTls | None = None,
+                 extra_args: tuple[str, ...] = ()) -> None:
         self.binary = binary
+        self.tls = tls
+        self.extra_args = tuple(extra_args)
         self.start_timeout_s = start_timeout_s
         self.stop_timeout_s = stop_timeout_s
         self.data_dir = Path(tempfile.mkdtemp(prefix="fthsdp-etcd-"))
@@ -76,8 +94,8 @@ class EtcdServer:
         self._log = None
 
     @classmethod
-    def start_new(cls, attempts: int = 5) -> "EtcdServer":
-        server = cls(etcd_binary())
+    def start_new(cls, attempts: int = 5, **kw) -> "EtcdServer":
+        server = cls(etcd_binary(), **kw)
         server.start(attempts=attempts)
         return server
 
@@ -87,7 +105,19 @@ class EtcdServer:
 
     @property
     def url(self) -> str:
-        return f"http://{self.endpoint}"
+        return f"{'https' if self.tls else 'http'}://{self.endpoint}"
+
+    def etcdctl(self, *args: str, user: str | None = None, timeout_s: float = 20.0) -> str:
+        """Run the etcdctl that lies beside the etcd binary against this server; its output."""
+        cmd = [str(Path(self.binary).with_name("etcdctl")), f"--endpoints={self.url}", *args]
+        if user:
+            cmd.insert(1, f"--user={user}")
+        if self.tls:
+            cmd.insert(1, f"--cacert={self.tls.ca_file}")
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, stdin=subprocess.DEVNULL)
+        if done.returncode != 0:
+            raise RuntimeError(f"etcdctl {' '.join(args)} failed: {done.stderr.strip()}")
+        return done.stdout
 
     @property
     def pid(self) -> int | None:
@@ -177,7 +207,7 @@ class EtcdServer:
     # -- internals ---------------------------------------------------------------------
 
     def _spawn(self) -> None:
-        client = f"http://127.0.0.1:{self.client_port}"
+        client = f"{'https' if self.tls else 'http'}://127.0.0.1:{self.client_port}"
         peer = f"http://127.0.0.1:{self.peer_port}"
         name = "fthsdp-test"
         args = [
@@ -196,6 +226,11 @@ class EtcdServer:
             "--heartbeat-interval", "50",
             "--election-timeout", "500",
         ]
+        if self.tls:
+            args += ["--cert-file", str(self.tls.cert_file), "--key-file", str(self.tls.key_file)]
+            if self.tls.client_ca:
+                args += ["--client-cert-auth", "--trusted-ca-file", str(self.tls.ca_file)]
+        args += list(self.extra_args)
         env = dict(os.environ)
         env.setdefault("ETCD_UNSUPPORTED_ARCH", _GO_ARCH.get(platform.machine().lower(), ""))
         if self._log is not None:
@@ -209,7 +244,7 @@ class EtcdServer:
         last = "no answer yet"
         while time.monotonic() < deadline:
             try:
-                with urllib.request.urlopen(f"{self.url}/health", timeout=1.0) as reply:
+                with urllib.request.urlopen(f"{self.url}/health", timeout=1.0, context=self._ssl()) as reply:
                     if json.loads(reply.read()).get("health") == "true":
                         return True, ""
                     last = "health is not true yet"
@@ -222,6 +257,14 @@ class EtcdServer:
             except subprocess.TimeoutExpired:
                 pass
         return False, f"no healthy answer within {self.start_timeout_s} s ({last})"
+
+    def _ssl(self) -> ssl.SSLContext | None:
+        if not self.tls:
+            return None
+        context = ssl.create_default_context(cafile=str(self.tls.ca_file))
+        if self.tls.client_ca:  # etcd wants a client certificate even on /health: show its own
+            context.load_cert_chain(str(self.tls.cert_file), str(self.tls.key_file))
+        return context
 
     def _terminate(self, sig: signal.Signals) -> None:
         proc = self._proc

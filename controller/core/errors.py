@@ -2,7 +2,8 @@
 
 The service maps them in one place: InvalidArgument → gRPC INVALID_ARGUMENT / HTTP 400,
 FailedPrecondition → gRPC FAILED_PRECONDITION / HTTP 409, NotFound → NOT_FOUND / 404
-(an agent that gets NOT_FOUND for its host registers again).
+(an agent that gets NOT_FOUND for its host registers again), PermissionDenied →
+PERMISSION_DENIED / 403 (a caller acting for a host or replica it is not).
 """
 
 
@@ -20,3 +21,7 @@ class FailedPrecondition(RequestError):
 
 class NotFound(RequestError):
     """The request names something the controller does not know."""
+
+
+class PermissionDenied(RequestError):
+    """The caller may not act for the host or replica it names (wrong secret or certificate)."""

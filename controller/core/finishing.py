@@ -12,11 +12,9 @@ finished.
 
 from __future__ import annotations
 
-from controller.core.checks import check_id
+from controller.core.checks import check_id, clip_text
 from controller.core.errors import FailedPrecondition, InvalidArgument
 from controller.core.model import DeathCause, JobState, Replica, ReplicaState
-
-MAX_REASON_CHARS = 1024
 
 
 class JobLifecycle:
@@ -32,8 +30,11 @@ class JobLifecycle:
         self._check_leader_host(replica_id, host_id)
         if step < -1:
             raise InvalidArgument(f"step must be -1 (nothing committed) or more, got {step}.")
-        if len(reason) > MAX_REASON_CHARS:
-            raise InvalidArgument(f"reason is {len(reason)} characters; the limit is {MAX_REASON_CHARS}.")
+        reason = clip_text(reason, self.settings.max_reason_chars)
+        if step > max(r.given_step, r.committed_step):
+            raise FailedPrecondition(
+                f"replica {replica_id} reports it finished at step {step}, but no quorum gave it a step after "
+                f"{max(r.given_step, r.committed_step)}; a replica cannot have committed a step it was not given.")
         if step < r.committed_step and r.state != ReplicaState.FINISHED:
             raise FailedPrecondition(
                 f"replica {replica_id} reports it finished at step {step}, but it already committed step "
@@ -49,7 +50,7 @@ class JobLifecycle:
         if not self.round_joined:
             self.round_first_join_at = None
         self._transition(r, ReplicaState.FINISHED,
-                         f"finished after step {step}" + (f": {reason[:200]}" if reason else ""), now)
+                         f"finished after step {step}" + (f": {clip_text(reason, 200)}" if reason else ""), now)
         return self.job_state
 
     # -- hooks called by joins, deaths and trainer exits -------------------------------------------

@@ -3,15 +3,27 @@
 from __future__ import annotations
 
 import zlib
+from dataclasses import fields
 
-from controller.core.checks import check_id, check_ranks
-from controller.core.errors import FailedPrecondition, InvalidArgument, NotFound
+from controller.core.checks import MAX_CORDON_REASON_CHARS, check_id, check_int_range, check_ranks, clip_text
+from controller.core.errors import FailedPrecondition, InvalidArgument, NotFound, PermissionDenied
+from controller.core.identity import secret_matches
 from controller.core.model import Assignment, DeathCause, Host, HostState, OrderOut
+from controller.core.sizes import encode_section, host_reservation_bytes
 from controller.core.spares import pick_spare
 
 MAX_LABELS = 32
-#: Hosts are persisted in this many shards, so one change rewrites 1/HOST_SHARDS of them.
-HOST_SHARDS = 16
+HOSTS_SNAPSHOT_VERSION = 1
+#: Hosts are persisted in this many shards, so one change rewrites 1/HOST_SHARDS of them, and
+#: each shard stays well below one store write (see controller.core.sizes).
+HOST_SHARDS = 64
+#: Exit codes are 0..255; -1 means "killed by a signal". Signals are 1..127.
+EXIT_CODES = (-1, 255)
+SIGNALS = (0, 127)
+
+
+#: What of a host survives a failover (last_seen restarts; the assignment is written apart).
+HOST_DURABLE_FIELDS = tuple(f.name for f in fields(Host) if f.name not in ("last_seen", "assignment"))
 
 
 def host_shard(host_id: str) -> int:
@@ -23,28 +35,39 @@ class HostRegistry:
 
     def register_agent(self, host_id: str, incarnation: str, now: float, *, spare: bool = False,
                        slots: int = 1, labels: dict[str, str] | None = None,
-                       assignment: Assignment | None = None) -> tuple[Assignment | None, str]:
+                       assignment: Assignment | None = None, secret_hash: str = "") -> tuple[Assignment | None, str]:
+        """Register (or re-register) a host. `secret_hash` is the hash of a fresh agent secret:
+        kept when this registration starts a new incarnation (or the host has none yet), so
+        the caller hands the secret out only when `hosts[host_id].secret_hash` equals it."""
         s = self.settings
         check_id("host_id", host_id, s.max_id_chars)
         check_id("incarnation", incarnation, s.max_id_chars)
-        labels = dict(labels or {})
-        if slots < 0:
-            raise InvalidArgument(f"slots must not be negative, got {slots}.")
-        if len(labels) > MAX_LABELS:
+        check_int_range("slots", slots, 0, s.max_slots_per_host)
+        if len(labels or {}) > MAX_LABELS:
             raise InvalidArgument(f"host {host_id} sent {len(labels)} labels; the limit is {MAX_LABELS}.")
+        labels = dict(labels or {})
         for k, v in labels.items():
             check_id("label key", k, s.max_id_chars)
-            if len(v) > s.max_id_chars:
-                raise InvalidArgument(f"label {k}={v[:40]!r}… is longer than {s.max_id_chars} characters.")
+            if len(v) > s.max_id_chars or not v.isprintable():
+                raise InvalidArgument(f"label {k}={v[:40]!r} must be at most {s.max_id_chars} printable "
+                                      f"characters, got {len(v)}.")
         if assignment is not None:
             if spare:
                 raise InvalidArgument(f"host {host_id} registered as a spare but also claims {assignment.describe()}.")
             check_id("assignment replica_id", assignment.replica_id, s.max_id_chars)
-            check_ranks(assignment.ranks, assignment.world_size)
+            assignment = Assignment(assignment.replica_id, check_ranks(
+                assignment.ranks, assignment.world_size, s.max_world_size, s.max_slots_per_host),
+                assignment.world_size)
         h = self.hosts.get(host_id)
         if h is not None and h.incarnation == incarnation and h.state != HostState.DEAD:
             h.last_seen = now
+            if not h.secret_hash and secret_hash:  # restored from a snapshot older than secrets
+                h.secret_hash = secret_hash
+                self._touch(h, urgent=True)
             return h.assignment, "already registered"
+        if h is None and len(self.hosts) >= s.max_hosts:
+            raise FailedPrecondition(f"host {host_id} is one too many: this controller keeps at most "
+                                     f"{s.max_hosts} hosts (max_hosts).")
         if (h is not None and h.state != HostState.DEAD
                 and now - h.last_seen <= s.heartbeat_timeout_s):
             raise FailedPrecondition(
@@ -61,9 +84,16 @@ class HostRegistry:
                 assignment = None  # a returning host whose work moved to a spare joins the pool
         if assignment is None and not spare and (h is None or h.assignment is None):
             assignment = self._free_slot(exclude=host_id)  # None: no layout, or it is full
+        reservation = self._reservation(Host(host_id, incarnation, HostState.ACTIVE, slots, labels,
+                                             assignment, cordoned=True, cordon_by="failure",
+                                             secret_hash=secret_hash))
+        problem = self.shard_budget.problem(host_id, host_shard(host_id), reservation, s)
+        if problem:
+            raise FailedPrecondition(problem)
         # Validated: from here on the request changes state.
+        self.shard_budget.reserve(host_id, host_shard(host_id), reservation)
         if h is None:
-            h = self.hosts[host_id] = Host(host_id, incarnation, HostState.SPARE)
+            h = self._add_host(Host(host_id, incarnation, HostState.SPARE))
             verb = "registered"
         else:
             verb = "registered again"
@@ -71,10 +101,12 @@ class HostRegistry:
                 h.cordoned, h.cordon_reason, h.cordon_by = False, "", ""
                 verb = "returned after repair"
         h.incarnation, h.slots, h.labels, h.last_seen = incarnation, max(slots, 1), labels, now
+        h.secret_hash = secret_hash
         if h.assignment is None and assignment is not None:
-            self._assign(h, assignment, urgent=False)  # the agent says it again if this is lost
+            self._assign(h, assignment)
         h.state = HostState.ACTIVE if h.assignment else HostState.SPARE
-        self._touch(h)
+        # Urgent: a new incarnation carries a new secret, which a successor must know.
+        self._touch(h, urgent=True)
         if h.state == HostState.SPARE and not h.cordoned:
             self._fill_orphans(now)
         role = h.assignment.describe() if h.assignment else "spare pool"
@@ -92,6 +124,10 @@ class HostRegistry:
     def trainer_exit(self, host_id: str, replica_id: str, rank: int, now: float, *, exit_code: int = 0,
                      signal: int = 0, stderr_tail: str = "", gave_up: bool = False) -> None:
         h = self._known_host(host_id)
+        check_id("replica_id", replica_id, self.settings.max_id_chars)
+        check_int_range("exit_code", exit_code, *EXIT_CODES)
+        check_int_range("signal", signal, *SIGNALS)
+        stderr_tail = stderr_tail[-4 * self.settings.max_reason_chars:]  # only the last line is kept
         if h.assignment is None or h.assignment.replica_id != replica_id or rank not in h.assignment.ranks:
             raise FailedPrecondition(
                 f"host {host_id} does not run replica {replica_id!r} rank {rank}; "
@@ -99,7 +135,7 @@ class HostRegistry:
             )
         how = f"signal {signal}" if signal else f"exit code {exit_code}"
         tail = stderr_tail.strip().splitlines()[-1:] if stderr_tail else []
-        why = f"trainer rank {rank} on host {host_id} died ({how})" + (f": {tail[0][:200]}" if tail else "")
+        why = f"trainer rank {rank} on host {host_id} died ({how})" + (f": {clip_text(tail[0], 200)}" if tail else "")
         h.last_seen = now
         self._trainer_exited(host_id, replica_id, rank, exit_code, signal, why, now)  # a death, or a clean finish
         if gave_up:
@@ -108,7 +144,9 @@ class HostRegistry:
 
     def ack_order(self, host_id: str, order_id: str, ok: bool, error: str, now: float) -> None:
         self._known_host(host_id)
+        check_id("order_id", order_id, self.settings.max_id_chars)
         if not ok:
+            error = clip_text(error, self.settings.max_reason_chars) or "no reason given"
             self._event(now, "order_failed", host_id, f"host {host_id} refused order {order_id}: {error}")
 
     def orders_on_connect(self, host_id: str, pending: OrderOut | None) -> list[OrderOut]:
@@ -125,6 +163,14 @@ class HostRegistry:
         """A later decision changed the recipient's assignment since `order` was made."""
         h = self.hosts.get(order.host_id)
         return h is None or order.version < h.assignment_version
+    def authenticate_agent(self, host_id: str, secret: str) -> Host:
+        """The host, if `secret` is the one its agent was given at registration."""
+        h = self._known_host(host_id)
+        if not secret_matches(h.secret_hash, secret):
+            raise PermissionDenied(
+                f"host {host_id}: the agent secret is {'missing' if not secret else 'wrong'}; only the agent "
+                f"that registered this host may act for it (register to get a secret).")
+        return h
 
     # -- operator actions --------------------------------------------------------------------
 
@@ -159,6 +205,36 @@ class HostRegistry:
         if h is None:
             raise NotFound(f"host {host_id!r} is unknown: its agent must register first.")
         return h
+
+    def _reservation(self, h: Host) -> int:
+        return host_reservation_bytes(self.host_record(h), h.slots, self.settings)
+
+    def host_record(self, h: Host) -> dict:
+        """A host as its snapshot shard holds it."""
+        return {**{k: getattr(h, k) for k in HOST_DURABLE_FIELDS},
+                "assignment": [h.assignment.replica_id, list(h.assignment.ranks), h.assignment.world_size]
+                if h.assignment else None}
+
+    def reserve_restored_hosts(self) -> None:
+        for h in self.hosts.values():
+            self.shard_budget.reserve(h.host_id, host_shard(h.host_id), self._reservation(h))
+
+    def _add_host(self, h: Host) -> Host:
+        self.hosts[h.host_id] = h
+        self.shard_members.setdefault(host_shard(h.host_id), {})[h.host_id] = None
+        return h
+
+    def encoded_host_shard(self, shard: int) -> bytes:
+        """A host shard's bytes in the store, as encode_section(snapshot_hosts(shard)) would
+        make them, re-encoding only the hosts changed since the last time (`_touch`): an
+        urgent write per registration stays cheap at 12K hosts."""
+        records = []
+        for host_id in self.shard_members.get(shard, ()):
+            record = self.encoded_hosts.get(host_id)
+            if record is None:
+                record = self.encoded_hosts[host_id] = encode_section(self.host_record(self.hosts[host_id]))
+            records.append(record)
+        return b'{"version":%d,"hosts":[%s]}' % (HOSTS_SNAPSHOT_VERSION, b",".join(records))
 
     def _holder(self, a: Assignment, exclude: str) -> str | None:
         for rank in a.ranks:
@@ -204,10 +280,11 @@ class HostRegistry:
         """Mark the host's snapshot shard for writing; urgent changes are written before
         the request that made them is answered, the rest within a tick."""
         self.dirty_host_shards.add(host_shard(h.host_id))
+        self.encoded_hosts.pop(h.host_id, None)
         self.urgent_hosts = self.urgent_hosts or urgent
 
     def _cordon(self, h: Host, by: str, reason: str, now: float) -> None:
-        h.cordoned, h.cordon_reason, h.cordon_by = True, reason, by
+        h.cordoned, h.cordon_reason, h.cordon_by = True, clip_text(reason, MAX_CORDON_REASON_CHARS), by
         self._touch(h, urgent=True)
         self._event(now, "cordon", h.host_id, f"host {h.host_id} cordoned: {reason}")
 

@@ -82,6 +82,10 @@ class Replica:
     #: The history (see controller.core.rollback) this replica last trained on as a quorum
     #: member: its commits extend the job's history only while this is the current one.
     history_epoch: int = 0
+    #: The quorum id and step of the last quorum answer this replica was given: a commit
+    #: report must name exactly these (0 / -1: no answer yet).
+    given_quorum_id: int = 0
+    given_step: int = -1
 
 
 @dataclass(frozen=True)
@@ -111,6 +115,9 @@ class Host:
     #: all hosts, persisted, so it only grows, across failovers too. Orders carry it; an agent
     #: refuses an order older than what it runs.
     assignment_version: int = 0
+    #: SHA-256 (hex) of the secret handed to the agent at registration; its order stream, acks
+    #: and exit reports must present the secret. Never shown.
+    secret_hash: str = ""
 
 
 @dataclass(frozen=True)

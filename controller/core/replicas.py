@@ -4,12 +4,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from controller.core.checks import check_addresses, check_id, check_non_negative
-from controller.core.digests import check_digest
+from controller.core.checks import (
+    check_address, check_addresses, check_finite, check_id, check_non_negative, check_optional_id, clip_text,
+)
 from controller.core.errors import FailedPrecondition, InvalidArgument
 from controller.core.model import DeathCause, Quorum, Replica, ReplicaState
+from controller.core.digests import check_digest
 from controller.core.quorum import RoundView, compute_quorum, form_quorum
 from controller.core.rollback import RollbackDecision, check_rollback
+from controller.core.sizes import addresses_problem
 
 
 @dataclass(frozen=True)
@@ -37,13 +40,17 @@ class ReplicaRegistry:
             raise InvalidArgument(f"world_size must be 1..{s.max_world_size}, got {req.world_size}.")
         ftar = check_addresses("ftar_addresses", req.ftar_addresses, req.world_size, s.max_address_chars)
         state = check_addresses("state_addresses", req.state_addresses, req.world_size, s.max_address_chars)
-        if len(req.leader_address) > s.max_address_chars:
-            raise InvalidArgument(f"leader_address is {len(req.leader_address)} characters; the limit is {s.max_address_chars}.")
-        if len(req.incarnation) > s.max_id_chars:
-            raise InvalidArgument(f"incarnation is {len(req.incarnation)} characters; the limit is {s.max_id_chars}.")
+        if req.leader_address:
+            check_address("leader_address", req.leader_address, s.max_address_chars)
+        check_optional_id("incarnation", req.incarnation, s.max_id_chars)
         self._check_leader_host(rid, req.host_id)
         r = self.replicas.get(rid)
-        if r is None and len(self.replicas) >= 4 * s.replicas + 16:
+        if (ftar or state) and (r is None or ftar != r.ftar_addresses or state != r.state_addresses):
+            new = (ftar or (r.ftar_addresses if r else ()), state or (r.state_addresses if r else ()))
+            problem = addresses_problem(rid, self.addresses_snapshot(*new), s)
+            if problem:
+                raise InvalidArgument(problem)
+        if r is None and len(self.replicas) >= s.max_replica_records:
             raise FailedPrecondition(
                 f"replica {rid!r} is one too many: the job is configured for {s.replicas} replicas."
             )
@@ -123,7 +130,7 @@ class ReplicaRegistry:
             self.round_reason, self.round_wake_at = rollback.reason, rollback.wake_at
             return None
         self.rollback_wait_since = None
-        reason = decision.reason + (f"; {rollback.reason}" if rollback else "")
+        reason = clip_text(decision.reason + (f"; {rollback.reason}" if rollback else ""), s.max_reason_chars)
         self.goodput.on_quorum(members, now)
         diverged = self.diverged_members(members)
         q = form_quorum(
@@ -145,6 +152,10 @@ class ReplicaRegistry:
             r = self.replicas[m.replica_id]
             r.failed_commit = False
             r.history_epoch = self.history_epoch
+            # What this replica is told: its commit report must name exactly this. Persisted
+            # before the answer goes out, so a successor accepts the report too.
+            r.given_quorum_id, r.given_step = q.quorum_id, q.max_step
+            self.dirty_replicas = True
             if m.healthy:
                 self._transition(r, ReplicaState.HEALTHY, f"in quorum {q.quorum_id}" + (
                     f": no member holds the reference state, so training goes on from {r.replica_id}'s state"
@@ -221,33 +232,48 @@ class ReplicaRegistry:
         return r
 
     def _check_leader_host(self, replica_id: str, host_id: str) -> None:
-        """Fencing: only the host that holds rank 0 of a replica may lead it."""
-        if len(host_id) > self.settings.max_id_chars:
-            raise InvalidArgument(f"host_id is {len(host_id)} characters; the limit is {self.settings.max_id_chars}.")
+        """Fencing: only the host that holds rank 0 of a replica may lead it, and a leader of
+        a replica with a known rank-0 holder must say which host it runs on."""
+        check_optional_id("host_id", host_id, self.settings.max_id_chars)
         holder = self.rank_holders.get((replica_id, 0))
-        if host_id and holder is not None and holder != host_id:
+        if holder is None or holder == host_id:
+            return
+        if not host_id:
             raise FailedPrecondition(
-                f"host {host_id} does not hold rank 0 of replica {replica_id} (host {holder} does): "
-                f"a trainer left on a replaced host must stop.")
+                f"replica {replica_id}'s leader named no host_id, but host {holder} holds its rank 0: "
+                f"a leader must name its host (FTHSDP_HOST_ID).")
+        raise FailedPrecondition(
+            f"host {host_id} does not hold rank 0 of replica {replica_id} (host {holder} does): "
+            f"a trainer left on a replaced host must stop.")
 
-    def report_step(self, replica_id: str, step: int, now: float, *, loss: float | None = None,
+    def _check_given(self, r: Replica, quorum_id: int, step: int, what: str) -> None:
+        """A report about a step must name the quorum and step this replica was last given."""
+        check_non_negative("quorum_id", quorum_id)
+        check_non_negative("step", step)
+        if (quorum_id, step) != (r.given_quorum_id, r.given_step):
+            given = (f"its last quorum answer was quorum {r.given_quorum_id} at step {r.given_step}"
+                     if r.given_step >= 0 else "it has had no quorum answer yet")
+            raise FailedPrecondition(
+                f"replica {r.replica_id} reported {what} step {step} in quorum {quorum_id}, but {given}; "
+                f"a report must name exactly the quorum and step it was given.")
+
+    def report_step(self, replica_id: str, step: int, now: float, *, quorum_id: int, loss: float | None = None,
                     step_time_s: float | None = None, tokens: int = 0, host_id: str = "",
                     digest: str = "", caught_up: bool = False, checkpoint_step: int | None = None) -> None:
         r = self._known_replica(replica_id)
         digest = check_digest(digest, self.settings.max_digest_chars)
         self._check_leader_host(replica_id, host_id)
-        check_non_negative("step", step)
         check_non_negative("tokens", tokens)
         if checkpoint_step is not None and not 0 <= checkpoint_step <= step:
             raise InvalidArgument(f"checkpoint_step must be between 0 and the committed step {step}, "
                                   f"got {checkpoint_step}.")
-        if step_time_s is not None and step_time_s < 0:
-            raise InvalidArgument(f"step_time_s must not be negative, got {step_time_s}.")
-        if step < r.committed_step:
-            raise FailedPrecondition(
-                f"replica {replica_id} reported step {step} as committed, but it already committed step "
-                f"{r.committed_step}; steps never go backwards."
-            )
+        if loss is not None:
+            check_finite("loss", loss)
+        if step_time_s is not None:
+            check_finite("step_time_s", step_time_s, non_negative=True)
+        self._check_given(r, quorum_id, step, "a commit of")
+        if step == r.committed_step:
+            return  # the same report again (a retry whose first answer was lost): counted once
         trained = r.state == ReplicaState.HEALTHY and not caught_up  # a catch-up step trains nothing
         self.goodput.on_commit(replica_id, step, step_time_s, trained, now)
         r.committed_step = step
@@ -266,16 +292,21 @@ class ReplicaRegistry:
             self._transition(r, ReplicaState.HEALTHY, f"caught up and committed step {step}", now)
         self._record_digest(r, step, digest, caught_up, now)
 
-    def report_commit_failed(self, replica_id: str, step: int, reason: str, now: float) -> None:
+    def report_commit_failed(self, replica_id: str, step: int, reason: str, now: float, *, quorum_id: int,
+                             host_id: str = "") -> None:
         r = self._known_replica(replica_id)
-        check_non_negative("step", step)
+        self._check_leader_host(replica_id, host_id)
+        self._check_given(r, quorum_id, step, "a failed commit of")
+        reason = clip_text(reason, self.settings.max_reason_chars)
         r.failed_commit = True
         r.last_seen = now
         self._event(now, "commit_failed", replica_id,
                     f"replica {replica_id} failed to commit step {step}: {reason or 'no reason given'}")
 
-    def report_replica_dead(self, replica_id: str, reason: str, now: float) -> None:
+    def report_replica_dead(self, replica_id: str, reason: str, now: float, *, host_id: str = "") -> None:
         self._known_replica(replica_id)
+        self._check_leader_host(replica_id, host_id)
+        reason = clip_text(reason, self.settings.max_reason_chars)
         self.kill_replica(replica_id, DeathCause.REPORTED, reason or "reported dead", now)
 
     # -- liveness ----------------------------------------------------------------------------
@@ -300,6 +331,7 @@ class ReplicaRegistry:
                     self.kill_replica(r.replica_id, DeathCause.HEARTBEAT, f"no heartbeat {why}", now)
 
     def _transition(self, r: Replica, state: ReplicaState, reason: str, now: float, cause: str = "") -> None:
+        reason = clip_text(reason, self.settings.max_reason_chars)
         if r.state == state and r.reason == reason:
             return
         changed = r.state != state

@@ -9,23 +9,24 @@ from __future__ import annotations
 
 from dataclasses import asdict, fields
 
+from controller.core.checks import clip_text
 from controller.core.digests import DigestLedger
 from controller.core.divergence import DivergenceTracker
 from controller.core.events import level_of
 from controller.core.finishing import JobLifecycle
 from controller.core.goodput import GoodputTracker, NoGoodput
-from controller.core.hosts import HostRegistry, host_shard
+from controller.core.hosts import HostRegistry
 from controller.core.model import (
     Assignment, Event, Host, HostState, Member, OrderOut, Quorum, Replica, ReplicaState,
 )
 from controller.core.replicas import ReplicaRegistry
+from controller.core.sizes import ShardBudget
 from controller.settings import ControllerSettings
 
 SNAPSHOT_VERSION = 1
 #: Assignment versions reserved per write of the replicas snapshot.
 VERSION_BLOCK = 1024
 #: What of a replica survives a failover (addresses are kept apart; last_seen restarts).
-HOST_DURABLE_FIELDS = tuple(f.name for f in fields(Host) if f.name not in ("last_seen", "assignment"))
 REPLICA_DURABLE_FIELDS = tuple(
     f.name for f in fields(Replica) if f.name not in ("last_seen", "ftar_addresses", "state_addresses")
 )
@@ -95,6 +96,11 @@ class ControllerState(ReplicaRegistry, HostRegistry, DivergenceTracker, JobLifec
         self.completed_at: float | None = None
         #: finished replicas whose trainers' clean exit was already told in an event
         self.finished_exits: set[str] = set()
+        #: bytes each host shard may grow to (see controller.core.sizes)
+        self.shard_budget = ShardBudget()
+        #: host ids by shard, and each host's encoded record until it changes (see _touch)
+        self.shard_members: dict[int, dict[str, None]] = {}
+        self.encoded_hosts: dict[str, bytes] = {}
 
     def expire(self, now: float) -> None:
         """Declare dead whoever has been silent past the heartbeat timeout, and compare the
@@ -158,6 +164,7 @@ class ControllerState(ReplicaRegistry, HostRegistry, DivergenceTracker, JobLifec
     def _event(self, now: float, kind: str, subject: str, message: str, cause: str = "",
                level: str | None = None) -> None:
         self.event_seq += 1
+        message = clip_text(message, 2 * self.settings.max_reason_chars)  # a template around a reason
         event = Event(now, kind, subject, message, cause, level or level_of(kind), self.event_seq)
         self.events.append(event)
         self.fresh_events.append(event)
@@ -204,18 +211,20 @@ class ControllerState(ReplicaRegistry, HostRegistry, DivergenceTracker, JobLifec
 
     def snapshot_addresses(self, replica_id: str) -> dict:
         r = self.replicas[replica_id]
-        return {"version": SNAPSHOT_VERSION, "ftar": list(r.ftar_addresses), "state": list(r.state_addresses)}
+        return self.addresses_snapshot(r.ftar_addresses, r.state_addresses)
+
+    @staticmethod
+    def addresses_snapshot(ftar, state) -> dict:
+        return {"version": SNAPSHOT_VERSION, "ftar": list(ftar), "state": list(state)}
 
     def snapshot_hosts(self, shard: int) -> dict:
-        return {
-            "version": SNAPSHOT_VERSION,
-            "hosts": [
-                {**{k: getattr(h, k) for k in HOST_DURABLE_FIELDS},
-                 "assignment": [h.assignment.replica_id, list(h.assignment.ranks), h.assignment.world_size]
-                 if h.assignment else None}
-                for h in self.hosts.values() if host_shard(h.host_id) == shard
-            ],
-        }
+        return self.snapshot_host_shards([shard])[shard]
+
+    def snapshot_host_shards(self, shards) -> dict[int, dict]:
+        """Several shards in one pass over the hosts."""
+        return {i: {"version": SNAPSHOT_VERSION,
+                    "hosts": [self.host_record(self.hosts[h]) for h in self.shard_members.get(i, ())]}
+                for i in shards}
 
     def restore(self, replicas: dict | None, host_shards: list[dict | None], now: float,
                 addresses: dict[str, dict] | None = None, journal: dict | None = None) -> None:
@@ -261,8 +270,7 @@ class ControllerState(ReplicaRegistry, HostRegistry, DivergenceTracker, JobLifec
         for shard in host_shards:
             for d in (shard or {}).get("hosts", ()):
                 a = d["assignment"]
-                h = Host(**dict(d, state=HostState(d["state"]), last_seen=now, assignment=None))
-                self.hosts[h.host_id] = h
+                h = self._add_host(Host(**dict(d, state=HostState(d["state"]), last_seen=now, assignment=None)))
                 if a:
                     self._index(h, Assignment(a[0], tuple(a[1]), a[2]))
                     rid = a[0]
@@ -270,6 +278,7 @@ class ControllerState(ReplicaRegistry, HostRegistry, DivergenceTracker, JobLifec
                 self.version_ceiling = max(self.version_ceiling, h.assignment_version)
         # Every version given before this point is at most the ceiling: continue above it.
         self.assignment_seq = self.version_ceiling
+        self.reserve_restored_hosts()
         self.dirty_replicas, self.dirty_host_shards, self.urgent_hosts = False, set(), False
         self.dirty_addresses, self.dirty_journal, self.urgent_journal = set(), False, False
 

@@ -7,12 +7,11 @@ import logging
 
 import grpc
 
-from controller.core.errors import FailedPrecondition, InvalidArgument, NotFound, RequestError
+from controller.core.errors import FailedPrecondition, InvalidArgument, NotFound, PermissionDenied, RequestError
 from controller.store import StoreError
 from protos.dial import LEADER_METADATA_KEY
 
 log = logging.getLogger("fthsdp.controller")
-
 
 
 class NotLeader(Exception):
@@ -34,6 +33,7 @@ GRPC_CODES: dict[type, grpc.StatusCode] = {
     InvalidArgument: grpc.StatusCode.INVALID_ARGUMENT,
     FailedPrecondition: grpc.StatusCode.FAILED_PRECONDITION,
     NotFound: grpc.StatusCode.NOT_FOUND,
+    PermissionDenied: grpc.StatusCode.PERMISSION_DENIED,
     NotLeader: grpc.StatusCode.UNAVAILABLE,
     StoreError: grpc.StatusCode.UNAVAILABLE,
 }
@@ -41,6 +41,7 @@ GRPC_CODES: dict[type, grpc.StatusCode] = {
 HTTP_STATUS: dict[type, int] = {
     InvalidArgument: 400,
     NotFound: 404,
+    PermissionDenied: 403,
     FailedPrecondition: 409,
     NotLeader: 503,
     StoreError: 503,
@@ -70,12 +71,25 @@ def unary(handler):
         try:
             return await handler(self, request, context)
         except (RequestError, NotLeader, StoreError) as exc:
-            if not isinstance(exc, (NotLeader, StoreError)):
-                log.info("refused %s: %s", handler.__name__, exc)
-            await context.abort(grpc_code(exc), str(exc), trailing_metadata(exc))
+            refuse(context, handler.__name__, exc)
+            return None
 
     return wrapper
 
 
-__all__ = ["LEADER_METADATA_KEY", "NotLeader", "grpc_code", "http_status", "trailing_metadata", "unary",
+def refuse(context, what: str, exc: Exception) -> None:
+    """Answer a refused call with its status code and message; the handler then returns (a
+    stream just ends). Not `context.abort()`: the exception it raises ends up in a reference
+    cycle with the call and its request, which would keep every refused request, however large,
+    alive until a full garbage collection."""
+    if not isinstance(exc, (NotLeader, StoreError)):
+        log.info("refused %s: %s", what, exc)
+    context.set_code(grpc_code(exc))
+    context.set_details(str(exc))
+    metadata = trailing_metadata(exc)
+    if metadata:
+        context.set_trailing_metadata(metadata)
+
+
+__all__ = ["LEADER_METADATA_KEY", "NotLeader", "grpc_code", "http_status", "refuse", "trailing_metadata", "unary",
            "RequestError"]

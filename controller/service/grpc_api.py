@@ -5,11 +5,14 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from controller.core.checks import check_id, shown
 from controller.core.errors import FailedPrecondition, InvalidArgument, RequestError
+from controller.core.identity import hash_secret
 from controller.core.model import JobState
 from controller.core.replicas import JoinRequest
-from controller.service.errors import NotLeader, grpc_code, trailing_metadata, unary
+from controller.service.errors import NotLeader, refuse, unary
 from controller.service.orders import from_proto_assignment, to_proto_assignment, to_proto_order
+from controller.service.peer import new_agent_secret
 from protos import controller_pb2 as pb
 from protos import controller_pb2_grpc
 
@@ -25,16 +28,34 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
     def _check_job(self, job_id: str) -> None:
         expected = self.server.settings.job_id
         if job_id and job_id != expected:
-            raise FailedPrecondition(f"job_id {job_id!r} does not match this controller's job {expected!r}.")
+            raise FailedPrecondition(f"job_id {shown(job_id)} does not match this controller's job {expected!r}.")
+
+    def _check_beat(self, beat, context) -> None:
+        s = self.server.settings
+        if len(beat.host_ids) + len(beat.replica_ids) > s.max_hosts + s.max_replica_records:
+            raise InvalidArgument(f"a heartbeat names {len(beat.host_ids) + len(beat.replica_ids)} ids; the limit is "
+                                  f"{s.max_hosts + s.max_replica_records} (max_hosts + replica records).")
+        for kind, ids in (("host_ids", beat.host_ids), ("replica_ids", beat.replica_ids)):
+            for i, key in enumerate(ids):
+                check_id(f"{kind}[{i}]", key, s.max_id_chars)
+        for host_id in beat.host_ids:
+            self.server.check_peer_may_act_as(context, host_id)
+
+    def _check_leader(self, request, context) -> None:
+        """A leader's job, and (with a certificate binding) the host it says it runs on."""
+        self._check_job(request.job_id)
+        if request.host_id:
+            self.server.check_peer_may_act_as(context, request.host_id)
 
     @unary
     async def Quorum(self, request, context):
-        self._check_job(request.job_id)
+        self._check_leader(request, context)
         state = self.server.require_leader()
         state.join(JoinRequest(
             replica_id=request.replica_id, step=request.step, world_size=request.world_size,
-            incarnation=request.incarnation, ftar_addresses=tuple(request.ftar_addresses),
-            state_addresses=tuple(request.state_addresses), leader_address=request.leader_address,
+            # the lists are counted before they are copied (a million entries cost nothing)
+            incarnation=request.incarnation, ftar_addresses=request.ftar_addresses,
+            state_addresses=request.state_addresses, leader_address=request.leader_address,
             host_id=request.host_id,
         ), self.server.clock())
         fut = asyncio.get_running_loop().create_future()
@@ -47,6 +68,11 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
             if not self.server.leading:
                 yield pb.HeartbeatResponse(not_leader=True, leader_address=self.server.leader_address)
                 continue
+            try:
+                self._check_beat(beat, context)
+            except RequestError as exc:
+                refuse(context, "Heartbeat", exc)
+                return
             now = self.server.clock()
             state = self.server.state
             unknown = state.heartbeat_hosts(beat.host_ids, now) + state.heartbeat_replicas(beat.replica_ids, now)
@@ -54,9 +80,9 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
 
     @unary
     async def ReportStep(self, request, context):
-        self._check_job(request.job_id)
+        self._check_leader(request, context)
         self.server.require_leader().report_step(
-            request.replica_id, request.step, self.server.clock(), loss=request.loss,
+            request.replica_id, request.step, self.server.clock(), quorum_id=request.quorum_id, loss=request.loss,
             step_time_s=request.step_time_s, tokens=request.tokens, host_id=request.host_id,
             digest=request.digest, caught_up=request.caught_up,
             checkpoint_step=request.checkpoint_step if request.HasField("checkpoint_step") else None)
@@ -65,7 +91,7 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
 
     @unary
     async def ReportFinished(self, request, context):
-        self._check_job(request.job_id)
+        self._check_leader(request, context)
         job_state = self.server.require_leader().report_finished(
             request.replica_id, request.step, self.server.clock(), reason=request.reason, host_id=request.host_id)
         await self.server.settle()
@@ -73,13 +99,14 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
 
     @unary
     async def ReportFailure(self, request, context):
-        self._check_job(request.job_id)
+        self._check_leader(request, context)
         state = self.server.require_leader()
         now = self.server.clock()
         if request.kind == pb.ReportFailureRequest.COMMIT_FAILED:
-            state.report_commit_failed(request.replica_id, request.step, request.reason, now)
+            state.report_commit_failed(request.replica_id, request.step, request.reason, now,
+                                       quorum_id=request.quorum_id, host_id=request.host_id)
         elif request.kind == pb.ReportFailureRequest.REPLICA_DEAD:
-            state.report_replica_dead(request.replica_id, request.reason, now)
+            state.report_replica_dead(request.replica_id, request.reason, now, host_id=request.host_id)
         else:
             raise InvalidArgument(f"failure kind {request.kind} is not COMMIT_FAILED or REPLICA_DEAD.")
         await self.server.settle()
@@ -88,28 +115,38 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
     @unary
     async def RegisterAgent(self, request, context):
         state = self.server.require_leader()
+        self.server.check_peer_may_act_as(context, request.host_id)
+        limit = self.server.settings.max_slots_per_host
+        if len(request.assignment.ranks) > limit:  # counted before the ranks are copied
+            raise InvalidArgument(f"assignment names {len(request.assignment.ranks)} ranks; one host runs at most "
+                                  f"{limit}.")
         claimed = from_proto_assignment(request.assignment) if request.HasField("assignment") else None
+        secret = new_agent_secret()
         assignment, reason = state.register_agent(
             request.host_id, request.incarnation, self.server.clock(), spare=request.spare,
-            slots=request.slots, labels=dict(request.labels), assignment=claimed)
+            slots=request.slots, labels=request.labels, assignment=claimed, secret_hash=hash_secret(secret))
         await self.server.settle()
         host = state.hosts[request.host_id]
+        issued = host.secret_hash == hash_secret(secret)
         return pb.RegisterAgentResponse(
             assignment=to_proto_assignment(assignment, host.assignment_version,
                                            state.replica_versions.get(assignment.replica_id, 0) if assignment else 0),
-            reason=reason, job_id=self.server.settings.job_id, job_state=JOB_STATES[state.job_state])
+            reason=reason, job_id=self.server.settings.job_id, job_state=JOB_STATES[state.job_state],
+            agent_secret=secret if issued else "")
 
     async def Orders(self, request, context):
         server = self.server
         try:
             state = server.require_leader()
-            host = state._known_host(request.host_id)
+            server.check_peer_may_act_as(context, request.host_id)
+            host = state.authenticate_agent(request.host_id, request.agent_secret)
             if host.incarnation != request.incarnation:
-                    raise FailedPrecondition(
-                    f"host {request.host_id} incarnation {request.incarnation!r} is not the registered one "
+                raise FailedPrecondition(
+                    f"host {request.host_id} incarnation {shown(request.incarnation)} is not the registered one "
                     f"({host.incarnation!r}); register again.")
         except (RequestError, NotLeader) as exc:
-            await context.abort(grpc_code(exc), str(exc), trailing_metadata(exc))
+            refuse(context, "Orders", exc)
+            return
         queue: asyncio.Queue = asyncio.Queue()
         old = server.order_streams.get(request.host_id)
         if old is not None:
@@ -134,13 +171,18 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
 
     @unary
     async def AckOrder(self, request, context):
-        self.server.require_leader().ack_order(request.host_id, request.order_id, request.ok, request.error,
-                                               self.server.clock())
+        state = self.server.require_leader()
+        self.server.check_peer_may_act_as(context, request.host_id)
+        state.authenticate_agent(request.host_id, request.agent_secret)
+        state.ack_order(request.host_id, request.order_id, request.ok, request.error, self.server.clock())
         return pb.AckOrderResponse()
 
     @unary
     async def ReportTrainerExit(self, request, context):
-        self.server.require_leader().trainer_exit(
+        state = self.server.require_leader()
+        self.server.check_peer_may_act_as(context, request.host_id)
+        state.authenticate_agent(request.host_id, request.agent_secret)
+        state.trainer_exit(
             request.host_id, request.replica_id, request.rank, self.server.clock(),
             exit_code=request.exit_code, signal=request.signal, stderr_tail=request.stderr_tail,
             gave_up=request.gave_up)

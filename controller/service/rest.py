@@ -19,6 +19,7 @@ from controller.core.checks import ID_PATTERN
 from controller.core.errors import RequestError
 from controller.core.state import ControllerState
 from controller.service.errors import NotLeader, http_status
+from controller.service.paging import PAGE_MAX, SortedIds, event_page, host_page, next_link
 from controller.service.views import host_view, job_view, quorum_view, replica_view
 from controller.store import StoreError
 
@@ -152,11 +153,19 @@ def make_app(server) -> FastAPI:
         now = srv.clock()
         return [replica_view(r, now) for r in sorted(state.replicas.values(), key=lambda r: r.replica_id)]
 
-    @app.get("/api/v1/hosts", responses=READ_PROBLEMS, summary="Hosts, the spare pool and cordons")
-    async def hosts(v: View):
+    host_index = SortedIds()
+
+    @app.get("/api/v1/hosts", responses=READ_PROBLEMS,
+             summary=f"Hosts, the spare pool and cordons, by id; pages of at most {PAGE_MAX} (Link: rel=next)")
+    async def hosts(v: View, response: Response,
+                    limit: Annotated[int, Query(ge=1, le=PAGE_MAX)] = PAGE_MAX,
+                    after: Annotated[str, Query(max_length=128, description="the last host id of the previous page")] = ""):
         state, srv = v
         now = srv.clock()
-        return [host_view(h, now) for h in sorted(state.hosts.values(), key=lambda h: h.host_id)]
+        page, cursor = host_page(host_index.of(state), after, limit)
+        if cursor is not None:
+            response.headers["Link"] = next_link("/api/v1/hosts", limit=limit, after=cursor)
+        return [host_view(state.hosts[h], now) for h in page]
 
     @app.get("/api/v1/quorums", responses=READ_PROBLEMS, summary="The current quorum and recent ones, each with its reason")
     async def quorums(v: View):
@@ -164,10 +173,16 @@ def make_app(server) -> FastAPI:
         return {"current": quorum_view(state.quorum), "round_reason": state.round_reason,
                 "recent": [quorum_view(q) for q in reversed(state.quorum_history)]}
 
-    @app.get("/api/v1/events", responses=READ_PROBLEMS, summary="Recent state changes, newest last")
-    async def events(v: View, limit: Annotated[int, Query(ge=1, le=100_000)] = 200):
+    @app.get("/api/v1/events", responses=READ_PROBLEMS,
+             summary=f"Recent state changes, newest last; each has a seq, pages of at most {PAGE_MAX} events")
+    async def events(v: View, response: Response,
+                     limit: Annotated[int, Query(ge=1, le=100_000, description=f"served as at most {PAGE_MAX}")] = 200,
+                     after: Annotated[int | None, Query(ge=-1, description="the last seq seen: the events after it, oldest first")] = None):
         state, _ = v
-        return [e.__dict__ for e in state.events[-limit:]]
+        page, cursor = event_page(state.events, after, limit)
+        if cursor is not None:
+            response.headers["Link"] = next_link("/api/v1/events", limit=min(limit, PAGE_MAX), after=cursor)
+        return [e.__dict__ for e in page]
 
     @app.get("/api/v1/history", responses=READ_PROBLEMS,
              summary="Chart samples of the job: [time, committed step, healthy replicas], oldest first")

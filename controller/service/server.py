@@ -20,13 +20,18 @@ import grpc
 import uvicorn
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from controller.core.errors import PermissionDenied
 from controller.core.hosts import HOST_SHARDS
+from controller.core.identity import CertBinding
 from controller.core.model import Event, OrderOut
+from controller.core.sizes import encode_section, fit_journal, value_limit
 from controller.core.state import ControllerState
+from controller.core.store_health import WriteStreak
 from controller.service import event_log
 from controller.service.errors import NotLeader
 from controller.service.metrics import Metrics
 from controller.service.orders import to_proto_order
+from controller.service.peer import certificate_identities
 from controller.service.quorum_answer import QuorumAnswers
 from controller.settings import ControllerSettings
 from controller.store import Leadership, MemoryStore, Store, StoreError
@@ -43,8 +48,15 @@ class ControllerServer:
     def __init__(self, settings: ControllerSettings, *, host: str = "127.0.0.1", grpc_port: int = 0,
                  http_port: int = 0, store: Store | None = None, admin_token: str | None = None,
                  read_token: str | None = None, grpc_credentials: grpc.ServerCredentials | None = None,
-                 candidate: str | None = None, advertise_address: str | None = None, clock=time.time) -> None:
+                 candidate: str | None = None, advertise_address: str | None = None, clock=time.time,
+                 http_tls: tuple[str, str] | None = None) -> None:
         self.settings = settings.validate()
+        #: (certificate file, key file) for HTTPS on the REST port; None: plain HTTP
+        self.http_tls = http_tls
+        rule = self.settings.bind_client_cert_to_host
+        self.cert_binding = CertBinding(rule).validate() if rule else None
+        self.write_streak = WriteStreak()
+        self._abdication: str | None = None
         self.host, self.grpc_port, self.http_port = host, grpc_port, http_port
         self.store: Store = store or MemoryStore()
         self.admin_token, self.read_token = admin_token, read_token
@@ -81,9 +93,8 @@ class ControllerServer:
         from controller.service.grpc_api import ControllerServicer
         from controller.service.rest import make_app
 
-        limit = self.settings.max_message_bytes
-        self._grpc = grpc.aio.server(options=[("grpc.max_receive_message_length", limit),
-                                              ("grpc.max_send_message_length", limit)])
+        self._grpc = grpc.aio.server(options=[("grpc.max_receive_message_length", self.settings.max_request_bytes),
+                                              ("grpc.max_send_message_length", self.settings.max_message_bytes)])
         controller_pb2_grpc.add_ControllerServicer_to_server(ControllerServicer(self), self._grpc)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._grpc)
         self._set_health(False)
@@ -99,10 +110,11 @@ class ControllerServer:
         sock = socket.socket(socket.AF_INET6 if ":" in self.host else socket.AF_INET)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((self.host, self.http_port))
-        config = uvicorn.Config(make_app(self), log_level="warning", lifespan="off", access_log=False)
+        tls = dict(zip(("ssl_certfile", "ssl_keyfile"), self.http_tls)) if self.http_tls else {}
+        config = uvicorn.Config(make_app(self), log_level="warning", lifespan="off", access_log=False, **tls)
         self._http = uvicorn.Server(config)
         self._tasks.append(asyncio.create_task(self._http.serve(sockets=[sock]), name="http"))
-        self.http_url = f"http://{self.host}:{sock.getsockname()[1]}"
+        self.http_url = f"{'https' if self.http_tls else 'http'}://{self.host}:{sock.getsockname()[1]}"
         self._tasks.append(asyncio.create_task(self._lead(), name="leadership"))
         self._tasks.append(asyncio.create_task(self._watch_leader(), name="leader-watch"))
         deadline = time.monotonic() + 10
@@ -165,6 +177,7 @@ class ControllerServer:
             await self._announce(leadership)
             state.leader_elected(self.candidate, self.clock())
             self._drain_telemetry(state)
+            self.write_streak = WriteStreak()
             self._set_health(True)
             log.info("controller %s became leader (quorum id %s)", self.candidate,
                      state.quorum.quorum_id if state.quorum else 0)
@@ -173,7 +186,25 @@ class ControllerServer:
                 await leadership.lost.wait()
             finally:
                 ticker.cancel()
-            self._step_down("leadership lost")
+            abdication, self._abdication = self._abdication, None
+            self._step_down(abdication or "leadership lost")
+            if abdication:
+                await self._release(leadership)
+
+    async def _release(self, leadership: Leadership) -> None:
+        """After stepping down for failed writes: give the lease back so a standby can win at
+        once, then keep out of the next election for a lease TTL to let it."""
+        await self._let_go(leadership)
+        self.leadership = None
+        await asyncio.sleep(self.settings.lease_ttl_s)
+
+    def _abdicate(self, why: str) -> None:
+        """Step down because the store keeps refusing writes (see WriteStreak)."""
+        if self._abdication is None and self.leadership is not None:
+            self._abdication = why
+            log.error("controller %s steps down: %s", self.candidate, why)
+            self._step_down(why)
+            self.leadership.lost.set()
 
     def _step_down(self, why: str) -> None:
         if not self.leading:
@@ -303,9 +334,11 @@ class ControllerServer:
     async def persist(self, background: bool = False) -> None:
         """Write dirty snapshot sections with compare-and-set; a refused write means this
         controller no longer leads. Replicas (quorum ids, committed steps) and urgent host
-        changes (swaps, cordons, deaths) are written before the caller answers; plain host
-        registrations and the journal (recent quorums, events) are written behind, by the
-        ticker (`background=True`)."""
+        changes (new registrations with their agent secret, swaps, cordons, deaths) are written
+        before the caller answers; repeated registrations and the journal (recent quorums,
+        events) are written behind, by the ticker (`background=True`). Every value is checked
+        against what one store write may hold first (`_encode`); failures count towards
+        stepping down (`WriteStreak`)."""
         state = self.require_leader()
         self._drain_telemetry(state)
         async with self._persist_lock:
@@ -321,18 +354,25 @@ class ControllerServer:
                 writes.append(("journal", state.snapshot_journal()))
             if state.dirty_host_shards and (background or state.urgent_hosts):
                 shards, state.dirty_host_shards, state.urgent_hosts = sorted(state.dirty_host_shards), set(), False
-                writes += [(f"hosts/{i}", state.snapshot_hosts(i)) for i in shards]
+                writes += [(f"hosts/{i}", state.encoded_host_shard(i)) for i in shards]
             for i, (section, snapshot) in enumerate(writes):
-                value = json.dumps(snapshot, separators=(",", ":")).encode()
                 try:
+                    value = self._encode(section, snapshot)
                     expected = self._revisions.get(section, 0)
                     if expected is None:  # an earlier write's outcome is unknown: look
                         expected = (await self.store.get(self._key(section))).revision
                     revision = await self.store.cas(self._key(section), value, expected, self.leadership)
-                except StoreError:
+                except StoreError as exc:
                     self._revisions[section] = None
                     _mark_unwritten(state, [name for name, _ in writes[i:]])
+                    self.write_streak.failed(f"{section}: {exc}", self.clock())
+                    why = self.write_streak.step_down_reason(
+                        self.clock(), max_failures=self.settings.store_failed_writes_to_step_down,
+                        max_failing_s=self.settings.store_failing_s_to_step_down)
+                    if why:
+                        self._abdicate(why)
                     raise
+                self.write_streak.succeeded()
                 if revision is None:
                     self.leadership.lost.set()
                     self._step_down(f"the store refused a write to {section}")
@@ -345,6 +385,35 @@ class ControllerServer:
         if self.settings.telemetry:
             event_log.emit(self.settings.job_id, events)
             self.metrics.observe(observations)
+
+    def _encode(self, section: str, snapshot: dict | bytes) -> bytes:
+        """A section's bytes, checked against what one store write may hold. The journal
+        (display only) loses its oldest entries instead; any other section that does not fit
+        is a bug in the up-front checks (controller.core.sizes): it is not sent, and counts
+        as a failed write."""
+        limit = value_limit(self.settings)
+        if section == "journal":
+            snapshot, dropped = fit_journal(snapshot, limit)
+            if dropped:
+                log.warning("the journal is over the store's limit: %d oldest entries left out of its durable copy",
+                            dropped)
+        value = snapshot if isinstance(snapshot, bytes) else encode_section(snapshot)
+        if len(value) > limit:
+            raise StoreError(f"section {section} is {len(value)} bytes, more than the {limit} a store write may "
+                             f"hold; not written")
+        return value
+
+    def peer_problem(self, context, host_id: str) -> str | None:
+        """Why the caller's client certificate may not act as `host_id` (None: it may, or no
+        binding is configured)."""
+        if self.cert_binding is None:
+            return None
+        return self.cert_binding.problem(certificate_identities(context), host_id)
+
+    def check_peer_may_act_as(self, context, host_id: str) -> None:
+        problem = self.peer_problem(context, host_id)
+        if problem:
+            raise PermissionDenied(problem)
 
     async def _tick(self) -> None:
         tick_s = min(0.25, self.settings.heartbeat_timeout_s / 10)

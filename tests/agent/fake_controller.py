@@ -2,7 +2,9 @@
 
 It records registrations, heartbeats, acks and exit reports, and lets a test push orders
 to a host's order stream. `refuse` makes RegisterAgent answer FAILED_PRECONDITION;
-`job_state` is what heartbeat and registration answers say about the job.
+`job_state` is what heartbeat and registration answers say about the job. Like the real
+controller it hands out an agent secret per new incarnation, and it records the secret each
+order stream, ack and exit report presented (`presented`).
 """
 
 from __future__ import annotations
@@ -34,6 +36,10 @@ class FakeController(pb_grpc.ControllerServicer):
         self.job_state = pb.RUNNING
         self.server: grpc.aio.Server | None = None
         self.address = ""
+        #: incarnation -> the secret handed out for it; (rpc, secret) for every call that
+        #: must present one
+        self.secrets: dict[str, str] = {}
+        self.presented: list[tuple[str, str]] = []
 
     async def start(self, credentials: grpc.ServerCredentials | None = None) -> "FakeController":
         self.server = grpc.aio.server()
@@ -60,7 +66,10 @@ class FakeController(pb_grpc.ControllerServicer):
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, self.refuse)
         self.registrations.append(request)
         assignment = self.answer if self.answer is not None else request.assignment
-        return pb.RegisterAgentResponse(assignment=assignment, reason="fake", job_state=self.job_state)
+        new = request.incarnation not in self.secrets
+        secret = self.secrets.setdefault(request.incarnation, f"secret-{len(self.secrets)}")
+        return pb.RegisterAgentResponse(assignment=assignment, reason="fake", job_state=self.job_state,
+                                        agent_secret=secret if new else "")
 
     async def Heartbeat(self, request_iterator, context):
         async for request in request_iterator:
@@ -75,16 +84,19 @@ class FakeController(pb_grpc.ControllerServicer):
                                        leader_address=self.leader_address if self.not_leader else "")
 
     async def Orders(self, request, context):
+        self.presented.append(("Orders", request.agent_secret))
         self.streams[request.host_id] += 1
         queue = self.queues[request.host_id]
         while True:
             yield await queue.get()
 
     async def AckOrder(self, request, context):
+        self.presented.append(("AckOrder", request.agent_secret))
         self.acks[request.order_id] = request
         return pb.AckOrderResponse()
 
     async def ReportTrainerExit(self, request, context):
+        self.presented.append(("ReportTrainerExit", request.agent_secret))
         if self.fail_exits > 0:
             self.fail_exits -= 1
             await context.abort(grpc.StatusCode.UNAVAILABLE, "try again")

@@ -35,6 +35,23 @@ async def test_active_host_registers_runs_and_heartbeats(controller, start_agent
     assert not alive(info["pid"])
 
 
+async def test_the_agent_presents_the_secret_of_its_registration(controller, start_agent, tmp_path):
+    run = start_agent([controller.address], restart_budget=0)
+    [info] = await wait_for(lambda: ready_files(tmp_path), 10, "trainer ready")
+    first = controller.secrets[run.agent.incarnation]
+    controller.order("h1", "o1", O.START, pb.Assignment(replica_id="r0"))
+    await ack(controller, "o1")
+    # Forgotten by the controller: a new incarnation, so a new secret, used from then on.
+    controller.forget = 1
+    await wait_for(lambda: len(controller.secrets) == 2, 10, "a registration as a new incarnation")
+    second = controller.secrets[run.agent.incarnation]
+    await wait_for(lambda: ("Orders", second) in controller.presented, 10, "the new order stream")
+    os.kill(info["pid"], signal.SIGKILL)
+    await wait_for(lambda: controller.exits, 10, "exit report")
+    assert first != second and set(controller.presented) == {
+        ("Orders", first), ("AckOrder", first), ("Orders", second), ("ReportTrainerExit", second)}
+
+
 async def test_killed_trainer_is_reported_at_once(controller, start_agent, tmp_path):
     start_agent([controller.address], restart_budget=0)
     [info] = await wait_for(lambda: ready_files(tmp_path), 10, "trainer ready")

@@ -39,10 +39,11 @@ async def test_every_decision_is_one_json_line_with_a_level(server, stub, caplog
                                                          assignment=pb.Assignment(replica_id=replica, ranks=[0],
                                                                                   world_size=1)))
     await stub.RegisterAgent(pb.RegisterAgentRequest(host_id="s0", incarnation="1", spare=True))
-    await asyncio.gather(*(stub.Quorum(quorum_request(r, 0, world=1, host_id=h), timeout=10)
-                           for h, r in pairs))
+    answers = await asyncio.gather(*(stub.Quorum(quorum_request(r, 0, world=1, host_id=h), timeout=10)
+                                     for h, r in pairs))
     await stub.ReportFailure(pb.ReportFailureRequest(job_id="t", replica_id="r1", kind=pb.ReportFailureRequest.COMMIT_FAILED,
-                                                     reason="allreduce timed out"))
+                                                     reason="allreduce timed out", host_id="h1",
+                                                     quorum_id=answers[1].quorum_id, step=answers[1].max_step))
     async with httpx.AsyncClient(base_url=server.http_url) as http:
         assert (await http.post("/api/v1/hosts/h0/drain", headers=ADMIN)).status_code == 200
         events = (await http.get("/api/v1/events")).json()

@@ -23,18 +23,18 @@ def trained_job():
     """r0 and r1 train steps 0 and 1; r1 dies at t=3.5 and is back, caught up, at t=6."""
     s = ControllerState(SETTINGS)
     form(s, {"r0": 0, "r1": 0}, 0.0)
-    s.report_step("r0", 0, 1.0, step_time_s=0.8)
-    s.report_step("r1", 0, 1.0, step_time_s=0.9)
+    s.report_step("r0", 0, 1.0, quorum_id=s.replicas["r0"].given_quorum_id, step_time_s=0.8)
+    s.report_step("r1", 0, 1.0, quorum_id=s.replicas["r1"].given_quorum_id, step_time_s=0.9)
     form(s, {"r0": 1, "r1": 1}, 1.0)
-    s.report_step("r0", 1, 2.0, step_time_s=50.0)  # a leader that over-reports: clipped to 1 s
-    s.report_step("r1", 1, 2.0)  # no step time reported: the interval since its last commit
+    s.report_step("r0", 1, 2.0, quorum_id=s.replicas["r0"].given_quorum_id, step_time_s=50.0)  # a leader that over-reports: clipped to 1 s
+    s.report_step("r1", 1, 2.0, quorum_id=s.replicas["r1"].given_quorum_id)  # no step time reported: the interval since its last commit
     s.heartbeat_replicas(["r1"], 3.0)
     s.report_replica_dead("r1", "GPU fell off the bus", 3.5)
     form(s, {"r0": 2}, 4.0)
-    s.report_step("r0", 2, 5.0, step_time_s=0.5)
+    s.report_step("r0", 2, 5.0, quorum_id=s.replicas["r0"].given_quorum_id, step_time_s=0.5)
     form(s, {"r0": 3, "r1": 1}, 5.0)  # r1 rejoins behind
-    s.report_step("r1", 3, 6.0, step_time_s=0.7)  # its catch-up step (max step 3): trains nothing
-    s.report_step("r0", 3, 6.0, step_time_s=0.6)
+    s.report_step("r1", 3, 6.0, quorum_id=s.replicas["r1"].given_quorum_id, step_time_s=0.7)  # its catch-up step (max step 3): trains nothing
+    s.report_step("r0", 3, 6.0, quorum_id=s.replicas["r0"].given_quorum_id, step_time_s=0.6)
     return s
 
 
@@ -83,14 +83,15 @@ def test_goodput_survives_a_failover_and_open_intervals_restart():
     assert after.recent_failures == before.recent_failures
     assert list(new.goodput.history) == list(s.goodput.history)
     # the 54 s of the failover are not covered: the first commit after it covers nothing
-    new.report_step("r0", 4, 61.0, step_time_s=0.5)
+    form(new, {"r0": 4, "r1": 4}, 61.0)
+    new.report_step("r0", 4, 61.0, quorum_id=new.replicas["r0"].given_quorum_id, step_time_s=0.5)
     assert new.goodput.view(61.0).replicas["r0"]["covered_s"] == before.replicas["r0"]["covered_s"]
 
 
 def test_telemetry_off_tracks_nothing():
     s = ControllerState(ControllerSettings(**{**SETTINGS.__dict__, "telemetry": False}))
     form(s, {"r0": 0, "r1": 0}, 0.0)
-    s.report_step("r0", 0, 1.0, step_time_s=0.8)
+    s.report_step("r0", 0, 1.0, quorum_id=s.replicas["r0"].given_quorum_id, step_time_s=0.8)
     v = s.goodput.view(1.0)
     assert v.started_at is None and v.replicas == {} and s.goodput.take_observations() == []
     assert s.max_committed_step == 0  # the controller itself is unchanged

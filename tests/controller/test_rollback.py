@@ -40,12 +40,10 @@ def test_the_rule_in_order():
 def job(checkpoint: bool = True):
     s = ControllerState(ControllerSettings(replicas=3, min_replicas=1, join_timeout_s=1.0, heartbeat_timeout_s=10.0,
                                            rollback_wait_s=WAIT))
-    for rid in ("r0", "r1", "r2"):
-        s.join(JoinRequest(rid, 0, 1, incarnation=f"{rid}-a"), 0.0)
-    s.try_close_round(0.0)
     for step in range(52):  # three replicas commit steps 0..51, checkpointing step 40 (or not)
+        round_(s, {"r0": step, "r1": step, "r2": step}, 1.0)
         for rid in ("r0", "r1", "r2"):
-            s.report_step(rid, step, 1.0, checkpoint_step=40 if checkpoint and step >= 40 else None)
+            commit(s, rid, 1.0, checkpoint_step=40 if checkpoint and step >= 40 else None)
     return s
 
 
@@ -53,6 +51,12 @@ def round_(s, steps, now, incarnation="a"):
     for rid, step in steps.items():
         s.join(JoinRequest(rid, step, 1, incarnation=f"{rid}-{incarnation}"), now)
     return s.try_close_round(now)
+
+
+def commit(s, rid, now, **kw):
+    """Report the commit of what `rid` was last given (its quorum and step)."""
+    r = s.replicas[rid]
+    s.report_step(rid, r.given_step, now, quorum_id=r.given_quorum_id, **kw)
 
 
 def lose_r2_then_restart_r0_r1(s):
@@ -86,12 +90,12 @@ def test_without_the_holder_it_rolls_back_loudly_then_a_returning_holder_rolls_i
     assert s.steps_lost == {"rollback": 52} and s.history_step == -1
     # The new history commits steps 0 and 1; rounds on it are no rollbacks.
     for step in (0, 1):
-        s.report_step("r0", step, 30.0)
-        s.report_step("r1", step, 30.0)
+        commit(s, "r0", 30.0)
+        commit(s, "r1", 30.0)
         q = round_(s, {"r0": step + 1, "r1": step + 1}, 31.0, incarnation="b")
         assert "ROLLBACK" not in q.reason
     # r2 was only stopped: it comes back with step 51, and its newer state wins.
-    s.report_step("r2", 51, 32.0)  # a late report from the old history extends nothing
+    commit(s, "r2", 32.0)  # a late report of step 51, from the old history, extends nothing
     assert s.history_step == 1
     s.join(JoinRequest("r2", 52, 1, incarnation="r2-a"), 33.0)
     q = round_(s, {"r0": 2, "r1": 2}, 33.0, incarnation="b")
@@ -113,8 +117,9 @@ def test_a_rollback_offers_the_newest_durable_checkpoint():
     answers.prepare(q, s)
     answer = answers.get(0)
     assert answer.HasField("resume_checkpoint_step") and answer.resume_checkpoint_step == 40
-    # A member that loads it reports step 41 next: the history continues from there.
-    s.report_step("r0", 41, 30.0)
+    # A member that loads it joins at step 41 next and commits it: the history continues from there.
+    round_(s, {"r0": 41, "r1": 0}, 30.0, incarnation="b")
+    commit(s, "r0", 30.0)
     q = round_(s, {"r0": 42, "r1": 0}, 31.0, incarnation="b")
     assert "ROLLBACK" not in q.reason and q.max_step == 42
 
@@ -123,9 +128,9 @@ def test_a_checkpoint_step_past_the_committed_step_is_refused_and_changes_nothin
     s = job()
     before = s.snapshot_replicas()
     with pytest.raises(InvalidArgument, match="checkpoint_step must be between 0 and the committed step 52, got 53"):
-        s.report_step("r0", 52, 5.0, checkpoint_step=53)
+        s.report_step("r0", 52, 5.0, quorum_id=s.quorum.quorum_id, checkpoint_step=53)
     with pytest.raises(InvalidArgument, match="got -1"):
-        s.report_step("r0", 52, 5.0, checkpoint_step=-1)
+        s.report_step("r0", 52, 5.0, quorum_id=s.quorum.quorum_id, checkpoint_step=-1)
     assert s.snapshot_replicas() == before and s.replicas["r0"].state == ReplicaState.HEALTHY
 
 

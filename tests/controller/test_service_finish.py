@@ -24,19 +24,29 @@ async def heartbeat(stub, **ids):
     return reply
 
 
-async def start(stub, hosts=True):
-    """Hosts h<i> run rank 0 of r<i>; one quorum at step 0, committed by all."""
+def host(rid: str) -> str:
+    """The host running rank 0 of replica r<i> (with agents): h<i>."""
+    return f"h{rid[1:]}"
+
+
+async def start(stub, hosts=True) -> dict[str, str]:
+    """Hosts h<i> run rank 0 of r<i>; one quorum at step 0, committed by all. Returns the
+    agents' secrets by host."""
+    secrets = {}
     if hosts:
         for i, rid in enumerate(REPLICAS):
             reply = await stub.RegisterAgent(pb.RegisterAgentRequest(
                 host_id=f"h{i}", incarnation=f"h{i}-1", assignment=pb.Assignment(replica_id=rid, ranks=[0],
                                                                                 world_size=2)))
             assert reply.job_state == pb.RUNNING
-    answers = await asyncio.gather(*(stub.Quorum(quorum_request(r, 0, incarnation="one"), timeout=10)
-                                     for r in REPLICAS))
+            secrets[f"h{i}"] = reply.agent_secret
+    leaders = {rid: host(rid) if hosts else "" for rid in REPLICAS}
+    answers = await asyncio.gather(*(stub.Quorum(quorum_request(r, 0, incarnation="one", host_id=leaders[r]),
+                                                 timeout=10) for r in REPLICAS))
     for rid in REPLICAS:
-        await stub.ReportStep(pb.ReportStepRequest(job_id="t", replica_id=rid, step=0,
+        await stub.ReportStep(pb.ReportStepRequest(job_id="t", replica_id=rid, step=0, host_id=leaders[rid],
                                                    quorum_id=answers[0].quorum_id))
+    return secrets
 
 
 def finished(rid, step=0, **kw):
@@ -44,25 +54,27 @@ def finished(rid, step=0, **kw):
 
 
 async def test_replicas_finish_and_the_job_completes(server, stub):
-    await start(stub)
+    secrets = await start(stub)
     reply = await stub.ReportFinished(finished("r0", host_id="h0", reason="max_steps reached"))
     assert reply.job_state == pb.RUNNING
     assert (await heartbeat(stub, host_ids=["h0"])).job_state == pb.RUNNING
     # r0 is not waited for: r1 and r2 form the next quorum at once.
-    q = await asyncio.wait_for(asyncio.gather(*(stub.Quorum(quorum_request(r, 1, incarnation="one"))
+    q = await asyncio.wait_for(asyncio.gather(*(stub.Quorum(quorum_request(r, 1, incarnation="one", host_id=host(r)))
                                                 for r in ("r1", "r2"))), 10)
     assert [m.replica_id for m in q[0].members] == ["r1", "r2"]
     # r0's trainer exits 0 after its replica finished: a normal end.
-    await stub.ReportTrainerExit(pb.TrainerExitRequest(host_id="h0", replica_id="r0", rank=0, exit_code=0))
+    await stub.ReportTrainerExit(pb.TrainerExitRequest(host_id="h0", replica_id="r0", rank=0, exit_code=0,
+                                                       agent_secret=secrets["h0"]))
     assert server.state.replicas["r0"].state == ReplicaState.FINISHED and server.state.deaths == {}
     # r1's trainer exits 0 before its replica finished: a death.
-    await stub.ReportTrainerExit(pb.TrainerExitRequest(host_id="h1", replica_id="r1", rank=0, exit_code=0))
+    await stub.ReportTrainerExit(pb.TrainerExitRequest(host_id="h1", replica_id="r1", rank=0, exit_code=0,
+                                                       agent_secret=secrets["h1"]))
     assert server.state.replicas["r1"].state == ReplicaState.DEAD
     reply = await stub.ReportFinished(finished("r2", step=1, host_id="h2"))
     assert reply.job_state == pb.COMPLETED
 
     with pytest.raises(grpc.aio.AioRpcError) as err:
-        await stub.Quorum(quorum_request("r1", 0, incarnation="two"), timeout=5)
+        await stub.Quorum(quorum_request("r1", 0, incarnation="two", host_id="h1"), timeout=5)
     assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION and "COMPLETED" in err.value.details()
     assert (await heartbeat(stub, host_ids=["h0"])).job_state == pb.COMPLETED
     again = await stub.RegisterAgent(pb.RegisterAgentRequest(host_id="h9", incarnation="h9-1", spare=True))
@@ -90,8 +102,9 @@ async def test_replicas_finish_and_the_job_completes(server, stub):
     (pb.ReportFinishedRequest(job_id="other", replica_id="r0"), grpc.StatusCode.FAILED_PRECONDITION,
      "job_id 'other' does not match"),
     (finished("r0", host_id="h1"), grpc.StatusCode.FAILED_PRECONDITION, "host h1 does not hold rank 0 of replica r0"),
-    (finished("r0", step=-5), grpc.StatusCode.INVALID_ARGUMENT, "got -5"),
-    (finished("r0", reason="x" * 5000), grpc.StatusCode.INVALID_ARGUMENT, "reason is 5000 characters"),
+    (finished("r0"), grpc.StatusCode.FAILED_PRECONDITION, "r0's leader named no host_id"),
+    (finished("r0", step=-5, host_id="h0"), grpc.StatusCode.INVALID_ARGUMENT, "got -5"),
+    (finished("r0", step=2**40, host_id="h0"), grpc.StatusCode.FAILED_PRECONDITION, "no quorum gave it a step after 0"),
 ])
 async def test_bad_finish_reports_are_refused(server, stub, request_, code, text):
     await start(stub)

@@ -131,8 +131,11 @@ async def test_bad_reports(server, stub):
     with pytest.raises(grpc.aio.AioRpcError) as err:
         await stub.ReportStep(pb.ReportStepRequest(job_id="t", replica_id="ghost", step=1))
     assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION and "'ghost' is unknown" in err.value.details()
-    await round_(stub, {r: 0 for r in REPLICAS})
-    await commit(stub, "r0", 5, 1)
+    q = (await round_(stub, {r: 5 for r in REPLICAS}))["r0"]
+    await commit(stub, "r0", 5, q.quorum_id)
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await commit(stub, "r0", 6, q.quorum_id)  # not the step it was given
+    assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION and "quorum answer was" in err.value.details()
     with pytest.raises(grpc.aio.AioRpcError) as err:
         await stub.Quorum(quorum_request("r0", 2), timeout=5)
     assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION and "committed step 5" in err.value.details()

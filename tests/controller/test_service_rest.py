@@ -18,12 +18,12 @@ async def register(stub, host, *, spare=False, replica=None, ranks=(0,), zone="z
 
 
 async def test_drain_moves_work_to_spare_and_orders_reach_streams(server, stub):
-    await register(stub, "h0", replica="r0")
+    h0 = await register(stub, "h0", replica="r0")
     await register(stub, "h1", replica="r1")
     reply = await register(stub, "s0", spare=True)
     assert reply.assignment.replica_id == "" and "spare pool" in reply.reason
-    spare_orders = stub.Orders(pb.OrdersRequest(host_id="s0", incarnation="s0-1"))
-    h0_orders = stub.Orders(pb.OrdersRequest(host_id="h0", incarnation="h0-1"))
+    spare_orders = stub.Orders(pb.OrdersRequest(host_id="s0", incarnation="s0-1", agent_secret=reply.agent_secret))
+    h0_orders = stub.Orders(pb.OrdersRequest(host_id="h0", incarnation="h0-1", agent_secret=h0.agent_secret))
     # Every stream starts with the host's current assignment (none for the spare).
     first = await asyncio.wait_for(spare_orders.read(), 10)
     assert first.kind == pb.Order.CURRENT and first.assignment.replica_id == ""
@@ -43,7 +43,8 @@ async def test_drain_moves_work_to_spare_and_orders_reach_streams(server, stub):
         assert order.kind == pb.Order.ASSIGN and order.assignment.replica_id == "r0"
         stop = await asyncio.wait_for(h0_orders.read(), 10)
         assert stop.kind == pb.Order.STOP and stop.version == order.version - 1 > first.version
-        await stub.AckOrder(pb.AckOrderRequest(host_id="s0", order_id=order.order_id, ok=True))
+        await stub.AckOrder(pb.AckOrderRequest(host_id="s0", order_id=order.order_id, ok=True,
+                                               agent_secret=reply.agent_secret))
         hosts = {h["host_id"]: h for h in (await http.get("/api/v1/hosts")).json()}
         assert hosts["h0"]["cordoned"] and hosts["h0"]["cordon_reason"] == "drained by an operator"
         assert hosts["s0"]["assignment"]["replica_id"] == "r0" and not hosts["s0"]["spare"]
@@ -57,7 +58,7 @@ async def test_drain_moves_work_to_spare_and_orders_reach_streams(server, stub):
 
 
 async def test_bad_agent_requests(server, stub):
-    await register(stub, "h0", replica="r0")
+    secret = (await register(stub, "h0", replica="r0")).agent_secret
     with pytest.raises(grpc.aio.AioRpcError) as err:
         await stub.RegisterAgent(pb.RegisterAgentRequest(host_id="h0", incarnation="other"))
     assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION and "duplicate registration" in err.value.details()
@@ -65,10 +66,10 @@ async def test_bad_agent_requests(server, stub):
         await register(stub, "h9", replica="r0")
     assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION and "duplicate assignment" in err.value.details()
     with pytest.raises(grpc.aio.AioRpcError) as err:
-        await stub.ReportTrainerExit(pb.TrainerExitRequest(host_id="h0", replica_id="r7", rank=0))
+        await stub.ReportTrainerExit(pb.TrainerExitRequest(host_id="h0", replica_id="r7", rank=0, agent_secret=secret))
     assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION and "does not run replica 'r7'" in err.value.details()
     with pytest.raises(grpc.aio.AioRpcError) as err:
-        await stub.Orders(pb.OrdersRequest(host_id="h0", incarnation="stale")).read()
+        await stub.Orders(pb.OrdersRequest(host_id="h0", incarnation="stale", agent_secret=secret)).read()
     assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION and "register again" in err.value.details()
     assert set(server.state.hosts) == {"h0"}
 

@@ -24,7 +24,7 @@ def form(state, steps, now):
 
 def commit(state, digests, step, now, **kw):
     for rid, digest in digests.items():
-        state.report_step(rid, step, now, digest=digest, **kw)
+        state.report_step(rid, step, now, quorum_id=state.replicas[rid].given_quorum_id, digest=digest, **kw)
 
 
 def states(state):
@@ -107,15 +107,17 @@ def test_a_missing_report_is_not_waited_for_past_digest_wait_s():
     form(s, {"r0": 0, "r1": 0, "r2": 0}, 0.0)
     commit(s, {"r0": A, "r1": A, "r2": ""}, 0, 1.0)  # r2 sent no digest: the step waits for nobody
     assert not mismatches(s) and len(s.digest_ledger) == 1
-    s.report_step("r0", 1, 2.0, digest=A)
-    s.report_step("r1", 1, 2.0, digest=B)
+    form(s, {"r0": 1, "r1": 1, "r2": 1}, 1.5)
+    s.report_step("r0", 1, 2.0, quorum_id=s.replicas["r0"].given_quorum_id, digest=A)
+    s.report_step("r1", 1, 2.0, quorum_id=s.replicas["r1"].given_quorum_id, digest=B)
     s.expire(6.9)
     assert not mismatches(s)  # r2 may still report step 1
     s.heartbeat_replicas(["r0", "r1", "r2"], 7.0)
     s.expire(7.0)
     [event] = mismatches(s)
     assert "step 1" in event.message and s.replicas["r1"].state == ReplicaState.DIVERGED
-    s.report_step("r2", 1, 8.0, digest=B)  # late: judged against the reference that stands
+    late = s.replicas["r2"].given_quorum_id
+    s.report_step("r2", 1, 8.0, quorum_id=late, digest=B)  # late: judged against the reference that stands
     assert len(mismatches(s)) == 2 and s.replicas["r2"].state == ReplicaState.DIVERGED
 
 
@@ -157,5 +159,5 @@ def test_bad_digest_is_refused_and_changes_nothing(digest, message):
     form(s, {"r0": 0, "r1": 0, "r2": 0}, 0.0)
     before = copy.deepcopy((s.snapshot_replicas(), len(s.digest_ledger), len(s.events)))
     with pytest.raises(InvalidArgument, match=message):
-        s.report_step("r0", 0, 1.0, digest=digest)
+        s.report_step("r0", 0, 1.0, quorum_id=s.replicas["r0"].given_quorum_id, digest=digest)
     assert copy.deepcopy((s.snapshot_replicas(), len(s.digest_ledger), len(s.events))) == before

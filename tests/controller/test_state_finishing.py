@@ -22,9 +22,16 @@ def started(replicas=("r0", "r1", "r2")):
         s.register_agent(f"h{i}", f"i{i}", 0.0, assignment=Assignment(rid, (0,), 1))
         s.join(JoinRequest(rid, 0, 1, incarnation="one", host_id=f"h{i}"), 0.0)
     s.try_close_round(0.0)
-    for rid in replicas:
-        s.report_step(rid, 0, 0.5)
+    for i, rid in enumerate(replicas):
+        s.report_step(rid, 0, 0.5, quorum_id=s.quorum.quorum_id, host_id=f"h{i}")
     return s
+
+
+def advance(s, step, now, replicas=("r0", "r1", "r2")):
+    """A quorum of `replicas` at `step` (their leaders on hosts h<i>); nobody reports it yet."""
+    for i, rid in enumerate(replicas):
+        s.join(JoinRequest(rid, step, 1, incarnation="one", host_id=f"h{i}"), now)
+    return s.try_close_round(now)
 
 
 def picture(s):
@@ -42,7 +49,7 @@ def test_finished_replica_is_not_waited_for_nor_expired():
     r0 = s.replicas["r0"]
     assert r0.state == ReplicaState.FINISHED and r0.reason == "finished after step 0: max_steps reached"
     for rid in ("r1", "r2"):
-        s.join(JoinRequest(rid, 1, 1, incarnation="one"), 2.0)
+        s.join(JoinRequest(rid, 1, 1, incarnation="one", host_id=f"h{rid[1:]}"), 2.0)
     q = s.try_close_round(2.0)
     assert q.member_ids == {"r1", "r2"} and q.reason == "all 2 live replicas joined"
     s.heartbeat_replicas(["r1", "r2"], 20.0)
@@ -53,34 +60,34 @@ def test_finished_replica_is_not_waited_for_nor_expired():
 
 def test_the_job_completes_when_every_replica_finished_or_died():
     s = started()
-    s.report_finished("r0", 0, 1.0)
-    s.report_replica_dead("r1", "GPU lost", 1.0)
+    s.report_finished("r0", 0, 1.0, host_id="h0")
+    s.report_replica_dead("r1", "GPU lost", 1.0, host_id="h1")
     assert s.job_state == JobState.RUNNING
-    assert s.report_finished("r2", 0, 2.0) == JobState.COMPLETED
+    assert s.report_finished("r2", 0, 2.0, host_id="h2") == JobState.COMPLETED
     [event] = kinds(s, "job")
     assert event.message == "job job COMPLETED: 2 replica(s) finished, 1 dead"
     assert s.completed_at == 2.0 and s.round_reason == "the job is COMPLETED"
     before = picture(s)
-    for req in (JoinRequest("r1", 0, 1, incarnation="two"), JoinRequest("r9", 0, 1),
-                JoinRequest("r0", 1, 1, incarnation="two")):
+    for req in (JoinRequest("r1", 0, 1, incarnation="two", host_id="h1"), JoinRequest("r9", 0, 1),
+                JoinRequest("r0", 1, 1, incarnation="two", host_id="h0")):
         with pytest.raises(FailedPrecondition, match="job job is COMPLETED"):
             s.join(req, 3.0)
     assert picture(s) == before
-    assert s.report_finished("r2", 0, 4.0) == JobState.COMPLETED  # said again: nothing new
+    assert s.report_finished("r2", 0, 4.0, host_id="h2") == JobState.COMPLETED  # said again: nothing new
     assert len(kinds(s, "job")) == 1
 
 
 def test_all_dead_is_not_completed():
     s = started()
     for rid in ("r0", "r1", "r2"):
-        s.report_replica_dead(rid, "gone", 1.0)
+        s.report_replica_dead(rid, "gone", 1.0, host_id=f"h{rid[1:]}")
     assert s.job_state == JobState.RUNNING and s.completed_at is None
 
 
 def test_a_completed_job_survives_a_failover_and_its_silent_agents_are_no_failure():
     s = started()
     for rid in ("r0", "r1", "r2"):
-        s.report_finished(rid, 0, 1.0)
+        s.report_finished(rid, 0, 1.0, host_id=f"h{rid[1:]}")
     t = ControllerState(SETTINGS)
     t.restore(s.snapshot_replicas(), [s.snapshot_hosts(i) for i in range(HOST_SHARDS)], 5.0)
     assert t.job_state == JobState.COMPLETED and t.replicas["r1"].state == ReplicaState.FINISHED
@@ -90,22 +97,22 @@ def test_a_completed_job_survives_a_failover_and_its_silent_agents_are_no_failur
 
 def test_a_new_incarnation_of_a_finished_replica_trains_again_while_the_job_runs():
     s = started()
-    s.report_finished("r0", 0, 1.0)
+    s.report_finished("r0", 0, 1.0, host_id="h0")
     with pytest.raises(FailedPrecondition, match="only a new process"):
-        s.join(JoinRequest("r0", 1, 1, incarnation="one"), 2.0)
-    s.join(JoinRequest("r0", 0, 1, incarnation="two"), 2.0)
+        s.join(JoinRequest("r0", 1, 1, incarnation="one", host_id="h0"), 2.0)
+    s.join(JoinRequest("r0", 0, 1, incarnation="two", host_id="h0"), 2.0)
     r0 = s.replicas["r0"]
     assert r0.state == ReplicaState.JOINING and "trains again after it finished" in r0.reason
     assert s.deaths == {}  # finishing and coming back is no death
     for rid in ("r1", "r2"):
-        s.join(JoinRequest(rid, 1, 1, incarnation="one"), 2.0)
+        s.join(JoinRequest(rid, 1, 1, incarnation="one", host_id=f"h{rid[1:]}"), 2.0)
     q = s.try_close_round(2.0)
     assert q.member_ids == {"r0", "r1", "r2"} and q.recover == {"r0": ("r1", "r2")}
 
 
 def test_trainer_exit_0_after_finishing_is_a_normal_end():
     s = started()
-    s.report_finished("r0", 0, 1.0)
+    s.report_finished("r0", 0, 1.0, host_id="h0")
     for rank_exit in range(2):  # two ranks' exits: one event for the replica
         s.trainer_exit("h0", "r0", 0, 1.5 + rank_exit, exit_code=0)
     [event] = kinds(s, "finished")
@@ -127,21 +134,39 @@ def test_trainer_exit_0_before_finishing_is_a_death():
 
 def test_a_lost_step_report_is_made_good_by_the_finish():
     s = started()
-    s.report_finished("r0", 7, 1.0)
+    for step in range(1, 8):  # quorums up to step 7, whose commit reports were all lost
+        advance(s, step, 0.6)
+    s.report_finished("r0", 7, 1.0, host_id="h0")
     assert (s.replicas["r0"].committed_step, s.max_committed_step) == (7, 7)
+
+
+def test_a_finish_after_a_step_no_quorum_gave_is_refused():
+    s = started()
+    before = picture(s)
+    with pytest.raises(FailedPrecondition, match=f"finished at step {10**15}, but no quorum gave it a step after 0"):
+        s.report_finished("r0", 10**15, 1.0, host_id="h0")
+    assert picture(s) == before
+
+
+def test_a_long_finish_reason_is_cut_with_a_marker():
+    s = started()
+    s.report_finished("r0", 0, 1.0, host_id="h0", reason="x" * 5000)
+    assert "more characters cut]" in s.replicas["r0"].reason and len(s.replicas["r0"].reason) < 300
 
 
 @pytest.mark.parametrize("rid, step, host, reason, error, message", [
     ("ghost", 3, "", "", FailedPrecondition, "replica 'ghost' is unknown"),
     ("r 0", 3, "", "", InvalidArgument, "must start with a letter or digit"),
-    ("r0", -2, "", "", InvalidArgument, "step must be -1 (nothing committed) or more, got -2."),
-    ("r0", 2, "", "", FailedPrecondition, "finished at step 2, but it already committed step 3"),
+    ("r0", -2, "h0", "", InvalidArgument, "step must be -1 (nothing committed) or more, got -2."),
+    ("r0", 2, "h0", "", FailedPrecondition, "finished at step 2, but it already committed step 3"),
     ("r0", 3, "h1", "", FailedPrecondition, "host h1 does not hold rank 0 of replica r0"),
-    ("r0", 3, "h0", "x" * 2000, InvalidArgument, "reason is 2000 characters; the limit is 1024"),
+    ("r0", 3, "", "", FailedPrecondition, "r0's leader named no host_id, but host h0 holds its rank 0"),
+    ("r0", 4, "h0", "", FailedPrecondition, "finished at step 4, but no quorum gave it a step after 3"),
 ])
 def test_bad_finish_reports_are_refused_and_change_nothing(rid, step, host, reason, error, message):
     s = started()
-    s.report_step("r0", 3, 0.7)
+    advance(s, 3, 0.6)
+    s.report_step("r0", 3, 0.7, quorum_id=s.quorum.quorum_id, host_id="h0")
     before = picture(s)
     with pytest.raises(error, match=re.escape(message)):
         s.report_finished(rid, step, 1.0, host_id=host, reason=reason)

@@ -21,8 +21,8 @@ def cluster(spares=("s0",), spare_zone="z1"):
     s.register_agent("h1", "i1", 0.0, assignment=a("r1", 0, 1), labels={"zone": "z2"})
     for sp in spares:
         s.register_agent(sp, "i" + sp, 0.0, spare=True, labels={"zone": spare_zone})
-    for rid in ("r0", "r1"):
-        s.join(JoinRequest(rid, 0, 2), 0.0)
+    for rid, holder in (("r0", "h0"), ("r1", "h1")):
+        s.join(JoinRequest(rid, 0, 2, host_id=holder), 0.0)
     s.try_close_round(0.0)
     return s
 
@@ -183,7 +183,7 @@ def test_only_the_host_holding_rank_0_may_lead_its_replica():
     with pytest.raises(FailedPrecondition, match="host h0 does not hold rank 0 of replica r0 \\(host s0 does\\)"):
         s.join(JoinRequest("r0", 1, 2, host_id="h0"), 2.0)
     with pytest.raises(FailedPrecondition, match="host h0 does not hold rank 0 of replica r0"):
-        s.report_step("r0", 1, 2.0, host_id="h0")
+        s.report_step("r0", 0, 2.0, host_id="h0", quorum_id=s.quorum.quorum_id)
     assert s.snapshot_replicas() == before and "r0" not in s.round_joined
     s.join(JoinRequest("r0", 1, 2, host_id="s0"), 3.0)  # the replacement leads
     s.join(JoinRequest("r9", 0, 1, host_id="anywhere"), 3.0)  # no agent holds r9: nothing to fence

@@ -28,6 +28,12 @@ def form(state, steps, now):
     return state.try_close_round(now)
 
 
+def commit(state, rid, now, **kw):
+    """Report the commit of what `rid` was last given (its quorum id and step)."""
+    r = state.replicas[rid]
+    state.report_step(rid, r.given_step, now, quorum_id=r.given_quorum_id, **kw)
+
+
 def picture(state):
     return copy.deepcopy((state.snapshot_replicas(), [state.snapshot_hosts(i) for i in range(HOST_SHARDS)], dict(state.round_joined)))
 
@@ -38,7 +44,7 @@ def test_first_quorum_and_fast_path():
     assert q.quorum_id == 1 and q.reason == "all 3 live replicas joined"
     assert {r.state for r in s.replicas.values()} == {ReplicaState.HEALTHY}
     for rid in ("r0", "r1", "r2"):
-        s.report_step(rid, 0, 1.0)
+        commit(s, rid, 1.0)
     q2 = form(s, {"r0": 1, "r1": 1, "r2": 1}, 1.0)
     assert q2.quorum_id == 1 and q2.reason.startswith("fast path")
 
@@ -53,7 +59,7 @@ def test_heartbeat_silence_excludes_and_behind_gets_a_source():
     assert "no heartbeat for 10.5s" in s.replicas["r2"].reason
     assert s.deaths == {"heartbeat": 1}
     for rid in ("r0", "r1"):
-        s.report_step(rid, 0, 11.0)
+        commit(s, rid, 11.0)
     q = form(s, {"r0": 1, "r1": 1}, 11.0)
     assert q.quorum_id == 2 and q.member_ids == {"r0", "r1"}
     # r2 comes back at its old step: it is behind and recovers from a healthy replica
@@ -64,8 +70,8 @@ def test_heartbeat_silence_excludes_and_behind_gets_a_source():
     assert q.quorum_id == 3 and q.max_step == 2
     assert s.replicas["r2"].state == ReplicaState.BEHIND
     assert q.recover == {"r2": ("r0", "r1")}
-    s.report_step("r2", 2, 13.0)
-    assert s.replicas["r2"].state == ReplicaState.HEALTHY
+    commit(s, "r2", 13.0)  # a behind replica commits the quorum's max step
+    assert s.replicas["r2"].state == ReplicaState.HEALTHY and s.replicas["r2"].committed_step == 2
 
 
 def test_failure_report_excludes_at_once_and_drops_from_round():
@@ -82,7 +88,7 @@ def test_failure_report_excludes_at_once_and_drops_from_round():
 def test_failed_commit_bumps_quorum_id_and_allows_retry():
     s = fresh()
     form(s, {"r0": 0, "r1": 0, "r2": 0}, 0.0)
-    s.report_commit_failed("r1", 0, "FTAR timeout", 1.0)
+    s.report_commit_failed("r1", 0, "FTAR timeout", 1.0, quorum_id=s.quorum.quorum_id)
     q = form(s, {"r0": 0, "r1": 0, "r2": 0}, 1.0)
     assert q.quorum_id == 2
     assert not s.replicas["r1"].failed_commit
@@ -90,25 +96,27 @@ def test_failed_commit_bumps_quorum_id_and_allows_retry():
 
 def test_backwards_step_refused_without_failed_commit_and_state_unchanged():
     s = fresh()
-    form(s, {"r0": 0, "r1": 0, "r2": 0}, 0.0)
-    s.report_step("r0", 4, 1.0)
+    form(s, {"r0": 4, "r1": 4, "r2": 4}, 0.0)
+    commit(s, "r0", 1.0)
     before = picture(s)
     with pytest.raises(FailedPrecondition, match="asked to train step 2.*committed step 4"):
         join(s, "r0", 2, 2.0)
-    with pytest.raises(FailedPrecondition, match="reported step 3 as committed.*committed step 4"):
-        s.report_step("r0", 3, 2.0)
+    with pytest.raises(FailedPrecondition, match="commit of step 3 in quorum .*last quorum answer was .* at step 4"):
+        s.report_step("r0", 3, 2.0, quorum_id=s.quorum.quorum_id)
     assert picture(s) == before
 
 
 def test_new_incarnation_may_come_back_lower():
-    s = fresh()
-    join(s, "r0", 0, 0.0, incarnation="a")
-    s.report_step("r0", 9, 1.0)
+    s = fresh(replicas=1, min_replicas=1)
+    join(s, "r0", 9, 0.0, incarnation="a")
+    s.try_close_round(0.0)
+    commit(s, "r0", 1.0)
     join(s, "r0", 0, 2.0, incarnation="b")
     r = s.replicas["r0"]
     assert r.state == ReplicaState.JOINING and r.incarnation == "b" and r.step == 0
     assert s.deaths == {"restarted": 1}
-    s.report_step("r0", 0, 3.0)  # it resumed from an older checkpoint: its steps count again
+    s.try_close_round(2.0)
+    commit(s, "r0", 3.0)  # it resumed from an older checkpoint: its steps count again
     assert r.committed_step == 0
 
 
@@ -143,10 +151,10 @@ def test_bad_join_is_refused_and_changes_nothing(req, message):
 def test_unknown_replica_and_negative_numbers_in_reports():
     s = fresh()
     with pytest.raises(FailedPrecondition, match="replica 'ghost' is unknown"):
-        s.report_step("ghost", 0, 0.0)
+        s.report_step("ghost", 0, 0.0, quorum_id=1)
     join(s, "r0", 0, 0.0)
     with pytest.raises(InvalidArgument, match="tokens must not be negative, got -5"):
-        s.report_step("r0", 0, 0.0, tokens=-5)
+        s.report_step("r0", 0, 0.0, tokens=-5, quorum_id=1)
     assert s.steps_committed == 0
 
 
@@ -173,7 +181,7 @@ def test_late_replica_becomes_joining_then_returns():
 def test_snapshot_round_trip():
     s = fresh()
     form(s, {"r0": 0, "r1": 0, "r2": 0}, 0.0)
-    s.report_step("r0", 0, 1.0)
+    commit(s, "r0", 1.0)
     t = fresh()
     t.restore(s.snapshot_replicas(), [s.snapshot_hosts(i) for i in range(HOST_SHARDS)], 50.0,
               {"r0": s.snapshot_addresses("r0")}, s.snapshot_journal())
@@ -217,10 +225,10 @@ def test_new_addresses_or_a_restart_change_the_quorum_id_even_with_the_same_memb
 def test_a_quorum_below_the_committed_step_is_flagged_as_a_rollback():
     s = fresh(replicas=2, min_replicas=1)
     for rid in ("r0", "r1"):
-        join(s, rid, 0, 0.0, incarnation="first")
+        join(s, rid, 7, 0.0, incarnation="first")
     s.try_close_round(0.0)
     for rid in ("r0", "r1"):
-        s.report_step(rid, 7, 1.0)
+        commit(s, rid, 1.0)
     for rid in ("r0", "r1"):  # both replicas die and come back as new processes at step 0
         join(s, rid, 0, 2.0, incarnation="again")
     q = s.try_close_round(2.0)

@@ -45,7 +45,8 @@ def test_status_shows_finished_replicas_and_a_completed_job(controller_process):
         joins = [stub.Quorum.future(pb.QuorumRequest(job_id="demo", replica_id=rid, step=0, world_size=1), timeout=30)
                  for rid in ("r0", "r1")]
         assert {len(j.result().members) for j in joins} == {2}
-        stub.ReportStep(pb.ReportStepRequest(job_id="demo", replica_id="r0", step=0, digest="00ff" * 8), timeout=10)
+        stub.ReportStep(pb.ReportStepRequest(job_id="demo", replica_id="r0", step=0, digest="00ff" * 8,
+                                             quorum_id=joins[0].result().quorum_id), timeout=10)
         assert stub.ReportFinished(pb.ReportFinishedRequest(job_id="demo", replica_id="r0", step=0),
                                    timeout=10).job_state == pb.RUNNING
         assert stub.ReportFinished(pb.ReportFinishedRequest(job_id="demo", replica_id="r1", step=-1, reason="done"),

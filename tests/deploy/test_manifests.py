@@ -19,8 +19,8 @@ ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
 K8S_VERSION = "1.37.0"  # newest schemas kubernetes-validate ships; bump with it
 # Directories under deploy/ that hold a kustomization.yaml.
-KUSTOMIZATIONS = ["kustomize/base", "kustomize/etcd", "kustomize/overlays/dev", "kustomize/overlays/production",
-                  "examples/train-job", "examples/train-job-mtls"]
+KUSTOMIZATIONS = ["kustomize/base", "kustomize/etcd", "kustomize/etcd-tls", "kustomize/overlays/dev",
+                  "kustomize/overlays/production", "examples/train-job", "examples/train-job-mtls"]
 OVERLAYS = ["kustomize/overlays/dev", "kustomize/overlays/production"]
 # The example trainer Job to apply next to each overlay (its controller's TLS decides which).
 EXAMPLE_JOBS = {"kustomize/overlays/dev": "examples/train-job",
@@ -338,3 +338,39 @@ def test_dockerfiles_run_as_non_root_and_copy_files_that_exist():
     assert (ROOT / default.group(1)).exists()
     controller = (DEPLOY / "images" / "controller.Dockerfile").read_text()
     assert "/usr/local/bin/fthsdp-grpc-health" in controller  # the production readiness probe
+
+
+def _labels(obj: dict) -> dict:
+    return obj["spec"]["template"]["metadata"]["labels"]
+
+
+@pytest.mark.parametrize("rel", OVERLAYS)
+def test_only_pods_of_the_job_reach_the_trainer_ports(rel):
+    docs = render(rel)
+    policy = _by(docs, "NetworkPolicy", "fthsdp-trainers")
+    job = _by(render(EXAMPLE_JOBS[rel]), "Job", "fthsdp-example")
+    trainers = [o for o in docs if o["kind"] == "DaemonSet"] + [job]
+    assert all(_selects(policy["spec"]["podSelector"], _labels(o)) for o in trainers)
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    peers = [p for rule in policy["spec"]["ingress"] for p in rule["from"]]
+    assert peers and all(set(p) == {"podSelector"} for p in peers), "trainer ports open beyond the namespace"
+    for o in trainers:
+        assert any(_selects(p["podSelector"], _labels(o)) for p in peers), o["metadata"]["name"]
+    for other in (_by(docs, "Deployment", "fthsdp-controller"), _by(docs, "StatefulSet", "fthsdp-etcd")):
+        assert not any(_selects(p["podSelector"], _labels(other)) for p in peers), other["metadata"]["name"]
+
+
+@pytest.mark.parametrize("rel", OVERLAYS)
+def test_etcd_speaks_tls_exactly_when_the_controller_dials_it_with_tls(rel):
+    docs = render(rel)
+    etcd_args = _by(docs, "StatefulSet", "fthsdp-etcd")["spec"]["template"]["spec"]["containers"][0]["args"]
+    controller_args = _by(docs, "Deployment", "fthsdp-controller")["spec"]["template"]["spec"]["containers"][0]["args"]
+    endpoints = _by(docs, "ConfigMap", "fthsdp-controller")["data"]["etcd_endpoints"].split(",")
+    client = {a.split("=")[0] for a in controller_args if a.startswith("--etcd-")}
+    if any(a.startswith("--cert-file=") for a in etcd_args):
+        assert "--client-cert-auth" in etcd_args and all(e.startswith("https://") for e in endpoints)
+        assert client == {"--etcd-ca-file", "--etcd-cert-file", "--etcd-key-file"}
+        assert any(a.startswith("--listen-client-urls=https://") for a in etcd_args)
+    else:
+        assert not client and not any(e.startswith("https://") for e in endpoints)
+    assert (rel == "kustomize/overlays/production") == bool(client)

@@ -126,8 +126,9 @@ def check_kubectl(argv: list[str], workdir: Path) -> None:
         target = args[args.index("-k") + 1]
         proc = run(["kubectl", "kustomize", str(ROOT / target)])
     elif verb == "create":
-        for name in ("controller.crt", "controller.key", "ca.crt", "client.crt", "client.key"):
-            (workdir / name).write_text("placeholder\n")
+        for arg in argv:  # every file a `--from-file=KEY=FILE` names, as a placeholder
+            if arg.startswith("--from-file="):
+                (workdir / arg.rsplit("=", 1)[1]).write_text("placeholder\n")
         proc = run(["kubectl", *argv[1:], "--dry-run=client", "-o", "yaml"], cwd=workdir)
         assert "kind:" in proc.stdout, proc.stderr
     else:

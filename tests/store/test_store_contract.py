@@ -313,13 +313,14 @@ def test_settings_reject_bad_values(field, bad):
 @pytest.mark.parametrize("text, expected", [
     ("127.0.0.1:2379", ("127.0.0.1", 2379)),
     ("http://etcd-0.etcd:2379", ("etcd-0.etcd", 2379)),
+    ("https://etcd-0.etcd:2379", ("etcd-0.etcd", 2379)),
     ("[::1]:2379", ("[::1]", 2379)),
 ])
 def test_parse_endpoint(text, expected):
     assert parse_endpoint(text) == expected
 
 
-@pytest.mark.parametrize("text", ["https://x:2379", "localhost", "http://:2379"])
+@pytest.mark.parametrize("text", ["ftp://x:2379", "localhost", "http://:2379"])
 def test_parse_endpoint_rejects(text):
     with pytest.raises(ValueError):
         parse_endpoint(text)
