@@ -71,7 +71,7 @@ class ControllerSettings:
     max_digest_chars: int = 128
     digest_steps_kept: int = 16
     digest_wait_s: float = 30.0
-    #: gRPC message limit in both directions.
+    #: Largest gRPC answer sent (a quorum answer carries every member's addresses).
     max_message_bytes: int = 64 << 20
     #: Grace period for in-flight calls when the server stops.
     stop_grace_s: float = 2.0
