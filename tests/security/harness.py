@@ -24,9 +24,10 @@ HOST, REPLICA, INCARNATION = "h0", "r0", "h0-incarnation"
 HUGE = 2 << 20
 #: The views a refused request must leave as they were.
 VIEWS = ("/api/v1/job", "/api/v1/replicas", "/api/v1/hosts", "/api/v1/quorums", "/api/v1/events?limit=1000")
-#: What changes by itself: time since a party was seen, and the open round's reason (the
-#: ticker looks at the round again, "all joined" becomes "nobody joined yet").
-DRIFTING = ("seconds_since_seen", "round_reason")
+#: What changes by itself: time since a party was seen, goodput (derived from the clock), and
+#: the open round's reason (the ticker looks at the round again: "all joined" becomes "nobody
+#: joined yet").
+DRIFTING = ("seconds_since_seen", "round_reason", "goodput")
 
 
 def controller_flags(*extra: str) -> tuple[str, ...]:

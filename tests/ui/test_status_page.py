@@ -8,6 +8,7 @@ import json
 import struct
 
 import grpc
+import httpx
 import pytest
 
 from protos import controller_pb2 as pb
@@ -37,6 +38,24 @@ async def in_browser(fn, *args):
     return await asyncio.to_thread(fn, *args)
 
 
+async def fail_a_commit(stub, http_url: str, replica_id: str, reason: str) -> None:
+    """Report a failed commit of the step `replica_id` trains now: a report must name its current
+    quorum and step, and its leader keeps moving, so look and try again (bounded) if it moved on."""
+    async with httpx.AsyncClient(base_url=http_url, timeout=5) as http:
+        for _ in range(100):
+            quorum = (await http.get("/api/v1/quorums")).json()["current"]
+            step = {r["replica_id"]: r["step"] for r in (await http.get("/api/v1/replicas")).json()}[replica_id]
+            try:
+                await stub.ReportFailure(pb.ReportFailureRequest(
+                    job_id=JOB, replica_id=replica_id, reason=reason, quorum_id=quorum["quorum_id"], step=step,
+                    kind=pb.ReportFailureRequest.COMMIT_FAILED))
+                return
+            except grpc.aio.AioRpcError as exc:
+                if "last quorum answer was" not in (exc.details() or ""):
+                    raise
+    raise AssertionError(f"{replica_id} never held still long enough to fail a commit")
+
+
 @pytest.mark.slow
 async def test_status_page_shows_the_live_job(controller_process, browser, tmp_path):
     ctl = controller_process("--job-id", JOB, "--replicas", "3", "--min-replicas", "1", "--join-timeout-s", "1",
@@ -51,8 +70,7 @@ async def test_status_page_shows_the_live_job(controller_process, browser, tmp_p
             stub = pbg.ControllerStub(channel)
             await stub.ReportFailure(pb.ReportFailureRequest(job_id=JOB, replica_id="r2", reason="GPU fell off the bus",
                                                              kind=pb.ReportFailureRequest.REPLICA_DEAD))
-            await stub.ReportFailure(pb.ReportFailureRequest(job_id=JOB, replica_id="r1", reason=INJECTED,
-                                                             kind=pb.ReportFailureRequest.COMMIT_FAILED))
+            await fail_a_commit(stub, ctl.http, "r1", INJECTED)
 
         await in_browser(browser.open, f"{ctl.http}/ui")
         rows = "[...document.querySelectorAll('#replicas tbody tr')]"
