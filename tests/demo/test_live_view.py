@@ -26,8 +26,9 @@ def test_the_live_view_updates_in_place(controller_process):
             with grpc.insecure_channel(ctl.grpc) as channel:
                 stub = pbg.ControllerStub(channel)
                 for step in range(3):
-                    stub.Quorum(pb.QuorumRequest(job_id="live", replica_id="r0", step=step, world_size=1), timeout=10)
-                    stub.ReportStep(pb.ReportStepRequest(job_id="live", replica_id="r0", step=step), timeout=10)
+                    q = stub.Quorum(pb.QuorumRequest(job_id="live", replica_id="r0", step=step, world_size=1), timeout=10)
+                    stub.ReportStep(pb.ReportStepRequest(job_id="live", replica_id="r0", step=step,
+                                                         quorum_id=q.quorum_id), timeout=10)
                     progress.show(http.get("/api/v1/job").json(), http.get("/api/v1/replicas").json(), float(step))
                     frames.append(screen.getvalue())
             progress.note("step 2: kill-trainer r0: SIGKILL trainer pid 1")
