@@ -31,6 +31,7 @@ tools:
 
 protos: $(STAMP)
 	$(BIN)/python -m grpc_tools.protoc -I. --python_out=. --grpc_python_out=. --pyi_out=. protos/controller.proto
+	$(BIN)/python -m grpc_tools.protoc -I. --python_out=. --pyi_out=. protos/replica.proto
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -6,7 +6,11 @@ Overhead: `--replicas` processes train the same small MLP on the same data two w
 by step in alternation (so background load hits both alike): plain torch.distributed
 (Gloo all-reduce of the flattened gradients across replicas, divide, optimizer step) and
 through this runtime (a controller from the CLI, one Manager per replica: quorum, FTAR,
-vote, commit). Reported: median step times and overhead_pct = (ft - plain) / plain.
+vote, commit). Reported: median step times and overhead_pct = (ft - plain) / plain, and
+protocol_us_per_step: the time the Manager spent inside the pure step protocol per step.
+Digest: digest_ms is one digest of the benchmark model's whole committed state (weights,
+AdamW moments, ledger); digest_pct_at_default is its share of a step at the default
+interval (one digest every RuntimeSettings.digest_every_steps steps).
 Catch-up: a source process serves a `--catchup-bytes` state from CPU memory and this
 process fetches it over loopback HTTP into its own tensors (checksum verified);
 catchup_gbs = bytes / seconds / 1e9 (best of --catchup-repeats).
@@ -50,7 +54,7 @@ def _step_worker(args: argparse.Namespace) -> None:
     import torch.distributed as dist
 
     from fthsdp import FaultTolerantOptimizer, Manager, RuntimeSettings
-    from fthsdp.gradient_sync import flatten_grads, unflatten_grads_
+    from fthsdp.sync.gradients import flatten_grads, unflatten_grads_
 
     torch.set_num_threads(1)
     r = args.rank
@@ -60,7 +64,7 @@ def _step_worker(args: argparse.Namespace) -> None:
     plain_opt = torch.optim.AdamW(plain.parameters(), lr=1e-3)
     ft_opt_inner = torch.optim.AdamW(ft_model.parameters(), lr=1e-3)
     manager = Manager(ft_model, ft_opt_inner, RuntimeSettings(
-        job_id="bench", replica_id=str(r), controller_address=args.controller, lr_policy="none",
+        job_id="bench", replica_id=str(r), controller_address=args.controller, apply_lr_scale=False,
         ftar_chunk_bytes=4 << 20)).start()
     ft_opt = FaultTolerantOptimizer(manager, ft_opt_inner)
     params = list(plain.parameters())
@@ -90,18 +94,21 @@ def _step_worker(args: argparse.Namespace) -> None:
             raise RuntimeError(f"step failed without injected faults: {manager.last_outcome}")
 
     plain_times, ft_times = [], []
+    protocol_s = 0.0
     for i in range(args.warmup + args.steps):
         dist.barrier()
         t0 = time.perf_counter()
         plain_step(i)
         t1 = time.perf_counter()
+        before = manager.protocol_s
         ft_step()
         t2 = time.perf_counter()
         if i >= args.warmup:
             plain_times.append(t1 - t0)
             ft_times.append(t2 - t1)
+            protocol_s += manager.protocol_s - before
     manager.close()
-    print(json.dumps({"rank": r, "plain": plain_times, "ft": ft_times}), flush=True)
+    print(json.dumps({"rank": r, "plain": plain_times, "ft": ft_times, "protocol_s": protocol_s}), flush=True)
 
 
 def measure_overhead(args: argparse.Namespace) -> dict:
@@ -122,8 +129,36 @@ def measure_overhead(args: argparse.Namespace) -> dict:
     plain = [max(vals) for vals in zip(*(r["plain"] for r in results))]
     ft = [max(vals) for vals in zip(*(r["ft"] for r in results))]
     plain_ms, ft_ms = statistics.median(plain) * 1e3, statistics.median(ft) * 1e3
+    protocol_us = max(r["protocol_s"] for r in results) / args.steps * 1e6
     return {"step_ms_plain": round(plain_ms, 2), "step_ms_ft": round(ft_ms, 2),
-            "overhead_pct": round((ft_ms - plain_ms) / plain_ms * 100, 2)}
+            "overhead_pct": round((ft_ms - plain_ms) / plain_ms * 100, 2),
+            "protocol_us_per_step": round(protocol_us, 1)}
+
+
+def measure_digest(args: argparse.Namespace, step_ms: float | None) -> dict:
+    """One digest of the benchmark model's committed state after an AdamW step (best of 5)."""
+    import torch
+
+    from fthsdp.settings import RuntimeSettings
+    from fthsdp.state.digest import rank_digest
+
+    torch.set_num_threads(1)
+    model = _model(args.hidden, args.width)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    x = torch.randn(args.batch, args.width)
+    torch.nn.functional.mse_loss(model(x), x).backward()
+    opt.step()
+    times = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        rank_digest(1, '{"positions": {"0": 1}}', model, opt, {"rng": {"seed": 1}})
+        times.append(time.perf_counter() - t0)
+    digest_ms = min(times) * 1e3
+    every = RuntimeSettings().digest_every_steps
+    out = {"digest_ms": round(digest_ms, 2), "digest_every_steps": every}
+    if step_ms:
+        out["digest_pct_at_default"] = round(digest_ms / (every * step_ms) * 100, 3)
+    return out
 
 
 def _shared_flags(args: argparse.Namespace) -> list[str]:
@@ -134,8 +169,8 @@ def _shared_flags(args: argparse.Namespace) -> list[str]:
 def _catchup_source(args: argparse.Namespace) -> None:
     import torch
 
-    from fthsdp.state_server import StateServer
-    from fthsdp.state_stream import build_manifest, live_entries
+    from fthsdp.state.serve import StateServer
+    from fthsdp.state.stream import build_manifest, live_entries
 
     model = torch.nn.Module()
     model.weight = torch.nn.Parameter(torch.empty(args.catchup_bytes // 4).uniform_())
@@ -146,7 +181,7 @@ def _catchup_source(args: argparse.Namespace) -> None:
         return build_manifest(0, "{}", entries, scalars), [t for _, t in entries]
 
     server = StateServer("127.0.0.1", 0, snapshot, "bench").start()
-    server.release(0)
+    server.serve(0)
     print(server.address, flush=True)
     sys.stdin.readline()  # serve until the parent closes our stdin
     server.close()
@@ -155,8 +190,8 @@ def _catchup_source(args: argparse.Namespace) -> None:
 def measure_catchup(args: argparse.Namespace) -> dict:
     import torch
 
-    from fthsdp.state_fetch import fetch_once
-    from fthsdp.state_stream import StateTarget
+    from fthsdp.state.fetch import fetch_once
+    from fthsdp.state.stream import StateTarget
 
     src = subprocess.Popen([sys.executable, "-m", "bench.overhead", "--role", "catchup-source",
                             "--catchup-bytes", str(args.catchup_bytes)], cwd=REPO, stdin=subprocess.PIPE,
@@ -192,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--catchup-repeats", type=int, default=3)
     p.add_argument("--timeout-s", type=float, default=600.0)
     p.add_argument("--fanout-ranks", type=int, default=8192, help="ranks in the leader fan-out + vote round")
-    p.add_argument("--skip", choices=["overhead", "catchup", "fanout"], action="append", default=[])
+    p.add_argument("--skip", choices=["overhead", "digest", "catchup", "fanout"], action="append", default=[])
     p.add_argument("--role", choices=["main", "step-worker", "catchup-source"], default="main",
                    help=argparse.SUPPRESS)
     p.add_argument("--rank", type=int, default=0, help=argparse.SUPPRESS)
@@ -208,6 +243,8 @@ def main(argv: list[str] | None = None) -> int:
     result: dict = {"replicas": args.replicas, "steps": args.steps}
     if "overhead" not in args.skip:
         result.update(measure_overhead(args))
+    if "digest" not in args.skip:
+        result.update(measure_digest(args, result.get("step_ms_ft")))
     if "catchup" not in args.skip:
         result.update(measure_catchup(args))
     if "fanout" not in args.skip:

@@ -13,15 +13,19 @@ from typing import Any
 
 _EXPORTS = {
     "Manager": "fthsdp.manager",
-    "StepOutcome": "fthsdp.manager",
+    "Seams": "fthsdp.manager",
+    "StepOutcome": "fthsdp.step.events",
     "RuntimeSettings": "fthsdp.settings",
     "FaultTolerantOptimizer": "fthsdp.optimizer_wrapper",
     "ddp_comm_hook": "fthsdp.optimizer_wrapper",
     "DataLedger": "fthsdp.data_ledger",
-    "RetryLimitExceeded": "fthsdp.retry_policy",
-    "CheckpointStore": "fthsdp.checkpoint_store",
-    "CheckpointError": "fthsdp.checkpoint_store",
-    "state_digest": "fthsdp.state_stream",
+    "Recoverable": "fthsdp.errors",
+    "Fatal": "fthsdp.errors",
+    "RetryLimitExceeded": "fthsdp.errors",
+    "ReplicaFinished": "fthsdp.errors",
+    "CheckpointStore": "fthsdp.state.checkpoint",
+    "CheckpointError": "fthsdp.errors",
+    "state_digest": "fthsdp.state.digest",
     "simulate_fanout_and_vote": "fthsdp.channel_simulation",
 }
 

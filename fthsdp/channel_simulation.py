@@ -1,13 +1,17 @@
-"""One fan-out + vote round of the real leader channel against N simulated ranks.
+"""Rounds of the real coordinator against N simulated ranks, for benchmarks and the at-scale run.
 
-For benchmarks and the at-scale simulation: the leader side is the production
-`LeaderChannel`; the ranks are non-blocking sockets on one selector in one child process
-that answer each plan with a yes vote and wait for the decision.
+The coordinator is the production `CoordinatorService` (sockets, frames, the pure
+coordination). Its controller is a stand-in that answers every quorum at once (the first
+answer with addresses, later ones without, as the controller does when the quorum id
+holds), so what is measured is the replica's own fan-out. The ranks are non-blocking
+sockets on one selector in one child process: each says hello, begins a step, votes yes on
+the plan, and begins the next step when the decision arrives -- the least work per message,
+so the measurement is dominated by the coordinator's side.
 """
 
 from __future__ import annotations
 
-import json
+import collections
 import multiprocessing
 import resource
 import selectors
@@ -15,19 +19,54 @@ import socket
 import time
 from dataclasses import dataclass
 
-from fthsdp.commit_votes import Vote
-from fthsdp.intra_replica_channel import FRAME, LeaderChannel, encode
+from fthsdp.settings import RuntimeSettings
+from fthsdp.step import coordination as co
+from fthsdp.step import messages as msg
+from fthsdp.step.coordinator import CoordinatorService
+from protos import controller_pb2 as pb
+from protos import replica_pb2 as rpb
+
+JOB, REPLICA = "sim", "r0"
 
 
 @dataclass(frozen=True)
 class RoundTimings:
     ranks: int
     connect_s: float
-    broadcast_s: float     # the leader's own cost: writing the plan to every socket
+    broadcast_s: float     # the coordinator's own cost: writing the plan to every socket
     fanout_s: float        # plan broadcast until every rank holds it
-    vote_s: float          # plan broadcast until the leader decided
+    vote_s: float          # plan broadcast until the coordinator decided
     decision_s: float      # plan broadcast until every rank holds the decision
     outcome: str
+
+
+class _InstantController:
+    """Answers every quorum at once: this replica alone, healthy, at the asked step."""
+
+    def __init__(self) -> None:
+        self.quorums = 0
+
+    def quorum(self, request: co.RequestQuorum, world_size: int, coordinator_address: str,
+               timeout_s: float) -> pb.QuorumResponse:
+        self.quorums += 1
+        full = request.known_quorum_id != 1
+        member = pb.Member(replica_id=REPLICA, step=request.step, healthy=True,
+                           ftar_addresses=list(request.ftar_addresses) if full else [],
+                           state_addresses=list(request.state_addresses) if full else [])
+        return pb.QuorumResponse(quorum_id=1, members=[member], max_step=request.step, lr_scale=1.0,
+                                 addresses_included=full, total_replicas=1)
+
+    def report_step(self, report: co.ReportStep) -> None:
+        pass
+
+    def report_failure(self, report: co.ReportFailure) -> None:
+        pass
+
+    def report_finished(self, report: co.ReportFinished) -> str:
+        return "RUNNING"
+
+    def close(self) -> None:
+        pass
 
 
 def _raise_fd_limit(needed: int) -> None:
@@ -37,114 +76,116 @@ def _raise_fd_limit(needed: int) -> None:
 
 
 class _SimulatedRanks:
-    """Ranks 1..n-1 as non-blocking sockets on one selector: each answers a plan with a yes
-    vote and waits for the decision, as a real rank does, at the least cost per message, so
-    the measurement is dominated by the leader's side rather than by the simulation."""
-
     def __init__(self, address: str, n_ranks: int) -> None:
         host, _, port = address.rpartition(":")
         self.selector = selectors.DefaultSelector()
-        self.buffers: dict[socket.socket, bytearray] = {}
-        for rank in range(1, n_ranks):
+        self.readers: dict[socket.socket, msg.FrameReader] = {}
+        for rank in range(n_ranks):
             sock = socket.create_connection((host, int(port)), timeout=30)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            sock.sendall(encode({"t": "hello", "rank": rank}))
+            sock.sendall(msg.frame(msg.hello(rank, n_ranks, JOB, REPLICA, f"127.0.0.1:{10000 + rank % 50000}",
+                                             f"127.0.0.1:{20000 + rank % 40000}", "sim")))
             sock.setblocking(False)
-            self.buffers[sock] = bytearray()
+            self.readers[sock] = msg.FrameReader(msg.MAX_COORDINATOR_FRAME_BYTES)
             self.selector.register(sock, selectors.EVENT_READ, rank)
 
-    def play_round(self, timeout_s: float) -> tuple[float, float]:
-        """Answer one plan and read one decision on every socket; returns when the last plan
-        and the last decision arrived."""
-        expected = len(self.buffers)
-        plans = decisions = 0
+    def play_round(self, step: int, timeout_s: float) -> tuple[float, float]:
+        """Begin `step` on every socket, vote yes on its plan, read its decision; returns when
+        the last plan and the last decision arrived."""
+        begin = msg.frame(msg.begin(step))
+        for sock in self.readers:
+            sock.sendall(begin)
+        expected = len(self.readers)
+        decisions = 0
         last_plan = last_decision = 0.0
         deadline = time.monotonic() + timeout_s
         while decisions < expected:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{expected - decisions} simulated ranks got no decision in {timeout_s}s")
             for key, _ in self.selector.select(1.0):
-                sock, rank = key.fileobj, key.data
-                buf = self.buffers[sock]
-                chunk = sock.recv(65536)
+                sock = key.fileobj
+                chunk = sock.recv(1 << 16)
                 if not chunk:
-                    raise ConnectionError(f"the leader closed rank {rank}'s connection")
-                buf += chunk
-                while len(buf) >= FRAME.size:
-                    (n,) = FRAME.unpack_from(buf)
-                    if len(buf) < FRAME.size + n:
-                        break
-                    msg = json.loads(bytes(buf[FRAME.size:FRAME.size + n]))
-                    del buf[:FRAME.size + n]
-                    if msg["t"] == "plan":
-                        plans += 1
+                    raise ConnectionError(f"the coordinator closed rank {key.data}'s connection")
+                for body in self.readers[sock].feed(chunk):
+                    kind, message = msg.decode_coordinator_frame(body)
+                    if kind == "plan":
                         last_plan = time.perf_counter()
-                        view = msg["view"]
-                        sock.sendall(encode({"t": "vote", "rank": rank, "quorum_id": view["quorum_id"],
-                                             "step": view["step"], "ok": True, "reason": ""}))
-                    else:
+                        sock.sendall(msg.frame(msg.vote(message.attempt, True, "", 0.0, 0)))
+                    elif kind == "decision":
                         decisions += 1
                         last_decision = time.perf_counter()
+                    else:
+                        raise RuntimeError(f"simulated rank {key.data} got a {kind}: {message}")
         return last_plan, last_decision
 
-    def close(self) -> None:
-        for sock in self.buffers:
+    def close(self, step: int, timeout_s: float) -> None:
+        """Close every rank cleanly (each waits for the coordinator's last word), then hang up."""
+        bye = msg.frame(msg.close(step, "simulation over"))
+        for sock in self.readers:
+            sock.setblocking(True)
+            sock.sendall(bye)
+        for sock, reader in self.readers.items():
+            sock.settimeout(timeout_s)
+            finished = False
+            while not finished:
+                chunk = sock.recv(1 << 16)
+                if not chunk:
+                    raise ConnectionError("the coordinator hung up before its last word")
+                finished = any(msg.decode_coordinator_frame(b)[0] == "finished" for b in reader.feed(chunk))
+        for sock in self.readers:
             sock.close()
         self.selector.close()
 
 
 def _ranks_process(address: str, n_ranks: int, rounds: int, conn, timeout_s: float) -> None:
-    """Child process: connect n_ranks - 1 simulated ranks, report ready, play the rounds."""
+    """Child process: connect the simulated ranks, report ready, play the rounds on "go"."""
     _raise_fd_limit(n_ranks + 256)
     ranks = _SimulatedRanks(address, n_ranks)
     conn.send("ready")
     try:
-        conn.send([ranks.play_round(timeout_s) for _ in range(rounds)])
+        conn.recv()
+        conn.send([ranks.play_round(step, timeout_s) for step in range(rounds)])
+        ranks.close(rounds, timeout_s)
     finally:
-        ranks.close()
         conn.close()
 
 
 def simulate_fanout_and_vote(n_ranks: int, timeout_s: float = 120.0) -> RoundTimings:
-    """One plan fan-out + commit vote with `n_ranks` ranks; see `simulate_rounds`."""
+    """One begin + plan fan-out + vote + decision round with `n_ranks` ranks."""
     return simulate_rounds(n_ranks, 1, timeout_s)[0]
 
 
 def simulate_rounds(n_ranks: int, rounds: int, timeout_s: float = 120.0) -> list[RoundTimings]:
-    """Run `rounds` plan fan-outs + commit votes over the same connections, with `n_ranks`
-    ranks (rank 0 is the leader, in this process; the others are asyncio connections in one
-    child process, as ranks are processes)."""
+    """Run `rounds` step rounds over the same connections with `n_ranks` simulated ranks."""
     _raise_fd_limit(n_ranks + 256)
-    leader = LeaderChannel("127.0.0.1", 0, n_ranks).start()
+    settings = RuntimeSettings(job_id=JOB, replica_id=REPLICA, world_size=n_ranks, controller_address="127.0.0.1:1",
+                               coordinator_address="127.0.0.1:0", quorum_timeout_s=timeout_s,
+                               gather_timeout_s=timeout_s, digest_every_steps=0)
+    service = CoordinatorService(settings, _InstantController(), "127.0.0.1", 0)
+    service.marks = collections.deque(maxlen=max(rounds, 1) * 4)
+    service.start()
     ctx = multiprocessing.get_context("spawn")  # no fork of a threaded process
     parent, child = ctx.Pipe()
-    proc = ctx.Process(target=_ranks_process, args=(leader.address, n_ranks, rounds, child, timeout_s), daemon=True)
+    proc = ctx.Process(target=_ranks_process, args=(service.address, n_ranks, rounds, child, timeout_s), daemon=True)
     try:
         t0 = time.perf_counter()
         proc.start()
         if not parent.poll(timeout_s) or parent.recv() != "ready":
-            raise TimeoutError(f"{n_ranks - 1} simulated ranks did not connect within {timeout_s}s")
-        leader.wait_for_ranks(timeout_s)
+            raise TimeoutError(f"{n_ranks} simulated ranks did not connect within {timeout_s}s")
         connect_s = time.perf_counter() - t0
-        marks = []
-        for step in range(rounds):
-            view = {"quorum_id": 1, "step": step}
-            start = time.perf_counter()  # CLOCK_MONOTONIC: comparable with the child's readings
-            leader.broadcast({"t": "plan", "view": view}, timeout_s)
-            broadcast_s = time.perf_counter() - start
-            decision = leader.collect_votes(1, step, Vote(0, 1, step, True), timeout_s)
-            voted = time.perf_counter()
-            leader.broadcast({"t": "decision", "quorum_id": 1, "step": step, "outcome": decision.outcome.value,
-                              "reason": decision.reason}, timeout_s)
-            marks.append((start, broadcast_s, voted, decision.outcome.value))
-        if not parent.poll(timeout_s):
+        parent.send("go")
+        if not parent.poll(timeout_s * rounds):
             raise TimeoutError("simulated ranks did not finish the rounds")
         lasts = parent.recv()
-        return [RoundTimings(n_ranks, connect_s, broadcast_s, max(last_plan, start) - start, voted - start,
+        marks = list(service.marks)
+        plans = [(at, write_s) for kind, at, write_s, _ in marks if kind == "plan"]
+        decisions = [(at, outcome.lower()) for kind, at, _, outcome in marks if kind == "decision"]
+        return [RoundTimings(n_ranks, connect_s, write_s, max(last_plan, start) - start, voted - start,
                              max(last_decision, voted) - start, outcome)
-                for (start, broadcast_s, voted, outcome), (last_plan, last_decision) in zip(marks, lasts)]
+                for (start, write_s), (voted, outcome), (last_plan, last_decision) in zip(plans, decisions, lasts)]
     finally:
-        leader.close()
+        service.close(linger_s=1.0)
         proc.join(10.0)
         if proc.is_alive():
             proc.kill()

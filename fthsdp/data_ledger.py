@@ -15,9 +15,14 @@ from typing import Callable, Generic, Iterable, Iterator, TypeVar
 
 T = TypeVar("T")
 
+MAX_LEDGER_CHARS = 16 << 20
+MAX_REPLICA_ID_CHARS = 128
 
-@dataclass
+
+@dataclass(frozen=True)
 class DataLedger:
+    """Immutable: `advanced` returns a new ledger."""
+
     positions: dict[str, int] = field(default_factory=dict)
 
     def position(self, replica_id: str) -> int:
@@ -36,32 +41,41 @@ class DataLedger:
 
     @classmethod
     def from_json(cls, text: str) -> "DataLedger":
+        """Parse and check a ledger (it may come from a peer): ValueError names what is wrong."""
+        if len(text) > MAX_LEDGER_CHARS:
+            raise ValueError(f"a data ledger of {len(text)} characters is longer than {MAX_LEDGER_CHARS}")
         raw = json.loads(text)
         positions = raw.get("positions") if isinstance(raw, dict) else None
         if not isinstance(positions, dict) or not all(
-                isinstance(k, str) and isinstance(v, int) and v >= 0 for k, v in positions.items()):
+                isinstance(k, str) and 0 < len(k) <= MAX_REPLICA_ID_CHARS and type(v) is int and v >= 0
+                for k, v in positions.items()):
             raise ValueError(f"not a data ledger: {text[:200]!r}")
         return cls(dict(positions))
 
 
 class LedgerBatches(Generic[T]):
-    """An endless iterator over one replica's batches, read at its ledger position.
+    """One replica's batches, read at its ledger position, one per step attempt.
 
-    It never advances the position itself: a retried step yields the same batch again,
-    a committed one moves on, a caught-up replica continues where the ledger it fetched
+    Each `next()` first calls `begin()` (which starts the step: quorum, plan, catch-up);
+    when it returns False the replica has no more steps and the iteration ends. The
+    position is never advanced here: a retried step yields the same batch again, a
+    committed one moves on, a caught-up replica continues where the ledger it fetched
     says. `batch_at(replica_id, position)` must be deterministic.
     """
 
     def __init__(self, ledger_of: Callable[[], DataLedger], replica_id: str,
-                 batch_at: Callable[[str, int], T]) -> None:
+                 batch_at: Callable[[str, int], T], begin: Callable[[], bool] = lambda: True) -> None:
         self._ledger_of = ledger_of
         self._replica_id = replica_id
         self._batch_at = batch_at
+        self._begin = begin
         self.last_position = -1
 
     def __iter__(self) -> Iterator[T]:
         return self
 
     def __next__(self) -> T:
+        if not self._begin():
+            raise StopIteration
         self.last_position = self._ledger_of().position(self._replica_id)
         return self._batch_at(self._replica_id, self.last_position)

@@ -1,137 +1,226 @@
-"""The Manager: one trainer process's side of the per-step protocol (docs/architecture.md).
+"""The Manager: one trainer process's executor of the replica step protocol.
 
-    begin_step()      quorum (leader) + fan-out, FTAR ring, catch-up fetch when behind
-    sync_gradients()  average gradients inside the replica and across replicas
-    end_step()        vote, then commit (optimizer step, ledger, step + 1) or retry
+    manager = Manager(model, optimizer, RuntimeSettings.from_env()).start()
+    for batch in manager.batches(batch_at):   # each next() begins a step (quorum, plan, catch-up)
+        loss = loss_fn(model(batch)); loss.backward()
+        manager.end_step(loss)                # average, vote, then commit or retry -> bool
+    manager.close()                           # the replica is FINISHED once every rank got here
 
-`start()` does the expensive set-up -- the user's pre-init hook first, then servers,
-checkpoint restore, controller connection -- before this replica reports in; the
-constructor starts nothing. Errors become "no" votes; after `max_retries` failed
-steps in a row `end_step` raises RetryLimitExceeded.
+Every decision is made by the pure protocol (fthsdp/step/protocol.py); this class feeds it
+events -- what the training script called, what the coordinator said, what the catch-up
+fetch reported, time passing -- and executes the effects it returns, nothing else. Rank 0
+also hosts the replica's coordinator (fthsdp/step/coordinator.py) and is its client over
+TCP like every other rank. `start()` does the expensive set-up (the pre-init hook first)
+before this rank reports in; the constructor starts nothing. Errors follow
+fthsdp/errors.py: recoverable ones become "no" votes; fatal ones are raised.
 """
 
 from __future__ import annotations
 
+import collections
 import logging
 import threading
 import time
 import uuid
-from dataclasses import dataclass, field
-from typing import Callable, TypeVar
+from dataclasses import dataclass
+from typing import Callable, Iterator, TypeVar
 
 import torch
 import torch.distributed as dist
 
 from ftar_kernels import FtarEndpoint, FtarSettings
-from fthsdp import retry_policy
-from fthsdp.checkpoint_store import CheckpointError, CheckpointStore
-from fthsdp.commit_votes import CommitDecision, Outcome, Vote
-from fthsdp.controller_client import ControllerClient, ControllerError
 from fthsdp.data_ledger import DataLedger, LedgerBatches
-from fthsdp.gradient_sync import GradientSync, SyncResult, flatten_grads, unflatten_grads_
-from fthsdp.intra_replica_channel import ChannelError, LeaderChannel, RankChannel
-from fthsdp.lr_policy import lr_scale
+from fthsdp.errors import ChannelError, CheckpointError, Fatal, ReplicaFinished, RetryLimitExceeded
 from fthsdp.settings import RuntimeSettings
-from fthsdp.state_fetch import fetch_state
-from fthsdp.state_server import StateServer
-from fthsdp.state_stream import Manifest, StateTarget, TransferError, build_manifest, live_entries
-from fthsdp.step_plan import PlanError, QuorumView, RankPlan, plan_for_rank
+from fthsdp.state.checkpoint import CheckpointStore
+from fthsdp.state.digest import rank_digest
+from fthsdp.state.fetch_job import FetchJob
+from fthsdp.state.registry import StateRegistry, Stateful
+from fthsdp.state.serve import Snapshot, StateServer
+from fthsdp.state.stream import build_manifest, live_entries
+from fthsdp.step import events as ev
+from fthsdp.step import messages as msg
+from fthsdp.step.client import CoordinatorClient
+from fthsdp.step.controller_client import ControllerClient
+from fthsdp.step.coordinator import CoordinatorService
+from fthsdp.step.plan import AddressBook, PlanError, RankPlan, plan_for_rank
+from fthsdp.step.protocol import INF, Phase, ProtocolError, advance, initial_state, next_deadline
+from fthsdp.sync.gradients import GradientSync, SyncResult, flatten_grads, unflatten_grads_
+from protos import replica_pb2 as rpb
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-
-# A test seam: called at named points ("allreduce_started", "before_vote") with the plan;
-# returning a non-empty string forces a "no" vote with that reason.
-FaultHook = Callable[[str, RankPlan], "str | None"]
+StepOutcome = ev.StepOutcome
 
 
-@dataclass
-class StepOutcome:
-    """What happened in the last step attempt (for logs, metrics and tests)."""
-    committed: bool
-    step: int                 # the step trained (max_step of the quorum)
-    quorum_id: int
-    behind: bool
-    included: tuple[str, ...]
-    positions_before: dict[str, int]  # the ledger the step's batches were read from
-    reason: str
-    lr_scale: float = 1.0
-    wait_s: float = 0.0       # time in end_step (votes, holds) beyond the gradient sync
+def _same(part: T) -> T:
+    return part
 
 
-@dataclass
-class _Attempt:
-    plan: RankPlan
-    started_at: float
-    ledger_before: DataLedger
-    sync: SyncResult | None = None
-    fetch_thread: threading.Thread | None = None
-    fetched: Manifest | None = None
-    fetch_error: str = ""
-    fetch_cancelled: threading.Event = field(default_factory=threading.Event)
-    faults: list[str] = field(default_factory=list)
+@dataclass(frozen=True)
+class Seams:
+    """Wrappers around the parts `start()` builds, identity by default. Tests inject faults
+    by wrapping a real part from outside (tests/runtime/faults.py); no production code
+    checks for faults."""
+    endpoint: Callable[[FtarEndpoint], FtarEndpoint] = _same
+    sync: Callable[[GradientSync], GradientSync] = _same
+    state_server: Callable[[StateServer], StateServer] = _same
+    channel: Callable[[CoordinatorClient], CoordinatorClient] = _same
+    controller: Callable[[ControllerClient], ControllerClient] = _same
+    checkpoints: Callable[[CheckpointStore], CheckpointStore] = _same
 
 
 class Manager:
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, settings: RuntimeSettings,
                  *, process_group: dist.ProcessGroup | None = None, pre_init: Callable[[], None] | None = None,
-                 fault_hook: FaultHook | None = None) -> None:
+                 seams: Seams = Seams()) -> None:
         self.settings = settings.validate()
         self.model, self.optimizer = model, optimizer
-        self.process_group = process_group
-        self._pre_init, self._fault_hook = pre_init, fault_hook
-        self.step = 0
-        self.ledger = DataLedger()
-        self.retry_state = retry_policy.RetryState()
+        self.process_group, self._pre_init, self._seams = process_group, pre_init, seams
+        self.registry = StateRegistry()
+        self.incarnation = uuid.uuid4().hex[:12]
         self.last_outcome: StepOutcome | None = None
         self.last_checkpoint_error = ""
-        self.incarnation = uuid.uuid4().hex[:12]
+        #: time spent inside the pure protocol, and how many events it took
+        self.protocol_s, self.protocol_events = 0.0, 0
+        self._state = initial_state(self.settings)
         self._params = [p for p in model.parameters() if p.requires_grad]
         self._flat: torch.Tensor | None = None
-        self._attempt: _Attempt | None = None
-        self._loss = 0.0
-        self._tokens = 0
+        self._book = AddressBook()
+        self._fetch: FetchJob | None = None
+        self._queue: collections.deque[ev.Event] = collections.deque()
+        self._serving: tuple[int, str] | None = None
+        self._snapshot_cache: Snapshot | None = None
+        self._snapshot_lock = threading.Lock()
         self._started = False
-        self.checkpoints = CheckpointStore(settings.checkpoint_dir) if settings.checkpoint_dir else None
+        self._in_step = False
+        self.checkpoints = seams.checkpoints(CheckpointStore(settings.checkpoint_dir)) if settings.checkpoint_dir \
+            else None
+        self.coordinator: CoordinatorService | None = None
+        self.client: CoordinatorClient | None = None
+        self.state_server: StateServer | None = None
+        self.endpoint: FtarEndpoint | None = None
 
-    # ------------------------------------------------------------------ set-up
+    # ------------------------------------------------------------------ what the script sees
+
+    @property
+    def step(self) -> int:
+        """The next step to train: this rank holds the committed state at its start."""
+        return self._state.step
+
+    @property
+    def ledger(self) -> DataLedger:
+        return self._state.ledger
+
+    @property
+    def phase(self) -> Phase:
+        return self._state.phase
+
+    @property
+    def plan(self) -> RankPlan | None:
+        return self._state.plan if self._state.phase in (Phase.TRAINING, Phase.VOTING) else None
+
+    @property
+    def is_behind(self) -> bool:
+        """True while this step only catches up (its forward/backward will be discarded)."""
+        plan = self.plan
+        return plan is not None and plan.behind
+
+    @property
+    def finished(self) -> bool:
+        return self._state.phase in (Phase.ENDED, Phase.FINISHING, Phase.FINISHED)
+
+    def register_state(self, name: str, obj: Stateful) -> None:
+        """Make `obj` (anything with state_dict()/load_state_dict(): an LR scheduler, a sampler)
+        part of the replicated training state: it travels with catch-up and checkpoints and is
+        digested. Change it only between steps (see fthsdp/state/registry.py). Before start()."""
+        self._require_not_started("register_state")
+        self.registry.register(name, obj)
+
+    def register_rng(self, seed: int | None = None) -> None:
+        """Let the runtime own the torch, numpy and Python RNG streams (reseeded per step from a
+        chain that travels; default seed: torch.initial_seed()). Before start()."""
+        self._require_not_started("register_rng")
+        self.registry.register_rng(seed)
+
+    def batches(self, batch_at: Callable[[str, int], T]) -> Iterator[T]:
+        """This replica's batches at its ledger position, one per step attempt (exactly once);
+        each next() begins the step; the iteration ends when the replica has no more steps."""
+        return LedgerBatches(lambda: self._state.ledger, self.settings.replica_id, batch_at, self._begin_for_batch)
+
+    # ------------------------------------------------------------------ set-up and shutdown
 
     def start(self) -> "Manager":
+        self._require_not_started("start")
         s = self.settings
         if self._pre_init is not None:
             self._pre_init()
         self._restore_checkpoint()
-        self.endpoint = FtarEndpoint.open(s.bind_host, 0, FtarSettings(
-            chunk_bytes=s.ftar_chunk_bytes, chunks_in_flight=s.ftar_chunks_in_flight,
-            timeout_s=s.allreduce_timeout_s, connect_timeout_s=min(10.0, s.allreduce_timeout_s)))
-        self.sync = GradientSync(self.endpoint, s.rank, s.world_size, s.allreduce_timeout_s,
-                                 self.process_group, self._allreduce_started)
-        self.state_server = StateServer(s.bind_host, 0, self._snapshot, f"{s.replica_id}/{s.rank}").start()
-        self.state_server.release(self.step)
-        self.controller: ControllerClient | None = None
-        self.leader_channel: LeaderChannel | None = None
-        self.rank_channel: RankChannel | None = None
-        if s.is_leader:
-            host, _, port = (s.leader_address or f"{s.bind_host}:0").rpartition(":")
-            self.leader_channel = LeaderChannel(host, int(port), s.world_size).start()
-            self.controller = ControllerClient(s.controller_address, s.job_id, s.replica_id, self.incarnation)
-            self.leader_channel.wait_for_ranks(s.quorum_timeout_s)
-            self.controller.start_heartbeats(s.heartbeat_interval_s)
-        else:
-            self.rank_channel = RankChannel(s.leader_address, s.rank).connect(
-                s.quorum_timeout_s, ftar=self.endpoint.address, state=self.state_server.address)
+        try:
+            self.endpoint = self._seams.endpoint(FtarEndpoint.open(s.bind_host, 0, FtarSettings(
+                chunk_bytes=s.ftar_chunk_bytes, chunks_in_flight=s.ftar_chunks_in_flight,
+                timeout_s=s.allreduce_timeout_s, connect_timeout_s=min(10.0, s.allreduce_timeout_s))))
+            self.sync = self._seams.sync(GradientSync(self.endpoint, s.rank, s.world_size, s.allreduce_timeout_s,
+                                                      self.process_group))
+            self.state_server = self._seams.state_server(
+                StateServer(s.bind_host, 0, self._snapshot, f"{s.replica_id}/{s.rank}").start())
+            address = s.coordinator_address
+            if s.rank == 0:  # the coordinator lives here; rank 0 is its client below like everyone
+                controller = self._seams.controller(ControllerClient(
+                    s.controller_address, s.job_id, s.replica_id, self.incarnation))
+                host, _, port = address.rpartition(":") if address else (s.bind_host, "", "0")
+                self.coordinator = CoordinatorService(s, controller, host, int(port)).start()
+                address = self.coordinator.address
+                controller.start_heartbeats(s.heartbeat_interval_s)
+            hello = msg.hello(s.rank, s.world_size, s.job_id, s.replica_id, self.endpoint.address,
+                              self.state_server.address, self.incarnation)
+            self.client = self._seams.channel(CoordinatorClient(address, s.rank)).connect(s.quorum_timeout_s, hello)
+        except ChannelError as exc:
+            self._teardown()
+            raise Fatal(f"{exc}; check the coordinator address (rank 0 must be running), then restart") from None
+        except BaseException:
+            self._teardown()
+            raise
         self._started = True
         log.info("replica %s rank %s started at step %s", s.replica_id, s.rank, self.step)
         return self
 
     def close(self) -> None:
-        for closer in ("controller", "leader_channel", "rank_channel", "state_server", "endpoint"):
-            obj = getattr(self, closer, None)
-            if obj is not None:
+        """Leave the replica cleanly: once every rank closed, the coordinator reports the
+        replica FINISHED to the controller, then lets every rank go (bounded waits)."""
+        if not self._started:
+            return
+        try:
+            if self._state.phase not in (Phase.FINISHING, Phase.FINISHED):
+                self._feed(ev.Close())
+            self._wait_while(Phase.FINISHING)
+        except (Fatal, ProtocolError) as exc:
+            log.warning("replica %s rank %s: closing: %s", self.settings.replica_id, self.settings.rank, exc)
+        finally:
+            self._teardown()
+
+    def abort(self) -> None:
+        """Stop at once without finishing the replica (after an error: the agent restarts it)."""
+        self._teardown()
+
+    def __enter__(self) -> "Manager":
+        return self if self._started else self.start()
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        self.close() if exc_type is None else self.abort()
+
+    def _teardown(self) -> None:
+        self._started = False
+        if self._fetch is not None:
+            self._fetch.cancel(self.settings.fetch_timeout_s)
+            self._fetch = None
+        for part in (self.client, self.coordinator, self.state_server, self.endpoint):
+            if part is not None:
                 try:
-                    obj.close()
+                    part.close()
                 except Exception as exc:  # noqa: BLE001 - closing is best effort
-                    log.debug("closing %s failed: %r", closer, exc)
+                    log.debug("closing %s failed: %r", type(part).__name__, exc)
+        self.client = self.coordinator = self.state_server = self.endpoint = None
 
     def _restore_checkpoint(self) -> None:
         if self.checkpoints is None:
@@ -139,233 +228,292 @@ class Manager:
         latest = self.checkpoints.latest_complete()
         if latest is None:
             return
-        restored = self.checkpoints.load(latest)
-        self.model.load_state_dict(restored.model_state)
-        self.optimizer.load_state_dict(restored.optimizer_state)
-        self.step, self.ledger = restored.step, DataLedger.from_json(restored.ledger_json)
+        try:
+            restored = self.checkpoints.load(latest)
+            self.model.load_state_dict(restored.model_state)
+            self.optimizer.load_state_dict(restored.optimizer_state)
+            self.registry.load_state_dicts(restored.user_states, f"checkpoint {restored.path}")
+            ledger = DataLedger.from_json(restored.ledger_json)
+        except (CheckpointError, ValueError, RuntimeError, KeyError) as exc:
+            raise Fatal(f"cannot resume from checkpoint step {latest} in {self.settings.checkpoint_dir}: {exc}; "
+                        f"move that step's folder away (an older one is used) or fix the script") from None
+        self._state = initial_state(self.settings, restored.step, ledger)
         log.info("replica %s rank %s resumed from checkpoint %s at step %s", self.settings.replica_id,
-                 self.settings.rank, restored.path, self.step)
-
-    def _snapshot(self):
-        entries, scalars = live_entries(self.model, self.optimizer)
-        return build_manifest(self.step, self.ledger.to_json(), entries, scalars), [t for _, t in entries]
-
-    # ------------------------------------------------------------------ data
-
-    def batches(self, batch_at: Callable[[str, int], T]) -> LedgerBatches[T]:
-        """Endless batches of this replica's stream at its ledger position (exactly once)."""
-        return LedgerBatches(lambda: self.ledger, self.settings.replica_id, batch_at)
-
-    @property
-    def is_behind(self) -> bool:
-        """True while this step only catches up (its forward/backward will be discarded)."""
-        return self._attempt is not None and self._attempt.plan.behind
+                 self.settings.rank, restored.path, restored.step)
 
     # ------------------------------------------------------------------ the step
 
-    def begin_step(self) -> RankPlan:
-        if not self._started:
-            raise RuntimeError("Manager.start() must be called before the first step.")
-        s = self.settings
-        view = self._receive_view()
-        plan = plan_for_rank(view, s.job_id, s.replica_id, s.rank)
-        if not plan.behind and plan.step != self.step:
-            raise PlanError(f"quorum {plan.quorum_id} calls replica {s.replica_id} healthy at step "
-                            f"{plan.step} but it is at step {self.step}")
-        attempt = _Attempt(plan, time.monotonic(), self.ledger)
-        self._attempt = attempt
-        if plan.behind:  # fetch in the background; this step contributes zeros meanwhile
-            self.state_server.hold_for_fetchers(self.step, set(), 0.0)  # our state is stale now
-            attempt.fetch_thread = threading.Thread(target=self._fetch, args=(attempt,), daemon=True,
-                                                    name=f"catch-up-{s.replica_id}-{s.rank}")
-            attempt.fetch_thread.start()
-        self.sync.configure(plan)
-        return plan
+    def begin_step(self) -> RankPlan | None:
+        """Start the next step: quorum, plan, catch-up (behind). Returns the plan (None when the
+        quorum answer did not fit this rank: it then votes no). Idempotent within a step.
+        Raises ReplicaFinished when there are no more steps."""
+        self._require_started()
+        while self._state.phase not in (Phase.TRAINING, Phase.VOTING):
+            if self._state.phase is Phase.ENDED:
+                self._feed(ev.Begin())  # re-states why (Ended), changes nothing
+                raise ReplicaFinished(self._state.reason)
+            self._feed(ev.Begin())
+            self._wait_while(Phase.PLANNING)
+            if self._state.phase is Phase.ENDED:
+                raise ReplicaFinished(self._state.reason)
+            # IDLE again: the begin was refused for now (counted; fatal past max_retries)
+        self._in_step = True
+        return self._state.plan
 
-    def _receive_view(self) -> QuorumView:
-        s = self.settings
-        if s.is_leader:
-            assert self.controller is not None and self.leader_channel is not None
-            try:
-                view = self.controller.quorum(
-                    self.step, s.world_size, self._addresses("ftar"), self._addresses("state"),
-                    self.leader_channel.address, s.quorum_timeout_s)
-            except ControllerError as exc:
-                self.leader_channel.broadcast({"t": "plan", "error": str(exc)})
-                raise
-            self.leader_channel.broadcast({"t": "plan", "view": view.to_json()})
-            return view
-        assert self.rank_channel is not None
-        msg = self.rank_channel.recv(s.quorum_timeout_s + s.vote_timeout_s)
-        if msg.get("t") != "plan":
-            raise ChannelError(f"rank {s.rank} expected a plan from its leader, got {msg.get('t')!r}")
-        if "error" in msg:
-            raise ControllerError(f"the leader could not get a quorum: {msg['error']}")
-        return QuorumView.from_json(msg["view"])
-
-    def _addresses(self, kind: str) -> list[str]:
-        """Every rank's address of `kind` ("ftar" or "state"); ranks sent theirs in their hello."""
-        assert self.leader_channel is not None
-        mine = {"ftar": self.endpoint.address, "state": self.state_server.address}[kind]
-        return [mine] + [str(self.leader_channel.hellos[r][kind]) for r in range(1, self.settings.world_size)]
-
-    def _fetch(self, attempt: _Attempt) -> None:
-        s, plan = self.settings, attempt.plan
+    def _begin_for_batch(self) -> bool:
         try:
-            attempt.fetched = fetch_state(plan.fetch_from, plan.step, s.replica_id,
-                                          lambda: StateTarget(self.model, self.optimizer),
-                                          s.fetch_timeout_s, s.fetch_attempts, attempt.fetch_cancelled.is_set)
-        except TransferError as exc:
-            attempt.fetch_error = f"catch-up from {plan.source_replica} failed: {exc}"
-
-    def _allreduce_started(self, plan: RankPlan) -> None:
-        if self._fault_hook is not None and self._attempt is not None:
-            forced = self._fault_hook("allreduce_started", plan)
-            if forced:
-                self._attempt.faults.append(forced)
+            self.begin_step()
+            return True
+        except ReplicaFinished:
+            return False
 
     def sync_gradients(self, loss: float | None = None) -> SyncResult:
-        """Average the parameters' gradients for this step (in place). Call after backward."""
-        attempt = self._require_attempt()
-        if loss is not None:
-            self._loss = float(loss)
+        """Average the parameters' gradients for this step in place (after backward)."""
+        self._require_phase(Phase.TRAINING, "sync_gradients")
         self._flat = flatten_grads(self._params, self._flat)
-        attempt.sync = self.sync.reduce_(self._flat, attempt.plan)
+        result = self.sync.reduce_(self._flat, self._state.plan)
         unflatten_grads_(self._params, self._flat)
-        return attempt.sync
+        self._feed(ev.Reduced(result.ok, result.reason))
+        return result
 
     def reduce_bucket_(self, bucket: torch.Tensor) -> SyncResult:
         """For the DDP communication hook: average one gradient bucket in place."""
-        attempt = self._require_attempt()
-        result = self.sync.reduce_(bucket, attempt.plan)
-        if attempt.sync is None or attempt.sync.ok:
-            attempt.sync = result
+        self._require_phase(Phase.TRAINING, "a DDP gradient bucket")
+        result = self.sync.reduce_(bucket, self._state.plan)
+        self._feed(ev.Reduced(result.ok, result.reason))
         return result
 
-    def _require_attempt(self) -> _Attempt:
-        if self._attempt is None:
-            raise RuntimeError("begin_step() (or FaultTolerantOptimizer.zero_grad()) must come first.")
-        return self._attempt
-
-    def end_step(self, loss: float | None = None, tokens: int = 0) -> bool:
-        """Vote, then commit or retry. Returns True when the step committed.
-        `loss` and `tokens` only go into the leader's report to the controller."""
-        attempt = self._require_attempt()
-        if loss is not None:
-            self._loss = float(loss)
-        self._tokens = tokens
-        s, plan = self.settings, attempt.plan
-        if attempt.sync is None:
-            self.sync_gradients()
-        t0 = time.monotonic()
-        reason = self._local_verdict(attempt)
-        decision = self._agree(Vote(s.rank, plan.quorum_id, plan.step, not reason, reason))
-        if decision.outcome is Outcome.COMMIT:
-            self._commit(attempt)
-        else:
-            self._retry(attempt, decision)
+    def end_step(self, loss: float | torch.Tensor | None = None, tokens: int = 0) -> bool:
+        """Vote, then commit or retry. Returns True when the step committed. `loss` and
+        `tokens` go into the replica's report to the controller."""
+        self._require_started()
+        if not self._in_step:
+            raise ProtocolError(f"end_step() while the step is {self._state.phase.name}: begin_step() first")
+        self._drain()  # an early decision (another rank voted no) may be waiting
+        if self._state.phase is Phase.TRAINING:
+            if not self._state.reduced:
+                self.sync_gradients()
+            value = 0.0 if loss is None else float(loss.detach() if isinstance(loss, torch.Tensor) else loss)
+            self._feed(ev.End(value, tokens))
+            self._wait_while(Phase.TRAINING, Phase.VOTING)
+        self._in_step = False
         assert self.last_outcome is not None
-        self.last_outcome.wait_s = time.monotonic() - t0
-        self._attempt = None
-        if decision.outcome is not Outcome.COMMIT:
-            self.retry_state, give_up = retry_policy.after_failure(self.retry_state, decision.reason,
-                                                                   s.max_retries)
-            if give_up:
-                raise retry_policy.RetryLimitExceeded(
-                    retry_policy.give_up_message(self.retry_state, s.max_retries, plan.step))
-            return False
-        self.retry_state = retry_policy.after_commit(self.retry_state)
-        return True
+        return self.last_outcome.committed
 
-    def _local_verdict(self, attempt: _Attempt) -> str:
-        """Empty when this rank can commit; otherwise why not (errors become votes)."""
+    # ------------------------------------------------------------------ feeding the protocol
+
+    def _feed(self, event: ev.Event) -> None:
+        """Advance the protocol by `event` and execute its effects; events the execution
+        produces (a lost channel) are fed after them, in order. A Fail effect raises."""
+        self._queue.append(event)
+        while self._queue:
+            t0 = time.perf_counter()
+            self._state, effects = advance(self._state, self._queue.popleft(), time.monotonic())
+            self.protocol_s += time.perf_counter() - t0
+            self.protocol_events += 1
+            for effect in effects:
+                if isinstance(effect, ev.Fail):
+                    self._queue.clear()
+                    error = RetryLimitExceeded if effect.retries_exhausted else Fatal
+                    raise error(effect.message)
+                self._execute(effect)
+
+    def _wait_while(self, *phases: Phase) -> None:
+        while self._state.phase in phases:
+            self._pump()
+
+    def _pump(self) -> None:
+        """Wait for the next thing that can move the protocol: a frame, the fetch, a deadline."""
+        assert self.client is not None
+        deadline = next_deadline(self._state)
+        timeout = 1.0 if deadline == INF else max(0.0, deadline - time.monotonic())
+        fetch = self._fetch
+        try:
+            frame = self.client.receive(timeout, fetch.wake_fd if fetch is not None and not fetch.reported else None)
+        except ChannelError as exc:
+            return self._feed(ev.CoordinatorLost(str(exc)))
+        if frame is not None:
+            return self._feed(self._event_of(*frame))
+        if fetch is not None and fetch.done and not fetch.reported:
+            fetch.reported = True
+            return self._feed(fetch.event())
+        self._feed(ev.Tick())
+
+    def _drain(self) -> None:
+        """Feed whatever already arrived, without waiting."""
+        assert self.client is not None
+        while self._state.phase is Phase.TRAINING:
+            try:
+                frame = self.client.receive(0.0)
+            except ChannelError as exc:
+                return self._feed(ev.CoordinatorLost(str(exc)))
+            if frame is None:
+                return
+            self._feed(self._event_of(*frame))
+
+    def _event_of(self, kind: str, message) -> ev.Event:
+        if kind == "plan":
+            return self._plan_arrived(message)
+        if kind == "no_plan":
+            refusal = {rpb.NoPlan.RETRY: ev.Refusal.RETRY, rpb.NoPlan.FINISHED: ev.Refusal.FINISHED,
+                       rpb.NoPlan.FATAL: ev.Refusal.FATAL}[message.kind]
+            return ev.PlanRefused(message.attempt, refusal, message.reason)
+        if kind == "decision":
+            return ev.DecisionArrived(message.attempt, message.outcome == rpb.StepDecision.COMMIT, message.reason)
+        return ev.FinishedArrived(message.clean, message.reason)
+
+    def _plan_arrived(self, message: rpb.StepPlan) -> ev.PlanArrived:
         s = self.settings
-        if attempt.fetch_thread is not None:
-            attempt.fetch_thread.join(s.fetch_timeout_s * s.fetch_attempts)
-            if attempt.fetch_thread.is_alive():
-                attempt.fetch_cancelled.set()  # it must not load anything into a later step
-                attempt.fetch_thread.join(s.fetch_timeout_s)
-                return "catch-up fetch did not finish in time"
-            if attempt.fetch_error:
-                return attempt.fetch_error
-        if attempt.sync is not None and not attempt.sync.ok:
-            return attempt.sync.reason
-        if attempt.faults:
-            return attempt.faults[0]
-        if self._fault_hook is not None:
-            forced = self._fault_hook("before_vote", attempt.plan)
-            if forced:
-                return forced
-        return ""
+        try:
+            addresses = self._book.fill(message.quorum)
+            plan = plan_for_rank(message.quorum, addresses, s.job_id, s.replica_id, s.rank, s.digest_every_steps)
+        except PlanError as exc:
+            return ev.PlanArrived(message.attempt, message.step, None, str(exc))
+        return ev.PlanArrived(message.attempt, message.step, plan)
 
-    def _agree(self, own: Vote) -> CommitDecision:
-        s = self.settings
-        if s.is_leader:
-            assert self.leader_channel is not None
-            decision = self.leader_channel.collect_votes(own.quorum_id, own.step, own, s.vote_timeout_s)
-            self.leader_channel.broadcast({"t": "decision", "quorum_id": own.quorum_id, "step": own.step,
-                                           "outcome": decision.outcome.value, "reason": decision.reason})
-            return decision
-        assert self.rank_channel is not None
-        self.rank_channel.send({"t": "vote", "rank": own.rank, "quorum_id": own.quorum_id, "step": own.step,
-                                "ok": own.ok, "reason": own.reason})
-        msg = self.rank_channel.recv(s.vote_timeout_s * 2)
-        if msg.get("t") != "decision" or (msg.get("quorum_id"), msg.get("step")) != (own.quorum_id, own.step):
-            raise ChannelError(f"rank {s.rank} expected the decision on quorum {own.quorum_id} step "
-                               f"{own.step}, got {msg}")
-        return CommitDecision(Outcome(msg["outcome"]), str(msg.get("reason", "")))
+    # ------------------------------------------------------------------ executing effects
 
-    def _commit(self, attempt: _Attempt) -> None:
-        s, plan = self.settings, attempt.plan
-        # The source holds its optimizer step until its fetchers have their copy (bounded).
-        self.state_server.hold_for_fetchers(plan.step, set(plan.fetchers), s.fetch_hold_timeout_s)
-        base = attempt.fetched.ledger_json if attempt.fetched is not None else None
-        ledger_before = DataLedger.from_json(base) if base is not None else attempt.ledger_before
-        scale = lr_scale(s.lr_policy, plan.healthy_count, plan.total_replicas, plan.lr_scale_from_quorum)
-        user_lrs = [g["lr"] for g in self.optimizer.param_groups]
-        for group, lr in zip(self.optimizer.param_groups, user_lrs):
+    def _execute(self, effect: ev.Effect) -> None:
+        handler = getattr(self, "_do_" + type(effect).__name__)
+        handler(effect)
+
+    def _send(self, frame: rpb.RankFrame) -> None:
+        assert self.client is not None
+        try:
+            self.client.send(frame)
+        except ChannelError as exc:
+            self._queue.append(ev.CoordinatorLost(str(exc)))
+
+    def _do_SendBegin(self, e: ev.SendBegin) -> None:  # noqa: N802 - named after the effect
+        self._send(msg.begin(e.step))
+
+    def _do_SendVote(self, e: ev.SendVote) -> None:  # noqa: N802
+        self._send(msg.vote(e.attempt, e.ok, e.reason, e.loss, e.tokens))
+
+    def _do_SendDigest(self, e: ev.SendDigest) -> None:  # noqa: N802
+        st = self._state
+        digest = rank_digest(st.step, st.ledger.to_json(), self.model, self.optimizer, self.registry.state_dicts())
+        self._send(msg.digest(e.attempt, e.step, digest))
+
+    def _do_SendClose(self, e: ev.SendClose) -> None:  # noqa: N802
+        self._send(msg.close(e.step, e.reason))
+
+    def _do_ServeState(self, e: ev.ServeState) -> None:  # noqa: N802
+        assert self.state_server is not None
+        if self._serving is None or self._serving[0] != e.step:
+            self._snapshot_cache = None
+        self._serving = (e.step, self._state.ledger.to_json())
+        self.state_server.serve(e.step)
+
+    def _do_StopServing(self, e: ev.StopServing) -> None:  # noqa: N802
+        assert self.state_server is not None
+        self.state_server.stop(e.wait_for, e.timeout_s)
+        self._serving = self._snapshot_cache = None
+
+    def _snapshot(self) -> Snapshot:
+        """What the state server streams (its handler threads call this): the state at the start
+        of the step served, built once per step so every fetcher of that step gets the same."""
+        with self._snapshot_lock:
+            cache, serving = self._snapshot_cache, self._serving
+            if serving is None:
+                raise RuntimeError("this rank is not serving its state now")
+            if cache is not None and cache[0].step == serving[0]:
+                return cache
+            entries, scalars = live_entries(self.model, self.optimizer)
+            entries += self.registry.entries()
+            groups = self.optimizer.state_dict()["param_groups"]
+            snapshot = build_manifest(serving[0], serving[1], entries, scalars, groups), [t for _, t in entries]
+            self._snapshot_cache = snapshot
+            return snapshot
+
+    def _do_ConfigureRing(self, e: ev.ConfigureRing) -> None:  # noqa: N802
+        self.sync.configure(e.plan)
+
+    def _do_StartFetch(self, e: ev.StartFetch) -> None:  # noqa: N802
+        self._fetch = FetchJob(e.plan, self.settings, self.model, self.optimizer, self.registry).start()
+
+    def _do_CancelFetch(self, e: ev.CancelFetch) -> None:  # noqa: N802
+        if self._fetch is not None:
+            log.warning("replica %s rank %s: catch-up cancelled: %s", self.settings.replica_id, self.settings.rank,
+                        e.reason)
+            self._fetch.cancel(self.settings.fetch_timeout_s)
+            self._fetch = None
+
+    def _do_AdoptFetched(self, e: ev.AdoptFetched) -> None:  # noqa: N802
+        fetch, self._fetch = self._fetch, None
+        assert fetch is not None and fetch.fetched is not None
+        fetch.close()
+        try:
+            self.optimizer.load_state_dict(fetch.fetched.optimizer_state)
+            self.registry.load_state_dicts(fetch.user_states, f"the catch-up source {fetch.plan.source_replica}")
+        except (ValueError, KeyError, RuntimeError) as exc:
+            raise Fatal(f"the state fetched from {fetch.plan.source_replica} does not load here: {exc}; the "
+                        f"replicas run different code or settings: fix that, then restart") from None
+
+    def _do_ApplyStep(self, e: ev.ApplyStep) -> None:  # noqa: N802
+        scale = e.plan.lr_scale if self.settings.apply_lr_scale else 1.0
+        groups = self.optimizer.param_groups
+        user_lrs = [g["lr"] for g in groups]
+        for group, lr in zip(groups, user_lrs):
             group["lr"] = lr * scale
         try:
             self.optimizer.step()
         finally:
-            for group, lr in zip(self.optimizer.param_groups, user_lrs):
+            for group, lr in zip(groups, user_lrs):
                 group["lr"] = lr
-        self.ledger = ledger_before.advanced(plan.included)
-        self.step = plan.step + 1
-        self.state_server.release(self.step)
-        self.last_outcome = StepOutcome(True, plan.step, plan.quorum_id, plan.behind, plan.included,
-                                        dict(ledger_before.positions), "committed", scale)
-        if plan.behind:
-            log.info("replica %s rank %s caught up from %s and committed step %s in quorum %s",
-                     s.replica_id, s.rank, plan.source_replica, plan.step, plan.quorum_id)
-        if s.is_leader and self.controller is not None:
-            self.controller.report_step(plan.quorum_id, plan.step, time.monotonic() - attempt.started_at,
-                                        self._loss, self._tokens)
-        self._maybe_checkpoint(plan)
+        if self.registry.rng is not None:
+            self.registry.rng.advance()
 
-    def _retry(self, attempt: _Attempt, decision: CommitDecision) -> None:
-        s, plan = self.settings, attempt.plan
+    def _do_DropGradients(self, e: ev.DropGradients) -> None:  # noqa: N802
         self.optimizer.zero_grad(set_to_none=True)
-        self.sync.mark_broken(decision.reason)  # the next quorum has a new id; rebuild the ring
-        if not plan.behind:
-            self.state_server.release(self.step)
-        self.last_outcome = StepOutcome(False, plan.step, plan.quorum_id, plan.behind, plan.included,
-                                        dict(attempt.ledger_before.positions), decision.reason)
-        log.warning("replica %s rank %s: step %s of quorum %s will be retried: %s", s.replica_id, s.rank,
-                    plan.step, plan.quorum_id, decision.reason)
-        if s.is_leader and self.controller is not None:
-            self.controller.report_failure(plan.quorum_id, plan.step, decision.reason)
+        self.sync.mark_broken(e.reason)  # the next attempt rebuilds the ring
+        if self.registry.rng is not None:
+            self.registry.rng.apply()  # the retry draws the same numbers again
 
-    def _maybe_checkpoint(self, plan: RankPlan) -> None:
-        s = self.settings
-        if self.checkpoints is None or s.checkpoint_every_steps <= 0 or self.step % s.checkpoint_every_steps:
+    def _do_Checkpoint(self, e: ev.Checkpoint) -> None:  # noqa: N802
+        if self.checkpoints is None:
             return
+        s = self.settings
         try:
-            if s.is_leader and plan.included and plan.included[0] == s.replica_id:
-                self.checkpoints.save_state(self.step, self.ledger.to_json(), self.model, self.optimizer)
-            if s.is_leader:
-                self.checkpoints.save_ledger_entry(self.step, s.replica_id, self.ledger.position(s.replica_id))
+            if e.write_state:
+                self.checkpoints.save_state(e.step, self._state.ledger.to_json(), self.model, self.optimizer,
+                                            self.registry.state_dicts())
+            self.checkpoints.save_ledger_entry(e.step, s.replica_id, self._state.ledger.position(s.replica_id))
             self.last_checkpoint_error = ""
         except CheckpointError as exc:
             self.last_checkpoint_error = str(exc)
             log.error("replica %s: %s; training continues without this checkpoint", s.replica_id, exc)
+
+    def _do_Concluded(self, e: ev.Concluded) -> None:  # noqa: N802
+        o = self.last_outcome = e.outcome
+        s = self.settings
+        if not o.committed:
+            log.warning("replica %s rank %s: step %s (attempt %s, quorum %s) will be retried: %s", s.replica_id,
+                        s.rank, o.step, o.attempt, o.quorum_id, o.reason)
+        elif o.behind:
+            log.info("replica %s rank %s caught up and committed step %s in quorum %s", s.replica_id, s.rank,
+                     o.step, o.quorum_id)
+
+    def _do_Closed(self, e: ev.Closed) -> None:  # noqa: N802
+        level = logging.INFO if e.clean else logging.WARNING
+        log.log(level, "replica %s rank %s closed at step %s: %s", self.settings.replica_id, self.settings.rank,
+                self.step, e.reason)
+
+    def _do_Ended(self, e: ev.Ended) -> None:  # noqa: N802
+        log.debug("replica %s rank %s has no more steps: %s", self.settings.replica_id, self.settings.rank, e.reason)
+
+    # ------------------------------------------------------------------ checks
+
+    def _require_not_started(self, what: str) -> None:
+        if self._started:
+            raise RuntimeError(f"{what} must come before Manager.start()")
+
+    def _require_started(self) -> None:
+        if not self._started:
+            raise RuntimeError("Manager.start() must be called before the first step (and not after close()).")
+
+    def _require_phase(self, phase: Phase, what: str) -> None:
+        self._require_started()
+        if self._state.phase is not phase:
+            raise ProtocolError(f"{what} while the step is {self._state.phase.name}: begin_step() (or "
+                                f"FaultTolerantOptimizer.zero_grad()) first")

@@ -1,25 +1,45 @@
 """Trainer runtime settings: one frozen dataclass, units in the field names.
 
-Environment variables (names below) fill the fields that `RuntimeSettings.from_env`
-reads; keyword arguments given to `from_env` win over the environment, and the
-environment wins over the defaults.
+`RuntimeSettings.from_env()` reads torchrun's variables and this project's, in this order
+(later wins): the defaults, torchrun's (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR,
+MASTER_PORT), the FTHSDP_* variables below, then the keyword arguments given to `from_env`.
+
+The coordinator address, when neither FTHSDP_COORDINATOR_ADDRESS nor a keyword gives it,
+is derived from torchrun's: MASTER_ADDR:(MASTER_PORT + 1) -- rank 0 runs on MASTER_ADDR's
+host under torchrun, and MASTER_PORT itself is taken by torch.distributed's store. A
+replica of one rank needs none (its coordinator takes a free port). The controller address
+is needed on rank 0 only: rank 0 hosts the coordinator, the only part that calls it.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from dataclasses import dataclass
+from typing import Callable, Mapping
 
 ENV_JOB_ID = "FTHSDP_JOB_ID"
 ENV_REPLICA_ID = "FTHSDP_REPLICA_ID"
 ENV_RANK = "FTHSDP_RANK"
 ENV_WORLD_SIZE = "FTHSDP_WORLD_SIZE"
+ENV_LOCAL_RANK = "FTHSDP_LOCAL_RANK"
 ENV_CONTROLLER = "FTHSDP_CONTROLLER"
-ENV_LEADER_ADDRESS = "FTHSDP_LEADER_ADDRESS"
+ENV_COORDINATOR_ADDRESS = "FTHSDP_COORDINATOR_ADDRESS"
 ENV_CHECKPOINT_DIR = "FTHSDP_CHECKPOINT_DIR"
+ENV_MAX_STEPS = "FTHSDP_MAX_STEPS"
+# torchrun's, read when the FTHSDP_* variable of the same meaning is not set
+TORCHRUN_RANK = "RANK"
+TORCHRUN_WORLD_SIZE = "WORLD_SIZE"
+TORCHRUN_LOCAL_RANK = "LOCAL_RANK"
+TORCHRUN_MASTER_ADDR = "MASTER_ADDR"
+TORCHRUN_MASTER_PORT = "MASTER_PORT"
+#: the coordinator listens this many ports above torchrun's MASTER_PORT
+COORDINATOR_PORT_OFFSET = 1
+#: added to the bounds a rank derives from the settings, for messages in flight
+GRACE_S = 5.0
 
-LR_POLICIES = ("quorum", "none", "linear", "sqrt")
+MAX_WORLD_SIZE = 8192
 
 
 @dataclass(frozen=True)
@@ -28,21 +48,28 @@ class RuntimeSettings:
 
     job_id: the job, shared by every replica; part of FTAR group ids.
     replica_id: this replica's id (replicas are ordered by it in FTAR rings).
-    rank / world_size: this process inside its replica; rank 0 is the leader.
-    controller_address: host:port of the controller's gRPC service (leader only).
-    leader_address: host:port where rank 0 hosts the intra-replica channel.
-    bind_host: interface for the state server, FTAR endpoint and channel.
+    rank / world_size: this process inside its replica; rank 0 hosts the coordinator.
+    local_rank: this process's index on its host (torchrun's LOCAL_RANK; device choice).
+    controller_address: host:port[,host:port...] of the controller's gRPC service (rank 0).
+    coordinator_address: host:port where rank 0 hosts the replica's coordinator, and listens
+        ("" with world_size 1: a free port on bind_host).
+    bind_host: interface for the state server and the FTAR endpoint (other replicas reach them).
+    max_steps: the replica finishes after committing this many steps (0: no limit).
     max_retries: failed steps in a row tolerated before the runtime raises.
-    lr_policy: "quorum" applies the quorum answer's lr_scale (the controller's
-        policy, sqrt by default); "none" | "linear" | "sqrt" compute it here
-        from healthy/total replicas.
-    quorum_timeout_s: longest wait for one quorum answer (leader) or plan (ranks).
+    apply_lr_scale: multiply the learning rate by the quorum's lr_scale for each step
+        (the controller's --lr-policy decides it, from healthy/total replicas).
+    quorum_timeout_s: longest the coordinator waits for one quorum answer; also how long
+        ranks have to connect to the coordinator at start.
+    gather_timeout_s: once the first rank's begin, vote or digest of a round arrived, how
+        long the coordinator waits for every other rank's; silence past it is a "no".
     allreduce_timeout_s: longest wait for one FTAR all-reduce.
-    vote_timeout_s: longest the leader waits for every rank's vote.
-    fetch_timeout_s: longest one catch-up fetch may take before it counts as failed.
-    fetch_attempts: tries per catch-up fetch (a bad checksum or a cut stream retries).
-    fetch_hold_timeout_s: longest a source holds its optimizer step for fetchers.
-    heartbeat_interval_s: how often the leader tells the controller it is alive.
+    fetch_timeout_s: longest one catch-up fetch attempt may take.
+    fetch_attempts: tries per catch-up (a bad checksum or a cut stream tries again).
+    fetch_hold_timeout_s: longest a source holds its optimizer step for its fetchers.
+    digest_every_steps: report a digest of the committed state after every N-th step
+        (the same N on every replica, so digests of one step meet at the controller; 0:
+        only after catch-ups).
+    heartbeat_interval_s: how often rank 0 tells the controller the replica is alive.
     checkpoint_dir: durable checkpoints go here ("" disables them).
     checkpoint_every_steps: write a checkpoint after every N-th committed step.
     ftar_chunk_bytes / ftar_chunks_in_flight: FTAR transport tuning.
@@ -52,17 +79,20 @@ class RuntimeSettings:
     replica_id: str = "0"
     rank: int = 0
     world_size: int = 1
+    local_rank: int = 0
     controller_address: str = ""
-    leader_address: str = ""
+    coordinator_address: str = ""
     bind_host: str = "127.0.0.1"
+    max_steps: int = 0
     max_retries: int = 5
-    lr_policy: str = "quorum"
+    apply_lr_scale: bool = True
     quorum_timeout_s: float = 60.0
+    gather_timeout_s: float = 60.0
     allreduce_timeout_s: float = 30.0
-    vote_timeout_s: float = 60.0
     fetch_timeout_s: float = 60.0
     fetch_attempts: int = 3
     fetch_hold_timeout_s: float = 30.0
+    digest_every_steps: int = 100
     heartbeat_interval_s: float = 1.0
     checkpoint_dir: str = ""
     checkpoint_every_steps: int = 0
@@ -75,26 +105,33 @@ class RuntimeSettings:
             problems.append("job_id must not be empty.")
         if not self.replica_id:
             problems.append("replica_id must not be empty.")
-        if not 1 <= self.world_size <= 8192:
-            problems.append(f"world_size must be between 1 and 8192, got {self.world_size}.")
+        if not 1 <= self.world_size <= MAX_WORLD_SIZE:
+            problems.append(f"world_size must be between 1 and {MAX_WORLD_SIZE}, got {self.world_size}.")
         if not 0 <= self.rank < max(self.world_size, 1):
             problems.append(f"rank must be in [0, world_size={self.world_size}), got {self.rank}.")
+        if self.local_rank < 0:
+            problems.append(f"local_rank must be >= 0, got {self.local_rank}.")
         if self.rank == 0 and not self.controller_address:
-            problems.append("controller_address must be set on rank 0 (the leader talks to the controller).")
-        if self.world_size > 1 and not self.leader_address:
-            problems.append("leader_address must be set when world_size > 1 (ranks reach their leader there).")
-        if self.max_retries < 0:
-            problems.append(f"max_retries must be >= 0, got {self.max_retries}.")
-        if self.lr_policy not in LR_POLICIES:
-            problems.append(f"lr_policy must be one of {LR_POLICIES}, got {self.lr_policy!r}.")
-        for name in ("quorum_timeout_s", "allreduce_timeout_s", "vote_timeout_s", "fetch_timeout_s",
+            problems.append(f"controller_address must be set on rank 0, which talks to the controller "
+                            f"(set {ENV_CONTROLLER}).")
+        if self.world_size > 1 and not self.coordinator_address:
+            problems.append(f"coordinator_address must be set when world_size > 1 (ranks reach rank 0 there): "
+                            f"set {ENV_COORDINATOR_ADDRESS}, or torchrun's {TORCHRUN_MASTER_ADDR} and "
+                            f"{TORCHRUN_MASTER_PORT}.")
+        if self.coordinator_address and not _is_host_port(self.coordinator_address):
+            problems.append(f"coordinator_address must be host:port, got {self.coordinator_address!r}.")
+        for name in ("max_steps", "max_retries", "digest_every_steps", "checkpoint_every_steps"):
+            if getattr(self, name) < 0:
+                problems.append(f"{name} must be >= 0, got {getattr(self, name)}.")
+        if not isinstance(self.apply_lr_scale, bool):
+            problems.append(f"apply_lr_scale must be True or False, got {self.apply_lr_scale!r}.")
+        for name in ("quorum_timeout_s", "gather_timeout_s", "allreduce_timeout_s", "fetch_timeout_s",
                      "fetch_hold_timeout_s", "heartbeat_interval_s"):
-            if getattr(self, name) <= 0:
-                problems.append(f"{name} must be > 0 seconds, got {getattr(self, name)}.")
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+                problems.append(f"{name} must be a finite number of seconds > 0, got {value!r}.")
         if self.fetch_attempts < 1:
             problems.append(f"fetch_attempts must be >= 1, got {self.fetch_attempts}.")
-        if self.checkpoint_every_steps < 0:
-            problems.append(f"checkpoint_every_steps must be >= 0, got {self.checkpoint_every_steps}.")
         if self.checkpoint_every_steps > 0 and not self.checkpoint_dir:
             problems.append("checkpoint_dir must be set when checkpoint_every_steps > 0.")
         if self.ftar_chunk_bytes <= 0 or self.ftar_chunks_in_flight <= 0:
@@ -104,22 +141,83 @@ class RuntimeSettings:
             raise ValueError("Invalid RuntimeSettings: " + " ".join(problems))
         return self
 
+    # -- bounds a rank derives (every wait in the step is one of these)
+
     @property
-    def is_leader(self) -> bool:
-        return self.rank == 0
+    def plan_timeout_s(self) -> float:
+        """A rank's longest wait for the answer to its begin: the other ranks' begins, then the quorum."""
+        return self.gather_timeout_s + self.quorum_timeout_s + GRACE_S
+
+    @property
+    def decision_timeout_s(self) -> float:
+        """A rank's longest wait for the decision after it voted."""
+        return self.gather_timeout_s + GRACE_S
+
+    @property
+    def fetch_budget_s(self) -> float:
+        """Longest a catch-up may take in all its attempts."""
+        return self.fetch_timeout_s * self.fetch_attempts
+
+    @property
+    def finish_timeout_s(self) -> float:
+        """A rank's longest wait, after close(), for the coordinator to report the replica finished."""
+        return self.gather_timeout_s + 2 * GRACE_S
 
     @classmethod
-    def from_env(cls, **overrides: object) -> "RuntimeSettings":
-        """Defaults, then the FTHSDP_* environment, then `overrides` (which win)."""
-        env: dict[str, object] = {}
-        for var, field, conv in (
-            (ENV_JOB_ID, "job_id", str), (ENV_REPLICA_ID, "replica_id", str),
-            (ENV_RANK, "rank", int), (ENV_WORLD_SIZE, "world_size", int),
-            (ENV_CONTROLLER, "controller_address", str),
-            (ENV_LEADER_ADDRESS, "leader_address", str),
-            (ENV_CHECKPOINT_DIR, "checkpoint_dir", str),
-        ):
-            if os.environ.get(var):
-                env[field] = conv(os.environ[var])
-        env.update(overrides)
-        return dataclasses.replace(cls(), **env).validate()
+    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: object) -> "RuntimeSettings":
+        """Defaults, then torchrun's variables, then FTHSDP_*, then `overrides` (which win)."""
+        env = os.environ if environ is None else environ
+        values: dict[str, object] = {}
+        for field, conv, names in _ENV_FIELDS:
+            for name in names:  # later names win
+                if env.get(name, "") != "":
+                    values[field] = _convert(name, env[name], conv)
+        if "coordinator_address" not in values and "coordinator_address" not in overrides:
+            values["coordinator_address"] = _coordinator_from_torchrun(env)
+        values.update(overrides)
+        return dataclasses.replace(cls(), **values).validate()
+
+
+def _int(text: str) -> int:
+    return int(text)
+
+
+_ENV_FIELDS: tuple[tuple[str, Callable[[str], object], tuple[str, ...]], ...] = (
+    ("job_id", str, (ENV_JOB_ID,)),
+    ("replica_id", str, (ENV_REPLICA_ID,)),
+    ("rank", _int, (TORCHRUN_RANK, ENV_RANK)),
+    ("world_size", _int, (TORCHRUN_WORLD_SIZE, ENV_WORLD_SIZE)),
+    ("local_rank", _int, (TORCHRUN_LOCAL_RANK, ENV_LOCAL_RANK)),
+    ("controller_address", str, (ENV_CONTROLLER,)),
+    ("coordinator_address", str, (ENV_COORDINATOR_ADDRESS,)),
+    ("checkpoint_dir", str, (ENV_CHECKPOINT_DIR,)),
+    ("max_steps", _int, (ENV_MAX_STEPS,)),
+)
+
+
+def _convert(name: str, text: str, conv: Callable[[str], object]) -> object:
+    try:
+        return conv(text)
+    except ValueError:
+        raise ValueError(f"Invalid RuntimeSettings: environment variable {name}={text!r} is not a number.") from None
+
+
+def _coordinator_from_torchrun(env: Mapping[str, str]) -> str:
+    """MASTER_ADDR:(MASTER_PORT + 1), or "" when this rank's environment has neither; with only
+    one of them the error names the one missing here."""
+    addr, port = env.get(TORCHRUN_MASTER_ADDR, ""), env.get(TORCHRUN_MASTER_PORT, "")
+    if not addr and not port:
+        return ""
+    if not addr or not port:
+        missing = TORCHRUN_MASTER_ADDR if not addr else TORCHRUN_MASTER_PORT
+        raise ValueError(f"Invalid RuntimeSettings: {missing} is not set on this rank (the coordinator address "
+                         f"is derived from {TORCHRUN_MASTER_ADDR}:{TORCHRUN_MASTER_PORT}+{COORDINATOR_PORT_OFFSET}); "
+                         f"set it, or {ENV_COORDINATOR_ADDRESS}.")
+    if not port.isdigit() or not 0 < int(port) + COORDINATOR_PORT_OFFSET < 65536:
+        raise ValueError(f"Invalid RuntimeSettings: {TORCHRUN_MASTER_PORT}={port!r} is not a port below 65535.")
+    return f"{addr}:{int(port) + COORDINATOR_PORT_OFFSET}"
+
+
+def _is_host_port(text: str) -> bool:
+    host, _, port = text.rpartition(":")
+    return bool(host) and port.isdigit() and 0 <= int(port) < 65536

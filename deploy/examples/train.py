@@ -1,12 +1,14 @@
 """Example trainer: a small model trained under FT-HSDP, one process per (replica, rank).
 
-Run by deploy/examples/train-job/ (one pod per replica, one rank each) or by an agent
-(`fthsdp agent ... -- python /opt/fthsdp/train.py`). The job, replica, rank, world size,
-controller and leader address come from the FTHSDP_* environment through
-`RuntimeSettings.from_env` (fthsdp/settings.py); the flags below override single fields.
-`bind_host` (where FTAR and the state server listen, reached by other replicas) defaults to
-$POD_IP when set. Ranks of one replica (world_size > 1) also join a torch.distributed group
-through the usual env:// variables MASTER_ADDR and MASTER_PORT.
+Run by deploy/examples/train-job/ (one pod per replica, one rank each), by an agent
+(`fthsdp agent ... -- python /opt/fthsdp/train.py`), or by torchrun for a replica of several
+ranks (`torchrun --nproc-per-node 8 train.py`, with FTHSDP_CONTROLLER set). The job,
+replica, rank, world size and controller come from the environment through
+`RuntimeSettings.from_env` (fthsdp/settings.py: torchrun's RANK/WORLD_SIZE/MASTER_* and the
+FTHSDP_* variables); the flags below override single fields. `bind_host` (where FTAR, the
+state server and, on rank 0, the coordinator listen) defaults to $POD_IP when set. Ranks of
+one replica (world_size > 1) also join a torch.distributed group through the usual env://
+variables MASTER_ADDR and MASTER_PORT; the coordinator then listens on MASTER_PORT + 1.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from fthsdp import FaultTolerantOptimizer, Manager, RuntimeSettings
 
 # RuntimeSettings fields that may be set by a flag (--controller-address ...); a flag left
 # out keeps the environment's value, or the default.
-SETTINGS_FLAGS = {"controller_address": str, "replica_id": str, "bind_host": str,
+SETTINGS_FLAGS = {"controller_address": str, "replica_id": str, "bind_host": str, "max_steps": int,
                   "checkpoint_dir": str, "checkpoint_every_steps": int}
 
 log = logging.getLogger("train")
@@ -39,7 +41,6 @@ def batch_at(replica_id: str, position: int) -> tuple[torch.Tensor, torch.Tensor
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--steps", type=int, default=1000, help="stop after this many committed steps")
     p.add_argument("--lr", type=float, default=0.01)
     p.add_argument("--log-every", type=int, default=50)
     for field, conv in SETTINGS_FLAGS.items():
@@ -65,26 +66,30 @@ def main(argv: list[str] | None = None) -> int:
     torch.manual_seed(0)  # every replica starts from the same weights
     model = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
-    manager = Manager(model, optimizer, settings, process_group=group).start()
-    try:
-        ft_optimizer = FaultTolerantOptimizer(manager, optimizer)
-        batches = manager.batches(batch_at)
-        rows = slice(settings.rank, None, settings.world_size)  # this rank's share of the batch
-        while manager.step < args.steps:
-            x, y = next(batches)
-            ft_optimizer.zero_grad()  # joins the step's quorum; catches up first if behind
-            loss = torch.nn.functional.mse_loss(model(x[rows]), y[rows])
-            loss.backward()
-            # Averages gradients inside the replica and across replicas, votes, then commits
-            # (True) or rolls back for a retry of the same batch (False). Raises
-            # RetryLimitExceeded after max_retries failures in a row: the process exits non-zero
-            # and its Job index or agent restarts it.
-            if ft_optimizer.step(loss) and manager.step % args.log_every == 0:
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=200, gamma=0.5)
+    manager = Manager(model, optimizer, settings, process_group=group)
+    manager.register_state("scheduler", scheduler)  # travels with catch-up and checkpoints
+    manager.register_rng()                          # so do the RNG streams
+    manager.start()
+    ft_optimizer = FaultTolerantOptimizer(manager, optimizer)
+    rows = slice(settings.rank, None, settings.world_size)  # this rank's share of the batch
+    # Each batch begins a step (its quorum; a catch-up first when this replica is behind). The
+    # loop ends at max_steps, or when the job is COMPLETED. Errors the runtime cannot recover
+    # from raise (RetryLimitExceeded after max_retries failed steps in a row): the process
+    # exits non-zero and its Job index or agent restarts it; the replica is then not FINISHED.
+    for x, y in manager.batches(batch_at):
+        ft_optimizer.zero_grad()
+        loss = torch.nn.functional.mse_loss(model(x[rows]), y[rows])
+        loss.backward()
+        # Averages gradients inside the replica and across replicas, votes, then commits
+        # (True) or rolls back for a retry of the same batch (False).
+        if ft_optimizer.step(loss):
+            scheduler.step()  # registered state changes only after a commit
+            if manager.step % args.log_every == 0:
                 out = manager.last_outcome
                 log.info("step %d loss %.4f replicas %s lr_scale %.3f", manager.step, loss.item(),
                          ",".join(out.included), out.lr_scale)
-    finally:
-        manager.close()
+    manager.close()  # the replica is FINISHED once every rank got here
     log.info("done at step %d", manager.step)
     return 0
 

@@ -19,9 +19,8 @@ import time
 from dataclasses import asdict, replace
 from pathlib import Path
 
+from controller.settings import LR_POLICIES  # the controller computes the learning-rate factor
 from fthsdp.demo.schedule import ScheduleError, default_text, parse
-
-LR_POLICIES = ("none", "linear", "sqrt")
 
 
 def _parser() -> argparse.ArgumentParser:

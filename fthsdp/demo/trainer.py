@@ -92,8 +92,8 @@ def main(argv: list[str]) -> int:
     t = cfg["timeouts"]
     settings = RuntimeSettings.from_env(
         job_id=cfg["job_id"], replica_id=rid, rank=rank, world_size=world, controller_address=controller,
-        leader_address=f"127.0.0.1:{ports['leader']}", max_retries=30, lr_policy="quorum",
-        quorum_timeout_s=t["quorum_s"], allreduce_timeout_s=t["allreduce_s"], vote_timeout_s=t["vote_s"],
+        coordinator_address=f"127.0.0.1:{ports['leader']}", max_retries=30,
+        quorum_timeout_s=t["quorum_s"], allreduce_timeout_s=t["allreduce_s"], gather_timeout_s=t["vote_s"],
         fetch_timeout_s=t["fetch_s"], fetch_hold_timeout_s=t["fetch_hold_s"],
         heartbeat_interval_s=t["heartbeat_s"], ftar_chunk_bytes=64 << 10)
     replicas = cfg["replicas"]
@@ -110,10 +110,9 @@ def main(argv: list[str]) -> int:
     batches = manager.batches(batch_at)
     full = False  # stop past `steps` in a step that every configured replica contributed to
     while not (manager.step >= cfg["steps"] and full) and manager.step < cfg["max_steps"]:
-        x, y = next(batches)
-        position = batches.last_position
         began = time.time()
-        plan = manager.begin_step()
+        x, y = next(batches)  # begins the step: quorum, plan, catch-up when behind
+        position = batches.last_position
         opt.zero_grad(set_to_none=True)
         computing = time.time()
         rows = slice(rank, None, world)
@@ -122,7 +121,8 @@ def main(argv: list[str]) -> int:
         pace = cfg["min_step_s"] - (time.time() - computing)  # stands in for accelerator time
         if pace > 0:
             time.sleep(pace)
-        if not plan.behind:
+        plan = manager.plan
+        if plan is not None and not plan.behind:
             write(event="trained", step=plan.step, position=position)
         manager.sync_gradients(loss.item())
         committed = manager.end_step(loss.item(), tokens=len(x))

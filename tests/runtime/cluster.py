@@ -77,7 +77,6 @@ class Cluster:
     faults: Faults = field(default_factory=Faults)
     join_timeout_s: float = 1.0
     heartbeat_timeout_s: float = 3.0
-    lr_policy: str = "quorum"
     controller_lr_policy: str = "sqrt"
     checkpoint_every: int = 0
     restarts: int = 1  # per replica
@@ -97,12 +96,12 @@ class Cluster:
     def _spawn(self, controller: ControllerProcess, replica: int) -> None:
         inc = self._incarnation.get(replica, -1) + 1
         self._incarnation[replica] = inc
-        leader, gloo = f"127.0.0.1:{free_port()}", free_port()
+        coordinator, gloo = f"127.0.0.1:{free_port()}", free_port()
         procs = []
         for rank in range(self.ranks):
             cfg = {"replica_id": str(replica), "rank": rank, "world_size": self.ranks, "incarnation": inc,
-                   "controller": controller.grpc, "leader_address": leader, "gloo_port": gloo,
-                   "steps": self.steps, "max_steps": self.max_steps, "replicas": self.replicas, "faults": self.faults.items, "lr_policy": self.lr_policy,
+                   "controller": controller.grpc, "coordinator_address": coordinator, "gloo_port": gloo,
+                   "steps": self.steps, "max_steps": self.max_steps, "replicas": self.replicas, "faults": self.faults.items,
                    "record": str(self.records_dir / f"{replica}-{rank}-{inc}.jsonl"),
                    "checkpoint_dir": str(self.checkpoint_dir) if self.checkpoint_every else "",
                    "checkpoint_every": self.checkpoint_every, "ddp": self.ddp}

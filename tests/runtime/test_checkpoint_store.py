@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 
-from fthsdp.checkpoint_store import CheckpointError, CheckpointStore, SimulatedCrash
-from fthsdp.state_stream import state_digest
+from fthsdp.errors import CheckpointError
+from fthsdp.state.checkpoint import CheckpointStore
+from fthsdp.state.digest import state_digest
+from tests.runtime.faults import CrashingStore, SimulatedCrash
 
 
 def _model_opt(seed: int):
@@ -21,29 +21,29 @@ def _model_opt(seed: int):
     return model, opt
 
 
-def test_save_then_load_round_trips(tmp_path):
+def test_save_then_load_round_trips_with_registered_state(tmp_path):
     store = CheckpointStore(tmp_path)
     model, opt = _model_opt(0)
-    store.save_state(4, '{"positions": {"0": 4}}', model, opt)
+    user = {"sched": torch.optim.lr_scheduler.StepLR(opt, 3).state_dict(), "rng": {"seed": 12345}}
+    store.save_state(4, '{"positions": {"0": 4}}', model, opt, user)
     store.save_ledger_entry(4, "0", 4)
     assert store.latest_complete() == 4
     restored = store.load(4)
     other, other_opt = _model_opt(1)
     other.load_state_dict(restored.model_state)
     other_opt.load_state_dict(restored.optimizer_state)
-    assert (restored.step, restored.ledger_json) == (4, '{"positions": {"0": 4}}')
+    assert (restored.step, restored.ledger_json, restored.user_states) == (4, '{"positions": {"0": 4}}', user)
     assert state_digest(other, other_opt) == state_digest(model, opt)
     assert store.ledger_entries(4) == {"0": 4}
 
 
-@pytest.mark.parametrize("crash_at", ["before_rename", "before_checksum"])
-def test_crash_during_write_leaves_previous_checkpoint_loadable(tmp_path, crash_at):
+@pytest.mark.parametrize("crash_before", [1, 2])  # the state file's rename, its checksum's
+def test_crash_during_write_leaves_previous_checkpoint_loadable(tmp_path, crash_before):
     store = CheckpointStore(tmp_path)
     model, opt = _model_opt(0)
     store.save_state(2, "{}", model, opt)
-    store.crash_at = crash_at
     with pytest.raises(SimulatedCrash):
-        store.save_state(4, "{}", model, opt)
+        CrashingStore(tmp_path, crash_before).save_state(4, "{}", model, opt)
     assert store.latest_complete() == 2
     assert store.load(2).step == 2
     with pytest.raises(CheckpointError, match="incomplete"):
@@ -60,14 +60,10 @@ def test_corrupted_file_is_not_complete(tmp_path):
     assert store.latest_complete() is None
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root ignores directory permissions")
-def test_unwritable_directory_gives_clear_error(tmp_path):
-    ro = tmp_path / "ro"
-    ro.mkdir()
-    ro.chmod(0o500)
-    model, opt = _model_opt(0)
-    with pytest.raises(CheckpointError, match="cannot write checkpoint of step 3"):
-        CheckpointStore(ro).save_state(3, "{}", model, opt)
+def test_unwritable_directory_gives_clear_error():
+    model, opt = _model_opt(0)  # nobody, root included, creates folders in /proc
+    with pytest.raises(CheckpointError, match="cannot write checkpoint of step 3 to /proc/fthsdp-ckpt"):
+        CheckpointStore("/proc/fthsdp-ckpt").save_state(3, "{}", model, opt)
 
 
 def test_directory_blocked_by_a_file_gives_clear_error(tmp_path):

@@ -1,94 +1,135 @@
-"""Catch-up transfers over real loopback HTTP: bitwise copies, damage detected, holds bounded."""
+"""Catch-up transfers over real loopback HTTP: bitwise copies of the whole training state,
+damage detected (through a damaging proxy), holds bounded, strangers' requests bounded."""
 
 from __future__ import annotations
 
+import http.client
 import threading
 
 import pytest
 import torch
 
-from fthsdp.state_fetch import fetch_state
-from fthsdp.state_server import StateServer
-from fthsdp.state_stream import StateTarget, TransferError, build_manifest, live_entries, state_digest
+from fthsdp.errors import TransferError
+from fthsdp.state.digest import state_digest
+from fthsdp.state.fetch import fetch_state
+from fthsdp.state.registry import MAX_PAYLOAD_BYTES, StateRegistry
+from fthsdp.state.serve import StateServer
+from fthsdp.state.stream import StateTarget, build_manifest, live_entries
+from tests.runtime.faults import DamagingProxy
 
 
-def _trained(seed: int) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+def _trained(seed: int, steps: int = 2):
     torch.manual_seed(seed)
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2))
     opt = torch.optim.AdamW(model.parameters(), lr=0.01)
-    for _ in range(2):
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+    registry = StateRegistry()
+    registry.register("sched", sched)
+    for _ in range(steps):
         opt.zero_grad()
         model(torch.randn(4, 8)).sum().backward()
         opt.step()
-    return model, opt
+        sched.step()
+    return model, opt, registry
 
 
 @pytest.fixture
 def source():
-    model, opt = _trained(0)
+    model, opt, registry = _trained(0)
 
     def snapshot():
         entries, scalars = live_entries(model, opt)
-        return build_manifest(5, '{"positions": {"a": 3}}', entries, scalars), [t for _, t in entries]
+        entries += registry.entries()
+        groups = opt.state_dict()["param_groups"]
+        return build_manifest(5, '{"positions": {"a": 3}}', entries, scalars, groups), [t for _, t in entries]
 
     server = StateServer("127.0.0.1", 0, snapshot, label="test").start()
-    server.release(5)
-    yield model, opt, server
+    server.serve(5)
+    yield model, opt, registry, server
     server.close()
 
 
-def _fresh() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
-    torch.manual_seed(99)
-    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2))
-    return model, torch.optim.AdamW(model.parameters(), lr=0.01)
+def _fetch(address: str, step: int = 5, attempts: int = 1):
+    model, opt, registry = _trained(99, steps=0)
+    fetched = fetch_state(address, step, "b", lambda: StateTarget(model, opt, registry.names, MAX_PAYLOAD_BYTES),
+                          5.0, attempts)
+    opt.load_state_dict(fetched.optimizer_state)
+    registry.load_state_dicts(registry.decode(fetched.user_payloads), "the source")
+    return model, opt, registry, fetched
 
 
-def test_fetch_copies_model_optimizer_and_ledger_bitwise(source):
-    model, opt, server = source
-    dst_model, dst_opt = _fresh()
-    manifest = fetch_state(server.address, 5, "b", lambda: StateTarget(dst_model, dst_opt), 5.0, 1)
-    assert manifest.ledger_json == '{"positions": {"a": 3}}'
-    assert state_digest(dst_model, dst_opt) == state_digest(model, opt)
+def test_fetch_copies_model_optimizer_schedule_and_ledger_bitwise(source):
+    model, opt, registry, server = source
+    dst_model, dst_opt, dst_registry, fetched = _fetch(server.address)
+    assert fetched.manifest.ledger_json == '{"positions": {"a": 3}}'
+    assert dst_opt.param_groups[0]["lr"] == opt.param_groups[0]["lr"] == 0.0025  # the schedule's lr travelled
+    assert dst_registry.state_dicts()["sched"]["last_epoch"] == 2
+    assert state_digest(dst_model, dst_opt, "", 5, dst_registry.state_dicts()) == \
+        state_digest(model, opt, "", 5, registry.state_dicts())
 
 
-@pytest.mark.parametrize("damage", ["corrupt", "truncate"])
-def test_damaged_transfer_is_detected_and_fetched_again(source, damage):
-    model, opt, server = source
-    server.fail_next(damage)
-    dst_model, dst_opt = _fresh()
-    fetch_state(server.address, 5, "b", lambda: StateTarget(dst_model, dst_opt), 5.0, 2)
-    assert server.fetches_accepted == 2
-    assert state_digest(dst_model, dst_opt) == state_digest(model, opt)
+@pytest.mark.parametrize("damage, match", [("corrupt", "checksum"), ("truncate", "ended after|failed")])
+def test_damage_is_detected_and_fetched_again(source, damage, match):
+    model, opt, registry, server = source
+    proxy = DamagingProxy(server.address, damage)
+    try:
+        with pytest.raises(TransferError, match=match):
+            _fetch(proxy.address, attempts=1)
+        dst_model, dst_opt, dst_registry, _ = _fetch(proxy.address, attempts=1)  # the next transfer is clean
+        assert state_digest(dst_model, dst_opt, "", 5, dst_registry.state_dicts()) == \
+            state_digest(model, opt, "", 5, registry.state_dicts())
+    finally:
+        proxy.close()
 
 
-def test_damage_on_every_attempt_raises_transfer_error(source):
-    _, _, server = source
-    server.fail_next("corrupt")
-    dst_model, dst_opt = _fresh()
-    with pytest.raises(TransferError, match="checksum"):
-        fetch_state(server.address, 5, "b", lambda: StateTarget(dst_model, dst_opt), 5.0, 1)
+def test_retries_within_one_fetch_get_past_a_damaged_transfer(source):
+    _, _, _, server = source
+    proxy = DamagingProxy(server.address, "corrupt")
+    try:
+        _fetch(proxy.address, attempts=2)
+        assert server.fetches_accepted == 2
+    finally:
+        proxy.close()
 
 
 def test_wrong_step_is_refused(source):
-    _, _, server = source
-    dst_model, dst_opt = _fresh()
+    _, _, _, server = source
     with pytest.raises(TransferError, match="refused step 6"):
-        fetch_state(server.address, 6, "b", lambda: StateTarget(dst_model, dst_opt), 5.0, 1)
+        _fetch(server.address, step=6)
 
 
-def test_hold_waits_for_the_expected_fetcher_then_stops_serving(source):
-    _, _, server = source
-    dst_model, dst_opt = _fresh()
+def test_a_fetcher_whose_registry_differs_is_refused(source):
+    _, _, _, server = source
+    model, opt, _ = _trained(99, steps=0)
+    with pytest.raises(TransferError, match="user/sched is not registered here"):
+        fetch_state(server.address, 5, "b", lambda: StateTarget(model, opt, frozenset(), MAX_PAYLOAD_BYTES), 5.0, 1)
+
+
+def test_stop_waits_for_the_expected_fetcher_then_refuses(source):
+    _, _, _, server = source
     missing: list[set[str]] = []
-    holder = threading.Thread(target=lambda: missing.append(server.hold_for_fetchers(5, {"b"}, 10.0)))
+    holder = threading.Thread(target=lambda: missing.append(server.stop(("b",), 10.0)))
     holder.start()
-    fetch_state(server.address, 5, "b", lambda: StateTarget(dst_model, dst_opt), 5.0, 1)
+    _fetch(server.address)
     holder.join(10.0)
     assert missing == [set()]
     with pytest.raises(TransferError, match="refused"):
-        fetch_state(server.address, 5, "c", lambda: StateTarget(dst_model, dst_opt), 5.0, 1)
+        _fetch(server.address)
 
 
-def test_hold_gives_up_on_a_fetcher_that_never_comes(source):
-    _, _, server = source
-    assert server.hold_for_fetchers(5, {"ghost"}, 0.05) == {"ghost"}
+def test_stop_gives_up_on_a_fetcher_that_never_comes(source):
+    _, _, _, server = source
+    assert server.stop(("ghost",), 0.05) == {"ghost"}
+
+
+def test_acknowledgements_from_strangers_are_bounded(source):
+    _, _, _, server = source
+    host, _, port = server.address.rpartition(":")
+    statuses = []
+    for url in ("/ack?step=4&replica=b", f"/ack?step=5&replica={'x' * 200}", "/ack?step=5", "/nope"):
+        conn = http.client.HTTPConnection(host, int(port), timeout=5)
+        conn.request("POST", url)
+        statuses.append(conn.getresponse().status)
+        conn.close()
+    assert statuses == [409, 409, 400, 400]
+    assert server._acks == {}

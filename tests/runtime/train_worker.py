@@ -17,7 +17,8 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from fthsdp import FaultTolerantOptimizer, Manager, RuntimeSettings, ddp_comm_hook, state_digest
+from fthsdp import FaultTolerantOptimizer, Manager, RuntimeSettings, Seams, ddp_comm_hook, state_digest
+from tests.runtime.faults import FailingSync, KillWhenAllreduceStarts
 
 BATCH_ROWS = 8
 
@@ -37,18 +38,19 @@ def main(cfg: dict) -> int:
         record.write(json.dumps({"t": time.time(), "replica": cfg["replica_id"], "rank": cfg["rank"],
                                  "incarnation": cfg["incarnation"], **fields}) + "\n")
 
-    faults = cfg.get("faults", [])
+    # Faults apply to this process's first incarnation only; they wrap real parts (tests/runtime/faults.py).
+    faults = [f for f in cfg.get("faults", []) if f["replica"] == cfg["replica_id"] and cfg["incarnation"] == 0
+              and f.get("rank", 0) == cfg["rank"]]
+    kill_at = {f["step"] for f in faults if f["kind"] == "kill"}
+    abort_at = {f["step"] for f in faults if f["kind"] == "abort"}
 
-    def fault_hook(point: str, plan) -> str | None:
-        for f in faults:
-            if f["replica"] != cfg["replica_id"] or f["step"] != plan.step or cfg["incarnation"] != 0:
-                continue
-            if f["kind"] == "kill" and point == "allreduce_started" and cfg["rank"] == f.get("rank", 0):
-                write(event="killed", step=plan.step)
-                os._exit(137)
-            if f["kind"] == "abort" and point == "before_vote" and cfg["rank"] == f.get("rank", 0):
-                return "injected abort"
-        return None
+    def killing_now() -> bool:
+        return manager.plan is not None and manager.plan.step in kill_at
+
+    seams = Seams(
+        endpoint=lambda ep: KillWhenAllreduceStarts(ep, killing_now,
+                                                    lambda: write(event="killed", step=manager.plan.step)),
+        sync=lambda sync: FailingSync(sync, lambda plan: "injected abort" if plan and plan.step in abort_at else None))
 
     world = cfg["world_size"]
     group = None
@@ -61,18 +63,18 @@ def main(cfg: dict) -> int:
     opt = torch.optim.AdamW(model.parameters(), lr=0.01)
     settings = RuntimeSettings.from_env(
         job_id="t", replica_id=cfg["replica_id"], rank=cfg["rank"], world_size=world,
-        controller_address=cfg["controller"], leader_address=cfg["leader_address"], max_retries=4,
-        lr_policy=cfg.get("lr_policy", "quorum"), quorum_timeout_s=30.0, allreduce_timeout_s=10.0,
-        vote_timeout_s=15.0, fetch_timeout_s=10.0, fetch_hold_timeout_s=5.0, heartbeat_interval_s=0.5,
+        controller_address=cfg["controller"], coordinator_address=cfg["coordinator_address"], max_retries=4,
+        apply_lr_scale=cfg.get("apply_lr_scale", True), quorum_timeout_s=30.0, allreduce_timeout_s=10.0,
+        gather_timeout_s=15.0, fetch_timeout_s=10.0, fetch_hold_timeout_s=5.0, heartbeat_interval_s=0.5,
         checkpoint_dir=cfg.get("checkpoint_dir", ""), checkpoint_every_steps=cfg.get("checkpoint_every", 0),
-        ftar_chunk_bytes=64 << 10)
+        digest_every_steps=cfg.get("digest_every", 100), ftar_chunk_bytes=64 << 10)
     def pre_init() -> None:
         write(event="pre_init")
         print("ready", flush=True)  # the cluster answers "go" once every first-incarnation worker is ready
         if sys.stdin.readline().strip() != "go":
             raise SystemExit("no go from the cluster")
 
-    manager = Manager(model, opt, settings, process_group=group, pre_init=pre_init, fault_hook=fault_hook)
+    manager = Manager(model, opt, settings, process_group=group, pre_init=pre_init, seams=seams)
     manager.start()
     write(event="started", step=manager.step)
     forward = model
@@ -95,7 +97,7 @@ def main(cfg: dict) -> int:
         write(event="commit" if committed else "retry", step=out.step, quorum_id=out.quorum_id,
               behind=out.behind, included=list(out.included), positions_before=out.positions_before,
               trained_position=position, lr=opt.param_groups[0]["lr"], lr_scale=out.lr_scale,
-              reason=out.reason, wait_s=out.wait_s, ckpt_error=manager.last_checkpoint_error,
+              reason=out.reason, ckpt_error=manager.last_checkpoint_error,
               digest=state_digest(model, opt, manager.ledger.to_json(), manager.step))
     write(event="done", step=manager.step)
     manager.close()

@@ -1,4 +1,4 @@
-"""The byte layout of a replica's live state, for catch-up transfers (no sockets here).
+"""The byte layout of a rank's live state, for catch-up transfers (no sockets here).
 
 A transfer body is:
     8-byte big-endian manifest length | manifest JSON | every tensor's raw bytes in
@@ -7,15 +7,17 @@ The checksum is CRC-32 over the header and manifest, continued over a digest of 
 8 MiB piece of every tensor: the piece's length and two 64-bit sums of its 8-byte words,
 plain and position-weighted (Fletcher-style; numpy computes them at memory speed, several
 times faster than CRC-32, and they catch flipped, dropped, swapped or shifted words).
-The manifest names each tensor (`model/<key>` or `optim/<param index>/<key>`) with its
-dtype, shape and byte count, and carries the small non-tensor state: the step, the
-data ledger, and the optimizer's non-tensor per-parameter values. Tensors are read
-from and written into CPU memory in place, so the state is never held twice.
+The manifest names each tensor (`model/<key>`, `optim/<param index>/<key>`, or
+`user/<name>`: a registered object's serialized state, see fthsdp/state/registry.py) with
+its dtype, shape and byte count, and carries the small non-tensor state: the step, the
+data ledger, and the optimizer's non-tensor per-parameter values. Model tensors are
+written into CPU memory in place, so the state is never held twice; every entry a peer
+announces is checked against this rank's own model, optimizer and registry before any
+memory is allocated for it.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import struct
 import zlib
@@ -26,14 +28,17 @@ from typing import Any
 import numpy as np
 import torch
 
+from fthsdp.errors import TransferError
+
 PIECE_BYTES = 8 << 20
 HEADER = struct.Struct(">Q")
 TRAILER = struct.Struct(">I")
 MAX_MANIFEST_BYTES = 256 << 20
+MAX_ENTRIES = 1 << 20
+MAX_NAME_CHARS = 512
+MAX_OPTIMIZER_KEYS = 16  # per parameter (Adam keeps 3)
 
-
-class TransferError(Exception):
-    """A state transfer was cut short, malformed or failed its checksum: fetch again."""
+__all__ = ["TransferError"]  # re-exported: fetch and serve raise it
 
 
 _WEIGHTS: np.ndarray | None = None
@@ -118,22 +123,36 @@ class Manifest:
     ledger_json: str
     optim_scalars: dict[str, dict[str, Any]]
     entries: tuple[Entry, ...]
+    optim_groups: tuple[dict[str, Any], ...] = ()  # the optimizer's param_groups (learning rates...)
 
     def to_bytes(self) -> bytes:
         body = json.dumps({
             "step": self.step, "ledger": self.ledger_json, "optim_scalars": self.optim_scalars,
+            "optim_groups": list(self.optim_groups),
             "entries": [[e.name, e.dtype, list(e.shape), e.nbytes] for e in self.entries],
         }).encode()
         return HEADER.pack(len(body)) + body
 
     @classmethod
     def from_json(cls, body: bytes) -> "Manifest":
+        """Parse a peer's manifest; TransferError names what is malformed."""
         try:
             raw = json.loads(body)
             entries = tuple(Entry(n, d, tuple(s), b) for n, d, s, b in raw["entries"])
-            return cls(int(raw["step"]), str(raw["ledger"]), dict(raw["optim_scalars"]), entries)
+            manifest = cls(raw["step"], raw["ledger"], raw["optim_scalars"], entries, tuple(raw["optim_groups"]))
         except (ValueError, KeyError, TypeError) as exc:
-            raise TransferError(f"malformed state manifest: {exc}") from exc
+            raise TransferError(f"malformed state manifest: {exc!r}") from None
+        if type(manifest.step) is not int or manifest.step < 0 or not isinstance(manifest.ledger_json, str):
+            raise TransferError(f"state manifest step {manifest.step!r} or its ledger is malformed")
+        if (not isinstance(manifest.optim_scalars, dict) or len(entries) > MAX_ENTRIES
+                or not all(isinstance(g, dict) for g in manifest.optim_groups)):
+            raise TransferError(f"state manifest with {len(entries)} entries is malformed or too large")
+        for e in entries:
+            if not (isinstance(e.name, str) and 0 < len(e.name) <= MAX_NAME_CHARS and isinstance(e.dtype, str)
+                    and all(type(d) is int and d >= 0 for d in e.shape) and type(e.nbytes) is int
+                    and e.nbytes >= 0):
+                raise TransferError(f"malformed state entry {str(e)[:200]}")
+        return manifest
 
     @property
     def total_bytes(self) -> int:
@@ -168,20 +187,36 @@ def live_entries(model: torch.nn.Module, optimizer: torch.optim.Optimizer
 
 
 def build_manifest(step: int, ledger_json: str, entries: list[tuple[str, torch.Tensor]],
-                   optim_scalars: dict[str, dict[str, Any]]) -> Manifest:
+                   optim_scalars: dict[str, dict[str, Any]],
+                   optim_groups: list[dict[str, Any]] | tuple[dict[str, Any], ...] = ()) -> Manifest:
     return Manifest(step, ledger_json, optim_scalars, tuple(
-        Entry(name, _dtype_name(t), tuple(t.shape), t.numel() * t.element_size()) for name, t in entries))
+        Entry(name, _dtype_name(t), tuple(t.shape), t.numel() * t.element_size()) for name, t in entries),
+        tuple(optim_groups))
+
+
+@dataclass
+class Fetched:
+    """A verified transfer, staged: model tensors are already in place; the optimizer and
+    registered state are loaded by the Manager on the training thread when the protocol
+    says so (AdoptFetched)."""
+    manifest: Manifest
+    optimizer_state: dict[str, Any]       # what optimizer.load_state_dict takes
+    user_payloads: dict[str, bytes]
 
 
 class StateTarget:
-    """Where a fetched state lands: model tensors in place, optimizer state freshly allocated
-    (the old one is dropped when loaded, so memory is not doubled)."""
+    """Where a fetched state lands: model tensors in place, optimizer and registered state
+    freshly allocated (and loaded later)."""
 
-    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, user_names: frozenset[str] = frozenset(),
+                 max_user_bytes: int = 64 << 20) -> None:
         self._model_tensors = {f"model/{k}": v for k, v in model.state_dict().items()
                                if isinstance(v, torch.Tensor)}
-        self._optimizer = optimizer
+        self._param_shapes = [tuple(p.shape) for g in optimizer.param_groups for p in g["params"]]
+        self._group_params = [g["params"] for g in optimizer.state_dict()["param_groups"]]
+        self._user_names, self._max_user_bytes = user_names, max_user_bytes
         self._optim_state: dict[int, dict[str, Any]] = {}
+        self._user: dict[str, torch.Tensor] = {}
 
     def destination(self, entry: Entry) -> torch.Tensor:
         dtype = getattr(torch, entry.dtype, None)
@@ -193,29 +228,44 @@ class StateTarget:
                 raise TransferError(f"state entry {entry.name} {entry.dtype}{list(entry.shape)} does not "
                                     f"match the local model")
             return t
-        parts = entry.name.split("/")
-        if len(parts) != 3 or parts[0] != "optim" or not parts[1].isdigit():
+        kind, _, rest = entry.name.partition("/")
+        if kind == "user":
+            if rest not in self._user_names or dtype != torch.uint8 or len(entry.shape) != 1:
+                raise TransferError(f"state entry {entry.name} is not registered here (registered: "
+                                    f"{sorted(self._user_names)})")
+            if entry.nbytes > self._max_user_bytes:
+                raise TransferError(f"state entry {entry.name} has {entry.nbytes} bytes, more than "
+                                    f"{self._max_user_bytes}")
+            return self._sized(entry, self._user.setdefault(rest, torch.empty(entry.shape, dtype=torch.uint8)))
+        index, _, key = rest.partition("/")
+        if kind != "optim" or not index.isdigit() or not key or int(index) >= len(self._param_shapes):
             raise TransferError(f"unexpected state entry {entry.name!r}")
-        t = torch.empty(entry.shape, dtype=dtype)
+        per_param = self._optim_state.setdefault(int(index), {})
+        shape = self._param_shapes[int(index)]
+        if entry.shape not in (shape, ()) or len(per_param) >= MAX_OPTIMIZER_KEYS:
+            raise TransferError(f"optimizer entry {entry.name} {list(entry.shape)} fits parameter {index} of "
+                                f"shape {list(shape)} neither as a tensor of its shape nor as a scalar")
+        per_param[key] = torch.empty(entry.shape, dtype=dtype)
+        return self._sized(entry, per_param[key])
+
+    @staticmethod
+    def _sized(entry: Entry, t: torch.Tensor) -> torch.Tensor:
         if t.numel() * t.element_size() != entry.nbytes:
-            raise TransferError(f"state entry {entry.name} claims {entry.nbytes} bytes for shape {entry.shape}")
-        self._optim_state.setdefault(int(parts[1]), {})[parts[2]] = t
+            raise TransferError(f"state entry {entry.name} claims {entry.nbytes} bytes for shape {list(entry.shape)}")
         return t
 
-    def finish(self, manifest: Manifest) -> None:
+    def finish(self, manifest: Manifest) -> Fetched:
+        if set(self._user) != self._user_names:
+            raise TransferError(f"the source sent registered state {sorted(self._user)}; this rank registered "
+                                f"{sorted(self._user_names)}")
+        optim = {idx: dict(values) for idx, values in self._optim_state.items()}
         for idx, values in manifest.optim_scalars.items():
-            self._optim_state.setdefault(int(idx), {}).update(values)
-        groups = self._optimizer.state_dict()["param_groups"]
-        self._optimizer.load_state_dict({"state": self._optim_state, "param_groups": groups})
-
-
-def state_digest(model: torch.nn.Module, optimizer: torch.optim.Optimizer, ledger_json: str = "",
-                 step: int = -1) -> str:
-    """A hash of parameters, buffers, optimizer state, ledger and step (for consistency checks)."""
-    h = hashlib.sha256(f"{step}|{ledger_json}|".encode())
-    entries, scalars = live_entries(model, optimizer)
-    for name, t in entries:
-        h.update(name.encode())
-        h.update(tensor_bytes(t.contiguous()))
-    h.update(json.dumps(scalars, sort_keys=True, default=str).encode())
-    return h.hexdigest()
+            if not str(idx).isdigit() or int(idx) >= len(self._param_shapes) or not isinstance(values, dict):
+                raise TransferError(f"optimizer scalars for parameter {idx!r} do not fit this optimizer")
+            optim.setdefault(int(idx), {}).update(values)
+        groups = [dict(g) for g in manifest.optim_groups]
+        if [g.get("params") for g in groups] != self._group_params:
+            raise TransferError(f"the source's optimizer has parameter groups {[g.get('params') for g in groups]!r:.200}, "
+                                f"this rank's {self._group_params!r:.200}")
+        return Fetched(manifest, {"state": optim, "param_groups": groups},
+                       {name: t.numpy().tobytes() for name, t in self._user.items()})

@@ -4,21 +4,22 @@ HSDP-style: the replica's ranks sum their gradients (Gloo all-reduce) and averag
 them; rank k all-reduces shard k of that average over FTAR with rank k of every other
 participating replica; the sum is divided by the number of contributing (healthy)
 replicas; the ranks all-gather the shards. A behind replica contributes zeros.
-Every rank runs the same Gloo calls whatever happened to its FTAR part, so a failure
-never desynchronises the replica: it only turns that rank's vote into "no".
+Every rank runs the same Gloo calls whatever happened to its FTAR part -- even without a
+plan (`plan=None`: the quorum answer did not fit this rank) -- so a failure never
+desynchronises the replica: it only turns that rank's vote into "no".
 """
 
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Callable, Iterable
+from typing import Iterable
 
 import torch
 import torch.distributed as dist
 
 from ftar_kernels import FatalError, FtarEndpoint, RecoverableError
-from fthsdp.step_plan import RankPlan
+from fthsdp.step.plan import RankPlan
 
 log = logging.getLogger(__name__)
 
@@ -33,13 +34,11 @@ class GradientSync:
     """One rank's reducer. `configure` follows quorum changes; `reduce_` works in place."""
 
     def __init__(self, endpoint: FtarEndpoint, rank: int, world_size: int, timeout_s: float,
-                 process_group: dist.ProcessGroup | None = None,
-                 on_allreduce_started: Callable[[RankPlan], None] | None = None) -> None:
+                 process_group: dist.ProcessGroup | None = None) -> None:
         self.endpoint, self.rank, self.world_size, self.timeout_s = endpoint, rank, world_size, timeout_s
         self.process_group = process_group
         self._generation: int | None = None
         self._broken = ""
-        self._on_started = on_allreduce_started
 
     def configure(self, plan: RankPlan) -> None:
         """(Re)build the FTAR ring when the quorum changed or the last one broke."""
@@ -55,9 +54,9 @@ class GradientSync:
     def mark_broken(self, reason: str) -> None:
         self._broken = reason
 
-    def reduce_(self, flat: torch.Tensor, plan: RankPlan) -> SyncResult:
+    def reduce_(self, flat: torch.Tensor, plan: RankPlan | None) -> SyncResult:
         """Average `flat` (this rank's gradient, 1-D float) across the step's contributors, in place."""
-        if plan.behind:
+        if plan is None or plan.behind:
             flat.zero_()
         elif self.world_size > 1:
             dist.all_reduce(flat, group=self.process_group)
@@ -75,14 +74,13 @@ class GradientSync:
             flat.copy_(work[:flat.numel()])
         return result
 
-    def _cross_replica_(self, shard: torch.Tensor, plan: RankPlan) -> SyncResult:
+    def _cross_replica_(self, shard: torch.Tensor, plan: RankPlan | None) -> SyncResult:
+        if plan is None:
+            return SyncResult(False, "no plan for this step")
         if self._broken:
             return SyncResult(False, self._broken)
         try:
-            handle = self.endpoint.allreduce(shard)
-            if self._on_started is not None:
-                self._on_started(plan)
-            handle.wait(self.timeout_s)
+            self.endpoint.allreduce(shard).wait(self.timeout_s)
         except RecoverableError as exc:
             self._broken = f"FTAR all-reduce of step {plan.step} failed: {exc}"
             return SyncResult(False, self._broken)

@@ -1,13 +1,14 @@
 """Serves this rank's live state over HTTP from CPU memory, for behind replicas.
 
-GET  /state?step=N&replica=R  streams the state (layout in state_stream) if this rank
-                              is at step N and not changing it; 409 otherwise.
+GET  /state?step=N&replica=R  streams the state (layout in fthsdp/state/stream.py) while
+                              this rank serves step N; 409 otherwise.
 POST /ack?step=N&replica=R    a fetcher verified its copy of step N.
-The source must not change state while it is read: before its optimizer step the
-manager calls `hold_for_fetchers`, which waits (bounded) until every replica the
-quorum assigned to this rank acknowledged its fetch, then blocks new fetches and
-cuts off any still running (the fetcher sees a short stream and fails its step).
-`release(step)` reopens the server at the new step.
+
+Two calls drive it, each the execution of one protocol effect (fthsdp/step/protocol.py):
+`serve(step)` -- the state now is the state at the start of `step`, and stays so until
+`stop` -- and `stop(wait_for, timeout_s)`, called before the state changes: it waits
+(bounded) until every replica in `wait_for` acknowledged its copy, then refuses new
+fetches and cuts off any still running (that fetcher sees a short stream and votes no).
 """
 
 from __future__ import annotations
@@ -22,9 +23,12 @@ from urllib.parse import parse_qs, urlparse
 
 import torch
 
-from fthsdp.state_stream import PIECE_BYTES, TRAILER, Manifest, PipelinedChecksum, tensor_bytes
+from fthsdp.state.stream import PIECE_BYTES, TRAILER, Manifest, PipelinedChecksum, tensor_bytes
 
 log = logging.getLogger(__name__)
+
+MAX_REPLICA_CHARS = 128
+MAX_ACKS = 4096
 
 # What the server serves: a manifest and the live tensors in manifest order.
 Snapshot = tuple[Manifest, list[torch.Tensor]]
@@ -40,7 +44,6 @@ class StateServer:
         self._active = 0
         self._cut_off = False
         self._acks: dict[int, set[str]] = {}
-        self._fail_next: list[str] = []
         #: fetch requests accepted (counted on acceptance, so a client that has its answer
         #: always sees its own request counted)
         self.fetches_accepted = 0
@@ -66,27 +69,23 @@ class StateServer:
         self._httpd.shutdown()
         self._httpd.server_close()
 
-    def release(self, step: int) -> None:
-        """The state now is the state at the start of `step`; serve it."""
+    def serve(self, step: int) -> None:
+        """The state now is the state at the start of `step` and does not change until `stop`."""
         with self._cond:
+            if self._open and self._step == step:
+                return
             self._step, self._open, self._cut_off = step, True, False
             self._acks = {s: r for s, r in self._acks.items() if s >= step}
             self._cond.notify_all()
 
-    def fail_next(self, kind: str) -> None:
-        """Test seam: damage the next transfer ("corrupt" flips a byte, "truncate" cuts it)."""
-        if kind not in ("corrupt", "truncate"):
-            raise ValueError(f"fail_next kind must be 'corrupt' or 'truncate', got {kind!r}")
-        with self._cond:
-            self._fail_next.append(kind)
-
-    def hold_for_fetchers(self, step: int, expected: set[str], timeout_s: float) -> set[str]:
-        """Wait until every replica in `expected` acknowledged step `step` (at most timeout_s),
-        then stop serving. Returns the replicas that did not acknowledge in time."""
+    def stop(self, wait_for: tuple[str, ...] = (), timeout_s: float = 0.0) -> set[str]:
+        """Wait until every replica in `wait_for` acknowledged the step served (at most
+        timeout_s), then stop serving. Returns the replicas that did not acknowledge in time."""
         deadline = time.monotonic() + timeout_s
         with self._cond:
+            step = self._step
             while True:
-                missing = expected - self._acks.get(step, set())
+                missing = set(wait_for) - self._acks.get(step, set())
                 left = deadline - time.monotonic()
                 if not missing or left <= 0:
                     break
@@ -115,17 +114,18 @@ class StateServer:
             self._active -= 1
             self._cond.notify_all()
 
-    def _ack(self, step: int, replica: str) -> None:
+    def _ack(self, step: int, replica: str) -> bool:
+        """Record one acknowledgement of the step served now (bounded: it may come from anyone)."""
         with self._cond:
+            if step != self._step or len(replica) > MAX_REPLICA_CHARS or len(self._acks.get(step, ())) >= MAX_ACKS:
+                return False
             self._acks.setdefault(step, set()).add(replica)
             self._cond.notify_all()
+            return True
 
     def _stream(self, snapshot: Snapshot, write: Callable[[bytes | memoryview], object]) -> None:
-        with self._cond:
-            fault = self._fail_next.pop(0) if self._fail_next else ""
         manifest, tensors = snapshot
         head = manifest.to_bytes()
-        sent = 0
         with PipelinedChecksum() as checksum:
             checksum.update_bytes(head)
             write(head)
@@ -136,14 +136,7 @@ class StateServer:
                         raise ConnectionAbortedError("state changed while it was being read")
                     piece = view[off:off + PIECE_BYTES]
                     checksum.update_piece(piece)
-                    if fault == "truncate" and sent > 0:
-                        raise ConnectionAbortedError("injected truncation")
-                    if fault == "corrupt":
-                        damaged = bytearray(piece)
-                        damaged[0] ^= 0xFF
-                        piece, fault = memoryview(damaged), ""
                     write(piece)
-                    sent += len(piece)
             write(TRAILER.pack(checksum.value()))
 
 
@@ -180,7 +173,8 @@ class _Handler(BaseHTTPRequestHandler):
         path, step, replica = self._query()
         if path != "/ack" or step < 0 or not replica:
             return self._reply(HTTPStatus.BAD_REQUEST, "expected /ack?step=N&replica=R")
-        self.server.owner._ack(step, replica)
+        if not self.server.owner._ack(step, replica):
+            return self._reply(HTTPStatus.CONFLICT, f"not serving step {step} now")
         self._reply(HTTPStatus.OK, "ok")
 
     def do_GET(self) -> None:  # noqa: N802 - stdlib naming

@@ -1,13 +1,15 @@
 """Durable checkpoints in a directory: atomic, checksummed, resumable.
 
 Layout, one folder per committed step:
-    <dir>/step-0000000042/model_optim.pt         model + optimizer + step + ledger (one replica)
+    <dir>/step-0000000042/model_optim.pt         model + optimizer + registered state + step + ledger
+                                                 (one replica writes it)
     <dir>/step-0000000042/model_optim.pt.sha256  its SHA-256, written after it
     <dir>/step-0000000042/ledger.<replica>.json  each replica's own ledger entry (with its hash)
 Every file is written to a temporary name, flushed to disk and renamed, so a crash
 leaves either the old file or the new one. A step folder is complete when
 model_optim.pt exists and matches its .sha256; `latest_complete` skips the others.
-Inside a replica the model is replicated on every rank, so one rank writes it.
+Inside a replica the model is replicated on every rank, so one rank writes it. Loading
+uses `torch.load(weights_only=True)`: a checkpoint file cannot run code.
 """
 
 from __future__ import annotations
@@ -18,20 +20,14 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
+from fthsdp.errors import CheckpointError
+
 STATE_FILE = "model_optim.pt"
 STEP_DIR = re.compile(r"^step-(\d{10})$")
-
-
-class CheckpointError(Exception):
-    """A checkpoint could not be written or read; the message says where and why."""
-
-
-class SimulatedCrash(Exception):
-    """Test seam: raised where `CheckpointStore.crash_at` says, as if the process died there."""
 
 
 @dataclass(frozen=True)
@@ -40,6 +36,7 @@ class Restored:
     ledger_json: str
     model_state: dict[str, Any]
     optimizer_state: dict[str, Any]
+    user_states: dict[str, Any]
     path: Path
 
 
@@ -62,40 +59,38 @@ def _fsync_dir(path: Path) -> None:
 class CheckpointStore:
     def __init__(self, directory: str | os.PathLike[str]) -> None:
         self.directory = Path(directory)
-        self.crash_at = ""  # test seam: "before_rename" | "before_checksum"
 
     def step_dir(self, step: int) -> Path:
         return self.directory / f"step-{step:010d}"
 
-    def _atomic_write(self, final: Path, write: Any) -> None:
+    def _publish(self, tmp: Path, final: Path) -> None:
+        """Make a fully written and flushed temporary file visible under its final name."""
+        os.replace(tmp, final)
+        _fsync_dir(final.parent)
+
+    def _atomic_write(self, final: Path, write: Callable[[Any], object]) -> None:
         tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}")
         try:
             with open(tmp, "wb") as f:
                 write(f)
                 f.flush()
                 os.fsync(f.fileno())
-            if self.crash_at == "before_rename":
-                raise SimulatedCrash(f"simulated crash before renaming {tmp}")
-            os.replace(tmp, final)
-            _fsync_dir(final.parent)
-        except SimulatedCrash:
-            raise
+            self._publish(tmp, final)
         except BaseException:
             tmp.unlink(missing_ok=True)
             raise
 
-    def save_state(self, step: int, ledger_json: str, model: torch.nn.Module,
-                   optimizer: torch.optim.Optimizer) -> Path:
-        """Write model + optimizer as of the start of `step` (after committing step - 1)."""
+    def save_state(self, step: int, ledger_json: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                   user_states: dict[str, Any] | None = None) -> Path:
+        """Write model + optimizer + registered state as of the start of `step` (after
+        committing step - 1)."""
         folder = self.step_dir(step)
         try:
             folder.mkdir(parents=True, exist_ok=True)
             path = folder / STATE_FILE
             payload = {"step": step, "ledger": ledger_json, "model": model.state_dict(),
-                       "optimizer": optimizer.state_dict()}
+                       "optimizer": optimizer.state_dict(), "user": dict(user_states or {})}
             self._atomic_write(path, lambda f: torch.save(payload, f))
-            if self.crash_at == "before_checksum":
-                raise SimulatedCrash(f"simulated crash before writing the checksum of {path}")
             digest = _sha256_of(path)
             self._atomic_write(folder / (STATE_FILE + ".sha256"), lambda f: f.write(digest.encode()))
             return path
@@ -138,8 +133,12 @@ class CheckpointStore:
         if not self.is_complete(step):
             raise CheckpointError(f"checkpoint {self.step_dir(step)} is incomplete or fails its checksum")
         path = self.step_dir(step) / STATE_FILE
-        raw = torch.load(path, map_location="cpu", weights_only=True)
-        return Restored(int(raw["step"]), str(raw["ledger"]), raw["model"], raw["optimizer"], path)
+        try:
+            raw = torch.load(path, map_location="cpu", weights_only=True)
+            return Restored(int(raw["step"]), str(raw["ledger"]), raw["model"], raw["optimizer"],
+                            dict(raw.get("user", {})), path)
+        except Exception as exc:  # noqa: BLE001 - any load failure: a bad checkpoint, named
+            raise CheckpointError(f"checkpoint {path} does not load: {exc}") from None
 
     def ledger_entries(self, step: int) -> dict[str, int]:
         """Each replica's own ledger entry in that step's folder (entries failing their hash are skipped)."""

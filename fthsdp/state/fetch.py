@@ -1,9 +1,10 @@
 """Fetches a peer's live state over HTTP straight into this rank's tensors.
 
-The body is streamed into its destination tensors as it arrives (never buffered
-whole), the checksum trailer is checked (see state_stream), and only then is the optimizer state loaded
-and the fetch acknowledged to the source. A short, damaged or refused transfer
-raises TransferError; `fetch_state` tries again up to `attempts` times.
+The body is streamed into its destination tensors as it arrives (never buffered whole),
+the checksum trailer is checked (see fthsdp/state/stream.py), and only then is the fetch
+acknowledged to the source and handed back, staged (`Fetched`), for the Manager to load.
+A short, damaged or refused transfer raises TransferError; `fetch_state` tries again up
+to `attempts` times.
 """
 
 from __future__ import annotations
@@ -12,8 +13,8 @@ import http.client
 import logging
 from typing import Callable
 
-from fthsdp.state_stream import (HEADER, MAX_MANIFEST_BYTES, PIECE_BYTES, TRAILER, Manifest, StateTarget,
-                                 PipelinedChecksum, TransferError, tensor_bytes)
+from fthsdp.state.stream import (HEADER, MAX_MANIFEST_BYTES, PIECE_BYTES, TRAILER, Fetched, Manifest,
+                                 PipelinedChecksum, StateTarget, TransferError, tensor_bytes)
 
 log = logging.getLogger(__name__)
 
@@ -28,8 +29,8 @@ def _read_exact(resp: http.client.HTTPResponse, view: memoryview) -> None:
 
 
 def fetch_once(address: str, step: int, replica_id: str, target_of: Callable[[], StateTarget],
-               timeout_s: float, cancelled: Callable[[], bool] = lambda: False) -> Manifest:
-    """One attempt: GET the state of `step` from `address` into a fresh target; verify; load.
+               timeout_s: float, cancelled: Callable[[], bool] = lambda: False) -> Fetched:
+    """One attempt: GET the state of `step` from `address` into a fresh target; verify; stage.
     `cancelled()` is checked between pieces; when it turns true the fetch stops, loading nothing."""
     host, _, port = address.rpartition(":")
     conn = http.client.HTTPConnection(host, int(port), timeout=timeout_s)
@@ -67,8 +68,7 @@ def fetch_once(address: str, step: int, replica_id: str, target_of: Callable[[],
         if sent_digest != digest:
             raise TransferError(f"state from {address} failed its checksum (sent {sent_digest:#x}, "
                                 f"got {digest:#x})")
-        target.finish(manifest)
-        return manifest
+        return target.finish(manifest)
     except (OSError, http.client.HTTPException) as exc:
         raise TransferError(f"state fetch from {address} failed: {exc!r}") from exc
     finally:
@@ -89,16 +89,16 @@ def acknowledge(address: str, step: int, replica_id: str, timeout_s: float) -> N
 
 
 def fetch_state(address: str, step: int, replica_id: str, target_of: Callable[[], StateTarget],
-                timeout_s: float, attempts: int, cancelled: Callable[[], bool] = lambda: False) -> Manifest:
+                timeout_s: float, attempts: int, cancelled: Callable[[], bool] = lambda: False) -> Fetched:
     """Fetch with retries; acknowledges the source after a verified load."""
     last: TransferError | None = None
     for attempt in range(1, attempts + 1):
         if cancelled():
             break
         try:
-            manifest = fetch_once(address, step, replica_id, target_of, timeout_s, cancelled)
+            fetched = fetch_once(address, step, replica_id, target_of, timeout_s, cancelled)
             acknowledge(address, step, replica_id, timeout_s)
-            return manifest
+            return fetched
         except TransferError as exc:
             last = exc
             log.warning("replica %s: fetch %d/%d of step %s from %s failed: %s",

@@ -1,0 +1,63 @@
+"""The runtime's one error model: every error it raises on purpose is one of two kinds.
+
+- `Recoverable`: this step cannot commit. Inside the runtime it becomes this rank's "no"
+  vote (or a refused plan); the step is retried, and only after `max_retries` failed steps
+  in a row does it turn into a `Fatal` error. It never reaches the training script.
+- `Fatal`: the runtime cannot go on. It is raised to the training script with a message
+  that says what to do (usually: exit non-zero, so the agent restarts the replica and it
+  catches up from a healthy one).
+
+`ReplicaFinished` is neither: the replica has no more steps (`max_steps` reached, a rank
+closed, or the job is COMPLETED). `Manager.batches()` turns it into the end of the loop.
+"""
+
+from __future__ import annotations
+
+
+class RuntimeFailure(Exception):
+    """Base of every error the trainer runtime raises on purpose."""
+
+
+class Recoverable(RuntimeFailure):
+    """This step cannot commit; it is retried within the retry budget."""
+
+
+class Fatal(RuntimeFailure):
+    """The runtime cannot go on; the message says what to do."""
+
+
+class RetryLimitExceeded(Fatal):
+    """More than `max_retries` steps in a row failed to commit; the replica gives up."""
+
+
+class ChannelError(Recoverable):
+    """The connection to the replica's coordinator failed: a peer vanished, a frame was bad."""
+
+
+class TransferError(Recoverable):
+    """A catch-up transfer was refused, cut short, malformed or failed its checksum."""
+
+
+class PlanError(Recoverable):
+    """A quorum answer does not fit this rank (it votes no; the next quorum may fit)."""
+
+
+class ControllerUnavailable(Recoverable):
+    """No controller address answered within the deadline (a failover, a restart)."""
+
+
+class ControllerRefused(Fatal):
+    """The controller refused a request for good (another job, a fenced host, bad input)."""
+
+
+class JobCompleted(RuntimeFailure):
+    """The controller refused a quorum because the job is COMPLETED: nothing left to train."""
+
+
+class CheckpointError(Recoverable):
+    """A checkpoint could not be written or read; the message says where and why.
+    A failed write is logged and training goes on; a failed restore is raised as Fatal."""
+
+
+class ReplicaFinished(Exception):
+    """This replica has no more steps to train: leave the training loop and call close()."""

@@ -1,0 +1,95 @@
+"""Every rank's connection to its replica's coordinator (rank 0's included): one blocking socket.
+
+`connect` retries while rank 0 starts, then says hello. `receive(timeout_s, wake_fd)`
+returns the next decoded frame, or None when the timeout passed or `wake_fd` became
+readable (the catch-up fetch signals its end that way), so the Manager waits on the
+coordinator and the fetch at once. Partial frames survive a timeout. Any failure of the
+connection -- closed, reset, a bad frame, a refusal -- raises ChannelError.
+"""
+
+from __future__ import annotations
+
+import select
+import socket
+import time
+
+from fthsdp.errors import ChannelError
+from fthsdp.step.messages import MAX_COORDINATOR_FRAME_BYTES, FrameReader, MessageError, decode_coordinator_frame, frame
+from protos import replica_pb2 as rpb
+
+
+class CoordinatorClient:
+    def __init__(self, address: str, rank: int) -> None:
+        self.address, self.rank = address, rank
+        self._sock: socket.socket | None = None
+        self._reader = FrameReader(MAX_COORDINATOR_FRAME_BYTES)
+        self._ready: list[bytes] = []
+
+    def connect(self, timeout_s: float, hello: rpb.RankFrame) -> "CoordinatorClient":
+        host, _, port = self.address.rpartition(":")
+        deadline = time.monotonic() + timeout_s
+        delay = 0.02
+        while True:
+            try:
+                self._sock = socket.create_connection((host, int(port)), timeout=max(0.1, deadline - time.monotonic()))
+                break
+            except OSError as exc:
+                if time.monotonic() + delay > deadline:
+                    raise ChannelError(f"rank {self.rank} could not reach its coordinator at {self.address} within "
+                                       f"{timeout_s:g}s: {exc}") from exc
+                time.sleep(delay)  # rank 0 may still be starting
+                delay = min(delay * 2, 0.5)
+        self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._sock.settimeout(None)
+        self.send(hello)
+        return self
+
+    def fileno(self) -> int:
+        assert self._sock is not None, "connect() first"
+        return self._sock.fileno()
+
+    def send(self, message: rpb.RankFrame) -> None:
+        assert self._sock is not None, "connect() first"
+        try:
+            self._sock.sendall(frame(message))
+        except OSError as exc:
+            raise ChannelError(f"rank {self.rank} lost its coordinator at {self.address}: {exc}") from exc
+
+    def receive(self, timeout_s: float, wake_fd: int | None = None) -> tuple[str, object] | None:
+        """The next frame as (kind, message); None after timeout_s or when wake_fd is readable."""
+        assert self._sock is not None, "connect() first"
+        deadline = time.monotonic() + max(timeout_s, 0.0)
+        poller = select.poll()  # no FD_SETSIZE limit, unlike select()
+        poller.register(self._sock, select.POLLIN)
+        if wake_fd is not None:
+            poller.register(wake_fd, select.POLLIN)
+        while not self._ready:
+            left_ms = max(0, int((deadline - time.monotonic()) * 1000) + 1)
+            ready = {fd for fd, _ in poller.poll(left_ms)}
+            if self._sock.fileno() not in ready:
+                if ready or time.monotonic() >= deadline:
+                    return None  # woken, or timed out
+                continue
+            try:
+                data = self._sock.recv(1 << 20)
+            except OSError as exc:
+                raise ChannelError(f"rank {self.rank} lost its coordinator at {self.address}: {exc}") from exc
+            if not data:
+                raise ChannelError(f"rank {self.rank}: the coordinator at {self.address} closed the connection")
+            try:
+                self._ready += self._reader.feed(data)
+            except MessageError as exc:
+                raise ChannelError(f"rank {self.rank} got a bad frame from its coordinator: {exc}") from exc
+        body = self._ready.pop(0)
+        try:
+            kind, message = decode_coordinator_frame(body)
+        except MessageError as exc:
+            raise ChannelError(f"rank {self.rank} got a bad frame from its coordinator: {exc}") from exc
+        if kind == "refusal":
+            raise ChannelError(f"the coordinator refused rank {self.rank}: {message.reason}")
+        return kind, message
+
+    def close(self) -> None:
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None

@@ -1,0 +1,171 @@
+"""The coordinator's gRPC adapter to the controller: quorum, reports, and the heartbeat stream.
+
+Only the coordinator (on rank 0) uses it. Several controller addresses may be given
+("host:port,host:port": a standby taking over). A call that gets UNAVAILABLE -- a dead
+controller, a standby that is not the leader -- or DEADLINE_EXCEEDED moves to the next
+address at once; only after a full pass over the addresses without an answer does it back
+off (doubling, capped), until the caller's deadline. Errors come out as the runtime's two
+kinds (fthsdp/errors.py): ControllerUnavailable (retry later) or ControllerRefused (give
+up), plus JobCompleted when a quorum is refused because the job is COMPLETED.
+TLS comes from FTHSDP_TLS_* (see protos/dial.py), as for the agent that started us.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from typing import Callable, Iterator, TypeVar
+
+import grpc
+
+from fthsdp.errors import ControllerRefused, ControllerUnavailable, JobCompleted
+from fthsdp.step import coordination as co
+from protos import controller_pb2 as pb
+from protos import controller_pb2_grpc
+from protos.dial import FAILOVER_CODES, TlsFiles, backoff_s, parse_addresses, sync_channel
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+ENV_HOST_ID = "FTHSDP_HOST_ID"  # the agent's name for it (agent/env.py HOST_ID)
+REPORT_TIMEOUT_S = 5.0
+MAX_BACKOFF_S = 1.0
+
+
+class ControllerClient:
+    def __init__(self, address: str, job_id: str, replica_id: str, incarnation: str,
+                 tls: TlsFiles | None = None) -> None:
+        self.job_id, self.replica_id, self.incarnation = job_id, replica_id, incarnation
+        #: set by the agent that started us; the controller fences leaders on replaced hosts
+        self.host_id = os.environ.get(ENV_HOST_ID, "")
+        self._controllers = parse_addresses(address)
+        self._tls = tls if tls is not None else TlsFiles.from_env()
+        self._index = 0
+        self._lock = threading.Lock()
+        self._open()
+        self._sent_addresses: tuple[tuple[str, ...], tuple[str, ...]] | None = None
+        self._stop = threading.Event()
+        self._heartbeat_thread: threading.Thread | None = None
+        #: the job state the controller last told us (heartbeat answers, finish reports)
+        self.job_state = "RUNNING"
+
+    @property
+    def address(self) -> str:
+        return self._controllers[self._index]
+
+    def _open(self) -> None:
+        self._channel = sync_channel(self.address, self._tls)
+        self._stub = controller_pb2_grpc.ControllerStub(self._channel)
+
+    def _next_controller(self) -> None:
+        with self._lock:
+            old = self._channel
+            self._index = (self._index + 1) % len(self._controllers)
+            self._open()
+        old.close()
+
+    def _call(self, name: str, send: Callable[[float], T], timeout_s: float) -> T:
+        """`send(attempt_timeout_s)` with failover: the next address at once on UNAVAILABLE or a
+        deadline, a backoff after each full pass, until timeout_s is spent."""
+        deadline = time.monotonic() + timeout_s
+        failures = 0
+        while True:
+            left = deadline - time.monotonic()
+            try:
+                return send(max(left, 0.01))
+            except grpc.RpcError as exc:
+                code = exc.code()
+                if code not in FAILOVER_CODES:
+                    details = exc.details() or ""
+                    if code is grpc.StatusCode.FAILED_PRECONDITION and "COMPLETED" in details:
+                        raise JobCompleted(f"the controller says the job is COMPLETED: {details}") from None
+                    raise ControllerRefused(f"{name} was refused: {code.name}: {details}; fix the settings "
+                                            f"or the controller's flags, then restart this replica") from None
+                failures += 1
+                self._sent_addresses = None  # the next controller may not know our addresses
+                if time.monotonic() >= deadline:
+                    raise ControllerUnavailable(f"{name} got no answer within {timeout_s:g}s from "
+                                                f"{', '.join(self._controllers)}: last {code.name}: "
+                                                f"{exc.details()}") from None
+                log.info("replica %s: controller %s answered %s to %s; trying the next one", self.replica_id,
+                         self.address, code.name, name)
+                self._next_controller()
+                if failures % len(self._controllers) == 0:  # a full pass: back off before the next one
+                    pause = backoff_s(failures // len(self._controllers) - 1, initial_s=0.05, max_s=MAX_BACKOFF_S)
+                    self._stop.wait(min(pause, max(deadline - time.monotonic(), 0.0)))
+
+    def quorum(self, request: co.RequestQuorum, world_size: int, coordinator_address: str,
+               timeout_s: float) -> pb.QuorumResponse:
+        """The controller's answer as it came (members' addresses may be left out)."""
+        mine = (request.ftar_addresses, request.state_addresses)
+
+        def send(attempt_timeout_s: float) -> pb.QuorumResponse:
+            addresses = mine if mine != self._sent_addresses else ((), ())
+            answer = self._stub.Quorum(pb.QuorumRequest(
+                job_id=self.job_id, replica_id=self.replica_id, step=request.step, world_size=world_size,
+                ftar_addresses=list(addresses[0]), state_addresses=list(addresses[1]),
+                known_quorum_id=request.known_quorum_id, leader_address=coordinator_address,
+                incarnation=self.incarnation, host_id=self.host_id), timeout=attempt_timeout_s)
+            self._sent_addresses = mine
+            return answer
+
+        return self._call("Quorum", send, timeout_s)
+
+    def report_step(self, r: co.ReportStep) -> None:
+        request = pb.ReportStepRequest(
+            job_id=self.job_id, replica_id=self.replica_id, quorum_id=r.quorum_id, step=r.step,
+            step_time_s=r.step_time_s, loss=r.loss, tokens=r.tokens, host_id=self.host_id, digest=r.digest,
+            caught_up=r.caught_up)
+        self._call("ReportStep", lambda t: self._stub.ReportStep(request, timeout=t), REPORT_TIMEOUT_S)
+
+    def report_failure(self, r: co.ReportFailure) -> None:
+        kind = pb.ReportFailureRequest.REPLICA_DEAD if r.dead else pb.ReportFailureRequest.COMMIT_FAILED
+        request = pb.ReportFailureRequest(job_id=self.job_id, replica_id=self.replica_id, quorum_id=r.quorum_id,
+                                          step=r.step, kind=kind, reason=r.reason[:1000])
+        self._call("ReportFailure", lambda t: self._stub.ReportFailure(request, timeout=t), REPORT_TIMEOUT_S)
+
+    def report_finished(self, r: co.ReportFinished) -> str:
+        """Returns the job state the controller answered with."""
+        request = pb.ReportFinishedRequest(job_id=self.job_id, replica_id=self.replica_id, step=r.step,
+                                           host_id=self.host_id, reason=r.reason[:1000])
+        answer = self._call("ReportFinished", lambda t: self._stub.ReportFinished(request, timeout=t),
+                            REPORT_TIMEOUT_S)
+        self.job_state = pb.JobState.Name(answer.job_state)
+        return self.job_state
+
+    def start_heartbeats(self, interval_s: float) -> None:
+        """Keep one Heartbeat stream open on a background thread, reconnecting when it breaks."""
+        self._heartbeat_thread = threading.Thread(target=self._heartbeat_loop, args=(interval_s,),
+                                                  name=f"heartbeat-{self.replica_id}", daemon=True)
+        self._heartbeat_thread.start()
+
+    def _beats(self, interval_s: float) -> Iterator[pb.HeartbeatRequest]:
+        while not self._stop.is_set():
+            yield pb.HeartbeatRequest(replica_ids=[self.replica_id])
+            self._stop.wait(interval_s)
+
+    def _heartbeat_loop(self, interval_s: float) -> None:
+        while not self._stop.is_set():
+            try:
+                for answer in self._stub.Heartbeat(self._beats(interval_s)):
+                    if answer.not_leader:
+                        break  # a standby: the next address may be the leader
+                    if answer.job_state:
+                        self.job_state = pb.JobState.Name(answer.job_state)
+                    if self.replica_id in answer.unknown_ids:
+                        log.info("replica %s: controller does not know this replica yet", self.replica_id)
+            except grpc.RpcError as exc:
+                if not self._stop.is_set():
+                    log.info("replica %s: heartbeat stream broke (%s); reconnecting", self.replica_id,
+                             exc.code().name)
+            # Reconnect to whichever controller the last call found (calls fail over; the
+            # stream follows them, so it never closes a channel a call is using).
+            self._stop.wait(interval_s)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._channel.close()
+        if self._heartbeat_thread is not None:
+            self._heartbeat_thread.join(5.0)

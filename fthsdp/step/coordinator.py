@@ -1,0 +1,280 @@
+"""The coordinator service rank 0 hosts for its replica: sockets and controller calls around
+the pure `Coordination` (fthsdp/step/coordination.py).
+
+One asyncio event loop on one thread serves every rank's TCP connection (built for 8,192
+ranks: frames are parsed in an asyncio Protocol as bytes arrive, no task per message, and
+a broadcast is encoded once and written to every socket). Controller calls (quorum,
+reports) run on one worker thread, in the order the coordination asked for them, so a slow
+controller never stalls the sockets; their results come back as events. Every rank --
+rank 0's own Manager too -- is a client over TCP.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import itertools
+import logging
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Protocol
+
+from fthsdp.errors import ControllerRefused, JobCompleted, RuntimeFailure
+from fthsdp.settings import RuntimeSettings
+from fthsdp.step import coordination as co
+from fthsdp.step.messages import MAX_RANK_FRAME_BYTES, FrameReader, MessageError, decode_rank_frame, frame
+from protos import controller_pb2 as pb
+from protos import replica_pb2 as rpb
+
+log = logging.getLogger(__name__)
+
+
+class ControllerPort(Protocol):
+    """What the coordinator needs of the controller (fthsdp/step/controller_client.py)."""
+
+    def quorum(self, request: co.RequestQuorum, world_size: int, coordinator_address: str,
+               timeout_s: float) -> pb.QuorumResponse: ...
+    def report_step(self, report: co.ReportStep) -> None: ...
+    def report_failure(self, report: co.ReportFailure) -> None: ...
+    def report_finished(self, report: co.ReportFinished) -> str: ...
+    def close(self) -> None: ...
+
+
+class CoordinatorService:
+    def __init__(self, settings: RuntimeSettings, controller: ControllerPort, host: str, port: int) -> None:
+        self.settings, self.controller = settings, controller
+        self._host, self._port = host, port
+        self._loop = asyncio.new_event_loop()
+        self._thread: threading.Thread | None = None
+        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"coordinator-{settings.replica_id}")
+        self._server: asyncio.base_events.Server | None = None
+        self._core: co.Coordination | None = None
+        self._connections: dict[int, _RankConnection] = {}
+        self._ids = itertools.count(1)
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = co.INF
+        self._all_gone: asyncio.Event | None = None
+        self.address = ""
+        #: for benchmarks: [kind, perf_counter when written, seconds writing took, outcome] of
+        #: the latest plan and decision broadcasts
+        self.marks: collections.deque[list] = collections.deque(maxlen=64)
+
+    @property
+    def stage(self) -> co.Stage:
+        assert self._core is not None
+        return self._core.stage
+
+    def start(self) -> "CoordinatorService":
+        self._thread = threading.Thread(target=self._loop.run_forever, name=f"coordinator-{self.settings.replica_id}",
+                                        daemon=True)
+        self._thread.start()
+        self.address = asyncio.run_coroutine_threadsafe(self._listen(), self._loop).result(30.0)
+        log.info("replica %s: coordinator listening on %s for %d rank(s)", self.settings.replica_id, self.address,
+                 self.settings.world_size)
+        return self
+
+    async def _listen(self) -> str:
+        self._all_gone = asyncio.Event()
+        self._core = co.Coordination(self.settings, self._loop.time())
+        self._server = await self._loop.create_server(lambda: _RankConnection(self), self._host, self._port,
+                                                      backlog=min(self.settings.world_size + 16, 65535))
+        self._reschedule()
+        host, port = self._server.sockets[0].getsockname()[:2]
+        return f"{host}:{port}"
+
+    # ------------------------------------------------------------ events in (loop thread)
+
+    def _feed(self, event: co.Event) -> None:
+        assert self._core is not None
+        before = self._core.stage
+        try:
+            effects = self._core.advance(event, self._loop.time())
+        except co.ProtocolError:
+            log.exception("replica %s: coordinator bug", self.settings.replica_id)
+            return
+        for effect in effects:
+            self._execute(effect)
+        if self._core.stage is not before:
+            log.debug("replica %s: coordinator %s -> %s", self.settings.replica_id, before.name,
+                      self._core.stage.name)
+        self._reschedule()
+
+    def _reschedule(self) -> None:
+        assert self._core is not None
+        at = self._core.next_deadline()
+        if at == self._timer_at:
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer, self._timer_at = None, at
+        if at != co.INF:
+            self._timer = self._loop.call_at(at, self._on_timer)
+
+    def _on_timer(self) -> None:
+        self._timer, self._timer_at = None, co.INF
+        self._feed(co.Tick())
+
+    def _connected(self, conn: "_RankConnection") -> int:
+        conn_id = next(self._ids)
+        self._connections[conn_id] = conn
+        return conn_id
+
+    def _disconnected(self, conn_id: int, reason: str) -> None:
+        self._connections.pop(conn_id, None)
+        self._feed(co.ConnectionLost(conn_id, reason))
+        if not self._connections and self._all_gone is not None:
+            self._all_gone.set()
+
+    # ------------------------------------------------------------ effects out
+
+    def _execute(self, effect: co.Effect) -> None:
+        if isinstance(effect, co.Broadcast):
+            self._broadcast(effect.frame)
+        elif isinstance(effect, co.SendTo):
+            conn = self._connections.get(effect.conn)
+            if conn is not None:
+                conn.transport.write(frame(effect.frame))
+        elif isinstance(effect, co.Refuse):
+            conn = self._connections.get(effect.conn)
+            log.warning("replica %s: refused a rank connection: %s", self.settings.replica_id, effect.reason)
+            if conn is not None:
+                conn.refuse(effect.reason)
+        elif isinstance(effect, co.RequestQuorum):
+            self._worker.submit(self._quorum, effect)
+        elif isinstance(effect, co.ReportStep):
+            if effect.note:
+                log.warning("replica %s: step %s reported without a digest: %s", self.settings.replica_id,
+                            effect.step, effect.note)
+            self._worker.submit(self._best_effort, self.controller.report_step, effect)
+        elif isinstance(effect, co.ReportFailure):
+            log.warning("replica %s: step %s of quorum %s %s: %s", self.settings.replica_id, effect.step,
+                        effect.quorum_id, "failed for good" if effect.dead else "will be retried", effect.reason)
+            self._worker.submit(self._best_effort, self.controller.report_failure, effect)
+        elif isinstance(effect, co.ReportFinished):
+            log.info("replica %s finished at step %s: %s", self.settings.replica_id, effect.step, effect.reason)
+            self._worker.submit(self._finish, effect)
+        else:
+            raise TypeError(f"unknown coordinator effect {effect!r}")
+
+    def _broadcast(self, message: rpb.CoordinatorFrame) -> None:
+        data = frame(message)  # encoded once for every rank
+        kind = message.WhichOneof("body")
+        mark = None
+        if kind in ("plan", "decision"):  # noted before the first write: a rank may answer at once
+            outcome = rpb.StepDecision.Outcome.Name(message.decision.outcome) if kind == "decision" else ""
+            mark = [kind, time.perf_counter(), 0.0, outcome]
+            self.marks.append(mark)
+        assert self._core is not None
+        for conn_id in self._core.conn_of.values():
+            conn = self._connections.get(conn_id)
+            if conn is not None:
+                conn.transport.write(data)
+        if mark is not None:
+            mark[2] = time.perf_counter() - mark[1]
+
+    # ------------------------------------------------------------ controller calls (worker thread)
+
+    def _quorum(self, request: co.RequestQuorum) -> None:
+        s = self.settings
+        try:
+            answer = self.controller.quorum(request, s.world_size, self.address, s.quorum_timeout_s)
+            event: co.Event = co.QuorumAnswered(answer)
+        except JobCompleted as exc:
+            event = co.QuorumFailed(co.QuorumRefusal.FINISHED, str(exc))
+        except ControllerRefused as exc:
+            event = co.QuorumFailed(co.QuorumRefusal.FATAL, str(exc))
+        except Exception as exc:  # noqa: BLE001 - unavailable, or anything else: a retry, counted
+            event = co.QuorumFailed(co.QuorumRefusal.RETRY, str(exc) if isinstance(exc, RuntimeFailure)
+                                    else f"quorum request failed: {exc!r}")
+        self._loop.call_soon_threadsafe(self._feed, event)
+
+    def _best_effort(self, call, report) -> None:
+        try:
+            call(report)
+        except Exception as exc:  # noqa: BLE001 - a lost report is logged, never fatal
+            log.warning("replica %s: %s to the controller failed: %s", self.settings.replica_id,
+                        type(report).__name__, exc)
+
+    def _finish(self, report: co.ReportFinished) -> None:
+        detail = ""
+        try:
+            detail = self.controller.report_finished(report)
+        except Exception as exc:  # noqa: BLE001 - the ranks still get their last word
+            detail = f"the controller did not take the report: {exc}"
+            log.warning("replica %s: %s", self.settings.replica_id, detail)
+        self._loop.call_soon_threadsafe(self._feed, co.FinishReported(detail))
+
+    # ------------------------------------------------------------ shutdown
+
+    def close(self, linger_s: float = 5.0) -> None:
+        """Wait (at most linger_s) for every rank to hang up -- they do after the last word --
+        then stop serving, and close the controller client."""
+        async def shut() -> None:
+            if self._connections and self._all_gone is not None:
+                try:
+                    await asyncio.wait_for(self._all_gone.wait(), linger_s)
+                except asyncio.TimeoutError:
+                    log.info("replica %s: %d rank(s) still connected at shutdown", self.settings.replica_id,
+                             len(self._connections))
+            if self._server is not None:
+                self._server.close()
+            for conn in list(self._connections.values()):
+                conn.transport.close()
+            if self._timer is not None:
+                self._timer.cancel()
+        if self._thread is not None:
+            try:
+                asyncio.run_coroutine_threadsafe(shut(), self._loop).result(linger_s + 5.0)
+            finally:
+                self._loop.call_soon_threadsafe(self._loop.stop)
+                self._thread.join(5.0)
+                self._thread = None
+        # Queued controller calls are dropped; closing the client cancels the one in flight.
+        self._worker.shutdown(wait=False, cancel_futures=True)
+        self.controller.close()
+
+
+class _RankConnection(asyncio.Protocol):
+    """One rank's connection: frames are parsed as bytes arrive (no task or future per
+    message), which is what lets one thread serve thousands of ranks."""
+
+    def __init__(self, service: CoordinatorService) -> None:
+        self.service = service
+        self.conn_id = 0
+        self.transport: asyncio.Transport = None  # type: ignore[assignment]
+        self.reader = FrameReader(MAX_RANK_FRAME_BYTES)
+        self.refused = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        self.conn_id = self.service._connected(self)
+        # A connection that never says hello is not kept: every input has a bound.
+        asyncio.get_running_loop().call_later(self.service.settings.quorum_timeout_s, self._hello_due)
+
+    def _hello_due(self) -> None:
+        core = self.service._core
+        if core is not None and self.conn_id not in core.rank_of and not self.transport.is_closing():
+            self.refuse(f"no hello within {self.service.settings.quorum_timeout_s:g}s")
+
+    def data_received(self, data: bytes) -> None:
+        if self.refused:
+            return
+        try:
+            for body in self.reader.feed(data):
+                kind, message = decode_rank_frame(body)
+                self.service._feed(co.FromRank(self.conn_id, kind, message))
+                if self.refused:
+                    return
+        except MessageError as exc:
+            self.refuse(str(exc))
+
+    def refuse(self, reason: str) -> None:
+        if not self.refused:
+            self.refused = True
+            self.transport.write(frame(rpb.CoordinatorFrame(refusal=rpb.Refusal(reason=reason[:1000]))))
+            self.transport.close()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        reason = "refused" if self.refused else (repr(exc) if exc else "closed the connection")
+        self.service._disconnected(self.conn_id, reason)

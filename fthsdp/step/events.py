@@ -1,0 +1,222 @@
+"""The rank step protocol's vocabulary: the events it takes and the effects it returns.
+
+Events are what happened (the training script called, the coordinator said, the catch-up
+fetch finished, time passed); effects are what the Manager must do, in order. Both are
+plain frozen values; fthsdp/step/protocol.py holds the states and the transitions.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Union
+
+from fthsdp.data_ledger import DataLedger
+from fthsdp.step.plan import RankPlan
+
+
+class Refusal(enum.Enum):
+    RETRY = "retry"
+    FINISHED = "finished"
+    FATAL = "fatal"
+
+
+@dataclass(frozen=True)
+class StepOutcome:
+    """How one step attempt ended (for logs, metrics and tests)."""
+    committed: bool
+    step: int                           # the step trained (the plan's step)
+    quorum_id: int
+    attempt: int
+    behind: bool
+    included: tuple[str, ...]
+    positions_before: dict[str, int]    # the ledger the step's batches were read from
+    reason: str
+    lr_scale: float = 1.0
+
+
+# ---------------------------------------------------------------- events
+
+
+@dataclass(frozen=True)
+class Begin:
+    """The training script starts a step."""
+
+
+@dataclass(frozen=True)
+class PlanArrived:
+    attempt: int
+    step: int                           # the step of the begin this answers
+    plan: RankPlan | None               # None when it could not be derived
+    error: str = ""
+
+
+@dataclass(frozen=True)
+class PlanRefused:
+    attempt: int
+    kind: Refusal
+    reason: str
+
+
+@dataclass(frozen=True)
+class Reduced:
+    """A gradient reduction (all of them, or one DDP bucket) finished."""
+    ok: bool
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class FetchFinished:
+    ok: bool
+    reason: str = ""
+    ledger: DataLedger | None = None    # the fetched ledger when ok
+
+
+@dataclass(frozen=True)
+class End:
+    """The training script ends the step (after backward): vote."""
+    loss: float = 0.0
+    tokens: int = 0
+
+
+@dataclass(frozen=True)
+class DecisionArrived:
+    attempt: int
+    commit: bool
+    reason: str
+
+
+@dataclass(frozen=True)
+class Tick:
+    """Time passed (deadlines are checked against `now`)."""
+
+
+@dataclass(frozen=True)
+class CoordinatorLost:
+    reason: str
+
+
+@dataclass(frozen=True)
+class Close:
+    reason: str = "the training script closed its Manager"
+
+
+@dataclass(frozen=True)
+class FinishedArrived:
+    clean: bool
+    reason: str
+
+
+Event = Union[Begin, PlanArrived, PlanRefused, Reduced, FetchFinished, End, DecisionArrived, Tick,
+              CoordinatorLost, Close, FinishedArrived]
+# What the coordinator sends may come late, twice, or not fit: never an error.
+FROM_COORDINATOR = (PlanArrived, PlanRefused, DecisionArrived, FinishedArrived, CoordinatorLost)
+
+
+# ---------------------------------------------------------------- effects
+
+
+@dataclass(frozen=True)
+class SendBegin:
+    step: int
+
+
+@dataclass(frozen=True)
+class ServeState:
+    """Serve this rank's state at the start of `step` to fetchers."""
+    step: int
+
+
+@dataclass(frozen=True)
+class StopServing:
+    """Wait (at most timeout_s) until these fetchers acknowledged their copy, then stop serving."""
+    wait_for: tuple[str, ...] = ()
+    timeout_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class ConfigureRing:
+    plan: RankPlan
+
+
+@dataclass(frozen=True)
+class StartFetch:
+    plan: RankPlan
+
+
+@dataclass(frozen=True)
+class CancelFetch:
+    """Stop the fetch, and drop what it staged."""
+    reason: str
+
+
+@dataclass(frozen=True)
+class AdoptFetched:
+    """At commit, before ApplyStep: load the fetched optimizer and registered state (the model
+    tensors are in place already): it is the source's state at the start of `step`."""
+    step: int
+
+
+@dataclass(frozen=True)
+class SendVote:
+    attempt: int
+    ok: bool
+    reason: str
+    loss: float
+    tokens: int
+
+
+@dataclass(frozen=True)
+class ApplyStep:
+    """Commit: the optimizer step (learning rate × plan.lr_scale); registered state moves on."""
+    plan: RankPlan
+
+
+@dataclass(frozen=True)
+class DropGradients:
+    """Retry: drop this attempt's gradients; the weights are untouched."""
+    reason: str
+
+
+@dataclass(frozen=True)
+class SendDigest:
+    attempt: int
+    step: int                           # the step just committed
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    step: int                           # the next step: the checkpoint is the state at its start
+    write_state: bool                   # model + optimizer + registered state (one replica)
+
+
+@dataclass(frozen=True)
+class Concluded:
+    outcome: StepOutcome
+
+
+@dataclass(frozen=True)
+class SendClose:
+    step: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class Closed:
+    clean: bool
+    reason: str
+
+
+@dataclass(frozen=True)
+class Ended:
+    reason: str
+
+
+@dataclass(frozen=True)
+class Fail:
+    message: str
+    retries_exhausted: bool = False
+
+
+Effect = Union[SendBegin, ServeState, StopServing, ConfigureRing, StartFetch, CancelFetch, AdoptFetched, SendVote,
+               ApplyStep, DropGradients, SendDigest, Checkpoint, Concluded, SendClose, Closed, Ended, Fail]

@@ -1,0 +1,180 @@
+"""The frames between a replica's ranks and its coordinator: protobuf (protos/replica.proto).
+
+A frame is a 4-byte big-endian length and one serialized `RankFrame` or `CoordinatorFrame`.
+Decoding checks everything before anything touches state: the length against its bound,
+that the bytes parse, that exactly one message is set, and every field against its range
+(ranks, steps, attempt numbers, string lengths, enum values). A `MessageError` names the
+bad value; the receiver drops the connection that sent it.
+"""
+
+from __future__ import annotations
+
+import struct
+
+from google.protobuf.message import DecodeError
+
+from protos import replica_pb2 as rpb
+
+FRAME = struct.Struct(">I")
+#: rank -> coordinator frames are small: a hello with two addresses is the largest
+MAX_RANK_FRAME_BYTES = 16 << 10
+#: coordinator -> rank: a plan carries every member's addresses when the quorum changed
+MAX_COORDINATOR_FRAME_BYTES = 64 << 20
+MAX_REASON_CHARS = 1000
+MAX_ID_CHARS = 128
+MAX_ADDRESS_CHARS = 256
+MAX_AUTH_BYTES = 64
+DIGEST_BYTES = 32
+MAX_STEP = (1 << 62)
+
+
+class MessageError(ValueError):
+    """A frame that is malformed or out of bounds (the message names the bad value)."""
+
+
+def frame(message: rpb.RankFrame | rpb.CoordinatorFrame) -> bytes:
+    body = message.SerializeToString()
+    return FRAME.pack(len(body)) + body
+
+
+def clip(reason: str) -> str:
+    """A reason cut to what a frame may carry."""
+    return reason if len(reason) <= MAX_REASON_CHARS else reason[:MAX_REASON_CHARS - 3] + "..."
+
+
+# ---------------------------------------------------------------- building frames
+
+
+def hello(rank: int, world_size: int, job_id: str, replica_id: str, ftar_address: str, state_address: str,
+          incarnation: str) -> rpb.RankFrame:
+    return rpb.RankFrame(hello=rpb.RankHello(
+        rank=rank, world_size=world_size, job_id=job_id, replica_id=replica_id, ftar_address=ftar_address,
+        state_address=state_address, incarnation=incarnation))
+
+
+def begin(step: int) -> rpb.RankFrame:
+    return rpb.RankFrame(begin=rpb.BeginStep(step=step))
+
+
+def vote(attempt: int, ok: bool, reason: str, loss: float, tokens: int) -> rpb.RankFrame:
+    return rpb.RankFrame(vote=rpb.StepVote(attempt=attempt, ok=ok, reason=clip(reason), loss=loss, tokens=tokens))
+
+
+def digest(attempt: int, step: int, sha256: bytes) -> rpb.RankFrame:
+    return rpb.RankFrame(digest=rpb.StateDigest(attempt=attempt, step=step, sha256=sha256))
+
+
+def close(step: int, reason: str) -> rpb.RankFrame:
+    return rpb.RankFrame(close=rpb.CloseRank(step=step, reason=clip(reason)))
+
+
+# ---------------------------------------------------------------- decoding
+
+
+def _parse(cls, body: bytes, limit: int):
+    if len(body) > limit:
+        raise MessageError(f"a frame of {len(body)} bytes is larger than the limit of {limit}")
+    message = cls()
+    try:
+        message.ParseFromString(body)
+    except DecodeError as exc:
+        raise MessageError(f"a frame of {len(body)} bytes is not a {cls.__name__}: {exc}") from None
+    kind = message.WhichOneof("body")
+    if kind is None:
+        raise MessageError(f"a {cls.__name__} of {len(body)} bytes carries no message")
+    return message, kind
+
+
+def _check_text(what: str, value: str, limit: int, *, empty: bool = True) -> None:
+    if len(value) > limit:
+        raise MessageError(f"{what} is {len(value)} characters long; the limit is {limit}")
+    if not empty and not value:
+        raise MessageError(f"{what} must not be empty")
+
+
+def _check_step(what: str, value: int) -> None:
+    if not 0 <= value <= MAX_STEP:
+        raise MessageError(f"{what} must be a step between 0 and {MAX_STEP}, got {value}")
+
+
+def _check_attempt(value: int) -> None:
+    if not 0 < value <= MAX_STEP:
+        raise MessageError(f"attempt must be between 1 and {MAX_STEP}, got {value}")
+
+
+def decode_rank_frame(body: bytes) -> tuple[str, object]:
+    """(kind, message) of one rank -> coordinator frame; MessageError when it is bad."""
+    message, kind = _parse(rpb.RankFrame, body, MAX_RANK_FRAME_BYTES)
+    inner = getattr(message, kind)
+    if kind == "hello":
+        if inner.rank < 0:
+            raise MessageError(f"hello from rank {inner.rank}: ranks are >= 0")
+        _check_text("job_id", inner.job_id, MAX_ID_CHARS, empty=False)
+        _check_text("replica_id", inner.replica_id, MAX_ID_CHARS, empty=False)
+        _check_text("ftar_address", inner.ftar_address, MAX_ADDRESS_CHARS, empty=False)
+        _check_text("state_address", inner.state_address, MAX_ADDRESS_CHARS, empty=False)
+        _check_text("incarnation", inner.incarnation, MAX_ID_CHARS)
+        if len(inner.auth) > MAX_AUTH_BYTES:
+            raise MessageError(f"hello auth is {len(inner.auth)} bytes; the limit is {MAX_AUTH_BYTES}")
+    elif kind == "begin":
+        _check_step("begin step", inner.step)
+    elif kind == "vote":
+        _check_attempt(inner.attempt)
+        _check_text("vote reason", inner.reason, MAX_REASON_CHARS)
+        if inner.tokens < 0:
+            raise MessageError(f"vote tokens must be >= 0, got {inner.tokens}")
+    elif kind == "digest":
+        _check_attempt(inner.attempt)
+        _check_step("digest step", inner.step)
+        if len(inner.sha256) != DIGEST_BYTES:
+            raise MessageError(f"a digest is {DIGEST_BYTES} bytes, got {len(inner.sha256)}")
+    elif kind == "close":
+        _check_step("close step", inner.step)
+        _check_text("close reason", inner.reason, MAX_REASON_CHARS)
+    return kind, inner
+
+
+def decode_coordinator_frame(body: bytes) -> tuple[str, object]:
+    """(kind, message) of one coordinator -> rank frame; MessageError when it is bad."""
+    message, kind = _parse(rpb.CoordinatorFrame, body, MAX_COORDINATOR_FRAME_BYTES)
+    inner = getattr(message, kind)
+    if kind == "plan":
+        _check_attempt(inner.attempt)
+        _check_step("plan step", inner.step)
+        if not inner.HasField("quorum"):
+            raise MessageError(f"plan of attempt {inner.attempt} carries no quorum")
+    elif kind == "no_plan":
+        _check_attempt(inner.attempt)
+        if inner.kind not in (rpb.NoPlan.RETRY, rpb.NoPlan.FINISHED, rpb.NoPlan.FATAL):
+            raise MessageError(f"no_plan kind {inner.kind} is not RETRY, FINISHED or FATAL")
+        _check_text("no_plan reason", inner.reason, MAX_REASON_CHARS)
+    elif kind == "decision":
+        _check_attempt(inner.attempt)
+        if inner.outcome not in (rpb.StepDecision.COMMIT, rpb.StepDecision.RETRY):
+            raise MessageError(f"decision outcome {inner.outcome} is not COMMIT or RETRY")
+        _check_text("decision reason", inner.reason, MAX_REASON_CHARS)
+    elif kind in ("finished", "refusal"):
+        _check_text(f"{kind} reason", inner.reason, MAX_REASON_CHARS)
+    return kind, inner
+
+
+class FrameReader:
+    """Splits a byte stream into frame bodies, refusing a length over `limit` before buffering it."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.buffer = bytearray()
+
+    def feed(self, data: bytes) -> list[bytes]:
+        self.buffer += data
+        bodies = []
+        while len(self.buffer) >= FRAME.size:
+            (length,) = FRAME.unpack_from(self.buffer)
+            if length > self.limit:
+                raise MessageError(f"a frame announces {length} bytes; the limit is {self.limit}")
+            end = FRAME.size + length
+            if len(self.buffer) < end:
+                break
+            bodies.append(bytes(self.buffer[FRAME.size:end]))
+            del self.buffer[:end]
+        return bodies

@@ -1,0 +1,398 @@
+"""One rank's side of the replica step, as a pure protocol: states, events, effects, `advance`.
+
+    advance(state, event, now) -> (state, effects)        state.settings: this rank's RuntimeSettings
+
+No I/O, no clock, no threads. The Manager feeds events -- what the training script called,
+what the coordinator said, what the background catch-up fetch reported, time passing -- and
+executes the returned effects in order. The rank never decides a step alone: it votes, and
+applies the one decision the coordinator sends for that attempt.
+
+    IDLE ──Begin──▶ PLANNING ──PlanArrived──▶ TRAINING ──End (+ fetch done)──▶ VOTING
+     ▲  │ step ≥ max_steps  │ PlanRefused                │ Reduced, FetchFinished  │ DecisionArrived
+     │  ▼                   │  retry ──▶ IDLE (counted)   │ (failures become the    │  commit ──▶ IDLE, step + 1
+     │ ENDED ◀── finished ──┤  fatal ──▶ FAILED          │  "no" vote)             │  retry  ──▶ IDLE (counted)
+     │  │                   │ Tick past deadline ▶ FAILED │ RETRY decided early ▶ IDLE  Tick past deadline ▶ FAILED
+     │  │ Close             │                            │                         │  (in doubt: it voted yes)
+     │  ▼                   ▼                            ▼
+     │ FINISHING ──FinishedArrived / Tick / lost──▶ FINISHED          (Close from IDLE, PLANNING, TRAINING too)
+     └── more than max_retries failures in a row ──▶ FAILED
+
+A behind replica (its member is not healthy: a late joiner, a restarted or a DIVERGED
+replica) fetches its source's state while it contributes zeros, and takes it as its own
+only when the step commits (AdoptFetched, then ApplyStep): after a retry every rank of the
+replica is still at its old step, whichever of their fetches finished. (The model tensors
+a fetch wrote in place are then stale-but-unseen: a behind replica serves nobody, reports
+no digest, and fetches again.) Events that come from the coordinator and do not fit -- late, duplicated, stale
+-- are ignored; a local event in the wrong state is a bug: it raises ProtocolError and
+changes nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from dataclasses import dataclass
+from typing import Callable, Union
+
+from fthsdp.data_ledger import DataLedger
+from fthsdp.settings import RuntimeSettings
+from fthsdp.step.events import (FROM_COORDINATOR, AdoptFetched, ApplyStep, Begin, CancelFetch, Checkpoint, Close,
+                                Closed, Concluded, ConfigureRing, CoordinatorLost, DecisionArrived, DropGradients,
+                                Effect, End, Ended, Event, Fail, FetchFinished, FinishedArrived, PlanArrived,
+                                PlanRefused, Reduced, Refusal, SendBegin, SendClose, SendDigest, SendVote,
+                                ServeState, StartFetch, StepOutcome, StopServing, Tick)
+from fthsdp.step.plan import RankPlan
+
+INF = float("inf")
+
+
+class ProtocolError(RuntimeError):
+    """A local event in a state that does not allow it (a bug in the caller)."""
+
+
+class Phase(enum.Enum):
+    IDLE = "idle"              # between steps: the state is the committed state at `step`
+    PLANNING = "planning"      # begin sent; waiting for the coordinator's plan
+    TRAINING = "training"      # plan in hand: reducing gradients (behind: fetching meanwhile)
+    VOTING = "voting"          # vote sent; waiting for the decision
+    ENDED = "ended"            # no more steps (max_steps, a rank closed, job COMPLETED)
+    FINISHING = "finishing"    # close sent; waiting for the coordinator's last word
+    FINISHED = "finished"
+    FAILED = "failed"          # fatal: raised to the training script
+
+
+class Fetch(enum.Enum):
+    NONE = "none"
+    RUNNING = "running"
+    DONE = "done"
+    FAILED = "failed"
+
+
+_HELD = (Fetch.RUNNING, Fetch.DONE)  # a fetch thread or its staged result: CancelFetch drops either
+
+
+@dataclass(frozen=True)
+class RankState:
+    settings: RuntimeSettings           # rank, replica, bounds (fixed for the process's life)
+    phase: Phase
+    step: int                           # the committed state this rank holds is the state at its start
+    ledger: DataLedger
+    attempt: int = 0                    # the newest attempt number seen from the coordinator
+    plan: RankPlan | None = None
+    quorum_id: int = 0
+    deadline: float = INF               # PLANNING, VOTING, FINISHING
+    reduced: bool = False
+    failure: str = ""                   # the first local failure of this attempt: the vote is no
+    fetch: Fetch = Fetch.NONE
+    fetch_deadline: float = INF
+    ending: bool = False                # End arrived while the fetch still ran
+    loss: float = 0.0
+    tokens: int = 0
+    ledger_before: DataLedger | None = None
+    fetched_ledger: DataLedger | None = None  # the source's ledger, taken at commit
+    failures_in_a_row: int = 0
+    last_failure: str = ""
+    reason: str = ""                    # why ENDED, FINISHED or FAILED
+
+
+def initial_state(settings: RuntimeSettings, step: int = 0, ledger: DataLedger | None = None) -> RankState:
+    return RankState(settings, Phase.IDLE, step, ledger or DataLedger())
+
+
+Result = tuple[RankState, tuple[Effect, ...]]
+
+
+# ---------------------------------------------------------------- advance
+
+
+def advance(state: RankState, event: Event, now: float) -> Result:
+    """The next state and the effects to execute, in order. Pure."""
+    handler = _TABLE.get((state.phase, type(event)))
+    if handler is None:
+        if isinstance(event, FROM_COORDINATOR) or isinstance(event, Tick):
+            return state, ()
+        raise ProtocolError(f"rank {state.settings.rank}: {type(event).__name__} is not allowed while the step is "
+                            f"{state.phase.name} (step {state.step})")
+    return handler(state, event, now, state.settings)
+
+
+def next_deadline(state: RankState) -> float:
+    """When a Tick can next change something (INF: only another event can)."""
+    if state.phase is Phase.TRAINING:
+        return state.fetch_deadline if state.fetch is Fetch.RUNNING else INF
+    return state.deadline
+
+
+_replace = dataclasses.replace
+
+
+def _begin(state: RankState, _ev: Begin, now: float, s: RuntimeSettings) -> Result:
+    if s.max_steps and state.step >= s.max_steps:
+        reason = f"max_steps={s.max_steps} reached"
+        return _replace(state, phase=Phase.ENDED, reason=reason), (Ended(reason),)
+    new = _replace(state, phase=Phase.PLANNING, deadline=now + s.plan_timeout_s, plan=None, quorum_id=0,
+                   reduced=False, failure="", fetch=Fetch.NONE, fetch_deadline=INF, ending=False,
+                   loss=0.0, tokens=0, ledger_before=state.ledger)
+    return new, (ServeState(state.step), SendBegin(state.step))
+
+
+def _begin_again(state: RankState, _ev: Begin, _now: float, _s: RuntimeSettings) -> Result:
+    return state, (Ended(state.reason),) if state.phase is Phase.ENDED else (Fail(state.reason),)
+
+
+def _plan(state: RankState, ev: PlanArrived, now: float, s: RuntimeSettings) -> Result:
+    if ev.attempt <= state.attempt:
+        return state, ()  # late or duplicated
+    if ev.step != state.step:
+        return _fail(state, f"rank {s.rank} at step {state.step} got a plan for step {ev.step}: the replica's "
+                            f"ranks disagree on their step; exit so the replica is restarted and catches up")
+    plan = ev.plan
+    new = _replace(state, phase=Phase.TRAINING, attempt=ev.attempt, deadline=INF, plan=plan,
+                   quorum_id=plan.quorum_id if plan else 0, ledger_before=state.ledger)
+    if plan is None:
+        return _replace(new, failure=ev.error or "no plan"), ()
+    if not plan.behind and plan.step != state.step:
+        # Taking part with the wrong state could put a wrong gradient into other replicas' sums:
+        # stay out of the ring (every replica of the ring retries) and vote no.
+        return _replace(new, plan=None, failure=f"quorum {plan.quorum_id} calls replica {s.replica_id} healthy "
+                                                f"at step {plan.step} but it is at step {state.step}"), ()
+    if plan.behind:
+        new = _replace(new, fetch=Fetch.RUNNING, fetch_deadline=now + s.fetch_budget_s)
+        return new, (StopServing(), ConfigureRing(plan), StartFetch(plan))
+    return new, (ConfigureRing(plan),)
+
+
+def _refused(state: RankState, ev: PlanRefused, now: float, s: RuntimeSettings) -> Result:
+    if ev.attempt <= state.attempt:
+        return state, ()
+    state = _replace(state, attempt=ev.attempt)
+    if ev.kind is Refusal.FINISHED:
+        return _replace(state, phase=Phase.ENDED, deadline=INF, reason=ev.reason), (Ended(ev.reason),)
+    if ev.kind is Refusal.FATAL:
+        return _fail(state, ev.reason)
+    return _retry(state, f"no plan: {ev.reason}", s)
+
+
+def _planning_decision(state: RankState, ev: DecisionArrived, now: float, s: RuntimeSettings) -> Result:
+    """The plan of a newer attempt never arrived, but its decision did: without this rank's
+    vote it can only have been a retry."""
+    if ev.attempt <= state.attempt:
+        return state, ()
+    if ev.commit:
+        return _fail(state, _COMMIT_WITHOUT_VOTE.format(rank=s.rank, attempt=ev.attempt))
+    return _retry(_replace(state, attempt=ev.attempt), ev.reason, s)
+
+
+def _reduced(state: RankState, ev: Reduced, _now: float, _s: RuntimeSettings) -> Result:
+    failure = state.failure or ("" if ev.ok else ev.reason or "gradient reduction failed")
+    return _replace(state, reduced=True, failure=failure), ()
+
+
+def _fetched(state: RankState, ev: FetchFinished, now: float, s: RuntimeSettings) -> Result:
+    if state.fetch is not Fetch.RUNNING:
+        raise ProtocolError(f"rank {s.rank}: FetchFinished while the fetch is {state.fetch.name}")
+    plan = state.plan
+    assert plan is not None
+    if ev.ok and ev.ledger is not None:
+        new = _replace(state, fetch=Fetch.DONE, fetched_ledger=ev.ledger)
+        effects: tuple[Effect, ...] = ()
+    else:
+        new = _replace(state, fetch=Fetch.FAILED, failure=state.failure or ev.reason or "catch-up fetch failed")
+        effects = ()
+    if new.ending:
+        new, vote = _vote(new, now, s)
+        effects += vote
+    return new, effects
+
+
+def _end(state: RankState, ev: End, now: float, s: RuntimeSettings) -> Result:
+    if not state.reduced:
+        raise ProtocolError(f"rank {s.rank}: End before the gradients were reduced (sync_gradients first)")
+    state = _replace(state, loss=ev.loss, tokens=ev.tokens)
+    if state.fetch is Fetch.RUNNING:
+        return _replace(state, ending=True), ()
+    return _vote(state, now, s)
+
+
+def _vote(state: RankState, now: float, s: RuntimeSettings) -> Result:
+    vote = SendVote(state.attempt, not state.failure, state.failure, state.loss, state.tokens)
+    return _replace(state, phase=Phase.VOTING, deadline=now + s.decision_timeout_s), (vote,)
+
+
+def _training_tick(state: RankState, _ev: Tick, now: float, s: RuntimeSettings) -> Result:
+    if state.fetch is not Fetch.RUNNING or now < state.fetch_deadline:
+        return state, ()
+    plan = state.plan
+    assert plan is not None
+    reason = (f"catch-up fetch of step {plan.step} from {plan.source_replica} did not finish within "
+              f"{s.fetch_budget_s:g}s")
+    new = _replace(state, fetch=Fetch.FAILED, failure=state.failure or reason)
+    effects: tuple[Effect, ...] = (CancelFetch(reason),)
+    if new.ending:
+        new, vote = _vote(new, now, s)
+        effects += vote
+    return new, effects
+
+
+def _training_message(state: RankState, ev: Union[PlanArrived, PlanRefused, DecisionArrived], now: float,
+                      s: RuntimeSettings) -> Result:
+    """Before this rank voted, the coordinator can only have ended the attempt as a retry."""
+    if ev.attempt < state.attempt or (ev.attempt == state.attempt and not isinstance(ev, DecisionArrived)):
+        return state, ()
+    if isinstance(ev, DecisionArrived) and ev.commit:
+        return _fail(state, _COMMIT_WITHOUT_VOTE.format(rank=s.rank, attempt=ev.attempt))
+    reason = ev.reason if isinstance(ev, DecisionArrived) else f"attempt {state.attempt} ended without this rank"
+    return _retry(state, reason, s)
+
+
+def _decided(state: RankState, ev: DecisionArrived, now: float, s: RuntimeSettings) -> Result:
+    if ev.attempt != state.attempt:
+        return state, ()  # a stale decision; nothing newer can be decided without this rank's begin
+    if not ev.commit:
+        return _retry(state, ev.reason, s)
+    if state.failure or state.plan is None:
+        return _fail(state, f"the coordinator committed attempt {ev.attempt} although rank {s.rank} voted no; "
+                            f"exit so the replica is restarted and catches up")
+    return _commit(state, s)
+
+
+def _voting_tick(state: RankState, _ev: Tick, now: float, s: RuntimeSettings) -> Result:
+    if now < state.deadline:
+        return state, ()
+    return _fail(state, f"rank {s.rank} voted on attempt {state.attempt} (step {state.step}) but no decision came "
+                        f"within {s.decision_timeout_s:g}s: it cannot know whether its replica committed; exit so "
+                        f"the replica is restarted and catches up")
+
+
+def _planning_tick(state: RankState, _ev: Tick, now: float, s: RuntimeSettings) -> Result:
+    if now < state.deadline:
+        return state, ()
+    return _fail(state, f"rank {s.rank} got no answer from its coordinator (rank 0) for step {state.step} within "
+                        f"{s.plan_timeout_s:g}s; rank 0 is hung or gone: exit so the replica is restarted")
+
+
+def _commit(state: RankState, s: RuntimeSettings) -> Result:
+    plan = state.plan
+    before = state.fetched_ledger if plan is not None and plan.behind else state.ledger_before
+    assert plan is not None and before is not None and (not plan.behind or state.fetch is Fetch.DONE)
+    next_step = plan.step + 1
+    outcome = StepOutcome(True, plan.step, plan.quorum_id, state.attempt, plan.behind, plan.included,
+                          dict(before.positions), "committed", plan.lr_scale)
+    effects: list[Effect] = [StopServing(plan.fetchers, s.fetch_hold_timeout_s if plan.fetchers else 0.0)]
+    if plan.behind:
+        effects.append(AdoptFetched(plan.step))
+    effects += [ApplyStep(plan), Concluded(outcome)]
+    if plan.report_digest:
+        effects.append(SendDigest(state.attempt, plan.step))
+    if s.checkpoint_every_steps and next_step % s.checkpoint_every_steps == 0 and s.rank == 0:
+        # inside a replica the state is replicated: rank 0 writes it (and its replica's ledger entry)
+        effects.append(Checkpoint(next_step, plan.writes_checkpoint_state))
+    new = _replace(state, phase=Phase.IDLE, step=next_step, ledger=before.advanced(plan.included), deadline=INF,
+                   fetch=Fetch.NONE, fetched_ledger=None, failures_in_a_row=0, last_failure="")
+    return new, tuple(effects)
+
+
+def _retry(state: RankState, reason: str, s: RuntimeSettings) -> Result:
+    effects: list[Effect] = []
+    if state.fetch in _HELD:
+        effects.append(CancelFetch(reason))
+    if state.phase in (Phase.TRAINING, Phase.VOTING):
+        effects.append(DropGradients(reason))
+    plan = state.plan
+    before = state.ledger_before or state.ledger
+    effects.append(Concluded(StepOutcome(
+        False, plan.step if plan else state.step, state.quorum_id, state.attempt, bool(plan and plan.behind),
+        plan.included if plan else (), dict(before.positions), reason, plan.lr_scale if plan else 1.0)))
+    failures = state.failures_in_a_row + 1
+    new = _replace(state, phase=Phase.IDLE, deadline=INF, fetch=Fetch.NONE, fetched_ledger=None,
+                   failures_in_a_row=failures, last_failure=reason)
+    if failures > s.max_retries:
+        message = (f"step {state.step} failed {failures} times in a row, more than max_retries={s.max_retries}; "
+                   f"last failure: {reason}")
+        return _replace(new, phase=Phase.FAILED, reason=message), (*effects, Fail(message, retries_exhausted=True))
+    return new, tuple(effects)
+
+
+def _fail(state: RankState, message: str) -> Result:
+    effects: tuple[Effect, ...] = (CancelFetch(message),) if state.fetch in _HELD else ()
+    return _replace(state, phase=Phase.FAILED, deadline=INF, fetch=Fetch.NONE, reason=message), (*effects, Fail(message))
+
+
+def _lost(state: RankState, ev: CoordinatorLost, _now: float, s: RuntimeSettings) -> Result:
+    return _fail(state, f"rank {s.rank} lost its coordinator (rank 0): {ev.reason}; exit so the replica is "
+                        f"restarted and catches up")
+
+
+def _close(state: RankState, ev: Close, now: float, s: RuntimeSettings) -> Result:
+    effects: list[Effect] = []
+    if state.fetch in _HELD:
+        effects.append(CancelFetch(ev.reason))
+    if state.phase is Phase.TRAINING:
+        effects.append(DropGradients(ev.reason))
+    effects.append(SendClose(state.step, ev.reason))
+    new = _replace(state, phase=Phase.FINISHING, deadline=now + s.finish_timeout_s, fetch=Fetch.NONE, reason=ev.reason)
+    return new, tuple(effects)
+
+
+def _close_failed(state: RankState, _ev: Close, _now: float, _s: RuntimeSettings) -> Result:
+    return state, (Closed(False, state.reason),)
+
+
+def _nothing(state: RankState, _ev: Event, _now: float, _s: RuntimeSettings) -> Result:
+    return state, ()
+
+
+def _finished(state: RankState, ev: FinishedArrived, _now: float, _s: RuntimeSettings) -> Result:
+    return _replace(state, phase=Phase.FINISHED, deadline=INF, reason=ev.reason), (Closed(ev.clean, ev.reason),)
+
+
+def _finishing_tick(state: RankState, _ev: Tick, now: float, s: RuntimeSettings) -> Result:
+    if now < state.deadline:
+        return state, ()
+    reason = f"the coordinator did not confirm the replica finished within {s.finish_timeout_s:g}s"
+    return _replace(state, phase=Phase.FINISHED, deadline=INF, reason=reason), (Closed(False, reason),)
+
+
+def _finishing_lost(state: RankState, ev: CoordinatorLost, _now: float, _s: RuntimeSettings) -> Result:
+    reason = f"the coordinator went away before confirming the replica finished: {ev.reason}"
+    return _replace(state, phase=Phase.FINISHED, deadline=INF, reason=reason), (Closed(False, reason),)
+
+
+_COMMIT_WITHOUT_VOTE = ("the coordinator committed attempt {attempt} before rank {rank} voted: the replica's ranks "
+                        "disagree; exit so the replica is restarted and catches up")
+
+Handler = Callable[[RankState, Event, float, RuntimeSettings], Result]
+P = Phase
+_TABLE: dict[tuple[Phase, type], Handler] = {
+    (P.IDLE, Begin): _begin,
+    (P.IDLE, Close): _close,
+    (P.IDLE, CoordinatorLost): _lost,
+    (P.PLANNING, PlanArrived): _plan,
+    (P.PLANNING, PlanRefused): _refused,
+    (P.PLANNING, DecisionArrived): _planning_decision,
+    (P.PLANNING, Tick): _planning_tick,
+    (P.PLANNING, Close): _close,
+    (P.PLANNING, CoordinatorLost): _lost,
+    (P.TRAINING, Reduced): _reduced,
+    (P.TRAINING, FetchFinished): _fetched,
+    (P.TRAINING, End): _end,
+    (P.TRAINING, Tick): _training_tick,
+    (P.TRAINING, PlanArrived): _training_message,
+    (P.TRAINING, PlanRefused): _training_message,
+    (P.TRAINING, DecisionArrived): _training_message,
+    (P.TRAINING, Close): _close,
+    (P.TRAINING, CoordinatorLost): _lost,
+    (P.VOTING, DecisionArrived): _decided,
+    (P.VOTING, Tick): _voting_tick,
+    (P.VOTING, CoordinatorLost): _lost,
+    (P.VOTING, Close): _close,
+    (P.ENDED, Begin): _begin_again,
+    (P.ENDED, Close): _close,
+    (P.FINISHING, FinishedArrived): _finished,
+    (P.FINISHING, Tick): _finishing_tick,
+    (P.FINISHING, CoordinatorLost): _finishing_lost,
+    (P.FINISHING, Close): _nothing,
+    (P.FINISHED, Close): _nothing,
+    (P.FAILED, Begin): _begin_again,
+    (P.FAILED, Close): _close_failed,
+}

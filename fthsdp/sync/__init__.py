@@ -1,0 +1,1 @@
+"""Gradient averaging inside a replica and across replicas (FTAR)."""

@@ -1,0 +1,164 @@
+from protos import controller_pb2 as _controller_pb2
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class RankHello(_message.Message):
+    __slots__ = ("rank", "world_size", "job_id", "replica_id", "ftar_address", "state_address", "incarnation", "auth")
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    FTAR_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    STATE_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
+    AUTH_FIELD_NUMBER: _ClassVar[int]
+    rank: int
+    world_size: int
+    job_id: str
+    replica_id: str
+    ftar_address: str
+    state_address: str
+    incarnation: str
+    auth: bytes
+    def __init__(self, rank: _Optional[int] = ..., world_size: _Optional[int] = ..., job_id: _Optional[str] = ..., replica_id: _Optional[str] = ..., ftar_address: _Optional[str] = ..., state_address: _Optional[str] = ..., incarnation: _Optional[str] = ..., auth: _Optional[bytes] = ...) -> None: ...
+
+class BeginStep(_message.Message):
+    __slots__ = ("step",)
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    step: int
+    def __init__(self, step: _Optional[int] = ...) -> None: ...
+
+class StepVote(_message.Message):
+    __slots__ = ("attempt", "ok", "reason", "loss", "tokens")
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    OK_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    LOSS_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    attempt: int
+    ok: bool
+    reason: str
+    loss: float
+    tokens: int
+    def __init__(self, attempt: _Optional[int] = ..., ok: _Optional[bool] = ..., reason: _Optional[str] = ..., loss: _Optional[float] = ..., tokens: _Optional[int] = ...) -> None: ...
+
+class StateDigest(_message.Message):
+    __slots__ = ("attempt", "step", "sha256")
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    SHA256_FIELD_NUMBER: _ClassVar[int]
+    attempt: int
+    step: int
+    sha256: bytes
+    def __init__(self, attempt: _Optional[int] = ..., step: _Optional[int] = ..., sha256: _Optional[bytes] = ...) -> None: ...
+
+class CloseRank(_message.Message):
+    __slots__ = ("step", "reason")
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    step: int
+    reason: str
+    def __init__(self, step: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class RankFrame(_message.Message):
+    __slots__ = ("hello", "begin", "vote", "digest", "close")
+    HELLO_FIELD_NUMBER: _ClassVar[int]
+    BEGIN_FIELD_NUMBER: _ClassVar[int]
+    VOTE_FIELD_NUMBER: _ClassVar[int]
+    DIGEST_FIELD_NUMBER: _ClassVar[int]
+    CLOSE_FIELD_NUMBER: _ClassVar[int]
+    hello: RankHello
+    begin: BeginStep
+    vote: StepVote
+    digest: StateDigest
+    close: CloseRank
+    def __init__(self, hello: _Optional[_Union[RankHello, _Mapping]] = ..., begin: _Optional[_Union[BeginStep, _Mapping]] = ..., vote: _Optional[_Union[StepVote, _Mapping]] = ..., digest: _Optional[_Union[StateDigest, _Mapping]] = ..., close: _Optional[_Union[CloseRank, _Mapping]] = ...) -> None: ...
+
+class StepPlan(_message.Message):
+    __slots__ = ("attempt", "step", "quorum")
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    QUORUM_FIELD_NUMBER: _ClassVar[int]
+    attempt: int
+    step: int
+    quorum: _controller_pb2.QuorumResponse
+    def __init__(self, attempt: _Optional[int] = ..., step: _Optional[int] = ..., quorum: _Optional[_Union[_controller_pb2.QuorumResponse, _Mapping]] = ...) -> None: ...
+
+class NoPlan(_message.Message):
+    __slots__ = ("attempt", "step", "kind", "reason")
+    class Kind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        KIND_UNSPECIFIED: _ClassVar[NoPlan.Kind]
+        RETRY: _ClassVar[NoPlan.Kind]
+        FINISHED: _ClassVar[NoPlan.Kind]
+        FATAL: _ClassVar[NoPlan.Kind]
+    KIND_UNSPECIFIED: NoPlan.Kind
+    RETRY: NoPlan.Kind
+    FINISHED: NoPlan.Kind
+    FATAL: NoPlan.Kind
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    attempt: int
+    step: int
+    kind: NoPlan.Kind
+    reason: str
+    def __init__(self, attempt: _Optional[int] = ..., step: _Optional[int] = ..., kind: _Optional[_Union[NoPlan.Kind, str]] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class StepDecision(_message.Message):
+    __slots__ = ("attempt", "quorum_id", "step", "outcome", "reason")
+    class Outcome(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        OUTCOME_UNSPECIFIED: _ClassVar[StepDecision.Outcome]
+        COMMIT: _ClassVar[StepDecision.Outcome]
+        RETRY: _ClassVar[StepDecision.Outcome]
+    OUTCOME_UNSPECIFIED: StepDecision.Outcome
+    COMMIT: StepDecision.Outcome
+    RETRY: StepDecision.Outcome
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    QUORUM_ID_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    OUTCOME_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    attempt: int
+    quorum_id: int
+    step: int
+    outcome: StepDecision.Outcome
+    reason: str
+    def __init__(self, attempt: _Optional[int] = ..., quorum_id: _Optional[int] = ..., step: _Optional[int] = ..., outcome: _Optional[_Union[StepDecision.Outcome, str]] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class ReplicaFinished(_message.Message):
+    __slots__ = ("step", "clean", "reason")
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    CLEAN_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    step: int
+    clean: bool
+    reason: str
+    def __init__(self, step: _Optional[int] = ..., clean: _Optional[bool] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class Refusal(_message.Message):
+    __slots__ = ("reason",)
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    reason: str
+    def __init__(self, reason: _Optional[str] = ...) -> None: ...
+
+class CoordinatorFrame(_message.Message):
+    __slots__ = ("plan", "no_plan", "decision", "finished", "refusal")
+    PLAN_FIELD_NUMBER: _ClassVar[int]
+    NO_PLAN_FIELD_NUMBER: _ClassVar[int]
+    DECISION_FIELD_NUMBER: _ClassVar[int]
+    FINISHED_FIELD_NUMBER: _ClassVar[int]
+    REFUSAL_FIELD_NUMBER: _ClassVar[int]
+    plan: StepPlan
+    no_plan: NoPlan
+    decision: StepDecision
+    finished: ReplicaFinished
+    refusal: Refusal
+    def __init__(self, plan: _Optional[_Union[StepPlan, _Mapping]] = ..., no_plan: _Optional[_Union[NoPlan, _Mapping]] = ..., decision: _Optional[_Union[StepDecision, _Mapping]] = ..., finished: _Optional[_Union[ReplicaFinished, _Mapping]] = ..., refusal: _Optional[_Union[Refusal, _Mapping]] = ...) -> None: ...

@@ -1,0 +1,141 @@
+"""Fault injection for the runtime's tests: wrappers around real parts, applied from outside
+(through `fthsdp.Seams`, or by pointing a fetcher at a proxy). Production code never
+checks for a fault.
+
+    seams = Seams(endpoint=lambda ep: KillWhenAllreduceStarts(ep, lambda: manager.plan.step == 4),
+                  sync=lambda s: FailingSync(s, lambda plan: "injected" if plan and plan.step == 7 else None))
+"""
+
+from __future__ import annotations
+
+import os
+import selectors
+import socket
+import threading
+from pathlib import Path
+from typing import Callable
+
+from fthsdp.state.checkpoint import CheckpointStore
+from fthsdp.sync.gradients import GradientSync, SyncResult
+
+
+class _Delegate:
+    def __init__(self, inner) -> None:
+        self._inner = inner
+
+    def __getattr__(self, name: str):
+        return getattr(self._inner, name)
+
+
+class KillWhenAllreduceStarts(_Delegate):
+    """An FTAR endpoint whose process exits (as if SIGKILLed: no cleanup, code 137) right
+    after an all-reduce was submitted, when `should_kill()` says so."""
+
+    def __init__(self, endpoint, should_kill: Callable[[], bool], before_exit: Callable[[], None] = lambda: None):
+        super().__init__(endpoint)
+        self._should_kill, self._before_exit = should_kill, before_exit
+
+    def allreduce(self, tensor):
+        handle = self._inner.allreduce(tensor)
+        if self._should_kill():
+            self._before_exit()
+            os._exit(137)
+        return handle
+
+
+class FailingSync(_Delegate):
+    """A GradientSync whose reduction really runs (other replicas include this rank's
+    gradient) but reports failure when `reason_for(plan)` returns a reason: this rank votes no."""
+
+    def __init__(self, sync: GradientSync, reason_for: Callable[[object], str | None]) -> None:
+        super().__init__(sync)
+        self._reason_for = reason_for
+
+    def reduce_(self, flat, plan) -> SyncResult:
+        result = self._inner.reduce_(flat, plan)
+        reason = self._reason_for(plan)
+        return SyncResult(False, reason) if reason else result
+
+
+class SimulatedCrash(Exception):
+    """Raised where a CrashingStore dies, as if the process died there."""
+
+
+class CrashingStore(CheckpointStore):
+    """A checkpoint store that dies before its `crash_before`-th file becomes visible
+    (1: before the state file's rename; 2: before its checksum's)."""
+
+    def __init__(self, directory: str | os.PathLike[str], crash_before: int) -> None:
+        super().__init__(directory)
+        self._left = crash_before
+
+    def _publish(self, tmp: Path, final: Path) -> None:
+        self._left -= 1
+        if self._left == 0:
+            raise SimulatedCrash(f"simulated crash before {final.name} became visible")
+        super()._publish(tmp, final)
+
+
+class DamagingProxy:
+    """A TCP proxy in front of `target` that damages the next connection's response:
+    "corrupt" flips one byte past `after_bytes`, "truncate" closes it there. Later
+    connections pass through untouched."""
+
+    def __init__(self, target: str, damage: str, after_bytes: int = 4096) -> None:
+        if damage not in ("corrupt", "truncate"):
+            raise ValueError(f"damage must be 'corrupt' or 'truncate', got {damage!r}")
+        self._target, self._damage, self._after = target, damage, after_bytes
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.address = f"127.0.0.1:{self._listener.getsockname()[1]}"
+        self.connections = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        self._listener.settimeout(0.2)
+        while not self._stop.is_set():
+            try:
+                client, _ = self._listener.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            damage = self._damage if self.connections == 0 else ""
+            self.connections += 1
+            threading.Thread(target=self._pipe, args=(client, damage), daemon=True).start()
+
+    def _pipe(self, client: socket.socket, damage: str) -> None:
+        host, _, port = self._target.rpartition(":")
+        upstream = socket.create_connection((host, int(port)), timeout=10)
+        sel = selectors.DefaultSelector()
+        sel.register(client, selectors.EVENT_READ, upstream)
+        sel.register(upstream, selectors.EVENT_READ, client)
+        sent_back = 0
+        try:
+            while not self._stop.is_set():
+                for key, _ in sel.select(1.0):
+                    data = key.fileobj.recv(1 << 16)
+                    if not data:
+                        return
+                    if key.fileobj is upstream and damage and sent_back + len(data) > self._after:
+                        cut = max(self._after - sent_back, 0)
+                        if damage == "truncate":
+                            client.sendall(data[:cut])
+                            return
+                        data = data[:cut] + bytes([data[cut] ^ 0xFF]) + data[cut + 1:]
+                        damage = ""
+                    if key.fileobj is upstream:
+                        sent_back += len(data)
+                    key.data.sendall(data)
+        except OSError:
+            return
+        finally:
+            sel.close()
+            client.close()
+            upstream.close()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._listener.close()
+        self._thread.join(5.0)

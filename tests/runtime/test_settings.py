@@ -1,0 +1,68 @@
+"""RuntimeSettings: validation names the bad value; from_env reads torchrun's variables, FTHSDP_* win."""
+
+from __future__ import annotations
+
+import pytest
+
+from fthsdp.settings import RuntimeSettings
+
+TORCHRUN = {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "MASTER_ADDR": "10.1.2.3", "MASTER_PORT": "29500"}
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("world_size", 0, "world_size must be between 1 and 8192, got 0"),
+    ("rank", 3, "rank must be in [0, world_size=2), got 3"),
+    ("gather_timeout_s", 0, "gather_timeout_s must be a finite number of seconds > 0, got 0"),
+    ("quorum_timeout_s", float("inf"), "quorum_timeout_s must be a finite number of seconds > 0, got inf"),
+    ("checkpoint_every_steps", 5, "checkpoint_dir must be set"),
+    ("max_steps", -1, "max_steps must be >= 0, got -1"),
+    ("apply_lr_scale", "yes", "apply_lr_scale must be True or False, got 'yes'"),
+    ("coordinator_address", "nohost", "coordinator_address must be host:port, got 'nohost'"),
+])
+def test_validate_names_bad_values(field, value, message):
+    base = dict(controller_address="x:1", world_size=2, coordinator_address="y:2")
+    with pytest.raises(ValueError) as info:
+        RuntimeSettings(**{**base, field: value}).validate()
+    assert message in str(info.value)
+
+
+def test_torchrun_variables_fill_rank_world_and_the_coordinator_address():
+    s = RuntimeSettings.from_env(TORCHRUN)
+    assert (s.rank, s.world_size, s.local_rank, s.coordinator_address) == (1, 2, 1, "10.1.2.3:29501")
+    assert s.controller_address == ""  # only rank 0 needs it
+
+
+def test_fthsdp_variables_win_over_torchrun_and_keywords_over_both():
+    env = {**TORCHRUN, "FTHSDP_RANK": "0", "FTHSDP_CONTROLLER": "c:1", "FTHSDP_COORDINATOR_ADDRESS": "h:7",
+           "FTHSDP_MAX_STEPS": "50"}
+    s = RuntimeSettings.from_env(env, max_steps=60)
+    assert (s.rank, s.coordinator_address, s.controller_address, s.max_steps) == (0, "h:7", "c:1", 60)
+
+
+@pytest.mark.parametrize("drop, named", [("MASTER_ADDR", "MASTER_ADDR is not set on this rank"),
+                                         ("MASTER_PORT", "MASTER_PORT is not set on this rank")])
+def test_a_missing_torchrun_variable_is_named(drop, named):
+    env = {k: v for k, v in TORCHRUN.items() if k != drop}
+    with pytest.raises(ValueError, match=named):
+        RuntimeSettings.from_env(env)
+
+
+def test_rank_0_without_a_controller_is_told_which_variable_to_set():
+    with pytest.raises(ValueError, match="controller_address must be set on rank 0.*FTHSDP_CONTROLLER"):
+        RuntimeSettings.from_env({**TORCHRUN, "RANK": "0"})
+
+
+def test_a_multi_rank_replica_without_any_coordinator_address_is_refused():
+    with pytest.raises(ValueError, match="set FTHSDP_COORDINATOR_ADDRESS, or torchrun's MASTER_ADDR and MASTER_PORT"):
+        RuntimeSettings.from_env({"RANK": "1", "WORLD_SIZE": "2"})
+
+
+def test_a_single_rank_replica_needs_no_coordinator_address():
+    assert RuntimeSettings.from_env({"FTHSDP_CONTROLLER": "c:1"}).coordinator_address == ""
+
+
+@pytest.mark.parametrize("env, named", [({"RANK": "one"}, "RANK='one' is not a number"),
+                                        ({**TORCHRUN, "MASTER_PORT": "65535"}, "MASTER_PORT='65535'")])
+def test_unparsable_variables_are_named(env, named):
+    with pytest.raises(ValueError, match=named):
+        RuntimeSettings.from_env(env)
