@@ -178,7 +178,8 @@ def _catchup_source(args: argparse.Namespace) -> None:
 
     def snapshot():
         entries, scalars = live_entries(model, opt)
-        return build_manifest(0, "{}", entries, scalars), [t for _, t in entries]
+        groups = opt.state_dict()["param_groups"]
+        return build_manifest(0, "{}", entries, scalars, groups), [t for _, t in entries]
 
     server = StateServer("127.0.0.1", 0, snapshot, "bench").start()
     server.serve(0)

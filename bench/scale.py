@@ -6,9 +6,9 @@ The real controller runs as its own process. Simulated agents register every hos
 real heartbeat for each of them (multiplexed: one message carries many host ids); simulated
 replica leaders (real gRPC) join quorums with every rank's addresses and commit steps;
 quorum latency is timed from the release of a round to its last answer (commit reports go
-between rounds). Then one replica's real intra-replica fan-out and commit vote run at full
-rank count (the leader's production channel; the other ranks simulated as asyncio
-connections in one process). Prints one JSON line.
+between rounds). Then one replica's real intra-replica rounds (begin, plan fan-out, vote,
+decision) run at full rank count (the production coordinator service on rank 0's side; the
+ranks simulated as sockets on one selector in one process). Prints one JSON line.
 """
 
 from __future__ import annotations
@@ -132,7 +132,7 @@ async def run(args) -> dict:
 
 
 def fanout(ranks: int, rounds: int) -> dict:
-    """One replica's real intra-replica fan-out + commit at full rank count."""
+    """One replica's real coordinator rounds at full rank count."""
     from fthsdp.channel_simulation import simulate_rounds
 
     rounds_ = simulate_rounds(ranks, rounds)

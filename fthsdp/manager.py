@@ -306,17 +306,20 @@ class Manager:
         """Advance the protocol by `event` and execute its effects; events the execution
         produces (a lost channel) are fed after them, in order. A Fail effect raises."""
         self._queue.append(event)
-        while self._queue:
-            t0 = time.perf_counter()
-            self._state, effects = advance(self._state, self._queue.popleft(), time.monotonic())
-            self.protocol_s += time.perf_counter() - t0
-            self.protocol_events += 1
-            for effect in effects:
-                if isinstance(effect, ev.Fail):
-                    self._queue.clear()
-                    error = RetryLimitExceeded if effect.retries_exhausted else Fatal
-                    raise error(effect.message)
-                self._execute(effect)
+        try:
+            while self._queue:
+                t0 = time.perf_counter()
+                self._state, effects = advance(self._state, self._queue.popleft(), time.monotonic())
+                self.protocol_s += time.perf_counter() - t0
+                self.protocol_events += 1
+                for effect in effects:
+                    if isinstance(effect, ev.Fail):
+                        error = RetryLimitExceeded if effect.retries_exhausted else Fatal
+                        raise error(effect.message)
+                    self._execute(effect)
+        except BaseException:
+            self._queue.clear()  # nothing left over for the next call
+            raise
 
     def _wait_while(self, *phases: Phase) -> None:
         while self._state.phase in phases:
@@ -365,7 +368,7 @@ class Manager:
     def _plan_arrived(self, message: rpb.StepPlan) -> ev.PlanArrived:
         s = self.settings
         try:
-            addresses = self._book.fill(message.quorum)
+            addresses = self._book.fill(message)
             plan = plan_for_rank(message.quorum, addresses, s.job_id, s.replica_id, s.rank, s.digest_every_steps)
         except PlanError as exc:
             return ev.PlanArrived(message.attempt, message.step, None, str(exc))

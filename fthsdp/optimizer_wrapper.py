@@ -1,8 +1,8 @@
 """How an existing PyTorch loop adopts the runtime: an optimizer wrapper and a DDP hook.
 
     opt = FaultTolerantOptimizer(manager, torch.optim.AdamW(model.parameters()))
-    for batch in manager.batches(batch_at):
-        opt.zero_grad()          # joins this step's quorum (and starts catch-up if behind)
+    for batch in manager.batches(batch_at):   # each batch begins a step: quorum, catch-up if behind
+        opt.zero_grad()          # begins the step if the loop did not (idempotent within a step)
         loss = model(batch).loss
         loss.backward()
         opt.step(loss)           # averages gradients, votes, commits or retries -> bool

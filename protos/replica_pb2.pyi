@@ -1,8 +1,9 @@
 from protos import controller_pb2 as _controller_pb2
+from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
-from collections.abc import Mapping as _Mapping
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
 from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
@@ -80,14 +81,26 @@ class RankFrame(_message.Message):
     def __init__(self, hello: _Optional[_Union[RankHello, _Mapping]] = ..., begin: _Optional[_Union[BeginStep, _Mapping]] = ..., vote: _Optional[_Union[StepVote, _Mapping]] = ..., digest: _Optional[_Union[StateDigest, _Mapping]] = ..., close: _Optional[_Union[CloseRank, _Mapping]] = ...) -> None: ...
 
 class StepPlan(_message.Message):
-    __slots__ = ("attempt", "step", "quorum")
+    __slots__ = ("attempt", "step", "quorum", "peers")
     ATTEMPT_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
     QUORUM_FIELD_NUMBER: _ClassVar[int]
+    PEERS_FIELD_NUMBER: _ClassVar[int]
     attempt: int
     step: int
     quorum: _controller_pb2.QuorumResponse
-    def __init__(self, attempt: _Optional[int] = ..., step: _Optional[int] = ..., quorum: _Optional[_Union[_controller_pb2.QuorumResponse, _Mapping]] = ...) -> None: ...
+    peers: PeerAddresses
+    def __init__(self, attempt: _Optional[int] = ..., step: _Optional[int] = ..., quorum: _Optional[_Union[_controller_pb2.QuorumResponse, _Mapping]] = ..., peers: _Optional[_Union[PeerAddresses, _Mapping]] = ...) -> None: ...
+
+class PeerAddresses(_message.Message):
+    __slots__ = ("replica_ids", "ftar_addresses", "state_addresses")
+    REPLICA_IDS_FIELD_NUMBER: _ClassVar[int]
+    FTAR_ADDRESSES_FIELD_NUMBER: _ClassVar[int]
+    STATE_ADDRESSES_FIELD_NUMBER: _ClassVar[int]
+    replica_ids: _containers.RepeatedScalarFieldContainer[str]
+    ftar_addresses: _containers.RepeatedScalarFieldContainer[str]
+    state_addresses: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, replica_ids: _Optional[_Iterable[str]] = ..., ftar_addresses: _Optional[_Iterable[str]] = ..., state_addresses: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class NoPlan(_message.Message):
     __slots__ = ("attempt", "step", "kind", "reason")

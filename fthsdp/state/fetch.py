@@ -50,11 +50,12 @@ def fetch_once(address: str, step: int, replica_id: str, target_of: Callable[[],
         if manifest.step != step:
             raise TransferError(f"{address} sent step {manifest.step}, asked for {step}")
         target = target_of()
+        target.check(manifest)  # every entry fits this rank, before one byte of state is written
+        destinations = [tensor_bytes(target.destination(entry)) for entry in manifest.entries]
         with PipelinedChecksum() as checksum:
             checksum.update_bytes(head)
             checksum.update_bytes(body)
-            for entry in manifest.entries:
-                view = tensor_bytes(target.destination(entry))
+            for view in destinations:
                 for off in range(0, len(view), PIECE_BYTES):
                     if cancelled():
                         raise TransferError(f"fetch of step {step} from {address} was cancelled")

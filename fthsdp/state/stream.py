@@ -254,18 +254,23 @@ class StateTarget:
             raise TransferError(f"state entry {entry.name} claims {entry.nbytes} bytes for shape {list(entry.shape)}")
         return t
 
-    def finish(self, manifest: Manifest) -> Fetched:
-        if set(self._user) != self._user_names:
-            raise TransferError(f"the source sent registered state {sorted(self._user)}; this rank registered "
+    def check(self, manifest: Manifest) -> None:
+        """What the whole manifest must fit before any entry is stored."""
+        names = {e.name.partition("/")[2] for e in manifest.entries if e.name.startswith("user/")}
+        if names != self._user_names:
+            raise TransferError(f"the source sent registered state {sorted(names)}; this rank registered "
                                 f"{sorted(self._user_names)}")
-        optim = {idx: dict(values) for idx, values in self._optim_state.items()}
+        groups = [g.get("params") for g in manifest.optim_groups]
+        if groups != self._group_params:
+            raise TransferError(f"the source's optimizer has parameter groups {groups!r:.200}, this rank's "
+                                f"{self._group_params!r:.200}")
         for idx, values in manifest.optim_scalars.items():
             if not str(idx).isdigit() or int(idx) >= len(self._param_shapes) or not isinstance(values, dict):
                 raise TransferError(f"optimizer scalars for parameter {idx!r} do not fit this optimizer")
+
+    def finish(self, manifest: Manifest) -> Fetched:
+        optim = {idx: dict(values) for idx, values in self._optim_state.items()}
+        for idx, values in manifest.optim_scalars.items():
             optim.setdefault(int(idx), {}).update(values)
-        groups = [dict(g) for g in manifest.optim_groups]
-        if [g.get("params") for g in groups] != self._group_params:
-            raise TransferError(f"the source's optimizer has parameter groups {[g.get('params') for g in groups]!r:.200}, "
-                                f"this rank's {self._group_params!r:.200}")
-        return Fetched(manifest, {"state": optim, "param_groups": groups},
+        return Fetched(manifest, {"state": optim, "param_groups": [dict(g) for g in manifest.optim_groups]},
                        {name: t.numpy().tobytes() for name, t in self._user.items()})

@@ -21,7 +21,9 @@ Rules that keep every rank of the replica on the same outcome:
   it; a no, a silent rank (`gather_timeout_s` after the first vote), a rank that closed or
   left makes it RETRY; later votes on a decided attempt are ignored;
 - every begin gets exactly one answer (plan or no_plan), numbered like decisions, so a rank
-  can tell a late message from the answer it waits for.
+  can tell a late message from the answer it waits for;
+- the plan is the controller's answer, one frame for every rank, except when the quorum's
+  addresses are new: then each rank gets its own column of them with it.
 
 Unlike the rank protocol, this object keeps its state in place: its events are per rank
 (8,192 votes per step), and copying the tallies for each would cost O(ranks²) per step.
@@ -37,7 +39,7 @@ from typing import Union
 
 from fthsdp.settings import RuntimeSettings
 from fthsdp.step.messages import clip
-from fthsdp.step.plan import digest_due
+from fthsdp.step.plan import address_columns, digest_due, without_addresses
 from protos import controller_pb2 as pb
 from protos import replica_pb2 as rpb
 
@@ -122,6 +124,12 @@ class SendTo:
 
 
 @dataclass(frozen=True)
+class SendEach:
+    """Send each connection its own frame (a plan with that rank's address column)."""
+    frames: tuple[tuple[int, rpb.CoordinatorFrame], ...]
+
+
+@dataclass(frozen=True)
 class Refuse:
     """Tell `conn` why, then close it."""
     conn: int
@@ -162,7 +170,7 @@ class ReportFinished:
     reason: str
 
 
-Effect = Union[Broadcast, SendTo, Refuse, RequestQuorum, ReportStep, ReportFailure, ReportFinished]
+Effect = Union[Broadcast, SendTo, SendEach, Refuse, RequestQuorum, ReportStep, ReportFailure, ReportFinished]
 
 
 @dataclass
@@ -365,9 +373,14 @@ class Coordination:
         r.answer, r.trained = answer, answer.max_step
         me = next((m for m in answer.members if m.replica_id == self.settings.replica_id), None)
         r.behind = me is not None and not me.healthy
-        if answer.addresses_included:
-            self.relayed_quorum_id = answer.quorum_id
-        return [Broadcast(rpb.CoordinatorFrame(plan=rpb.StepPlan(attempt=self.attempt, step=r.step, quorum=answer)))]
+        if not answer.addresses_included:  # the ranks hold this quorum's addresses: one frame for all
+            return [Broadcast(rpb.CoordinatorFrame(plan=rpb.StepPlan(attempt=self.attempt, step=r.step,
+                                                                     quorum=answer)))]
+        self.relayed_quorum_id = answer.quorum_id
+        bare = without_addresses(answer)
+        return [SendEach(tuple((self.conn_of[k], rpb.CoordinatorFrame(plan=rpb.StepPlan(
+                    attempt=self.attempt, step=r.step, quorum=bare, peers=column)))
+                for k, column in enumerate(address_columns(answer, self.world)) if k in self.conn_of))]
 
     def _quorum_failed(self, ev: QuorumFailed, now: float) -> list[Effect]:
         step = self.round.step

@@ -131,6 +131,8 @@ class CoordinatorService:
     def _execute(self, effect: co.Effect) -> None:
         if isinstance(effect, co.Broadcast):
             self._broadcast(effect.frame)
+        elif isinstance(effect, co.SendEach):
+            self._send_each(effect.frames)
         elif isinstance(effect, co.SendTo):
             conn = self._connections.get(effect.conn)
             if conn is not None:
@@ -159,19 +161,33 @@ class CoordinatorService:
 
     def _broadcast(self, message: rpb.CoordinatorFrame) -> None:
         data = frame(message)  # encoded once for every rank
-        kind = message.WhichOneof("body")
-        mark = None
-        if kind in ("plan", "decision"):  # noted before the first write: a rank may answer at once
-            outcome = rpb.StepDecision.Outcome.Name(message.decision.outcome) if kind == "decision" else ""
-            mark = [kind, time.perf_counter(), 0.0, outcome]
-            self.marks.append(mark)
         assert self._core is not None
+        mark = self._mark(message)
         for conn_id in self._core.conn_of.values():
             conn = self._connections.get(conn_id)
             if conn is not None:
                 conn.transport.write(data)
         if mark is not None:
             mark[2] = time.perf_counter() - mark[1]
+
+    def _send_each(self, frames: tuple[tuple[int, rpb.CoordinatorFrame], ...]) -> None:
+        mark = self._mark(frames[0][1]) if frames else None
+        for conn_id, message in frames:
+            conn = self._connections.get(conn_id)
+            if conn is not None:
+                conn.transport.write(frame(message))
+        if mark is not None:
+            mark[2] = time.perf_counter() - mark[1]
+
+    def _mark(self, message: rpb.CoordinatorFrame) -> list | None:
+        """Note a plan or decision before its first write (a rank may answer at once)."""
+        kind = message.WhichOneof("body")
+        if kind not in ("plan", "decision"):
+            return None
+        outcome = rpb.StepDecision.Outcome.Name(message.decision.outcome) if kind == "decision" else ""
+        mark = [kind, time.perf_counter(), 0.0, outcome]
+        self.marks.append(mark)
+        return mark
 
     # ------------------------------------------------------------ controller calls (worker thread)
 

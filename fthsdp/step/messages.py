@@ -18,8 +18,9 @@ from protos import replica_pb2 as rpb
 FRAME = struct.Struct(">I")
 #: rank -> coordinator frames are small: a hello with two addresses is the largest
 MAX_RANK_FRAME_BYTES = 16 << 10
-#: coordinator -> rank: a plan carries every member's addresses when the quorum changed
-MAX_COORDINATOR_FRAME_BYTES = 64 << 20
+#: coordinator -> rank: a plan lists every member (and, when the quorum changed, its column
+#: of their addresses)
+MAX_COORDINATOR_FRAME_BYTES = 16 << 20
 MAX_REASON_CHARS = 1000
 MAX_ID_CHARS = 128
 MAX_ADDRESS_CHARS = 256
@@ -143,6 +144,10 @@ def decode_coordinator_frame(body: bytes) -> tuple[str, object]:
         _check_step("plan step", inner.step)
         if not inner.HasField("quorum"):
             raise MessageError(f"plan of attempt {inner.attempt} carries no quorum")
+        p = inner.peers
+        if not len(p.replica_ids) == len(p.ftar_addresses) == len(p.state_addresses):
+            raise MessageError(f"plan of attempt {inner.attempt} has {len(p.replica_ids)} peer ids for "
+                               f"{len(p.ftar_addresses)} FTAR and {len(p.state_addresses)} state addresses")
     elif kind == "no_plan":
         _check_attempt(inner.attempt)
         if inner.kind not in (rpb.NoPlan.RETRY, rpb.NoPlan.FINISHED, rpb.NoPlan.FATAL):

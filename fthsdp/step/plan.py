@@ -1,12 +1,13 @@
 """What one rank does in one step, derived from the controller's quorum answer (pure).
 
 The quorum travels in one shape: the controller's `QuorumResponse`, relayed by the
-replica's coordinator to every rank unchanged. The controller leaves member addresses out
-when the asker already holds them for that quorum id; each rank keeps an `AddressBook` of
-the addresses it last received and derives its own `RankPlan` from answer + book: its FTAR
-ring (rank k of every member, ordered by replica_id), whether its replica is behind and
-where its rank k fetches from, whose gradients the sum includes, and whether this step
-ends with a digest report.
+replica's coordinator to every rank without the members' address lists (the same bytes for
+every rank). Rank k needs only column k of them -- rank k of every member is its FTAR peer
+and its catch-up source -- so when a quorum's addresses are new the coordinator sends each
+rank its own column with the plan (`peers`, see `address_columns`); each rank keeps it in its
+`AddressBook`. From answer + book a rank derives its `RankPlan`: its FTAR ring (rank k of
+every member, ordered by replica_id), whether its replica is behind and where its rank k
+fetches from, whose gradients the sum includes, and whether this step ends with a digest.
 """
 
 from __future__ import annotations
@@ -17,9 +18,10 @@ from typing import Mapping
 
 from fthsdp.errors import PlanError
 from protos import controller_pb2 as pb
+from protos import replica_pb2 as rpb
 
-# replica_id -> (ftar addresses by rank, state addresses by rank)
-Addresses = Mapping[str, tuple[tuple[str, ...], tuple[str, ...]]]
+# replica_id -> (its rank k's FTAR address, its rank k's state address), for this rank k
+Addresses = Mapping[str, tuple[str, str]]
 
 
 @dataclass(frozen=True)
@@ -40,20 +42,39 @@ class RankPlan:
     writes_checkpoint_state: bool  # this replica writes model + optimizer when a checkpoint is due
 
 
+def address_columns(answer: pb.QuorumResponse, world_size: int) -> list[rpb.PeerAddresses]:
+    """Column k of the members' addresses for every rank k (the coordinator's side)."""
+    ids = [m.replica_id for m in answer.members]
+    ftars = [list(m.ftar_addresses) for m in answer.members]
+    states = [list(m.state_addresses) for m in answer.members]
+    return [rpb.PeerAddresses(replica_ids=ids, ftar_addresses=[f[k] if k < len(f) else "" for f in ftars],
+                              state_addresses=[a[k] if k < len(a) else "" for a in states])
+            for k in range(world_size)]
+
+
+def without_addresses(answer: pb.QuorumResponse) -> pb.QuorumResponse:
+    bare = pb.QuorumResponse()
+    bare.CopyFrom(answer)
+    for m in bare.members:
+        del m.ftar_addresses[:]
+        del m.state_addresses[:]
+    return bare
+
+
 class AddressBook:
-    """Member addresses by replica, from the last answer that carried them."""
+    """This rank's column of the members' addresses, from the last plan that carried it."""
 
     def __init__(self) -> None:
-        self._known: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {}
+        self._known: dict[str, tuple[str, str]] = {}
 
-    def fill(self, answer: pb.QuorumResponse) -> Addresses:
-        if answer.addresses_included:
-            self._known = {m.replica_id: (tuple(m.ftar_addresses), tuple(m.state_addresses))
-                           for m in answer.members}
-        missing = [m.replica_id for m in answer.members if m.replica_id not in self._known]
+    def fill(self, plan: rpb.StepPlan) -> Addresses:
+        if plan.HasField("peers"):
+            p = plan.peers
+            self._known = dict(zip(p.replica_ids, zip(p.ftar_addresses, p.state_addresses)))
+        missing = [m.replica_id for m in plan.quorum.members if m.replica_id not in self._known]
         if missing:
-            raise PlanError(f"quorum {answer.quorum_id} left out the addresses of {missing}, which this rank "
-                            f"never received")
+            raise PlanError(f"quorum {plan.quorum.quorum_id} came without the addresses of {missing}, which this "
+                            f"rank never received")
         return self._known
 
 
@@ -80,8 +101,7 @@ def plan_for_rank(answer: pb.QuorumResponse, addresses: Addresses, job_id: str, 
     if me is None:
         raise PlanError(f"replica {replica_id} is not among quorum {q}'s members {sorted(by_id)}")
     for m in answer.members:
-        ftar, state = addresses[m.replica_id]
-        if len(ftar) <= rank or len(state) <= rank:
+        if not all(addresses[m.replica_id]):
             raise PlanError(f"member {m.replica_id} of quorum {q} lists no address for rank {rank}")
     healthy = tuple(m.replica_id for m in answer.members if m.healthy)
     if not healthy:
@@ -97,13 +117,13 @@ def plan_for_rank(answer: pb.QuorumResponse, addresses: Addresses, job_id: str, 
         source = sources[rank % len(sources)]
         if source not in by_id or not by_id[source].healthy:
             raise PlanError(f"source {source} of replica {replica_id} is not a healthy member of quorum {q}")
-        fetch_from = addresses[source][1][rank]
+        fetch_from = addresses[source][1]
     fetchers = tuple(sorted(r.replica_id for r in answer.recover
                             if r.sources_by_shard and r.sources_by_shard[rank % len(r.sources_by_shard)] == replica_id))
     return RankPlan(
         quorum_id=q, step=answer.max_step, behind=behind, fetch_from=fetch_from, source_replica=source,
         ftar_group_id=f"{job_id}/rank{rank}",
-        ftar_members=tuple(addresses[m.replica_id][0][rank] for m in answer.members),
+        ftar_members=tuple(addresses[m.replica_id][0] for m in answer.members),
         included=healthy, divisor=len(healthy), lr_scale=answer.lr_scale or 1.0,
         total_replicas=answer.total_replicas, fetchers=fetchers,
         report_digest=digest_due(answer, replica_id, digest_every_steps),

@@ -19,6 +19,7 @@ import torch
 import torch.distributed as dist
 
 from ftar_kernels import FatalError, FtarEndpoint, RecoverableError
+from fthsdp.errors import Fatal
 from fthsdp.step.plan import RankPlan
 
 log = logging.getLogger(__name__)
@@ -50,15 +51,17 @@ class GradientSync:
         except RecoverableError as exc:
             self._generation, self._broken = plan.quorum_id, f"FTAR ring of quorum {plan.quorum_id}: {exc}"
             log.warning("rank %s: %s", self.rank, self._broken)
+        except FatalError as exc:
+            raise _fatal(exc) from exc
 
     def mark_broken(self, reason: str) -> None:
         self._broken = reason
 
     def reduce_(self, flat: torch.Tensor, plan: RankPlan | None) -> SyncResult:
         """Average `flat` (this rank's gradient, 1-D float) across the step's contributors, in place."""
-        if plan is None or plan.behind:
+        if plan is not None and plan.behind:  # the whole replica is behind: every rank skips this
             flat.zero_()
-        elif self.world_size > 1:
+        elif self.world_size > 1:  # without a plan too: the other ranks are in this all-reduce
             dist.all_reduce(flat, group=self.process_group)
             flat.div_(self.world_size)
         padded = -(-flat.numel() // self.world_size) * self.world_size
@@ -84,10 +87,15 @@ class GradientSync:
         except RecoverableError as exc:
             self._broken = f"FTAR all-reduce of step {plan.step} failed: {exc}"
             return SyncResult(False, self._broken)
-        except FatalError:
-            raise
+        except FatalError as exc:
+            raise _fatal(exc) from exc
         shard.div_(plan.divisor)
         return SyncResult(True)
+
+
+def _fatal(exc: FatalError) -> Fatal:
+    return Fatal(f"FTAR failed for good on this rank: {exc}; exit so the replica is restarted (on another host "
+                 f"if this one's device or network is broken)")
 
 
 def flatten_grads(params: Iterable[torch.nn.Parameter], out: torch.Tensor | None = None) -> torch.Tensor:

@@ -43,6 +43,12 @@ class Faults:
         self.items.append({"kind": "abort", "replica": str(replica), "step": at_step, "rank": rank})
         return self
 
+    def corrupt(self, replica: int, after_step: int, rank: int = 0) -> "Faults":
+        """Silent data corruption: right after committing `after_step`, one weight of the rank
+        changes (the runtime is not told; only digests can notice)."""
+        self.items.append({"kind": "corrupt", "replica": str(replica), "step": after_step, "rank": rank})
+        return self
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -84,6 +90,8 @@ class Cluster:
     checkpoint_dir: Path | None = None  # default: <workdir>/ckpt
     ddp: bool = False  # train through DistributedDataParallel + ddp_comm_hook
     max_steps: int = 2000  # safety cap while waiting for a restarted replica to rejoin
+    late: dict[int, int] = field(default_factory=dict)  # replica -> starts once replica 0 committed this step
+    worker: dict = field(default_factory=dict)  # more settings for every worker (tests/runtime/train_worker.py)
 
     def __post_init__(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -104,13 +112,13 @@ class Cluster:
                    "steps": self.steps, "max_steps": self.max_steps, "replicas": self.replicas, "faults": self.faults.items,
                    "record": str(self.records_dir / f"{replica}-{rank}-{inc}.jsonl"),
                    "checkpoint_dir": str(self.checkpoint_dir) if self.checkpoint_every else "",
-                   "checkpoint_every": self.checkpoint_every, "ddp": self.ddp}
+                   "checkpoint_every": self.checkpoint_every, "ddp": self.ddp, **self.worker}
             log = open(self.workdir / f"worker-{replica}-{rank}-{inc}.log", "w")
             procs.append(subprocess.Popen([PYTHON, "-m", "tests.runtime.train_worker", json.dumps(cfg)],
                                           cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
                                           text=True))
         self._procs[replica] = procs
-        if inc > 0:
+        if inc > 0 or replica in self.late:
             self._go(procs, 120.0)
 
     def _go(self, procs: list[subprocess.Popen], timeout_s: float) -> None:
@@ -128,7 +136,8 @@ class Cluster:
                                       self.heartbeat_timeout_s, self.controller_lr_policy)
         try:
             for r in range(self.replicas):
-                self._spawn(controller, r)
+                if r not in self.late:
+                    self._spawn(controller, r)
             self._go([p for procs in self._procs.values() for p in procs], 120.0)
             self._supervise(controller, time.monotonic() + timeout_s)
         finally:
@@ -140,9 +149,21 @@ class Cluster:
             controller.stop()
         return Records.load(self.records_dir)
 
+    def _committed(self, replica: int) -> int:
+        """The highest step replica's rank 0 (first incarnation) committed so far, from its record."""
+        path = self.records_dir / f"{replica}-0-0.jsonl"
+        steps = [json.loads(line)["step"] for line in path.read_text().splitlines()
+                 if line.endswith("}") and '"event": "commit"' in line] if path.exists() else []
+        return max(steps, default=-1)
+
     def _supervise(self, controller: ControllerProcess, deadline: float) -> None:
         restarts = {r: 0 for r in range(self.replicas)}
+        waiting = dict(self.late)
         while True:
+            for r, at in list(waiting.items()):
+                if self._committed(0) >= at:
+                    del waiting[r]
+                    self._spawn(controller, r)
             running = {p.pid: (r, p) for r, procs in self._procs.items() for p in procs if p.poll() is None}
             for r, procs in self._procs.items():
                 codes = [p.poll() for p in procs]
@@ -162,7 +183,8 @@ class Cluster:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise AssertionError(f"cluster did not finish in time; logs in {self.workdir}")
-                _wait_any_exit([p.pid for _, p in running.values()], min(left, 5.0))
+                # while a late replica waits for its cue, look at the records often
+                _wait_any_exit([p.pid for _, p in running.values()], min(left, 0.2 if waiting else 5.0))
 
 
 def _wait_any_exit(pids: list[int], timeout_s: float) -> None:

@@ -50,8 +50,9 @@ class Core:
 
 
 def frames(effects, kind: str) -> list:
-    return [getattr(e.frame, kind) for e in effects if isinstance(e, (co.Broadcast, co.SendTo))
-            and e.frame.WhichOneof("body") == kind]
+    sent = [f for e in effects if isinstance(e, co.SendEach) for _, f in e.frames]
+    sent += [e.frame for e in effects if isinstance(e, (co.Broadcast, co.SendTo))]
+    return [getattr(f, kind) for f in sent if f.WhichOneof("body") == kind]
 
 
 # ---------------------------------------------------------------- hellos
@@ -129,13 +130,30 @@ def test_a_slow_rank_makes_the_waiting_ranks_retry_after_the_gather_timeout():
     assert core.c.begins == {}
 
 
-def test_the_plan_relays_the_controllers_answer_unchanged():
-    core = Core()
-    effects = core.planned()
-    (plan,) = frames(effects, "plan")
-    assert plan.attempt == 1 and plan.step == 5
-    assert plan.quorum == answer(max_step=5, members=(("a", 5, True), ("b", 5, True)), recover=())
+def test_a_new_quorum_reaches_each_rank_with_its_own_address_column():
+    core = Core(dataclasses.replace(S, world_size=2))
+    (each,) = core.planned()
+    assert isinstance(each, co.SendEach) and [conn for conn, _ in each.frames] == [10, 11]
+    plans = frames([each], "plan")
+    full = answer(max_step=5, members=(("a", 5, True), ("b", 5, True)), recover=())
+    for k, plan in enumerate(plans):
+        assert (plan.attempt, plan.step, list(plan.peers.replica_ids)) == (1, 5, ["a", "b"])
+        assert list(plan.peers.ftar_addresses) == [f"fa{k}", f"fb{k}"]  # rank k's column only
+        assert plan.quorum.quorum_id == 9 and not any(m.ftar_addresses for m in plan.quorum.members)
+        assert [(m.replica_id, m.step, m.healthy) for m in plan.quorum.members] == \
+            [(m.replica_id, m.step, m.healthy) for m in full.members]
     assert core.c.relayed_quorum_id == 9  # the ranks hold quorum 9's addresses now
+
+
+def test_a_known_quorum_is_one_frame_for_every_rank():
+    core = Core()
+    core.planned()
+    for rank in range(3):
+        vote(core, rank)
+    (request,) = core.begin_all(6)
+    assert request.known_quorum_id == 9  # so the controller leaves the addresses out
+    (broadcast,) = core.feed(co.QuorumAnswered(answer(max_step=6, addresses=False, recover=())))
+    assert isinstance(broadcast, co.Broadcast) and not broadcast.frame.plan.HasField("peers")
 
 
 def test_repeated_begins_of_the_round_in_flight_are_ignored():

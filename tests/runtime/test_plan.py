@@ -5,13 +5,20 @@ from __future__ import annotations
 import pytest
 
 from fthsdp.data_ledger import DataLedger, LedgerBatches
-from fthsdp.step.plan import AddressBook, PlanError, digest_due, plan_for_rank
+from fthsdp.step.plan import AddressBook, PlanError, address_columns, digest_due, plan_for_rank, without_addresses
+from protos import replica_pb2 as rpb
 from tests.runtime.protocol_helpers import answer
+
+
+def _step_plan(a, rank: int) -> rpb.StepPlan:
+    """The plan rank `rank` gets from its coordinator for answer `a` (with its address column)."""
+    columns = address_columns(a, max(rank + 1, 2))
+    return rpb.StepPlan(attempt=1, step=0, quorum=without_addresses(a), peers=columns[rank])
 
 
 def _plan(replica: str, rank: int, a=None, every: int = 0):
     a = a or answer()
-    return plan_for_rank(a, AddressBook().fill(a), "job", replica, rank, every)
+    return plan_for_rank(a, AddressBook().fill(_step_plan(a, rank)), "job", replica, rank, every)
 
 
 def test_plan_for_a_healthy_rank():
@@ -34,13 +41,16 @@ def test_a_diverged_replica_at_max_step_is_behind_all_the_same():
     assert plan.behind and plan.step == 5 and plan.fetch_from == "sa0"
 
 
-def test_a_bare_answer_takes_addresses_from_the_last_full_one():
+def test_each_rank_gets_only_its_column_and_keeps_it_for_plans_without():
+    columns = address_columns(answer(), 2)
+    assert [list(c.ftar_addresses) for c in columns] == [["fa0", "fb0", "fc0"], ["fa1", "fb1", "fc1"]]
+    assert not any(m.ftar_addresses for m in without_addresses(answer()).members)
     book = AddressBook()
-    book.fill(answer())
-    bare = answer(addresses=False)
-    plan = plan_for_rank(bare, book.fill(bare), "job", "a", 0, 0)
-    assert plan.ftar_members == ("fa0", "fb0", "fc0")
-    with pytest.raises(PlanError, match=r"left out the addresses of \['a', 'b', 'c'\]"):
+    book.fill(_step_plan(answer(), 1))
+    bare = rpb.StepPlan(attempt=2, step=0, quorum=answer(addresses=False))
+    plan = plan_for_rank(bare.quorum, book.fill(bare), "job", "a", 1, 0)
+    assert plan.ftar_members == ("fa1", "fb1", "fc1")
+    with pytest.raises(PlanError, match=r"came without the addresses of \['a', 'b', 'c'\]"):
         AddressBook().fill(bare)
 
 

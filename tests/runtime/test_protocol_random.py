@@ -55,6 +55,7 @@ class World:
         self.commits: dict[int, list[int]] = defaultdict(list)           # rank -> committed attempts, in order
         self.decided: dict[int, bool] = {}                               # attempt -> coordinator's commit
         self.yes_seen: dict[int, set[int]] = defaultdict(set)            # attempt -> ranks whose yes arrived
+        self.quorum_id = 1
         for r in range(self.world):  # connection r is rank r; hellos are the reliable set-up
             hello = msg.hello(r, self.world, "j", "b", f"f{r}", f"s{r}", "i")
             self._coordinator(co.FromRank(r, "hello", hello.hello))
@@ -104,7 +105,7 @@ class World:
     def _event_of(self, rank: int, kind: str, m) -> ev.Event:
         if kind == "plan":
             try:
-                addresses = self.books[rank].fill(m.quorum)
+                addresses = self.books[rank].fill(m)
                 return ev.PlanArrived(m.attempt, m.step, plan_for_rank(m.quorum, addresses, "j", "b", rank,
                                                                        self.settings.digest_every_steps))
             except PlanError as exc:
@@ -173,6 +174,9 @@ class World:
                         assert self.yes_seen[d.attempt] == set(range(self.world)), (d.attempt, self.yes_seen[d.attempt])
             elif isinstance(e, co.SendTo):
                 self.send("to_rank", (e.conn, e.frame.SerializeToString()))
+            elif isinstance(e, co.SendEach):
+                for conn, frame in e.frames:
+                    self.send("to_rank", (conn, frame.SerializeToString()))
             elif isinstance(e, co.RequestQuorum):
                 self.later(self.rng.uniform(0.0, 2.0), ("coordinator_event", self._quorum_result(e)))
             elif isinstance(e, co.ReportFinished):
@@ -192,9 +196,16 @@ class World:
                    pb.Member(replica_id="b", step=request.step, healthy=not behind,
                              ftar_addresses=list(request.ftar_addresses), state_addresses=list(request.state_addresses))]
         recover = [pb.RecoverAssignment(replica_id="b", sources_by_shard=["a"])] if behind else []
-        return co.QuorumAnswered(pb.QuorumResponse(quorum_id=1 + len(self.decided), members=members,
+        if self.rng.random() < 0.3:  # a new membership: a new quorum id
+            self.quorum_id += 1
+        known = request.known_quorum_id == self.quorum_id  # as the controller: no addresses for who holds them
+        if known:
+            for m in members:
+                del m.ftar_addresses[:]
+                del m.state_addresses[:]
+        return co.QuorumAnswered(pb.QuorumResponse(quorum_id=self.quorum_id, members=members,
                                                    max_step=max_step, recover=recover, lr_scale=1.0,
-                                                   addresses_included=True, total_replicas=2))
+                                                   addresses_included=not known, total_replicas=2))
 
 def _drive(seed: int) -> World:
     w = World(seed)

@@ -101,7 +101,7 @@ def test_wrong_step_is_refused(source):
 def test_a_fetcher_whose_registry_differs_is_refused(source):
     _, _, _, server = source
     model, opt, _ = _trained(99, steps=0)
-    with pytest.raises(TransferError, match="user/sched is not registered here"):
+    with pytest.raises(TransferError, match=r"the source sent registered state \[.sched.\]; this rank registered \[\]"):
         fetch_state(server.address, 5, "b", lambda: StateTarget(model, opt, frozenset(), MAX_PAYLOAD_BYTES), 5.0, 1)
 
 

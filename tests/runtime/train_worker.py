@@ -2,18 +2,22 @@
 
 Run as `python -m tests.runtime.train_worker CONFIG_JSON`. Writes JSON lines to
 config["record"]: one per step attempt (committed or not) with the state digest,
-the ledger positions the step read, and what this replica trained.
+the ledger positions the step read, and what this replica trained. With "stateful", the
+model has dropout and the script registers a StepLR schedule, a sampler whose epoch moves
+on commits, and the RNG streams: the digest covers them, and the record shows each.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
-import os
+import random
 import sys
 import time
 from datetime import timedelta
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -23,11 +27,37 @@ from tests.runtime.faults import FailingSync, KillWhenAllreduceStarts
 BATCH_ROWS = 8
 
 
-def batch_at(replica_id: str, position: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Replica `replica_id`'s batch number `position`: fixed data, a function of both only."""
-    g = torch.Generator().manual_seed(int(replica_id) * 100_003 + position)
+def batch_at(replica_id: str, position: int, epoch: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Replica `replica_id`'s batch number `position`: fixed data, a function of these only."""
+    g = torch.Generator().manual_seed(int(replica_id) * 100_003 + position + epoch * 7_919)
     x = torch.randn(BATCH_ROWS, 8, generator=g)
     return x, x.sum(dim=1, keepdim=True) * 0.5
+
+
+class EpochSampler:
+    """A stateful sampler: which data a position reads depends on the epoch, which the script
+    moves on every `per_epoch` committed steps (registered state: replicated, changed between steps)."""
+
+    def __init__(self, per_epoch: int) -> None:
+        self.per_epoch, self.epoch = per_epoch, 0
+
+    def after_commit(self, step: int) -> None:
+        if step % self.per_epoch == 0:
+            self.epoch += 1
+
+    def state_dict(self) -> dict:
+        return {"epoch": self.epoch, "per_epoch": self.per_epoch}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.epoch, self.per_epoch = state["epoch"], state["per_epoch"]
+
+
+def rng_digest() -> str:
+    """A hash of the torch, numpy and Python RNG states right now."""
+    h = hashlib.sha256(torch.get_rng_state().numpy().tobytes())
+    h.update(np.random.get_state()[1].tobytes())
+    h.update(repr(random.getstate()).encode())
+    return h.hexdigest()[:16]
 
 
 def main(cfg: dict) -> int:
@@ -43,6 +73,7 @@ def main(cfg: dict) -> int:
               and f.get("rank", 0) == cfg["rank"]]
     kill_at = {f["step"] for f in faults if f["kind"] == "kill"}
     abort_at = {f["step"] for f in faults if f["kind"] == "abort"}
+    corrupt_after = {f["step"] for f in faults if f["kind"] == "corrupt"}
 
     def killing_now() -> bool:
         return manager.plan is not None and manager.plan.step in kill_at
@@ -59,7 +90,9 @@ def main(cfg: dict) -> int:
                                 world_size=world, timeout=timedelta(seconds=20))
         group = dist.group.WORLD
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+    stateful = cfg.get("stateful", False)
+    layers = [torch.nn.Linear(8, 16), torch.nn.Tanh()] + ([torch.nn.Dropout(0.25)] if stateful else [])
+    model = torch.nn.Sequential(*layers, torch.nn.Linear(16, 1))
     opt = torch.optim.AdamW(model.parameters(), lr=0.01)
     settings = RuntimeSettings.from_env(
         job_id="t", replica_id=cfg["replica_id"], rank=cfg["rank"], world_size=world,
@@ -75,6 +108,11 @@ def main(cfg: dict) -> int:
             raise SystemExit("no go from the cluster")
 
     manager = Manager(model, opt, settings, process_group=group, pre_init=pre_init, seams=seams)
+    sched, sampler = torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.7), EpochSampler(3)
+    if stateful:
+        manager.register_state("sched", sched)
+        manager.register_state("sampler", sampler)
+        manager.register_rng(seed=11)
     manager.start()
     write(event="started", step=manager.step)
     forward = model
@@ -82,7 +120,7 @@ def main(cfg: dict) -> int:
         forward = torch.nn.parallel.DistributedDataParallel(model, process_group=group)
         forward.register_comm_hook(manager, ddp_comm_hook)
     ft_opt = FaultTolerantOptimizer(manager, opt)
-    batches = manager.batches(batch_at)
+    batches = manager.batches(lambda r, p: batch_at(r, p, sampler.epoch))
     full = False  # stop once past `steps` in a step every configured replica contributed to
     while not (manager.step >= cfg["steps"] and full) and manager.step < cfg["max_steps"]:
         x, y = next(batches)
@@ -92,13 +130,21 @@ def main(cfg: dict) -> int:
         loss = torch.nn.functional.mse_loss(forward(x[rows]), y[rows])
         loss.backward()
         committed = ft_opt.step(loss)
+        if committed and stateful:
+            sched.step()
+            sampler.after_commit(manager.step)
+        if committed and manager.last_outcome.step in corrupt_after:
+            with torch.no_grad():  # a flipped weight nobody reports
+                next(model.parameters()).view(-1)[0] += 1e-3
+            write(event="corrupted", step=manager.last_outcome.step)
         out = manager.last_outcome
         full = committed and len(out.included) == cfg["replicas"]
         write(event="commit" if committed else "retry", step=out.step, quorum_id=out.quorum_id,
               behind=out.behind, included=list(out.included), positions_before=out.positions_before,
               trained_position=position, lr=opt.param_groups[0]["lr"], lr_scale=out.lr_scale,
-              reason=out.reason, ckpt_error=manager.last_checkpoint_error,
-              digest=state_digest(model, opt, manager.ledger.to_json(), manager.step))
+              reason=out.reason, ckpt_error=manager.last_checkpoint_error, sched=sched.state_dict(),
+              epoch=sampler.epoch, rng=rng_digest(),
+              digest=state_digest(model, opt, manager.ledger.to_json(), manager.step, manager.registry.state_dicts()))
     write(event="done", step=manager.step)
     manager.close()
     return 0

@@ -1,0 +1,48 @@
+"""A real `torchrun --nproc-per-node 2` replica, given only torchrun's variables and the controller."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.runtime.cluster import PYTHON, REPO
+
+pytestmark = pytest.mark.slow
+TORCHRUN = str(Path(PYTHON).with_name("torchrun"))
+
+
+def two_free_ports() -> int:
+    """A port P with P + 1 free too (torch.distributed's store takes P, the coordinator P + 1)."""
+    for _ in range(50):
+        with socket.socket() as a, socket.socket() as b:
+            a.bind(("127.0.0.1", 0))
+            port = a.getsockname()[1]
+            try:
+                b.bind(("127.0.0.1", port + 1))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no two consecutive free ports")
+
+
+def test_a_torchrun_replica_needs_only_torchruns_variables_and_the_controller(tmp_path, controller_process):
+    ctl = controller_process("--replicas", "1", "--min-replicas", "1", "--join-timeout-s", "0.2")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FTHSDP_")
+           and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
+    env.update({"FTHSDP_CONTROLLER": ctl.grpc, "PYTHONPATH": str(REPO)})
+    port = two_free_ports()
+    with open(tmp_path / "torchrun.log", "w") as log:
+        done = subprocess.run([TORCHRUN, "--nproc-per-node", "2", "--master-port", str(port),
+                               "tests/runtime/torchrun_worker.py", str(tmp_path), "4"],
+                              cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=150)
+    assert done.returncode == 0, (tmp_path / "torchrun.log").read_text()[-3000:]
+    ranks = [json.loads((tmp_path / f"rank-{r}.json").read_text()) for r in (0, 1)]
+    assert [(r["rank"], r["world_size"], r["local_rank"]) for r in ranks] == [(0, 2, 0), (1, 2, 1)]
+    assert {r["coordinator"] for r in ranks} == {f"127.0.0.1:{port + 1}"}  # MASTER_ADDR:MASTER_PORT+1
+    assert [r["committed"] for r in ranks] == [[0, 1, 2, 3]] * 2 and {r["step"] for r in ranks} == {4}
+    assert ranks[0]["digest"] == ranks[1]["digest"]
