@@ -2,9 +2,10 @@
 
 Only the coordinator (on rank 0) uses it. Several controller addresses may be given
 ("host:port,host:port": a standby taking over). A call that gets UNAVAILABLE -- a dead
-controller, a standby that is not the leader -- or DEADLINE_EXCEEDED moves to the next
-address at once; only after a full pass over the addresses without an answer does it back
-off (doubling, capped), until the caller's deadline. Errors come out as the runtime's two
+controller, a standby that is not the leader -- or DEADLINE_EXCEEDED moves on as
+`protos.dial.AddressRotation` says, the rule agents follow too: to the leader a standby
+named, else the next address, at once; a pause (doubling, capped) only after a whole pass
+without an answer, until the caller's deadline. Errors come out as the runtime's two
 kinds (fthsdp/errors.py): ControllerUnavailable (retry later) or ControllerRefused (give
 up), plus JobCompleted when a quorum is refused because the job is COMPLETED.
 TLS comes from FTHSDP_TLS_* (see protos/dial.py), as for the agent that started us.
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import os
+import random
 import threading
 import time
 from typing import Callable, Iterator, TypeVar
@@ -24,13 +26,14 @@ from fthsdp.errors import ControllerRefused, ControllerUnavailable, JobCompleted
 from fthsdp.step import coordination as co
 from protos import controller_pb2 as pb
 from protos import controller_pb2_grpc
-from protos.dial import FAILOVER_CODES, TlsFiles, backoff_s, parse_addresses, sync_channel
+from protos.dial import FAILOVER_CODES, AddressRotation, TlsFiles, leader_hint, parse_addresses, sync_channel
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 ENV_HOST_ID = "FTHSDP_HOST_ID"  # the agent's name for it (agent/env.py HOST_ID)
 REPORT_TIMEOUT_S = 5.0
+BACKOFF_BASE_S = 0.05
 MAX_BACKOFF_S = 1.0
 
 
@@ -41,8 +44,8 @@ class ControllerClient:
         #: set by the agent that started us; the controller fences leaders on replaced hosts
         self.host_id = os.environ.get(ENV_HOST_ID, "")
         self._controllers = parse_addresses(address)
+        self._rotation = AddressRotation(self._controllers, base_s=BACKOFF_BASE_S, cap_s=MAX_BACKOFF_S)
         self._tls = tls if tls is not None else TlsFiles.from_env()
-        self._index = 0
         self._lock = threading.Lock()
         self._open()
         self._sent_addresses: tuple[tuple[str, ...], tuple[str, ...]] | None = None
@@ -53,28 +56,32 @@ class ControllerClient:
 
     @property
     def address(self) -> str:
-        return self._controllers[self._index]
+        return self._rotation.current
 
     def _open(self) -> None:
         self._channel = sync_channel(self.address, self._tls)
         self._stub = controller_pb2_grpc.ControllerStub(self._channel)
 
-    def _next_controller(self) -> None:
+    def _failed_over(self, exc: grpc.RpcError) -> float:
+        """Move on after a failed call; returns how long to pause first."""
         with self._lock:
-            old = self._channel
-            self._index = (self._index + 1) % len(self._controllers)
-            self._open()
-        old.close()
+            before = self._rotation.index
+            pause = self._rotation.failed(leader_hint(exc), jitter=random.random() * 0.5)
+            if self._rotation.index != before:
+                old = self._channel
+                self._open()
+                old.close()
+        return pause
 
     def _call(self, name: str, send: Callable[[float], T], timeout_s: float) -> T:
-        """`send(attempt_timeout_s)` with failover: the next address at once on UNAVAILABLE or a
-        deadline, a backoff after each full pass, until timeout_s is spent."""
+        """`send(attempt_timeout_s)` with failover (see the module docstring), until timeout_s is spent."""
         deadline = time.monotonic() + timeout_s
-        failures = 0
         while True:
             left = deadline - time.monotonic()
             try:
-                return send(max(left, 0.01))
+                answer = send(max(left, 0.01))
+                self._rotation.succeeded()
+                return answer
             except grpc.RpcError as exc:
                 code = exc.code()
                 if code not in FAILOVER_CODES:
@@ -83,17 +90,15 @@ class ControllerClient:
                         raise JobCompleted(f"the controller says the job is COMPLETED: {details}") from None
                     raise ControllerRefused(f"{name} was refused: {code.name}: {details}; fix the settings "
                                             f"or the controller's flags, then restart this replica") from None
-                failures += 1
                 self._sent_addresses = None  # the next controller may not know our addresses
                 if time.monotonic() >= deadline:
                     raise ControllerUnavailable(f"{name} got no answer within {timeout_s:g}s from "
                                                 f"{', '.join(self._controllers)}: last {code.name}: "
                                                 f"{exc.details()}") from None
-                log.info("replica %s: controller %s answered %s to %s; trying the next one", self.replica_id,
+                log.info("replica %s: controller %s answered %s to %s; moving on", self.replica_id,
                          self.address, code.name, name)
-                self._next_controller()
-                if failures % len(self._controllers) == 0:  # a full pass: back off before the next one
-                    pause = backoff_s(failures // len(self._controllers) - 1, initial_s=0.05, max_s=MAX_BACKOFF_S)
+                pause = self._failed_over(exc)
+                if pause:
                     self._stop.wait(min(pause, max(deadline - time.monotonic(), 0.0)))
 
     def quorum(self, request: co.RequestQuorum, world_size: int, coordinator_address: str,

@@ -17,8 +17,7 @@ from fthsdp.step.controller_client import ControllerClient
 from tests.runtime import history_checks as hc
 from tests.runtime.cluster import Cluster, Faults, start_controller
 
-pytestmark = [pytest.mark.slow,
-              pytest.mark.xfail(strict=False, reason="needs the controller half of issue 11 (digests, COMPLETED)")]
+pytestmark = pytest.mark.slow
 
 
 def test_a_corrupted_replica_is_found_by_its_digest_and_healed_by_catch_up(tmp_path):
@@ -26,6 +25,8 @@ def test_a_corrupted_replica_is_found_by_its_digest_and_healed_by_catch_up(tmp_p
                       worker={"digest_every": 2}, faults=Faults().corrupt(replica=1, after_step=3))
     rec = cluster.run(timeout_s=100.0)
     (corrupted,) = rec.where(event="corrupted")
+    events = (tmp_path / "controller.log").read_text()
+    assert "replica 1 became DIVERGED: its digest at step 5" in events  # the first digest after the flip
     # digests after steps 3 (before the flip), 5, 7 ...: the one of step 5 disagrees; replica 1 (outside
     # the group holding the lowest replica id) is marked DIVERGED and re-synced from replica 0
     healed = [r for r in rec.where(event="commit", replica="1", behind=True) if r["step"] > corrupted["step"]]
@@ -54,9 +55,10 @@ def test_a_finished_job_is_completed_and_a_late_replica_ends_cleanly(tmp_path):
                 trained += manager.end_step()
             manager.close()
             assert trained == expect_steps and manager.finished
-            if replica == "0":
-                job = httpx.get(f"{ctl.http}/api/v1/job", timeout=5.0).json()
-                assert "COMPLETED" in str(job), job
+            job = httpx.get(f"{ctl.http}/api/v1/job", timeout=5.0).json()
+            assert job["job_state"] == "COMPLETED", job
+            replicas = {r["replica_id"]: r["state"] for r in httpx.get(f"{ctl.http}/api/v1/replicas").json()}
+            assert replicas["0"] == "FINISHED", replicas
         client = ControllerClient(ctl.grpc, "t", "2", "inc")
         try:
             with pytest.raises(JobCompleted, match="COMPLETED"):

@@ -8,6 +8,7 @@ import socket
 import subprocess
 from pathlib import Path
 
+import httpx
 import pytest
 
 from tests.runtime.cluster import PYTHON, REPO
@@ -46,3 +47,5 @@ def test_a_torchrun_replica_needs_only_torchruns_variables_and_the_controller(tm
     assert {r["coordinator"] for r in ranks} == {f"127.0.0.1:{port + 1}"}  # MASTER_ADDR:MASTER_PORT+1
     assert [r["committed"] for r in ranks] == [[0, 1, 2, 3]] * 2 and {r["step"] for r in ranks} == {4}
     assert ranks[0]["digest"] == ranks[1]["digest"]
+    # the replica reported itself FINISHED before its ranks exited: the job is COMPLETED
+    assert httpx.get(f"{ctl.http}/api/v1/job", timeout=5.0).json()["job_state"] == "COMPLETED"
