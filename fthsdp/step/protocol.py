@@ -1,30 +1,36 @@
 """One rank's side of the replica step, as a pure protocol: states, events, effects, `advance`.
 
-    advance(state, event, now) -> (state, effects)        state.settings: this rank's RuntimeSettings
+    advance(state, event, now) -> (state, effects)      (state.settings: this rank's RuntimeSettings)
 
 No I/O, no clock, no threads. The Manager feeds events -- what the training script called,
 what the coordinator said, what the background catch-up fetch reported, time passing -- and
 executes the returned effects in order. The rank never decides a step alone: it votes, and
 applies the one decision the coordinator sends for that attempt.
 
-    IDLE ──Begin──▶ PLANNING ──PlanArrived──▶ TRAINING ──End (+ fetch done)──▶ VOTING
-     ▲  │ step ≥ max_steps  │ PlanRefused                │ Reduced, FetchFinished  │ DecisionArrived
-     │  ▼                   │  retry ──▶ IDLE (counted)   │ (failures become the    │  commit ──▶ IDLE, step + 1
-     │ ENDED ◀── finished ──┤  fatal ──▶ FAILED          │  "no" vote)             │  retry  ──▶ IDLE (counted)
-     │  │                   │ Tick past deadline ▶ FAILED │ RETRY decided early ▶ IDLE  Tick past deadline ▶ FAILED
-     │  │ Close             │                            │                         │  (in doubt: it voted yes)
-     │  ▼                   ▼                            ▼
-     │ FINISHING ──FinishedArrived / Tick / lost──▶ FINISHED          (Close from IDLE, PLANNING, TRAINING too)
-     └── more than max_retries failures in a row ──▶ FAILED
+          Begin                 PlanArrived                 End (and the fetch done)
+    IDLE ─────────▶ PLANNING ─────────────▶ TRAINING ──────────────────────────▶ VOTING
+     ▲                │  │                    │  Reduced, FetchFinished, Tick    │
+     │                │  │ PlanRefused:       │  (a failure makes the vote no)   │ DecisionArrived:
+     │                │  │  retry → IDLE      │                                  │  commit → IDLE, step + 1
+     │                │  │  finished → ENDED  │  a retry decided before this     │  retry  → IDLE
+     │                │  │  fatal → FAILED    │  rank voted → IDLE               │
+     └────────────────┴──┴────────────────────┴──────────────────────────────────┘
+                             (a retry counts; more than max_retries in a row → FAILED)
+
+    Begin at max_steps → ENDED ── Close ──▶ FINISHING ── FinishedArrived, or its deadline,
+                                              ▲           or the coordinator gone ──▶ FINISHED
+                                              └── Close from IDLE, PLANNING, TRAINING, VOTING
+    FAILED ◀── no plan, or no decision after voting, within its bound (a rank that voted yes
+               is in doubt: it never guesses); the coordinator gone; a fatal refusal
 
 A behind replica (its member is not healthy: a late joiner, a restarted or a DIVERGED
 replica) fetches its source's state while it contributes zeros, and takes it as its own
 only when the step commits (AdoptFetched, then ApplyStep): after a retry every rank of the
 replica is still at its old step, whichever of their fetches finished. (The model tensors
-a fetch wrote in place are then stale-but-unseen: a behind replica serves nobody, reports
-no digest, and fetches again.) Events that come from the coordinator and do not fit -- late, duplicated, stale
--- are ignored; a local event in the wrong state is a bug: it raises ProtocolError and
-changes nothing.
+a fetch wrote in place are then stale but unseen: a behind replica serves nobody, reports
+no digest, and fetches again.) Events that come from the coordinator and do not fit --
+late, duplicated, stale -- are ignored; a local event in the wrong state is a bug: it
+raises ProtocolError and changes nothing.
 """
 
 from __future__ import annotations
