@@ -24,7 +24,6 @@ from fthsdp.step import coordination as co
 from fthsdp.step import messages as msg
 from fthsdp.step.coordinator import CoordinatorService
 from protos import controller_pb2 as pb
-from protos import replica_pb2 as rpb
 
 JOB, REPLICA = "sim", "r0"
 
