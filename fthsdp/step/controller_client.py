@@ -128,7 +128,7 @@ class ControllerClient:
     def report_failure(self, r: co.ReportFailure) -> None:
         kind = pb.ReportFailureRequest.REPLICA_DEAD if r.dead else pb.ReportFailureRequest.COMMIT_FAILED
         request = pb.ReportFailureRequest(job_id=self.job_id, replica_id=self.replica_id, quorum_id=r.quorum_id,
-                                          step=r.step, kind=kind, reason=r.reason[:1000])
+                                          step=r.step, kind=kind, reason=r.reason[:1000], host_id=self.host_id)
         self._call("ReportFailure", lambda t: self._stub.ReportFailure(request, timeout=t), REPORT_TIMEOUT_S)
 
     def report_finished(self, r: co.ReportFinished) -> str:

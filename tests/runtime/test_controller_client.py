@@ -57,3 +57,32 @@ def test_refusals_are_fatal_and_not_retried(controller):
 def test_bad_address_list_is_refused():
     with pytest.raises(ValueError, match="controller address 'nope' is not host:port"):
         ControllerClient("nope", "cc", "r0", "inc-1")
+
+
+def test_reports_name_the_leaders_host_where_an_agent_holds_rank_0(controller, monkeypatch):
+    """The controller fences leaders by host once an agent holds rank 0: every report must name it."""
+    import grpc
+
+    from protos import controller_pb2 as pb
+    from protos import controller_pb2_grpc as pbg
+
+    with grpc.insecure_channel(controller.grpc) as channel:
+        pbg.ControllerStub(channel).RegisterAgent(pb.RegisterAgentRequest(
+            host_id="h0", incarnation="agent-1", slots=1,
+            assignment=pb.Assignment(replica_id="r0", ranks=[0], world_size=1)), timeout=10)
+    monkeypatch.setenv("FTHSDP_HOST_ID", "h0")
+    client = ControllerClient(controller.grpc, "cc", "r0", "inc-1")
+    try:
+        answer = client.quorum(REQUEST, 1, "", timeout_s=20)
+        client.report_failure(co.ReportFailure(answer.quorum_id, 0, "injected", False))
+        answer = client.quorum(REQUEST, 1, "", timeout_s=20)
+        client.report_step(co.ReportStep(answer.quorum_id, 0, 0.1, 1.0, 8, "", False))
+    finally:
+        client.close()
+    monkeypatch.setenv("FTHSDP_HOST_ID", "h9")
+    stranger = ControllerClient(controller.grpc, "cc", "r0", "inc-1")
+    try:
+        with pytest.raises(ControllerRefused, match="host h9 does not hold rank 0 of replica r0"):
+            stranger.report_failure(co.ReportFailure(answer.quorum_id, 1, "injected", False))
+    finally:
+        stranger.close()
