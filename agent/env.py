@@ -15,6 +15,15 @@ environment), so a trainer can always trust them.
 | FTHSDP_STANDBY      | "1" for a pre-started standby trainer (no assignment yet)   |
 | FTHSDP_TLS_*        | the agent's TLS files for the controller (`protos.dial`),   |
 |                     | set only when the agent dials with TLS                      |
+| FTHSDP_JOB_SECRET   | the job secret (hex) that authenticates the trainer ports   |
+|                     | (`protos.job_secret`), when the agent has one               |
+| FTHSDP_INSECURE_TRAINER_PORTS | "1" when the agent runs with                       |
+|                     | --insecure-trainer-ports and no secret                      |
+
+A trainer never inherits another way to the secret from the agent's own environment:
+FTHSDP_JOB_SECRET_FILE is removed (the agent read it; its value is what the trainer gets), so
+every trainer of one agent holds the secret the agent validated. The secret travels in the
+environment only -- never on a command line, in a log line or in the hand-over below.
 
 A standby trainer starts with FTHSDP_STANDBY=1 and without the first three variables. It does
 its set-up (imports, data loader, checkpointer), then calls `wait_for_assignment()`, which
@@ -34,8 +43,9 @@ import os
 import sys
 from typing import IO, Mapping
 
-from protos import dial
+from protos import dial, job_secret
 from protos.dial import TlsFiles
+from protos.job_secret import JobSecret
 
 REPLICA_ID = "FTHSDP_REPLICA_ID"
 RANK = "FTHSDP_RANK"
@@ -44,6 +54,10 @@ CONTROLLER = dial.ENV_CONTROLLER  # "FTHSDP_CONTROLLER"
 HOST_ID = "FTHSDP_HOST_ID"
 JOB_ID = "FTHSDP_JOB_ID"
 STANDBY = "FTHSDP_STANDBY"
+JOB_SECRET = job_secret.ENV_JOB_SECRET
+INSECURE_TRAINER_PORTS = job_secret.ENV_INSECURE_TRAINER_PORTS
+#: what the agent decides for its trainers, whatever its own environment says
+_REPLACED = (REPLICA_ID, RANK, WORLD_SIZE, STANDBY, JOB_SECRET, job_secret.ENV_JOB_SECRET_FILE, INSECURE_TRAINER_PORTS)
 
 # JSON key of the hand-over line -> environment variable it fills.
 HANDOVER_KEYS: dict[str, str] = {
@@ -66,12 +80,18 @@ def trainer_environment(
     rank: int | None,
     world_size: int | None,
     tls: TlsFiles | None = None,
+    secret: JobSecret | None = None,
+    insecure_trainer_ports: bool = False,
 ) -> dict[str, str]:
     """The environment of one trainer: `base` plus our variables (ours win).
 
     `replica_id is None` builds a standby's environment: FTHSDP_STANDBY=1 and no assignment.
     """
-    env = {k: v for k, v in base.items() if k not in (REPLICA_ID, RANK, WORLD_SIZE, STANDBY)}
+    env = {k: v for k, v in base.items() if k not in _REPLACED}
+    if secret is not None:
+        env[JOB_SECRET] = secret.hex()
+    elif insecure_trainer_ports:
+        env[INSECURE_TRAINER_PORTS] = "1"
     env.update({HOST_ID: host_id, JOB_ID: job_id, CONTROLLER: controller})
     if tls is not None and tls.enabled:
         for name, value in ((dial.ENV_TLS_CA_FILE, tls.ca_file),

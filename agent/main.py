@@ -3,13 +3,16 @@
     fthsdp agent --controller ADDR[,ADDR...] --host-id ID [--spare] [--slots N]
         [--labels zone=a,rack=3] [--replica-id R --ranks 0,1 --world-size 2]
         [--restart-budget N --restart-window-s S] [--standby] [--job-id J]
-        [--on-job-complete exit|idle]
+        [--on-job-complete exit|idle] [--job-secret-file PATH | --insecure-trainer-ports]
         -- COMMAND TEMPLATE...
 
 Without --spare and without --replica-id the controller picks the work: a slot of its own
 replica layout (`--hosts-per-replica`), or the spare pool when it has none or it is full.
 The command template may use {replica_id} {rank} {world_size} {host_id} {job_id} {slot}
 (other braces are left alone); the trainer's environment is described in `agent.env`.
+The job secret that authenticates the trainers' ports comes from --job-secret-file, else
+FTHSDP_JOB_SECRET_FILE, else FTHSDP_JOB_SECRET (protos/job_secret.py); the agent checks it
+at start and hands it to every trainer in its environment.
 Prints one JSON line to stdout once first registered, then logs to stderr:
 
     {"event": "registered", "host_id": "h1", "assignment": {...} | null, "pid": PID}
@@ -38,7 +41,7 @@ os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 from agent.policy import ON_JOB_COMPLETE  # noqa: E402
 from agent.runner import Agent, PermanentError  # noqa: E402
 from agent.settings import AgentSettings  # noqa: E402
-from protos import dial  # noqa: E402
+from protos import dial, job_secret  # noqa: E402
 
 log = logging.getLogger("agent")
 
@@ -109,8 +112,15 @@ def parse(argv: list[str]) -> AgentSettings:
     p.add_argument("--tls-key-file", help=f"client key for mTLS (or env {dial.ENV_TLS_KEY_FILE})")
     p.add_argument("--tls-server-name", help="name to check the controller's certificate "
                                               f"against (or env {dial.ENV_TLS_SERVER_NAME})")
+    p.add_argument("--job-secret-file", metavar="PATH",
+                   help=f"file holding the job secret (a mounted Kubernetes Secret), handed to every trainer; "
+                        f"or env {job_secret.ENV_JOB_SECRET_FILE} / {job_secret.ENV_JOB_SECRET} (the flag wins)")
+    p.add_argument("--insecure-trainer-ports", action="store_true",
+                   help=f"with no job secret, let trainers run their ports without authentication "
+                        f"({job_secret.ENV_INSECURE_TRAINER_PORTS}=1 in their environment)")
     p.add_argument("--log-level", default="INFO")
     args = p.parse_args(argv)
+    secret = job_secret.from_env(file=args.job_secret_file)
     tls = dial.TlsFiles.from_env(args.tls_ca_file, args.tls_cert_file, args.tls_key_file,
                                  args.tls_server_name)
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
@@ -122,11 +132,16 @@ def parse(argv: list[str]) -> AgentSettings:
         job_id=args.job_id, restart_budget=args.restart_budget,
         restart_window_s=args.restart_window_s, standby=args.standby,
         heartbeat_interval_s=args.heartbeat_interval_s, stop_grace_s=args.stop_grace_s, tls=tls,
-        on_job_complete=args.on_job_complete,
+        on_job_complete=args.on_job_complete, job_secret=secret,
+        insecure_trainer_ports=args.insecure_trainer_ports or job_secret.insecure_from_env(),
     ).validate()
 
 
 async def _run(settings: AgentSettings) -> int:
+    if settings.job_secret is None:
+        log.warning("no job secret (--job-secret-file, %s or %s): trainers %s", job_secret.ENV_JOB_SECRET_FILE,
+                    job_secret.ENV_JOB_SECRET, "run their ports WITHOUT authentication (--insecure-trainer-ports)"
+                    if settings.insecure_trainer_ports else "will refuse to open their ports")
     agent = Agent(settings, base_env=_TRAINER_BASE_ENV)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

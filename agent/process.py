@@ -16,7 +16,7 @@ import os
 import shutil
 import signal
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Protocol
 
 log = logging.getLogger(__name__)
@@ -36,7 +36,7 @@ _PDEATHSIG_EXEC = (
 @dataclass(frozen=True)
 class Launch:
     argv: list[str]
-    env: dict[str, str]
+    env: dict[str, str] = field(repr=False)  # holds the job secret: never shown
     standby: bool      # stdin is a pipe for the hand-over line
     label: str         # stderr prefix, e.g. "h1 r0/1"
 

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 from agent.policy import ON_JOB_COMPLETE
 from protos.dial import TlsFiles
+from protos.job_secret import JobSecret
 
 # Placeholders substituted in the command template. Only these exact `{name}` tokens are
 # replaced; any other braces (a dict literal in `python -c ...`) are left alone.
@@ -75,6 +76,10 @@ class AgentSettings:
     # TLS to the controller (CA file turns it on; cert + key for mTLS). Trainers get the same
     # files through the FTHSDP_TLS_* environment (see protos.dial).
     tls: TlsFiles = field(default_factory=TlsFiles)
+    # The job secret every trainer gets (agent.env: FTHSDP_JOB_SECRET); its repr hides it.
+    job_secret: JobSecret | None = None
+    # With no job secret: let the trainers run their ports without authentication.
+    insecure_trainer_ports: bool = False
 
     @property
     def slot_count(self) -> int:
@@ -129,6 +134,9 @@ class AgentSettings:
             raise ValueError(f"on_job_complete must be one of {', '.join(ON_JOB_COMPLETE)}, got "
                              f"{self.on_job_complete!r}.")
         self.tls.validate()
+        if self.job_secret is not None and not isinstance(self.job_secret, JobSecret):
+            raise ValueError(f"job_secret must be a protos.job_secret.JobSecret, got a "
+                             f"{type(self.job_secret).__name__}.")
         used = placeholders_in(self.command) & set(ASSIGNMENT_PLACEHOLDERS)
         if self.standby and used:
             raise ValueError(f"A standby trainer starts before it has an assignment, so the "

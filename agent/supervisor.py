@@ -177,7 +177,8 @@ class Supervisor:
                 self._base_env, host_id=s.host_id, job_id=s.job_id, controller=controller,
                 replica_id=None if standby else want.replica_id,
                 rank=None if standby else want.rank,
-                world_size=None if standby else want.world_size, tls=s.tls),
+                world_size=None if standby else want.world_size, tls=s.tls,
+                secret=s.job_secret, insecure_trainer_ports=s.insecure_trainer_ports),
             standby=standby,
             label=f"{s.host_id} standby{slot.index}" if standby
             else f"{s.host_id} {want.replica_id}/{want.rank}")

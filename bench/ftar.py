@@ -48,7 +48,7 @@ def _worker(rank, world, nbytes, iters, warmup, gloo_port, addr_q, members_q, ou
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{gloo_port}", rank=rank, world_size=world)
     settings = FtarSettings(chunk_bytes=chunk_bytes, chunks_in_flight=chunks, timeout_s=60.0, connect_timeout_s=30.0,
-                            socket_buffer_bytes=sockbuf)
+                            socket_buffer_bytes=sockbuf, auth_key=b"bench ftar key, the same on every rank")
     ep = FtarEndpoint("127.0.0.1", 0, settings)
     addr_q.put((rank, ep.address))
     members = members_q.get()

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import threading
@@ -103,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     dtypes = (torch.float32, torch.bfloat16, torch.float16)
     rows = [bench_kernel(torch, d, b, t, parse_size(args.kernel_bytes), args.iters)
             for d in dtypes for b, t in ((2, 512), (8, 512), (32, 512))]
-    settings = FtarSettings(timeout_s=60.0)
+    settings = FtarSettings(timeout_s=60.0, auth_key=os.urandom(32))
     rows += [bench_allreduce(torch, w, parse_size(s), args.iters, d, settings)
              for w in args.world for s in args.sizes for d in (torch.float32, torch.bfloat16)]
     ok = True

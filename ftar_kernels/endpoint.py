@@ -1,6 +1,6 @@
 """FtarEndpoint: the public face of FTAR for one rank of one ring.
 
-    ep = FtarEndpoint(host="127.0.0.1", port=0, settings=FtarSettings())  # binds, listens, no threads
+    ep = FtarEndpoint(host="127.0.0.1", port=0, settings=FtarSettings(auth_key=KEY))  # binds, listens, no threads
     ep.configure("job1/rank3", generation=17, members=[...])  # starts the acceptor on first call
     stats = ep.allreduce(tensor).wait()
     ep.close()
@@ -125,7 +125,7 @@ class FtarEndpoint:
         self.settings = (settings or FtarSettings()).validate()
         self._transport = transport or TcpTransport(self.settings.socket_buffer_bytes)
         self._membership = Membership(self._transport.listen(host, port), self._transport,
-                                      self.settings.connect_timeout_s)
+                                      self.settings.connect_timeout_s, self.settings.auth_key or None)
         self.address: str = self._membership.address
         self.protocol = RankProtocol()
         self._lock = threading.RLock()  # serialises configure / close

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 MIB = 1 << 20
+MIN_AUTH_KEY_BYTES = 32
 
 
 @dataclass(frozen=True)
@@ -23,6 +24,11 @@ class FtarSettings:
         (paper: 2 blocks x 512 threads).
     socket_buffer_bytes: SO_SNDBUF / SO_RCVBUF for data connections; 0 keeps the kernel's
         autotuning.
+    auth_key: the key (at least 32 bytes, the same on every endpoint of the job) that
+        authenticates both sides of every hello: the dialler tags the acceptor's fresh challenge,
+        the acceptor tags the dialler's. Never shown in a repr.
+    allow_unauthenticated: run without `auth_key`: anyone who reaches the port may join a ring.
+        Without a key and without this an endpoint refuses to start.
     """
 
     chunk_bytes: int = 8 * MIB
@@ -32,6 +38,8 @@ class FtarSettings:
     cuda_blocks: int = 2
     cuda_threads_per_block: int = 512
     socket_buffer_bytes: int = 4 * MIB
+    auth_key: bytes = field(default=b"", repr=False)
+    allow_unauthenticated: bool = False
 
     def validate(self) -> "FtarSettings":
         """Raise ValueError with a full sentence naming the bad value; return self when valid."""
@@ -61,5 +69,15 @@ class FtarSettings:
             raise ValueError(
                 f"socket_buffer_bytes must be 0 (kernel default) or a positive byte count, "
                 f"got {self.socket_buffer_bytes!r}."
+            )
+        if not isinstance(self.auth_key, bytes):
+            raise ValueError(f"auth_key must be bytes, got a {type(self.auth_key).__name__}.")
+        if self.auth_key and len(self.auth_key) < MIN_AUTH_KEY_BYTES:
+            raise ValueError(f"auth_key must be at least {MIN_AUTH_KEY_BYTES} bytes, got {len(self.auth_key)} bytes.")
+        if not self.auth_key and self.allow_unauthenticated is not True:
+            raise ValueError(
+                "FTAR endpoints authenticate their peers: give auth_key (at least "
+                f"{MIN_AUTH_KEY_BYTES} bytes, the same on every endpoint of the job), or set "
+                "allow_unauthenticated=True to let anyone who reaches the port join a ring."
             )
         return self

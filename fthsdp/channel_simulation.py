@@ -4,9 +4,10 @@ The coordinator is the production `CoordinatorService` (sockets, frames, the pur
 coordination). Its controller is a stand-in that answers every quorum at once (the first
 answer with addresses, later ones without, as the controller does when the quorum id
 holds), so what is measured is the replica's own fan-out. The ranks are non-blocking
-sockets on one selector in one child process: each says hello, begins a step, votes yes on
-the plan, and begins the next step when the decision arrives -- the least work per message,
-so the measurement is dominated by the coordinator's side.
+sockets on one selector in one child process: each authenticates (challenge, tagged hello,
+welcome) with a job secret made for the run, begins a step, votes yes on the plan, and
+begins the next step when the decision arrives -- the least work per message, so the
+measurement is dominated by the coordinator's side.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from fthsdp.step import coordination as co
 from fthsdp.step import messages as msg
 from fthsdp.step.coordinator import CoordinatorService
 from protos import controller_pb2 as pb
+from protos import job_secret
 
 JOB, REPLICA = "sim", "r0"
 
@@ -75,17 +77,23 @@ def _raise_fd_limit(needed: int) -> None:
 
 
 class _SimulatedRanks:
-    def __init__(self, address: str, n_ranks: int) -> None:
+    def __init__(self, address: str, n_ranks: int, key: bytes) -> None:
         host, _, port = address.rpartition(":")
         self.selector = selectors.DefaultSelector()
         self.readers: dict[socket.socket, msg.FrameReader] = {}
         for rank in range(n_ranks):
             sock = socket.create_connection((host, int(port)), timeout=30)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            sock.sendall(msg.frame(msg.hello(rank, n_ranks, JOB, REPLICA, f"127.0.0.1:{10000 + rank % 50000}",
-                                             f"127.0.0.1:{20000 + rank % 40000}", "sim")))
+            reader = msg.FrameReader(msg.MAX_COORDINATOR_FRAME_BYTES)
+            kind, challenge = _next_frame(sock, reader)
+            hello = msg.sign_hello(key, msg.hello(rank, n_ranks, JOB, REPLICA, f"127.0.0.1:{10000 + rank % 50000}",
+                                                  f"127.0.0.1:{20000 + rank % 40000}", "sim"), challenge.nonce)
+            sock.sendall(msg.frame(hello))
+            kind, welcome = _next_frame(sock, reader)
+            if kind != "welcome" or not msg.welcome_is_authentic(key, welcome, hello.hello, challenge.nonce):
+                raise RuntimeError(f"simulated rank {rank} was not welcomed: {kind} {welcome}")
             sock.setblocking(False)
-            self.readers[sock] = msg.FrameReader(msg.MAX_COORDINATOR_FRAME_BYTES)
+            self.readers[sock] = reader
             self.selector.register(sock, selectors.EVENT_READ, rank)
 
     def play_round(self, step: int, timeout_s: float) -> tuple[float, float]:
@@ -137,10 +145,22 @@ class _SimulatedRanks:
         self.selector.close()
 
 
-def _ranks_process(address: str, n_ranks: int, rounds: int, conn, timeout_s: float) -> None:
+def _next_frame(sock: socket.socket, reader: msg.FrameReader) -> tuple[str, object]:
+    """The next frame on a blocking socket (handshakes only: nothing else is in flight)."""
+    while True:
+        chunk = sock.recv(1 << 16)  # the socket's timeout bounds each wait
+        if not chunk:
+            raise ConnectionError("the coordinator closed a simulated rank's connection during its hello")
+        bodies = reader.feed(chunk)
+        if bodies:
+            assert len(bodies) == 1, "one frame at a time during the handshake"
+            return msg.decode_coordinator_frame(bodies[0])
+
+
+def _ranks_process(address: str, n_ranks: int, rounds: int, conn, timeout_s: float, key: bytes) -> None:
     """Child process: connect the simulated ranks, report ready, play the rounds on "go"."""
     _raise_fd_limit(n_ranks + 256)
-    ranks = _SimulatedRanks(address, n_ranks)
+    ranks = _SimulatedRanks(address, n_ranks, key)
     conn.send("ready")
     try:
         conn.recv()
@@ -158,15 +178,17 @@ def simulate_fanout_and_vote(n_ranks: int, timeout_s: float = 120.0) -> RoundTim
 def simulate_rounds(n_ranks: int, rounds: int, timeout_s: float = 120.0) -> list[RoundTimings]:
     """Run `rounds` step rounds over the same connections with `n_ranks` simulated ranks."""
     _raise_fd_limit(n_ranks + 256)
+    secret = job_secret.parse(job_secret.generate(), "the simulation")
     settings = RuntimeSettings(job_id=JOB, replica_id=REPLICA, world_size=n_ranks, controller_address="127.0.0.1:1",
                                coordinator_address="127.0.0.1:0", quorum_timeout_s=timeout_s,
-                               gather_timeout_s=timeout_s, digest_every_steps=0)
+                               gather_timeout_s=timeout_s, digest_every_steps=0, job_secret=secret)
     service = CoordinatorService(settings, _InstantController(), "127.0.0.1", 0)
     service.marks = collections.deque(maxlen=max(rounds, 1) * 4)
     service.start()
     ctx = multiprocessing.get_context("spawn")  # no fork of a threaded process
     parent, child = ctx.Pipe()
-    proc = ctx.Process(target=_ranks_process, args=(service.address, n_ranks, rounds, child, timeout_s), daemon=True)
+    proc = ctx.Process(target=_ranks_process, daemon=True, args=(
+        service.address, n_ranks, rounds, child, timeout_s, secret.key(job_secret.PURPOSE_COORDINATOR)))
     try:
         t0 = time.perf_counter()
         proc.start()

@@ -46,6 +46,7 @@ from fthsdp.step.coordinator import CoordinatorService
 from fthsdp.step.plan import AddressBook, PlanError, RankPlan, plan_for_rank
 from fthsdp.step.protocol import INF, Phase, ProtocolError, advance, initial_state, next_deadline
 from fthsdp.sync.gradients import GradientSync, SyncResult, flatten_grads, unflatten_grads_
+from protos import job_secret
 from protos import replica_pb2 as rpb
 
 log = logging.getLogger(__name__)
@@ -157,13 +158,16 @@ class Manager:
             self._pre_init()
         self._restore_checkpoint()
         try:
+            ftar_key = s.port_key(job_secret.PURPOSE_FTAR)
             self.endpoint = self._seams.endpoint(FtarEndpoint.open(s.bind_host, 0, FtarSettings(
                 chunk_bytes=s.ftar_chunk_bytes, chunks_in_flight=s.ftar_chunks_in_flight,
-                timeout_s=s.allreduce_timeout_s, connect_timeout_s=min(10.0, s.allreduce_timeout_s))))
+                timeout_s=s.allreduce_timeout_s, connect_timeout_s=min(10.0, s.allreduce_timeout_s),
+                auth_key=ftar_key or b"", allow_unauthenticated=ftar_key is None)))
             self.sync = self._seams.sync(GradientSync(self.endpoint, s.rank, s.world_size, s.allreduce_timeout_s,
                                                       self.process_group))
             self.state_server = self._seams.state_server(
-                StateServer(s.bind_host, 0, self._snapshot, f"{s.replica_id}/{s.rank}").start())
+                StateServer(s.bind_host, 0, self._snapshot, f"{s.replica_id}/{s.rank}",
+                            key=s.port_key(job_secret.PURPOSE_STATE), hello_timeout_s=s.hello_timeout_s).start())
             address = s.coordinator_address
             if s.rank == 0:  # the coordinator lives here; rank 0 is its client below like everyone
                 controller = self._seams.controller(ControllerClient(
@@ -174,7 +178,8 @@ class Manager:
                 controller.start_heartbeats(s.heartbeat_interval_s)
             hello = msg.hello(s.rank, s.world_size, s.job_id, s.replica_id, self.endpoint.address,
                               self.state_server.address, self.incarnation)
-            self.client = self._seams.channel(CoordinatorClient(address, s.rank)).connect(s.quorum_timeout_s, hello)
+            self.client = self._seams.channel(CoordinatorClient(address, s.rank)).connect(
+                s.quorum_timeout_s, hello, s.port_key(job_secret.PURPOSE_COORDINATOR))
         except ChannelError as exc:
             self._teardown()
             raise Fatal(f"{exc}; check the coordinator address (rank 0 must be running), then restart") from None
@@ -406,7 +411,7 @@ class Manager:
         if self._serving is None or self._serving[0] != e.step:
             self._snapshot_cache = None
         self._serving = (e.step, self._state.ledger.to_json())
-        self.state_server.serve(e.step)
+        self.state_server.serve(e.step, e.fetchers)
 
     def _do_StopServing(self, e: ev.StopServing) -> None:  # noqa: N802
         assert self.state_server is not None

@@ -9,6 +9,11 @@ is derived from torchrun's: MASTER_ADDR:(MASTER_PORT + 1) -- rank 0 runs on MAST
 host under torchrun, and MASTER_PORT itself is taken by torch.distributed's store. A
 replica of one rank needs none (its coordinator takes a free port). The controller address
 is needed on rank 0 only: rank 0 hosts the coordinator, the only part that calls it.
+
+The job secret that authenticates this trainer's ports comes from FTHSDP_JOB_SECRET_FILE (a
+file, e.g. a mounted Kubernetes Secret) or FTHSDP_JOB_SECRET (the value; how the agent passes
+it), the file winning; a `job_secret` keyword wins over both (see protos/job_secret.py).
+Without one the ports refuse to start unless FTHSDP_INSECURE_TRAINER_PORTS=1.
 """
 
 from __future__ import annotations
@@ -18,6 +23,9 @@ import math
 import os
 from dataclasses import dataclass
 from typing import Callable, Mapping
+
+from protos import job_secret
+from protos.job_secret import JobSecret
 
 ENV_JOB_ID = "FTHSDP_JOB_ID"
 ENV_REPLICA_ID = "FTHSDP_REPLICA_ID"
@@ -73,6 +81,12 @@ class RuntimeSettings:
     checkpoint_dir: durable checkpoints go here ("" disables them).
     checkpoint_every_steps: write a checkpoint after every N-th committed step.
     ftar_chunk_bytes / ftar_chunks_in_flight: FTAR transport tuning.
+    job_secret: the job's secret; it authenticates the coordinator's hello, FTAR hellos and
+        state-server requests (each with its own key). Never shown in a repr.
+    insecure_trainer_ports: with no job_secret, run those ports without authentication
+        (anyone who reaches them may take part); without either, the ports refuse to start.
+    hello_timeout_s: how long a connection to this rank's coordinator or state server may take
+        to authenticate before it is closed.
     """
 
     job_id: str = "job"
@@ -98,6 +112,9 @@ class RuntimeSettings:
     checkpoint_every_steps: int = 0
     ftar_chunk_bytes: int = 4 << 20
     ftar_chunks_in_flight: int = 2
+    job_secret: JobSecret | None = None
+    insecure_trainer_ports: bool = False
+    hello_timeout_s: float = 10.0
 
     def validate(self) -> "RuntimeSettings":
         problems = []
@@ -125,8 +142,14 @@ class RuntimeSettings:
                 problems.append(f"{name} must be >= 0, got {getattr(self, name)}.")
         if not isinstance(self.apply_lr_scale, bool):
             problems.append(f"apply_lr_scale must be True or False, got {self.apply_lr_scale!r}.")
+        if self.job_secret is not None and not isinstance(self.job_secret, JobSecret):
+            problems.append(f"job_secret must be a protos.job_secret.JobSecret, got a {type(self.job_secret).__name__}.")
+        if not isinstance(self.insecure_trainer_ports, bool):
+            problems.append(f"insecure_trainer_ports must be True or False, got {self.insecure_trainer_ports!r}.")
+        if self.job_secret is None and self.insecure_trainer_ports is not True:
+            problems.append(f"The trainer ports need the job secret: {job_secret.HOW_TO_PROVIDE}.")
         for name in ("quorum_timeout_s", "gather_timeout_s", "allreduce_timeout_s", "fetch_timeout_s",
-                     "fetch_hold_timeout_s", "heartbeat_interval_s"):
+                     "fetch_hold_timeout_s", "heartbeat_interval_s", "hello_timeout_s"):
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
                 problems.append(f"{name} must be a finite number of seconds > 0, got {value!r}.")
@@ -140,6 +163,15 @@ class RuntimeSettings:
         if problems:
             raise ValueError("Invalid RuntimeSettings: " + " ".join(problems))
         return self
+
+    def port_key(self, purpose: str) -> bytes | None:
+        """The key of one trainer port (protos.job_secret.PURPOSE_*); None when the ports run
+        without authentication. ValueError (how to provide a secret) when neither is set."""
+        if self.job_secret is not None:
+            return self.job_secret.key(purpose)
+        if self.insecure_trainer_ports is True:
+            return None
+        raise ValueError(f"The trainer ports need the job secret: {job_secret.HOW_TO_PROVIDE}.")
 
     # -- bounds a rank derives (every wait in the step is one of these)
 
@@ -174,6 +206,12 @@ class RuntimeSettings:
                     values[field] = _convert(name, env[name], conv)
         if "coordinator_address" not in values and "coordinator_address" not in overrides:
             values["coordinator_address"] = _coordinator_from_torchrun(env)
+        try:
+            if "job_secret" not in overrides:
+                values["job_secret"] = job_secret.from_env(env)
+            values["insecure_trainer_ports"] = job_secret.insecure_from_env(env)
+        except ValueError as exc:
+            raise ValueError(f"Invalid RuntimeSettings: {exc}.") from None
         values.update(overrides)
         return dataclasses.replace(cls(), **values).validate()
 

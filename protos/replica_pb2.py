@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from protos import controller_pb2 as protos_dot_controller__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14protos/replica.proto\x12\tfthsdp.v1\x1a\x17protos/controller.proto\"\xa1\x01\n\tRankHello\x12\x0c\n\x04rank\x18\x01 \x01(\x05\x12\x12\n\nworld_size\x18\x02 \x01(\x05\x12\x0e\n\x06job_id\x18\x03 \x01(\t\x12\x12\n\nreplica_id\x18\x04 \x01(\t\x12\x14\n\x0c\x66tar_address\x18\x05 \x01(\t\x12\x15\n\rstate_address\x18\x06 \x01(\t\x12\x13\n\x0bincarnation\x18\x07 \x01(\t\x12\x0c\n\x04\x61uth\x18\x08 \x01(\x0c\"\x19\n\tBeginStep\x12\x0c\n\x04step\x18\x01 \x01(\x03\"U\n\x08StepVote\x12\x0f\n\x07\x61ttempt\x18\x01 \x01(\x04\x12\n\n\x02ok\x18\x02 \x01(\x08\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\x0c\n\x04loss\x18\x04 \x01(\x01\x12\x0e\n\x06tokens\x18\x05 \x01(\x03\"<\n\x0bStateDigest\x12\x0f\n\x07\x61ttempt\x18\x01 \x01(\x04\x12\x0c\n\x04step\x18\x02 \x01(\x03\x12\x0e\n\x06sha256\x18\x03 \x01(\x0c\")\n\tCloseRank\x12\x0c\n\x04step\x18\x01 \x01(\x03\x12\x0e\n\x06reason\x18\x02 \x01(\t\"\xd7\x01\n\tRankFrame\x12%\n\x05hello\x18\x01 \x01(\x0b\x32\x14.fthsdp.v1.RankHelloH\x00\x12%\n\x05\x62\x65gin\x18\x02 \x01(\x0b\x32\x14.fthsdp.v1.BeginStepH\x00\x12#\n\x04vote\x18\x03 \x01(\x0b\x32\x13.fthsdp.v1.StepVoteH\x00\x12(\n\x06\x64igest\x18\x04 \x01(\x0b\x32\x16.fthsdp.v1.StateDigestH\x00\x12%\n\x05\x63lose\x18\x05 \x01(\x0b\x32\x14.fthsdp.v1.CloseRankH\x00\x42\x06\n\x04\x62ody\"}\n\x08StepPlan\x12\x0f\n\x07\x61ttempt\x18\x01 \x01(\x04\x12\x0c\n\x04step\x18\x02 \x01(\x03\x12)\n\x06quorum\x18\x03 \x01(\x0b\x32\x19.fthsdp.v1.QuorumResponse\x12\'\n\x05peers\x18\x04 \x01(\x0b\x32\x18.fthsdp.v1.PeerAddresses\"U\n\rPeerAddresses\x12\x13\n\x0breplica_ids\x18\x01 \x03(\t\x12\x16\n\x0e\x66tar_addresses\x18\x02 \x03(\t\x12\x17\n\x0fstate_addresses\x18\x03 \x03(\t\"\x9f\x01\n\x06NoPlan\x12\x0f\n\x07\x61ttempt\x18\x01 \x01(\x04\x12\x0c\n\x04step\x18\x02 \x01(\x03\x12$\n\x04kind\x18\x03 \x01(\x0e\x32\x16.fthsdp.v1.NoPlan.Kind\x12\x0e\n\x06reason\x18\x04 \x01(\t\"@\n\x04Kind\x12\x14\n\x10KIND_UNSPECIFIED\x10\x00\x12\t\n\x05RETRY\x10\x01\x12\x0c\n\x08\x46INISHED\x10\x02\x12\t\n\x05\x46\x41TAL\x10\x03\"\xbd\x01\n\x0cStepDecision\x12\x0f\n\x07\x61ttempt\x18\x01 \x01(\x04\x12\x11\n\tquorum_id\x18\x02 \x01(\x03\x12\x0c\n\x04step\x18\x03 \x01(\x03\x12\x30\n\x07outcome\x18\x04 \x01(\x0e\x32\x1f.fthsdp.v1.StepDecision.Outcome\x12\x0e\n\x06reason\x18\x05 \x01(\t\"9\n\x07Outcome\x12\x17\n\x13OUTCOME_UNSPECIFIED\x10\x00\x12\n\n\x06\x43OMMIT\x10\x01\x12\t\n\x05RETRY\x10\x02\">\n\x0fReplicaFinished\x12\x0c\n\x04step\x18\x01 \x01(\x03\x12\r\n\x05\x63lean\x18\x02 \x01(\x08\x12\x0e\n\x06reason\x18\x03 \x01(\t\"\x19\n\x07Refusal\x12\x0e\n\x06reason\x18\x01 \x01(\t\"\xe9\x01\n\x10\x43oordinatorFrame\x12#\n\x04plan\x18\x01 \x01(\x0b\x32\x13.fthsdp.v1.StepPlanH\x00\x12$\n\x07no_plan\x18\x02 \x01(\x0b\x32\x11.fthsdp.v1.NoPlanH\x00\x12+\n\x08\x64\x65\x63ision\x18\x03 \x01(\x0b\x32\x17.fthsdp.v1.StepDecisionH\x00\x12.\n\x08\x66inished\x18\x04 \x01(\x0b\x32\x1a.fthsdp.v1.ReplicaFinishedH\x00\x12%\n\x07refusal\x18\x05 \x01(\x0b\x32\x12.fthsdp.v1.RefusalH\x00\x42\x06\n\x04\x62odyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14protos/replica.proto\x12\tfthsdp.v1\x1a\x17protos/controller.proto\"\xb0\x01\n\tRankHello\x12\x0c\n\x04rank\x18\x01 \x01(\x05\x12\x12\n\nworld_size\x18\x02 \x01(\x05\x12\x0e\n\x06job_id\x18\x03 \x01(\t\x12\x12\n\nreplica_id\x18\x04 \x01(\t\x12\x14\n\x0c\x66tar_address\x18\x05 \x01(\t\x12\x15\n\rstate_address\x18\x06 \x01(\t\x12\x13\n\x0bincarnation\x18\x07 \x01(\t\x12\x0c\n\x04\x61uth\x18\x08 \x01(\x0c\x12\r\n\x05nonce\x18\t \x01(\x0c\"\x19\n\tBeginStep\x12\x0c\n\x04step\x18\x01 \x01(\x03\"U\n\x08StepVote\x12\x0f\n\x07\x61ttempt\x18\x01 \x01(\x04\x12\n\n\x02ok\x18\x02 \x01(\x08\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\x0c\n\x04loss\x18\x04 \x01(\x01\x12\x0e\n\x06tokens\x18\x05 \x01(\x03\"<\n\x0bStateDigest\x12\x0f\n\x07\x61ttempt\x18\x01 \x01(\x04\x12\x0c\n\x04step\x18\x02 \x01(\x03\x12\x0e\n\x06sha256\x18\x03 \x01(\x0c\")\n\tCloseRank\x12\x0c\n\x04step\x18\x01 \x01(\x03\x12\x0e\n\x06reason\x18\x02 \x01(\t\"\xd7\x01\n\tRankFrame\x12%\n\x05hello\x18\x01 \x01(\x0b\x32\x14.fthsdp.v1.RankHelloH\x00\x12%\n\x05\x62\x65gin\x18\x02 \x01(\x0b\x32\x14.fthsdp.v1.BeginStepH\x00\x12#\n\x04vote\x18\x03 \x01(\x0b\x32\x13.fthsdp.v1.StepVoteH\x00\x12(\n\x06\x64igest\x18\x04 \x01(\x0b\x32\x16.fthsdp.v1.StateDigestH\x00\x12%\n\x05\x63lose\x18\x05 \x01(\x0b\x32\x14.fthsdp.v1.CloseRankH\x00\x42\x06\n\x04\x62ody\"}\n\x08StepPlan\x12\x0f\n\x07\x61ttempt\x18\x01 \x01(\x04\x12\x0c\n\x04step\x18\x02 \x01(\x03\x12)\n\x06quorum\x18\x03 \x01(\x0b\x32\x19.fthsdp.v1.QuorumResponse\x12\'\n\x05peers\x18\x04 \x01(\x0b\x32\x18.fthsdp.v1.PeerAddresses\"U\n\rPeerAddresses\x12\x13\n\x0breplica_ids\x18\x01 \x03(\t\x12\x16\n\x0e\x66tar_addresses\x18\x02 \x03(\t\x12\x17\n\x0fstate_addresses\x18\x03 \x03(\t\"\x9f\x01\n\x06NoPlan\x12\x0f\n\x07\x61ttempt\x18\x01 \x01(\x04\x12\x0c\n\x04step\x18\x02 \x01(\x03\x12$\n\x04kind\x18\x03 \x01(\x0e\x32\x16.fthsdp.v1.NoPlan.Kind\x12\x0e\n\x06reason\x18\x04 \x01(\t\"@\n\x04Kind\x12\x14\n\x10KIND_UNSPECIFIED\x10\x00\x12\t\n\x05RETRY\x10\x01\x12\x0c\n\x08\x46INISHED\x10\x02\x12\t\n\x05\x46\x41TAL\x10\x03\"\xbd\x01\n\x0cStepDecision\x12\x0f\n\x07\x61ttempt\x18\x01 \x01(\x04\x12\x11\n\tquorum_id\x18\x02 \x01(\x03\x12\x0c\n\x04step\x18\x03 \x01(\x03\x12\x30\n\x07outcome\x18\x04 \x01(\x0e\x32\x1f.fthsdp.v1.StepDecision.Outcome\x12\x0e\n\x06reason\x18\x05 \x01(\t\"9\n\x07Outcome\x12\x17\n\x13OUTCOME_UNSPECIFIED\x10\x00\x12\n\n\x06\x43OMMIT\x10\x01\x12\t\n\x05RETRY\x10\x02\">\n\x0fReplicaFinished\x12\x0c\n\x04step\x18\x01 \x01(\x03\x12\r\n\x05\x63lean\x18\x02 \x01(\x08\x12\x0e\n\x06reason\x18\x03 \x01(\t\"(\n\x07Refusal\x12\x0e\n\x06reason\x18\x01 \x01(\t\x12\r\n\x05retry\x18\x02 \x01(\x08\"\x1a\n\tChallenge\x12\r\n\x05nonce\x18\x01 \x01(\x0c\"\x17\n\x07Welcome\x12\x0c\n\x04\x61uth\x18\x01 \x01(\x0c\"\xbb\x02\n\x10\x43oordinatorFrame\x12#\n\x04plan\x18\x01 \x01(\x0b\x32\x13.fthsdp.v1.StepPlanH\x00\x12$\n\x07no_plan\x18\x02 \x01(\x0b\x32\x11.fthsdp.v1.NoPlanH\x00\x12+\n\x08\x64\x65\x63ision\x18\x03 \x01(\x0b\x32\x17.fthsdp.v1.StepDecisionH\x00\x12.\n\x08\x66inished\x18\x04 \x01(\x0b\x32\x1a.fthsdp.v1.ReplicaFinishedH\x00\x12%\n\x07refusal\x18\x05 \x01(\x0b\x32\x12.fthsdp.v1.RefusalH\x00\x12)\n\tchallenge\x18\x06 \x01(\x0b\x32\x14.fthsdp.v1.ChallengeH\x00\x12%\n\x07welcome\x18\x07 \x01(\x0b\x32\x12.fthsdp.v1.WelcomeH\x00\x42\x06\n\x04\x62odyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,33 +33,37 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'protos.replica_pb2', _globa
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_RANKHELLO']._serialized_start=61
-  _globals['_RANKHELLO']._serialized_end=222
-  _globals['_BEGINSTEP']._serialized_start=224
-  _globals['_BEGINSTEP']._serialized_end=249
-  _globals['_STEPVOTE']._serialized_start=251
-  _globals['_STEPVOTE']._serialized_end=336
-  _globals['_STATEDIGEST']._serialized_start=338
-  _globals['_STATEDIGEST']._serialized_end=398
-  _globals['_CLOSERANK']._serialized_start=400
-  _globals['_CLOSERANK']._serialized_end=441
-  _globals['_RANKFRAME']._serialized_start=444
-  _globals['_RANKFRAME']._serialized_end=659
-  _globals['_STEPPLAN']._serialized_start=661
-  _globals['_STEPPLAN']._serialized_end=786
-  _globals['_PEERADDRESSES']._serialized_start=788
-  _globals['_PEERADDRESSES']._serialized_end=873
-  _globals['_NOPLAN']._serialized_start=876
-  _globals['_NOPLAN']._serialized_end=1035
-  _globals['_NOPLAN_KIND']._serialized_start=971
-  _globals['_NOPLAN_KIND']._serialized_end=1035
-  _globals['_STEPDECISION']._serialized_start=1038
-  _globals['_STEPDECISION']._serialized_end=1227
-  _globals['_STEPDECISION_OUTCOME']._serialized_start=1170
-  _globals['_STEPDECISION_OUTCOME']._serialized_end=1227
-  _globals['_REPLICAFINISHED']._serialized_start=1229
-  _globals['_REPLICAFINISHED']._serialized_end=1291
-  _globals['_REFUSAL']._serialized_start=1293
-  _globals['_REFUSAL']._serialized_end=1318
-  _globals['_COORDINATORFRAME']._serialized_start=1321
-  _globals['_COORDINATORFRAME']._serialized_end=1554
+  _globals['_RANKHELLO']._serialized_end=237
+  _globals['_BEGINSTEP']._serialized_start=239
+  _globals['_BEGINSTEP']._serialized_end=264
+  _globals['_STEPVOTE']._serialized_start=266
+  _globals['_STEPVOTE']._serialized_end=351
+  _globals['_STATEDIGEST']._serialized_start=353
+  _globals['_STATEDIGEST']._serialized_end=413
+  _globals['_CLOSERANK']._serialized_start=415
+  _globals['_CLOSERANK']._serialized_end=456
+  _globals['_RANKFRAME']._serialized_start=459
+  _globals['_RANKFRAME']._serialized_end=674
+  _globals['_STEPPLAN']._serialized_start=676
+  _globals['_STEPPLAN']._serialized_end=801
+  _globals['_PEERADDRESSES']._serialized_start=803
+  _globals['_PEERADDRESSES']._serialized_end=888
+  _globals['_NOPLAN']._serialized_start=891
+  _globals['_NOPLAN']._serialized_end=1050
+  _globals['_NOPLAN_KIND']._serialized_start=986
+  _globals['_NOPLAN_KIND']._serialized_end=1050
+  _globals['_STEPDECISION']._serialized_start=1053
+  _globals['_STEPDECISION']._serialized_end=1242
+  _globals['_STEPDECISION_OUTCOME']._serialized_start=1185
+  _globals['_STEPDECISION_OUTCOME']._serialized_end=1242
+  _globals['_REPLICAFINISHED']._serialized_start=1244
+  _globals['_REPLICAFINISHED']._serialized_end=1306
+  _globals['_REFUSAL']._serialized_start=1308
+  _globals['_REFUSAL']._serialized_end=1348
+  _globals['_CHALLENGE']._serialized_start=1350
+  _globals['_CHALLENGE']._serialized_end=1376
+  _globals['_WELCOME']._serialized_start=1378
+  _globals['_WELCOME']._serialized_end=1401
+  _globals['_COORDINATORFRAME']._serialized_start=1404
+  _globals['_COORDINATORFRAME']._serialized_end=1719
 # @@protoc_insertion_point(module_scope)

@@ -9,7 +9,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class RankHello(_message.Message):
-    __slots__ = ("rank", "world_size", "job_id", "replica_id", "ftar_address", "state_address", "incarnation", "auth")
+    __slots__ = ("rank", "world_size", "job_id", "replica_id", "ftar_address", "state_address", "incarnation", "auth", "nonce")
     RANK_FIELD_NUMBER: _ClassVar[int]
     WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
@@ -18,6 +18,7 @@ class RankHello(_message.Message):
     STATE_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     INCARNATION_FIELD_NUMBER: _ClassVar[int]
     AUTH_FIELD_NUMBER: _ClassVar[int]
+    NONCE_FIELD_NUMBER: _ClassVar[int]
     rank: int
     world_size: int
     job_id: str
@@ -26,7 +27,8 @@ class RankHello(_message.Message):
     state_address: str
     incarnation: str
     auth: bytes
-    def __init__(self, rank: _Optional[int] = ..., world_size: _Optional[int] = ..., job_id: _Optional[str] = ..., replica_id: _Optional[str] = ..., ftar_address: _Optional[str] = ..., state_address: _Optional[str] = ..., incarnation: _Optional[str] = ..., auth: _Optional[bytes] = ...) -> None: ...
+    nonce: bytes
+    def __init__(self, rank: _Optional[int] = ..., world_size: _Optional[int] = ..., job_id: _Optional[str] = ..., replica_id: _Optional[str] = ..., ftar_address: _Optional[str] = ..., state_address: _Optional[str] = ..., incarnation: _Optional[str] = ..., auth: _Optional[bytes] = ..., nonce: _Optional[bytes] = ...) -> None: ...
 
 class BeginStep(_message.Message):
     __slots__ = ("step",)
@@ -157,21 +159,39 @@ class ReplicaFinished(_message.Message):
     def __init__(self, step: _Optional[int] = ..., clean: _Optional[bool] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class Refusal(_message.Message):
-    __slots__ = ("reason",)
+    __slots__ = ("reason", "retry")
     REASON_FIELD_NUMBER: _ClassVar[int]
+    RETRY_FIELD_NUMBER: _ClassVar[int]
     reason: str
-    def __init__(self, reason: _Optional[str] = ...) -> None: ...
+    retry: bool
+    def __init__(self, reason: _Optional[str] = ..., retry: _Optional[bool] = ...) -> None: ...
+
+class Challenge(_message.Message):
+    __slots__ = ("nonce",)
+    NONCE_FIELD_NUMBER: _ClassVar[int]
+    nonce: bytes
+    def __init__(self, nonce: _Optional[bytes] = ...) -> None: ...
+
+class Welcome(_message.Message):
+    __slots__ = ("auth",)
+    AUTH_FIELD_NUMBER: _ClassVar[int]
+    auth: bytes
+    def __init__(self, auth: _Optional[bytes] = ...) -> None: ...
 
 class CoordinatorFrame(_message.Message):
-    __slots__ = ("plan", "no_plan", "decision", "finished", "refusal")
+    __slots__ = ("plan", "no_plan", "decision", "finished", "refusal", "challenge", "welcome")
     PLAN_FIELD_NUMBER: _ClassVar[int]
     NO_PLAN_FIELD_NUMBER: _ClassVar[int]
     DECISION_FIELD_NUMBER: _ClassVar[int]
     FINISHED_FIELD_NUMBER: _ClassVar[int]
     REFUSAL_FIELD_NUMBER: _ClassVar[int]
+    CHALLENGE_FIELD_NUMBER: _ClassVar[int]
+    WELCOME_FIELD_NUMBER: _ClassVar[int]
     plan: StepPlan
     no_plan: NoPlan
     decision: StepDecision
     finished: ReplicaFinished
     refusal: Refusal
-    def __init__(self, plan: _Optional[_Union[StepPlan, _Mapping]] = ..., no_plan: _Optional[_Union[NoPlan, _Mapping]] = ..., decision: _Optional[_Union[StepDecision, _Mapping]] = ..., finished: _Optional[_Union[ReplicaFinished, _Mapping]] = ..., refusal: _Optional[_Union[Refusal, _Mapping]] = ...) -> None: ...
+    challenge: Challenge
+    welcome: Welcome
+    def __init__(self, plan: _Optional[_Union[StepPlan, _Mapping]] = ..., no_plan: _Optional[_Union[NoPlan, _Mapping]] = ..., decision: _Optional[_Union[StepDecision, _Mapping]] = ..., finished: _Optional[_Union[ReplicaFinished, _Mapping]] = ..., refusal: _Optional[_Union[Refusal, _Mapping]] = ..., challenge: _Optional[_Union[Challenge, _Mapping]] = ..., welcome: _Optional[_Union[Welcome, _Mapping]] = ...) -> None: ...

@@ -1,7 +1,8 @@
 """Processes of the demo: the controller and agent CLIs, trainers, and how they are killed.
 
 Only processes this demo started are signalled, by pid. "Killing a host" SIGKILLs an agent
-and every process under it (its trainers), read from /proc before the agent dies.
+and every process under it (its trainers), read from /proc before the agent dies. Agents
+and trainers get the run's job secret in their environment (never on a command line).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import sys
 from pathlib import Path
 
 from controller.launch import ControllerProcess, launch, read_json_line  # noqa: F401 - used by run.py
+from protos import job_secret
 
 PYTHON = sys.executable
 _FTHSDP_BIN = Path(PYTHON).with_name("fthsdp")
@@ -29,7 +31,14 @@ def start_controller(log: Path, *, job_id: str, replicas: int, join_timeout_s: f
                       "--lr-policy", lr_policy, stderr=err)
 
 
-def start_agent(log: Path, *, controller: str, host_id: str, job_id: str, command: list[str],
+def environment(secret: str, extra: dict[str, str] | None = None) -> dict[str, str]:
+    """This process's environment, with `secret` as the job secret (a secret file named in the
+    caller's environment would win over it, so it is left out) and `extra`."""
+    env = {k: v for k, v in os.environ.items() if k != job_secret.ENV_JOB_SECRET_FILE}
+    return {**env, job_secret.ENV_JOB_SECRET: secret, **(extra or {})}
+
+
+def start_agent(log: Path, *, controller: str, host_id: str, job_id: str, command: list[str], secret: str,
                 replica_id: str = "", ranks: int = 1, spare: bool = False, standby: bool = False,
                 heartbeat_interval_s: float = 0.5) -> subprocess.Popen:
     args = FTHSDP + ["agent", "--controller", controller, "--host-id", host_id, "--job-id", job_id,
@@ -42,13 +51,13 @@ def start_agent(log: Path, *, controller: str, host_id: str, job_id: str, comman
                  "--world-size", str(ranks)]
     with open(log, "w") as err:
         return subprocess.Popen(args + ["--"] + command, stdout=subprocess.PIPE, stderr=err,
-                                stdin=subprocess.DEVNULL, text=True)
+                                stdin=subprocess.DEVNULL, text=True, env=environment(secret))
 
 
-def start_trainer(log: Path, config: Path, env: dict[str, str]) -> subprocess.Popen:
+def start_trainer(log: Path, config: Path, env: dict[str, str], secret: str) -> subprocess.Popen:
     with open(log, "w") as err:
         return subprocess.Popen(TRAINER + [str(config)], stdout=subprocess.DEVNULL, stderr=err,
-                                stdin=subprocess.DEVNULL, env={**os.environ, **env})
+                                stdin=subprocess.DEVNULL, env=environment(secret, env))
 
 
 def descendants(pid: int) -> list[int]:

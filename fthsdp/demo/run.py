@@ -22,6 +22,7 @@ import httpx
 from fthsdp.demo import procs
 from fthsdp.demo.schedule import Failure, replica_ids
 from fthsdp.status import render
+from protos import job_secret
 
 log = logging.getLogger("fthsdp.demo")
 JOB_ID = "demo"
@@ -206,18 +207,20 @@ def run_job(workdir: Path, data: Path, s: RunSettings, failures: list[Failure], 
     """The faulty run: embedded controller, one agent per replica plus spares, failures on schedule."""
     records, config = _prepare(workdir, s, data)
     command = procs.TRAINER + [str(config)]
+    secret = job_secret.generate()  # one per run: the trainer ports authenticate with it
 
     def body(controller, result: RunResult, children: list) -> None:
         agents: dict[str, subprocess.Popen] = {}
         for i, rid in enumerate(replica_ids(s.replicas)):
             agents[f"h{i}"] = procs.start_agent(workdir / f"agent-h{i}.log", controller=controller.grpc,
                                                 host_id=f"h{i}", job_id=JOB_ID, command=command, replica_id=rid,
-                                                ranks=s.ranks_per_replica)
+                                                ranks=s.ranks_per_replica, secret=secret)
             children.append(agents[f"h{i}"])
         for j in range(s.spares):
             agents[f"spare{j}"] = procs.start_agent(workdir / f"agent-spare{j}.log", controller=controller.grpc,
                                                     host_id=f"spare{j}", job_id=JOB_ID, command=command,
-                                                    ranks=s.ranks_per_replica, spare=True, standby=s.standby)
+                                                    ranks=s.ranks_per_replica, spare=True, standby=s.standby,
+                                                    secret=secret)
             children.append(agents[f"spare{j}"])
         for host, agent in agents.items():
             procs.read_json_line(agent, 60.0, f"agent {host} (log {workdir / f'agent-{host}.log'})")
@@ -271,13 +274,14 @@ def _follow(http: httpx.Client, s: RunSettings, failures: list[Failure], agents:
 def run_baseline(workdir: Path, data: Path, s: RunSettings) -> RunResult:
     """The same job without failures or agents: controller plus trainers started directly."""
     records, config = _prepare(workdir, s, data)
+    secret = job_secret.generate()
 
     def body(controller, result: RunResult, children: list) -> None:
         for rid in replica_ids(s.replicas):
             for k in range(s.ranks_per_replica):
                 env = {"FTHSDP_REPLICA_ID": rid, "FTHSDP_RANK": str(k), "FTHSDP_WORLD_SIZE": str(s.ranks_per_replica),
                        "FTHSDP_CONTROLLER": controller.grpc, "FTHSDP_JOB_ID": JOB_ID}
-                children.append(procs.start_trainer(workdir / f"trainer-{rid}-{k}.log", config, env))
+                children.append(procs.start_trainer(workdir / f"trainer-{rid}-{k}.log", config, env, secret))
         deadline = time.monotonic() + s.timeout_s
         for t in children:
             left = deadline - time.monotonic()

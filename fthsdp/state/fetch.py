@@ -4,15 +4,19 @@ The body is streamed into its destination tensors as it arrives (never buffered 
 the checksum trailer is checked (see fthsdp/state/stream.py), and only then is the fetch
 acknowledged to the source and handed back, staged (`Fetched`), for the Manager to load.
 A short, damaged or refused transfer raises TransferError; `fetch_state` tries again up
-to `attempts` times.
+to `attempts` times. Every request is signed with the state key of the job secret
+(fthsdp/state/request_auth.py; `key` None: the source serves without authentication).
 """
 
 from __future__ import annotations
 
 import http.client
 import logging
+import time
 from typing import Callable
 
+from ftar_kernels import auth
+from fthsdp.state import request_auth
 from fthsdp.state.stream import (HEADER, MAX_MANIFEST_BYTES, PIECE_BYTES, TRAILER, Fetched, Manifest,
                                  PipelinedChecksum, StateTarget, TransferError, tensor_bytes)
 
@@ -28,14 +32,19 @@ def _read_exact(resp: http.client.HTTPResponse, view: memoryview) -> None:
         got += n
 
 
+def _signed(key: bytes | None, method: str, target: str) -> dict[str, str]:
+    return {request_auth.HEADER: request_auth.sign(key, method, target, time.time(), auth.nonce())} if key else {}
+
+
 def fetch_once(address: str, step: int, replica_id: str, target_of: Callable[[], StateTarget],
-               timeout_s: float, cancelled: Callable[[], bool] = lambda: False) -> Fetched:
+               timeout_s: float, cancelled: Callable[[], bool] = lambda: False, *, key: bytes | None) -> Fetched:
     """One attempt: GET the state of `step` from `address` into a fresh target; verify; stage.
     `cancelled()` is checked between pieces; when it turns true the fetch stops, loading nothing."""
     host, _, port = address.rpartition(":")
     conn = http.client.HTTPConnection(host, int(port), timeout=timeout_s)
     try:
-        conn.request("GET", f"/state?step={step}&replica={replica_id}")
+        path = f"/state?step={step}&replica={replica_id}"
+        conn.request("GET", path, headers=_signed(key, "GET", path))
         resp = conn.getresponse()
         if resp.status != 200:
             raise TransferError(f"{address} refused step {step}: {resp.status} {resp.read(200)!r}")
@@ -76,13 +85,17 @@ def fetch_once(address: str, step: int, replica_id: str, target_of: Callable[[],
         conn.close()
 
 
-def acknowledge(address: str, step: int, replica_id: str, timeout_s: float) -> None:
+def acknowledge(address: str, step: int, replica_id: str, timeout_s: float, *, key: bytes | None) -> None:
     """Tell the source this replica holds step `step`; the source may move on. Best effort."""
     host, _, port = address.rpartition(":")
     conn = http.client.HTTPConnection(host, int(port), timeout=timeout_s)
     try:
-        conn.request("POST", f"/ack?step={step}&replica={replica_id}")
-        conn.getresponse().read()
+        path = f"/ack?step={step}&replica={replica_id}"
+        conn.request("POST", path, headers=_signed(key, "POST", path))
+        resp = conn.getresponse()
+        answer = resp.read(1000)
+        if resp.status != 200:
+            log.warning("%s did not take the ack of step %s: %s %r", address, step, resp.status, answer)
     except (OSError, http.client.HTTPException) as exc:
         log.info("could not acknowledge step %s to %s: %s", step, address, exc)
     finally:
@@ -90,15 +103,16 @@ def acknowledge(address: str, step: int, replica_id: str, timeout_s: float) -> N
 
 
 def fetch_state(address: str, step: int, replica_id: str, target_of: Callable[[], StateTarget],
-                timeout_s: float, attempts: int, cancelled: Callable[[], bool] = lambda: False) -> Fetched:
+                timeout_s: float, attempts: int, cancelled: Callable[[], bool] = lambda: False, *,
+                key: bytes | None) -> Fetched:
     """Fetch with retries; acknowledges the source after a verified load."""
     last: TransferError | None = None
     for attempt in range(1, attempts + 1):
         if cancelled():
             break
         try:
-            fetched = fetch_once(address, step, replica_id, target_of, timeout_s, cancelled)
-            acknowledge(address, step, replica_id, timeout_s)
+            fetched = fetch_once(address, step, replica_id, target_of, timeout_s, cancelled, key=key)
+            acknowledge(address, step, replica_id, timeout_s, key=key)
             return fetched
         except TransferError as exc:
             last = exc

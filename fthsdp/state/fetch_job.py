@@ -23,6 +23,7 @@ from fthsdp.state.registry import MAX_PAYLOAD_BYTES, StateRegistry
 from fthsdp.state.stream import Fetched, StateTarget
 from fthsdp.step.events import FetchFinished
 from fthsdp.step.plan import RankPlan
+from protos import job_secret
 
 
 class FetchJob:
@@ -55,7 +56,8 @@ class FetchJob:
             fetched = fetch_state(plan.fetch_from, plan.step, s.replica_id,
                                   lambda: StateTarget(self._model, self._optimizer, self._registry.names,
                                                       MAX_PAYLOAD_BYTES),
-                                  s.fetch_timeout_s, s.fetch_attempts, self._cancelled.is_set)
+                                  s.fetch_timeout_s, s.fetch_attempts, self._cancelled.is_set,
+                                  key=s.port_key(job_secret.PURPOSE_STATE))
             self.user_states = self._registry.decode(fetched.user_payloads)
             self.ledger = DataLedger.from_json(fetched.manifest.ledger_json)
             self.fetched = fetched

@@ -4,11 +4,20 @@ GET  /state?step=N&replica=R  streams the state (layout in fthsdp/state/stream.p
                               this rank serves step N; 409 otherwise.
 POST /ack?step=N&replica=R    a fetcher verified its copy of step N.
 
+Every request is signed with the job secret (fthsdp/state/request_auth.py) and refused
+(401) otherwise, before anything else is looked at. Once the plan named this rank's
+fetchers for the step (`serve(step, fetchers)`), only they may fetch (403 for any other
+replica), and an ack counts only from a fetcher that was sent the whole stream. Connections
+are bounded (fthsdp/state/guarded_http.py): MAX_CONNECTIONS at once, hello_timeout_s to
+authenticate, io_timeout_s per socket read or write, one request each.
+
 Two calls drive it, each the execution of one protocol effect (fthsdp/step/protocol.py):
 `serve(step)` -- the state now is the state at the start of `step`, and stays so until
 `stop` -- and `stop(wait_for, timeout_s)`, called before the state changes: it waits
 (bounded) until every replica in `wait_for` acknowledged its copy, then refuses new
-fetches and cuts off any still running (that fetcher sees a short stream and votes no).
+fetches and cuts off any still running (that fetcher sees a short stream and votes no): a
+transfer still writing CUT_OFF_GRACE_S later -- its reader stopped reading -- has its
+connection shut down, so `stop` returns within timeout_s + 2 * CUT_OFF_GRACE_S.
 """
 
 from __future__ import annotations
@@ -17,38 +26,58 @@ import logging
 import threading
 import time
 from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Callable
 from urllib.parse import parse_qs, urlparse
 
 import torch
 
+from fthsdp.state import request_auth
+from fthsdp.state.guarded_http import GuardedHTTPServer
 from fthsdp.state.stream import PIECE_BYTES, TRAILER, Manifest, PipelinedChecksum, tensor_bytes
 
 log = logging.getLogger(__name__)
 
 MAX_REPLICA_CHARS = 128
 MAX_ACKS = 4096
+#: connections served at once (fetchers of one rank are a few replicas; one connection each)
+MAX_CONNECTIONS = 16
+#: after the hold: how long running transfers get to notice the cut-off, and again after
+#: their connections were shut down
+CUT_OFF_GRACE_S = 1.0
+#: how long an ack waits for the plan's fetchers, or for its own transfer's last write
+ACK_WAIT_S = 2.0
 
 # What the server serves: a manifest and the live tensors in manifest order.
 Snapshot = tuple[Manifest, list[torch.Tensor]]
 
 
 class StateServer:
-    def __init__(self, host: str, port: int, snapshot: Callable[[], Snapshot], label: str = "") -> None:
+    """`key`: the state key of the job secret; None serves without authentication (only when
+    the caller was told to run the trainer ports that way)."""
+
+    def __init__(self, host: str, port: int, snapshot: Callable[[], Snapshot], label: str = "", *,
+                 key: bytes | None, hello_timeout_s: float = 10.0, io_timeout_s: float = 10.0) -> None:
         self._snapshot = snapshot
         self._label = label
+        self._key = key
+        self._seen = request_auth.SeenNonces()
         self._cond = threading.Condition()
         self._step = -1
         self._open = False
         self._active = 0
         self._cut_off = False
+        self._fetchers: tuple[str, ...] | None = None
         self._acks: dict[int, set[str]] = {}
+        self._sent: set[str] = set()  # replicas sent the whole stream of the step served
         #: fetch requests accepted (counted on acceptance, so a client that has its answer
         #: always sees its own request counted)
         self.fetches_accepted = 0
-        self._httpd = _Server((host, port), _Handler)
+        self.refused_requests = 0
+        self._httpd = _Server((host, port), _Handler, MAX_CONNECTIONS, hello_timeout_s, io_timeout_s)
         self._httpd.owner = self
+        if key is None:
+            log.warning("state server %s serves WITHOUT authentication (insecure trainer ports)", label)
         self._thread: threading.Thread | None = None
 
     @property
@@ -69,13 +98,20 @@ class StateServer:
         self._httpd.shutdown()
         self._httpd.server_close()
 
-    def serve(self, step: int) -> None:
-        """The state now is the state at the start of `step` and does not change until `stop`."""
+    @property
+    def connections(self) -> int:
+        """Connections being served now (each holds one thread)."""
+        return self._httpd.live_connections
+
+    def serve(self, step: int, fetchers: tuple[str, ...] | None = None) -> None:
+        """The state now is the state at the start of `step` and does not change until `stop`.
+        `fetchers`: the replicas the plan assigned to fetch it (None: not known yet)."""
         with self._cond:
-            if self._open and self._step == step:
-                return
-            self._step, self._open, self._cut_off = step, True, False
-            self._acks = {s: r for s, r in self._acks.items() if s >= step}
+            self._fetchers = None if fetchers is None else tuple(fetchers)
+            if not (self._open and self._step == step):
+                self._step, self._open, self._cut_off = step, True, False
+                self._acks = {s: r for s, r in self._acks.items() if s >= step}
+                self._sent = set()
             self._cond.notify_all()
 
     def stop(self, wait_for: tuple[str, ...] = (), timeout_s: float = 0.0) -> set[str]:
@@ -93,7 +129,10 @@ class StateServer:
             self._open = False
             if self._active:
                 self._cut_off = True
-                self._cond.wait_for(lambda: self._active == 0, timeout=max(1.0, timeout_s))
+                if not self._cond.wait_for(lambda: self._active == 0, timeout=CUT_OFF_GRACE_S):
+                    cut = self._httpd.cut_streams()  # readers that stopped reading: their writes end now
+                    log.warning("%s shut down %d stalled transfer(s) of step %s", self._label, cut, step)
+                    self._cond.wait_for(lambda: self._active == 0, timeout=CUT_OFF_GRACE_S)
         if missing:
             log.warning("%s stopped waiting for fetchers %s of step %s after %.1fs",
                         self._label, sorted(missing), step, timeout_s)
@@ -101,27 +140,49 @@ class StateServer:
 
     # -- called by the handler threads
 
-    def _begin(self, step: int) -> bool:
+    def _authenticate(self, method: str, target: str, header: str | None) -> None:
+        """Raise request_auth.Refused unless the request is signed with the job secret."""
+        if self._key is None:
+            return
+        with self._cond:
+            try:
+                request_auth.check(self._key, method, target, header, time.time(), self._seen)
+            except request_auth.Refused:
+                self.refused_requests += 1
+                raise
+
+    def _begin(self, step: int, replica: str) -> tuple[HTTPStatus, str]:
         with self._cond:
             if not self._open or step != self._step:
-                return False
+                return HTTPStatus.CONFLICT, f"not serving step {step} now"
+            if self._fetchers is not None and replica not in self._fetchers:
+                return HTTPStatus.FORBIDDEN, _not_a_fetcher(replica, step, self._fetchers)
             self._active += 1
             self.fetches_accepted += 1
-            return True
+            return HTTPStatus.OK, ""
 
-    def _end(self) -> None:
+    def _end(self, replica: str, complete: bool) -> None:
         with self._cond:
             self._active -= 1
+            if complete and len(self._sent) < MAX_ACKS:
+                self._sent.add(replica)
             self._cond.notify_all()
 
-    def _ack(self, step: int, replica: str) -> bool:
-        """Record one acknowledgement of the step served now (bounded: it may come from anyone)."""
+    def _ack(self, step: int, replica: str) -> tuple[HTTPStatus, str]:
+        """Record one acknowledgement of the step served now: only from a fetcher the plan
+        assigned, once it was sent the whole stream (waits ACK_WAIT_S at most for either)."""
         with self._cond:
-            if step != self._step or len(replica) > MAX_REPLICA_CHARS or len(self._acks.get(step, ())) >= MAX_ACKS:
-                return False
+            self._cond.wait_for(lambda: step != self._step or (self._fetchers is not None and (
+                replica not in self._fetchers or replica in self._sent)), timeout=ACK_WAIT_S)
+            if step != self._step:
+                return HTTPStatus.CONFLICT, f"not serving step {step} now"
+            if self._fetchers is None or replica not in self._fetchers:
+                return HTTPStatus.FORBIDDEN, _not_a_fetcher(replica, step, self._fetchers)
+            if replica not in self._sent:
+                return HTTPStatus.CONFLICT, f"replica {replica} was not sent the whole state of step {step}"
             self._acks.setdefault(step, set()).add(replica)
             self._cond.notify_all()
-            return True
+            return HTTPStatus.OK, "ok"
 
     def _stream(self, snapshot: Snapshot, write: Callable[[bytes | memoryview], object]) -> None:
         manifest, tensors = snapshot
@@ -140,9 +201,13 @@ class StateServer:
             write(TRAILER.pack(checksum.value()))
 
 
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-    allow_reuse_address = True
+def _not_a_fetcher(replica: str, step: int, fetchers: tuple[str, ...] | None) -> str:
+    if fetchers is None:
+        return f"replica {replica}: the fetchers of step {step} are not known yet"
+    return f"replica {replica} is not a fetcher of step {step} (the plan names {list(fetchers)[:8]})"
+
+
+class _Server(GuardedHTTPServer):
     owner: StateServer
 
 
@@ -154,10 +219,12 @@ class _Handler(BaseHTTPRequestHandler):
         log.debug("state server: " + format, *args)
 
     def _query(self) -> tuple[str, int, str]:
+        """(path, step, replica); step -1 and replica "" when missing or out of bounds."""
         url = urlparse(self.path)
         q = parse_qs(url.query)
+        replica = q.get("replica", [""])[0]
         try:
-            return url.path, int(q.get("step", ["-1"])[0]), q.get("replica", [""])[0]
+            return url.path, int(q.get("step", ["-1"])[0]), replica if len(replica) <= MAX_REPLICA_CHARS else ""
         except ValueError:
             return url.path, -1, ""
 
@@ -169,21 +236,38 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
 
+    def _authentic(self, method: str) -> bool:
+        """Whether the request is signed with the job secret; answers 401/503 when not."""
+        self.close_connection = True  # one request per connection: each is authenticated alone
+        try:
+            self.server.owner._authenticate(method, self.path, self.headers.get(request_auth.HEADER))
+        except request_auth.Refused as exc:
+            log.info("state server: refused a %s from %s: %s", method, self.client_address[0], exc)
+            self._reply(HTTPStatus.SERVICE_UNAVAILABLE if exc.busy else HTTPStatus.UNAUTHORIZED, str(exc))
+            return False
+        self.server.authenticated(self.request)
+        return True
+
     def do_POST(self) -> None:  # noqa: N802 - stdlib naming
+        if not self._authentic("POST"):
+            return
         path, step, replica = self._query()
         if path != "/ack" or step < 0 or not replica:
             return self._reply(HTTPStatus.BAD_REQUEST, "expected /ack?step=N&replica=R")
-        if not self.server.owner._ack(step, replica):
-            return self._reply(HTTPStatus.CONFLICT, f"not serving step {step} now")
-        self._reply(HTTPStatus.OK, "ok")
+        self._reply(*self.server.owner._ack(step, replica))
 
     def do_GET(self) -> None:  # noqa: N802 - stdlib naming
-        path, step, _ = self._query()
+        if not self._authentic("GET"):
+            return
+        path, step, replica = self._query()
         owner = self.server.owner
-        if path != "/state" or step < 0:
+        if path != "/state" or step < 0 or not replica:
             return self._reply(HTTPStatus.BAD_REQUEST, "expected /state?step=N&replica=R")
-        if not owner._begin(step):
-            return self._reply(HTTPStatus.CONFLICT, f"not serving step {step} now")
+        status, why = owner._begin(step, replica)
+        if status is not HTTPStatus.OK:
+            return self._reply(status, why)
+        complete = False
+        self.server.streaming(self.request, True)
         try:
             snapshot = owner._snapshot()
             manifest = snapshot[0]
@@ -192,8 +276,9 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_header("Content-Length", str(manifest.total_bytes))
             self.end_headers()
             owner._stream(snapshot, self.wfile.write)
+            complete = True
         except (ConnectionError, OSError) as exc:
             log.info("state transfer of step %s ended early: %s", step, exc)
-            self.close_connection = True
         finally:
-            owner._end()
+            self.server.streaming(self.request, False)
+            owner._end(replica, complete)

@@ -1,6 +1,9 @@
 """Every rank's connection to its replica's coordinator (rank 0's included): one blocking socket.
 
-`connect` retries while rank 0 starts, then says hello. `receive(timeout_s, wake_fd)`
+`connect` retries while rank 0 starts (or is busy with other hellos), then authenticates
+both ways: it tags the coordinator's challenge with the job secret's coordinator key, and
+accepts only a welcome tagged over its own fresh nonce (a stranger listening at the
+address cannot pose as the coordinator). `receive(timeout_s, wake_fd)`
 returns the next decoded frame, or None when the timeout passed or `wake_fd` became
 readable (the catch-up fetch signals its end that way), so the Manager waits on the
 coordinator and the fetch at once. Partial frames survive a timeout. Any failure of the
@@ -14,7 +17,8 @@ import socket
 import time
 
 from fthsdp.errors import ChannelError
-from fthsdp.step.messages import MAX_COORDINATOR_FRAME_BYTES, FrameReader, MessageError, decode_coordinator_frame, frame
+from fthsdp.step.messages import (MAX_COORDINATOR_FRAME_BYTES, FrameReader, MessageError, decode_coordinator_frame,
+                                  frame, sign_hello, welcome_is_authentic)
 from protos import replica_pb2 as rpb
 
 
@@ -25,24 +29,61 @@ class CoordinatorClient:
         self._reader = FrameReader(MAX_COORDINATOR_FRAME_BYTES)
         self._ready: list[bytes] = []
 
-    def connect(self, timeout_s: float, hello: rpb.RankFrame) -> "CoordinatorClient":
+    def connect(self, timeout_s: float, hello: rpb.RankFrame, key: bytes | None) -> "CoordinatorClient":
+        """Reach the coordinator and authenticate (`key`: the coordinator key of the job secret;
+        None when the ports run without authentication), all within timeout_s."""
         host, _, port = self.address.rpartition(":")
         deadline = time.monotonic() + timeout_s
         delay = 0.02
         while True:
+            self._reader, self._ready = FrameReader(MAX_COORDINATOR_FRAME_BYTES), []
             try:
                 self._sock = socket.create_connection((host, int(port)), timeout=max(0.1, deadline - time.monotonic()))
-                break
+                self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                self._sock.settimeout(None)
+                if self._handshake(hello, key, deadline):
+                    return self
+                reason: object = "it is busy with other hellos"
             except OSError as exc:
-                if time.monotonic() + delay > deadline:
-                    raise ChannelError(f"rank {self.rank} could not reach its coordinator at {self.address} within "
-                                       f"{timeout_s:g}s: {exc}") from exc
-                time.sleep(delay)  # rank 0 may still be starting
-                delay = min(delay * 2, 0.5)
-        self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self._sock.settimeout(None)
-        self.send(hello)
-        return self
+                reason = exc
+            except ChannelError:
+                self.close()
+                raise
+            self.close()
+            if time.monotonic() + delay > deadline:
+                raise ChannelError(f"rank {self.rank} could not reach its coordinator at {self.address} within "
+                                   f"{timeout_s:g}s: {reason}")
+            time.sleep(delay)  # rank 0 may still be starting
+            delay = min(delay * 2, 0.5)
+
+    def _handshake(self, hello: rpb.RankFrame, key: bytes | None, deadline: float) -> bool:
+        """Challenge, hello, welcome. False when the coordinator asks to try again later."""
+        first = self._next_before(deadline, "its challenge")
+        if first[0] == "refusal" and first[1].retry:
+            return False
+        if first[0] != "challenge":
+            raise ChannelError(f"rank {self.rank}: {self.address} sent a {first[0]} instead of a challenge; "
+                               f"is a coordinator listening there?")
+        signed = sign_hello(key, hello, first[1].nonce)
+        self.send(signed)
+        kind, answer = self._next_before(deadline, "its welcome")
+        if kind != "welcome":
+            raise ChannelError(f"rank {self.rank}: {self.address} sent a {kind} instead of a welcome")
+        if key is not None and not welcome_is_authentic(key, answer, signed.hello, first[1].nonce):
+            raise ChannelError(f"rank {self.rank}: whoever answers at {self.address} does not hold the job secret "
+                               f"(its welcome is not authenticated); it is not this replica's coordinator")
+        return True
+
+    def _next_before(self, deadline: float, what: str) -> tuple[str, object]:
+        try:
+            got = self.receive(deadline - time.monotonic(), refusal_raises=False)
+        except ChannelError as exc:
+            raise ChannelError(f"{exc} (waiting for {what})") from None
+        if got is None:
+            raise ChannelError(f"rank {self.rank}: the coordinator at {self.address} sent no {what} in time")
+        if got[0] == "refusal" and not got[1].retry:
+            raise ChannelError(f"the coordinator refused rank {self.rank}: {got[1].reason}")
+        return got
 
     def fileno(self) -> int:
         assert self._sock is not None, "connect() first"
@@ -55,7 +96,8 @@ class CoordinatorClient:
         except OSError as exc:
             raise ChannelError(f"rank {self.rank} lost its coordinator at {self.address}: {exc}") from exc
 
-    def receive(self, timeout_s: float, wake_fd: int | None = None) -> tuple[str, object] | None:
+    def receive(self, timeout_s: float, wake_fd: int | None = None,
+                refusal_raises: bool = True) -> tuple[str, object] | None:
         """The next frame as (kind, message); None after timeout_s or when wake_fd is readable."""
         assert self._sock is not None, "connect() first"
         deadline = time.monotonic() + max(timeout_s, 0.0)
@@ -85,7 +127,7 @@ class CoordinatorClient:
             kind, message = decode_coordinator_frame(body)
         except MessageError as exc:
             raise ChannelError(f"rank {self.rank} got a bad frame from its coordinator: {exc}") from exc
-        if kind == "refusal":
+        if kind == "refusal" and refusal_raises:
             raise ChannelError(f"the coordinator refused rank {self.rank}: {message.reason}")
         return kind, message
 

@@ -7,6 +7,15 @@ a broadcast is encoded once and written to every socket). Controller calls (quor
 reports) run on one worker thread, in the order the coordination asked for them, so a slow
 controller never stalls the sockets; their results come back as events. Every rank --
 rank 0's own Manager too -- is a client over TCP.
+
+A connection authenticates before the coordination hears of it (fthsdp/step/messages.py):
+it gets a challenge at once, and must answer with a hello tagged under the job secret
+within hello_timeout_s, in at most MAX_HELLO_FRAME_BYTES; only then is the hello fed to the
+coordination (which binds the rank to that connection, first come) and the rank welcomed.
+Hellos are parsed as their bytes arrive, so a silent stranger delays nobody; at most
+world_size + MAX_EXTRA_UNAUTHENTICATED connections may be unauthenticated at once (more are
+refused with "retry"); a rank that stops reading its frames is cut off once
+MAX_PENDING_WRITE_BYTES wait for it.
 """
 
 from __future__ import annotations
@@ -23,11 +32,18 @@ from typing import Protocol
 from fthsdp.errors import ControllerRefused, JobCompleted, RuntimeFailure
 from fthsdp.settings import RuntimeSettings
 from fthsdp.step import coordination as co
-from fthsdp.step.messages import MAX_RANK_FRAME_BYTES, FrameReader, MessageError, decode_rank_frame, frame
+from fthsdp.step.messages import (MAX_COORDINATOR_FRAME_BYTES, MAX_HELLO_FRAME_BYTES, MAX_RANK_FRAME_BYTES, FrameReader,
+                                  MessageError, decode_rank_frame, frame, hello_is_authentic, welcome)
+from ftar_kernels import auth
 from protos import controller_pb2 as pb
+from protos import job_secret
 from protos import replica_pb2 as rpb
 
 log = logging.getLogger(__name__)
+#: connections still saying hello, beyond one per rank, before new ones are told to retry
+MAX_EXTRA_UNAUTHENTICATED = 64
+#: frames waiting for a rank that does not read them, before it is cut off
+MAX_PENDING_WRITE_BYTES = 4 * MAX_COORDINATOR_FRAME_BYTES
 
 
 class ControllerPort(Protocol):
@@ -44,6 +60,7 @@ class ControllerPort(Protocol):
 class CoordinatorService:
     def __init__(self, settings: RuntimeSettings, controller: ControllerPort, host: str, port: int) -> None:
         self.settings, self.controller = settings, controller
+        self._key = settings.port_key(job_secret.PURPOSE_COORDINATOR)  # refuses to start without a secret
         self._host, self._port = host, port
         self._loop = asyncio.new_event_loop()
         self._thread: threading.Thread | None = None
@@ -51,6 +68,7 @@ class CoordinatorService:
         self._server: asyncio.base_events.Server | None = None
         self._core: co.Coordination | None = None
         self._connections: dict[int, _RankConnection] = {}
+        self._unauthenticated: set[int] = set()
         self._ids = itertools.count(1)
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = co.INF
@@ -72,6 +90,9 @@ class CoordinatorService:
         self.address = asyncio.run_coroutine_threadsafe(self._listen(), self._loop).result(30.0)
         log.info("replica %s: coordinator listening on %s for %d rank(s)", self.settings.replica_id, self.address,
                  self.settings.world_size)
+        if self._key is None:
+            log.warning("replica %s: the coordinator accepts ranks WITHOUT authentication (insecure trainer ports)",
+                        self.settings.replica_id)
         return self
 
     async def _listen(self) -> str:
@@ -115,13 +136,21 @@ class CoordinatorService:
         self._timer, self._timer_at = None, co.INF
         self._feed(co.Tick())
 
-    def _connected(self, conn: "_RankConnection") -> int:
+    def _connected(self, conn: "_RankConnection") -> tuple[int, bool]:
+        """The new connection's id, and whether it may say hello (False: too many are saying it)."""
         conn_id = next(self._ids)
         self._connections[conn_id] = conn
-        return conn_id
+        if len(self._unauthenticated) >= self.settings.world_size + MAX_EXTRA_UNAUTHENTICATED:
+            return conn_id, False
+        self._unauthenticated.add(conn_id)
+        return conn_id, True
+
+    def _authenticated(self, conn_id: int) -> None:
+        self._unauthenticated.discard(conn_id)
 
     def _disconnected(self, conn_id: int, reason: str) -> None:
         self._connections.pop(conn_id, None)
+        self._unauthenticated.discard(conn_id)
         self._feed(co.ConnectionLost(conn_id, reason))
         if not self._connections and self._all_gone is not None:
             self._all_gone.set()
@@ -136,7 +165,7 @@ class CoordinatorService:
         elif isinstance(effect, co.SendTo):
             conn = self._connections.get(effect.conn)
             if conn is not None:
-                conn.transport.write(frame(effect.frame))
+                conn.write(frame(effect.frame))
         elif isinstance(effect, co.Refuse):
             conn = self._connections.get(effect.conn)
             log.warning("replica %s: refused a rank connection: %s", self.settings.replica_id, effect.reason)
@@ -166,7 +195,7 @@ class CoordinatorService:
         for conn_id in self._core.conn_of.values():
             conn = self._connections.get(conn_id)
             if conn is not None:
-                conn.transport.write(data)
+                conn.write(data)
         if mark is not None:
             mark[2] = time.perf_counter() - mark[1]
 
@@ -175,7 +204,7 @@ class CoordinatorService:
         for conn_id, message in frames:
             conn = self._connections.get(conn_id)
             if conn is not None:
-                conn.transport.write(frame(message))
+                conn.write(frame(message))
         if mark is not None:
             mark[2] = time.perf_counter() - mark[1]
 
@@ -253,25 +282,32 @@ class CoordinatorService:
 
 class _RankConnection(asyncio.Protocol):
     """One rank's connection: frames are parsed as bytes arrive (no task or future per
-    message), which is what lets one thread serve thousands of ranks."""
+    message), which is what lets one thread serve thousands of ranks. Until its hello is
+    authenticated and bound, the coordination hears nothing from it."""
 
     def __init__(self, service: CoordinatorService) -> None:
         self.service = service
         self.conn_id = 0
         self.transport: asyncio.Transport = None  # type: ignore[assignment]
-        self.reader = FrameReader(MAX_RANK_FRAME_BYTES)
+        self.reader = FrameReader(MAX_HELLO_FRAME_BYTES)
+        self.challenge = b""
+        self.authenticated = False
         self.refused = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
-        self.conn_id = self.service._connected(self)
-        # A connection that never says hello is not kept: every input has a bound.
-        asyncio.get_running_loop().call_later(self.service.settings.quorum_timeout_s, self._hello_due)
+        self.conn_id, admitted = self.service._connected(self)
+        if not admitted:
+            self.refuse("too many connections are saying hello at once; try again", retry=True)
+            return
+        self.challenge = auth.nonce()
+        self.transport.write(frame(rpb.CoordinatorFrame(challenge=rpb.Challenge(nonce=self.challenge))))
+        # A connection that does not authenticate in time is not kept: every input has a bound.
+        asyncio.get_running_loop().call_later(self.service.settings.hello_timeout_s, self._hello_due)
 
     def _hello_due(self) -> None:
-        core = self.service._core
-        if core is not None and self.conn_id not in core.rank_of and not self.transport.is_closing():
-            self.refuse(f"no hello within {self.service.settings.quorum_timeout_s:g}s")
+        if not self.authenticated and not self.transport.is_closing():
+            self.refuse(f"no authenticated hello within {self.service.settings.hello_timeout_s:g}s")
 
     def data_received(self, data: bytes) -> None:
         if self.refused:
@@ -279,16 +315,47 @@ class _RankConnection(asyncio.Protocol):
         try:
             for body in self.reader.feed(data):
                 kind, message = decode_rank_frame(body)
-                self.service._feed(co.FromRank(self.conn_id, kind, message))
+                if self.authenticated:
+                    self.service._feed(co.FromRank(self.conn_id, kind, message))
+                else:
+                    self._hello(kind, message)
                 if self.refused:
                     return
         except MessageError as exc:
             self.refuse(str(exc))
 
-    def refuse(self, reason: str) -> None:
+    def _hello(self, kind: str, message) -> None:
+        service = self.service
+        if kind != "hello":
+            return self.refuse(f"a {kind} before this connection's hello")
+        if service._key is not None and not hello_is_authentic(service._key, message, self.challenge):
+            log.warning("replica %s: refused an unauthenticated hello (claiming rank %s) from %s",
+                        service.settings.replica_id, message.rank, self.transport.get_extra_info("peername"))
+            return self.refuse("hello not authenticated: its tag does not match this connection's challenge "
+                               "under the job secret (a stranger, another job's secret, or a replayed hello)")
+        service._feed(co.FromRank(self.conn_id, kind, message))
+        core = service._core
+        if core is not None and core.rank_of.get(self.conn_id) == message.rank and not self.refused:
+            self.authenticated = True
+            self.reader.limit = MAX_RANK_FRAME_BYTES
+            service._authenticated(self.conn_id)
+            self.write(frame(welcome(service._key, message, self.challenge)))
+
+    def write(self, data: bytes) -> None:
+        """Send a frame; a rank that lets too many pile up unread is cut off."""
+        if self.transport.is_closing():
+            return
+        self.transport.write(data)
+        if self.transport.get_write_buffer_size() > MAX_PENDING_WRITE_BYTES:
+            log.warning("replica %s: cutting off connection %s: %d bytes of frames wait unread",
+                        self.service.settings.replica_id, self.conn_id, self.transport.get_write_buffer_size())
+            self.refused = True
+            self.transport.abort()
+
+    def refuse(self, reason: str, retry: bool = False) -> None:
         if not self.refused:
             self.refused = True
-            self.transport.write(frame(rpb.CoordinatorFrame(refusal=rpb.Refusal(reason=reason[:1000]))))
+            self.transport.write(frame(rpb.CoordinatorFrame(refusal=rpb.Refusal(reason=reason[:1000], retry=retry))))
             self.transport.close()
 
     def connection_lost(self, exc: Exception | None) -> None:

@@ -123,8 +123,10 @@ class SendBegin:
 
 @dataclass(frozen=True)
 class ServeState:
-    """Serve this rank's state at the start of `step` to fetchers."""
+    """Serve this rank's state at the start of `step` to fetchers: the plan's (`fetchers`), or,
+    before the plan came (None), any authenticated one."""
     step: int
+    fetchers: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,13 @@ Decoding checks everything before anything touches state: the length against its
 that the bytes parse, that exactly one message is set, and every field against its range
 (ranks, steps, attempt numbers, string lengths, enum values). A `MessageError` names the
 bad value; the receiver drops the connection that sent it.
+
+The hello is a challenge/response under the coordinator key of the job secret: the
+coordinator's challenge carries a fresh nonce; the rank's hello is tagged over every hello
+field, that nonce and the rank's own fresh nonce (a recorded hello never passes again); the
+coordinator's welcome is tagged over the rank's identity and both nonces (only the holder of
+the secret can welcome a rank). Authentication belongs to the connection: frames after the
+hello carry no tags.
 """
 
 from __future__ import annotations
@@ -13,11 +20,14 @@ import struct
 
 from google.protobuf.message import DecodeError
 
+from ftar_kernels import auth
 from protos import replica_pb2 as rpb
 
 FRAME = struct.Struct(">I")
 #: rank -> coordinator frames are small: a hello with two addresses is the largest
 MAX_RANK_FRAME_BYTES = 16 << 10
+#: the most a connection may send before it has authenticated (a hello is well under 1 KiB)
+MAX_HELLO_FRAME_BYTES = 2 << 10
 #: coordinator -> rank: a plan lists every member (and, when the quorum changed, its column
 #: of their addresses)
 MAX_COORDINATOR_FRAME_BYTES = 16 << 20
@@ -51,6 +61,36 @@ def hello(rank: int, world_size: int, job_id: str, replica_id: str, ftar_address
     return rpb.RankFrame(hello=rpb.RankHello(
         rank=rank, world_size=world_size, job_id=job_id, replica_id=replica_id, ftar_address=ftar_address,
         state_address=state_address, incarnation=incarnation))
+
+
+def _hello_fields(h: rpb.RankHello) -> tuple:
+    return (h.job_id, h.replica_id, h.rank, h.world_size, h.ftar_address, h.state_address, h.incarnation,
+            h.nonce)
+
+
+def sign_hello(key: bytes | None, hello_frame: rpb.RankFrame, challenge_nonce: bytes) -> rpb.RankFrame:
+    """`hello_frame` with a fresh nonce of the rank and its tag over the coordinator's challenge
+    (no tag without a key)."""
+    signed = rpb.RankFrame()
+    signed.CopyFrom(hello_frame)
+    h = signed.hello
+    h.nonce = auth.nonce()
+    h.auth = auth.tag(key, "coordinator hello", *_hello_fields(h), challenge_nonce) if key else b""
+    return signed
+
+
+def hello_is_authentic(key: bytes, h: rpb.RankHello, challenge_nonce: bytes) -> bool:
+    return len(h.nonce) == auth.NONCE_BYTES and auth.verify(key, h.auth, "coordinator hello", *_hello_fields(h),
+                                                            challenge_nonce)
+
+
+def welcome(key: bytes | None, h: rpb.RankHello, challenge_nonce: bytes) -> rpb.CoordinatorFrame:
+    tag = auth.tag(key, "coordinator welcome", *_hello_fields(h), challenge_nonce) if key else b""
+    return rpb.CoordinatorFrame(welcome=rpb.Welcome(auth=tag))
+
+
+def welcome_is_authentic(key: bytes, w: rpb.Welcome, h: rpb.RankHello, challenge_nonce: bytes) -> bool:
+    return auth.verify(key, w.auth, "coordinator welcome", *_hello_fields(h), challenge_nonce)
 
 
 def begin(step: int) -> rpb.RankFrame:
@@ -117,6 +157,8 @@ def decode_rank_frame(body: bytes) -> tuple[str, object]:
         _check_text("incarnation", inner.incarnation, MAX_ID_CHARS)
         if len(inner.auth) > MAX_AUTH_BYTES:
             raise MessageError(f"hello auth is {len(inner.auth)} bytes; the limit is {MAX_AUTH_BYTES}")
+        if len(inner.nonce) not in (0, auth.NONCE_BYTES):
+            raise MessageError(f"hello nonce is {len(inner.nonce)} bytes; it must be {auth.NONCE_BYTES}")
     elif kind == "begin":
         _check_step("begin step", inner.step)
     elif kind == "vote":
@@ -160,6 +202,12 @@ def decode_coordinator_frame(body: bytes) -> tuple[str, object]:
         _check_text("decision reason", inner.reason, MAX_REASON_CHARS)
     elif kind in ("finished", "refusal"):
         _check_text(f"{kind} reason", inner.reason, MAX_REASON_CHARS)
+    elif kind == "challenge":
+        if len(inner.nonce) != auth.NONCE_BYTES:
+            raise MessageError(f"a challenge nonce is {auth.NONCE_BYTES} bytes, got {len(inner.nonce)}")
+    elif kind == "welcome":
+        if len(inner.auth) > MAX_AUTH_BYTES:
+            raise MessageError(f"welcome auth is {len(inner.auth)} bytes; the limit is {MAX_AUTH_BYTES}")
     return kind, inner
 
 

@@ -165,7 +165,7 @@ def _plan(state: RankState, ev: PlanArrived, now: float, s: RuntimeSettings) -> 
     if plan.behind:
         new = _replace(new, fetch=Fetch.RUNNING, fetch_deadline=now + s.fetch_budget_s)
         return new, (StopServing(), ConfigureRing(plan), StartFetch(plan))
-    return new, (ConfigureRing(plan),)
+    return new, (ServeState(state.step, plan.fetchers), ConfigureRing(plan))
 
 
 def _refused(state: RankState, ev: PlanRefused, now: float, s: RuntimeSettings) -> Result:

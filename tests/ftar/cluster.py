@@ -15,6 +15,8 @@ import threading
 from dataclasses import dataclass
 
 DTYPES = ("float32", "bfloat16", "float16")
+#: the job's key every test endpoint holds (FTAR authenticates every hello)
+KEY = bytes(range(32))
 
 
 def make_input(numel: int, dtype: str, seed: int, position: int):
@@ -45,7 +47,7 @@ def _worker(conn, settings_kwargs: dict) -> None:
 
     torch.set_num_threads(1)
     faults = Faults()
-    ep = FtarEndpoint("127.0.0.1", 0, FtarSettings(**settings_kwargs),
+    ep = FtarEndpoint("127.0.0.1", 0, FtarSettings(**{"auth_key": KEY, **settings_kwargs}),
                       transport=FaultyTransport(TcpTransport(), faults))
     conn.send(ep.address)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from .cluster import parallel
+from .cluster import KEY, parallel
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
                                                    reason="needs a CUDA device (and CuPy)")]
@@ -16,7 +16,7 @@ def test_cuda_allreduce_matches_torch(dtype):
     pytest.importorskip("cupy")
     from ftar_kernels import FtarEndpoint, FtarSettings
 
-    settings = FtarSettings(chunk_bytes=1 << 16, chunks_in_flight=2, timeout_s=10.0)
+    settings = FtarSettings(chunk_bytes=1 << 16, chunks_in_flight=2, timeout_s=10.0, auth_key=KEY)
     eps = [FtarEndpoint("127.0.0.1", 0, settings) for _ in range(3)]
     try:
         members = [e.address for e in eps]

@@ -6,7 +6,7 @@ import pytest
 
 from ftar_kernels import FtarEndpoint, FtarSettings, RecoverableError
 
-from .cluster import Cluster, expected_sum, tensor_bytes
+from .cluster import KEY, Cluster, expected_sum, tensor_bytes
 
 pytestmark = pytest.mark.slow
 TIMEOUT_S = 5.0
@@ -40,7 +40,7 @@ def test_sigkill_mid_operation_then_survivors_reconfigure_and_refuse_a_stale_pee
             tensor_bytes(expected_sum(10_001, "float32", 9, 2))
 
         # A peer still at generation 1 is refused, and the current ring is not disturbed.
-        with FtarEndpoint("127.0.0.1", 0, FtarSettings(connect_timeout_s=2.0)) as stale:
+        with FtarEndpoint("127.0.0.1", 0, FtarSettings(connect_timeout_s=2.0, auth_key=KEY)) as stale:
             with pytest.raises(RecoverableError, match="stale"):
                 stale.configure("job/rank0", 1, [stale.address, cluster.addresses[0]])
         answers = cluster.allreduce(survivors, 3000, "bfloat16", 4)

@@ -13,9 +13,9 @@ from ftar_kernels import (
     FatalError, Faults, FaultyTransport, FtarEndpoint, FtarSettings, RecoverableError, TcpTransport,
 )
 
-from .cluster import parallel
+from .cluster import KEY, parallel
 
-SETTINGS = FtarSettings(chunk_bytes=4096, chunks_in_flight=2, timeout_s=5.0, connect_timeout_s=5.0)
+SETTINGS = FtarSettings(chunk_bytes=4096, chunks_in_flight=2, timeout_s=5.0, connect_timeout_s=5.0, auth_key=KEY)
 
 
 def endpoints(n: int, faults: list[Faults] | None = None) -> list[FtarEndpoint]:
@@ -155,7 +155,7 @@ def test_unreachable_peer_is_recoverable_within_the_connect_timeout():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         dead = f"127.0.0.1:{s.getsockname()[1]}"  # bound, never listening: refused
-    ep = FtarEndpoint("127.0.0.1", 0, FtarSettings(connect_timeout_s=0.3))
+    ep = FtarEndpoint("127.0.0.1", 0, FtarSettings(connect_timeout_s=0.3, auth_key=KEY))
     try:
         with pytest.raises(RecoverableError, match="could not reach"):
             ep.configure("g", 1, [ep.address, dead])

@@ -10,7 +10,7 @@ from ftar_kernels import FtarEndpoint, FtarSettings
 
 
 def test_defaults_follow_the_paper_and_are_valid():
-    s = FtarSettings().validate()
+    s = FtarSettings(auth_key=bytes(32)).validate()
     assert (s.chunk_bytes, s.chunks_in_flight, s.cuda_blocks, s.cuda_threads_per_block) == (8 << 20, 2, 2, 512)
     with pytest.raises(dataclasses.FrozenInstanceError):
         s.chunk_bytes = 1  # type: ignore[misc]
@@ -24,11 +24,21 @@ def test_defaults_follow_the_paper_and_are_valid():
 ])
 def test_bad_value_is_named_in_a_sentence(field, value):
     with pytest.raises(ValueError) as info:
-        FtarSettings(**{field: value}).validate()
+        FtarSettings(**{field: value, "auth_key": bytes(32)}).validate()
     message = str(info.value)
     assert message.startswith(field) and repr(value) in message and message.endswith(".")
 
 
 def test_endpoint_refuses_invalid_settings():
     with pytest.raises(ValueError, match="chunks_in_flight"):
-        FtarEndpoint(settings=FtarSettings(chunks_in_flight=0))
+        FtarEndpoint(settings=FtarSettings(chunks_in_flight=0, auth_key=bytes(32)))
+
+
+def test_an_endpoint_without_a_key_refuses_to_start_unless_allowed_to():
+    with pytest.raises(ValueError, match="give auth_key .* or set allow_unauthenticated=True"):
+        FtarEndpoint(settings=FtarSettings())
+    with pytest.raises(ValueError, match="at least 32 bytes, got 8 bytes"):
+        FtarSettings(auth_key=b"12345678").validate()
+    with FtarEndpoint(settings=FtarSettings(allow_unauthenticated=True)) as ep:
+        ep.configure("g", 1, [ep.address])
+    assert "auth_key" not in repr(FtarSettings(auth_key=b"k" * 32)) and "kkkk" not in repr(FtarSettings(auth_key=b"k" * 32))

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from controller.launch import ControllerProcess, launch
+from tests import trainer_secret
 
 REPO = Path(__file__).resolve().parents[2]
 PYTHON = sys.executable
@@ -116,7 +117,7 @@ class Cluster:
             log = open(self.workdir / f"worker-{replica}-{rank}-{inc}.log", "w")
             procs.append(subprocess.Popen([PYTHON, "-m", "tests.runtime.train_worker", json.dumps(cfg)],
                                           cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
-                                          text=True))
+                                          text=True, env={**os.environ, **trainer_secret.ENV}))
         self._procs[replica] = procs
         if inc > 0 or replica in self.late:
             self._go(procs, 120.0)

@@ -16,6 +16,7 @@ from fthsdp.step import coordination as co
 from fthsdp.step.controller_client import ControllerClient
 from tests.runtime import history_checks as hc
 from tests.runtime.cluster import Cluster, Faults, start_controller
+from tests.trainer_secret import SECRET
 
 pytestmark = pytest.mark.slow
 
@@ -43,7 +44,7 @@ def test_a_finished_job_is_completed_and_a_late_replica_ends_cleanly(tmp_path):
     ctl = start_controller(tmp_path / "controller.log", replicas=1, join_timeout_s=0.2, heartbeat_timeout_s=3.0)
     try:
         settings = RuntimeSettings(job_id="t", replica_id="0", controller_address=ctl.grpc, max_steps=2,
-                                   quorum_timeout_s=20.0)
+                                   quorum_timeout_s=20.0, job_secret=SECRET)
         for replica, expect_steps in (("0", 2), ("1", 0)):  # "1" comes after the job completed
             torch.manual_seed(0)
             model = torch.nn.Linear(4, 1)

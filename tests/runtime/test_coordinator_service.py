@@ -15,7 +15,9 @@ from fthsdp.step import messages as msg
 from fthsdp.step.client import CoordinatorClient
 from fthsdp.step.controller_client import ControllerClient
 from fthsdp.step.coordinator import CoordinatorService
+from protos import job_secret
 from protos import replica_pb2 as rpb
+from tests.trainer_secret import SECRET
 
 WAIT_S = 20.0
 
@@ -24,15 +26,19 @@ WAIT_S = 20.0
 def service(controller_process):
     ctl = controller_process("--replicas", "1", "--min-replicas", "1", "--job-id", "svc", "--join-timeout-s", "0.2")
     settings = RuntimeSettings(job_id="svc", replica_id="r0", world_size=2, controller_address=ctl.grpc,
-                               coordinator_address="127.0.0.1:0", quorum_timeout_s=WAIT_S, gather_timeout_s=5.0)
+                               coordinator_address="127.0.0.1:0", quorum_timeout_s=WAIT_S, gather_timeout_s=5.0,
+                               job_secret=SECRET)
     svc = CoordinatorService(settings, ControllerClient(ctl.grpc, "svc", "r0", "inc"), "127.0.0.1", 0).start()
     yield svc
     svc.close(linger_s=0.5)
 
 
+KEY = SECRET.key(job_secret.PURPOSE_COORDINATOR)
+
+
 def rank(svc: CoordinatorService, r: int) -> CoordinatorClient:
     return CoordinatorClient(svc.address, r).connect(5.0, msg.hello(r, 2, "svc", "r0", f"127.0.0.1:{1000 + r}",
-                                                                   f"127.0.0.1:{2000 + r}", "i"))
+                                                                   f"127.0.0.1:{2000 + r}", "i"), KEY)
 
 
 def expect(client: CoordinatorClient, kind: str):
@@ -60,9 +66,8 @@ def test_every_rank_gets_the_same_plan_and_the_same_decision(service):
 
 def test_a_duplicate_rank_is_refused_and_the_replica_goes_on(service):
     ranks = [rank(service, 0), rank(service, 1)]
-    impostor = rank(service, 1)
     with pytest.raises(ChannelError, match="refused rank 1.*rank 1 is already connected"):
-        impostor.receive(WAIT_S)
+        rank(service, 1)  # a second process with the secret claims rank 1
     assert {d.outcome for d in round_trip(ranks, 0, [True, True])} == {rpb.StepDecision.COMMIT}
 
 
@@ -75,10 +80,11 @@ def test_a_stranger_sending_garbage_is_cut_off_without_disturbing_the_ranks(serv
     with socket.create_connection((host, int(port)), timeout=WAIT_S) as stranger:
         stranger.sendall(garbage)
         reply = b""
-        while chunk := stranger.recv(4096):  # the coordinator says why, then closes
+        while chunk := stranger.recv(4096):  # the challenge; then the coordinator says why, and closes
             reply += chunk
-        kind, refusal = msg.decode_coordinator_frame(reply[4:])
-        assert kind == "refusal" and refusal.reason
+        bodies = msg.FrameReader(msg.MAX_COORDINATOR_FRAME_BYTES).feed(reply)
+        assert [msg.decode_coordinator_frame(b)[0] for b in bodies] == ["challenge", "refusal"]
+        assert msg.decode_coordinator_frame(bodies[1])[1].reason
     ranks.append(rank(service, 1))
     assert {d.outcome for d in round_trip(ranks, 0, [True, True])} == {rpb.StepDecision.COMMIT}
 
@@ -103,7 +109,7 @@ def test_closing_ranks_get_the_last_word_after_the_report(service):
 
 def test_a_rank_gives_a_clear_error_when_no_coordinator_listens():
     with pytest.raises(ChannelError, match="could not reach its coordinator"):
-        CoordinatorClient("127.0.0.1:1", 1).connect(0.2, msg.hello(1, 2, "j", "r", "a:1", "b:2", ""))
+        CoordinatorClient("127.0.0.1:1", 1).connect(0.2, msg.hello(1, 2, "j", "r", "a:1", "b:2", ""), KEY)
 
 
 def test_a_simulated_round_with_many_ranks_commits():

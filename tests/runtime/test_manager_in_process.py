@@ -10,6 +10,7 @@ from fthsdp.step.protocol import Phase
 from tests.runtime.cluster import start_controller
 from tests.runtime.faults import FailingSync
 from tests.runtime.test_controller_client import dead_address
+from tests.trainer_secret import SECRET
 
 
 @pytest.fixture
@@ -25,7 +26,8 @@ def _manager(controller, pre_init=None, seams=Seams(), **overrides) -> tuple[Man
     model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Dropout(0.5), torch.nn.Linear(4, 1))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     settings = RuntimeSettings(**{"job_id": "t", "replica_id": "0", "controller_address": controller.grpc,
-                                  "quorum_timeout_s": 20.0, "heartbeat_interval_s": 0.5, **overrides})
+                                  "quorum_timeout_s": 20.0, "heartbeat_interval_s": 0.5, "job_secret": SECRET,
+                                  **overrides})
     return Manager(model, opt, settings, pre_init=pre_init, seams=seams), model, opt
 
 

@@ -28,9 +28,12 @@ def test_begin_serves_the_committed_state_and_asks_for_a_plan():
     assert next_deadline(run.state) == 100.0 + S.plan_timeout_s
 
 
-def test_a_healthy_plan_configures_the_ring():
+def test_a_healthy_plan_names_its_fetchers_to_the_state_server_and_configures_the_ring():
     run = Run(state(3))
-    assert run.to_training(plan(3)) == (ev.ConfigureRing(plan(3)),)
+    assert run.to_training(plan(3)) == (ev.ServeState(3, ()), ev.ConfigureRing(plan(3)))
+    run = Run(state(3))
+    serving = dataclasses.replace(plan(3), fetchers=("c",))
+    assert run.to_training(serving)[0] == ev.ServeState(3, ("c",))  # only c may fetch, and ack
     assert (run.state.phase, run.state.attempt, run.state.fetch) == (Phase.TRAINING, 1, Fetch.NONE)
 
 

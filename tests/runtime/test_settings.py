@@ -5,8 +5,12 @@ from __future__ import annotations
 import pytest
 
 from fthsdp.settings import RuntimeSettings
+from protos import job_secret
+from tests.trainer_secret import ENV as SECRET_ENV
+from tests.trainer_secret import SECRET, SECRET_HEX
 
-TORCHRUN = {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "MASTER_ADDR": "10.1.2.3", "MASTER_PORT": "29500"}
+TORCHRUN = {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "MASTER_ADDR": "10.1.2.3", "MASTER_PORT": "29500",
+            **SECRET_ENV}
 
 
 @pytest.mark.parametrize("field, value, message", [
@@ -20,7 +24,7 @@ TORCHRUN = {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "MASTER_ADDR": "1
     ("coordinator_address", "nohost", "coordinator_address must be host:port, got 'nohost'"),
 ])
 def test_validate_names_bad_values(field, value, message):
-    base = dict(controller_address="x:1", world_size=2, coordinator_address="y:2")
+    base = dict(controller_address="x:1", world_size=2, coordinator_address="y:2", job_secret=SECRET)
     with pytest.raises(ValueError) as info:
         RuntimeSettings(**{**base, field: value}).validate()
     assert message in str(info.value)
@@ -47,6 +51,44 @@ def test_a_missing_torchrun_variable_is_named(drop, named):
         RuntimeSettings.from_env(env)
 
 
+def test_without_a_job_secret_the_settings_say_how_to_give_one_or_to_run_insecure():
+    env = {k: v for k, v in TORCHRUN.items() if k != job_secret.ENV_JOB_SECRET}
+    with pytest.raises(ValueError, match="FTHSDP_JOB_SECRET_FILE=PATH .* FTHSDP_JOB_SECRET=HEX .* "
+                                         "FTHSDP_INSECURE_TRAINER_PORTS=1") as info:
+        RuntimeSettings.from_env(env)
+    assert "openssl rand -hex 32" in str(info.value)
+    insecure = RuntimeSettings.from_env({**env, job_secret.ENV_INSECURE_TRAINER_PORTS: "1"})
+    assert insecure.job_secret is None and insecure.port_key(job_secret.PURPOSE_FTAR) is None
+    with pytest.raises(ValueError, match="FTHSDP_INSECURE_TRAINER_PORTS must be 1 .* got 'yes'"):
+        RuntimeSettings.from_env({**env, job_secret.ENV_INSECURE_TRAINER_PORTS: "yes"})
+
+
+def test_the_secret_file_wins_over_the_variable_and_never_shows(tmp_path):
+    other = job_secret.generate()
+    (tmp_path / "secret").write_text(other + "\n")
+    s = RuntimeSettings.from_env({**TORCHRUN, job_secret.ENV_JOB_SECRET_FILE: str(tmp_path / "secret")})
+    assert s.job_secret == job_secret.parse(other, "x") and s.job_secret != SECRET
+    assert other not in repr(s) and SECRET_HEX not in repr(RuntimeSettings.from_env(TORCHRUN))
+    keys = {s.port_key(p) for p in (job_secret.PURPOSE_COORDINATOR, job_secret.PURPOSE_FTAR, job_secret.PURPOSE_STATE)}
+    assert len(keys) == 3 and all(len(k) == 32 for k in keys)  # one key per port
+
+
+@pytest.mark.parametrize("text, named", [("abc", "odd number of hex digits"), ("zz" * 32, "character 1 of 64"),
+                                         ("ab" * 16, "is 16 bytes; it must be 32 to 512")])
+def test_a_bad_secret_is_refused_without_showing_it(text, named):
+    with pytest.raises(ValueError, match=named) as info:
+        RuntimeSettings.from_env({**TORCHRUN, job_secret.ENV_JOB_SECRET: text})
+    assert text not in str(info.value)
+
+
+def test_a_secret_file_that_is_missing_or_huge_is_named(tmp_path):
+    with pytest.raises(ValueError, match=f"cannot read the job secret from file {tmp_path / 'nope'}"):
+        RuntimeSettings.from_env({**TORCHRUN, job_secret.ENV_JOB_SECRET_FILE: str(tmp_path / "nope")})
+    (tmp_path / "big").write_text("ab" * 5000)
+    with pytest.raises(ValueError, match="larger than 2048 bytes"):
+        RuntimeSettings.from_env({**TORCHRUN, job_secret.ENV_JOB_SECRET_FILE: str(tmp_path / "big")})
+
+
 def test_rank_0_without_a_controller_is_told_which_variable_to_set():
     with pytest.raises(ValueError, match="controller_address must be set on rank 0.*FTHSDP_CONTROLLER"):
         RuntimeSettings.from_env({**TORCHRUN, "RANK": "0"})
@@ -54,11 +96,11 @@ def test_rank_0_without_a_controller_is_told_which_variable_to_set():
 
 def test_a_multi_rank_replica_without_any_coordinator_address_is_refused():
     with pytest.raises(ValueError, match="set FTHSDP_COORDINATOR_ADDRESS, or torchrun's MASTER_ADDR and MASTER_PORT"):
-        RuntimeSettings.from_env({"RANK": "1", "WORLD_SIZE": "2"})
+        RuntimeSettings.from_env({"RANK": "1", "WORLD_SIZE": "2", **SECRET_ENV})
 
 
 def test_a_single_rank_replica_needs_no_coordinator_address():
-    assert RuntimeSettings.from_env({"FTHSDP_CONTROLLER": "c:1"}).coordinator_address == ""
+    assert RuntimeSettings.from_env({"FTHSDP_CONTROLLER": "c:1", **SECRET_ENV}).coordinator_address == ""
 
 
 @pytest.mark.parametrize("env, named", [({"RANK": "one"}, "RANK='one' is not a number"),

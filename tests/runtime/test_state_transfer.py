@@ -5,17 +5,24 @@ from __future__ import annotations
 
 import http.client
 import threading
+import time
 
 import pytest
 import torch
 
+from ftar_kernels import auth
 from fthsdp.errors import TransferError
 from fthsdp.state.digest import state_digest
 from fthsdp.state.fetch import fetch_state
 from fthsdp.state.registry import MAX_PAYLOAD_BYTES, StateRegistry
+from fthsdp.state import request_auth
 from fthsdp.state.serve import StateServer
 from fthsdp.state.stream import StateTarget, build_manifest, live_entries
+from protos import job_secret
 from tests.runtime.faults import DamagingProxy
+from tests.trainer_secret import SECRET
+
+KEY = SECRET.key(job_secret.PURPOSE_STATE)
 
 
 def _trained(seed: int, steps: int = 2):
@@ -43,8 +50,8 @@ def source():
         groups = opt.state_dict()["param_groups"]
         return build_manifest(5, '{"positions": {"a": 3}}', entries, scalars, groups), [t for _, t in entries]
 
-    server = StateServer("127.0.0.1", 0, snapshot, label="test").start()
-    server.serve(5)
+    server = StateServer("127.0.0.1", 0, snapshot, label="test", key=KEY).start()
+    server.serve(5, ("b",))
     yield model, opt, registry, server
     server.close()
 
@@ -52,7 +59,7 @@ def source():
 def _fetch(address: str, step: int = 5, attempts: int = 1):
     model, opt, registry = _trained(99, steps=0)
     fetched = fetch_state(address, step, "b", lambda: StateTarget(model, opt, registry.names, MAX_PAYLOAD_BYTES),
-                          5.0, attempts)
+                          5.0, attempts, key=KEY)
     opt.load_state_dict(fetched.optimizer_state)
     registry.load_state_dicts(registry.decode(fetched.user_payloads), "the source")
     return model, opt, registry, fetched
@@ -102,7 +109,8 @@ def test_a_fetcher_whose_registry_differs_is_refused(source):
     _, _, _, server = source
     model, opt, _ = _trained(99, steps=0)
     with pytest.raises(TransferError, match=r"the source sent registered state \[.sched.\]; this rank registered \[\]"):
-        fetch_state(server.address, 5, "b", lambda: StateTarget(model, opt, frozenset(), MAX_PAYLOAD_BYTES), 5.0, 1)
+        fetch_state(server.address, 5, "b", lambda: StateTarget(model, opt, frozenset(), MAX_PAYLOAD_BYTES), 5.0, 1,
+                    key=KEY)
 
 
 def test_stop_waits_for_the_expected_fetcher_then_refuses(source):
@@ -122,14 +130,16 @@ def test_stop_gives_up_on_a_fetcher_that_never_comes(source):
     assert server.stop(("ghost",), 0.05) == {"ghost"}
 
 
-def test_acknowledgements_from_strangers_are_bounded(source):
+def test_acknowledgements_that_do_not_fit_are_refused(source):
     _, _, _, server = source
     host, _, port = server.address.rpartition(":")
     statuses = []
-    for url in ("/ack?step=4&replica=b", f"/ack?step=5&replica={'x' * 200}", "/ack?step=5", "/nope"):
+    for url in ("/ack?step=4&replica=b", f"/ack?step=5&replica={'x' * 200}", "/ack?step=5", "/nope",
+                "/ack?step=5&replica=c", "/ack?step=5&replica=b"):  # c is no fetcher; b fetched nothing yet
         conn = http.client.HTTPConnection(host, int(port), timeout=5)
-        conn.request("POST", url)
+        conn.request("POST", url, headers={request_auth.HEADER: request_auth.sign(KEY, "POST", url, time.time(),
+                                                                                  auth.nonce())})
         statuses.append(conn.getresponse().status)
         conn.close()
-    assert statuses == [409, 409, 400, 400]
+    assert statuses == [409, 400, 400, 400, 403, 409]
     assert server._acks == {}

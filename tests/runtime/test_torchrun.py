@@ -11,6 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests import trainer_secret
 from tests.runtime.cluster import PYTHON, REPO
 
 pytestmark = pytest.mark.slow
@@ -35,7 +36,7 @@ def test_a_torchrun_replica_needs_only_torchruns_variables_and_the_controller(tm
     ctl = controller_process("--replicas", "1", "--min-replicas", "1", "--join-timeout-s", "0.2")
     env = {k: v for k, v in os.environ.items() if not k.startswith("FTHSDP_")
            and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
-    env.update({"FTHSDP_CONTROLLER": ctl.grpc, "PYTHONPATH": str(REPO)})
+    env.update({"FTHSDP_CONTROLLER": ctl.grpc, "PYTHONPATH": str(REPO), **trainer_secret.ENV})
     port = two_free_ports()
     with open(tmp_path / "torchrun.log", "w") as log:
         done = subprocess.run([TORCHRUN, "--nproc-per-node", "2", "--master-port", str(port),
