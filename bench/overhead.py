@@ -31,6 +31,7 @@ import time
 from pathlib import Path
 
 from controller.launch import launch
+from protos import job_secret
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -65,7 +66,7 @@ def _step_worker(args: argparse.Namespace) -> None:
     ft_opt_inner = torch.optim.AdamW(ft_model.parameters(), lr=1e-3)
     manager = Manager(ft_model, ft_opt_inner, RuntimeSettings(
         job_id="bench", replica_id=str(r), controller_address=args.controller, apply_lr_scale=False,
-        ftar_chunk_bytes=4 << 20)).start()
+        ftar_chunk_bytes=4 << 20, job_secret=job_secret.from_env())).start()
     ft_opt = FaultTolerantOptimizer(manager, ft_opt_inner)
     params = list(plain.parameters())
 
@@ -181,7 +182,8 @@ def _catchup_source(args: argparse.Namespace) -> None:
         groups = opt.state_dict()["param_groups"]
         return build_manifest(0, "{}", entries, scalars, groups), [t for _, t in entries]
 
-    server = StateServer("127.0.0.1", 0, snapshot, "bench").start()
+    server = StateServer("127.0.0.1", 0, snapshot, "bench",
+                         key=job_secret.from_env().key(job_secret.PURPOSE_STATE)).start()
     server.serve(0)
     print(server.address, flush=True)
     sys.stdin.readline()  # serve until the parent closes our stdin
@@ -205,7 +207,8 @@ def measure_catchup(args: argparse.Namespace) -> dict:
         times = []
         for _ in range(args.catchup_repeats):
             t0 = time.perf_counter()
-            fetch_once(address, 0, "bench", lambda: StateTarget(model, opt), 120.0)
+            fetch_once(address, 0, "bench", lambda: StateTarget(model, opt), 120.0,
+                       key=job_secret.from_env().key(job_secret.PURPOSE_STATE))
             times.append(time.perf_counter() - t0)
     finally:
         src.stdin.close()
@@ -235,6 +238,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--controller", default="", help=argparse.SUPPRESS)
     p.add_argument("--gloo-port", type=int, default=0, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    # The ports authenticate as in production: one secret for this run, inherited by the workers.
+    os.environ.setdefault(job_secret.ENV_JOB_SECRET, job_secret.generate())
     if args.role == "step-worker":
         _step_worker(args)
         return 0

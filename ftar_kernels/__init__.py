@@ -1,18 +1,31 @@
 """FTAR: a fault-tolerant ring all-reduce with a CPU control plane, reconfigurable without restarts.
 
-Imports nothing else of this project. CuPy is imported only when a CUDA tensor is all-reduced.
+Imports nothing else of this project. Names are imported lazily, so `ftar_kernels.auth` (the
+message tags other ports reuse) costs no torch import; CuPy is imported only when a CUDA tensor
+is all-reduced.
 """
 
-from .endpoint import FtarEndpoint
-from .errors import FatalError, FtarError, RecoverableError
-from .fault_injection import Faults, FaultyTransport
-from .op_handle import AllReduceHandle, OpStats
-from .protocol_state import IllegalTransition, RankEvent, RankProtocol, RankState
-from .settings import FtarSettings
-from .transport import Connection, Listener, TcpTransport, Transport
+from __future__ import annotations
 
-__all__ = [
-    "AllReduceHandle", "Connection", "FatalError", "Faults", "FaultyTransport", "FtarEndpoint",
-    "FtarError", "FtarSettings", "IllegalTransition", "Listener", "OpStats", "RankEvent",
-    "RankProtocol", "RankState", "RecoverableError", "TcpTransport", "Transport",
-]
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "FtarEndpoint": ".endpoint",
+    "FatalError": ".errors", "FtarError": ".errors", "RecoverableError": ".errors",
+    "Faults": ".fault_injection", "FaultyTransport": ".fault_injection",
+    "AllReduceHandle": ".op_handle", "OpStats": ".op_handle",
+    "IllegalTransition": ".protocol_state", "RankEvent": ".protocol_state", "RankProtocol": ".protocol_state",
+    "RankState": ".protocol_state",
+    "FtarSettings": ".settings",
+    "Connection": ".transport", "Listener": ".transport", "TcpTransport": ".transport", "Transport": ".transport",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'ftar_kernels' has no attribute {name!r}")
+    return getattr(importlib.import_module(module, __name__), name)

@@ -41,7 +41,7 @@ class RoundTimings:
     outcome: str
 
 
-class _InstantController:
+class InstantController:
     """Answers every quorum at once: this replica alone, healthy, at the asked step."""
 
     def __init__(self) -> None:
@@ -182,7 +182,7 @@ def simulate_rounds(n_ranks: int, rounds: int, timeout_s: float = 120.0) -> list
     settings = RuntimeSettings(job_id=JOB, replica_id=REPLICA, world_size=n_ranks, controller_address="127.0.0.1:1",
                                coordinator_address="127.0.0.1:0", quorum_timeout_s=timeout_s,
                                gather_timeout_s=timeout_s, digest_every_steps=0, job_secret=secret)
-    service = CoordinatorService(settings, _InstantController(), "127.0.0.1", 0)
+    service = CoordinatorService(settings, InstantController(), "127.0.0.1", 0)
     service.marks = collections.deque(maxlen=max(rounds, 1) * 4)
     service.start()
     ctx = multiprocessing.get_context("spawn")  # no fork of a threaded process

@@ -194,6 +194,21 @@ def test_every_referenced_secret_is_documented_for_operators():
                     assert vol["secret"]["secretName"] in readme, f"{where}: {vol['secret']['secretName']}"
 
 
+def test_every_agent_and_trainer_pod_gets_the_job_secret_from_its_secret_file():
+    for where, docs in _everything():
+        pods = [o for o in docs if o["kind"] in ("DaemonSet", "Job")]
+        assert pods, where
+        for obj in pods:
+            spec, c = next(_containers(obj))
+            env = {e["name"]: e for e in c.get("env", [])}
+            assert "FTHSDP_JOB_SECRET" not in env and "FTHSDP_INSECURE_TRAINER_PORTS" not in env, where
+            path = Path(env["FTHSDP_JOB_SECRET_FILE"]["value"])
+            mount = next(m for m in c["volumeMounts"] if path.parent == Path(m["mountPath"]))
+            volume = next(v for v in spec["volumes"] if v["name"] == mount["name"])
+            assert mount.get("readOnly") and volume["secret"]["secretName"] == "fthsdp-job-secret", where
+            assert not volume["secret"].get("optional") and path.name == "secret", where
+
+
 # ---------------------------------------------------------------- the controller
 
 
