@@ -25,6 +25,9 @@ log = logging.getLogger(__name__)
 class GuardedHTTPServer(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
+    #: the listen backlog: a flood is accepted (and turned away) at once, instead of filling a
+    #: short queue that makes a real fetcher wait for its SYN to be sent again
+    request_queue_size = 128
 
     def __init__(self, address: tuple[str, int], handler, max_connections: int, hello_timeout_s: float,
                  io_timeout_s: float) -> None:
@@ -32,7 +35,7 @@ class GuardedHTTPServer(ThreadingHTTPServer):
         self._lock = threading.Lock()
         self._due: dict[socket.socket, float] = {}   # live connection -> when it must have authenticated
         self._streams: set[socket.socket] = set()
-        self.turned_away = 0
+        self.admitted = self.turned_away = 0  # connections served / closed unanswered, so far
         super().__init__(address, handler)
 
     @property
@@ -45,6 +48,7 @@ class GuardedHTTPServer(ThreadingHTTPServer):
             full = len(self._due) >= self.max_connections
             if not full:
                 self._due[request] = time.monotonic() + self.hello_timeout_s
+                self.admitted += 1
             else:
                 self.turned_away += 1
         if full:

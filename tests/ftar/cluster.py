@@ -2,7 +2,7 @@
 
 Each worker owns one FtarEndpoint (behind a FaultyTransport) and runs commands one at a time:
 configure, allreduce (inputs made from a seed, so the test can compute the expected sum), delay,
-counts. `Cluster` starts them, fans a command out to several and gathers the answers, each wait
+counts, and what the security tests inspect (parked hellos, pending hellos, threads). `Cluster` starts them, fans a command out to several and gathers the answers, each wait
 bounded.
 """
 
@@ -65,6 +65,10 @@ def _worker(conn, settings_kwargs: dict) -> None:
         "delay": lambda seconds: faults.delay(seconds),
         "state": lambda: ep.state.value,
         "close": lambda: ep.close(),
+        # what the security tests look at: parked identities, hellos being read, threads
+        "parked": lambda: sorted([list(k) for k in ep._membership._parked]),
+        "pending": lambda: ep._membership.pending_hellos,
+        "threads": lambda: threading.active_count(),
     }
     while True:
         cmd, args = conn.recv()

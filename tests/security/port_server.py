@@ -6,7 +6,7 @@ The job secret comes from the environment (as the agent hands it to a trainer). 
 line with the port's address and this pid, then answers one JSON line per command on stdin:
 `stats` (threads, connections and what the port counted), `reset` (coordinator: a fresh one on
 a new port; `reset SECONDS` with that hello timeout), `stop SECONDS` (state server: hold for the fetcher "b" that long, then stop
-serving; the answer comes when stop returned). stdin closing ends the process.
+serving; the answer comes when stop returned), `serve N` (state server: serve step N). stdin closing ends the process.
 """
 
 from __future__ import annotations
@@ -50,6 +50,8 @@ def _coordinator(cfg: dict):
 
 
 def _state(cfg: dict):
+    """A state server of one tensor of `state_bytes`, serving a step to the fetcher "b"; `serve N`
+    serves step N (the state does not change: only its step number)."""
     import torch
 
     from fthsdp.state.serve import StateServer
@@ -59,26 +61,32 @@ def _state(cfg: dict):
     model = torch.nn.Module()
     model.weight = torch.nn.Parameter(torch.randn(cfg["state_bytes"] // 4))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    served = [5]
 
     def snapshot():
         entries, scalars = live_entries(model, opt)
-        return build_manifest(5, '{"positions": {"b": 3}}', entries, scalars,
+        return build_manifest(served[0], '{"positions": {"b": 3}}', entries, scalars,
                               opt.state_dict()["param_groups"]), [t for _, t in entries]
 
     server = StateServer("127.0.0.1", 0, snapshot, "attacked", key=job_secret.from_env().key(job_secret.PURPOSE_STATE),
                          hello_timeout_s=cfg["hello_timeout_s"], io_timeout_s=cfg["hello_timeout_s"]).start()
-    server.serve(5, ("b",))
+    server.serve(served[0], ("b",))
 
     def stats(_args: list[str]) -> dict:
         return {"threads": threading.active_count(), "connections": server.connections,
                 "refused": server.refused_requests, "accepted": server.fetches_accepted,
-                "acks": sorted(server._acks.get(5, ())), "turned_away": server._httpd.turned_away}
+                "acks": sorted(server._acks.get(served[0], ())), "admitted": server._httpd.admitted,
+                "turned_away": server._httpd.turned_away}
+
+    def serve(args: list[str]) -> dict:
+        served[0] = int(args[0])
+        server.serve(served[0], ("b",))
+        return {"step": served[0]}
 
     def stop(args: list[str]) -> dict:
-        missing = server.stop(("b",), float(args[0]))
-        return {"missing": sorted(missing)}
+        return {"missing": sorted(server.stop(("b",), float(args[0])))}
 
-    return server.address, {"stats": stats, "stop": stop}, server.close
+    return server.address, {"stats": stats, "serve": serve, "stop": stop}, server.close
 
 
 def main(kind: str, cfg: dict) -> int:

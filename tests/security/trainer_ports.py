@@ -43,9 +43,16 @@ class PortProcess:
         return host, int(port)
 
     def ask(self, command: str, timeout_s: float = 30.0) -> dict:
+        self.send(command)
+        return self.reply(timeout_s, command)
+
+    def send(self, command: str) -> None:
+        """Send a command without waiting for its answer (`reply` reads it)."""
         self.proc.stdin.write(command + "\n")
         self.proc.stdin.flush()
-        return read_json_line(self.proc, timeout_s, f"the answer to {command!r}")
+
+    def reply(self, timeout_s: float = 30.0, what: str = "a command") -> dict:
+        return read_json_line(self.proc, timeout_s, f"the answer to {what}")
 
     def rss_mib(self) -> float:
         return rss_mib(self.pid)
