@@ -1,6 +1,7 @@
 """Agent settings: one frozen dataclass, units in names, one validate().
 
-Command-line flags fill these (see `agent.main`); nothing is read from the environment.
+Command-line flags fill these (see `agent.main`, which also reads the TLS and job-secret
+variables, flags winning); nothing here reads the environment.
 """
 
 from __future__ import annotations

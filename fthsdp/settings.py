@@ -146,7 +146,8 @@ class RuntimeSettings:
         if not isinstance(self.apply_lr_scale, bool):
             problems.append(f"apply_lr_scale must be True or False, got {self.apply_lr_scale!r}.")
         if self.job_secret is not None and not isinstance(self.job_secret, JobSecret):
-            problems.append(f"job_secret must be a protos.job_secret.JobSecret, got a {type(self.job_secret).__name__}.")
+            problems.append(f"job_secret must be a protos.job_secret.JobSecret, got a "
+                            f"{type(self.job_secret).__name__}.")
         if not isinstance(self.insecure_trainer_ports, bool):
             problems.append(f"insecure_trainer_ports must be True or False, got {self.insecure_trainer_ports!r}.")
         if self.job_secret is None and self.insecure_trainer_ports is not True:

@@ -98,8 +98,9 @@ class CoordinatorService:
     async def _listen(self) -> str:
         self._all_gone = asyncio.Event()
         self._core = co.Coordination(self.settings, self._loop.time())
+        backlog = min(self.settings.world_size + MAX_EXTRA_UNAUTHENTICATED + 16, 65535)
         self._server = await self._loop.create_server(lambda: _RankConnection(self), self._host, self._port,
-                                                      backlog=min(self.settings.world_size + MAX_EXTRA_UNAUTHENTICATED + 16, 65535))
+                                                      backlog=backlog)
         self._reschedule()
         host, port = self._server.sockets[0].getsockname()[:2]
         return f"{host}:{port}"

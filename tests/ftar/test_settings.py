@@ -41,4 +41,5 @@ def test_an_endpoint_without_a_key_refuses_to_start_unless_allowed_to():
         FtarSettings(auth_key=b"12345678").validate()
     with FtarEndpoint(settings=FtarSettings(allow_unauthenticated=True)) as ep:
         ep.configure("g", 1, [ep.address])
-    assert "auth_key" not in repr(FtarSettings(auth_key=b"k" * 32)) and "kkkk" not in repr(FtarSettings(auth_key=b"k" * 32))
+    shown = repr(FtarSettings(auth_key=b"k" * 32))
+    assert "auth_key" not in shown and "kkkk" not in shown
