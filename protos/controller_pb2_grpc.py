@@ -39,6 +39,11 @@ class ControllerStub:
                 request_serializer=protos_dot_controller__pb2.QuorumRequest.SerializeToString,
                 response_deserializer=protos_dot_controller__pb2.QuorumResponse.FromString,
                 _registered_method=True)
+        self.QuorumStream = channel.stream_stream(
+                '/fthsdp.v1.Controller/QuorumStream',
+                request_serializer=protos_dot_controller__pb2.QuorumRequest.SerializeToString,
+                response_deserializer=protos_dot_controller__pb2.QuorumResponse.FromString,
+                _registered_method=True)
         self.Heartbeat = channel.stream_stream(
                 '/fthsdp.v1.Controller/Heartbeat',
                 request_serializer=protos_dot_controller__pb2.HeartbeatRequest.SerializeToString,
@@ -87,6 +92,16 @@ class ControllerServicer:
     def Quorum(self, request, context):
         """A replica leader asks for the membership of its next step. Answered when the
         round closes (every live replica joined, or join_timeout after min_replicas).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def QuorumStream(self, request_iterator, context):
+        """The same, on one long-lived stream per leader: each request is one round's join and
+        gets exactly one answer (in order) before the next request is read. A refusal ends
+        the stream with its status code; the leader opens a new one. One stream carries one
+        replica: a request naming another replica_id ends it (FAILED_PRECONDITION).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -158,6 +173,11 @@ def add_ControllerServicer_to_server(servicer, server):
                     request_deserializer=protos_dot_controller__pb2.QuorumRequest.FromString,
                     response_serializer=protos_dot_controller__pb2.QuorumResponse.SerializeToString,
             ),
+            'QuorumStream': grpc.stream_stream_rpc_method_handler(
+                    servicer.QuorumStream,
+                    request_deserializer=protos_dot_controller__pb2.QuorumRequest.FromString,
+                    response_serializer=protos_dot_controller__pb2.QuorumResponse.SerializeToString,
+            ),
             'Heartbeat': grpc.stream_stream_rpc_method_handler(
                     servicer.Heartbeat,
                     request_deserializer=protos_dot_controller__pb2.HeartbeatRequest.FromString,
@@ -224,6 +244,33 @@ class Controller:
             request,
             target,
             '/fthsdp.v1.Controller/Quorum',
+            protos_dot_controller__pb2.QuorumRequest.SerializeToString,
+            protos_dot_controller__pb2.QuorumResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def QuorumStream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/fthsdp.v1.Controller/QuorumStream',
             protos_dot_controller__pb2.QuorumRequest.SerializeToString,
             protos_dot_controller__pb2.QuorumResponse.FromString,
             options,

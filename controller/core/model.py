@@ -25,6 +25,7 @@ Host states: ACTIVE (runs an assignment), SPARE (in the pool), DEAD (agent silen
 from __future__ import annotations
 
 import enum
+import functools
 from dataclasses import dataclass, field
 
 
@@ -35,6 +36,10 @@ class ReplicaState(str, enum.Enum):
     DEAD = "DEAD"
     DIVERGED = "DIVERGED"
     FINISHED = "FINISHED"
+
+
+#: Replica states whose work is over until a new incarnation: rounds do not wait for them.
+SETTLED = (ReplicaState.DEAD, ReplicaState.FINISHED)
 
 
 class JobState(str, enum.Enum):
@@ -141,7 +146,7 @@ class Quorum:
     #: (the state after committing this step) rather than train on from their own.
     resume_checkpoint_step: int | None = None
 
-    @property
+    @functools.cached_property
     def member_ids(self) -> frozenset[str]:
         return frozenset(m.replica_id for m in self.members)
 

@@ -8,12 +8,11 @@ from controller.core.checks import (
     check_address, check_addresses, check_finite, check_id, check_non_negative, check_optional_id, clip_text,
 )
 from controller.core.errors import FailedPrecondition, InvalidArgument
-from controller.core.model import DeathCause, Quorum, Replica, ReplicaState
+from controller.core.model import SETTLED, DeathCause, Quorum, Replica, ReplicaState
 from controller.core.digests import check_digest
 from controller.core.quorum import RoundView, compute_quorum, form_quorum
 from controller.core.rollback import RollbackDecision, check_rollback
 from controller.core.sizes import addresses_problem
-
 
 @dataclass(frozen=True)
 class JoinRequest:
@@ -65,6 +64,7 @@ class ReplicaRegistry:
         # Validated: from here on the request changes state.
         if r is None:
             r = self.replicas[rid] = Replica(replica_id=rid, incarnation=req.incarnation, step=req.step)
+            self._live = None
             self._event(now, "replica", rid, f"replica {rid} registered at step {req.step}")
         elif restarted and r.state == ReplicaState.FINISHED:
             self.finished_exits.discard(rid)
@@ -107,8 +107,7 @@ class ReplicaRegistry:
         view = RoundView(
             joined=dict(self.round_joined),
             first_join_at=self.round_first_join_at,
-            live=frozenset(r.replica_id for r in self.replicas.values()
-                           if r.state not in (ReplicaState.DEAD, ReplicaState.FINISHED)),
+            live=self.live_replicas(),
             previous=previous,
             unregistered=max(s.replicas - len(self.replicas), 0),
         )
@@ -314,7 +313,7 @@ class ReplicaRegistry:
     def kill_replica(self, replica_id: str, cause: DeathCause, reason: str, now: float) -> bool:
         r = self.replicas.get(replica_id)
         # A finished replica's work is done: only a new incarnation takes it out of FINISHED.
-        if r is None or r.state in (ReplicaState.DEAD, ReplicaState.FINISHED):
+        if r is None or r.state in SETTLED:
             return False
         self._transition(r, ReplicaState.DEAD, reason, now, cause=cause.value)
         self.deaths[cause.value] = self.deaths.get(cause.value, 0) + 1
@@ -325,10 +324,17 @@ class ReplicaRegistry:
 
     def expire_replicas(self, now: float) -> None:
         for r in list(self.replicas.values()):
-            if r.state not in (ReplicaState.DEAD, ReplicaState.FINISHED):
+            if r.state not in SETTLED:
                 why = self.silence(r.last_seen, now)
                 if why:
                     self.kill_replica(r.replica_id, DeathCause.HEARTBEAT, f"no heartbeat {why}", now)
+
+    def live_replicas(self) -> frozenset[str]:
+        """The replicas a round waits for: every one not DEAD or FINISHED. Kept until a replica
+        registers or changes state (it is asked on every join)."""
+        if self._live is None:
+            self._live = frozenset(r.replica_id for r in self.replicas.values() if r.state not in SETTLED)
+        return self._live
 
     def _transition(self, r: Replica, state: ReplicaState, reason: str, now: float, cause: str = "") -> None:
         reason = clip_text(reason, self.settings.max_reason_chars)
@@ -336,11 +342,12 @@ class ReplicaRegistry:
             return
         changed = r.state != state
         r.state, r.reason = state, reason
+        self._live = None
         self.dirty_replicas = True
         if changed:
             self._event(now, "death" if state == ReplicaState.DEAD else "replica", r.replica_id,
                         f"replica {r.replica_id} became {state.value}: {reason}", cause)
             self.goodput.on_state(r.replica_id, state == ReplicaState.HEALTHY, state == ReplicaState.DEAD,
                                   cause, r.last_seen, now)
-            if state in (ReplicaState.DEAD, ReplicaState.FINISHED):
+            if state in SETTLED:
                 self._check_completed(now)

@@ -36,6 +36,8 @@ class ControllerState(ReplicaRegistry, HostRegistry, DivergenceTracker, JobLifec
     def __init__(self, settings: ControllerSettings) -> None:
         self.settings = settings.validate()
         self.replicas: dict[str, Replica] = {}
+        #: cache of live_replicas() (None: to be computed)
+        self._live: frozenset[str] | None = None
         self.hosts: dict[str, Host] = {}
         self.quorum: Quorum | None = None
         #: Quorum ids count up from here. A controller that starts with an empty store starts
@@ -276,6 +278,7 @@ class ControllerState(ReplicaRegistry, HostRegistry, DivergenceTracker, JobLifec
                     rid = a[0]
                     self.replica_versions[rid] = max(self.replica_versions.get(rid, 0), h.assignment_version)
                 self.version_ceiling = max(self.version_ceiling, h.assignment_version)
+        self._live = None
         # Every version given before this point is at most the ceiling: continue above it.
         self.assignment_seq = self.version_ceiling
         self.reserve_restored_hosts()

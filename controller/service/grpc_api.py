@@ -5,12 +5,15 @@ from __future__ import annotations
 import asyncio
 import logging
 
+import grpc
+
 from controller.core.checks import check_id, shown
 from controller.core.errors import FailedPrecondition, InvalidArgument, RequestError
 from controller.core.identity import hash_secret
 from controller.core.model import JobState
 from controller.core.replicas import JoinRequest
 from controller.service.errors import NotLeader, refuse, unary
+from controller.store import StoreError
 from controller.service.orders import from_proto_assignment, to_proto_assignment, to_proto_order
 from controller.service.peer import new_agent_secret
 from protos import controller_pb2 as pb
@@ -18,6 +21,7 @@ from protos import controller_pb2_grpc
 
 log = logging.getLogger("fthsdp.controller")
 
+SERVICE_NAME = "fthsdp.v1.Controller"
 JOB_STATES = {JobState.RUNNING: pb.RUNNING, JobState.COMPLETED: pb.COMPLETED}
 
 
@@ -47,8 +51,8 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
         if request.host_id:
             self.server.check_peer_may_act_as(context, request.host_id)
 
-    @unary
-    async def Quorum(self, request, context):
+    async def _join(self, request: pb.QuorumRequest, context) -> bytes:
+        """Join this round; the answer's bytes once it closes (shared by every member)."""
         self._check_leader(request, context)
         state = self.server.require_leader()
         state.join(JoinRequest(
@@ -60,8 +64,27 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
         ), self.server.clock())
         fut = asyncio.get_running_loop().create_future()
         self.server.waiters[request.replica_id].append((fut, request.known_quorum_id))
-        await self.server.settle()
+        self.server.settle_soon()
         return await fut
+
+    @unary
+    async def Quorum(self, request, context):
+        return await self._join(request, context)
+
+    async def QuorumStream(self, request_iterator, context):
+        """One leader's rounds on one stream: read a join, answer it, read the next. A refusal
+        ends the stream with its code (as the unary call would have failed)."""
+        replica_id = None
+        try:
+            async for request in request_iterator:
+                if replica_id is None:
+                    replica_id = request.replica_id
+                elif request.replica_id != replica_id:
+                    raise FailedPrecondition(f"this stream carries replica {shown(replica_id)}; a request for "
+                                             f"{shown(request.replica_id)} needs its own stream.")
+                yield await self._join(request, context)
+        except (RequestError, NotLeader, StoreError) as exc:
+            refuse(context, "QuorumStream", exc)
 
     async def Heartbeat(self, request_iterator, context):
         async for beat in request_iterator:
@@ -190,4 +213,30 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
         return pb.TrainerExitResponse()
 
 
-__all__ = ["ControllerServicer", "NotLeader"]
+#: Methods whose handlers return answers already encoded (see QuorumAnswers.encoded).
+PRE_ENCODED = ("Quorum", "QuorumStream")
+
+
+def add_to_server(servicer: ControllerServicer, server) -> None:
+    """Register the Controller service like the generated adder does, except that the quorum
+    methods send the bytes their handlers return as they are (no per-call serialization)."""
+    handlers = {}
+
+    class Collect:
+        def add_generic_rpc_handlers(self, generic):
+            pass
+
+        def add_registered_method_handlers(self, service, method_handlers):
+            handlers.update(method_handlers)
+
+    controller_pb2_grpc.add_ControllerServicer_to_server(servicer, Collect())
+    for name in PRE_ENCODED:
+        h = handlers[name]
+        make = grpc.unary_unary_rpc_method_handler if not h.request_streaming else grpc.stream_stream_rpc_method_handler
+        handlers[name] = make(h.unary_unary or h.stream_stream, request_deserializer=h.request_deserializer,
+                              response_serializer=None)
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
+    server.add_registered_method_handlers(SERVICE_NAME, handlers)
+
+
+__all__ = ["ControllerServicer", "NotLeader", "add_to_server"]

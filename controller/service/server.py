@@ -29,17 +29,16 @@ from controller.core.state import ControllerState
 from controller.core.store_health import WriteStreak
 from controller.service import event_log
 from controller.service.errors import NotLeader
+from controller.service.grpc_api import SERVICE_NAME, ControllerServicer, add_to_server
 from controller.service.metrics import Metrics
 from controller.service.orders import to_proto_order
 from controller.service.peer import certificate_identities
 from controller.service.quorum_answer import QuorumAnswers
 from controller.settings import ControllerSettings
 from controller.store import Leadership, MemoryStore, Store, StoreError
-from protos import controller_pb2_grpc
 
 log = logging.getLogger("fthsdp.controller")
 
-SERVICE_NAME = "fthsdp.v1.Controller"
 #: How often a standby re-reads where the leader is.
 LEADER_WATCH_S = 0.5
 
@@ -81,6 +80,8 @@ class ControllerServer:
         self._revisions: dict[str, int | None] = {}
         self._persist_lock = asyncio.Lock()
         self._poke = asyncio.Event()
+        self._settle_scheduled = False
+        self._settling: set[asyncio.Task] = set()
         self._last_wake: float | None = None
         self._tasks: list[asyncio.Task] = []
         self._grpc: grpc.aio.Server | None = None
@@ -90,12 +91,11 @@ class ControllerServer:
     # -- lifecycle -------------------------------------------------------------------------
 
     async def start(self) -> None:
-        from controller.service.grpc_api import ControllerServicer
         from controller.service.rest import make_app
 
         self._grpc = grpc.aio.server(options=[("grpc.max_receive_message_length", self.settings.max_request_bytes),
                                               ("grpc.max_send_message_length", self.settings.max_message_bytes)])
-        controller_pb2_grpc.add_ControllerServicer_to_server(ControllerServicer(self), self._grpc)
+        add_to_server(ControllerServicer(self), self._grpc)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._grpc)
         self._set_health(False)
         target = f"{self.host}:{self.grpc_port}"
@@ -130,6 +130,8 @@ class ControllerServer:
             await asyncio.sleep(0.01)
 
     async def stop(self) -> None:
+        for task in list(self._settling):
+            task.cancel()
         for task in self._tasks:
             if task.get_name() != "http":
                 task.cancel()
@@ -315,13 +317,44 @@ class ControllerServer:
         if state.round_wake_at != self._last_wake:
             self._last_wake = state.round_wake_at
             self._poke.set()
-        await self.persist()
+        try:
+            await self.persist()
+        except BaseException as exc:
+            # A quorum that is not durable must not be acted on: its members hear the refusal
+            # (and join again) instead of waiting for an answer that will not come.
+            refusal = exc if isinstance(exc, (NotLeader, StoreError)) else NotLeader(f"could not settle: {exc!r}")
+            for fut, _ in answered:
+                if not fut.done():
+                    fut.set_exception(refusal)
+            raise
         # Orders leave only once the decisions behind them are durable: a successor never
         # finds an agent running an assignment it has no record of.
         self.deliver_orders()
         for fut, known in answered:
             if not fut.done():
-                fut.set_result(self.answers.get(known))
+                fut.set_result(self.answers.encoded(known))
+
+    def settle_soon(self) -> None:
+        """Settle once for every join that arrived in this pass of the event loop: a burst of
+        N joins costs one look at the round, not N. The joiners wait on their futures, which
+        the settle answers or fails."""
+        if self._settle_scheduled:
+            return
+        self._settle_scheduled = True
+
+        def start() -> None:
+            self._settle_scheduled = False
+            task = asyncio.ensure_future(self._settle_for_joiners())
+            self._settling.add(task)
+            task.add_done_callback(self._settling.discard)
+
+        asyncio.get_running_loop().call_soon(start)
+
+    async def _settle_for_joiners(self) -> None:
+        try:
+            await self.settle()
+        except (NotLeader, StoreError) as exc:  # the joiners' futures carry it
+            log.warning("could not settle the round: %s", exc)
 
     def deliver_orders(self) -> None:
         for order in self.state.take_orders():

@@ -235,3 +235,29 @@ def test_a_quorum_below_the_committed_step_is_flagged_as_a_rollback():
     assert "ROLLBACK: the job had committed step 7" in q.reason and "resumes at step 0" in q.reason
     assert [e.kind for e in s.events].count("rollback") == 1
     assert s.max_committed_step == 7
+
+
+def test_live_replicas_follow_registration_death_rejoin_finish_and_restore():
+    """Rounds ask for the live set on every join; it is kept between changes, so check that
+    every change shows: a naive recount is the reference."""
+    s = fresh()
+
+    def naive():
+        return frozenset(r.replica_id for r in s.replicas.values()
+                         if r.state not in (ReplicaState.DEAD, ReplicaState.FINISHED))
+
+    form(s, {"r0": 0, "r1": 0}, 0.0)
+    assert s.live_replicas() == naive() == {"r0", "r1"}
+    join(s, "r2", 0, 0.5)
+    assert s.live_replicas() == naive() == {"r0", "r1", "r2"}
+    s.report_replica_dead("r1", "NIC down", 1.0)
+    assert s.live_replicas() == naive() == {"r0", "r2"}
+    q = s.try_close_round(3.0)  # r1 is not waited for
+    assert q is not None and q.member_ids == {"r0", "r2"}
+    join(s, "r1", 0, 4.0, incarnation="new")
+    assert s.live_replicas() == naive() == {"r0", "r1", "r2"}
+    s.report_finished("r0", 0, 5.0)
+    assert s.live_replicas() == naive() == {"r1", "r2"}
+    t = ControllerState(s.settings)
+    t.restore(s.snapshot_replicas(), [s.snapshot_hosts(i) for i in range(HOST_SHARDS)], 6.0)
+    assert t.live_replicas() == {"r1", "r2"}
