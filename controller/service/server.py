@@ -355,6 +355,12 @@ class ControllerServer:
             await self.settle()
         except (NotLeader, StoreError) as exc:  # the joiners' futures carry it
             log.warning("could not settle the round: %s", exc)
+        except Exception as exc:  # noqa: BLE001 - a bug must not leave leaders waiting for ever
+            log.exception("settling the round failed")
+            for waiting in self.waiters.values():
+                for fut, _ in waiting:
+                    if not fut.done():
+                        fut.set_exception(NotLeader(f"the controller could not settle the round: {exc!r}"))
 
     def deliver_orders(self) -> None:
         for order in self.state.take_orders():
