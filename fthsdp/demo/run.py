@@ -163,13 +163,14 @@ def _inject(f: Failure, job: dict, replicas: dict, hosts: list, agents: dict, re
     holds the live state); the injection record, or None to try again later."""
     if not replicas or any(r["state"] != "HEALTHY" for r in replicas.values()):
         return None
-    if f.kind == "kill-trainer":
-        pid_file = records / f"{f.replica}-0.pid"
+    if f.kind in ("kill-trainer", "hang-trainer"):
+        rank = 0 if f.kind == "kill-trainer" else max(len(list(records.glob(f"{f.replica}-*.pid"))) - 1, 0)
+        pid_file = records / f"{f.replica}-{rank}.pid"
         pid = int(pid_file.read_text()) if pid_file.exists() else 0
         if not pid or not procs.alive(pid):
             return None
-        os.kill(pid, signal.SIGKILL)
-        target = f"trainer pid {pid}"
+        os.kill(pid, signal.SIGKILL if f.kind == "kill-trainer" else signal.SIGSTOP)
+        target = f"trainer pid {pid} (rank {rank})"
     else:
         host = next((h["host_id"] for h in hosts if h["assignment"] and h["state"] == "ACTIVE"
                      and h["assignment"]["replica_id"] == f.replica), None)
@@ -178,7 +179,7 @@ def _inject(f: Failure, job: dict, replicas: dict, hosts: list, agents: dict, re
         under = procs.kill_host(agents.pop(host))
         target = f"host {host} (agent and {len(under)} trainer process(es))"
     return {"kind": f.kind, "replica": f.replica, "scheduled_step": f.at_step, "injected_step": job["max_step"],
-            "injected_at": time.time(), "target": target}
+            "injected_at": time.time(), "target": target, "signal": "SIGSTOP" if f.kind == "hang-trainer" else "SIGKILL"}
 
 
 def _with_controller(workdir: Path, s: RunSettings, records: Path, body) -> RunResult:
@@ -265,7 +266,7 @@ def _follow(http: httpx.Client, s: RunSettings, failures: list[Failure], agents:
                 done["after_s"] = round(done["injected_at"] - result.started_at, 3)
                 result.injections.append(done)
                 progress.note(f"step {done['injected_step']}: {done['kind']} {done['replica']}: "
-                              f"SIGKILL {done['target']}")
+                              f"{done['signal']} {done['target']}")
         progress.show(job, replicas, time.monotonic())
         time.sleep(POLL_S)
     result.skipped += [f.describe() for f in pending]

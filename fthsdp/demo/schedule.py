@@ -5,7 +5,9 @@
 Each entry is KIND@STEP:REPLICA. kill-trainer SIGKILLs the replica's leader trainer (its
 agent restarts it; it rejoins behind and catches up); kill-agent SIGKILLs the agent that
 hosts the replica and every trainer under it (a whole host dies; the controller notices the
-heartbeat silence and a spare takes the assignment). Errors name the bad entry.
+heartbeat silence and a spare takes the assignment); hang-trainer SIGSTOPs the replica's last
+rank (alive but silent: no exit for its agent to see, so only timeouts find it). Errors name
+the bad entry.
 The demo injects a failure only once every replica is HEALTHY again, so failures never
 overlap: a later entry may land a few steps after its STEP.
 """
@@ -16,7 +18,7 @@ import re
 from dataclasses import dataclass
 from itertools import pairwise
 
-KINDS = ("kill-trainer", "kill-agent")
+KINDS = ("kill-trainer", "kill-agent", "hang-trainer")
 _ENTRY = re.compile(r"^(?P<kind>[a-z-]+)@(?P<step>\d+):(?P<replica>[A-Za-z0-9_.-]+)$")
 
 
