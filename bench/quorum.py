@@ -20,10 +20,12 @@ the same work as our leaders' (one request to the central service, one answer).
 torchft's own trainers take a longer path, through the replica's ManagerServer (the
 `torchft_manager_*` fields, for reference only).
 
-What HA costs: a round whose quorum id is unchanged writes nothing to the store before its
-answer (nothing durable changed); one with a new id must persist it first, since trainers act
-on it. `--new-id` times such rounds (`new_id_*`: leader 0 reports a failed commit before each,
-untimed), and `--etcd` runs the controller on a real etcd instead of its in-memory store.
+Between rounds every leader reports its commit (untimed), as leaders do. What HA costs: a
+round whose quorum id is unchanged writes nothing to the store before its answer (what it
+tells follows from what is durable); one with a new id must persist it first, since trainers
+act on it. `--new-id` times such rounds (`new_id_*`: every leader reported a failed commit,
+untimed, and retries its step), and `--etcd` runs the controller on a real etcd instead of
+its in-memory store.
 
 Fairness on a shared machine: same N, same number of rounds, the same layout (each service in
 its own process, every client in this one), and the systems take turns in blocks of
@@ -102,7 +104,24 @@ class OurLeaders:
     async def _unary(self, i: int):
         return await self.stubs[i].Quorum(self.request(i), timeout=ROUND_TIMEOUT_S)
 
-    async def _round(self, unary: bool) -> float:
+    async def _report(self, failed: bool) -> None:
+        """Every leader reports the outcome of the step it was last given, untimed, as leaders do
+        between rounds: a commit, or (`failed`) a failed commit, after which that step is retried."""
+        step = self.step - 1
+        if failed:
+            await asyncio.gather(*(self.stubs[i].ReportFailure(pb.ReportFailureRequest(
+                job_id=self.job, replica_id=f"r{i:03d}", quorum_id=self.known[i], step=step,
+                kind=pb.ReportFailureRequest.COMMIT_FAILED, reason="bench: the step is retried in a new quorum"),
+                timeout=ROUND_TIMEOUT_S) for i in range(self.replicas)))
+            self.step = step
+        else:
+            await asyncio.gather(*(self.stubs[i].ReportStep(pb.ReportStepRequest(
+                job_id=self.job, replica_id=f"r{i:03d}", quorum_id=self.known[i], step=step, step_time_s=0.1),
+                timeout=ROUND_TIMEOUT_S) for i in range(self.replicas)))
+
+    async def _round(self, unary: bool, failed: bool = False) -> float:
+        if self.step > 0:
+            await self._report(failed)
         one = self._unary if unary else self._stream
         start = time.perf_counter()
         replies = await asyncio.wait_for(asyncio.gather(*(one(i) for i in range(self.replicas))), ROUND_TIMEOUT_S)
@@ -116,20 +135,13 @@ class OurLeaders:
         return self.loop.run_until_complete(self._round(unary))
 
     def round_new_id(self) -> float:
-        """A round whose quorum id changes (leader 0 reported a failed commit first, untimed):
-        the controller must persist the new id before it answers, and answers carry addresses."""
+        """A round whose quorum id changes: every leader reported a failed commit of its last
+        step (untimed) and retries it, so the controller must persist a new quorum id before it
+        answers, and the answers carry addresses again."""
         before = self.known[0]
-
-        async def fail_commit():  # made on our loop, like every grpc.aio call
-            await self.stubs[0].ReportFailure(pb.ReportFailureRequest(
-                job_id=self.job, replica_id="r000", quorum_id=before, step=self.step,
-                kind=pb.ReportFailureRequest.COMMIT_FAILED, reason="bench: the next quorum gets a new id"),
-                timeout=ROUND_TIMEOUT_S)
-
-        self.loop.run_until_complete(fail_commit())
-        elapsed = self.round()
+        elapsed = self.loop.run_until_complete(self._round(unary=False, failed=True))
         if self.known[0] == before:
-            raise BadRound(f"the quorum id stayed {before} after a failed commit")
+            raise BadRound(f"the quorum id stayed {before} after failed commits")
         return elapsed
 
     def close(self) -> None:

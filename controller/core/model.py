@@ -88,9 +88,14 @@ class Replica:
     #: member: its commits extend the job's history only while this is the current one.
     history_epoch: int = 0
     #: The quorum id and step of the last quorum answer this replica was given: a commit
-    #: report must name exactly these (0 / -1: no answer yet).
+    #: report must name exactly these (0 / -1: no answer yet). A fast-path answer (same quorum
+    #: id, the step after the committed one) is not written down before it goes out, since
+    #: it follows from what is durable; see ReplicaRegistry._check_given.
     given_quorum_id: int = 0
     given_step: int = -1
+    #: Loaded from a snapshot (not durable itself): the answer given since may be a fast-path
+    #: one that the snapshot does not hold.
+    given_restored: bool = False
 
 
 @dataclass(frozen=True)

@@ -151,10 +151,15 @@ class ReplicaRegistry:
             r = self.replicas[m.replica_id]
             r.failed_commit = False
             r.history_epoch = self.history_epoch
-            # What this replica is told: its commit report must name exactly this. Persisted
-            # before the answer goes out, so a successor accepts the report too.
-            r.given_quorum_id, r.given_step = q.quorum_id, q.max_step
-            self.dirty_replicas = True
+            # What this replica is told: its commit report must name exactly this. Written down
+            # before the answer goes out, so a successor accepts the report too -- unless it
+            # follows from what is durable: a fast-path answer (the same quorum id, the step
+            # after the committed one), which _check_given accepts after a takeover. So the
+            # quorum path writes nothing while the quorum id holds.
+            derivable = q.quorum_id == r.given_quorum_id and q.max_step == r.committed_step + 1
+            r.given_quorum_id, r.given_step, r.given_restored = q.quorum_id, q.max_step, False
+            if not derivable:
+                self.dirty_replicas = True
             if m.healthy:
                 self._transition(r, ReplicaState.HEALTHY, f"in quorum {q.quorum_id}" + (
                     f": no member holds the reference state, so training goes on from {r.replica_id}'s state"
@@ -249,6 +254,9 @@ class ReplicaRegistry:
         """A report about a step must name the quorum and step this replica was last given."""
         check_non_negative("quorum_id", quorum_id)
         check_non_negative("step", step)
+        if (r.given_restored and quorum_id == r.given_quorum_id and r.given_step <= r.committed_step
+                and step == r.committed_step + 1):
+            return  # a fast-path answer the previous leader gave without writing it down
         if (quorum_id, step) != (r.given_quorum_id, r.given_step):
             given = (f"its last quorum answer was quorum {r.given_quorum_id} at step {r.given_step}"
                      if r.given_step >= 0 else "it has had no quorum answer yet")

@@ -28,7 +28,7 @@ SNAPSHOT_VERSION = 1
 VERSION_BLOCK = 1024
 #: What of a replica survives a failover (addresses are kept apart; last_seen restarts).
 REPLICA_DURABLE_FIELDS = tuple(
-    f.name for f in fields(Replica) if f.name not in ("last_seen", "ftar_addresses", "state_addresses")
+    f.name for f in fields(Replica) if f.name not in ("last_seen", "ftar_addresses", "state_addresses", "given_restored")
 )
 
 
@@ -245,7 +245,7 @@ class ControllerState(ReplicaRegistry, HostRegistry, DivergenceTracker, JobLifec
                 a = (addresses or {}).get(d["replica_id"]) or {"ftar": (), "state": ()}
                 self.replicas[d["replica_id"]] = Replica(
                     **dict(d, state=ReplicaState(d["state"]), ftar_addresses=tuple(a["ftar"]),
-                           state_addresses=tuple(a["state"]), last_seen=now))
+                           state_addresses=tuple(a["state"]), last_seen=now, given_restored=True))
             self.steps_committed = replicas["steps_committed"]
             self.max_committed_step = replicas.get("max_committed_step", -1)
             self.swaps = replicas["swaps"]

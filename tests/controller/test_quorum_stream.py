@@ -122,24 +122,31 @@ async def test_waiting_stream_leaders_hear_unavailable_when_the_controller_steps
 async def test_only_a_new_quorum_id_is_written_before_the_answer(counting):
     server, store = counting
     async with grpc.aio.insecure_channel(server.grpc_address) as channel:
-        leaders = [Leader(pbg.ControllerStub(channel), rid) for rid in REPLICAS]
+        stub = pbg.ControllerStub(channel)
+        leaders = [Leader(stub, rid) for rid in REPLICAS]
         first = await stream_round(leaders, 0)
         assert store.writes.get("replicas", 0) >= 1  # the first quorum id: durable before anyone heard it
+        qid = first[0].quorum_id
 
         def critical():  # what is written before answering (the journal is written behind, by the ticker)
             return {k: v for k, v in store.writes.items() if k == "replicas" or k.startswith("addresses/")}
 
-        written = critical()
         for step in range(1, 6):
+            for rid in REPLICAS:  # each leader reports its commit (written) before its next join
+                await stub.ReportStep(pb.ReportStepRequest(job_id="t", replica_id=rid, step=step - 1, quorum_id=qid,
+                                                           step_time_s=0.1))
+            before = critical()
             replies = await stream_round(leaders, step)
-            assert {r.quorum_id for r in replies} == {first[0].quorum_id}
-        assert critical() == written, "fast-path rounds (same quorum id) must not write before answering"
+            assert {r.quorum_id for r in replies} == {qid}
+            assert critical() == before, f"the fast-path round of step {step} wrote before answering"
         # A failed commit: the next quorum has a new id, written once before its answer.
-        await pbg.ControllerStub(channel).ReportFailure(pb.ReportFailureRequest(
-            job_id="t", replica_id="r1", step=6, kind=pb.ReportFailureRequest.COMMIT_FAILED, reason="FTAR timeout"))
-        replies = await stream_round(leaders, 6)
-        assert {r.quorum_id for r in replies} == {first[0].quorum_id + 1}
-        assert store.writes["replicas"] == written["replicas"] + 1
+        await stub.ReportFailure(pb.ReportFailureRequest(
+            job_id="t", replica_id="r1", quorum_id=qid, step=5, kind=pb.ReportFailureRequest.COMMIT_FAILED,
+            reason="FTAR timeout"))
+        before = critical()
+        replies = await stream_round(leaders, 5)
+        assert {r.quorum_id for r in replies} == {qid + 1}
+        assert critical()["replicas"] == before["replicas"] + 1
 
 
 async def test_a_quorum_the_store_cannot_hold_is_refused_not_left_waiting(counting):

@@ -261,3 +261,30 @@ def test_live_replicas_follow_registration_death_rejoin_finish_and_restore():
     t = ControllerState(s.settings)
     t.restore(s.snapshot_replicas(), [s.snapshot_hosts(i) for i in range(HOST_SHARDS)], 6.0)
     assert t.live_replicas() == {"r1", "r2"}
+
+
+def test_fast_path_answers_are_not_written_down_and_a_successor_still_takes_their_reports():
+    s = fresh()
+    q = form(s, {"r0": 0, "r1": 0, "r2": 0}, 0.0)
+    for rid in ("r0", "r1", "r2"):
+        s.report_step(rid, 0, 1.0, quorum_id=q.quorum_id)
+    s.dirty_replicas = False
+    snapshot = s.snapshot_replicas()  # what is durable: committed step 0, given step 0
+    again = form(s, {"r0": 1, "r1": 1, "r2": 1}, 2.0)
+    assert again.quorum_id == q.quorum_id and again.reason.startswith("fast path")
+    assert not s.dirty_replicas  # the answers (step 1) follow from what is durable
+    # The leader itself still wants exactly what it gave: one step ahead is refused.
+    with pytest.raises(FailedPrecondition, match="last quorum answer was quorum .* at step 1"):
+        s.report_step("r0", 2, 3.0, quorum_id=q.quorum_id)
+    # A successor loads the snapshot taken before the fast-path round.
+    t = ControllerState(s.settings)
+    t.restore(snapshot, [s.snapshot_hosts(i) for i in range(HOST_SHARDS)], 10.0)
+    t.report_step("r0", 1, 10.0, quorum_id=q.quorum_id)  # the answer it never saw written down
+    assert t.replicas["r0"].committed_step == 1
+    with pytest.raises(FailedPrecondition, match="reported a commit of step 2"):
+        t.report_step("r1", 2, 10.0, quorum_id=q.quorum_id)  # never given: refused
+    with pytest.raises(FailedPrecondition, match=f"in quorum {q.quorum_id + 7}"):
+        t.report_step("r2", 1, 10.0, quorum_id=q.quorum_id + 7)  # another quorum: refused
+    # Once the successor gives answers itself, the exact rule is back.
+    form(t, {"r0": 2, "r1": 1, "r2": 1}, 11.0)
+    assert not any(r.given_restored for r in t.replicas.values())
