@@ -41,6 +41,7 @@ import json
 import os
 import statistics
 import sys
+import tempfile
 import time
 
 import grpc
@@ -53,6 +54,9 @@ WARMUP_ROUNDS = 5
 #: rounds one system runs before the next takes its turn
 BLOCK_ROUNDS = 5
 ROUND_TIMEOUT_S = 30.0
+#: Our ids and reasons are short: with these bounds the durable record of 64 replicas fits one
+#: store write (the controller refuses settings under which it might not).
+CONTROLLER_SETTINGS = {"max_id_chars": 32, "max_reason_chars": 256}
 CLOSE_TIMEOUT_S = 5.0
 
 
@@ -204,9 +208,14 @@ def measure(replicas: int, rounds: int, *, unary: bool = False, torchft: bool = 
             etcd: str = "", telemetry: bool = True) -> dict:
     load_start = os.getloadavg()[0]
     job = f"bench-{replicas}-{os.getpid()}"  # a job of its own: an etcd outlives one measurement
-    ctl = launch("--replicas", str(replicas), "--min-replicas", str(replicas), "--heartbeat-timeout-s", "600",
-                 "--join-timeout-s", "60", "--job-id", job, "--log-level", "WARNING",
-                 *(("--etcd", etcd) if etcd else ()), *(() if telemetry else ("--no-telemetry",)))
+    with tempfile.NamedTemporaryFile("w", suffix=".json", prefix="bench-quorum-", delete=False) as f:
+        json.dump(CONTROLLER_SETTINGS, f)
+    try:
+        ctl = launch("--replicas", str(replicas), "--min-replicas", str(replicas), "--heartbeat-timeout-s", "600",
+                     "--join-timeout-s", "60", "--job-id", job, "--log-level", "WARNING", "--settings", f.name,
+                     *(("--etcd", etcd) if etcd else ()), *(() if telemetry else ("--no-telemetry",)))
+    finally:
+        os.unlink(f.name)
     ours = yardstick = None
     try:
         wait_leading(ctl.grpc)
