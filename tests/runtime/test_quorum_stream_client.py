@@ -6,7 +6,7 @@ from concurrent.futures import ThreadPoolExecutor
 import grpc
 import pytest
 
-from fthsdp.quorum_stream import QuorumStream
+from fthsdp.step.quorum_stream import QuorumStream
 from protos import controller_pb2 as pb
 from protos import controller_pb2_grpc as pbg
 

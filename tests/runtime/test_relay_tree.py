@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from fthsdp.relay_tree import (
+from fthsdp.step.relay_tree import (
     DIRECT_UP_TO_RANKS, BeginGather, DigestGather, GatherError, GroupBegin, GroupDigests, GroupVote, RelayTree,
     VoteGather,
 )
