@@ -26,6 +26,11 @@ On the way up a relay sends one message for its group where its ranks would send
 Nothing here touches a socket, a clock or a frame format: inputs in, what to send out.
 How a hello is authenticated is not the tree's business either: a relay forwards what its
 authenticated upstream connection sends, and what its authenticated ranks send.
+
+Not wired in yet: the coordinator (fthsdp/step/coordinator.py) still serves every rank's
+connection itself. What remains is I/O: a relay service on relay ranks, frames for a
+group's begin, vote and digests and for a frame addressed to one rank behind a relay, and
+the coordination taking a group's message for all of its ranks.
 """
 
 from __future__ import annotations
