@@ -92,10 +92,12 @@ def run_case(case: str, s: run.RunSettings, workdir: Path, dataset: Path) -> dic
     out.update(measure_rows(result.rows, injection["injected_at"], run.replica_ids(s.replicas), FAILED))
     out.update({"detected_by": found["detected_by"], "detection_s": found["detection_s"],
                 "rejoin_s": found["rejoin_s"], "target": injection["target"]})
+    retry = next((r for r in report.leader_rows(result.rows, "retry")
+                  if r["replica"] != FAILED and r["t"] > injection["injected_at"]), None)
+    out["survivor_retry_reason"] = retry["reason"] if retry else None  # why the survivors' step failed
     if found["detected_by"] is None:
-        out["found_by"] = (f"timeouts only: the survivors' step failed when their FTAR with {FAILED} timed out, and "
-                           f"rounds went on without {FAILED} after the join timeout; the controller never declared it "
-                           f"dead (its leader kept heartbeating)")
+        out["found_by"] = (f"timeouts only: no DEAD event for {FAILED} (its leader kept heartbeating); the "
+                           f"survivors' failed step (survivor_retry_reason) and the join timeout left it out")
     if result.error and out["replica_down_s"] is not None:
         out["error"] = result.error
     return out
