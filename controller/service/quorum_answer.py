@@ -5,8 +5,9 @@ two forms: without addresses (built always: what leaders that already hold this 
 get) and with them (built only when some leader asks for it). Addresses cannot change
 without a new quorum id, so the bare form is never stale.
 
-Each form is serialized once (`encoded`): the Quorum handlers send those bytes as they are
-(their response serializer is the identity), so N members cost one `SerializeToString`, not N.
+Each form is serialized once (`encoded`): the QuorumStream handler sends those bytes as they
+are (its response serializer is the identity), so N members on streams cost one
+`SerializeToString`, not N. The unary Quorum hands gRPC the shared message instead (`get`).
 """
 
 from __future__ import annotations

@@ -71,7 +71,8 @@ class ControllerServer:
         self.leadership: Leadership | None = None
         self.metrics = Metrics(self)
         self.answers = QuorumAnswers()
-        self.waiters: dict[str, list[tuple[asyncio.Future, int]]] = defaultdict(list)
+        #: replica id -> (future, the quorum id it knows, whether it wants the answer's bytes)
+        self.waiters: dict[str, list[tuple[asyncio.Future, int, bool]]] = defaultdict(list)
         self.order_streams: dict[str, asyncio.Queue] = {}
         #: per host without an open stream: only its newest undelivered order (a reconnecting
         #: host is told its current assignment; see HostRegistry.orders_on_connect)
@@ -220,7 +221,7 @@ class ControllerServer:
                 self.clock(), "leader", self.candidate, f"controller {self.candidate} stepped down: {why}", "",
                 "info" if why == "server stopping" else "warning")])
         for rid, waiting in list(self.waiters.items()):
-            for fut, _ in waiting:
+            for fut, *_ in waiting:
                 if not fut.done():
                     fut.set_exception(NotLeader(f"controller {self.candidate} stepped down: {why}"))
         self.waiters.clear()
@@ -311,7 +312,7 @@ class ControllerServer:
                 self.metrics.quorum_latency.observe(max(now - first_join, 0.0))
         for rid in [rid for rid in self.waiters if rid not in state.round_joined]:
             reason = state.replicas[rid].reason if rid in state.replicas else "unknown replica"
-            for fut, _ in self.waiters.pop(rid):
+            for fut, *_ in self.waiters.pop(rid):
                 if not fut.done():
                     fut.set_exception(NotLeader(f"replica {rid} was dropped from the round: {reason}"))
         if state.round_wake_at != self._last_wake:
@@ -323,16 +324,16 @@ class ControllerServer:
             # A quorum that is not durable must not be acted on: its members hear the refusal
             # (and join again) instead of waiting for an answer that will not come.
             refusal = exc if isinstance(exc, (NotLeader, StoreError)) else NotLeader(f"could not settle: {exc!r}")
-            for fut, _ in answered:
+            for fut, *_ in answered:
                 if not fut.done():
                     fut.set_exception(refusal)
             raise
         # Orders leave only once the decisions behind them are durable: a successor never
         # finds an agent running an assignment it has no record of.
         self.deliver_orders()
-        for fut, known in answered:
+        for fut, known, encoded in answered:
             if not fut.done():
-                fut.set_result(self.answers.encoded(known))
+                fut.set_result(self.answers.encoded(known) if encoded else self.answers.get(known))
 
     def settle_soon(self) -> None:
         """Settle once for every join that arrived in this pass of the event loop: a burst of
@@ -358,7 +359,7 @@ class ControllerServer:
         except Exception as exc:  # noqa: BLE001 - a bug must not leave leaders waiting for ever
             log.exception("settling the round failed")
             for waiting in self.waiters.values():
-                for fut, _ in waiting:
+                for fut, *_ in waiting:
                     if not fut.done():
                         fut.set_exception(NotLeader(f"the controller could not settle the round: {exc!r}"))
 

@@ -70,7 +70,7 @@ async def test_rounds_on_streams_share_one_encoded_answer_with_unary_callers(ser
     assert [m.replica_id for m in answers[0].members] == list(REPLICAS)
     assert list(answers[0].members[2].ftar_addresses) == ["r2-ftar-0:1", "r2-ftar-1:1"]
     # Everyone asked without the quorum id: everyone got the same bytes, encoded once.
-    assert {a.SerializeToString() for a in answers} == {server.answers.encoded(0)}
+    assert {a.SerializeToString() for a in answers} == {server.answers.encoded(0)}  # the unary one re-encoded
     qid = answers[0].quorum_id
     for step in (1, 2, 3):
         again = await asyncio.gather(stream_round(leaders, step),
