@@ -60,13 +60,30 @@ def _free_port() -> int:
 class Lighthouse:
     """The lighthouse binary on a loopback port (picked free just before it starts)."""
 
-    def __init__(self, replicas: int) -> None:
-        port = _free_port()
-        self.address = f"http://127.0.0.1:{port}"
-        self.proc = subprocess.Popen(
-            [_binary(), "--bind", f"127.0.0.1:{port}", "--min_replicas", str(replicas), "--join_timeout_ms",
-             "60000", "--heartbeat_timeout_ms", "600000"],
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    def __init__(self, replicas: int, attempts: int = 3, listen_timeout_s: float = 30.0) -> None:
+        # The port is free when picked, but another process may take it before the binary
+        # binds (a shared machine): then the binary exits, and we try a new port.
+        for _ in range(attempts):
+            port = _free_port()
+            self.address = f"http://127.0.0.1:{port}"
+            self.proc = subprocess.Popen(
+                [_binary(), "--bind", f"127.0.0.1:{port}", "--min_replicas", str(replicas), "--join_timeout_ms",
+                 "60000", "--heartbeat_timeout_ms", "600000"],
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            if self._listening(port, time.monotonic() + listen_timeout_s):
+                return
+            self.stop()
+        raise RuntimeError(f"torchft's {LIGHTHOUSE_BINARY} did not listen in {attempts} attempts "
+                           f"(last exit code {self.proc.returncode})")
+
+    def _listening(self, port: int, deadline: float) -> bool:
+        while self.proc.poll() is None and time.monotonic() < deadline:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1.0).close()
+                return True
+            except OSError:
+                time.sleep(0.05)
+        return False
 
     def stop(self) -> None:
         if self.proc.poll() is None:
