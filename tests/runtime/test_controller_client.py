@@ -86,3 +86,18 @@ def test_reports_name_the_leaders_host_where_an_agent_holds_rank_0(controller, m
             stranger.report_failure(co.ReportFailure(answer.quorum_id, 1, "injected", False))
     finally:
         stranger.close()
+
+
+def test_a_step_report_names_the_newest_checkpoint_only_when_there_is_one(controller):
+    import httpx
+
+    client = ControllerClient(controller.grpc, "cc", "r0", "inc-1")
+    try:
+        answer = client.quorum(REQUEST, 1, "", timeout_s=20)
+        client.report_step(co.ReportStep(answer.quorum_id, 0, 0.1, 1.0, 8, "", False))
+        assert httpx.get(f"{controller.http}/api/v1/job", timeout=5).json()["newest_checkpoint_step"] == -1
+        answer = client.quorum(co.RequestQuorum(1, answer.quorum_id, (), ()), 1, "", timeout_s=20)
+        client.report_step(co.ReportStep(answer.quorum_id, 1, 0.1, 1.0, 8, "", False, "", 0))
+        assert httpx.get(f"{controller.http}/api/v1/job", timeout=5).json()["newest_checkpoint_step"] == 0
+    finally:
+        client.close()
