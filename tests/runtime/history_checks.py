@@ -186,9 +186,11 @@ def committed_history(rec: Records) -> History:
     assert len(by_step[last]) == 1, f"the run ended on {len(by_step[last])} different states at step {last}"
     chain = [by_step[last][0]]
     while chain[-1].step > 0:
-        parent = _parent(chain[-1], by_step)
-        assert parent is not None, (f"step {chain[-1].step} (ledger {chain[-1].ledger_before}) trained from a state "
-                                    f"no commit of step {chain[-1].step - 1} produced")
+        node = chain[-1]
+        parent = _parent(node, by_step)
+        assert parent is not None, (f"step {node.step} (ledger {node.ledger_before}) trained from a state no commit "
+                                    f"of step {node.step - 1} produced (they left ledgers "
+                                    f"{[c.ledger_after for c in by_step.get(node.step - 1, [])]})")
         chain.append(parent)
     assert not chain[-1].ledger_before, f"step 0 read the ledger {chain[-1].ledger_before}, not a fresh one"
     chain.reverse()
