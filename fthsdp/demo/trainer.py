@@ -5,7 +5,8 @@
 Started by an agent (assignment in the FTHSDP_* environment, or handed to a standby on
 stdin, see `agent.env`) or directly by the baseline run. Writes JSON lines to
 <records>/<replica>-<rank>-<pid>.jsonl: "trained" before each all-reduce (the batch this
-replica computed), "commit"/"retry" after each step (with the digests of the state it
+replica computed), "catching_up" when a step fetches the state of its source (named),
+"commit"/"retry" after each step (with the digests of the state it
 trained from and of the state after it), "done" with the held-out score and the state digest
 at the end. Exits 0 when the job reached its steps in a full step. Optional config keys:
 "checkpoint_dir" and "checkpoint_every" (durable checkpoints), "ports_by": "host" (the
@@ -130,6 +131,9 @@ def main(argv: list[str]) -> int:
         x, y = next(batches)  # begins the step: quorum, plan, catch-up when behind
         position = batches.last_position
         before = "" if manager.is_behind else state_digest(model, opt, manager.ledger.to_json(), manager.step)
+        if manager.is_behind:  # fetching from its source while it computes (and contributes zeros)
+            write(event="catching_up", step=manager.plan.step, quorum_id=manager.plan.quorum_id,
+                  source=manager.plan.source_replica)
         opt.zero_grad(set_to_none=True)
         computing = time.time()
         rows = slice(rank, None, world)

@@ -36,7 +36,7 @@ from tests.etcd_server import EtcdServer
 from tests.ha.cluster import JOB, ControllerProcess
 
 POLL_S = 0.2
-FAST_POLL_S = 0.02   # while waiting for a recovering replica's source to show
+FAST_POLL_S = 0.01   # while waiting for a recovering replica's source to show (read from its records)
 
 
 @dataclass
@@ -51,6 +51,7 @@ class Injection:
     detail: list[str] = field(default_factory=list)    # what was signalled, in words
     done_at: float | None = None           # its last action (SIGCONT, the controller back, the source killed)
     settled_at: float | None = None        # every replica HEALTHY again after it (None: never)
+    hit_at: dict[str, float] = field(default_factory=dict)  # replica -> when it was hit (a source: later)
 
 
 @dataclass
@@ -200,19 +201,11 @@ class ChaosRun:
             with httpx.Client(base_url=leader.http, timeout=5.0) as http:
                 self.view = {"job": job,
                              "replicas": {r["replica_id"]: r for r in http.get("/api/v1/replicas").json()},
-                             "hosts": http.get("/api/v1/hosts").json(),
-                             "quorum": http.get("/api/v1/quorums").json()["current"]}
+                             "hosts": http.get("/api/v1/hosts").json()}
                 self._poll_events(leader, http)
         except (httpx.HTTPError, ValueError, KeyError):
             return False
         return True
-
-    def _quorum(self) -> dict:
-        """The leader's current quorum, in one call (for watching a catch-up closely)."""
-        try:
-            return httpx.get(f"{self._last_leader}/api/v1/quorums", timeout=2.0).json()["current"] or {}
-        except (httpx.HTTPError, ValueError, KeyError):
-            return {}
 
     def _poll_events(self, leader: ControllerProcess | None = None, http: httpx.Client | None = None) -> None:
         """New events from the leader (each leader paged from its own start: seqs may repeat after a takeover)."""
@@ -314,8 +307,13 @@ class ChaosRun:
         pid = self._pid(rid, rank)
         _signal(pid, signal.SIGKILL)
         inj.detail.append(f"SIGKILL {rid} rank {rank} (pid {pid})")
+        self._touch(inj, rid)
+
+    @staticmethod
+    def _touch(inj: Injection, rid: str) -> None:
         if rid not in inj.replicas:
             inj.replicas.append(rid)
+            inj.hit_at[rid] = time.time()
 
     def _host_of(self, rid: str) -> str:
         return next(h["host_id"] for h in self.view["hosts"] if h["state"] == "ACTIVE" and h["assignment"]
@@ -332,7 +330,7 @@ class ChaosRun:
             rid = f.replicas[0]
             host = self._host_of(rid)
             under = procs.kill_host(self.agents.pop(host))
-            inj.replicas.append(rid)
+            self._touch(inj, rid)
             inj.hosts.append(host)
             inj.detail.append(f"SIGKILL host {host}: its agent and {len(under)} process(es) under it")
         elif f.kind == "stop_replica":
@@ -340,7 +338,7 @@ class ChaosRun:
             pids = [self._pid(rid, k) for k in range(self.s.ranks)]
             for pid in pids:
                 _signal(pid, signal.SIGSTOP)
-            inj.replicas.append(rid)
+            self._touch(inj, rid)
             inj.detail.append(f"SIGSTOP {rid}'s trainers {pids} for {f.stop_s:g}s")
 
             def resume(now: float):
@@ -359,39 +357,46 @@ class ChaosRun:
             raise ValueError(f"unknown fault kind {f.kind!r}")
         return None
 
-    def _started_again(self, rid: str, killed: int) -> bool:
-        """Whether a new rank-0 trainer of `rid` (not pid `killed`) recorded that it started."""
-        path = self.records / f"{rid}-0.pid"
-        pid = int(path.read_text()) if path.exists() else killed
-        rows = self.records / f"{rid}-0-{pid}.jsonl"
-        return pid != killed and rows.exists() and '"event": "started"' in rows.read_text()
+    def _rows_of(self, rid: str, rank: int, not_pid: int) -> list[dict]:
+        """What the current trainer of `rid` rank `rank` recorded, unless it is still pid `not_pid`."""
+        path = self.records / f"{rid}-{rank}.pid"
+        pid = int(path.read_text()) if path.exists() else not_pid
+        rows = self.records / f"{rid}-{rank}-{pid}.jsonl"
+        if pid == not_pid or not rows.exists():
+            return []
+        out = []
+        for line in rows.read_text().splitlines():
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError:  # being written
+                break
+        return out
 
     def _kill_source(self, f: Fault, inj: Injection):
+        """Kill the replica's leader; when its restarted rank `f.rank` starts catching up (its
+        trainer records the source it fetches from before its step's all-reduce), kill that
+        source's rank `f.rank`: the catch-up loses its source mid-step."""
         rid = f.replicas[0]
-        killed = self._pid(rid, 0)
+        killed = {k: self._pid(rid, k) for k in range(self.s.ranks)}
         self._kill(inj, rid, 0)
-        before = (self.view.get("quorum") or {}).get("quorum_id", 0)
 
-        def restarted(now: float):  # polled at the ordinary pace: a restart takes seconds
-            return (source, True) if self._started_again(rid, killed) else (restarted, False)
-
-        def source(now: float):  # polled closely: a catch-up takes one step
-            q = self._quorum()
-            sources = q.get("recover", {}).get(rid)
-            if sources:
-                src = sources[f.rank % len(sources)]
+        def source(now: float):  # polled closely: the catch-up step takes about min_step_s
+            rows = self._rows_of(rid, f.rank, killed[f.rank])
+            catching_up = next((r for r in rows if r.get("event") == "catching_up"), None)
+            if catching_up is not None:
+                src = catching_up["source"]
                 try:
                     self._kill(inj, src, f.rank)
-                    inj.detail[-1] += f", the source of {rid}'s rank {f.rank} in quorum {q['quorum_id']}"
+                    inj.detail[-1] += (f", the source of {rid}'s rank {f.rank} catching up at step "
+                                       f"{catching_up['step']}")
                 except RuntimeError as exc:
                     inj.detail.append(f"the source {src} of {rid} had no live rank {f.rank}: {exc}")
                 return None, False
-            if q.get("quorum_id", 0) != before and any(m["replica_id"] == rid and m["healthy"]
-                                                        for m in q.get("members", ())):
-                inj.detail.append(f"{rid} recovered before its source could be killed")
+            if any(r.get("event") == "commit" for r in rows):
+                inj.detail.append(f"{rid} rank {f.rank} committed without catching up first")
                 return None, False
             return source, True
-        return restarted
+        return source
 
     def _kill_controller(self, f: Fault, inj: Injection):
         leader, _ = self._leader()

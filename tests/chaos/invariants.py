@@ -125,14 +125,14 @@ def _check_detected_and_rejoined(rec: Recorded, v: Verdict) -> None:
             if not deaths:
                 v.violations.append(f"{name}: {rid} was hit, but the controller never declared it dead")
                 continue
-            detection.append(deaths[0]["at"] - inj.at)
+            detection.append(deaths[0]["at"] - inj.hit_at.get(rid, inj.at))
             healthy = [e for e in inside if e["kind"] == "replica" and e["subject"] == rid
                        and "became HEALTHY" in e["message"] and e["at"] >= deaths[0]["at"]]
             if not healthy:
                 v.violations.append(f"{name}: {rid} died at {_when(rec, deaths[0]['at'])} and never became HEALTHY "
                                     f"again")
             else:
-                rejoin.append(healthy[0]["at"] - inj.at)
+                rejoin.append(healthy[0]["at"] - inj.hit_at.get(rid, inj.at))
     if detection:
         v.stats["detection_s_max"] = round(max(detection), 2)
     if rejoin:
