@@ -155,12 +155,19 @@ def _begin_again(state: RankState, _ev: Begin, _now: float, _s: RuntimeSettings)
     return state, (Ended(state.reason),) if state.phase is Phase.ENDED else (Fail(state.reason),)
 
 
-def _plan(state: RankState, ev: PlanArrived, now: float, s: RuntimeSettings) -> Result:
-    if ev.attempt <= state.attempt:
+def _not_the_answer(state: RankState, attempt: int, step: int, what: str, s: RuntimeSettings) -> Result | None:
+    """None when an answer to this rank's begin is the one it waits for; else what to do with it."""
+    if attempt <= state.attempt:
         return state, ()  # late or duplicated
-    if ev.step != state.step:
-        return _fail(state, f"rank {s.rank} at step {state.step} got a plan for step {ev.step}: the replica's "
+    if step != state.step:
+        return _fail(state, f"rank {s.rank} at step {state.step} got {what} for step {step}: the replica's "
                             f"ranks disagree on their step; exit so the replica is restarted and catches up")
+    return None
+
+
+def _plan(state: RankState, ev: PlanArrived, now: float, s: RuntimeSettings) -> Result:
+    if (other := _not_the_answer(state, ev.attempt, ev.step, "a plan", s)) is not None:
+        return other
     plan = ev.plan
     new = _replace(state, phase=Phase.TRAINING, attempt=ev.attempt, deadline=INF, plan=plan,
                    quorum_id=plan.quorum_id if plan else 0, ledger_before=state.ledger)
@@ -178,11 +185,8 @@ def _plan(state: RankState, ev: PlanArrived, now: float, s: RuntimeSettings) -> 
 
 
 def _resume(state: RankState, ev: ResumeOrdered, _now: float, s: RuntimeSettings) -> Result:
-    if ev.attempt <= state.attempt:
-        return state, ()  # late or duplicated
-    if ev.step != state.step:
-        return _fail(state, f"rank {s.rank} at step {state.step} was told to resume for step {ev.step}: the "
-                            f"replica's ranks disagree on their step; exit so the replica is restarted")
+    if (other := _not_the_answer(state, ev.attempt, ev.step, "a resume order", s)) is not None:
+        return other
     resume_to = ev.checkpoint_step + 1
     if resume_to <= state.step:
         return _fail(state, f"quorum {ev.quorum_id} tells rank {s.rank} to resume from the checkpoint of step "

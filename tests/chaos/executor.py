@@ -28,10 +28,11 @@ from pathlib import Path
 
 import httpx
 
+from controller.settings import ControllerSettings
 from fthsdp.demo import procs
 from fthsdp.demo.data import prepare
 from fthsdp.demo.run import RunSettings, load_rows
-from tests.chaos.schedule import ChaosSettings, Fault
+from tests.chaos.schedule import ChaosSettings, Fault, stop_past_the_timeouts
 from tests.etcd_server import EtcdServer
 from tests.ha.cluster import JOB, ControllerProcess
 
@@ -339,10 +340,13 @@ class ChaosRun:
             for pid in pids:
                 _signal(pid, signal.SIGSTOP)
             self._touch(inj, rid)
-            inj.detail.append(f"SIGSTOP {rid}'s trainers {pids} for {f.stop_s:g}s")
+            stop_s = self._past_the_timeouts(f.stop_s, inj.at)
+            inj.detail.append(f"SIGSTOP {rid}'s trainers {pids} for {stop_s:g}s" + (
+                f" (not {f.stop_s:g}s: a takeover's grace forgives silence until "
+                f"{stop_s - f.stop_s + self.s.heartbeat_timeout_s:.1f}s from now)" if stop_s > f.stop_s else ""))
 
             def resume(now: float):
-                if now < inj.at + f.stop_s:
+                if now < inj.at + stop_s:
                     return resume, False
                 for pid in pids:
                     _signal(pid, signal.SIGCONT)
@@ -371,6 +375,11 @@ class ChaosRun:
             except json.JSONDecodeError:  # being written
                 break
         return out
+
+    def _past_the_timeouts(self, stop_s: float, now: float) -> float:
+        grace = ControllerSettings(heartbeat_timeout_s=self.s.heartbeat_timeout_s).takeover_grace_s
+        takeovers = [e["at"] for e in self.events.values() if e["kind"] == "grace"]
+        return stop_past_the_timeouts(stop_s, now, max(takeovers, default=None), grace, self.s.heartbeat_timeout_s)
 
     def _kill_source(self, f: Fault, inj: Injection):
         """Kill the replica's leader; when its restarted rank `f.rank` starts catching up (its

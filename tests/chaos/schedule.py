@@ -11,7 +11,7 @@ Kinds of fault (the executor, tests/chaos/executor.py, carries them out on real 
 | kill_host       | SIGKILL the agent of the replica's host and every trainer under it (the  | replica and host |
 |                 | controller swaps the replica to a spare)                                 |                  |
 | stop_replica    | SIGSTOP every trainer of the replica for `stop_s`, past the heartbeat    | the replica      |
-|                 | timeout, then SIGCONT                                                    |                  |
+|                 | timeout (longer right after a takeover: past its grace too), then SIGCONT |                  |
 | double_kill     | SIGKILL rank 0 of two replicas at once                                   | both replicas    |
 | kill_source     | SIGKILL rank 0 of the replica, then, once it recovers from a source,     | the replica and  |
 |                 | SIGKILL the source's rank `rank` (the catch-up loses its source)         | its source       |
@@ -138,6 +138,17 @@ def make_schedule(seed: int, settings: ChaosSettings) -> tuple[Fault, ...]:
         else:
             faults.append(Fault(kind, (rng.choice(ids),)))
     return tuple(faults)
+
+
+def stop_past_the_timeouts(stop_s: float, now: float, takeover_at: float | None, grace_s: float,
+                           heartbeat_timeout_s: float) -> float:
+    """How long a SIGSTOP that lands at `now` must last to outlast the silence the controller
+    allows by as much as a `stop_s` stop outlasts the heartbeat timeout: right after a takeover
+    (at `takeover_at`) silence is counted only once its grace (`grace_s`) is over."""
+    if takeover_at is None:
+        return stop_s
+    silent_until = takeover_at + grace_s + heartbeat_timeout_s  # the earliest death by silence
+    return round(max(stop_s, silent_until - now + stop_s - heartbeat_timeout_s), 2)
 
 
 def parse_seeds(text: str) -> list[int]:

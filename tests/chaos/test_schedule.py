@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 
-from tests.chaos.schedule import KINDS, ChaosSettings, make_schedule, parse_seeds
+from tests.chaos.schedule import KINDS, ChaosSettings, make_schedule, parse_seeds, stop_past_the_timeouts
 
 S = ChaosSettings()
 
@@ -65,3 +65,10 @@ def test_seed_ranges():
             parse_seeds(bad)
     with pytest.raises(ValueError, match="10001 seeds is too many"):
         parse_seeds("0-10000")
+
+
+def test_a_stop_right_after_a_takeover_outlasts_its_grace():
+    # 1.5 s past a 3 s heartbeat timeout; a takeover at t=100 forgives silence until 100 + 7 + 3
+    assert stop_past_the_timeouts(4.5, 101.0, None, 7.0, 3.0) == 4.5
+    assert stop_past_the_timeouts(4.5, 101.0, 100.0, 7.0, 3.0) == 10.5  # dead at 110 at the earliest, back at 111.5
+    assert stop_past_the_timeouts(4.5, 120.0, 100.0, 7.0, 3.0) == 4.5   # the grace is long over
