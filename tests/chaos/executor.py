@@ -86,6 +86,11 @@ def _signal(pid: int, sig: int) -> bool:
         return False
 
 
+def _last_action(inj: Injection) -> float:
+    """When the fault last did something (its timeout counts from then): a later hit, its end."""
+    return max(inj.at, *inj.hit_at.values(), inj.done_at or 0.0)
+
+
 class ChaosRun:
     def __init__(self, workdir: Path, settings: ChaosSettings, schedule: tuple[Fault, ...], seed: int = 0) -> None:
         self.s, self.schedule, self.seed = settings.validate(), schedule, seed
@@ -279,7 +284,7 @@ class ChaosRun:
                 if active is not None and active.done_at is not None and self._settled(active):
                     active.settled_at, active = now, None
                     due = step + self.s.gap_steps
-                elif active is not None and now > active.at + self.s.fault_timeout_s:
+                elif active is not None and now > _last_action(active) + self.s.fault_timeout_s:
                     active = action = None  # never settled: the checks say so; no more faults
                     skipped += [f.describe() for f in pending]
                     pending = []

@@ -59,7 +59,7 @@ def check(rec: Recorded, s: ChaosSettings) -> Verdict:
         v.violations.append("not every trainer of every replica finished")
     _check_data(rec, v)
     _check_deaths(rec, v)
-    _check_detected_and_rejoined(rec, v)
+    _check_detected_and_rejoined(rec, s, v)
     _check_stalls(rec, s, v)
     return v
 
@@ -104,15 +104,15 @@ def _check_deaths(rec: Recorded, v: Verdict) -> None:
                                 f"{e['message']}) but no fault touched it then")
 
 
-def _check_detected_and_rejoined(rec: Recorded, v: Verdict) -> None:
+def _check_detected_and_rejoined(rec: Recorded, s: ChaosSettings, v: Verdict) -> None:
     detection, rejoin = [], []
     for inj in rec.injections:
         lo, hi = _window(inj, rec)
         inside = [e for e in rec.events if lo <= e["at"] <= hi]
         name = f"{inj.scheduled} at {_when(rec, inj.at)}"
         if inj.settled_at is None:
-            v.violations.append(f"{name}: the job was not whole again (every replica HEALTHY) within the fault "
-                                f"timeout; {'; '.join(inj.detail)}")
+            v.violations.append(f"{name}: the job was not whole again (every replica HEALTHY) within "
+                                f"{s.fault_timeout_s:g}s of its last action; {'; '.join(inj.detail)}")
         if inj.kind == "kill_controller":
             if not any(e["kind"] == "leader" and e["at"] >= inj.at - BEFORE_S for e in inside):
                 v.violations.append(f"{name}: no controller took over after the active one was killed")

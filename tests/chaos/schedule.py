@@ -54,12 +54,20 @@ class ChaosSettings:
     min_step_s: float = 0.1          # each step's compute takes at least this (the rest is slept)
     checkpoint_every: int = 4
     slack_s: float = 5.0             # a slow step or two on a loaded machine (in the stall bound)
-    fault_timeout_s: float = 60.0    # a fault whose replicas are not all HEALTHY again by then is a violation
-    run_timeout_s: float = 240.0
+    # A fault whose replicas are not all HEALTHY again this long after its last action (the
+    # source kill of kill_source, the SIGCONT of stop_replica) is a violation. A restarted
+    # trainer imports torch: seconds on an idle machine, 45 s seen at load 15 on 2 cores.
+    fault_timeout_s: float = 120.0
+    startup_timeout_s: float = 120.0  # the job's first steps (every trainer imports torch at once)
 
     @property
     def replica_ids(self) -> list[str]:
         return [f"r{i}" for i in range(self.replicas)]
+
+    @property
+    def run_timeout_s(self) -> float:
+        """The bound on a whole run: its start, then each fault's own bound."""
+        return self.startup_timeout_s + max(self.faults, 1) * self.fault_timeout_s
 
     @property
     def stall_bound_s(self) -> float:
@@ -81,6 +89,10 @@ class ChaosSettings:
         for name in ("first_fault_step", "gap_steps", "tail_steps"):
             if getattr(self, name) < 1:
                 problems.append(f"{name} must be at least 1, got {getattr(self, name)}.")
+        for name in ("heartbeat_timeout_s", "join_timeout_s", "lease_ttl_s", "rollback_wait_s", "allreduce_timeout_s",
+                     "fault_timeout_s", "startup_timeout_s"):
+            if not getattr(self, name) > 0:
+                problems.append(f"{name} must be above 0 seconds, got {getattr(self, name)}.")
         for name in ("stop_past_timeout_s", "controller_down_s"):
             low, high = getattr(self, name)
             if not 0 <= low <= high:

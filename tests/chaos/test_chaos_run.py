@@ -2,13 +2,17 @@
 real etcd, agents supervising the demo's trainers; each seed's faults carried out for real,
 then every invariant checked over what was recorded (tests/chaos/invariants.py).
 
-A few fixed seeds run here, chosen so that together they carry out every kind of fault;
-`python -m bench.chaos --seeds 1-50 --json` runs as many as you like.
+One fixed seed runs here (the suite's time is bounded: about a minute on 2 idle cores), chosen
+for the faults that need the most machinery: a SIGSTOP past the timeouts, a controller kill, a
+recovering replica losing its source, a host swapped for the warm spare. Its kill_source starts
+with a leader kill, and the runtime tests kill ranks and replicas on their own (tests/runtime/);
+`python -m bench.chaos --seeds 1-20 --json` carries out every kind, as many seeds as you like.
 """
 
 from __future__ import annotations
 
 import json
+from collections import Counter
 
 import pytest
 
@@ -17,12 +21,18 @@ from tests.chaos.invariants import check
 from tests.chaos.schedule import KINDS, ChaosSettings, make_schedule
 
 SETTINGS = ChaosSettings()
-SEEDS = (2, 7)
+SEEDS = (1,)
+BENCH_SEEDS = range(1, 21)
 
 
-def test_the_fixed_seeds_carry_out_every_kind_of_fault():
-    kinds = [f.kind for seed in SEEDS for f in make_schedule(seed, SETTINGS)]
-    assert set(kinds) == set(KINDS), kinds
+def test_the_fixed_seed_carries_out_the_faults_that_need_the_most_machinery():
+    kinds = {f.kind for seed in SEEDS for f in make_schedule(seed, SETTINGS)}
+    assert kinds == {"stop_replica", "kill_controller", "kill_source", "kill_host"}, kinds
+
+
+def test_the_benchmark_seeds_carry_out_every_kind_of_fault_several_times():
+    kinds = Counter(f.kind for seed in BENCH_SEEDS for f in make_schedule(seed, SETTINGS))
+    assert set(kinds) == set(KINDS) and min(kinds.values()) >= 5, kinds
 
 
 @pytest.mark.slow
