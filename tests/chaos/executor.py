@@ -32,6 +32,7 @@ from controller.settings import ControllerSettings
 from fthsdp.demo import procs
 from fthsdp.demo.data import prepare
 from fthsdp.demo.run import RunSettings, load_rows
+from protos import job_secret
 from tests.chaos.schedule import ChaosSettings, Fault, stop_past_the_timeouts
 from tests.etcd_server import EtcdServer
 from tests.ha.cluster import JOB, ControllerProcess
@@ -133,14 +134,16 @@ class ChaosRun:
         config.write_text(json.dumps(cfg, indent=1))
         command = procs.TRAINER + [str(config)]
         budget = ("--restart-budget", "50")  # every fault here is one the job must survive
+        secret = job_secret.generate()  # one per run: the trainer ports authenticate with it
         for i, rid in enumerate(s.replica_ids):
             self.agents[f"h{i}"] = procs.start_agent(
                 self.workdir / f"agent-h{i}.log", controller=addresses, host_id=f"h{i}", job_id=JOB,
-                command=command, replica_id=rid, ranks=s.ranks, extra=budget)
+                command=command, replica_id=rid, ranks=s.ranks, secret=secret, extra=budget)
         for j in range(s.spares):
             self.agents[f"spare{j}"] = procs.start_agent(
                 self.workdir / f"agent-spare{j}.log", controller=addresses, host_id=f"spare{j}", job_id=JOB,
-                command=command, ranks=s.ranks, spare=True, standby=True, extra=budget)
+                command=command, ranks=s.ranks, spare=True, standby=True, secret=secret,
+                extra=budget)
         for host, agent in self.agents.items():
             procs.read_json_line(agent, 60.0, f"agent {host} (log {self.workdir / f'agent-{host}.log'})")
 
