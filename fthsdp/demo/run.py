@@ -98,7 +98,7 @@ def _done(records: Path, s: RunSettings) -> bool:
                for k in range(s.ranks_per_replica))
 
 
-def _load_rows(records: Path) -> list[dict]:
+def load_rows(records: Path) -> list[dict]:
     rows = []
     for path in sorted(records.glob("*.jsonl")):
         for line in path.read_text().splitlines():
@@ -200,7 +200,7 @@ def _with_controller(workdir: Path, s: RunSettings, records: Path, body) -> RunR
             procs.stop(child, 10.0)
         procs.stop(controller.proc, 10.0)
     result.ended_at = time.time()
-    result.rows = _load_rows(records)
+    result.rows = load_rows(records)
     return result
 
 

@@ -112,3 +112,18 @@ def test_quorums_ride_one_stream_and_a_dead_controllers_stream_is_replaced_on_th
     finally:
         client.close()
     assert not client._quorum_stream.open
+
+
+def test_a_step_report_names_the_newest_checkpoint_only_when_there_is_one(controller):
+    import httpx
+
+    client = ControllerClient(controller.grpc, "cc", "r0", "inc-1")
+    try:
+        answer = client.quorum(REQUEST, 1, "", timeout_s=20)
+        client.report_step(co.ReportStep(answer.quorum_id, 0, 0.1, 1.0, 8, "", False))
+        assert httpx.get(f"{controller.http}/api/v1/job", timeout=5).json()["newest_checkpoint_step"] == -1
+        answer = client.quorum(co.RequestQuorum(1, answer.quorum_id, (), ()), 1, "", timeout_s=20)
+        client.report_step(co.ReportStep(answer.quorum_id, 1, 0.1, 1.0, 8, "", False, "", 0))
+        assert httpx.get(f"{controller.http}/api/v1/job", timeout=5).json()["newest_checkpoint_step"] == 0
+    finally:
+        client.close()
