@@ -323,6 +323,18 @@ class ControllerServer:
             if not fut.done():
                 fut.set_result(self.answers.get(known))
 
+    def forget_waiter(self, replica_id: str, fut: asyncio.Future, why: str) -> None:
+        """A Quorum call ended without its answer: its waiter goes, and with the replica's last
+        waiter its join leaves the open round (the next settle, on the ticker, says who is
+        missing now)."""
+        waiting = self.waiters.get(replica_id, [])
+        waiting[:] = [(f, known) for f, known in waiting if f is not fut]
+        if waiting:
+            return
+        self.waiters.pop(replica_id, None)
+        if self.leading and self.state is not None and self.state.leave_round(replica_id, why, self.clock()):
+            self._poke.set()
+
     def deliver_orders(self) -> None:
         for order in self.state.take_orders():
             stream = self.order_streams.get(order.host_id)
