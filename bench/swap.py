@@ -2,10 +2,10 @@
 
     python -m bench.swap [--json] [--trials N] [--weights-mb MB]
 
-Each trial runs a real controller and two real agents on loopback: an active host h1 running
-replica r0 with restart budget 0, and a spare h2. The bench SIGKILLs h1's trainer; h1's agent
-reports the exit with gave_up, the controller cordons h1 and sends ASSIGN to h2, and h2's
-trainer writes a ready file stamped with its clock. Two ways to run the spare:
+Each trial runs a real controller (restart budget 0: the first death replaces the host) and two
+real agents on loopback: an active host h1 running replica r0, and a spare h2. The bench
+SIGKILLs h1's trainer; h1's agent reports the exit, the controller cordons h1 and sends ASSIGN
+to h2, and h2's trainer writes a ready file stamped with its clock. Two ways to run the spare:
 
 - warm (`--standby`): h2's trainer was pre-started with FTHSDP_STANDBY=1 and finished its
   set-up before the failure; on ASSIGN the agent writes the assignment to its stdin.
@@ -98,10 +98,9 @@ def trial(root: Path, warm: bool, weights_mb: int) -> float:
                str(weights_mb)]
     try:
         spawn("controller", CLI + ["controller", "--grpc-port", "0", "--http-port", "0",
-                                   "--replicas", "1", "--heartbeat-timeout-s", "3"])
+                                   "--replicas", "1", "--heartbeat-timeout-s", "3", "--restart-budget", "0"])
         grpc_address = _wait("controller", lambda: first_line("controller"))["grpc"]
-        agent = CLI + ["agent", "--controller", grpc_address, "--restart-budget", "0",
-                       "--heartbeat-interval-s", "0.5"]
+        agent = CLI + ["agent", "--controller", grpc_address, "--heartbeat-interval-s", "0.5"]
         spawn("h1", agent + ["--host-id", "h1", "--replica-id", "r0", "--ranks", "0",
                              "--world-size", "1"] + command)
         spawn("h2", agent + ["--host-id", "h2", "--spare"] + (["--standby"] if warm else [])
