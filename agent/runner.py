@@ -257,7 +257,7 @@ class Agent:
                 self._job_state(response.job_state, "heartbeat")
         finally:
             call.cancel()
-            if read is not None and not read.done():
+            if read is not None:  # its outcome, whatever it is, is of no interest now
                 read.cancel()
                 read.add_done_callback(lambda f: f.cancelled() or f.exception())
 
