@@ -1,7 +1,7 @@
 """Example trainer: a small model trained under FT-HSDP, one process per (replica, rank).
 
-Run by deploy/examples/train-job/ (one pod per replica, one rank each), by an agent
-(`fthsdp agent ... -- python /opt/fthsdp/train.py`), or by torchrun for a replica of several
+Run by an agent (`fthsdp agent ... -- python /opt/fthsdp/train.py`, the DaemonSets in
+deploy/kustomize/base/agent.yaml), or by torchrun for a replica of several
 ranks (`torchrun --nproc-per-node 8 train.py`, with FTHSDP_CONTROLLER set). The job,
 replica, rank, world size and controller come from the environment through
 `RuntimeSettings.from_env` (fthsdp/settings.py: torchrun's RANK/WORLD_SIZE/MASTER_* and the
