@@ -114,7 +114,8 @@ class HostRegistry:
         held = h is not None and h.assignment is not None  # a new incarnation that keeps its work
         reservation = self._reservation(Host(host_id, incarnation, HostState.ACTIVE, slots, labels,
                                              assignment, cordoned=True, cordon_by="failure",
-                                             secret_hash=secret_hash))
+                                             secret_hash=secret_hash, address=address,
+                                             rendezvous_port=rendezvous_port, coordinator_port=coordinator_port))
         problem = self.shard_budget.problem(host_id, host_shard(host_id), reservation, s)
         if problem:
             raise FailedPrecondition(problem)

@@ -214,3 +214,10 @@ def test_leaving_the_round_and_the_reason_that_names_who_is_missing():
     assert s.round_reason == ("waiting: 1 joined (r0), min_replicas is 2; missing r1, r2 (dead), "
                               "1 not registered yet")
     assert "r1" not in s.round_joined and s.replicas["r1"].state == ReplicaState.JOINING
+
+
+def test_a_deregistration_reason_is_cut_with_a_marker():
+    s = cluster()
+    s.deregister_agent("h2", "h2-1", "why " * 2000, 1.0)
+    reason = s.replicas["r1"].reason
+    assert "more characters cut]" in reason and len(reason) <= s.settings.max_reason_chars
