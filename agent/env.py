@@ -15,7 +15,6 @@ written for torchrun (`init_process_group(init_method="env://")`) runs unchanged
 | MASTER_ADDR, MASTER_PORT    | the torch.distributed rendezvous: the replica's rank-0 host |
 |                             | (its registered pod IP), as the controller says             |
 | FTHSDP_COORDINATOR_ADDRESS  | host:port where rank 0 hosts the replica's coordinator      |
-| FTHSDP_LEADER_ADDRESS       | the same, under the name the runtime read before           |
 | FTHSDP_CONTROLLER           | controller gRPC address(es), comma-separated, in HA order   |
 | FTHSDP_HOST_ID              | the host (agent) that runs it                               |
 | FTHSDP_JOB_ID               | the job                                                     |
@@ -32,7 +31,7 @@ FTHSDP_JOB_SECRET_FILE is removed (the agent read it; its value is what the trai
 every trainer of one agent holds the secret the agent validated. The secret travels in the
 environment only -- never on a command line, in a log line or in the hand-over below.
 
-MASTER_*, the coordinator and its old name are set only when the controller named where the
+MASTER_* and the coordinator are set only when the controller named where the
 replica meets (its rank-0 host registered an address), or when every rank of the replica runs
 on this host (then they meet on 127.0.0.1, at the agent's own ports); otherwise whatever the
 agent inherited stays.
@@ -64,7 +63,6 @@ REPLICA_ID = "FTHSDP_REPLICA_ID"
 RANK = "FTHSDP_RANK"
 WORLD_SIZE = "FTHSDP_WORLD_SIZE"
 COORDINATOR_ADDRESS = "FTHSDP_COORDINATOR_ADDRESS"
-LEADER_ADDRESS = "FTHSDP_LEADER_ADDRESS"
 CONTROLLER = dial.ENV_CONTROLLER  # "FTHSDP_CONTROLLER"
 HOST_ID = "FTHSDP_HOST_ID"
 JOB_ID = "FTHSDP_JOB_ID"
@@ -82,7 +80,7 @@ MASTER_ADDR = "MASTER_ADDR"
 MASTER_PORT = "MASTER_PORT"
 
 #: What an assignment sets (and a standby starts without).
-ASSIGNMENT_VARIABLES = (REPLICA_ID, RANK, WORLD_SIZE, COORDINATOR_ADDRESS, LEADER_ADDRESS, TORCH_RANK,
+ASSIGNMENT_VARIABLES = (REPLICA_ID, RANK, WORLD_SIZE, COORDINATOR_ADDRESS, TORCH_RANK,
                         TORCH_WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT)
 
 
@@ -100,7 +98,7 @@ def assignment_environment(p: Placement, *, host_id: str, job_id: str, controlle
     if p.rendezvous:
         env[MASTER_ADDR], env[MASTER_PORT] = split_host_port(p.rendezvous)
     if p.coordinator:
-        env[COORDINATOR_ADDRESS] = env[LEADER_ADDRESS] = p.coordinator
+        env[COORDINATOR_ADDRESS] = p.coordinator
     return env
 
 

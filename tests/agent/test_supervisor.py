@@ -74,7 +74,7 @@ async def test_start_sets_environment_and_placeholders(tmp_path):
     # torchrun's variables: a replica's ranks meet at its rank-0 host.
     assert (env["RANK"], env["WORLD_SIZE"], env["LOCAL_RANK"], env["LOCAL_WORLD_SIZE"]) == ("0", "2", "0", "1")
     assert (env["MASTER_ADDR"], env["MASTER_PORT"]) == ("10.9.0.1", "29500")
-    assert env["FTHSDP_COORDINATOR_ADDRESS"] == env["FTHSDP_LEADER_ADDRESS"] == "10.9.0.1:29501"
+    assert env["FTHSDP_COORDINATOR_ADDRESS"] == "10.9.0.1:29501"
     assert "FTHSDP_STANDBY" not in env
     assert info["argv"][-2:] == ["r0", "0"]
     assert not alive(info["pid"])  # stopped on the way out

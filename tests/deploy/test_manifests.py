@@ -332,7 +332,7 @@ def test_agents_advertise_their_pod_ip_and_nothing_points_at_loopback(rel):
         assert env["POD_IP"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
         for e in c["env"]:
             assert "127.0.0.1" not in str(e.get("value", "")) and e["name"] not in (
-                "MASTER_ADDR", "MASTER_PORT", "FTHSDP_LEADER_ADDRESS", "FTHSDP_COORDINATOR_ADDRESS"), e
+                "MASTER_ADDR", "MASTER_PORT", "FTHSDP_COORDINATOR_ADDRESS"), e
         assert not any("127.0.0.1" in a for a in c["args"])
         slots = int(next(a for a in c["args"] if a.startswith("--slots=")).split("=")[1])
         assert slots == layout["ranks_per_host"], "a host runs one layout slot: its ranks per host"
