@@ -145,6 +145,11 @@ def handover_line(placement: Placement, *, host_id: str, job_id: str, controller
     return (json.dumps(values, sort_keys=True) + "\n").encode()
 
 
+def is_standby(environ: Mapping[str, str] | None = None) -> bool:
+    """Trainer side: this process was pre-started as a standby (FTHSDP_STANDBY=1)."""
+    return (os.environ if environ is None else environ).get(STANDBY) == "1"
+
+
 def wait_for_assignment(stream: IO[str] | None = None) -> dict[str, str]:
     """Trainer side: block until the agent hands this standby its assignment.
 
