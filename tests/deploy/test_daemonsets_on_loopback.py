@@ -8,7 +8,7 @@ label), the ConfigMap keys (`max_steps` made short for a test), the Service name
 fthsdp-controller-grpc (here: the address of a controller this test starts, shaped like the
 dev ConfigMap: 2 replicas x 2 hosts x 1 rank), the image's paths (/opt/fthsdp/train.py is
 deploy/examples/train.py; `python` is this interpreter; `fthsdp` is this virtualenv's) and the
-emptyDir mount behind --state-dir.
+pod's volumes (each mount a folder of the test's: emptyDirs empty, Secrets holding their keys).
 
 The job trains, survives a killed rank on the second host of a replica (the replica restarts
 as a unit on both its hosts) and a killed host (its agent and trainer SIGKILLed: the warm
@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import os
 import re
+import secrets
 import signal
 import subprocess
 import sys
@@ -41,10 +42,12 @@ MAX_STEPS = "120"
 HOSTS = {"node-a": "127.0.0.2", "node-b": "127.0.0.3", "node-c": "127.0.0.4", "node-d": "127.0.0.5"}
 SPARE = ("node-s", "127.0.0.6")
 BIN = Path(sys.executable).parent
+# The Secrets an operator creates (deploy/README.md, "Secrets"), by name and key.
+SECRETS = {"fthsdp-job-secret": {"secret": secrets.token_hex(32)}}
 
 
 def pod_command(daemonset: dict, configmap: dict, node: str, pod_ip: str, controller: str,
-                state_dir: Path) -> tuple[list[str], dict[str, str]]:
+                pod_dir: Path) -> tuple[list[str], dict[str, str]]:
     """The agent container's command line and environment on `node`, as kubelet would start it."""
     c = next(c for c in daemonset["spec"]["template"]["spec"]["containers"] if c["name"] == "agent")
     downward = {"spec.nodeName": node, "status.podIP": pod_ip,
@@ -59,16 +62,35 @@ def pod_command(daemonset: dict, configmap: dict, node: str, pod_ip: str, contro
         else:
             env[e["name"]] = configmap[source["configMapKeyRef"]["key"]]
     args = [re.sub(r"\$\((\w+)\)", lambda m: env[m.group(1)], a) for a in c["args"]]
-    mount = next(m["mountPath"] for m in c["volumeMounts"] if m["name"] == "agent-state")
-    image = {"fthsdp-controller-grpc:50051": controller, mount: str(state_dir),
-             "/opt/fthsdp/train.py": str(ROOT / "deploy" / "examples" / "train.py")}
-    for name, here in image.items():
-        args = [a.replace(name, here) for a in args]
+    here = {"fthsdp-controller-grpc:50051": controller,
+            "/opt/fthsdp/train.py": str(ROOT / "deploy" / "examples" / "train.py")}
+    here.update(volumes(daemonset["spec"]["template"]["spec"], c, pod_dir))
+    # one pass, whole names only (a mount at /tmp must not rewrite a path already moved there)
+    names = re.compile("|".join(re.escape(n) + r"(?=/|$)" for n in sorted(here, key=len, reverse=True)))
+    args = [names.sub(lambda m: here[m.group(0)], a) for a in args]
+    env = {k: names.sub(lambda m: here[m.group(0)], v) for k, v in env.items()}
     cut = args.index("--")
     assert args[cut + 1] == "python", args
     args[cut + 1] = sys.executable
     assert c["command"] == ["fthsdp", "agent"]
     return [str(BIN / "fthsdp"), "agent", *args], env
+
+
+def volumes(spec: dict, container: dict, pod_dir: Path) -> dict[str, str]:
+    """The container's mounts, made under `pod_dir` as kubelet would: an emptyDir is an empty
+    folder, a Secret a folder with one file per key (SECRETS). Returns mount path -> folder."""
+    out = {}
+    for mount in container.get("volumeMounts", []):
+        volume = next(v for v in spec["volumes"] if v["name"] == mount["name"])
+        folder = pod_dir / mount["name"]
+        folder.mkdir(parents=True)
+        if "secret" in volume:
+            for key, value in SECRETS[volume["secret"]["secretName"]].items():
+                (folder / key).write_text(value)
+        else:
+            assert "emptyDir" in volume, volume
+        out[mount["mountPath"]] = str(folder)
+    return out
 
 
 def children(pid: int) -> list[int]:
@@ -104,7 +126,7 @@ class Job:
 
     def start_agent(self, daemonset: str, node: str, pod_ip: str) -> None:
         argv, env = pod_command(_by(self.docs, "DaemonSet", daemonset), self.configmap, node, pod_ip,
-                                self.ctl.grpc, self.root / f"state-{node}")
+                                self.ctl.grpc, self.root / f"pod-{node}")
         with open(self.root / f"{node}.err", "wb") as err:
             proc = subprocess.Popen(argv, env={**os.environ, **env}, stdout=subprocess.PIPE, stderr=err,
                                     stdin=subprocess.DEVNULL, text=True)
@@ -157,6 +179,9 @@ class Job:
         return "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-3000:]}" for p in sorted(self.root.glob("*.err")))
 
 
+# Three rounds of trainer starts (torch imports: the first, r0's restart, r1's), each ~25 s on
+# a loaded 2-core machine, a few seconds when idle: more than the suite's default 120 s.
+@pytest.mark.timeout(300)
 async def test_the_dev_daemonsets_train_survive_a_dead_rank_and_a_lost_host_and_complete(tmp_path):
     job = Job(tmp_path, render(OVERLAY))
     try:
