@@ -87,6 +87,7 @@ def volumes(spec: dict, container: dict, pod_dir: Path) -> dict[str, str]:
         if "secret" in volume:
             for key, value in SECRETS[volume["secret"]["secretName"]].items():
                 (folder / key).write_text(value)
+                (folder / key).chmod(volume["secret"].get("defaultMode", 0o644))
         else:
             assert "emptyDir" in volume, volume
         out[mount["mountPath"]] = str(folder)
@@ -199,8 +200,12 @@ async def test_the_dev_daemonsets_train_survive_a_dead_rank_and_a_lost_host_and_
                 "0" if node in ("node-a", "node-c") else "1", "2", "0")
             assert env["MASTER_ADDR"] == rank0 and env["FTHSDP_COORDINATOR_ADDRESS"].startswith(rank0 + ":")
             assert env["POD_IP"] == ip and env["FTHSDP_MAX_STEPS"] == MAX_STEPS
+            # the Secret's value, read by the agent from the mounted file; the file's path stays behind
+            assert env["FTHSDP_JOB_SECRET"] == SECRETS["fthsdp-job-secret"]["secret"]
+            assert "FTHSDP_JOB_SECRET_FILE" not in env
         standby = job.trainer(SPARE[0])
         assert environ(standby)["FTHSDP_STANDBY"] == "1" and "RANK" not in environ(standby)
+        assert environ(standby)["FTHSDP_JOB_SECRET"] == SECRETS["fthsdp-job-secret"]["secret"]
 
         # 1. A rank on the second host of r0 dies: both hosts restart r0's ranks together.
         old = {node: job.trainer(node) for node in ("node-a", "node-b")}
