@@ -64,6 +64,11 @@ class ControllerStub:
                 request_serializer=protos_dot_controller__pb2.RegisterAgentRequest.SerializeToString,
                 response_deserializer=protos_dot_controller__pb2.RegisterAgentResponse.FromString,
                 _registered_method=True)
+        self.DeregisterAgent = channel.unary_unary(
+                '/fthsdp.v1.Controller/DeregisterAgent',
+                request_serializer=protos_dot_controller__pb2.DeregisterAgentRequest.SerializeToString,
+                response_deserializer=protos_dot_controller__pb2.DeregisterAgentResponse.FromString,
+                _registered_method=True)
         self.Orders = channel.unary_stream(
                 '/fthsdp.v1.Controller/Orders',
                 request_serializer=protos_dot_controller__pb2.OrdersRequest.SerializeToString,
@@ -130,7 +135,17 @@ class ControllerServicer:
         raise NotImplementedError('Method not implemented!')
 
     def RegisterAgent(self, request, context):
-        """An agent registers its host: active (with an assignment) or spare.
+        """An agent registers its host: with an assignment it claims, as a spare, or available
+        (the controller gives it a slot of its own replica layout, or the spare pool).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeregisterAgent(self, request, context):
+        """An agent that stops cleanly (SIGTERM) says so: its host leaves at once, its work moves to
+        a spare (or its replica is marked down, with the reason), and a new agent process with the
+        same host_id may register right away.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -197,6 +212,11 @@ def add_ControllerServicer_to_server(servicer, server):
                     servicer.RegisterAgent,
                     request_deserializer=protos_dot_controller__pb2.RegisterAgentRequest.FromString,
                     response_serializer=protos_dot_controller__pb2.RegisterAgentResponse.SerializeToString,
+            ),
+            'DeregisterAgent': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeregisterAgent,
+                    request_deserializer=protos_dot_controller__pb2.DeregisterAgentRequest.FromString,
+                    response_serializer=protos_dot_controller__pb2.DeregisterAgentResponse.SerializeToString,
             ),
             'Orders': grpc.unary_stream_rpc_method_handler(
                     servicer.Orders,
@@ -381,6 +401,33 @@ class Controller:
             '/fthsdp.v1.Controller/RegisterAgent',
             protos_dot_controller__pb2.RegisterAgentRequest.SerializeToString,
             protos_dot_controller__pb2.RegisterAgentResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeregisterAgent(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fthsdp.v1.Controller/DeregisterAgent',
+            protos_dot_controller__pb2.DeregisterAgentRequest.SerializeToString,
+            protos_dot_controller__pb2.DeregisterAgentResponse.FromString,
             options,
             channel_credentials,
             insecure,

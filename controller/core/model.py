@@ -96,6 +96,8 @@ class Replica:
     #: Loaded from a snapshot (not durable itself): the answer given since may be a fast-path
     #: one that the snapshot does not hold.
     given_restored: bool = False
+    #: How often the controller restarted this replica's ranks together on its hosts.
+    restarts: int = 0
 
 
 @dataclass(frozen=True)
@@ -128,6 +130,15 @@ class Host:
     #: SHA-256 (hex) of the secret handed to the agent at registration; its order stream, acks
     #: and exit reports must present the secret. Never shown.
     secret_hash: str = ""
+    #: Where other hosts reach this host's trainers (its pod IP; "" when it registered none),
+    #: and the ports where a replica's rank 0 listens here: the torch.distributed rendezvous
+    #: (MASTER_PORT) and the replica's coordinator.
+    address: str = ""
+    rendezvous_port: int = 0
+    coordinator_port: int = 0
+    #: When this host's trainer deaths restarted its replica (not durable: a new leader counts
+    #: anew), for the restart budget (controller.core.restarts).
+    restart_times_s: list[float] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -182,3 +193,7 @@ class OrderOut:
     version: int = 0
     #: The newest assignment version among the hosts of the assignment's replica.
     replica_version: int = 0
+    #: Where the assignment's replica meets: its rank-0 host's rendezvous (MASTER_ADDR:
+    #: MASTER_PORT) and coordinator addresses, when that host registered an address.
+    rendezvous_address: str = ""
+    coordinator_address: str = ""

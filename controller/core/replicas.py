@@ -110,6 +110,7 @@ class ReplicaRegistry:
             live=self.live_replicas(),
             previous=previous,
             unregistered=max(s.replicas - len(self.replicas), 0),
+            dead=frozenset(r.replica_id for r in self.replicas.values() if r.state == ReplicaState.DEAD),
         )
         decision = compute_quorum(view, now, min_replicas=s.min_replicas, join_timeout_s=s.join_timeout_s)
         self.round_reason, self.round_wake_at = decision.reason, decision.wake_at
@@ -328,6 +329,18 @@ class ReplicaRegistry:
         self.round_joined.pop(replica_id, None)
         if not self.round_joined:
             self.round_first_join_at = None
+        return True
+
+    def leave_round(self, replica_id: str, why: str, now: float) -> bool:
+        """A joiner whose leader is gone (its call ended unanswered) leaves the open round at
+        once: no quorum may count it. Its state is left alone (a leader that gave up waiting
+        joins again). Returns whether it had joined."""
+        if replica_id not in self.round_joined:
+            return False
+        del self.round_joined[replica_id]
+        if not self.round_joined:
+            self.round_first_join_at = None
+        self._event(now, "replica", replica_id, f"replica {replica_id} left the open round: {why}")
         return True
 
     def expire_replicas(self, now: float) -> None:

@@ -20,6 +20,7 @@ from controller.core.model import (
     Assignment, Event, Host, HostState, Member, OrderOut, Quorum, Replica, ReplicaState,
 )
 from controller.core.replicas import ReplicaRegistry
+from controller.core.restarts import ReplicaRestarts
 from controller.core.sizes import ShardBudget
 from controller.settings import ControllerSettings
 
@@ -32,7 +33,7 @@ REPLICA_DURABLE_FIELDS = tuple(
 )
 
 
-class ControllerState(ReplicaRegistry, HostRegistry, DivergenceTracker, JobLifecycle):
+class ControllerState(ReplicaRegistry, HostRegistry, ReplicaRestarts, DivergenceTracker, JobLifecycle):
     def __init__(self, settings: ControllerSettings) -> None:
         self.settings = settings.validate()
         self.replicas: dict[str, Replica] = {}

@@ -65,8 +65,14 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
         ), self.server.clock())
         fut = asyncio.get_running_loop().create_future()
         self.server.waiters[request.replica_id].append((fut, request.known_quorum_id, encoded))
-        self.server.settle_soon()
-        return await fut
+        try:
+            self.server.settle_soon()
+            return await fut
+        except asyncio.CancelledError:
+            # The leader hung up (its process died, or it gave up waiting): its join goes too.
+            self.server.forget_waiter(request.replica_id, fut, "its leader's Quorum call ended (cancelled or "
+                                                                "connection closed)")
+            raise
 
     @unary
     async def Quorum(self, request, context):
@@ -150,13 +156,16 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
         secret = new_agent_secret()
         assignment, reason = state.register_agent(
             request.host_id, request.incarnation, self.server.clock(), spare=request.spare,
-            slots=request.slots, labels=request.labels, assignment=claimed, secret_hash=hash_secret(secret))
+            slots=request.slots, labels=request.labels, assignment=claimed, secret_hash=hash_secret(secret),
+            address=request.address, rendezvous_port=request.rendezvous_port,
+            coordinator_port=request.coordinator_port, previous_secret=request.previous_secret)
         await self.server.settle()
         host = state.hosts[request.host_id]
         issued = host.secret_hash == hash_secret(secret)
+        rid = assignment.replica_id if assignment else ""
         return pb.RegisterAgentResponse(
-            assignment=to_proto_assignment(assignment, host.assignment_version,
-                                           state.replica_versions.get(assignment.replica_id, 0) if assignment else 0),
+            assignment=to_proto_assignment(assignment, host.assignment_version, state.replica_versions.get(rid, 0),
+                                           state.replica_endpoints(rid)),
             reason=reason, job_id=self.server.settings.job_id, job_state=JOB_STATES[state.job_state],
             agent_secret=secret if issued else "")
 
@@ -211,9 +220,18 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
         state.trainer_exit(
             request.host_id, request.replica_id, request.rank, self.server.clock(),
             exit_code=request.exit_code, signal=request.signal, stderr_tail=request.stderr_tail,
-            gave_up=request.gave_up)
+            gave_up=request.gave_up, version=request.version)
         await self.server.settle()
         return pb.TrainerExitResponse()
+
+    @unary
+    async def DeregisterAgent(self, request, context):
+        state = self.server.require_leader()
+        self.server.check_peer_may_act_as(context, request.host_id)
+        state.authenticate_agent(request.host_id, request.agent_secret)
+        state.deregister_agent(request.host_id, request.incarnation, request.reason, self.server.clock())
+        await self.server.settle()
+        return pb.DeregisterAgentResponse()
 
 
 #: Methods whose handlers return answers already encoded (see QuorumAnswers.encoded).

@@ -363,6 +363,18 @@ class ControllerServer:
                     if not fut.done():
                         fut.set_exception(NotLeader(f"the controller could not settle the round: {exc!r}"))
 
+    def forget_waiter(self, replica_id: str, fut: asyncio.Future, why: str) -> None:
+        """A Quorum call ended without its answer: its waiter goes, and with the replica's last
+        waiter its join leaves the open round (the next settle, on the ticker, says who is
+        missing now)."""
+        waiting = self.waiters.get(replica_id, [])
+        waiting[:] = [w for w in waiting if w[0] is not fut]
+        if waiting:
+            return
+        self.waiters.pop(replica_id, None)
+        if self.leading and self.state is not None and self.state.leave_round(replica_id, why, self.clock()):
+            self._poke.set()
+
     def deliver_orders(self) -> None:
         for order in self.state.take_orders():
             stream = self.order_streams.get(order.host_id)

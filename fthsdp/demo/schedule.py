@@ -2,8 +2,8 @@
 
     kill-trainer@40:r1,kill-agent@90:r2
 
-Each entry is KIND@STEP:REPLICA. kill-trainer SIGKILLs the replica's leader trainer (its
-agent restarts it; it rejoins behind and catches up); kill-agent SIGKILLs the agent that
+Each entry is KIND@STEP:REPLICA. kill-trainer SIGKILLs the replica's leader trainer (the
+controller restarts the replica on its host; it rejoins behind and catches up); kill-agent SIGKILLs the agent that
 hosts the replica and every trainer under it (a whole host dies; the controller notices the
 heartbeat silence and a spare takes the assignment); hang-trainer SIGSTOPs the replica's last
 rank (alive but silent: no exit for its agent to see, so only timeouts find it). Errors name
