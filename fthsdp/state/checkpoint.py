@@ -135,10 +135,14 @@ class CheckpointStore:
         path = self.step_dir(step) / STATE_FILE
         try:
             raw = torch.load(path, map_location="cpu", weights_only=True)
-            return Restored(int(raw["step"]), str(raw["ledger"]), raw["model"], raw["optimizer"],
-                            dict(raw.get("user", {})), path)
+            restored = Restored(int(raw["step"]), str(raw["ledger"]), raw["model"], raw["optimizer"],
+                                dict(raw.get("user", {})), path)
         except Exception as exc:  # noqa: BLE001 - any load failure: a bad checkpoint, named
             raise CheckpointError(f"checkpoint {path} does not load: {exc}") from None
+        if restored.step != step:  # a folder must hold its own step: never resume at another one
+            raise CheckpointError(f"checkpoint {path} holds the state of step {restored.step} in its payload, "
+                                  f"not of step {step} (its folder's): refused")
+        return restored
 
     def ledger_entries(self, step: int) -> dict[str, int]:
         """Each replica's own ledger entry in that step's folder (entries failing their hash are skipped)."""

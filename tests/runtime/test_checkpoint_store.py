@@ -37,6 +37,20 @@ def test_save_then_load_round_trips_with_registered_state(tmp_path):
     assert store.ledger_entries(4) == {"0": 4}
 
 
+def test_a_payload_whose_step_differs_from_its_folder_is_refused_naming_both(tmp_path):
+    store = CheckpointStore(tmp_path)
+    model, opt = _model_opt(0)
+    store.save_state(5, "{}", model, opt)
+    forged = tmp_path / "forged"
+    CheckpointStore(forged).save_state(10**12, "{}", model, opt)
+    # the forged payload, with its checksum recomputed, moved into step 5's folder
+    for name in ("model_optim.pt", "model_optim.pt.sha256"):
+        (store.step_dir(5) / name).write_bytes((CheckpointStore(forged).step_dir(10**12) / name).read_bytes())
+    assert store.latest_complete() == 5  # its checksum matches: only the step gives it away
+    with pytest.raises(CheckpointError, match=r"step 1000000000000 in its payload, not of step 5"):
+        store.load(5)
+
+
 @pytest.mark.parametrize("crash_before", [1, 2])  # the state file's rename, its checksum's
 def test_crash_during_write_leaves_previous_checkpoint_loadable(tmp_path, crash_before):
     store = CheckpointStore(tmp_path)
