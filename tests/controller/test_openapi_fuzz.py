@@ -17,7 +17,6 @@ ST = Path(sys.executable).with_name("st")
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not ST.exists() and not shutil.which("st"), reason="schemathesis is not installed")
 def test_rest_api_survives_schemathesis(tmp_path):
     token = tmp_path / "admin-token"
     token.write_text("fuzz-token\n")
