@@ -36,8 +36,8 @@ from fthsdp.state.checkpoint import CheckpointStore
 from fthsdp.state.digest import rank_digest
 from fthsdp.state.fetch_job import FetchJob
 from fthsdp.state.registry import StateRegistry, Stateful
+from fthsdp.state import snapshot
 from fthsdp.state.serve import Snapshot, StateServer
-from fthsdp.state.stream import build_manifest, live_entries
 from fthsdp.step import events as ev
 from fthsdp.step import messages as msg
 from fthsdp.step.client import CoordinatorClient
@@ -45,6 +45,7 @@ from fthsdp.step.controller_client import ControllerClient
 from fthsdp.step.coordinator import CoordinatorService
 from fthsdp.step.plan import AddressBook, PlanError, RankPlan, plan_for_rank
 from fthsdp.step.protocol import INF, Phase, ProtocolError, advance, initial_state, next_deadline
+from fthsdp.sync import fsdp
 from fthsdp.sync.gradients import GradientSync, SyncResult, flatten_grads, unflatten_grads_
 from protos import job_secret
 from protos import replica_pb2 as rpb
@@ -82,17 +83,22 @@ class Manager:
         self.incarnation = uuid.uuid4().hex[:12]
         self.last_outcome: StepOutcome | None = None
         self.last_checkpoint_error = ""
+        #: bytes of the last catch-up transfer this rank adopted (its shards only, when sharded)
+        self.last_catch_up_bytes = 0
         #: time spent inside the pure protocol, and how many events it took
         self.protocol_s, self.protocol_events = 0.0, 0
         self._state = initial_state(self.settings)
         self._params = [p for p in model.parameters() if p.requires_grad]
+        #: FSDP2-wrapped: FTAR reduces each group's gradient shard from FSDP's hook
+        self.sharded = fsdp.is_sharded(model)
         self._flat: torch.Tensor | None = None
         self._book = AddressBook()
         self._fetch: FetchJob | None = None
         self._queue: collections.deque[ev.Event] = collections.deque()
         self._serving: tuple[int, str] | None = None
-        self._snapshot_cache: Snapshot | None = None
+        self._snapshot_cache: snapshot.HeldSnapshot | None = None
         self._snapshot_lock = threading.Lock()
+        self._training_thread = threading.current_thread()
         self._started = False
         self._in_step = False
         self.checkpoints = seams.checkpoints(CheckpointStore(settings.checkpoint_dir)) if settings.checkpoint_dir \
@@ -165,6 +171,8 @@ class Manager:
                 auth_key=ftar_key or b"", allow_unauthenticated=ftar_key is None)))
             self.sync = self._seams.sync(GradientSync(self.endpoint, s.rank, s.world_size, s.allreduce_timeout_s,
                                                       self.process_group))
+            if self.sharded:
+                fsdp.install_all_reduce_hooks(self.model, self._reduce_shard)
             self.state_server = self._seams.state_server(
                 StateServer(s.bind_host, 0, self._snapshot, f"{s.replica_id}/{s.rank}",
                             key=s.port_key(job_secret.PURPOSE_STATE), hello_timeout_s=s.hello_timeout_s).start())
@@ -187,6 +195,7 @@ class Manager:
             self._teardown()
             raise
         self._started = True
+        self._training_thread = threading.current_thread()
         log.info("replica %s rank %s started at step %s", s.replica_id, s.rank, self.step)
         return self
 
@@ -281,13 +290,22 @@ class Manager:
             return False
 
     def sync_gradients(self, loss: float | None = None) -> SyncResult:
-        """Average the parameters' gradients for this step in place (after backward)."""
+        """Average the parameters' gradients for this step in place (after backward). For an
+        FSDP2 model: wait for the shards its hooks sent across replicas during backward."""
         self._require_phase(Phase.TRAINING, "sync_gradients")
-        self._flat = flatten_grads(self._params, self._flat)
-        result = self.sync.reduce_(self._flat, self._state.plan)
-        unflatten_grads_(self._params, self._flat)
+        if self.sharded:
+            result = self.sync.wait_shards(self._state.plan)
+        else:
+            self._flat = flatten_grads(self._params, self._flat)
+            result = self.sync.reduce_(self._flat, self._state.plan)
+            unflatten_grads_(self._params, self._flat)
         self._feed(ev.Reduced(result.ok, result.reason))
         return result
+
+    def _reduce_shard(self, shard: torch.Tensor, deferred: bool) -> None:
+        """FSDP2's all-reduce hook (fthsdp/sync/fsdp.py): one group's reduce-scatter output."""
+        self._require_phase(Phase.TRAINING, "an FSDP gradient shard (backward)")
+        self.sync.reduce_shard_(shard, self._state.plan, deferred)
 
     def reduce_bucket_(self, bucket: torch.Tensor) -> SyncResult:
         """For the DDP communication hook: average one gradient bucket in place."""
@@ -423,33 +441,42 @@ class Manager:
 
     def _do_ServeState(self, e: ev.ServeState) -> None:  # noqa: N802
         assert self.state_server is not None
-        if self._serving is None or self._serving[0] != e.step:
-            self._snapshot_cache = None
-        self._serving = (e.step, self._state.ledger.to_json())
+        with self._snapshot_lock:
+            if self._serving is None or self._serving[0] != e.step:
+                self._snapshot_cache = None
+            self._serving = (e.step, self._state.ledger.to_json())
         self.state_server.serve(e.step, e.fetchers)
 
     def _do_StopServing(self, e: ev.StopServing) -> None:  # noqa: N802
         assert self.state_server is not None
-        self.state_server.stop(e.wait_for, e.timeout_s)
-        self._serving = self._snapshot_cache = None
+        with self._snapshot_lock:
+            held, serving = self._snapshot_cache, self._serving
+            self._serving = self._snapshot_cache = None
+        if held is not None and held.copied and serving is not None and held.step == serving[0]:
+            # an immutable copy: it is served on to the fetchers while this rank trains on
+            self.state_server.stop(e.wait_for, e.timeout_s, keep=held.served())
+        else:
+            self.state_server.stop(e.wait_for, e.timeout_s)
 
     def _snapshot(self) -> Snapshot:
         """What the state server streams (its handler threads call this): the state at the start
-        of the step served, built once per step so every fetcher of that step gets the same."""
+        of the step served, taken once per step so every fetcher of that step gets the same."""
         with self._snapshot_lock:
-            cache, serving = self._snapshot_cache, self._serving
+            held, serving = self._snapshot_cache, self._serving
             if serving is None:
                 raise RuntimeError("this rank is not serving its state now")
-            if cache is not None and cache[0].step == serving[0]:
-                return cache
-            entries, scalars = live_entries(self.model, self.optimizer)
-            entries += self.registry.entries()
-            groups = self.optimizer.state_dict()["param_groups"]
-            snapshot = build_manifest(serving[0], serving[1], entries, scalars, groups), [t for _, t in entries]
-            self._snapshot_cache = snapshot
-            return snapshot
+            if held is None or held.step != serving[0]:
+                if self.sharded and threading.current_thread() is not self._training_thread:
+                    # FSDP swaps a module's parameters during forward: only the training thread
+                    # sees them settled (at the plan, for the fetchers it names)
+                    raise RuntimeError(f"no snapshot of step {serving[0]} was taken: no fetcher was planned")
+                held = self._snapshot_cache = snapshot.take(serving[0], serving[1], self.model, self.optimizer,
+                                                            self.registry, self.settings.copy_state_to_serve)
+        return held.served()
 
     def _do_ConfigureRing(self, e: ev.ConfigureRing) -> None:  # noqa: N802
+        if e.plan.fetchers and not e.plan.behind:
+            self._snapshot()  # at the step boundary, before this step can change the state
         self.sync.configure(e.plan)
 
     def _do_StartFetch(self, e: ev.StartFetch) -> None:  # noqa: N802
@@ -467,6 +494,8 @@ class Manager:
         assert fetch is not None and fetch.fetched is not None
         fetch.close()
         try:
+            fetch.fetched.adopt_model()
+            self.last_catch_up_bytes = fetch.fetched.manifest.total_bytes
             self.optimizer.load_state_dict(fetch.fetched.optimizer_state)
             self.registry.load_state_dicts(fetch.user_states, f"the catch-up source {fetch.plan.source_replica}")
         except (ValueError, KeyError, RuntimeError) as exc:

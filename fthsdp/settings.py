@@ -76,13 +76,19 @@ class RuntimeSettings:
     allreduce_timeout_s: longest wait for one FTAR all-reduce.
     fetch_timeout_s: longest one catch-up fetch attempt may take.
     fetch_attempts: tries per catch-up (a bad checksum or a cut stream tries again).
-    fetch_hold_timeout_s: longest a source holds its optimizer step for its fetchers.
+    fetch_hold_timeout_s: longest a source holds its optimizer step for its fetchers (or,
+        serving an immutable copy, keeps serving it to them).
+    copy_state_to_serve: a catch-up source copies its CPU state at the step boundary and trains
+        on while fetchers read the copy (one more copy of this rank's state in memory). State
+        on a GPU is always copied, into pinned host memory; CPU state is otherwise served in
+        place and the source holds its optimizer step until its fetchers have it.
     digest_every_steps: report a digest of the committed state after every N-th step
         (the same N on every replica, so digests of one step meet at the controller; 0:
         only after catch-ups).
     heartbeat_interval_s: how often rank 0 tells the controller the replica is alive.
     checkpoint_dir: durable checkpoints go here ("" disables them).
     checkpoint_every_steps: write a checkpoint after every N-th committed step.
+    checkpoint_keep_last: how many complete checkpoints to keep (older ones are removed; 0: all).
     ftar_chunk_bytes / ftar_chunks_in_flight: FTAR transport tuning.
     job_secret: the job's secret; it authenticates the coordinator's hello, FTAR hellos and
         state-server requests (each with its own key). Never shown in a repr.
@@ -109,10 +115,12 @@ class RuntimeSettings:
     fetch_timeout_s: float = 60.0
     fetch_attempts: int = 3
     fetch_hold_timeout_s: float = 30.0
+    copy_state_to_serve: bool = False
     digest_every_steps: int = 100
     heartbeat_interval_s: float = 1.0
     checkpoint_dir: str = ""
     checkpoint_every_steps: int = 0
+    checkpoint_keep_last: int = 3
     ftar_chunk_bytes: int = 4 << 20
     ftar_chunks_in_flight: int = 2
     job_secret: JobSecret | None = None
@@ -140,11 +148,13 @@ class RuntimeSettings:
                             f"{TORCHRUN_MASTER_PORT}.")
         if self.coordinator_address and not _is_host_port(self.coordinator_address):
             problems.append(f"coordinator_address must be host:port, got {self.coordinator_address!r}.")
-        for name in ("max_steps", "max_retries", "digest_every_steps", "checkpoint_every_steps"):
+        for name in ("max_steps", "max_retries", "digest_every_steps", "checkpoint_every_steps",
+                     "checkpoint_keep_last"):
             if getattr(self, name) < 0:
                 problems.append(f"{name} must be >= 0, got {getattr(self, name)}.")
-        if not isinstance(self.apply_lr_scale, bool):
-            problems.append(f"apply_lr_scale must be True or False, got {self.apply_lr_scale!r}.")
+        for name in ("apply_lr_scale", "copy_state_to_serve"):
+            if not isinstance(getattr(self, name), bool):
+                problems.append(f"{name} must be True or False, got {getattr(self, name)!r}.")
         if self.job_secret is not None and not isinstance(self.job_secret, JobSecret):
             problems.append(f"job_secret must be a protos.job_secret.JobSecret, got a "
                             f"{type(self.job_secret).__name__}.")

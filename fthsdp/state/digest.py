@@ -4,8 +4,9 @@ The digest covers the step, the data ledger, every model tensor, the optimizer's
 state_dict (its tensors, its scalars, and its param_groups: a learning-rate schedule that
 drifted shows), and every registered object's state_dict. Structures are hashed in a
 canonical form (dict keys sorted, every value tagged with its type, tensors with dtype and
-shape), never through pickle, whose bytes differ between equal objects. Replicas that
-committed the same step must have equal digests; the controller compares them.
+shape), never through pickle, whose bytes differ between equal objects. A sharded (FSDP2)
+tensor is hashed as this rank's shard. Replicas that committed the same step must have equal
+digests, rank by rank; the controller compares them.
 """
 
 from __future__ import annotations
@@ -16,11 +17,13 @@ from typing import Any, Mapping
 import numpy as np
 import torch
 
+from fthsdp.state.shards import local
+
 
 def feed(h: "hashlib._Hash", obj: Any) -> None:
     """Hash `obj` canonically into `h`."""
     if isinstance(obj, torch.Tensor):
-        t = obj.detach()
+        t = local(obj)  # a sharded tensor: this rank's shard (the replica digest joins the ranks')
         if t.device.type != "cpu":
             t = t.cpu()
         t = t.contiguous()

@@ -18,6 +18,10 @@ Two calls drive it, each the execution of one protocol effect (fthsdp/step/proto
 fetches and cuts off any still running (that fetcher sees a short stream and votes no): a
 transfer still writing CUT_OFF_GRACE_S later -- its reader stopped reading -- has its
 connection shut down, so `stop` returns within timeout_s + 2 * CUT_OFF_GRACE_S.
+Given an immutable copy of the state (`stop(..., keep=snapshot)`, fthsdp/state/snapshot.py),
+`stop` returns at once instead: the copy goes on being served for that step to the replicas
+in `wait_for` until each acknowledged it or timeout_s passed, while the rank trains on (the
+same rules hold for it: only those fetchers, an ack only after the whole stream).
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from dataclasses import dataclass, field
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler
 from typing import Callable
@@ -70,6 +75,7 @@ class StateServer:
         self._fetchers: tuple[str, ...] | None = None
         self._acks: dict[int, set[str]] = {}
         self._sent: set[str] = set()  # replicas sent the whole stream of the step served
+        self._kept: _Kept | None = None
         #: fetch requests accepted (counted on acceptance, so a client that has its answer
         #: always sees its own request counted)
         self.fetches_accepted = 0
@@ -93,7 +99,7 @@ class StateServer:
 
     def close(self) -> None:
         with self._cond:
-            self._open, self._cut_off = False, True
+            self._open, self._cut_off, self._kept = False, True, None
             self._cond.notify_all()
         self._httpd.shutdown()
         self._httpd.server_close()
@@ -114,12 +120,22 @@ class StateServer:
                 self._sent = set()
             self._cond.notify_all()
 
-    def stop(self, wait_for: tuple[str, ...] = (), timeout_s: float = 0.0) -> set[str]:
+    def stop(self, wait_for: tuple[str, ...] = (), timeout_s: float = 0.0, keep: Snapshot | None = None) -> set[str]:
         """Wait until every replica in `wait_for` acknowledged the step served (at most
-        timeout_s), then stop serving. Returns the replicas that did not acknowledge in time."""
+        timeout_s), then stop serving. Returns the replicas that did not acknowledge in time.
+        With `keep` (an immutable copy of the state served) nobody waits: see the module
+        docstring; returns the replicas whose acknowledgement is still to come."""
         deadline = time.monotonic() + timeout_s
         with self._cond:
             step = self._step
+            if keep is not None and self._open:
+                # transfers running now read this same copy: they go on, their acks count
+                missing = set(wait_for) - self._acks.get(step, set())
+                if missing:
+                    self._kept = _Kept(step, keep, missing, deadline, frozenset(missing), self._sent)
+                self._open = False
+                self._cond.notify_all()
+                return missing
             while True:
                 missing = set(wait_for) - self._acks.get(step, set())
                 left = deadline - time.monotonic()
@@ -151,29 +167,59 @@ class StateServer:
                 self.refused_requests += 1
                 raise
 
-    def _begin(self, step: int, replica: str) -> tuple[HTTPStatus, str]:
+    def _begin(self, step: int, replica: str) -> tuple[HTTPStatus, str, _Admitted | None]:
+        """Admit one fetch of `step` by `replica`: of the live state or of the kept copy."""
         with self._cond:
+            kept = self._kept_now()
+            if kept is not None and step == kept.step:
+                if replica not in kept.fetchers:
+                    return HTTPStatus.FORBIDDEN, _not_a_fetcher(replica, step, tuple(sorted(kept.fetchers))), None
+                self.fetches_accepted += 1
+                return HTTPStatus.OK, "", _Admitted(kept, kept.sent)
             if not self._open or step != self._step:
-                return HTTPStatus.CONFLICT, f"not serving step {step} now"
+                return HTTPStatus.CONFLICT, f"not serving step {step} now", None
             if self._fetchers is not None and replica not in self._fetchers:
-                return HTTPStatus.FORBIDDEN, _not_a_fetcher(replica, step, self._fetchers)
+                return HTTPStatus.FORBIDDEN, _not_a_fetcher(replica, step, self._fetchers), None
             self._active += 1
             self.fetches_accepted += 1
-            return HTTPStatus.OK, ""
+            return HTTPStatus.OK, "", _Admitted(None, self._sent)
 
-    def _end(self, replica: str, complete: bool) -> None:
+    def _end(self, admitted: _Admitted, replica: str, complete: bool) -> None:
         with self._cond:
-            self._active -= 1
-            if complete and len(self._sent) < MAX_ACKS:
-                self._sent.add(replica)
+            if admitted.kept is None:
+                self._active -= 1
+            if complete and len(admitted.sent) < MAX_ACKS:
+                admitted.sent.add(replica)
             self._cond.notify_all()
+
+    def _kept_now(self) -> _Kept | None:
+        """The kept copy while it is still wanted (called under the lock)."""
+        kept = self._kept
+        if kept is not None and (not kept.missing or time.monotonic() >= kept.deadline):
+            self._kept = kept = None
+        return kept
+
+    def _ack_decided(self, step: int, replica: str) -> bool:
+        kept = self._kept_now()
+        if kept is not None and step == kept.step:
+            return replica not in kept.fetchers or replica in kept.sent
+        return step != self._step or (self._fetchers is not None and (
+            replica not in self._fetchers or replica in self._sent))
 
     def _ack(self, step: int, replica: str) -> tuple[HTTPStatus, str]:
         """Record one acknowledgement of the step served now: only from a fetcher the plan
         assigned, once it was sent the whole stream (waits ACK_WAIT_S at most for either)."""
         with self._cond:
-            self._cond.wait_for(lambda: step != self._step or (self._fetchers is not None and (
-                replica not in self._fetchers or replica in self._sent)), timeout=ACK_WAIT_S)
+            self._cond.wait_for(lambda: self._ack_decided(step, replica), timeout=ACK_WAIT_S)
+            kept = self._kept_now()
+            if kept is not None and step == kept.step:
+                if replica not in kept.fetchers:
+                    return HTTPStatus.FORBIDDEN, _not_a_fetcher(replica, step, tuple(sorted(kept.fetchers)))
+                if replica not in kept.sent:
+                    return HTTPStatus.CONFLICT, f"replica {replica} was not sent the whole state of step {step}"
+                kept.missing.discard(replica)
+                self._cond.notify_all()
+                return HTTPStatus.OK, "ok"
             if step != self._step:
                 return HTTPStatus.CONFLICT, f"not serving step {step} now"
             if self._fetchers is None or replica not in self._fetchers:
@@ -184,7 +230,8 @@ class StateServer:
             self._cond.notify_all()
             return HTTPStatus.OK, "ok"
 
-    def _stream(self, snapshot: Snapshot, write: Callable[[bytes | memoryview], object]) -> None:
+    def _stream(self, snapshot: Snapshot, write: Callable[[bytes | memoryview], object],
+                kept: _Kept | None = None) -> None:
         manifest, tensors = snapshot
         head = manifest.to_bytes()
         with PipelinedChecksum() as checksum:
@@ -193,12 +240,31 @@ class StateServer:
             for t in tensors:
                 view = tensor_bytes(t)
                 for off in range(0, len(view), PIECE_BYTES):
-                    if self._cut_off:
+                    if self._cut_off if kept is None else self._kept is not kept:
                         raise ConnectionAbortedError("state changed while it was being read")
                     piece = view[off:off + PIECE_BYTES]
                     checksum.update_piece(piece)
                     write(piece)
             write(TRAILER.pack(checksum.value()))
+
+
+@dataclass
+class _Kept:
+    """An immutable copy of a step's state, served on to the plan's fetchers still missing."""
+    step: int
+    snapshot: Snapshot
+    missing: set[str]
+    deadline: float
+    fetchers: frozenset[str]
+    sent: set[str] = field(default_factory=set)  # replicas sent the whole stream of it
+
+
+@dataclass
+class _Admitted:
+    """One admitted fetch: of the kept copy (or of the live state, kept None), and where a
+    complete transfer is recorded (the set of the step it read)."""
+    kept: _Kept | None
+    sent: set[str]
 
 
 def _not_a_fetcher(replica: str, step: int, fetchers: tuple[str, ...] | None) -> str:
@@ -263,22 +329,23 @@ class _Handler(BaseHTTPRequestHandler):
         owner = self.server.owner
         if path != "/state" or step < 0 or not replica:
             return self._reply(HTTPStatus.BAD_REQUEST, "expected /state?step=N&replica=R")
-        status, why = owner._begin(step, replica)
-        if status is not HTTPStatus.OK:
+        status, why, admitted = owner._begin(step, replica)
+        if admitted is None:
             return self._reply(status, why)
+        kept = admitted.kept
         complete = False
         self.server.streaming(self.request, True)
         try:
-            snapshot = owner._snapshot()
+            snapshot = kept.snapshot if kept is not None else owner._snapshot()
             manifest = snapshot[0]
             self.send_response(HTTPStatus.OK)
             self.send_header("Content-Type", "application/octet-stream")
             self.send_header("Content-Length", str(manifest.total_bytes))
             self.end_headers()
-            owner._stream(snapshot, self.wfile.write)
+            owner._stream(snapshot, self.wfile.write, kept)
             complete = True
         except (ConnectionError, OSError) as exc:
             log.info("state transfer of step %s ended early: %s", step, exc)
         finally:
             self.server.streaming(self.request, False)
-            owner._end(replica, complete)
+            owner._end(admitted, replica, complete)

@@ -10,8 +10,11 @@ times faster than CRC-32, and they catch flipped, dropped, swapped or shifted wo
 The manifest names each tensor (`model/<key>`, `optim/<param index>/<key>`, or
 `user/<name>`: a registered object's serialized state, see fthsdp/state/registry.py) with
 its dtype, shape and byte count, and carries the small non-tensor state: the step, the
-data ledger, and the optimizer's non-tensor per-parameter values. Model tensors are
-written into CPU memory in place, so the state is never held twice; every entry a peer
+data ledger, and the optimizer's non-tensor per-parameter values. Sharded state (FSDP2
+DTensors) travels as this rank's local shards (fthsdp/state/shards.py): rank k of a behind
+replica receives exactly rank k's pieces. Model tensors in CPU memory are written in place,
+so the state is never held twice; model tensors on a GPU are received into host staging and
+copied onto the device when the protocol adopts the fetched state. Every entry a peer
 announces is checked against this rank's own model, optimizer and registry before any
 memory is allocated for it.
 """
@@ -29,6 +32,7 @@ import numpy as np
 import torch
 
 from fthsdp.errors import TransferError
+from fthsdp.state.shards import is_dtensor, like, local
 
 PIECE_BYTES = 8 << 20
 HEADER = struct.Struct(">Q")
@@ -167,20 +171,25 @@ def tensor_bytes(t: torch.Tensor) -> memoryview:
     return memoryview(t.detach().reshape(-1).view(torch.uint8).numpy())
 
 
+def host_buffer(shape: tuple[int, ...] | torch.Size, dtype: torch.dtype) -> torch.Tensor:
+    """Host memory for state on its way to or from a GPU: pinned when CUDA is there."""
+    return torch.empty(tuple(shape), dtype=dtype, pin_memory=torch.cuda.is_available())
+
+
 def _dtype_name(t: torch.Tensor) -> str:
     return str(t.dtype).removeprefix("torch.")
 
 
 def live_entries(model: torch.nn.Module, optimizer: torch.optim.Optimizer
                  ) -> tuple[list[tuple[str, torch.Tensor]], dict[str, dict[str, Any]]]:
-    """(name, tensor) for every model and optimizer tensor (views of live memory), and the
-    optimizer's non-tensor per-parameter values."""
-    entries = [(f"model/{k}", v) for k, v in model.state_dict().items() if isinstance(v, torch.Tensor)]
+    """(name, tensor) for every model and optimizer tensor (views of this rank's live pieces),
+    and the optimizer's non-tensor per-parameter values."""
+    entries = [(f"model/{k}", local(v)) for k, v in model.state_dict().items() if isinstance(v, torch.Tensor)]
     scalars: dict[str, dict[str, Any]] = {}
     for idx, per_param in sorted(optimizer.state_dict()["state"].items()):
         for key, value in sorted(per_param.items()):
             if isinstance(value, torch.Tensor):
-                entries.append((f"optim/{idx}/{key}", value))
+                entries.append((f"optim/{idx}/{key}", local(value)))
             else:
                 scalars.setdefault(str(idx), {})[key] = value
     return entries, scalars
@@ -202,6 +211,13 @@ class Fetched:
     manifest: Manifest
     optimizer_state: dict[str, Any]       # what optimizer.load_state_dict takes
     user_payloads: dict[str, bytes]
+    device_copies: list[tuple[torch.Tensor, torch.Tensor]]  # (model tensor on a GPU, its received bytes)
+
+    def adopt_model(self) -> None:
+        """Copy the model tensors received into host staging onto their device (at commit)."""
+        with torch.no_grad():
+            for live, staged in self.device_copies:
+                live.copy_(staged)
 
 
 class StateTarget:
@@ -210,9 +226,11 @@ class StateTarget:
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, user_names: frozenset[str] = frozenset(),
                  max_user_bytes: int = 64 << 20) -> None:
-        self._model_tensors = {f"model/{k}": v for k, v in model.state_dict().items()
+        self._model_tensors = {f"model/{k}": local(v) for k, v in model.state_dict().items()
                                if isinstance(v, torch.Tensor)}
-        self._param_shapes = [tuple(p.shape) for g in optimizer.param_groups for p in g["params"]]
+        self._params = [p for g in optimizer.param_groups for p in g["params"]]
+        self._param_shapes = [tuple(local(p).shape) for p in self._params]
+        self._device_copies: list[tuple[torch.Tensor, torch.Tensor]] = []
         self._group_params = [g["params"] for g in optimizer.state_dict()["param_groups"]]
         self._user_names, self._max_user_bytes = user_names, max_user_bytes
         self._optim_state: dict[int, dict[str, Any]] = {}
@@ -227,6 +245,10 @@ class StateTarget:
             if t is None or tuple(t.shape) != entry.shape or t.dtype != dtype:
                 raise TransferError(f"state entry {entry.name} {entry.dtype}{list(entry.shape)} does not "
                                     f"match the local model")
+            if t.device.type != "cpu":  # received into host memory, copied onto the device at commit
+                staged = host_buffer(t.shape, t.dtype)
+                self._device_copies.append((t, staged))
+                return staged
             return t
         kind, _, rest = entry.name.partition("/")
         if kind == "user":
@@ -245,7 +267,7 @@ class StateTarget:
         if entry.shape not in (shape, ()) or len(per_param) >= MAX_OPTIMIZER_KEYS:
             raise TransferError(f"optimizer entry {entry.name} {list(entry.shape)} fits parameter {index} of "
                                 f"shape {list(shape)} neither as a tensor of its shape nor as a scalar")
-        per_param[key] = torch.empty(entry.shape, dtype=dtype)
+        per_param[key] = host_buffer(entry.shape, dtype)
         return self._sized(entry, per_param[key])
 
     @staticmethod
@@ -269,8 +291,11 @@ class StateTarget:
                 raise TransferError(f"optimizer scalars for parameter {idx!r} do not fit this optimizer")
 
     def finish(self, manifest: Manifest) -> Fetched:
-        optim = {idx: dict(values) for idx, values in self._optim_state.items()}
+        optim: dict[int, dict[str, Any]] = {}
+        for idx, values in self._optim_state.items():
+            param = self._params[idx]  # a shard of a DTensor parameter becomes that DTensor's shard again
+            optim[idx] = {key: like(param, t) if is_dtensor(param) and t.dim() else t for key, t in values.items()}
         for idx, values in manifest.optim_scalars.items():
             optim.setdefault(int(idx), {}).update(values)
         return Fetched(manifest, {"state": optim, "param_groups": [dict(g) for g in manifest.optim_groups]},
-                       {name: t.numpy().tobytes() for name, t in self._user.items()})
+                       {name: t.numpy().tobytes() for name, t in self._user.items()}, self._device_copies)

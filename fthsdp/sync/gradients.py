@@ -1,24 +1,33 @@
-"""Gradient averaging for one step: inside the replica over Gloo, across replicas over FTAR.
+"""Gradient averaging for one step: inside the replica, then across replicas over FTAR.
 
-HSDP-style: the replica's ranks sum their gradients (Gloo all-reduce) and average
-them; rank k all-reduces shard k of that average over FTAR with rank k of every other
-participating replica; the sum is divided by the number of contributing (healthy)
-replicas; the ranks all-gather the shards. A behind replica contributes zeros.
-Every rank runs the same Gloo calls whatever happened to its FTAR part -- even without a
-plan (`plan=None`: the quorum answer did not fit this rank) -- so a failure never
-desynchronises the replica: it only turns that rank's vote into "no".
+Two ways in, one ring:
+
+- Sharded models (FSDP2): FSDP reduce-scatters each parameter group inside the replica and
+  hands this rank's shard to `reduce_shard_` (fthsdp/sync/fsdp.py installs the hook). The
+  shard is all-reduced over FTAR with rank k of every other contributing replica, divided by
+  their number; 16-bit shards travel and add as float32 and are rounded once at the end. A
+  deferred shard's reduction overlaps the rest of backward; `wait_shards` (before the
+  optimizer step) waits for all of them. No full-size gradient buffer exists anywhere.
+- Replicated models (plain or DDP): `reduce_` takes a flat buffer (all gradients, or one DDP
+  bucket) on the gradients' device: the replica's ranks average it (all-reduce on the
+  replica's process group), rank k all-reduces shard k over FTAR, and the ranks all-gather.
+
+A behind replica contributes zeros. Every rank runs the same in-replica collectives whatever
+happened to its FTAR part -- even without a plan (`plan=None`: the quorum answer did not fit
+this rank) -- so a failure never desynchronises the replica: it only turns that rank's vote
+into "no".
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Iterable
 
 import torch
 import torch.distributed as dist
 
-from ftar_kernels import FatalError, FtarEndpoint, RecoverableError
+from ftar_kernels import AllReduceHandle, FatalError, FtarEndpoint, RecoverableError
 from fthsdp.errors import Fatal
 from fthsdp.step.plan import RankPlan
 
@@ -31,6 +40,22 @@ class SyncResult:
     reason: str = ""
 
 
+@dataclass
+class _Shard:
+    """One gradient shard on its way through FTAR: `work` is what travels (the shard itself,
+    or its float32 copy when the shard is 16-bit)."""
+    shard: torch.Tensor
+    work: torch.Tensor
+    handle: AllReduceHandle
+
+
+@dataclass
+class _ShardStep:
+    pending: list[_Shard] = field(default_factory=list)
+    count: int = 0
+    failure: str = ""
+
+
 class GradientSync:
     """One rank's reducer. `configure` follows quorum changes; `reduce_` works in place."""
 
@@ -40,6 +65,7 @@ class GradientSync:
         self.process_group = process_group
         self._generation: int | None = None
         self._broken = ""
+        self._shards = _ShardStep()
 
     def configure(self, plan: RankPlan) -> None:
         """(Re)build the FTAR ring when the quorum changed or the last one broke."""
@@ -55,7 +81,62 @@ class GradientSync:
             raise _fatal(exc) from exc
 
     def mark_broken(self, reason: str) -> None:
+        """The step's gradients are dropped: forget its shards; the next attempt rebuilds the ring."""
         self._broken = reason
+        self._shards = _ShardStep()
+
+    # -- sharded models (FSDP2)
+
+    def reduce_shard_(self, shard: torch.Tensor, plan: RankPlan | None, deferred: bool) -> None:
+        """Start averaging one reduce-scatter output across replicas, in place. Finished here
+        unless `deferred` (then `wait_shards` finishes it)."""
+        step = self._shards
+        step.count += 1
+        if plan is None:
+            step.failure = step.failure or "no plan for this step"
+            return
+        if plan.behind:
+            shard.zero_()
+        if self._broken or step.failure:  # a broken ring cannot carry this one either
+            step.failure = step.failure or self._broken
+            return
+        work = shard if shard.dtype == torch.float32 else shard.float()
+        try:
+            item = _Shard(shard, work, self.endpoint.allreduce(work))
+        except FatalError as exc:
+            raise _fatal(exc) from exc
+        if deferred:
+            step.pending.append(item)
+        else:
+            self._finish_shard(item, plan)
+
+    def wait_shards(self, plan: RankPlan | None) -> SyncResult:
+        """Wait for every deferred shard of this step (each wait bounded by timeout_s)."""
+        step, self._shards = self._shards, _ShardStep()
+        for item in step.pending:
+            if not step.failure:
+                self._finish_shard(item, plan, step)
+        if not step.count:
+            step.failure = step.failure or ("no gradient shard reached the all-reduce hook this step: run "
+                                            "backward through the FSDP-wrapped model before ending the step")
+        return SyncResult(not step.failure, step.failure)
+
+    def _finish_shard(self, item: _Shard, plan: RankPlan | None, step: _ShardStep | None = None) -> None:
+        step = step or self._shards
+        assert plan is not None
+        try:
+            item.handle.wait(self.timeout_s)
+        except RecoverableError as exc:
+            self._broken = f"FTAR all-reduce of step {plan.step} failed: {exc}"
+            step.failure = step.failure or self._broken
+            return
+        except FatalError as exc:
+            raise _fatal(exc) from exc
+        item.work.div_(plan.divisor)
+        if item.work is not item.shard:
+            item.shard.copy_(item.work)  # the one rounding back to 16 bits
+
+    # -- replicated models (plain, DDP)
 
     def reduce_(self, flat: torch.Tensor, plan: RankPlan | None) -> SyncResult:
         """Average `flat` (this rank's gradient, 1-D float) across the step's contributors, in place."""
@@ -99,11 +180,12 @@ def _fatal(exc: FatalError) -> Fatal:
 
 
 def flatten_grads(params: Iterable[torch.nn.Parameter], out: torch.Tensor | None = None) -> torch.Tensor:
-    """Every parameter's gradient (zeros where none) in one float32 vector."""
+    """Every parameter's gradient (zeros where none) in one float32 vector on their device."""
     params = list(params)
     total = sum(p.numel() for p in params)
-    if out is None or out.numel() != total:
-        out = torch.empty(total, dtype=torch.float32)
+    device = params[0].device if params else torch.device("cpu")
+    if out is None or out.numel() != total or out.device != device:
+        out = torch.empty(total, dtype=torch.float32, device=device)
     offset = 0
     for p in params:
         n = p.numel()

@@ -39,6 +39,12 @@ class Faults:
         self.items.append({"kind": "kill", "replica": str(replica), "step": at_step, "rank": rank})
         return self
 
+    def sigkill(self, replica: int, at_step: int, rank: int = 0) -> "Faults":
+        """The rank gets a real SIGKILL right after its first FTAR all-reduce of `at_step` started
+        (with FSDP2: in the middle of backward)."""
+        self.items.append({"kind": "sigkill", "replica": str(replica), "step": at_step, "rank": rank})
+        return self
+
     def abort(self, replica: int, at_step: int, rank: int = 1) -> "Faults":
         """The rank votes no on `at_step` after its all-reduce succeeded (others include its gradient)."""
         self.items.append({"kind": "abort", "replica": str(replica), "step": at_step, "rank": rank})

@@ -28,17 +28,22 @@ class _Delegate:
 
 
 class KillWhenAllreduceStarts(_Delegate):
-    """An FTAR endpoint whose process exits (as if SIGKILLed: no cleanup, code 137) right
-    after an all-reduce was submitted, when `should_kill()` says so."""
+    """An FTAR endpoint whose process exits (as if SIGKILLed: no cleanup, code 137; or by a
+    real signal, when `kill` sends it) right after an all-reduce was submitted, when
+    `should_kill()` says so. With FSDP2 that is in the middle of backward: the first group's
+    shard is on its way, the other groups' gradients are not computed yet."""
 
-    def __init__(self, endpoint, should_kill: Callable[[], bool], before_exit: Callable[[], None] = lambda: None):
+    def __init__(self, endpoint, should_kill: Callable[[], bool], before_exit: Callable[[], None] = lambda: None,
+                 kill: Callable[[], None] | None = None):
         super().__init__(endpoint)
-        self._should_kill, self._before_exit = should_kill, before_exit
+        self._should_kill, self._before_exit, self._kill = should_kill, before_exit, kill
 
     def allreduce(self, tensor):
         handle = self._inner.allreduce(tensor)
         if self._should_kill():
             self._before_exit()
+            if self._kill is not None:
+                self._kill()
             os._exit(137)
         return handle
 
@@ -53,6 +58,11 @@ class FailingSync(_Delegate):
 
     def reduce_(self, flat, plan) -> SyncResult:
         result = self._inner.reduce_(flat, plan)
+        reason = self._reason_for(plan)
+        return SyncResult(False, reason) if reason else result
+
+    def wait_shards(self, plan) -> SyncResult:
+        result = self._inner.wait_shards(plan)
         reason = self._reason_for(plan)
         return SyncResult(False, reason) if reason else result
 

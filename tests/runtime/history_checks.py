@@ -15,12 +15,15 @@ def committed_steps(rec: Records) -> dict[int, list[dict]]:
     return dict(sorted(by_step.items()))
 
 
-def check_bitwise_identical_after_every_commit(rec: Records) -> int:
-    """Every process that committed step n holds the same parameters, optimizer state, ledger."""
+def check_bitwise_identical_after_every_commit(rec: Records, sharded: bool = False) -> int:
+    """Every process that committed step n holds the same parameters, optimizer state, ledger
+    (`sharded`: rank k of every replica holds the same shard k)."""
     steps = committed_steps(rec)
     for step, rows in steps.items():
-        digests = {(r["replica"], r["rank"], r["incarnation"]): r["digest"] for r in rows}
-        assert len(set(digests.values())) == 1, f"step {step} committed with different states: {digests}"
+        for rank in sorted({r["rank"] for r in rows}) if sharded else [None]:
+            digests = {(r["replica"], r["rank"], r["incarnation"]): r["digest"] for r in rows
+                       if rank is None or r["rank"] == rank}
+            assert len(set(digests.values())) == 1, f"step {step} committed with different states: {digests}"
     return len(steps)
 
 
@@ -77,14 +80,17 @@ def check_retries_left_state_untouched(rec: Records) -> int:
     return retries
 
 
-def check_restarted_replica_caught_up(rec: Records, replica: str) -> dict:
-    """The restarted incarnation's first commit was a catch-up, identical to the others."""
+def check_restarted_replica_caught_up(rec: Records, replica: str, sharded: bool = False) -> dict:
+    """The restarted incarnation's first commit was a catch-up, identical to the others
+    (`sharded`: each rank to the same rank of the others); returns rank 0's row."""
     rows = [r for r in rec.where(event="commit", replica=replica) if r["incarnation"] > 0]
     assert rows, f"restarted replica {replica} never committed"
     first = rows[0]
     assert first["behind"], f"restarted replica {replica} did not catch up first: {first}"
-    others = [r for r in committed_steps(rec)[first["step"]] if r["replica"] != replica]
-    assert others and all(o["digest"] == first["digest"] for o in others)
+    for mine in [r for r in rows if r["step"] == first["step"]]:
+        others = [r for r in committed_steps(rec)[first["step"]]
+                  if r["replica"] != replica and (not sharded or r["rank"] == mine["rank"])]
+        assert others and all(o["digest"] == mine["digest"] for o in others), (mine, others)
     return first
 
 

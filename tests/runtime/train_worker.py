@@ -5,7 +5,10 @@ config["record"]: one per step attempt (committed or not) with the state digests
 state it trained from, empty for a catch-up; digest: the state after it),
 the ledger positions the step read, and what this replica trained. With "stateful", the
 model has dropout and the script registers a StepLR schedule, a sampler whose epoch moves
-on commits, and the RNG streams: the digest covers them, and the record shows each.
+on commits, and the RNG streams: the digest covers them, and the record shows each. With
+"fsdp", the model is wrapped with FSDP2's fully_shard over the replica's ranks (each rank
+holds its shard; digests are per shard). With "dump", the last state (this rank's local
+tensors) is saved next to the record (tests/runtime/hsdp_reference.py writes the same).
 """
 
 from __future__ import annotations
@@ -13,7 +16,9 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import random
+import signal
 import sys
 import time
 from datetime import timedelta
@@ -21,8 +26,11 @@ from datetime import timedelta
 import numpy as np
 import torch
 import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
 
 from fthsdp import FaultTolerantOptimizer, Manager, RuntimeSettings, Seams, ddp_comm_hook, state_digest
+from fthsdp.state.shards import local
 from tests.runtime.faults import FailingSync, HiddenAtStart, KillWhenAllreduceStarts
 
 BATCH_ROWS = 8
@@ -53,6 +61,28 @@ class EpochSampler:
         self.epoch, self.per_epoch = state["epoch"], state["per_epoch"]
 
 
+def build_model(stateful: bool = False) -> torch.nn.Module:
+    torch.manual_seed(0)
+    layers = [torch.nn.Linear(8, 16), torch.nn.Tanh()] + ([torch.nn.Dropout(0.25)] if stateful else [])
+    return torch.nn.Sequential(*layers, torch.nn.Linear(16, 1))
+
+
+def shard_model(model: torch.nn.Module, mesh) -> None:
+    """FSDP2: one parameter group per Linear, then the root (the reference shards alike)."""
+    for layer in model:
+        if isinstance(layer, torch.nn.Linear):
+            fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+
+
+def local_state(model: torch.nn.Module, opt: torch.optim.Optimizer) -> dict[str, torch.Tensor]:
+    """This rank's local pieces of the parameters and of the optimizer's tensors."""
+    out = {f"model/{k}": local(v).clone() for k, v in model.state_dict().items()}
+    for idx, per_param in opt.state_dict()["state"].items():
+        out.update({f"optim/{idx}/{k}": local(v).clone() for k, v in per_param.items()})
+    return out
+
+
 def rng_digest() -> str:
     """A hash of the torch, numpy and Python RNG states right now."""
     h = hashlib.sha256(torch.get_rng_state().numpy().tobytes())
@@ -72,7 +102,8 @@ def main(cfg: dict) -> int:
     # Faults apply to this process's first incarnation only; they wrap real parts (tests/runtime/faults.py).
     faults = [f for f in cfg.get("faults", []) if f["replica"] == cfg["replica_id"] and cfg["incarnation"] == 0
               and f.get("rank", 0) in (None, cfg["rank"])]  # rank None: every rank
-    kill_at = {f["step"] for f in faults if f["kind"] == "kill"}
+    kill_at = {f["step"] for f in faults if f["kind"] in ("kill", "sigkill")}
+    kill = (lambda: os.kill(os.getpid(), signal.SIGKILL)) if any(f["kind"] == "sigkill" for f in faults) else None
     abort_at = {f["step"] for f in faults if f["kind"] == "abort"}
     corrupt_after = {f["step"] for f in faults if f["kind"] == "corrupt"}
     kill_source = any(f["kind"] == "kill_source" for f in faults)
@@ -83,7 +114,7 @@ def main(cfg: dict) -> int:
 
     seams = Seams(
         endpoint=lambda ep: KillWhenAllreduceStarts(ep, killing_now,
-                                                    lambda: write(event="killed", step=manager.plan.step)),
+                                                    lambda: write(event="killed", step=manager.plan.step), kill),
         sync=lambda sync: FailingSync(sync, lambda plan: "injected abort" if plan and plan.step in abort_at else None),
         checkpoints=HiddenAtStart if any(f["kind"] == "fresh_start" for f in faults) else (lambda store: store))
 
@@ -93,10 +124,10 @@ def main(cfg: dict) -> int:
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{cfg['gloo_port']}", rank=cfg["rank"],
                                 world_size=world, timeout=timedelta(seconds=20))
         group = dist.group.WORLD
-    torch.manual_seed(0)
     stateful = cfg.get("stateful", False)
-    layers = [torch.nn.Linear(8, 16), torch.nn.Tanh()] + ([torch.nn.Dropout(0.25)] if stateful else [])
-    model = torch.nn.Sequential(*layers, torch.nn.Linear(16, 1))
+    model = build_model(stateful)
+    if cfg.get("fsdp"):
+        shard_model(model, init_device_mesh("cpu", (world,)))
     opt = torch.optim.AdamW(model.parameters(), lr=0.01)
     settings = RuntimeSettings.from_env(
         job_id="t", replica_id=cfg["replica_id"], rank=cfg["rank"], world_size=world,
@@ -136,6 +167,7 @@ def main(cfg: dict) -> int:
         position = batches.last_position
         before = "" if manager.is_behind else digest()  # the state this step trains from
         ft_opt.zero_grad()
+        plan = manager.plan
         rows = slice(cfg["rank"], None, world)
         loss = torch.nn.functional.mse_loss(forward(x[rows]), y[rows])
         loss.backward()
@@ -154,8 +186,11 @@ def main(cfg: dict) -> int:
               behind=out.behind, included=list(out.included), positions_before=out.positions_before,
               trained_position=position, lr=opt.param_groups[0]["lr"], lr_scale=out.lr_scale,
               reason=out.reason, ckpt_error=manager.last_checkpoint_error, sched=sched.state_dict(),
+              source=plan.source_replica if plan is not None else "", fetched_bytes=manager.last_catch_up_bytes,
               epoch=sampler.epoch, rng=rng_digest(), before=before, digest=digest())
     write(event="done", step=manager.step)
+    if cfg.get("dump"):
+        torch.save(local_state(model, opt), cfg["record"].removesuffix(".jsonl") + ".pt")
     manager.close()
     return 0
 

@@ -1,0 +1,76 @@
+"""What a catch-up source serves: this rank's state at the start of a step, taken once.
+
+    held = take(step, ledger_json, model, optimizer, registry, copy_cpu=False)
+    manifest, tensors = held.served()      # on the state server's threads
+
+State on a GPU is always copied, into pinned host memory, on a side stream at the step
+boundary (the paper's GPU-to-CPU copy): the copies overlap training, `served()` waits for
+them, and the training stream waits for them before it may change the state (the optimizer
+step). Such a snapshot is immutable, so the source keeps training while its fetchers read it.
+State in CPU memory is served in place (no second copy in memory: the source then holds its
+optimizer step until its fetchers have it), unless `copy_cpu` asks for a copy too.
+Registered state is serialized anew, so it is always a copy. Only this rank's local shards
+are taken (fthsdp/state/shards.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from fthsdp.state.registry import StateRegistry
+from fthsdp.state.stream import Manifest, build_manifest, host_buffer, live_entries
+
+
+@dataclass
+class HeldSnapshot:
+    step: int
+    manifest: Manifest
+    tensors: list[torch.Tensor]
+    copied: bool                          # immutable: the live state may move on while it is served
+    ready: list[torch.cuda.Event]         # the device-to-host copies (one per device)
+
+    def served(self) -> tuple[Manifest, list[torch.Tensor]]:
+        for event in self.ready:
+            event.synchronize()
+        return self.manifest, self.tensors
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.tensors)
+
+
+def take(step: int, ledger_json: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+         registry: StateRegistry, copy_cpu: bool = False) -> HeldSnapshot:
+    entries, scalars = live_entries(model, optimizer)
+    in_place = any(t.device.type == "cpu" for _, t in entries) and not copy_cpu
+    entries += registry.entries()
+    streams: dict[torch.device, torch.cuda.Stream] = {}
+    tensors = []
+    for _, t in entries:
+        if t.device.type == "cuda":
+            tensors.append(_device_to_host(t, streams))
+        elif copy_cpu:
+            tensors.append(t.clone())
+        else:
+            tensors.append(t)
+    ready = []
+    for device, stream in streams.items():
+        event = stream.record_event()
+        torch.cuda.current_stream(device).wait_event(event)  # the optimizer step comes after the copies
+        ready.append(event)
+    groups = optimizer.state_dict()["param_groups"]
+    manifest = build_manifest(step, ledger_json, entries, scalars, groups)
+    return HeldSnapshot(step, manifest, tensors, not in_place, ready)
+
+
+def _device_to_host(t: torch.Tensor, streams: dict[torch.device, torch.cuda.Stream]) -> torch.Tensor:
+    stream = streams.get(t.device)
+    if stream is None:
+        stream = streams[t.device] = torch.cuda.Stream(device=t.device)
+        stream.wait_stream(torch.cuda.current_stream(t.device))  # the state as of the step boundary
+    host = host_buffer(t.shape, t.dtype)
+    with torch.cuda.stream(stream):
+        host.copy_(t.contiguous(), non_blocking=True)
+    return host
