@@ -1,0 +1,78 @@
+"""A catch-up source that serves an immutable copy of its state keeps training while it is read.
+
+The copy is taken at the step boundary (fthsdp/state/snapshot.py; on a GPU it is the pinned
+host copy, here the CPU emulation: `copy_cpu=True`). The source stops serving its live
+state without waiting for its fetcher, changes its state (the optimizer step), and begins
+the next step; the fetcher still gets the state at the start of the step it asked for,
+bitwise; its acknowledgement releases the copy, and so does the hold timeout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import torch
+
+from fthsdp.errors import TransferError
+from fthsdp.state import snapshot
+from fthsdp.state.digest import state_digest
+from fthsdp.state.serve import StateServer
+from tests.runtime.test_state_transfer import _fetch, _trained
+from tests.waiting import wait_for_blocking
+
+LEDGER = '{"positions": {"a": 3}}'
+
+
+def _train_one_step(model, opt) -> None:
+    opt.zero_grad()
+    model(torch.randn(4, 8)).sum().backward()
+    opt.step()
+
+
+@pytest.fixture
+def copying_source():
+    model, opt, registry = _trained(0)
+    held = snapshot.take(5, LEDGER, model, opt, registry, copy_cpu=True)
+    server = StateServer("127.0.0.1", 0, held.served, label="copy").start()
+    server.serve(5)
+    yield model, opt, registry, held, server
+    server.close()
+
+
+def test_the_source_trains_on_while_its_fetcher_reads_the_copy(copying_source):
+    model, opt, registry, held, server = copying_source
+    assert held.copied and held.nbytes > 0
+    before = state_digest(model, opt, "", 5, registry.state_dicts())
+    missing = server.stop(("b",), 30.0, keep=held.served())  # returns at once: nobody holds
+    assert missing == {"b"}
+    _train_one_step(model, opt)  # the optimizer step of step 5 ...
+    server.serve(6)              # ... and the next step begins
+    assert state_digest(model, opt, "", 5, registry.state_dicts()) != before
+
+    dst_model, dst_opt, dst_registry, fetched = _fetch(server.address, step=5)
+    assert fetched.manifest.step == 5 and fetched.manifest.ledger_json == LEDGER
+    assert state_digest(dst_model, dst_opt, "", 5, dst_registry.state_dicts()) == before
+    with pytest.raises(TransferError, match="refused step 5"):  # acknowledged: the copy is gone
+        _fetch(server.address, step=5)
+
+
+def test_in_place_state_is_not_kept_past_stop():
+    model, opt, registry = _trained(0)
+    held = snapshot.take(5, LEDGER, model, opt, registry)
+    assert not held.copied  # the live tensors themselves: the source must hold instead
+    assert held.tensors[0].data_ptr() == next(iter(model.state_dict().values())).data_ptr()
+
+
+def test_a_kept_copy_nobody_fetches_is_released_after_the_hold_timeout(copying_source):
+    _, _, _, held, server = copying_source
+    server.stop(("ghost",), 0.2, keep=held.served())
+
+    def refused() -> bool:
+        try:
+            _fetch(server.address, step=5)
+        except TransferError:
+            return True
+        return False
+
+    assert asyncio.run(wait_for_blocking(refused, timeout_s=10.0, what="the kept copy to expire"))
