@@ -36,7 +36,7 @@ from fthsdp.state.checkpoint import CheckpointStore
 from fthsdp.state.digest import rank_digest
 from fthsdp.state.fetch_job import FetchJob
 from fthsdp.state.registry import StateRegistry, Stateful
-from fthsdp.state import snapshot
+from fthsdp.state import shards, snapshot
 from fthsdp.state.serve import Snapshot, StateServer
 from fthsdp.step import events as ev
 from fthsdp.step import messages as msg
@@ -101,8 +101,8 @@ class Manager:
         self._training_thread = threading.current_thread()
         self._started = False
         self._in_step = False
-        self.checkpoints = seams.checkpoints(CheckpointStore(settings.checkpoint_dir)) if settings.checkpoint_dir \
-            else None
+        self.checkpoints = seams.checkpoints(CheckpointStore(
+            settings.checkpoint_dir, keep_last=settings.checkpoint_keep_last)) if settings.checkpoint_dir else None
         self.coordinator: CoordinatorService | None = None
         self.client: CoordinatorClient | None = None
         self.state_server: StateServer | None = None
@@ -236,10 +236,17 @@ class Manager:
                     log.debug("closing %s failed: %r", type(part).__name__, exc)
         self.client = self.coordinator = self.state_server = self.endpoint = None
 
+    def _checkpoint_group(self) -> dist.ProcessGroup | None:
+        """Who writes and reads a checkpoint together: a sharded model's ranks (DCP is
+        collective over them); a replicated model's state is whole on each rank (None)."""
+        return shards.process_group_of(self.model) if self.sharded else None
+
     def _restore_checkpoint(self) -> None:
         if self.checkpoints is None:
             return
-        latest = self.checkpoints.latest_complete()
+        # every rank of the replica resumes from the same step (one may see a newer checkpoint)
+        group = self._checkpoint_group() if self.sharded else self.process_group
+        latest = shards.agree_on_min(self.checkpoints.latest_complete(), group if self.settings.world_size > 1 else None)
         if latest is None:
             return
         try:
@@ -253,9 +260,7 @@ class Manager:
         """Load the checkpoint of the state at the start of `step` into the model, the optimizer
         and the registered state; returns the step it starts and its ledger."""
         assert self.checkpoints is not None
-        restored = self.checkpoints.load(step)
-        self.model.load_state_dict(restored.model_state)
-        self.optimizer.load_state_dict(restored.optimizer_state)
+        restored = self.checkpoints.load(step, self.model, self.optimizer, self._checkpoint_group())
         self.registry.load_state_dicts(restored.user_states, f"checkpoint {restored.path}")
         ledger = DataLedger.from_json(restored.ledger_json)
         log.info("replica %s rank %s loaded checkpoint %s: at step %s", self.settings.replica_id,
@@ -538,16 +543,20 @@ class Manager:
             self.registry.rng.apply()  # the retry draws the same numbers again
 
     def _do_Checkpoint(self, e: ev.Checkpoint) -> None:  # noqa: N802
-        if self.checkpoints is None:
+        """Every rank gets this effect: a sharded model's ranks all write their shards; rank 0
+        alone writes a replicated model's state and the replica's ledger entry."""
+        if self.checkpoints is None or (self.settings.rank != 0 and not self.sharded):
             return
         s = self.settings
         try:
             if e.write_state:
                 self.checkpoints.save_state(e.step, self._state.ledger.to_json(), self.model, self.optimizer,
-                                            self.registry.state_dicts())
+                                            self.registry.state_dicts(), process_group=self._checkpoint_group(),
+                                            rank=s.rank)
                 if self.coordinator is not None:  # its next step reports carry it to the controller
                     self.coordinator.checkpoint_saved(e.step - 1)
-            self.checkpoints.save_ledger_entry(e.step, s.replica_id, self._state.ledger.position(s.replica_id))
+            if s.rank == 0:
+                self.checkpoints.save_ledger_entry(e.step, s.replica_id, self._state.ledger.position(s.replica_id))
             self.last_checkpoint_error = ""
         except CheckpointError as exc:
             self.last_checkpoint_error = str(exc)

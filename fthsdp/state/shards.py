@@ -11,6 +11,7 @@ like its parameter (same mesh, placements, global shape and stride).
 from __future__ import annotations
 
 import torch
+import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 
@@ -39,3 +40,22 @@ def storage_bytes(t: torch.Tensor) -> int:
     """Bytes of the storage behind this rank's piece of `t` (what it really holds in memory)."""
     piece = local(t)
     return piece.untyped_storage().nbytes()
+
+
+def process_group_of(model: torch.nn.Module) -> dist.ProcessGroup:
+    """The process group a sharded model's parameters are sharded over (the replica's ranks)."""
+    for param in model.parameters():
+        if isinstance(param, DTensor):
+            return param.device_mesh.get_group()
+    raise ValueError(f"{type(model).__name__} has no sharded (DTensor) parameter")
+
+
+def agree_on_min(value: int | None, group: dist.ProcessGroup | None) -> int | None:
+    """The smallest of every rank's `value` (None below all), the same on every rank of `group`."""
+    if group is None:
+        return value
+    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend(group) == "nccl" \
+        else torch.device("cpu")
+    t = torch.tensor([-1 if value is None else value], dtype=torch.int64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MIN, group=group)
+    return None if int(t.item()) < 0 else int(t.item())

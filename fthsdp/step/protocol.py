@@ -327,8 +327,8 @@ def _commit(state: RankState, s: RuntimeSettings) -> Result:
     effects += [ApplyStep(plan), Concluded(outcome)]
     if plan.report_digest:
         effects.append(SendDigest(state.attempt, plan.step))
-    if s.checkpoint_every_steps and next_step % s.checkpoint_every_steps == 0 and s.rank == 0:
-        # inside a replica the state is replicated: rank 0 writes it (and its replica's ledger entry)
+    if s.checkpoint_every_steps and next_step % s.checkpoint_every_steps == 0:
+        # every rank: a sharded replica's ranks write their shards together (the Manager knows)
         effects.append(Checkpoint(next_step, plan.writes_checkpoint_state))
     new = _replace(state, phase=Phase.IDLE, step=next_step, ledger=before.advanced(plan.included), deadline=INF,
                    fetch=Fetch.NONE, fetched_ledger=None, failures_in_a_row=0, last_failure="")

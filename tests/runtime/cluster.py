@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import selectors
+import signal
 import socket
 import subprocess
 import sys
@@ -118,6 +119,7 @@ class Cluster:
     overrides: dict[int, dict] = field(default_factory=dict)  # replica -> more settings for its workers
     no_restart: frozenset[int] = frozenset()  # replicas left dead when they fail (the run goes on without them)
     controller_settings: dict = field(default_factory=dict)  # more ControllerSettings fields
+    kill_all_after: int | None = None  # every worker stops after committing this step; then all get SIGKILL
 
     def __post_init__(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -138,8 +140,8 @@ class Cluster:
                    "steps": self.steps, "max_steps": self.max_steps, "replicas": self.replicas, "faults": self.faults.items,
                    "record": str(self.records_dir / f"{replica}-{rank}-{inc}.jsonl"),
                    "checkpoint_dir": str(self.checkpoint_dir) if self.checkpoint_every else "",
-                   "checkpoint_every": self.checkpoint_every, "ddp": self.ddp, **self.worker,
-                   **self.overrides.get(replica, {})}
+                   "checkpoint_every": self.checkpoint_every, "ddp": self.ddp, "stop_after": self.kill_all_after,
+                   **self.worker, **self.overrides.get(replica, {})}
             log = open(self.workdir / f"worker-{replica}-{rank}-{inc}.log", "w")
             procs.append(subprocess.Popen([PYTHON, "-m", "tests.runtime.train_worker", json.dumps(cfg)],
                                           cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
@@ -189,6 +191,9 @@ class Cluster:
         left_dead: set[int] = set()
         waiting = dict(self.late)
         while True:
+            if self.kill_all_after is not None and self._all_stopped():
+                self._kill_all()
+                return
             for r, at in list(waiting.items()):
                 if self._committed(0) >= at:
                     del waiting[r]
@@ -215,8 +220,26 @@ class Cluster:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise AssertionError(f"cluster did not finish in time; logs in {self.workdir}")
-                # while a late replica waits for its cue, look at the records often
-                _wait_any_exit([p.pid for _, p in running.values()], min(left, 0.2 if waiting else 5.0))
+                # while a late replica or a whole-job kill waits for its cue, look at the records often
+                often = waiting or self.kill_all_after is not None
+                _wait_any_exit([p.pid for _, p in running.values()], min(left, 0.2 if often else 5.0))
+
+    def _all_stopped(self) -> bool:
+        """Every worker of every replica committed `kill_all_after` and waits to be killed."""
+        stopped = 0
+        for path in self.records_dir.glob("*.jsonl"):
+            stopped += '"event": "stopped"' in path.read_text()
+        return stopped >= self.replicas * self.ranks
+
+    def _kill_all(self) -> None:
+        """The whole job dies at once (every trainer process SIGKILLed, as by a lost data centre)."""
+        for procs in self._procs.values():
+            for p in procs:
+                if p.poll() is None:
+                    p.send_signal(signal.SIGKILL)
+        for procs in self._procs.values():
+            for p in procs:
+                p.wait()
 
 
 def _wait_any_exit(pids: list[int], timeout_s: float) -> None:

@@ -89,7 +89,7 @@ class SimulatedCrash(Exception):
 
 class CrashingStore(CheckpointStore):
     """A checkpoint store that dies before its `crash_before`-th file becomes visible
-    (1: before the state file's rename; 2: before its checksum's)."""
+    (1: before the side file's rename; 2: before the marker's; 3: before the folder's)."""
 
     def __init__(self, directory: str | os.PathLike[str], crash_before: int) -> None:
         super().__init__(directory)

@@ -5,7 +5,8 @@ all-reduce hook hands every group's reduce-scatter output to FTAR (rank k with r
 the other replicas). Checked here: the result equals PyTorch's own HSDP bitwise, and a rank
 SIGKILLed in the middle of backward costs the survivors one retry, after which the rebuilt
 replica catches up shard by shard (rank 0 and rank 1 from different sources) and every
-replica holds the same shards again.
+replica holds the same shards again; a whole job SIGKILLed resumes from its last sharded
+DCP checkpoint and retraces the killed run bitwise, every batch trained once.
 """
 
 from __future__ import annotations
@@ -17,8 +18,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from fthsdp.state.checkpoint import CheckpointStore
 from tests.runtime import history_checks as hc
-from tests.runtime.cluster import PYTHON, REPO, Cluster, Faults, free_port
+from tests.runtime.cluster import PYTHON, REPO, Cluster, Faults, Records, free_port
 
 pytestmark = pytest.mark.slow
 FSDP = {"fsdp": True, "dump": True, "digest_every": 1}
@@ -97,3 +99,30 @@ def _full_state_bytes() -> int:
 
     params = sum(p.numel() * p.element_size() for p in build_model().parameters())
     return 3 * params
+
+
+@pytest.mark.timeout(300)
+def test_the_whole_job_killed_resumes_from_its_last_dcp_checkpoint_exactly_once(tmp_path):
+    ckpt = tmp_path / "ckpt"
+    # Every rank stops after committing step 5 and the whole job is SIGKILLed; the last checkpoint is
+    # the state at the start of step 4 (written after committing step 3, every 4 steps).
+    first = Cluster(tmp_path / "run1", replicas=2, ranks=2, steps=50, join_timeout_s=10.0, checkpoint_every=4,
+                    checkpoint_dir=ckpt, worker=FSDP, kill_all_after=5).run(timeout_s=120.0)
+    assert max(r["step"] for r in first.where(event="commit")) == 5
+    store = CheckpointStore(ckpt)
+    assert store.steps() == [4] and store.latest_complete() == 4
+    assert sorted(p.name for p in (ckpt / "step-0000000004").iterdir()) == \
+        [".metadata", "COMPLETE", "__0_0.distcp", "__1_0.distcp", "fthsdp.pt"]  # one DCP file per rank's shards
+
+    second = Cluster(tmp_path / "run2", replicas=2, ranks=2, steps=7, join_timeout_s=10.0, checkpoint_every=4,
+                     checkpoint_dir=ckpt, worker=FSDP).run(timeout_s=120.0)
+    assert {r["step"] for r in second.where(event="started")} == {4}
+    hc.check_bitwise_identical_after_every_commit(second, sharded=True)
+    # The resumed job retraces the killed one bitwise: same state after steps 4 and 5, rank by rank.
+    for step in (4, 5):
+        before = {(r["replica"], r["rank"]): r["digest"] for r in first.where(event="commit", step=step)}
+        after = {(r["replica"], r["rank"]): r["digest"] for r in second.where(event="commit", step=step)}
+        assert before and all(after[k] == v for k, v in before.items()), step
+    # Committed history as it survives: the killed run up to its checkpoint, then the resumed run.
+    kept = Records([r for r in first.rows if r.get("event") not in ("commit", "retry") or r["step"] < 4] + second.rows)
+    hc.check_exactly_once(kept, replicas=2)

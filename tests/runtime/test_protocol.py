@@ -221,9 +221,9 @@ def test_a_retried_catch_up_leaves_every_rank_at_its_old_step():
 
 @pytest.mark.parametrize("rank, every, writes, expected", [
     (0, 4, True, [ev.Checkpoint(4, True)]), (0, 4, False, [ev.Checkpoint(4, False)]),
-    (1, 4, True, []), (0, 3, True, []), (0, 0, True, []),
+    (1, 4, True, [ev.Checkpoint(4, True)]), (0, 3, True, []), (0, 0, True, []),
 ])
-def test_checkpoints_are_written_by_rank_0_every_n_steps(rank, every, writes, expected):
+def test_every_rank_gets_the_checkpoint_every_n_steps(rank, every, writes, expected):
     settings = dataclasses.replace(S, rank=rank, checkpoint_every_steps=every, checkpoint_dir="/tmp/x" if every else "")
     run = Run(state(3, settings=settings))
     run.to_voting(plan(3, writes=writes))
