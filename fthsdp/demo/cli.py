@@ -1,9 +1,11 @@
-"""`fthsdp demo`: train an MLP on scikit-learn's digits with R replicas on this machine,
-through the real controller, agents and runtime, while failures are injected on a schedule.
+"""`fthsdp demo`: train an MLP on scikit-learn's digits (or, with `--model gpt`, a small
+decoder-only transformer on Python's documentation text, FSDP2 over 2 ranks per replica) with
+R replicas on this machine, through the real controller, agents and runtime, while failures
+are injected on a schedule.
 
-    fthsdp demo [--replicas 4] [--steps 200] [--failures kill-trainer@50:r1,kill-agent@130:r2]
-                [--ranks-per-replica 1] [--lr-policy sqrt] [--out fthsdp-report] [--seed 0]
-                [--no-baseline]
+    fthsdp demo [--model mlp|gpt] [--replicas 4] [--steps 200]
+                [--failures kill-trainer@50:r1,kill-agent@130:r2] [--ranks-per-replica 1]
+                [--lr-policy sqrt] [--out fthsdp-report] [--seed 0] [--no-baseline]
 
 Writes OUT/report.json, OUT/loss.png and OUT/healthy_replicas.png (logs and records under
 OUT/run and OUT/baseline). Exit status: 0 when every check passed, 1 when a check failed or
@@ -22,12 +24,19 @@ from pathlib import Path
 from controller.settings import LR_POLICIES  # the controller computes the learning-rate factor
 from fthsdp.demo.schedule import ScheduleError, default_text, parse
 
+MODELS = ("mlp", "gpt")  # built by fthsdp/demo/workloads.py (not imported here: it imports torch)
+#: the gpt workload's run settings: 8 windows of 64 bytes per replica and step, AdamW
+GPT_SETTINGS = {"model": "gpt", "batch_rows": 8, "lr": 0.003}
+
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="fthsdp demo", description=__doc__.split("\n\n")[0],
                                 epilog=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", choices=MODELS, default="mlp",
+                   help="mlp: digits, replicated; gpt: a small transformer on text, sharded with FSDP2")
     p.add_argument("--replicas", type=int, default=4, help="data-parallel replicas (2..8)")
-    p.add_argument("--ranks-per-replica", type=int, default=1, choices=(1, 2))
+    p.add_argument("--ranks-per-replica", type=int, choices=(1, 2),
+                   help="trainer processes per replica (default: 1 for mlp, 2 for gpt)")
     p.add_argument("--steps", type=int, default=200, help="training steps (10..5000)")
     p.add_argument("--failures", help="KIND@STEP:REPLICA,... with KIND kill-trainer, kill-agent or hang-trainer; '' for "
                                       "none (default: kill-trainer at 25%% of the steps on r1, kill-agent "
@@ -63,6 +72,8 @@ def _check(args) -> None:
 
 def main(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
+    if args.ranks_per_replica is None:
+        args.ranks_per_replica = 2 if args.model == "gpt" else 1
     try:
         _check(args)
         text = args.failures if args.failures is not None else default_text(
@@ -81,11 +92,13 @@ def main(argv: list[str]) -> int:
     settings = run.RunSettings(
         replicas=args.replicas, ranks_per_replica=args.ranks_per_replica, steps=args.steps, seed=args.seed,
         lr_policy=args.lr_policy, spares=args.spares, standby=not args.cold_spares,
-        heartbeat_timeout_s=args.heartbeat_timeout_s, timeout_s=args.timeout_s, min_step_s=args.step_time_s)
+        heartbeat_timeout_s=args.heartbeat_timeout_s, timeout_s=args.timeout_s, min_step_s=args.step_time_s,
+        **GPT_SETTINGS if args.model == "gpt" else {})
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
-    dataset = data.prepare(out / "digits.npz", args.seed)
+    # the gpt workload reads its text from Python's own documentation topics (pydoc_data)
+    dataset = data.prepare(out / "digits.npz", args.seed) if args.model == "mlp" else out / "no-data"
     print(f"demo: {args.replicas} replicas x {args.ranks_per_replica} rank(s), {args.steps} steps, "
           f"failures: {', '.join(f.describe() for f in failures) or 'none'}; output in {out}", flush=True)
     main_run = run.run_job(out / "run", dataset, settings, failures, tty=sys.stdout.isatty())

@@ -57,15 +57,18 @@ def exactly_once(rows: list[dict], replicas: list[str]) -> list[str]:
 
 
 def final_states(rows: list[dict], replicas: list[str], ranks: int) -> tuple[bool, list[str]]:
-    """Whether every (replica, rank) ended with the same step, parameters and optimizer state."""
+    """Whether rank k of every replica ended with the same step, parameters and optimizer state
+    (rank k's shard of them, when the model is sharded)."""
     last = {(r["replica"], r["rank"]): r for r in rows if r.get("event") == "done"}
     missing = [f"{rep}/{k}" for rep in replicas for k in range(ranks) if (rep, k) not in last]
     if missing:
         return False, [f"no final state from {', '.join(missing)}"]
-    digests = {f"{rep}/{k}": r["digest"][:12] for (rep, k), r in sorted(last.items())}
-    if len(set(digests.values())) != 1:
-        return False, [f"final states differ: {digests}"]
-    return True, []
+    problems = []
+    for k in range(ranks):
+        digests = {f"{rep}/{k}": r["digest"][:12] for (rep, rank), r in sorted(last.items()) if rank == k}
+        if len(set(digests.values())) != 1:
+            problems.append(f"final states differ: {digests}")
+    return not problems, problems
 
 
 def loss_by_step(rows: list[dict]) -> dict[int, float]:

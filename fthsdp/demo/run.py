@@ -39,6 +39,7 @@ class RunSettings:
     lr_policy: str
     spares: int = 1
     standby: bool = True
+    model: str = "mlp"   # or "gpt" (fthsdp/demo/workloads.py)
     hidden: int = 32
     batch_rows: int = 32
     lr: float = 0.05
@@ -48,7 +49,8 @@ class RunSettings:
     timeout_s: float = 150.0
 
     def trainer_config(self, data: Path, records: Path, ports: dict) -> dict:
-        return {"job_id": JOB_ID, "data": str(data), "records": str(records), "replicas": replica_ids(self.replicas),
+        return {"job_id": JOB_ID, "model": self.model, "data": str(data), "records": str(records),
+                "replicas": replica_ids(self.replicas),
                 "steps": self.steps, "max_steps": self.steps * 3 + 50, "seed": self.seed, "hidden": self.hidden,
                 "batch_rows": self.batch_rows, "lr": self.lr, "ports": ports, "min_step_s": self.min_step_s,
                 "timeouts": {"quorum_s": 30.0, "allreduce_s": 5.0, "vote_s": 10.0, "fetch_s": 10.0,

@@ -1,16 +1,17 @@
-"""One demo trainer process: an MLP on the digits through the real runtime, every step recorded.
+"""One demo trainer process: the demo's workload through the real runtime, every step recorded.
 
     python -m fthsdp.demo.trainer CONFIG_JSON
 
-Started by an agent (assignment in the FTHSDP_* environment, or handed to a standby on
-stdin, see `agent.env`) or directly by the baseline run. Writes JSON lines to
-<records>/<replica>-<rank>-<pid>.jsonl: "trained" before each all-reduce (the batch this
-replica computed), "catching_up" when a step fetches the state of its source (named),
-"commit"/"retry" after each step (with the digests of the state it
-trained from and of the state after it), "done" with the held-out score and the state digest
-at the end. Exits 0 when the job reached its steps in a full step. Optional config keys:
-"checkpoint_dir" and "checkpoint_every" (durable checkpoints), "ports_by": "host" (the
-coordinator and gloo ports are the host's, not the replica's: a replica moved to another
+The workload is an MLP on the digits, or (`"model": "gpt"`) a small transformer on text,
+sharded with FSDP2 over the replica's ranks (fthsdp/demo/workloads.py). Started by an agent
+(assignment in the FTHSDP_* environment, or handed to a standby on stdin, see `agent.env`) or
+directly by the baseline run. Writes JSON lines to <records>/<replica>-<rank>-<pid>.jsonl:
+"trained" before each all-reduce (the batch this replica computed), "catching_up" when a step
+fetches the state of its source (named), "commit"/"retry" after each step (with the digests
+of the state it trained from and of the state after it), "done" with the held-out score and
+the state digest at the end. Exits 0 when the job reached its steps in a full step. Optional
+config keys: "checkpoint_dir" and "checkpoint_every" (durable checkpoints), "ports_by": "host"
+(the coordinator and gloo ports are the host's, not the replica's: a replica moved to another
 host never finds its old ports held by a frozen trainer), "steps_file" (the number of steps
 is read from this file at every step, and there is no end while it is missing: whoever runs
 the job decides when it ends).
@@ -29,23 +30,17 @@ import time
 from datetime import timedelta
 from pathlib import Path
 
-import numpy as np
-
 from agent import env as agent_env
-from fthsdp.demo.data import batch_rows
-
-
-def build_model(hidden: int):
-    import torch
-
-    return torch.nn.Sequential(torch.nn.Linear(64, hidden), torch.nn.ReLU(), torch.nn.Linear(hidden, 10))
 
 
 def param_hash(model) -> str:
+    """A hash of this rank's parameters (its shards, when the model is sharded)."""
+    from fthsdp.state.shards import local
+
     h = hashlib.sha256()
     for name, p in model.state_dict().items():
         h.update(name.encode())
-        h.update(p.detach().contiguous().numpy().tobytes())
+        h.update(local(p).contiguous().numpy().tobytes())
     return h.hexdigest()
 
 
@@ -70,12 +65,13 @@ def main(argv: list[str]) -> int:
     import torch.distributed as dist
 
     from fthsdp import Manager, RuntimeSettings, state_digest
+    from fthsdp.demo.workloads import build_mlp
 
     torch.set_num_threads(1)
-    data = np.load(cfg["data"])
-    x_train, y_train = torch.from_numpy(data["x_train"]), torch.from_numpy(data["y_train"])
     # Pre-initialize before reporting in: torch.optim's first use imports torch._dynamo (seconds).
-    torch.optim.SGD(build_model(cfg["hidden"]).parameters(), lr=cfg["lr"], momentum=0.9)
+    torch.optim.SGD(build_mlp(4).parameters(), lr=0.1, momentum=0.9)
+    if cfg.get("model") == "gpt":
+        import torch.distributed.fsdp  # noqa: F401 - FSDP2's imports, before reporting in too
     standby = os.environ.get(agent_env.STANDBY) == "1"
     if standby:  # warm spare: imports and data are done
         try:
@@ -102,9 +98,10 @@ def main(argv: list[str]) -> int:
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{ports['gloo']}", rank=rank,
                                 world_size=world, timeout=timedelta(seconds=20))
         group = dist.group.WORLD
-    torch.manual_seed(cfg["seed"])
-    model = build_model(cfg["hidden"])
-    opt = torch.optim.SGD(model.parameters(), lr=cfg["lr"], momentum=0.9)
+    from fthsdp.demo.workloads import workload
+
+    w = workload(cfg, world)
+    model, opt = w.model, w.optimizer
     t = cfg["timeouts"]
     settings = RuntimeSettings.from_env(
         job_id=cfg["job_id"], replica_id=rid, rank=rank, world_size=world, controller_address=controller,
@@ -114,17 +111,10 @@ def main(argv: list[str]) -> int:
         heartbeat_interval_s=t["heartbeat_s"], ftar_chunk_bytes=64 << 10,
         checkpoint_dir=cfg.get("checkpoint_dir", ""), checkpoint_every_steps=cfg.get("checkpoint_every", 0))
     replicas = cfg["replicas"]
-    index = {r: i for i, r in enumerate(replicas)}
-
-    def batch_at(replica_id: str, position: int):
-        rows = torch.from_numpy(batch_rows(index[replica_id], position, len(replicas), cfg["batch_rows"],
-                                           len(x_train), cfg["seed"]))
-        return x_train[rows], y_train[rows]
-
     manager = Manager(model, opt, settings, process_group=group).start()
     write(event="started", step=manager.step, incarnation=manager.incarnation, standby=standby,
           start_s=round(time.time() - assigned, 3))
-    batches = manager.batches(batch_at)
+    batches = manager.batches(w.batch_at)
     full = False  # stop past `steps` in a step that every configured replica contributed to
     while not (manager.step >= _steps(cfg) and full) and manager.step < cfg["max_steps"]:
         began = time.time()
@@ -137,7 +127,7 @@ def main(argv: list[str]) -> int:
         opt.zero_grad(set_to_none=True)
         computing = time.time()
         rows = slice(rank, None, world)
-        loss = torch.nn.functional.cross_entropy(model(x[rows]), y[rows])
+        loss = w.loss(x[rows], y[rows])
         loss.backward()
         pace = cfg["min_step_s"] - (time.time() - computing)  # stands in for accelerator time
         if pace > 0:
@@ -153,11 +143,7 @@ def main(argv: list[str]) -> int:
               behind=o.behind, included=list(o.included), positions_before=o.positions_before, position=position,
               loss=loss.item(), lr_scale=o.lr_scale, reason=o.reason, before=before,
               digest=state_digest(model, opt, manager.ledger.to_json(), manager.step))
-    with torch.no_grad():
-        logits = model(torch.from_numpy(data["x_test"]))
-        y_test = torch.from_numpy(data["y_test"])
-        test_loss = torch.nn.functional.cross_entropy(logits, y_test).item()
-        test_acc = (logits.argmax(dim=1) == y_test).float().mean().item()
+    test_loss, test_acc = w.evaluate()  # every rank: a sharded model's forward is collective
     write(event="done", step=manager.step, test_loss=test_loss, test_acc=test_acc, params=param_hash(model),
           digest=state_digest(model, opt, manager.ledger.to_json(), manager.step))
     _write_atomic(records / f"{rid}-{rank}.done", str(manager.step))

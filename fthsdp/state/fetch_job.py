@@ -30,7 +30,8 @@ class FetchJob:
     def __init__(self, plan: RankPlan, settings: RuntimeSettings, model: torch.nn.Module,
                  optimizer: torch.optim.Optimizer, registry: StateRegistry) -> None:
         self.plan, self.settings = plan, settings
-        self._model, self._optimizer, self._registry = model, optimizer, registry
+        self._registry = registry
+        self._target = StateTarget(model, optimizer, registry.names, MAX_PAYLOAD_BYTES)  # on the training thread
         self._cancelled = threading.Event()
         self._read_fd, self._write_fd = os.pipe()
         self._thread = threading.Thread(target=self._run, daemon=True,
@@ -53,9 +54,7 @@ class FetchJob:
     def _run(self) -> None:
         s, plan = self.settings, self.plan
         try:
-            fetched = fetch_state(plan.fetch_from, plan.step, s.replica_id,
-                                  lambda: StateTarget(self._model, self._optimizer, self._registry.names,
-                                                      MAX_PAYLOAD_BYTES),
+            fetched = fetch_state(plan.fetch_from, plan.step, s.replica_id, self._target.fresh,
                                   s.fetch_timeout_s, s.fetch_attempts, self._cancelled.is_set,
                                   key=s.port_key(job_secret.PURPOSE_STATE))
             self.user_states = self._registry.decode(fetched.user_payloads)

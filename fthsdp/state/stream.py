@@ -21,6 +21,7 @@ memory is allocated for it.
 
 from __future__ import annotations
 
+import copy
 import json
 import struct
 import zlib
@@ -222,7 +223,9 @@ class Fetched:
 
 class StateTarget:
     """Where a fetched state lands: model tensors in place, optimizer and registered state
-    freshly allocated (and loaded later)."""
+    freshly allocated (and loaded later). Build it on the training thread (reading an FSDP2
+    model's state_dict swaps its parameters, so never while it runs forward); `fresh()`
+    gives another empty target of the same layout, for the fetch thread's next attempt."""
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, user_names: frozenset[str] = frozenset(),
                  max_user_bytes: int = 64 << 20) -> None:
@@ -235,6 +238,11 @@ class StateTarget:
         self._user_names, self._max_user_bytes = user_names, max_user_bytes
         self._optim_state: dict[int, dict[str, Any]] = {}
         self._user: dict[str, torch.Tensor] = {}
+
+    def fresh(self) -> "StateTarget":
+        target = copy.copy(self)
+        target._device_copies, target._optim_state, target._user = [], {}, {}
+        return target
 
     def destination(self, entry: Entry) -> torch.Tensor:
         dtype = getattr(torch, entry.dtype, None)
