@@ -1,14 +1,13 @@
 """An LLM-shaped workload that needs no download: a small decoder-only transformer on English text.
 
     text = Corpus.load()                          # Python's own documentation topics, as bytes
-    x, y = text.batch(replica_index, position, replicas, rows=8, seq_len=64, seed=0)
+    x, y = text.batch(stream, position, rows=8, seq_len=64, seed=0)   # stream: one per replica
     model = TinyGPT(GptConfig())
     shard(model, mesh)                            # FSDP2: one group per block, then the root
 
 The corpus is `pydoc_data.topics` (the help() texts that ship with CPython, ~0.5 MB of English
 prose and code), byte-level tokens (vocabulary 256). The last tenth is held out. Batches are
-a pure function of (replica, stream position, seed) like the digits demo's, so a retried or
-caught-up step reads the same bytes again. The model is GPT-2 shaped: token and position
+a pure function of (stream, position, seed), so a retried step reads the same bytes again. The model is GPT-2 shaped: token and position
 embeddings, pre-LayerNorm blocks of causal self-attention and a GELU MLP, a tied output head.
 """
 
@@ -119,14 +118,15 @@ class Corpus:
         cut = int(len(data) * (1 - HELD_OUT_FRACTION))
         return cls(data[:cut].copy(), data[cut:].copy())
 
-    def batch(self, replica_index: int, position: int, replicas: int, rows: int, seq_len: int,
+    def batch(self, stream: int, position: int, rows: int, seq_len: int,
               seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Replica `replica_index`'s batch at stream `position`: `rows` windows of seq_len + 1
-        bytes at offsets drawn from (seed, global batch number); inputs and next-byte targets."""
-        if not 0 <= replica_index < replicas or position < 0 or rows < 1 or not 0 < seq_len < len(self.train):
-            raise ValueError(f"bad batch request: replica {replica_index} of {replicas}, position {position}, "
-                             f"{rows} rows of {seq_len} tokens")
-        rng = np.random.default_rng([seed, position * replicas + replica_index])
+        """Batch number `position` of data stream `stream` (one per replica): `rows` windows of
+        seq_len + 1 bytes at offsets drawn from (seed, stream, position); inputs and next-byte
+        targets."""
+        if stream < 0 or position < 0 or rows < 1 or not 0 < seq_len < len(self.train):
+            raise ValueError(f"bad batch request: stream {stream}, position {position}, {rows} rows of "
+                             f"{seq_len} tokens")
+        rng = np.random.default_rng([seed, stream, position])
         starts = rng.integers(0, len(self.train) - seq_len - 1, size=rows)
         windows = torch.from_numpy(np.stack([self.train[s:s + seq_len + 1] for s in starts]).astype(np.int64))
         return windows[:, :-1], windows[:, 1:]

@@ -74,6 +74,5 @@ def _gpt(cfg: dict, world_size: int, index: dict[str, int]) -> Workload:
     seq = model.config.seq_len
     return Workload(
         model, torch.optim.AdamW(model.parameters(), lr=cfg["lr"], weight_decay=0.01),
-        lambda replica_id, position: corpus.batch(index[replica_id], position, len(index), cfg["batch_rows"], seq,
-                                                  cfg["seed"]),
+        lambda replica_id, position: corpus.batch(index[replica_id], position, cfg["batch_rows"], seq, cfg["seed"]),
         model.loss, lambda: evaluate(model, corpus))

@@ -1,0 +1,127 @@
+"""Train a small GPT with FSDP2 inside each replica and fault-tolerant HSDP across replicas.
+
+Each replica is a group of ranks (one process each) that shards the model with FSDP2
+(`fully_shard`, Gloo on CPU, NCCL on GPU); fthsdp all-reduces every reduce-scatter output
+across replicas over FTAR, rank k with rank k of the other replicas, and keeps training when
+a replica dies: the dead one restarts and catches up from the live ones, shard by shard.
+
+One replica of 2 ranks, launched by torchrun (MASTER_ADDR:MASTER_PORT+1 is the coordinator):
+
+    FTHSDP_CONTROLLER=127.0.0.1:50051 FTHSDP_REPLICA_ID=r0 \\
+        torchrun --nproc-per-node 2 --master-port 29500 examples/train_gpt.py --steps 200
+
+or as the command of an agent (`fthsdp agent ... -- python examples/train_gpt.py --steps 200`):
+the agent sets FTHSDP_REPLICA_ID, FTHSDP_RANK, FTHSDP_WORLD_SIZE and FTHSDP_CONTROLLER; rank 0's
+host and a free port pair come from MASTER_ADDR and MASTER_PORT, as under torchrun. Start as
+many replicas (distinct FTHSDP_REPLICA_IDs) as the controller's --replicas. The text is Python's
+own documentation (`pydoc_data`), so nothing is downloaded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import sys
+import zlib
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+
+from fthsdp import FaultTolerantOptimizer, Manager, RuntimeSettings, state_digest
+from fthsdp.demo.gpt import Corpus, GptConfig, TinyGPT, evaluate, parameter_count, shard
+
+
+def _args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--steps", type=int, default=200, help="train this many steps, then finish")
+    p.add_argument("--rows", type=int, default=8, help="sequences per replica and step")
+    p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--d-model", type=int, default=64)
+    p.add_argument("--seq-len", type=int, default=64)
+    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--warmup-steps", type=int, default=10)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--checkpoint-dir", default="", help="sharded DCP checkpoints go here (resumed at start)")
+    p.add_argument("--checkpoint-every", type=int, default=0)
+    p.add_argument("--cpu", action="store_true", help="stay on the CPU even when CUDA is there")
+    p.add_argument("--out", type=Path, help="write <out>/<replica>-<rank>.json at the end (for tests)")
+    args = p.parse_args(argv)
+    if args.steps < 1 or args.rows < 1 or args.lr <= 0 or args.warmup_steps < 0:
+        p.error(f"--steps, --rows and --lr must be > 0 and --warmup-steps >= 0, got {args.steps}, {args.rows}, "
+                f"{args.lr} and {args.warmup_steps}")
+    return args
+
+
+def main(argv: list[str]) -> int:
+    args = _args(argv)
+    settings = RuntimeSettings.from_env(max_steps=args.steps, checkpoint_dir=args.checkpoint_dir,
+                                        checkpoint_every_steps=args.checkpoint_every)
+    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {settings.replica_id}/{settings.rank} %(message)s")
+    cuda = torch.cuda.is_available() and not args.cpu
+    device = torch.device("cuda", settings.local_rank % torch.cuda.device_count()) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    group = None
+    if settings.world_size > 1 or cuda:  # the replica's own ranks: FSDP2 shards over them
+        dist.init_process_group("nccl" if cuda else "gloo", init_method="env://", rank=settings.rank,
+                                world_size=settings.world_size, timeout=timedelta(seconds=60))
+        group = dist.group.WORLD
+
+    torch.manual_seed(args.seed)  # every replica starts from the same weights
+    config = GptConfig(layers=args.layers, d_model=args.d_model, seq_len=args.seq_len)
+    model = TinyGPT(config).to(device)
+    n_params = parameter_count(model)
+    if group is not None:
+        shard(model, init_device_mesh(device.type, (settings.world_size,)))
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
+    # warm-up then cosine decay; registered, so it travels with catch-up and checkpoints
+    schedule = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / (args.warmup_steps + 1)) * (
+        0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(s, args.steps) / args.steps))))
+
+    manager = Manager(model, opt, settings, process_group=group)
+    manager.register_state("schedule", schedule)
+    manager.start()
+    corpus = Corpus.load()
+    ft_opt = FaultTolerantOptimizer(manager, opt)
+    rows = slice(settings.rank, None, settings.world_size)  # each rank its share of the replica's batch
+    if settings.rank == 0:
+        logging.info("%d parameters, %s, %d rank(s) per replica, starting at step %d", n_params, device,
+                     settings.world_size, manager.step)
+
+    def batch_at(replica_id: str, position: int):
+        stream = zlib.crc32(replica_id.encode())  # each replica reads its own stream, exactly once
+        return corpus.batch(stream, position, args.rows * settings.world_size, config.seq_len, args.seed)
+
+    committed = []
+    for x, y in manager.batches(batch_at):
+        ft_opt.zero_grad()
+        loss = model.loss(x[rows].to(device), y[rows].to(device))
+        loss.backward()
+        if ft_opt.step(loss, tokens=x.numel()):
+            schedule.step()  # registered state changes only between steps, after a commit
+            committed.append(manager.last_outcome.step)
+            if settings.rank == 0 and manager.step % 20 == 0:
+                logging.info("step %d loss %.3f lr %.2e", manager.step, loss.item(), opt.param_groups[0]["lr"])
+    held_out_loss, accuracy = evaluate(model, corpus)  # every rank: a sharded forward is collective
+    if settings.rank == 0:
+        logging.info("finished at step %d: held-out loss %.3f, next-byte accuracy %.3f", manager.step,
+                     held_out_loss, accuracy)
+    if args.out is not None:
+        (args.out / f"{settings.replica_id}-{settings.rank}.json").write_text(json.dumps({
+            "replica": settings.replica_id, "rank": settings.rank, "step": manager.step, "committed": committed,
+            "held_out_loss": held_out_loss, "accuracy": accuracy, "parameters": n_params,
+            "digest": state_digest(model, opt, manager.ledger.to_json(), manager.step,
+                                   manager.registry.state_dicts())}))
+    manager.close()
+    if group is not None:
+        dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
