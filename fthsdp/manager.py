@@ -37,7 +37,7 @@ from fthsdp.state.digest import rank_digest
 from fthsdp.state.fetch_job import FetchJob
 from fthsdp.state.registry import StateRegistry, Stateful
 from fthsdp.state import shards, snapshot
-from fthsdp.state.serve import Snapshot, StateServer
+from fthsdp.state.serve import StateServer
 from fthsdp.step import events as ev
 from fthsdp.step import messages as msg
 from fthsdp.step.client import CoordinatorClient
@@ -95,10 +95,8 @@ class Manager:
         self._book = AddressBook()
         self._fetch: FetchJob | None = None
         self._queue: collections.deque[ev.Event] = collections.deque()
-        self._serving: tuple[int, str] | None = None
-        self._snapshot_cache: snapshot.HeldSnapshot | None = None
-        self._snapshot_lock = threading.Lock()
-        self._training_thread = threading.current_thread()
+        self._source = snapshot.ServedState(model, optimizer, self.registry, self.settings.copy_state_to_serve,
+                                            self.sharded)
         self._started = False
         self._in_step = False
         self.checkpoints = seams.checkpoints(CheckpointStore(
@@ -174,7 +172,7 @@ class Manager:
             if self.sharded:
                 fsdp.install_all_reduce_hooks(self.model, self._reduce_shard)
             self.state_server = self._seams.state_server(
-                StateServer(s.bind_host, 0, self._snapshot, f"{s.replica_id}/{s.rank}",
+                StateServer(s.bind_host, 0, self._source.snapshot, f"{s.replica_id}/{s.rank}",
                             key=s.port_key(job_secret.PURPOSE_STATE), hello_timeout_s=s.hello_timeout_s).start())
             address = s.coordinator_address
             if s.rank == 0:  # the coordinator lives here; rank 0 is its client below like everyone
@@ -195,7 +193,7 @@ class Manager:
             self._teardown()
             raise
         self._started = True
-        self._training_thread = threading.current_thread()
+        self._source.training_thread = threading.current_thread()
         log.info("replica %s rank %s started at step %s", s.replica_id, s.rank, self.step)
         return self
 
@@ -446,42 +444,17 @@ class Manager:
 
     def _do_ServeState(self, e: ev.ServeState) -> None:  # noqa: N802
         assert self.state_server is not None
-        with self._snapshot_lock:
-            if self._serving is None or self._serving[0] != e.step:
-                self._snapshot_cache = None
-            self._serving = (e.step, self._state.ledger.to_json())
+        self._source.serve(e.step, self._state.ledger.to_json())
         self.state_server.serve(e.step, e.fetchers)
 
     def _do_StopServing(self, e: ev.StopServing) -> None:  # noqa: N802
         assert self.state_server is not None
-        with self._snapshot_lock:
-            held, serving = self._snapshot_cache, self._serving
-            self._serving = self._snapshot_cache = None
-        if held is not None and held.copied and serving is not None and held.step == serving[0]:
-            # an immutable copy: it is served on to the fetchers while this rank trains on
-            self.state_server.stop(e.wait_for, e.timeout_s, keep=held.served())
-        else:
-            self.state_server.stop(e.wait_for, e.timeout_s)
-
-    def _snapshot(self) -> Snapshot:
-        """What the state server streams (its handler threads call this): the state at the start
-        of the step served, taken once per step so every fetcher of that step gets the same."""
-        with self._snapshot_lock:
-            held, serving = self._snapshot_cache, self._serving
-            if serving is None:
-                raise RuntimeError("this rank is not serving its state now")
-            if held is None or held.step != serving[0]:
-                if self.sharded and threading.current_thread() is not self._training_thread:
-                    # FSDP swaps a module's parameters during forward: only the training thread
-                    # sees them settled (at the plan, for the fetchers it names)
-                    raise RuntimeError(f"no snapshot of step {serving[0]} was taken: no fetcher was planned")
-                held = self._snapshot_cache = snapshot.take(serving[0], serving[1], self.model, self.optimizer,
-                                                            self.registry, self.settings.copy_state_to_serve)
-        return held.served()
+        copy = self._source.release()  # an immutable copy is served on while this rank trains on
+        self.state_server.stop(e.wait_for, e.timeout_s, keep=copy.served() if copy is not None else None)
 
     def _do_ConfigureRing(self, e: ev.ConfigureRing) -> None:  # noqa: N802
         if e.plan.fetchers and not e.plan.behind:
-            self._snapshot()  # at the step boundary, before this step can change the state
+            self._source.snapshot()  # at the step boundary, before this step can change the state
         self.sync.configure(e.plan)
 
     def _do_StartFetch(self, e: ev.StartFetch) -> None:  # noqa: N802

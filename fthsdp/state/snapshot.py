@@ -15,6 +15,7 @@ are taken (fthsdp/state/shards.py).
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 
 import torch
@@ -74,3 +75,50 @@ def _device_to_host(t: torch.Tensor, streams: dict[torch.device, torch.cuda.Stre
     with torch.cuda.stream(stream):
         host.copy_(t.contiguous(), non_blocking=True)
     return host
+
+
+class ServedState:
+    """This rank as a catch-up source: the step it serves and the one snapshot taken of it.
+
+    `serve(step, ledger)` when a step begins; `snapshot()` from the state server's threads
+    (or at the plan, on the training thread, when fetchers are expected); `release()` when the
+    state is about to change: the snapshot to keep serving if it is an immutable copy. A
+    sharded model's snapshot is only taken on the training thread: FSDP swaps a module's
+    parameters during forward, so another thread could read them half-swapped."""
+
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, registry: StateRegistry,
+                 copy_cpu: bool, sharded: bool) -> None:
+        self._model, self._optimizer, self._registry = model, optimizer, registry
+        self._copy_cpu, self._sharded = copy_cpu, sharded
+        self._lock = threading.Lock()
+        self._serving: tuple[int, str] | None = None
+        self._held: HeldSnapshot | None = None
+        self.training_thread = threading.current_thread()
+
+    def serve(self, step: int, ledger_json: str) -> None:
+        with self._lock:
+            if self._serving is None or self._serving[0] != step:
+                self._held = None
+            self._serving = (step, ledger_json)
+
+    def release(self) -> HeldSnapshot | None:
+        """Stop serving; the snapshot of the step served when it is an immutable copy."""
+        with self._lock:
+            held, serving = self._held, self._serving
+            self._serving = self._held = None
+        return held if held is not None and held.copied and serving is not None and held.step == serving[0] \
+            else None
+
+    def snapshot(self) -> tuple[Manifest, list[torch.Tensor]]:
+        """The state at the start of the step served, taken once per step, so every fetcher
+        of that step gets the same."""
+        with self._lock:
+            held, serving = self._held, self._serving
+            if serving is None:
+                raise RuntimeError("this rank is not serving its state now")
+            if held is None or held.step != serving[0]:
+                if self._sharded and threading.current_thread() is not self.training_thread:
+                    raise RuntimeError(f"no snapshot of step {serving[0]} was taken: no fetcher was planned")
+                held = self._held = take(serving[0], serving[1], self._model, self._optimizer, self._registry,
+                                         self._copy_cpu)
+        return held.served()

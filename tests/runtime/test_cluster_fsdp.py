@@ -71,7 +71,10 @@ def test_fsdp2_under_fthsdp_ends_bitwise_equal_to_pytorch_hsdp(tmp_path):
 
 @pytest.mark.timeout(300)
 def test_sigkill_mid_backward_then_shard_by_shard_catch_up_from_two_sources(tmp_path):
-    cluster = Cluster(tmp_path, replicas=3, ranks=2, steps=4, join_timeout_s=2.0, worker=FSDP,
+    # The sources serve a copy taken at the step boundary (what a GPU source does: pinned host
+    # memory) and train on while the rebuilt replica reads it.
+    cluster = Cluster(tmp_path, replicas=3, ranks=2, steps=4, join_timeout_s=2.0,
+                      worker={**FSDP, "copy_state_to_serve": True},
                       faults=Faults().sigkill(replica=1, at_step=2, rank=1))
     rec = cluster.run(timeout_s=150.0)
 

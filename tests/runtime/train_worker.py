@@ -135,7 +135,8 @@ def main(cfg: dict) -> int:
         apply_lr_scale=cfg.get("apply_lr_scale", True), quorum_timeout_s=30.0, allreduce_timeout_s=10.0,
         gather_timeout_s=15.0, fetch_timeout_s=10.0, fetch_hold_timeout_s=5.0, heartbeat_interval_s=0.5,
         checkpoint_dir=cfg.get("checkpoint_dir", ""), checkpoint_every_steps=cfg.get("checkpoint_every", 0),
-        digest_every_steps=cfg.get("digest_every", 100), ftar_chunk_bytes=64 << 10)
+        digest_every_steps=cfg.get("digest_every", 100), ftar_chunk_bytes=64 << 10,
+        copy_state_to_serve=cfg.get("copy_state_to_serve", False))
     def pre_init() -> None:
         write(event="pre_init")
         print("ready", flush=True)  # the cluster answers "go" once every first-incarnation worker is ready
