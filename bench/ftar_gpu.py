@@ -6,6 +6,12 @@
    of (blocks x threads), checked against torch and timed (GB/s of dst bytes).
 2. All-reduce: `--world` endpoints in this process (threads, loopback TCP, one GPU), CUDA tensors of
    --sizes, checked against the torch sum and timed (bus bandwidth, as in bench.ftar).
+3. Runtime: CUDA tensors end to end through the trainer runtime: a controller and 2 replica
+   processes sharing the GPU, each a transformer (fthsdp/demo/gpt.py, --runtime-layers x
+   --runtime-d-model) wrapped with FSDP2 over NCCL; every group's gradient shard crosses
+   replicas from FSDP's all-reduce hook over FTAR (CuPy kernel, pinned staging) and the
+   optimizer steps on the device. One line per dtype: median step time (the slower replica),
+   gradient bytes FTAR moved per step and replica, and whether both replicas ended bitwise equal.
 Prints one JSON line per measurement. Exits 0 with a message when no GPU is present.
 """
 
@@ -18,6 +24,7 @@ import statistics
 import sys
 import threading
 import time
+from pathlib import Path
 
 
 def parse_size(text: str) -> int:
@@ -86,6 +93,79 @@ def bench_allreduce(torch, world: int, nbytes: int, iters: int, dtype, settings)
             "busbw_gbs": round(nbytes * 2 * (world - 1) / world / t / 1e9, 3), "median_s": round(t, 4)}
 
 
+def _runtime_worker(args) -> None:
+    """One replica of one rank on GPU 0 (see the module docstring, part 3); prints one JSON line."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from fthsdp import FaultTolerantOptimizer, Manager, RuntimeSettings, state_digest
+    from fthsdp.demo.gpt import Corpus, GptConfig, TinyGPT, parameter_count, shard
+
+    torch.cuda.set_device(0)
+    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{args.port}", rank=0, world_size=1)
+    dtype = getattr(torch, args.dtype)
+    torch.manual_seed(0)
+    model = TinyGPT(GptConfig(layers=args.runtime_layers, d_model=args.runtime_d_model, heads=8, seq_len=128))
+    n_params = parameter_count(model)
+    shard(model.to("cuda", dtype), init_device_mesh("cuda", (1,)))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    manager = Manager(model, opt, RuntimeSettings(
+        job_id="gpu-bench", replica_id=args.replica, controller_address=args.controller, apply_lr_scale=False,
+        allreduce_timeout_s=120.0, quorum_timeout_s=120.0), process_group=dist.group.WORLD).start()
+    ft_opt = FaultTolerantOptimizer(manager, opt)
+    corpus = Corpus.load()
+    batches = manager.batches(lambda replica, position: corpus.batch(int(replica), position, 8, 128, 0))
+    times = []
+    for i in range(args.iters + 2):
+        x, y = next(batches)
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        ft_opt.zero_grad()
+        loss = model.loss(x.cuda(), y.cuda())
+        loss.backward()
+        if not ft_opt.step(loss):
+            raise RuntimeError(f"step failed without injected faults: {manager.last_outcome}")
+        torch.cuda.synchronize()
+        if i >= 2:
+            times.append(time.perf_counter() - t0)
+    digest = state_digest(model, opt, manager.ledger.to_json(), manager.step)
+    manager.close()
+    dist.destroy_process_group()
+    print(json.dumps({"times": times, "digest": digest, "params": n_params}), flush=True)
+
+
+def bench_runtime(dtype: str, args) -> dict:
+    import os
+    import socket
+    import subprocess
+
+    from controller.launch import launch
+
+    def free() -> int:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            return s.getsockname()[1]
+
+    repo = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": str(repo)}
+    ctl = launch("--replicas", "2", "--min-replicas", "2", "--join-timeout-s", "60", "--job-id", "gpu-bench", env=env,
+                 cwd=str(repo))
+    try:
+        flags = ["--iters", str(args.iters), "--runtime-layers", str(args.runtime_layers),
+                 "--runtime-d-model", str(args.runtime_d_model), "--dtype", dtype, "--controller", ctl.grpc]
+        workers = [subprocess.Popen([sys.executable, "-m", "bench.ftar_gpu", "--role", "runtime-worker",
+                                     "--replica", str(r), "--port", str(free()), *flags], stdout=subprocess.PIPE,
+                                    text=True, env=env, cwd=repo) for r in range(2)]
+        results = [json.loads(w.communicate(timeout=900)[0].strip().splitlines()[-1]) for w in workers]
+    finally:
+        ctl.stop()
+    step = statistics.median(max(v) for v in zip(*(r["times"] for r in results)))
+    return {"what": "runtime", "replicas": 2, "dtype": dtype, "params": results[0]["params"],
+            "grad_bytes_per_step": results[0]["params"] * 4,  # 16-bit shards travel as float32
+            "step_ms": round(step * 1e3, 2), "correct": results[0]["digest"] == results[1]["digest"]}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--world", type=int, nargs="+", default=[2, 4])
@@ -93,7 +173,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--iters", type=int, default=5)
     ap.add_argument("--kernel-bytes", default="64MiB")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--runtime-layers", type=int, default=12)
+    ap.add_argument("--runtime-d-model", type=int, default=768)
+    ap.add_argument("--role", choices=["main", "runtime-worker"], default="main", help=argparse.SUPPRESS)
+    ap.add_argument("--replica", default="0", help=argparse.SUPPRESS)
+    ap.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
+    ap.add_argument("--dtype", default="float32", help=argparse.SUPPRESS)
+    ap.add_argument("--controller", default="", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.role == "runtime-worker":
+        _runtime_worker(args)
+        return 0
     import torch
 
     if not torch.cuda.is_available():
@@ -107,6 +197,7 @@ def main(argv: list[str] | None = None) -> int:
     settings = FtarSettings(timeout_s=60.0, auth_key=os.urandom(32))
     rows += [bench_allreduce(torch, w, parse_size(s), args.iters, d, settings)
              for w in args.world for s in args.sizes for d in (torch.float32, torch.bfloat16)]
+    rows += [bench_runtime(d, args) for d in ("float32", "bfloat16")]
     ok = True
     for row in rows:
         ok = ok and row["correct"]

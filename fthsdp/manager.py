@@ -449,7 +449,8 @@ class Manager:
 
     def _do_StopServing(self, e: ev.StopServing) -> None:  # noqa: N802
         assert self.state_server is not None
-        copy = self._source.release()  # an immutable copy is served on while this rank trains on
+        copy = self._source.release()  # an immutable copy is served on while this rank trains on;
+        # served() waits for its device-to-host copies: the optimizer step comes after this
         self.state_server.stop(e.wait_for, e.timeout_s, keep=copy.served() if copy is not None else None)
 
     def _do_ConfigureRing(self, e: ev.ConfigureRing) -> None:  # noqa: N802

@@ -4,9 +4,10 @@
     manifest, tensors = held.served()      # on the state server's threads
 
 State on a GPU is always copied, into pinned host memory, on a side stream at the step
-boundary (the paper's GPU-to-CPU copy): the copies overlap training, `served()` waits for
-them, and the training stream waits for them before it may change the state (the optimizer
-step). Such a snapshot is immutable, so the source keeps training while its fetchers read it.
+boundary (the paper's GPU-to-CPU copy): the copies overlap this step's forward and backward
+(which read the state but never write it); `served()` waits for them, and the Manager calls
+it (through `ServedState.release`) before the optimizer step may change the state. Such a
+snapshot is immutable, so the source keeps training while its fetchers read it.
 State in CPU memory is served in place (no second copy in memory: the source then holds its
 optimizer step until its fetchers have it), unless `copy_cpu` asks for a copy too.
 Registered state is serialized anew, so it is always a copy. Only this rank's local shards
@@ -56,11 +57,7 @@ def take(step: int, ledger_json: str, model: torch.nn.Module, optimizer: torch.o
             tensors.append(t.clone())
         else:
             tensors.append(t)
-    ready = []
-    for device, stream in streams.items():
-        event = stream.record_event()
-        torch.cuda.current_stream(device).wait_event(event)  # the optimizer step comes after the copies
-        ready.append(event)
+    ready = [stream.record_event() for stream in streams.values()]
     groups = optimizer.state_dict()["param_groups"]
     manifest = build_manifest(step, ledger_json, entries, scalars, groups)
     return HeldSnapshot(step, manifest, tensors, not in_place, ready)
@@ -102,7 +99,8 @@ class ServedState:
             self._serving = (step, ledger_json)
 
     def release(self) -> HeldSnapshot | None:
-        """Stop serving; the snapshot of the step served when it is an immutable copy."""
+        """Stop serving; the snapshot of the step served when it is an immutable copy. Call
+        `served()` on it before the state changes: that waits for its device-to-host copies."""
         with self._lock:
             held, serving = self._held, self._serving
             self._serving = self._held = None

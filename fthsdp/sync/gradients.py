@@ -132,6 +132,9 @@ class GradientSync:
             return
         except FatalError as exc:
             raise _fatal(exc) from exc
+        if item.work.is_cuda and item.work is not item.shard:
+            # allocated on FSDP's reduce stream, used here on this one: not reused before we are done
+            item.work.record_stream(torch.cuda.current_stream(item.work.device))
         item.work.div_(plan.divisor)
         if item.work is not item.shard:
             item.shard.copy_(item.work)  # the one rounding back to 16 bits

@@ -7,7 +7,8 @@ the ledger positions the step read, and what this replica trained. With "statefu
 model has dropout and the script registers a StepLR schedule, a sampler whose epoch moves
 on commits, and the RNG streams: the digest covers them, and the record shows each. With
 "fsdp", the model is wrapped with FSDP2's fully_shard over the replica's ranks (each rank
-holds its shard; digests are per shard). With "dump", the last state (this rank's local
+holds its shard; digests are per shard); with "cuda" it lives on GPU 0 (every replica shares
+it) and the replica's ranks talk over NCCL. With "dump", the last state (this rank's local
 tensors) is saved next to the record (tests/runtime/hsdp_reference.py writes the same).
 """
 
@@ -120,14 +121,18 @@ def main(cfg: dict) -> int:
 
     world = cfg["world_size"]
     group = None
-    if world > 1 or cfg.get("ddp"):
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{cfg['gloo_port']}", rank=cfg["rank"],
-                                world_size=world, timeout=timedelta(seconds=20))
+    device = torch.device("cuda", 0) if cfg.get("cuda") else torch.device("cpu")  # replicas share one GPU
+    if world > 1 or cfg.get("ddp") or cfg.get("cuda"):  # on a GPU: NCCL inside the replica, even of one rank
+        if cfg.get("cuda"):
+            torch.cuda.set_device(device)
+        dist.init_process_group("nccl" if cfg.get("cuda") else "gloo", init_method=f"tcp://127.0.0.1:{cfg['gloo_port']}",
+                                rank=cfg["rank"], world_size=world, timeout=timedelta(seconds=20))
         group = dist.group.WORLD
     stateful = cfg.get("stateful", False)
-    model = build_model(stateful)
+    dtype = getattr(torch, cfg.get("dtype", "float32"))  # bfloat16: 16-bit parameters and gradients
+    model = build_model(stateful).to(device, dtype)
     if cfg.get("fsdp"):
-        shard_model(model, init_device_mesh("cpu", (world,)))
+        shard_model(model, init_device_mesh(device.type, (world,)))
     opt = torch.optim.AdamW(model.parameters(), lr=0.01)
     settings = RuntimeSettings.from_env(
         job_id="t", replica_id=cfg["replica_id"], rank=cfg["rank"], world_size=world,
@@ -170,7 +175,7 @@ def main(cfg: dict) -> int:
         ft_opt.zero_grad()
         plan = manager.plan
         rows = slice(cfg["rank"], None, world)
-        loss = torch.nn.functional.mse_loss(forward(x[rows]), y[rows])
+        loss = torch.nn.functional.mse_loss(forward(x[rows].to(device, dtype)), y[rows].to(device, dtype))
         loss.backward()
         committed = ft_opt.step(loss)
         if committed and stateful:
