@@ -101,6 +101,7 @@ def _runtime_worker(args) -> None:
 
     from fthsdp import FaultTolerantOptimizer, Manager, RuntimeSettings, state_digest
     from fthsdp.demo.gpt import Corpus, GptConfig, TinyGPT, parameter_count, shard
+    from protos import job_secret
 
     torch.cuda.set_device(0)
     dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{args.port}", rank=0, world_size=1)
@@ -112,7 +113,7 @@ def _runtime_worker(args) -> None:
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     manager = Manager(model, opt, RuntimeSettings(
         job_id="gpu-bench", replica_id=args.replica, controller_address=args.controller, apply_lr_scale=False,
-        allreduce_timeout_s=120.0, quorum_timeout_s=120.0), process_group=dist.group.WORLD).start()
+        allreduce_timeout_s=120.0, quorum_timeout_s=120.0, job_secret=job_secret.from_env()), process_group=dist.group.WORLD).start()
     ft_opt = FaultTolerantOptimizer(manager, opt)
     corpus = Corpus.load()
     batches = manager.batches(lambda replica, position: corpus.batch(int(replica), position, 8, 128, 0))
@@ -141,6 +142,7 @@ def bench_runtime(dtype: str, args) -> dict:
     import subprocess
 
     from controller.launch import launch
+    from protos import job_secret
 
     def free() -> int:
         with socket.socket() as s:
@@ -148,7 +150,8 @@ def bench_runtime(dtype: str, args) -> dict:
             return s.getsockname()[1]
 
     repo = Path(__file__).resolve().parents[1]
-    env = {**os.environ, "PYTHONPATH": str(repo)}
+    # the replicas' ports authenticate as in production, with one secret for this run
+    env = {**os.environ, "PYTHONPATH": str(repo), job_secret.ENV_JOB_SECRET: job_secret.generate()}
     ctl = launch("--replicas", "2", "--min-replicas", "2", "--join-timeout-s", "60", "--job-id", "gpu-bench", env=env,
                  cwd=str(repo))
     try:

@@ -31,6 +31,7 @@ from datetime import timedelta
 from pathlib import Path
 
 from controller.launch import launch
+from protos import job_secret
 
 REPO = Path(__file__).resolve().parents[1]
 REPLICAS, RANKS = 2, 2
@@ -84,7 +85,8 @@ def _worker(args: argparse.Namespace) -> None:
     manager = Manager(ours, our_opt, RuntimeSettings(
         job_id="bench", replica_id=str(replica), rank=rank, world_size=RANKS, controller_address=args.controller,
         coordinator_address=coordinators[replica], apply_lr_scale=False, allreduce_timeout_s=300.0,
-        quorum_timeout_s=300.0, gather_timeout_s=300.0, ftar_chunk_bytes=4 << 20),
+        quorum_timeout_s=300.0, gather_timeout_s=300.0, ftar_chunk_bytes=4 << 20,
+        job_secret=job_secret.from_env()),
         process_group=mesh["shard"].get_group()).start()
     ft_opt = FaultTolerantOptimizer(manager, our_opt)
     corpus = Corpus.load()
@@ -125,17 +127,18 @@ def _worker(args: argparse.Namespace) -> None:
 
     # Sharded catch-up: rank k of replica 1 fetches rank k of replica 0's shards.
     server = None
+    key = job_secret.from_env().key(job_secret.PURPOSE_STATE)
     if replica == 0:
         held_snapshot = snapshot.take(step, "{}", ours, our_opt, StateRegistry())
-        server = StateServer("127.0.0.1", 0, held_snapshot.served, f"bench-{g}").start()
-        server.serve(step)
+        server = StateServer("127.0.0.1", 0, held_snapshot.served, f"bench-{g}", key=key).start()
+        server.serve(step, ("bench",))
     addresses: list = [None] * (REPLICAS * RANKS)
     dist.all_gather_object(addresses, server.address if server else "")
     fetch = {}
     if replica == 1:
         target = StateTarget(ours, our_opt)
         t0 = time.perf_counter()
-        fetched = fetch_once(addresses[rank], step, "bench", target.fresh, 300.0)
+        fetched = fetch_once(addresses[rank], step, "bench", target.fresh, 300.0, key=key)
         fetch = {"bytes": fetched.manifest.total_bytes, "seconds": time.perf_counter() - t0}
     dist.barrier()
     if server is not None:
@@ -206,6 +209,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--gloo-port", type=int, default=0, help=argparse.SUPPRESS)
     p.add_argument("--coordinators", default="", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    # The ports authenticate as in production: one secret for this run, inherited by the workers.
+    os.environ.setdefault(job_secret.ENV_JOB_SECRET, job_secret.generate())
     if args.role == "worker":
         _worker(args)
         return 0

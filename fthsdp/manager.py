@@ -99,8 +99,11 @@ class Manager:
                                             self.sharded)
         self._started = False
         self._in_step = False
+        # with a job secret, checkpoints are signed with it and only signed ones are resumed from
+        key = settings.job_secret.key(job_secret.PURPOSE_CHECKPOINT) if settings.job_secret is not None else None
         self.checkpoints = seams.checkpoints(CheckpointStore(
-            settings.checkpoint_dir, keep_last=settings.checkpoint_keep_last)) if settings.checkpoint_dir else None
+            settings.checkpoint_dir, key=key, keep_last=settings.checkpoint_keep_last)) if settings.checkpoint_dir \
+            else None
         self.coordinator: CoordinatorService | None = None
         self.client: CoordinatorClient | None = None
         self.state_server: StateServer | None = None
@@ -244,7 +247,12 @@ class Manager:
             return
         # every rank of the replica resumes from the same step (one may see a newer checkpoint)
         group = self._checkpoint_group() if self.sharded else self.process_group
-        latest = shards.agree_on_min(self.checkpoints.latest_complete(), group if self.settings.world_size > 1 else None)
+        mine = self.checkpoints.latest_complete()
+        passed_over = [step for step in self.checkpoints.steps() if mine is None or step > mine]
+        if passed_over:
+            log.warning("checkpoints of steps %s in %s are incomplete, damaged or not signed with this job's "
+                        "secret: not resumed from", passed_over, self.settings.checkpoint_dir)
+        latest = shards.agree_on_min(mine, group if self.settings.world_size > 1 else None)
         if latest is None:
             return
         try:

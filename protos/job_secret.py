@@ -42,6 +42,8 @@ MAX_FILE_BYTES = 4 * MAX_SECRET_BYTES
 PURPOSE_COORDINATOR = "coordinator hello"
 PURPOSE_FTAR = "ftar hello"
 PURPOSE_STATE = "state server request"
+#: not a port: the HMAC of a durable checkpoint's completion marker (fthsdp/state/checkpoint.py)
+PURPOSE_CHECKPOINT = "checkpoint marker"
 
 HOW_TO_PROVIDE = (f"give every trainer of the job the same secret of at least {2 * MIN_SECRET_BYTES} hex digits: "
                   f"{ENV_JOB_SECRET_FILE}=PATH (a file, e.g. a mounted Kubernetes Secret) or {ENV_JOB_SECRET}=HEX "

@@ -19,8 +19,10 @@ import pytest
 import torch
 
 from fthsdp.state.checkpoint import CheckpointStore
+from protos import job_secret
 from tests.runtime import history_checks as hc
 from tests.runtime.cluster import PYTHON, REPO, Cluster, Faults, Records, free_port
+from tests.trainer_secret import SECRET
 
 pytestmark = pytest.mark.slow
 FSDP = {"fsdp": True, "dump": True, "digest_every": 1}
@@ -112,8 +114,10 @@ def test_the_whole_job_killed_resumes_from_its_last_dcp_checkpoint_exactly_once(
     first = Cluster(tmp_path / "run1", replicas=2, ranks=2, steps=50, join_timeout_s=10.0, checkpoint_every=4,
                     checkpoint_dir=ckpt, worker=FSDP, kill_all_after=5).run(timeout_s=120.0)
     assert max(r["step"] for r in first.where(event="commit")) == 5
-    store = CheckpointStore(ckpt)
+    store = CheckpointStore(ckpt, key=SECRET.key(job_secret.PURPOSE_CHECKPOINT))
     assert store.steps() == [4] and store.latest_complete() == 4
+    stranger = job_secret.parse(job_secret.generate(), "another job")  # signed with the job secret: not theirs
+    assert CheckpointStore(ckpt, key=stranger.key(job_secret.PURPOSE_CHECKPOINT)).latest_complete() is None
     assert sorted(p.name for p in (ckpt / "step-0000000004").iterdir()) == \
         [".metadata", "COMPLETE", "__0_0.distcp", "__1_0.distcp", "fthsdp.pt"]  # one DCP file per rank's shards
 

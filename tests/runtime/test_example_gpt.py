@@ -15,6 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests import trainer_secret
 from tests.runtime.cluster import FTHSDP, PYTHON, REPO
 from tests.runtime.test_torchrun import TORCHRUN, two_free_ports
 
@@ -27,7 +28,8 @@ def test_one_replica_under_torchrun_and_one_under_an_agent_train_the_example_ali
     ctl = controller_process("--replicas", "2", "--min-replicas", "1", "--join-timeout-s", "60", "--job-id", "gpt")
     base = {k: v for k, v in os.environ.items() if not k.startswith("FTHSDP_")
             and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
-    base.update({"FTHSDP_CONTROLLER": ctl.grpc, "FTHSDP_JOB_ID": "gpt", "PYTHONPATH": str(REPO)})
+    # the agent hands the job secret to its trainers; torchrun's trainers read it themselves
+    base.update({"FTHSDP_CONTROLLER": ctl.grpc, "FTHSDP_JOB_ID": "gpt", "PYTHONPATH": str(REPO), **trainer_secret.ENV})
     script = ["examples/train_gpt.py", "--steps", str(STEPS), "--out", str(tmp_path)]
     with open(tmp_path / "torchrun.log", "w") as t_log, open(tmp_path / "agent.log", "w") as a_log:
         torchrun = subprocess.Popen(

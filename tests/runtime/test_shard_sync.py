@@ -15,10 +15,13 @@ import torch
 
 from ftar_kernels import FtarEndpoint, FtarSettings
 from fthsdp.sync.gradients import GradientSync
+from protos import job_secret
 from tests.ftar.cluster import parallel
 from tests.runtime.protocol_helpers import plan as make_plan
+from tests.trainer_secret import SECRET
 
-SETTINGS = FtarSettings(chunk_bytes=4096, chunks_in_flight=2, timeout_s=5.0, connect_timeout_s=5.0)
+SETTINGS = FtarSettings(chunk_bytes=4096, chunks_in_flight=2, timeout_s=5.0, connect_timeout_s=5.0,
+                        auth_key=SECRET.key(job_secret.PURPOSE_FTAR))
 
 
 @pytest.fixture

@@ -4,21 +4,29 @@ The copy is taken at the step boundary (fthsdp/state/snapshot.py; on a GPU it is
 host copy, here the CPU emulation: `copy_cpu=True`). The source stops serving its live
 state without waiting for its fetcher, changes its state (the optimizer step), and begins
 the next step; the fetcher still gets the state at the start of the step it asked for,
-bitwise; its acknowledgement releases the copy, and so does the hold timeout.
+bitwise; its acknowledgement releases the copy, and so does the hold timeout. The copy is
+served under the live state's rules: only to the plan's fetchers, an ack only after the
+whole stream.
 """
 
 from __future__ import annotations
 
 import asyncio
+import http.client
+import time
 
 import pytest
 import torch
 
+from ftar_kernels import auth
 from fthsdp.errors import TransferError
-from fthsdp.state import snapshot
+from fthsdp.state import request_auth, snapshot
 from fthsdp.state.digest import state_digest
+from fthsdp.state.fetch import fetch_state
+from fthsdp.state.registry import MAX_PAYLOAD_BYTES
 from fthsdp.state.serve import StateServer
-from tests.runtime.test_state_transfer import _fetch, _trained
+from fthsdp.state.stream import StateTarget
+from tests.runtime.test_state_transfer import KEY, _fetch, _trained
 from tests.waiting import wait_for_blocking
 
 LEDGER = '{"positions": {"a": 3}}'
@@ -34,8 +42,8 @@ def _train_one_step(model, opt) -> None:
 def copying_source():
     model, opt, registry = _trained(0)
     held = snapshot.take(5, LEDGER, model, opt, registry, copy_cpu=True)
-    server = StateServer("127.0.0.1", 0, held.served, label="copy").start()
-    server.serve(5)
+    server = StateServer("127.0.0.1", 0, held.served, label="copy", key=KEY).start()
+    server.serve(5, ("b",))
     yield model, opt, registry, held, server
     server.close()
 
@@ -76,3 +84,28 @@ def test_a_kept_copy_nobody_fetches_is_released_after_the_hold_timeout(copying_s
         return False
 
     assert asyncio.run(wait_for_blocking(refused, timeout_s=10.0, what="the kept copy to expire"))
+
+
+def _ack(server: StateServer, step: int, replica: str) -> int:
+    host, _, port = server.address.rpartition(":")
+    url = f"/ack?step={step}&replica={replica}"
+    conn = http.client.HTTPConnection(host, int(port), timeout=10)
+    try:
+        conn.request("POST", url, headers={request_auth.HEADER: request_auth.sign(KEY, "POST", url, time.time(),
+                                                                                  auth.nonce())})
+        return conn.getresponse().status
+    finally:
+        conn.close()
+
+
+def test_the_kept_copy_goes_to_the_plans_fetchers_only_and_counts_acks_after_the_whole_stream(copying_source):
+    model, opt, registry, held, server = copying_source
+    server.stop(("b",), 30.0, keep=held.served())
+    assert _ack(server, 5, "b") == 409  # b was sent nothing yet: its ack does not release the copy
+    assert _ack(server, 5, "c") == 403  # c is no fetcher of step 5
+    with pytest.raises(TransferError, match="403"):
+        fetch_state(server.address, 5, "c", lambda: StateTarget(model, opt, registry.names, MAX_PAYLOAD_BYTES),
+                    5.0, 1, key=KEY)
+    _fetch(server.address, step=5)  # b: the whole stream, then its ack releases the copy
+    with pytest.raises(TransferError, match="refused step 5"):
+        _fetch(server.address, step=5)
