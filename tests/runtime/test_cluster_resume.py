@@ -15,8 +15,11 @@ import re
 
 import pytest
 
+from fthsdp.state.checkpoint import CheckpointStore
+from protos import job_secret
 from tests.runtime import history_checks as hc
 from tests.runtime.cluster import Cluster, Faults
+from tests.trainer_secret import SECRET
 
 pytestmark = pytest.mark.slow
 
@@ -40,7 +43,8 @@ def test_a_rollback_resumes_from_the_newest_durable_checkpoint_instead_of_step_0
     assert {r["rank"] for r in rec.where(event="killed", replica="0")} == {0, 1}
     [rollback] = controller_events(cluster, "rollback")
     offered = int(re.search(r"from the checkpoint of step (\d+)", rollback["message"])[1])
-    assert offered >= 1 and cluster.checkpoint_dir.joinpath(f"step-{offered + 1:010d}", "model_optim.pt").exists()
+    store = CheckpointStore(cluster.checkpoint_dir, key=SECRET.key(job_secret.PURPOSE_CHECKPOINT))
+    assert offered >= 1 and store.is_complete(offered + 1)  # whole, and signed with the job secret
 
     # Replica 1 trained on from the checkpoint's state, on both ranks: nothing before it again.
     mine = rec.where(event="commit", replica="1")
