@@ -128,13 +128,13 @@ def main(argv: list[str]) -> int:
         computing = time.time()
         rows = slice(rank, None, world)
         loss = w.loss(x[rows], y[rows])
+        plan = manager.plan
+        if plan is not None and not plan.behind:  # before backward: a sharded model all-reduces inside it
+            write(event="trained", step=plan.step, quorum_id=plan.quorum_id, position=position)
         loss.backward()
         pace = cfg["min_step_s"] - (time.time() - computing)  # stands in for accelerator time
         if pace > 0:
             time.sleep(pace)
-        plan = manager.plan
-        if plan is not None and not plan.behind:
-            write(event="trained", step=plan.step, quorum_id=plan.quorum_id, position=position)
         manager.sync_gradients(loss.item())
         committed = manager.end_step(loss.item(), tokens=len(x))
         o = manager.last_outcome
