@@ -1,0 +1,110 @@
+"""The diagnosis' memory: telemetry per rank, straggler windows, SDC incidents, findings. Pure.
+
+It knows nothing of hosts' assignments or replicas' states: the caller passes what it needs
+(which ranks a host may report, who should be in a group, which host holds a rank) and acts
+on the findings (`controller.core.diagnosis.acting`). Every structure is bounded: one view
+per rank a live host runs, a few open windows per group, rank digests of the last
+`digest_steps` steps, `recent_findings` findings.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Callable
+
+from controller.core.digests import Verdict
+from controller.core.diagnosis.findings import Finding, FindingLog
+from controller.core.diagnosis.hang import HostOf, MembersOf, find_hangs
+from controller.core.diagnosis.sdc import SdcTracker, attribute
+from controller.core.diagnosis.settings import DiagnosisSettings
+from controller.core.diagnosis.straggler import StragglerTracker, StragglerWindows, WindowVerdict
+from controller.core.diagnosis.telemetry import HostReport, RankKey, RankView, group_key, rank_name
+
+#: Evictions remembered for the hourly budget.
+MAX_EVICTIONS_KEPT = 256
+
+
+class Diagnosis:
+    def __init__(self, settings: DiagnosisSettings, digest_steps: int) -> None:
+        self.settings = settings
+        self.ranks: dict[RankKey, RankView] = {}
+        #: the window length every agent of the job uses (the first report's; others' windows are ignored)
+        self.window_collectives: int | None = None
+        self.windows = StragglerWindows(settings)
+        self.stragglers = StragglerTracker(settings)
+        self.sdc = SdcTracker(settings)
+        self.log = FindingLog(settings.recent_findings)
+        self.digest_steps = digest_steps
+        self.rank_digests: dict[int, dict[str, tuple[str, ...]]] = {}
+        #: hang findings now in force (by key): reported once while they last
+        self.active_hangs: set[str] = set()
+        self.next_analysis_at: float | None = None
+        self.evictions_at: deque[float] = deque(maxlen=MAX_EVICTIONS_KEPT)
+        #: held findings (log entry id -> when first held), decided again until hold_s passed
+        self.held: dict[int, float] = {}
+        self.reports = 0
+
+    def ingest(self, report: HostReport, now: float, accept: Callable[[RankKey], bool]) -> tuple[list[Finding], list[str]]:
+        """Keep a checked report's ranks (those `accept` allows); straggler findings it completed,
+        and the ranks left out with why."""
+        self.reports += 1
+        ignored, verdicts = [], []
+        if self.window_collectives is None:
+            self.window_collectives = report.window_collectives
+        windows_ok = report.window_collectives == self.window_collectives
+        if not windows_ok:
+            ignored.append(f"windows of {report.window_collectives} collectives ignored: the job's agents use "
+                           f"{self.window_collectives}")
+        for r in report.ranks:
+            rk = (r.replica_id, r.rank)
+            if not accept(rk):
+                ignored.append(f"rank {rank_name(rk)}: host {report.host_id} does not run it")
+                continue
+            self.ranks[rk] = RankView(report.host_id, now, r)
+            if windows_ok:
+                for g in r.groups:
+                    key = group_key(r.replica_id, r.rank, g)
+                    for w in g.windows:
+                        verdicts += self.windows.add(key, w.index, g.size, rk, report.host_id, w.own_s, now)
+        return self._stragglers(verdicts, now), ignored
+
+    def due(self, now: float) -> bool:
+        if self.next_analysis_at is not None and now < self.next_analysis_at:
+            return False
+        self.next_analysis_at = now + self.settings.analysis_interval_s
+        return True
+
+    def analyze(self, now: float, members_of: MembersOf, host_of: HostOf) -> list[Finding]:
+        """New findings: windows that waited long enough, and hangs not reported yet."""
+        out = self._stragglers(self.windows.due(now), now)
+        hangs = find_hangs(self.ranks, now, self.settings, members_of, host_of)
+        out += [f for f in hangs if f.key not in self.active_hangs]
+        self.active_hangs = {f.key for f in hangs}
+        return out
+
+    def keep_rank_digests(self, replica_id: str, step: int, digests: tuple[str, ...]) -> None:
+        if not digests:
+            return
+        self.rank_digests.setdefault(step, {})[replica_id] = digests
+        for old in sorted(self.rank_digests)[: max(len(self.rank_digests) - self.digest_steps, 0)]:
+            del self.rank_digests[old]
+
+    def incidents(self, verdict: Verdict, host_of: Callable[[str, int], str | None],
+                  hosts_of: Callable[[str], list[str]], now: float) -> list[Finding]:
+        """SDC findings for one mismatching verdict."""
+        found = attribute(verdict, self.rank_digests.get(verdict.step, {}), host_of, hosts_of)
+        return [self.sdc.observe(i, now) for i in found]
+
+    def forget_replica(self, replica_id: str) -> None:
+        """A replica died or restarted: what its ranks said no longer holds (their groups form anew)."""
+        for rk in [rk for rk in self.ranks if rk[0] == replica_id]:
+            del self.ranks[rk]
+        self.windows.forget(lambda key: key.replica_id == replica_id)
+
+    def forget_host(self, host_id: str) -> None:
+        """A host's agent is gone or its work moved: its telemetry is not about anyone now."""
+        for rk in [rk for rk, v in self.ranks.items() if v.host_id == host_id]:
+            del self.ranks[rk]
+
+    def _stragglers(self, verdicts: list[WindowVerdict], now: float) -> list[Finding]:
+        return [f for v in verdicts for f in self.stragglers.observe(v, now)]

@@ -1,0 +1,229 @@
+"""Hangs: the wait-for graph over collectives, its leaves, and the ranks inside them. Pure.
+
+A collective is *stuck* when some member joined it at least `hang_after_s` ago and it is not
+done. The graph: a stuck collective waits for each member that has not joined it; such a
+member that is itself stuck in another collective waits for that one. The job is blocked on
+the *leaves*: stuck collectives that wait on a member who is stuck nowhere (it never joined:
+its process is hung outside collectives, dead, or its host went silent), or on nobody at all
+(every member joined, and it still does not complete: somebody joined without progress).
+
+Inside a leaf:
+  * members that never joined are the suspects: those whose report (newer than the first
+    join) says so first, ordered by how long they have been idle; then members whose
+    telemetry is older than the first join or missing (silent: maybe joined since, maybe dead);
+  * with every member joined, the suspect is the member that sent the fewest bytes (in a ring
+    everyone else moves at least one chunk further before starving); among equals, the one
+    that has not moved for longest.
+Leaves with the same suspects are one finding. Stuck collectives that reach no leaf wait in a
+cycle (a mismatched order of collectives): one finding names them, with low confidence.
+
+Times: a report's ages are measured on its host's clock and anchored at the controller's
+receive time, so only differences measured on one host are ever compared.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Iterable, Mapping
+
+from controller.core.diagnosis.findings import Finding, FindingKind
+from controller.core.diagnosis.settings import DiagnosisSettings
+from controller.core.diagnosis.telemetry import GroupKey, GroupReport, RankKey, RankView, group_key, rank_name
+
+#: Who should be in a group of `size` members, when the controller knows (None: only reporters).
+MembersOf = Callable[[GroupKey, int], Iterable[RankKey] | None]
+HostOf = Callable[[RankKey], str | None]
+#: Confidence in a suspect named by its own report, by silence only, and by least progress.
+CONFIDENT, SILENT_ONLY, LEAST_PROGRESS = 0.95, 0.7, 0.9
+
+
+@dataclass(frozen=True)
+class Collective:
+    key: GroupKey
+    seq: int
+
+    def describe(self) -> str:
+        return f"collective #{self.seq} of {self.key.describe()}"
+
+
+@dataclass
+class _Stuck:
+    """What the graph knows about one stuck collective."""
+
+    first_join: float
+    kind: str
+    size: int = 0
+    joined: int = 0
+    in_flight: list[tuple[RankKey, GroupReport]] | None = None
+    #: members it waits on: (rank, said so after the first join)
+    waits_on: list[tuple[RankKey, bool]] | None = None
+
+
+def find_hangs(ranks: Mapping[RankKey, RankView], now: float, settings: DiagnosisSettings,
+               members_of: MembersOf | None = None, host_of: HostOf | None = None) -> list[Finding]:
+    """Findings for every leaf the job is blocked on (empty when nothing is stuck)."""
+    stuck, blocked = _stuck(ranks, now, settings.hang_after_s)
+    if not stuck:
+        return []
+    _members(stuck, ranks, members_of)
+    host = _host_lookup(ranks, host_of)
+    by_suspects: dict[tuple[RankKey, ...], list[Collective]] = {}
+    for c, s in stuck.items():
+        culprits = [(rk, said) for rk, said in s.waits_on if rk not in blocked]
+        if culprits:
+            by_suspects.setdefault(tuple(rk for rk, _ in _order(culprits, ranks, now)), []).append(c)
+        elif not s.waits_on:
+            by_suspects.setdefault(_progress_suspects(s.in_flight), []).append(c)
+    out = [_finding(sorted(leaves, key=lambda c: stuck[c].first_join), suspects, stuck, ranks, host, now)
+           for suspects, leaves in by_suspects.items()]
+    if not out:
+        out.append(_cycle(stuck, now, host, blocked))
+    return sorted(out, key=lambda f: f.key)
+
+
+def _stuck(ranks: Mapping[RankKey, RankView], now: float, hang_s: float):
+    stuck: dict[Collective, _Stuck] = {}
+    blocked: dict[RankKey, list[Collective]] = {}
+    for rk, v in ranks.items():
+        for g in v.report.groups:
+            if g.pending_seq < 0:
+                continue
+            joined_at = v.received_at - g.pending_s
+            if now - joined_at < hang_s:
+                continue
+            c = Collective(group_key(rk[0], rk[1], g), g.pending_seq)
+            blocked.setdefault(rk, []).append(c)
+            s = stuck.get(c)
+            if s is None:
+                stuck[c] = _Stuck(joined_at, g.kind_name)
+            elif joined_at < s.first_join:
+                s.first_join = joined_at
+    return stuck, blocked
+
+
+def _members(stuck: dict[Collective, _Stuck], ranks: Mapping[RankKey, RankView], members_of: MembersOf | None) -> None:
+    """Fill, for each stuck collective, who joined, who is in flight and whom it waits on."""
+    wanted = {c.key: [] for c in stuck}
+    for rk, v in ranks.items():
+        for g in v.report.groups:
+            key = group_key(rk[0], rk[1], g)
+            if key in wanted:
+                wanted[key].append((rk, v, g))
+    for c, s in stuck.items():
+        members = wanted[c.key]
+        s.size = max(g.size for _, _, g in members)
+        s.in_flight, s.waits_on = [], []
+        seen = set()
+        for rk, v, g in members:
+            seen.add(rk)
+            if g.last_joined_seq >= c.seq:
+                s.joined += 1
+                if g.last_done_seq < c.seq:
+                    s.in_flight.append((rk, g))
+            else:
+                s.waits_on.append((rk, v.received_at >= s.first_join))
+        expected = members_of(c.key, s.size) if members_of is not None else None
+        for rk in expected or ():
+            if rk not in seen:
+                s.waits_on.append((rk, False))  # never reported this group: silent
+
+
+def _host_lookup(ranks: Mapping[RankKey, RankView], host_of: HostOf | None) -> HostOf:
+    def lookup(rk: RankKey) -> str | None:
+        v = ranks.get(rk)
+        return v.host_id if v is not None else (host_of(rk) if host_of is not None else None)
+    return lookup
+
+
+def _order(culprits: list[tuple[RankKey, bool]], ranks: Mapping[RankKey, RankView], now: float):
+    """Suspects that said they never joined first (idle longest first), then silent ones."""
+    def idle(rk: RankKey) -> float:
+        v = ranks.get(rk)
+        return v.report.idle_s + (now - v.received_at) if v is not None else float("inf")
+    return sorted(culprits, key=lambda c: (not c[1], -idle(c[0]), c[0]))
+
+
+def _least_progress(in_flight: list[tuple[RankKey, GroupReport]]):
+    """Members in flight ordered by bytes sent (fewest first), then longest without moving."""
+    return sorted(in_flight, key=lambda m: (m[1].pending_sent_bytes, -m[1].pending_idle_s, m[0]))
+
+
+def _progress_suspects(in_flight: list[tuple[RankKey, GroupReport]]) -> tuple[RankKey, ...]:
+    """The members that sent the fewest bytes, and the runner-up (a candidate too)."""
+    ordered = _least_progress(in_flight)
+    fewest = [rk for rk, g in ordered if g.pending_sent_bytes == ordered[0][1].pending_sent_bytes]
+    return tuple(fewest) + tuple(rk for rk, _ in ordered[len(fewest):len(fewest) + 1])
+
+
+def _hosts(suspects: Iterable[RankKey], host: HostOf, by_count: bool = True) -> list[str]:
+    """Hosts of the suspects in their order; with `by_count`, the one holding most of them first."""
+    counts: dict[str, int] = {}
+    for rk in suspects:
+        h = host(rk) or "?"
+        counts[h] = counts.get(h, 0) + 1
+    return sorted(counts, key=lambda h: -counts[h]) if by_count else list(counts)
+
+
+def _finding(leaves: list[Collective], suspects: tuple[RankKey, ...], stuck: dict[Collective, _Stuck],
+             ranks: Mapping[RankKey, RankView], host: HostOf, now: float) -> Finding:
+    leaf = leaves[0]
+    s = stuck[leaf]
+    waited = now - s.first_join
+    evidence = [f"{leaf.describe()} ({s.kind}) has waited {waited:.1f} s: {s.joined} of {s.size} members joined"]
+    hosts = [h for h in _hosts(suspects, host, by_count=bool(s.waits_on)) if h != "?"]
+    if s.waits_on:
+        said = {rk for rk, ok in s.waits_on if ok}
+        on_first = sum(1 for rk in suspects if host(rk) == (hosts[0] if hosts else None))
+        confidence = (CONFIDENT if said & set(suspects) else SILENT_ONLY) * on_first / max(len(suspects), 1)
+        for rk in suspects[:8]:
+            evidence.append(_not_joined(rk, leaf, ranks, host, now, rk in said))
+        what = "never joined"
+    else:
+        ordered = _least_progress(s.in_flight)
+        first, rest = ordered[0], ordered[1:]
+        ties = [rk for rk, g in ordered if g.pending_sent_bytes == first[1].pending_sent_bytes]
+        confidence = LEAST_PROGRESS / len({host(rk) for rk in ties})
+        evidence.append(f"rank {rank_name(first[0])} on host {host(first[0])} sent {first[1].pending_sent_bytes} "
+                        f"of {first[1].pending_nbytes} bytes and has not moved for {first[1].pending_idle_s:.1f} s")
+        if rest:
+            evidence.append(f"the next fewest: rank {rank_name(rest[0][0])} on host {host(rest[0][0])} sent "
+                            f"{rest[0][1].pending_sent_bytes} bytes")
+        what = "joined without progress in"
+    if len(leaves) > 1:
+        evidence.append(f"{len(leaves) - 1} other stuck collective(s) wait on the same rank(s), e.g. "
+                        f"{leaves[1].describe()}")
+    waiting = sum(1 for c in stuck if c not in leaves)
+    if waiting:
+        evidence.append(f"{waiting} other stuck collective(s) wait on ranks that wait here (the wait-for graph)")
+    names = ", ".join(rank_name(rk) for rk in suspects[:4]) + ("…" if len(suspects) > 4 else "")
+    where = f" on host {hosts[0]}" if len(hosts) == 1 else (f" on hosts {', '.join(hosts[:4])}" if hosts else "")
+    return Finding(FindingKind.HANG, f"hang:{leaf.describe()}", now, tuple(hosts), round(min(confidence, 1.0), 3),
+                   f"rank(s) {names}{where} {what} {leaf.describe()}, which has waited {waited:.0f} s",
+                   tuple(evidence), tuple(rank_name(rk) for rk in suspects))
+
+
+def _not_joined(rk: RankKey, leaf: Collective, ranks: Mapping[RankKey, RankView], host: HostOf, now: float,
+                said: bool) -> str:
+    v = ranks.get(rk)
+    if v is None:
+        return f"rank {rank_name(rk)} on host {host(rk)} never reported telemetry for {leaf.key.describe()}"
+    last = next((g.last_joined_seq for g in v.report.groups if group_key(rk[0], rk[1], g) == leaf.key), -1)
+    age = now - v.received_at
+    if not said:
+        return (f"rank {rank_name(rk)} on host {v.host_id} is silent: its last report ({age:.1f} s ago) predates "
+                f"the first join; its last collective there was #{last}")
+    return (f"rank {rank_name(rk)} on host {v.host_id} never joined: its last collective there is #{last}, "
+            f"and it has been idle for {v.report.idle_s + age:.1f} s")
+
+
+def _cycle(stuck: dict[Collective, _Stuck], now: float, host: HostOf, blocked: dict[RankKey, list[Collective]]) -> Finding:
+    """Every stuck collective waits on a rank stuck in another: a cycle (collectives issued in
+    different orders). Named with low confidence: the ranks at the oldest collective."""
+    oldest = min(stuck, key=lambda c: stuck[c].first_join)
+    ranks = [rk for rk, _ in stuck[oldest].waits_on]
+    hosts = _hosts(ranks, host)
+    where = [f"{c.describe()} waits on ranks stuck elsewhere" for c in sorted(stuck, key=lambda c: stuck[c].first_join)[:6]]
+    return Finding(FindingKind.HANG, f"hang-cycle:{oldest.describe()}", now, tuple(h for h in hosts if h != "?"),
+                   round(0.5 / max(len(hosts), 1), 3),
+                   f"{len(stuck)} stuck collectives wait on each other in a cycle (mismatched collective order?), "
+                   f"the oldest {oldest.describe()}", tuple(where), tuple(rank_name(rk) for rk in ranks))
