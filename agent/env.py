@@ -19,6 +19,8 @@ environment), so a trainer can always trust them.
 |                     | (`protos.job_secret`), when the agent has one               |
 | FTHSDP_INSECURE_TRAINER_PORTS | "1" when the agent runs with                       |
 |                     | --insecure-trainer-ports and no secret                      |
+| FTHSDP_TELEMETRY_FILE | where the trainer keeps its collective telemetry ring     |
+|                     | (`fthsdp.telemetry`), one file per slot; unset: no telemetry |
 
 A trainer never inherits another way to the secret from the agent's own environment:
 FTHSDP_JOB_SECRET_FILE is removed (the agent read it; its value is what the trainer gets), so
@@ -46,6 +48,7 @@ from typing import IO, Mapping
 from protos import dial, job_secret
 from protos.dial import TlsFiles
 from protos.job_secret import JobSecret
+from protos.telemetry_ring import ENV_FILE as TELEMETRY_FILE
 
 REPLICA_ID = "FTHSDP_REPLICA_ID"
 RANK = "FTHSDP_RANK"
@@ -57,7 +60,8 @@ STANDBY = "FTHSDP_STANDBY"
 JOB_SECRET = job_secret.ENV_JOB_SECRET
 INSECURE_TRAINER_PORTS = job_secret.ENV_INSECURE_TRAINER_PORTS
 #: what the agent decides for its trainers, whatever its own environment says
-_REPLACED = (REPLICA_ID, RANK, WORLD_SIZE, STANDBY, JOB_SECRET, job_secret.ENV_JOB_SECRET_FILE, INSECURE_TRAINER_PORTS)
+_REPLACED = (REPLICA_ID, RANK, WORLD_SIZE, STANDBY, JOB_SECRET, job_secret.ENV_JOB_SECRET_FILE, INSECURE_TRAINER_PORTS,
+             TELEMETRY_FILE)
 
 # JSON key of the hand-over line -> environment variable it fills.
 HANDOVER_KEYS: dict[str, str] = {
@@ -82,6 +86,7 @@ def trainer_environment(
     tls: TlsFiles | None = None,
     secret: JobSecret | None = None,
     insecure_trainer_ports: bool = False,
+    telemetry_file: str = "",
 ) -> dict[str, str]:
     """The environment of one trainer: `base` plus our variables (ours win).
 
@@ -93,6 +98,8 @@ def trainer_environment(
     elif insecure_trainer_ports:
         env[INSECURE_TRAINER_PORTS] = "1"
     env.update({HOST_ID: host_id, JOB_ID: job_id, CONTROLLER: controller})
+    if telemetry_file:
+        env[TELEMETRY_FILE] = telemetry_file
     if tls is not None and tls.enabled:
         for name, value in ((dial.ENV_TLS_CA_FILE, tls.ca_file),
                             (dial.ENV_TLS_CERT_FILE, tls.cert_file),

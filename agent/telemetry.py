@@ -17,7 +17,7 @@ from __future__ import annotations
 import heapq
 import os
 from collections import defaultdict
-from typing import Iterable
+from typing import Iterable, Mapping
 
 from protos import controller_pb2 as pb
 from protos import telemetry_ring as ring
@@ -38,24 +38,32 @@ def read_ring(path: str | os.PathLike[str]) -> tuple[Header, list[Record]]:
     except OSError as exc:
         raise RingError(f"cannot open telemetry ring {path}: {exc.strerror}") from None
     try:
-        size = os.fstat(fd).st_size
-        if size > ring.ring_bytes(ring.MAX_CAPACITY):
-            raise RingError(f"telemetry ring {path} is {size} bytes, more than any ring may hold.")
-        first, second = os.pread(fd, size, 0), os.pread(fd, size, 0)
-        try:
-            header = ring.unpack_header(second)
-        except ValueError as exc:
-            raise RingError(f"telemetry ring {path}: {exc}") from None
-        records = []
-        for index in range(max(header.appended - header.capacity, 0), header.appended):
-            at = ring.record_offset(header.capacity, index)
-            raw = _stable(fd, at, first[at:at + ring.RECORD_BYTES], second[at:at + ring.RECORD_BYTES])
-            record = ring.unpack_record(index, raw) if raw is not None else None
-            if record is not None:
-                records.append(record)
-        return header, records
+        return _read(fd, path)
+    except OSError as exc:
+        raise RingError(f"cannot read telemetry ring {path}: {exc.strerror}") from None
     finally:
         os.close(fd)
+
+
+def _read(fd: int, path) -> tuple[Header, list[Record]]:
+    size = os.fstat(fd).st_size
+    if size > ring.ring_bytes(ring.MAX_CAPACITY):
+        raise RingError(f"telemetry ring {path} is {size} bytes, more than any ring may hold.")
+    first, second = os.pread(fd, size, 0), os.pread(fd, size, 0)
+    if len(first) != size or len(second) != size:
+        raise RingError(f"telemetry ring {path} changed size while it was read.")
+    try:
+        header = ring.unpack_header(second)
+    except ValueError as exc:
+        raise RingError(f"telemetry ring {path}: {exc}") from None
+    records = []
+    for index in range(max(header.appended - header.capacity, 0), header.appended):
+        at = ring.record_offset(header.capacity, index)
+        raw = _stable(fd, at, first[at:at + ring.RECORD_BYTES], second[at:at + ring.RECORD_BYTES])
+        record = ring.unpack_record(index, raw) if raw is not None else None
+        if record is not None:
+            records.append(record)
+    return header, records
 
 
 def _stable(fd: int, at: int, a: bytes, b: bytes) -> bytes | None:
@@ -87,8 +95,9 @@ def own_times(records: Iterable[Record]) -> dict[int, int]:
 
 
 def summarize_rank(replica_id: str, rank: int, header: Header, records: list[Record], now_ns: int,
-                   window_collectives: int) -> pb.RankTelemetry:
-    """The summary of one rank's ring as the controller wants it (see the module docstring)."""
+                   window_collectives: int, sent: Mapping[str, int] | None = None) -> pb.RankTelemetry:
+    """The summary of one rank's ring as the controller wants it (see the module docstring).
+    Windows up to `sent[group]` went out before and are left out."""
     last = max((r.last_event_ns for r in records), default=header.created_ns)
     out = pb.RankTelemetry(replica_id=replica_id, rank=rank, idle_s=_age(now_ns, last),
                            recording_s=_age(now_ns, header.created_ns))
@@ -98,11 +107,12 @@ def summarize_rank(replica_id: str, rank: int, header: Header, records: list[Rec
     recent = sorted(by_group, key=lambda g: max(r.last_event_ns for r in by_group[g]), reverse=True)
     own = own_times(records)
     for name in sorted(recent[:ring.MAX_GROUPS_PER_RANK]):
-        out.groups.append(_group(name, by_group[name], own, now_ns, window_collectives))
+        out.groups.append(_group(name, by_group[name], own, now_ns, window_collectives, (sent or {}).get(name, -1)))
     return out
 
 
-def _group(name: str, records: list[Record], own: dict[int, int], now_ns: int, w: int) -> pb.GroupTelemetry:
+def _group(name: str, records: list[Record], own: dict[int, int], now_ns: int, w: int,
+           sent: int) -> pb.GroupTelemetry:
     latest = max(records, key=lambda r: r.index)
     done = [r.seq for r in records if r.state == State.DONE]
     g = pb.GroupTelemetry(group=name, kind=int(latest.kind), size=latest.group_size,
@@ -116,8 +126,8 @@ def _group(name: str, records: list[Record], own: dict[int, int], now_ns: int, w
     windows: dict[int, list[Record]] = defaultdict(list)
     for r in records:
         windows[r.seq // w].append(r)
-    complete = [i for i, rs in windows.items()
-                if len({r.seq for r in rs}) == w and all(r.state == State.DONE and r.index in own for r in rs)]
+    complete = [i for i, rs in windows.items() if i > sent
+                and len({r.seq for r in rs}) == w and all(r.state == State.DONE and r.index in own for r in rs)]
     for i in sorted(complete)[-ring.MAX_WINDOWS_PER_GROUP:]:
         rs = _one_per_seq(windows[i])
         g.windows.append(pb.TelemetryWindow(index=i, own_s=sum(own[r.index] for r in rs) / 1e9,
@@ -136,3 +146,43 @@ def _one_per_seq(records: list[Record]) -> list[Record]:
 
 def _age(now_ns: int, then_ns: int) -> float:
     return max(now_ns - then_ns, 0) / 1e9
+
+
+class Collector:
+    """The agent's side of collection: read the rings of the trainers it runs, summarize them,
+    and remember which windows the controller has (per ring: a restarted trainer starts afresh;
+    a report that did not arrive is sent again with the next one)."""
+
+    def __init__(self, host_id: str, window_collectives: int) -> None:
+        self.host_id, self.window = host_id, window_collectives
+        self._sent: dict[tuple[int, int], dict[str, int]] = {}
+        self._unconfirmed: dict[tuple[int, int], dict[str, int]] = {}
+        #: why each slot's ring could not be read last time
+        self.problems: dict[int, str] = {}
+
+    def collect(self, trainers: list[tuple[int, str, int, str]], now_ns: int) -> pb.TelemetryReport:
+        """trainers: (slot, replica_id, rank, ring path) of every trainer running now."""
+        report = pb.TelemetryReport(host_id=self.host_id, window_collectives=self.window)
+        self._unconfirmed = {}
+        for slot, replica_id, rank, path in trainers[:ring.MAX_RANKS_PER_REPORT]:
+            try:
+                header, records = read_ring(path)
+                if (header.replica_id, header.rank) != (replica_id, rank):
+                    raise RingError(f"telemetry ring {path} belongs to {header.replica_id}/{header.rank}, but slot "
+                                    f"{slot} runs {replica_id}/{rank}")
+            except RingError as exc:
+                self.problems[slot] = str(exc)
+                continue
+            self.problems.pop(slot, None)
+            key = (slot, header.created_ns)
+            summary = summarize_rank(replica_id, rank, header, records, now_ns, self.window, self._sent.get(key))
+            self._unconfirmed[key] = {g.group: g.windows[-1].index for g in summary.groups if g.windows}
+            report.ranks.append(summary)
+        return report
+
+    def delivered(self) -> None:
+        """The last collected report reached the controller: its windows are not sent again."""
+        for key, windows in self._unconfirmed.items():
+            self._sent.setdefault(key, {}).update(windows)
+        self._sent = {k: v for k, v in self._sent.items() if k in self._unconfirmed}
+        self._unconfirmed = {}

@@ -13,6 +13,7 @@ from controller.core.replicas import JoinRequest
 from controller.service.errors import NotLeader, refuse, unary
 from controller.service.orders import from_proto_assignment, to_proto_assignment, to_proto_order
 from controller.service.peer import new_agent_secret
+from controller.service.telemetry_wire import from_proto_report
 from protos import controller_pb2 as pb
 from protos import controller_pb2_grpc
 
@@ -84,7 +85,7 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
         self.server.require_leader().report_step(
             request.replica_id, request.step, self.server.clock(), quorum_id=request.quorum_id, loss=request.loss,
             step_time_s=request.step_time_s, tokens=request.tokens, host_id=request.host_id,
-            digest=request.digest, caught_up=request.caught_up,
+            digest=request.digest, caught_up=request.caught_up, rank_digests=tuple(request.rank_digests),
             checkpoint_step=request.checkpoint_step if request.HasField("checkpoint_step") else None)
         await self.server.persist()
         return pb.ReportStepResponse()
@@ -176,6 +177,13 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
         state.authenticate_agent(request.host_id, request.agent_secret)
         state.ack_order(request.host_id, request.order_id, request.ok, request.error, self.server.clock())
         return pb.AckOrderResponse()
+
+    @unary
+    async def ReportTelemetry(self, request, context):
+        ignored = self.server.require_leader().report_telemetry(
+            from_proto_report(request), request.incarnation, self.server.clock())
+        await self.server.settle()
+        return pb.TelemetryResponse(ignored=ignored[:64])
 
     @unary
     async def ReportTrainerExit(self, request, context):

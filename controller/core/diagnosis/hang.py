@@ -33,8 +33,11 @@ from controller.core.diagnosis.telemetry import GroupKey, GroupReport, RankKey, 
 #: Who should be in a group of `size` members, when the controller knows (None: only reporters).
 MembersOf = Callable[[GroupKey, int], Iterable[RankKey] | None]
 HostOf = Callable[[RankKey], str | None]
-#: Confidence in a suspect named by its own report, by silence only, and by least progress.
-CONFIDENT, SILENT_ONLY, LEAST_PROGRESS = 0.95, 0.7, 0.9
+#: Confidence in a suspect named by its own report, by silence only, by least progress, and
+#: in the ranks at the oldest collective of a cycle.
+CONFIDENT, SILENT_ONLY, LEAST_PROGRESS, IN_A_CYCLE = 0.95, 0.7, 0.9, 0.3
+#: Findings one analysis makes at most (the largest clusters of stuck collectives first).
+MAX_FINDINGS = 8
 
 
 @dataclass(frozen=True)
@@ -67,18 +70,52 @@ def find_hangs(ranks: Mapping[RankKey, RankView], now: float, settings: Diagnosi
         return []
     _members(stuck, ranks, members_of)
     host = _host_lookup(ranks, host_of)
-    by_suspects: dict[tuple[RankKey, ...], list[Collective]] = {}
-    for c, s in stuck.items():
+    leaves: list[tuple[Collective, list[RankKey]]] = []
+    for c in sorted(stuck, key=lambda c: stuck[c].first_join):
+        s = stuck[c]
         culprits = [(rk, said) for rk, said in s.waits_on if rk not in blocked]
         if culprits:
-            by_suspects.setdefault(tuple(rk for rk, _ in _order(culprits, ranks, now)), []).append(c)
+            leaves.append((c, [rk for rk, _ in _order(culprits, ranks, now)]))
         elif not s.waits_on:
-            by_suspects.setdefault(_progress_suspects(s.in_flight), []).append(c)
-    out = [_finding(sorted(leaves, key=lambda c: stuck[c].first_join), suspects, stuck, ranks, host, now)
-           for suspects, leaves in by_suspects.items()]
+            leaves.append((c, list(_progress_suspects(s.in_flight))))
+    clusters = _by_host(leaves, host)
+    out = [_finding(cs, suspects_of, stuck, ranks, host, now) for cs, suspects_of in clusters[:MAX_FINDINGS]]
     if not out:
-        out.append(_cycle(stuck, now, host, blocked))
-    return sorted(out, key=lambda f: f.key)
+        out.append(_cycle(stuck, now, host))
+    return out
+
+
+def _by_host(leaves: list[tuple[Collective, list[RankKey]]], host: HostOf):
+    """Leaves whose suspects share a host are one problem (a host's ranks hang together, and
+    each ring they are in waits on them): clusters of (leaf collectives, their suspects)."""
+    clusters: list[tuple[set[str], list[Collective], dict[Collective, list[RankKey]]]] = []
+    for c, suspects in leaves:
+        hosts = {host(rk) or rank_name(rk) for rk in suspects}
+        touching = [cl for cl in clusters if cl[0] & hosts]
+        merged = (hosts, [c], {c: suspects})
+        for cl in touching:
+            clusters.remove(cl)
+            merged = (merged[0] | cl[0], cl[1] + merged[1], {**cl[2], **merged[2]})
+        clusters.append(merged)
+    return [(cs, of) for _, cs, of in sorted(clusters, key=lambda cl: (-len(cl[1]), cl[1][0].seq))]
+
+
+def _merged(leaves: list[Collective], suspects_of: dict[Collective, list[RankKey]], stuck: dict[Collective, "_Stuck"],
+            ranks: Mapping[RankKey, RankView], now: float) -> tuple[RankKey, ...]:
+    """The suspects of a cluster: never-joined ones (said so first, idle longest first), then
+    those of no-progress leaves in progress order."""
+    said: dict[RankKey, bool] = {}
+    progress: list[RankKey] = []
+    for c in leaves:
+        s = stuck[c]
+        if s.waits_on:
+            flags = dict(s.waits_on)
+            for rk in suspects_of[c]:
+                said[rk] = said.get(rk, False) or flags.get(rk, False)
+        else:
+            progress += [rk for rk in suspects_of[c] if rk not in progress]
+    joined = [rk for rk, _ in _order(list(said.items()), ranks, now)]
+    return tuple(joined + [rk for rk in progress if rk not in said])
 
 
 def _stuck(ranks: Mapping[RankKey, RankView], now: float, hang_s: float):
@@ -164,19 +201,23 @@ def _hosts(suspects: Iterable[RankKey], host: HostOf, by_count: bool = True) -> 
     return sorted(counts, key=lambda h: -counts[h]) if by_count else list(counts)
 
 
-def _finding(leaves: list[Collective], suspects: tuple[RankKey, ...], stuck: dict[Collective, _Stuck],
+def _finding(leaves: list[Collective], suspects_of: dict[Collective, list[RankKey]], stuck: dict[Collective, _Stuck],
              ranks: Mapping[RankKey, RankView], host: HostOf, now: float) -> Finding:
-    leaf = leaves[0]
+    suspects = _merged(leaves, suspects_of, stuck, ranks, now)
+    joining = [c for c in leaves if stuck[c].waits_on]
+    leaf = joining[0] if joining else leaves[0]
     s = stuck[leaf]
     waited = now - s.first_join
     evidence = [f"{leaf.describe()} ({s.kind}) has waited {waited:.1f} s: {s.joined} of {s.size} members joined"]
-    hosts = [h for h in _hosts(suspects, host, by_count=bool(s.waits_on)) if h != "?"]
-    if s.waits_on:
-        said = {rk for rk, ok in s.waits_on if ok}
+    hosts = [h for h in _hosts(suspects, host, by_count=bool(joining)) if h != "?"]
+    if joining:
+        said = {rk for c in joining for rk, ok in stuck[c].waits_on if ok}
         on_first = sum(1 for rk in suspects if host(rk) == (hosts[0] if hosts else None))
         confidence = (CONFIDENT if said & set(suspects) else SILENT_ONLY) * on_first / max(len(suspects), 1)
         for rk in suspects[:8]:
-            evidence.append(_not_joined(rk, leaf, ranks, host, now, rk in said))
+            where = next(c for c in joining if rk in suspects_of[c]) if any(rk in suspects_of[c] for c in joining) \
+                else leaf
+            evidence.append(_not_joined(rk, where, ranks, host, now, rk in said))
         what = "never joined"
     else:
         ordered = _least_progress(s.in_flight)
@@ -189,9 +230,9 @@ def _finding(leaves: list[Collective], suspects: tuple[RankKey, ...], stuck: dic
             evidence.append(f"the next fewest: rank {rank_name(rest[0][0])} on host {host(rest[0][0])} sent "
                             f"{rest[0][1].pending_sent_bytes} bytes")
         what = "joined without progress in"
-    if len(leaves) > 1:
-        evidence.append(f"{len(leaves) - 1} other stuck collective(s) wait on the same rank(s), e.g. "
-                        f"{leaves[1].describe()}")
+    others = [c for c in leaves if c != leaf]
+    if others:
+        evidence.append(f"{len(others)} other stuck collective(s) wait on the same host(s), e.g. {others[0].describe()}")
     waiting = sum(1 for c in stuck if c not in leaves)
     if waiting:
         evidence.append(f"{waiting} other stuck collective(s) wait on ranks that wait here (the wait-for graph)")
@@ -199,7 +240,7 @@ def _finding(leaves: list[Collective], suspects: tuple[RankKey, ...], stuck: dic
     where = f" on host {hosts[0]}" if len(hosts) == 1 else (f" on hosts {', '.join(hosts[:4])}" if hosts else "")
     return Finding(FindingKind.HANG, f"hang:{leaf.describe()}", now, tuple(hosts), round(min(confidence, 1.0), 3),
                    f"rank(s) {names}{where} {what} {leaf.describe()}, which has waited {waited:.0f} s",
-                   tuple(evidence), tuple(rank_name(rk) for rk in suspects))
+                   tuple(evidence), tuple(rank_name(rk) for rk in suspects[:64]))
 
 
 def _not_joined(rk: RankKey, leaf: Collective, ranks: Mapping[RankKey, RankView], host: HostOf, now: float,
@@ -216,7 +257,7 @@ def _not_joined(rk: RankKey, leaf: Collective, ranks: Mapping[RankKey, RankView]
             f"and it has been idle for {v.report.idle_s + age:.1f} s")
 
 
-def _cycle(stuck: dict[Collective, _Stuck], now: float, host: HostOf, blocked: dict[RankKey, list[Collective]]) -> Finding:
+def _cycle(stuck: dict[Collective, _Stuck], now: float, host: HostOf) -> Finding:
     """Every stuck collective waits on a rank stuck in another: a cycle (collectives issued in
     different orders). Named with low confidence: the ranks at the oldest collective."""
     oldest = min(stuck, key=lambda c: stuck[c].first_join)
@@ -224,6 +265,6 @@ def _cycle(stuck: dict[Collective, _Stuck], now: float, host: HostOf, blocked: d
     hosts = _hosts(ranks, host)
     where = [f"{c.describe()} waits on ranks stuck elsewhere" for c in sorted(stuck, key=lambda c: stuck[c].first_join)[:6]]
     return Finding(FindingKind.HANG, f"hang-cycle:{oldest.describe()}", now, tuple(h for h in hosts if h != "?"),
-                   round(0.5 / max(len(hosts), 1), 3),
+                   round(IN_A_CYCLE / max(len(hosts), 1), 3),
                    f"{len(stuck)} stuck collectives wait on each other in a cycle (mismatched collective order?), "
                    f"the oldest {oldest.describe()}", tuple(where), tuple(rank_name(rk) for rk in ranks))
