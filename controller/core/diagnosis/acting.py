@@ -45,7 +45,7 @@ class Diagnosing:
         d = self.diagnosis
         if not self.settings.diagnosis.enabled or not d.due(now):
             return
-        self._decide_findings(d.analyze(now, self._group_members, self.rank_holders.get), now)
+        self._decide_findings(d.analyze(now, self._group_members, self.rank_holders.get, self._rank_down), now)
         for entry_id, since in list(d.held.items()):
             entry = next((e for e in d.log.entries if e.id == entry_id), None)
             if entry is None or now - since > self.settings.diagnosis.hold_s:
@@ -110,6 +110,11 @@ class Diagnosing:
         if self.quorum is not None and len(self.quorum.members) == size:
             return [(m.replica_id, key.rank) for m in self.quorum.members]
         return None
+
+    def _rank_down(self, rank: RankKey) -> bool:
+        """The controller already handles this rank: its replica is dead (being rebuilt) or gone."""
+        r = self.replicas.get(rank[0])
+        return r is None or r.state in _NOT_LIVE
 
     def _rank_host(self, replica_id: str, rank: int) -> str | None:
         return self.rank_holders.get((replica_id, rank))

@@ -14,7 +14,7 @@ from typing import Callable
 
 from controller.core.digests import Verdict
 from controller.core.diagnosis.findings import Finding, FindingLog
-from controller.core.diagnosis.hang import HostOf, MembersOf, find_hangs
+from controller.core.diagnosis.hang import Excused, HostOf, MembersOf, find_hangs
 from controller.core.diagnosis.sdc import SdcTracker, attribute
 from controller.core.diagnosis.settings import DiagnosisSettings
 from controller.core.diagnosis.straggler import StragglerTracker, StragglerWindows, WindowVerdict
@@ -74,10 +74,10 @@ class Diagnosis:
         self.next_analysis_at = now + self.settings.analysis_interval_s
         return True
 
-    def analyze(self, now: float, members_of: MembersOf, host_of: HostOf) -> list[Finding]:
+    def analyze(self, now: float, members_of: MembersOf, host_of: HostOf, excused: Excused) -> list[Finding]:
         """New findings: windows that waited long enough, and hangs not reported yet."""
         out = self._stragglers(self.windows.due(now), now)
-        hangs = find_hangs(self.ranks, now, self.settings, members_of, host_of)
+        hangs = find_hangs(self.ranks, now, self.settings, members_of, host_of, excused)
         out += [f for f in hangs if f.key not in self.active_hangs]
         self.active_hangs = {f.key for f in hangs}
         return out

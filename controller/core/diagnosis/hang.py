@@ -14,8 +14,14 @@ Inside a leaf:
   * with every member joined, the suspect is the member that sent the fewest bytes (in a ring
     everyone else moves at least one chunk further before starving); among equals, the one
     that has not moved for longest.
-Leaves with the same suspects are one finding. Stuck collectives that reach no leaf wait in a
-cycle (a mismatched order of collectives): one finding names them, with low confidence.
+Leaves whose suspects share a host are one finding. Stuck collectives that reach no leaf wait
+in a cycle (a mismatched order of collectives): one finding names them, with low confidence.
+
+A stuck collective that waits on a member the controller already knows is down (`excused`:
+its replica died or is being rebuilt), or on a process that started after the collective did
+(it cannot be in it: a restarted trainer forms its groups anew), is explained and names
+nobody; so is one whose missing members nobody can name (the group's size says someone is
+missing, but not who: heartbeats find dead hosts).
 
 Times: a report's ages are measured on its host's clock and anchored at the controller's
 receive time, so only differences measured on one host are ever compared.
@@ -33,6 +39,7 @@ from controller.core.diagnosis.telemetry import GroupKey, GroupReport, RankKey, 
 #: Who should be in a group of `size` members, when the controller knows (None: only reporters).
 MembersOf = Callable[[GroupKey, int], Iterable[RankKey] | None]
 HostOf = Callable[[RankKey], str | None]
+Excused = Callable[[RankKey], bool]
 #: Confidence in a suspect named by its own report, by silence only, by least progress, and
 #: in the ranks at the oldest collective of a cycle.
 CONFIDENT, SILENT_ONLY, LEAST_PROGRESS, IN_A_CYCLE = 0.95, 0.7, 0.9, 0.3
@@ -60,19 +67,24 @@ class _Stuck:
     in_flight: list[tuple[RankKey, GroupReport]] | None = None
     #: members it waits on: (rank, said so after the first join)
     waits_on: list[tuple[RankKey, bool]] | None = None
+    #: it waits on someone known to be down, restarted, or nameless: no finding
+    explained: bool = False
 
 
 def find_hangs(ranks: Mapping[RankKey, RankView], now: float, settings: DiagnosisSettings,
-               members_of: MembersOf | None = None, host_of: HostOf | None = None) -> list[Finding]:
+               members_of: MembersOf | None = None, host_of: HostOf | None = None,
+               excused: Excused | None = None) -> list[Finding]:
     """Findings for every leaf the job is blocked on (empty when nothing is stuck)."""
     stuck, blocked = _stuck(ranks, now, settings.hang_after_s)
     if not stuck:
         return []
-    _members(stuck, ranks, members_of)
+    _members(stuck, ranks, now, members_of, excused or (lambda rk: False))
     host = _host_lookup(ranks, host_of)
     leaves: list[tuple[Collective, list[RankKey]]] = []
     for c in sorted(stuck, key=lambda c: stuck[c].first_join):
         s = stuck[c]
+        if s.explained:
+            continue
         culprits = [(rk, said) for rk, said in s.waits_on if rk not in blocked]
         if culprits:
             leaves.append((c, [rk for rk, _ in _order(culprits, ranks, now)]))
@@ -80,7 +92,7 @@ def find_hangs(ranks: Mapping[RankKey, RankView], now: float, settings: Diagnosi
             leaves.append((c, list(_progress_suspects(s.in_flight))))
     clusters = _by_host(leaves, host)
     out = [_finding(cs, suspects_of, stuck, ranks, host, now) for cs, suspects_of in clusters[:MAX_FINDINGS]]
-    if not out:
+    if not out and not any(s.explained for s in stuck.values()):
         out.append(_cycle(stuck, now, host))
     return out
 
@@ -138,7 +150,8 @@ def _stuck(ranks: Mapping[RankKey, RankView], now: float, hang_s: float):
     return stuck, blocked
 
 
-def _members(stuck: dict[Collective, _Stuck], ranks: Mapping[RankKey, RankView], members_of: MembersOf | None) -> None:
+def _members(stuck: dict[Collective, _Stuck], ranks: Mapping[RankKey, RankView], now: float,
+             members_of: MembersOf | None, excused: Excused) -> None:
     """Fill, for each stuck collective, who joined, who is in flight and whom it waits on."""
     wanted = {c.key: [] for c in stuck}
     for rk, v in ranks.items():
@@ -157,11 +170,21 @@ def _members(stuck: dict[Collective, _Stuck], ranks: Mapping[RankKey, RankView],
                 s.joined += 1
                 if g.last_done_seq < c.seq:
                     s.in_flight.append((rk, g))
+            elif excused(rk):
+                s.explained = True
             else:
                 s.waits_on.append((rk, v.received_at >= s.first_join))
         expected = members_of(c.key, s.size) if members_of is not None else None
-        for rk in expected or ():
-            if rk not in seen:
+        if expected is None:
+            s.explained |= len(seen) < s.size  # someone is missing, nobody can say who
+            continue
+        for rk in expected:
+            if rk in seen:
+                continue
+            v = ranks.get(rk)
+            if excused(rk) or (v is not None and v.received_at - v.report.recording_s > s.first_join):
+                s.explained = True  # down, or a process younger than the collective
+            else:
                 s.waits_on.append((rk, False))  # never reported this group: silent
 
 

@@ -73,7 +73,7 @@ class Job:
         n = len(self.replicas) if cross else self.ranks
         for rk in self.keys():
             in_it = (rk[1] == k) if cross else (rk[0] == rid)
-            sent = 0 if rk == culprit else 4096 * (1 + (hash(rk) % 3))
+            sent = 0 if rk == culprit else 4096 * (1 + rk[1] % 3)
             stuck = (21 if cross else 11, waited_s, sent, waited_s if rk == culprit else waited_s - 1)
             if cross:
                 intra = group(INTRA, Kind.REDUCE_SCATTER, self.ranks, 12, 11, (12, waited_s - 2, 4096, waited_s - 3)) \

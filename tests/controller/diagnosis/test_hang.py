@@ -97,7 +97,9 @@ def test_only_silent_suspects_lower_the_confidence_and_missing_members_are_named
     [f] = find_hangs(job.views, NOW, S, members(job), host_of=lambda rk: job.host(rk))
     assert f.ranks == ("r1/2",) and f.hosts == ("h-r1-1",) and f.confidence == SILENT_ONLY
     assert any("never reported telemetry" in e for e in f.evidence)
-    assert find_hangs(job.views, NOW, S) != []  # without the layout, r0 and r2 still wait on r1's ranks
+    # without the layout the groups' sizes say someone is missing, but nobody can say who:
+    # no finding (the host's silence is the heartbeat's to find)
+    assert find_hangs(job.views, NOW, S) == []
 
 
 def test_a_whole_host_that_never_joined_is_one_suspect_host():
@@ -144,7 +146,7 @@ def test_clock_skew_between_hosts_does_not_matter():
     job.never_joins(("r1", 2))
     before = find_hangs(job.views, NOW, S)
     for rk, v in job.views.items():  # reports arrive up to 2 s apart; ages are relative to each arrival
-        shift = 2.0 * (hash(rk) % 2)
+        shift = 2.0 * (rk[1] % 2)
         job.views[rk] = replace(v, received_at=v.received_at + shift,
                                 report=replace(v.report, groups=tuple(
                                     replace(g, pending_s=g.pending_s + shift) if g.pending_seq >= 0 else g
