@@ -53,12 +53,12 @@ class Cluster:
         self.procs.append(Proc(name, proc, out, err))
         return self.procs[-1]
 
-    async def start_controller(self, replicas: int = 3) -> Proc:
+    async def start_controller(self, replicas: int = 3, extra: tuple[str, ...] = ()) -> Proc:
         p = await self._spawn("controller", *CLI, "controller", "--grpc-port", "0",
                               "--http-port", "0", "--replicas", str(replicas),
                               "--min-replicas", "1", "--join-timeout-s", "1.0",
                               "--heartbeat-timeout-s", str(self.heartbeat_timeout_s),
-                              "--admin-token-file", str(self.token_file))
+                              "--admin-token-file", str(self.token_file), *extra)
         line = await wait_for(p.first_line, 30, "the controller's serving line")
         self.grpc, self.http = line["grpc"], line["http"]
         return p
