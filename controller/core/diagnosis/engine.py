@@ -63,6 +63,8 @@ class Diagnosis:
             self.ranks[rk] = RankView(report.host_id, now, r)
             if windows_ok:
                 for g in r.groups:
+                    if not g.windows:
+                        continue
                     key = group_key(r.replica_id, r.rank, g)
                     for w in g.windows:
                         verdicts += self.windows.add(key, w.index, g.size, rk, report.host_id, w.own_s, now)
@@ -100,6 +102,7 @@ class Diagnosis:
         for rk in [rk for rk in self.ranks if rk[0] == replica_id]:
             del self.ranks[rk]
         self.windows.forget(lambda key: key.replica_id == replica_id)
+        self.stragglers.forget_replica(replica_id)
 
     def forget_host(self, host_id: str) -> None:
         """A host's agent is gone or its work moved: its telemetry is not about anyone now."""

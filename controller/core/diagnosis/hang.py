@@ -30,7 +30,7 @@ receive time, so only differences measured on one host are ever compared.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Iterable, Mapping
+from typing import Callable, Iterable, Mapping, NamedTuple
 
 from controller.core.diagnosis.findings import Finding, FindingKind
 from controller.core.diagnosis.settings import DiagnosisSettings
@@ -47,8 +47,7 @@ CONFIDENT, SILENT_ONLY, LEAST_PROGRESS, IN_A_CYCLE = 0.95, 0.7, 0.9, 0.3
 MAX_FINDINGS = 8
 
 
-@dataclass(frozen=True)
-class Collective:
+class Collective(NamedTuple):
     key: GroupKey
     seq: int
 
@@ -131,8 +130,10 @@ def _merged(leaves: list[Collective], suspects_of: dict[Collective, list[RankKey
 
 
 def _stuck(ranks: Mapping[RankKey, RankView], now: float, hang_s: float):
+    """The stuck collectives, and the ranks stuck in one (the hot loop: one pass, few objects)."""
     stuck: dict[Collective, _Stuck] = {}
-    blocked: dict[RankKey, list[Collective]] = {}
+    blocked: set[RankKey] = set()
+    seen: dict[tuple, Collective] = {}
     for rk, v in ranks.items():
         for g in v.report.groups:
             if g.pending_seq < 0:
@@ -140,28 +141,32 @@ def _stuck(ranks: Mapping[RankKey, RankView], now: float, hang_s: float):
             joined_at = v.received_at - g.pending_s
             if now - joined_at < hang_s:
                 continue
-            c = Collective(group_key(rk[0], rk[1], g), g.pending_seq)
-            blocked.setdefault(rk, []).append(c)
-            s = stuck.get(c)
-            if s is None:
-                stuck[c] = _Stuck(joined_at, g.kind_name)
-            elif joined_at < s.first_join:
-                s.first_join = joined_at
+            blocked.add(rk)
+            name = (g.group, rk[1] if g.cross_replica else rk[0], g.pending_seq)
+            c = seen.get(name)
+            if c is None:
+                c = seen[name] = Collective(group_key(rk[0], rk[1], g), g.pending_seq)
+                stuck[c] = _Stuck(joined_at, g.kind_name, g.size)
+            elif joined_at < stuck[c].first_join:
+                stuck[c].first_join = joined_at
     return stuck, blocked
 
 
 def _members(stuck: dict[Collective, _Stuck], ranks: Mapping[RankKey, RankView], now: float,
              members_of: MembersOf | None, excused: Excused) -> None:
-    """Fill, for each stuck collective, who joined, who is in flight and whom it waits on."""
-    wanted = {c.key: [] for c in stuck}
-    for rk, v in ranks.items():
-        for g in v.report.groups:
-            key = group_key(rk[0], rk[1], g)
-            if key in wanted:
-                wanted[key].append((rk, v, g))
+    """Fill, for each stuck collective, who joined, who is in flight and whom it waits on.
+    Members the controller can name are looked up directly; other groups cost one scan."""
+    scanned: dict[GroupKey, list] | None = None
     for c, s in stuck.items():
-        members = wanted[c.key]
-        s.size = max(g.size for _, _, g in members)
+        expected = members_of(c.key, s.size) if members_of is not None else None
+        if expected is not None:
+            members = [(rk, v, g) for rk in expected if (v := ranks.get(rk)) is not None
+                       for g in v.report.groups if g.group == c.key.group]
+        else:
+            if scanned is None:
+                scanned = _scan(stuck, ranks)
+            members = scanned[c.key]
+        s.size = max([s.size] + [g.size for _, _, g in members])
         s.in_flight, s.waits_on = [], []
         seen = set()
         for rk, v, g in members:
@@ -174,7 +179,6 @@ def _members(stuck: dict[Collective, _Stuck], ranks: Mapping[RankKey, RankView],
                 s.explained = True
             else:
                 s.waits_on.append((rk, v.received_at >= s.first_join))
-        expected = members_of(c.key, s.size) if members_of is not None else None
         if expected is None:
             s.explained |= len(seen) < s.size  # someone is missing, nobody can say who
             continue
@@ -186,6 +190,16 @@ def _members(stuck: dict[Collective, _Stuck], ranks: Mapping[RankKey, RankView],
                 s.explained = True  # down, or a process younger than the collective
             else:
                 s.waits_on.append((rk, False))  # never reported this group: silent
+
+
+def _scan(stuck: dict[Collective, _Stuck], ranks: Mapping[RankKey, RankView]) -> dict[GroupKey, list]:
+    wanted = {c.key: [] for c in stuck}
+    for rk, v in ranks.items():
+        for g in v.report.groups:
+            key = group_key(rk[0], rk[1], g)
+            if key in wanted:
+                wanted[key].append((rk, v, g))
+    return wanted
 
 
 def _host_lookup(ranks: Mapping[RankKey, RankView], host_of: HostOf | None) -> HostOf:

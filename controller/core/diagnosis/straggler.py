@@ -61,11 +61,11 @@ def judge_window(key: GroupKey, index: int, own: dict[RankKey, float], hosts: di
     if len(values) < MIN_MEMBERS:
         return WindowVerdict(key, index, len(values), median(values) if values else 0.0, float("inf"), (), False)
     med = median(values)
-    sigma = MAD_TO_SIGMA * median(abs(v - med) for v in values)
+    sigma = MAD_TO_SIGMA * median([abs(v - med) for v in values])
     threshold = med + max(settings.straggler_mad_k * sigma, settings.straggler_min_excess * med)
     flags = tuple(
         Flag(rk, hosts.get(rk, ""), v, v / med if med > 0 else float("inf"), (v - med) / sigma if sigma > 0 else float("inf"))
-        for rk, v in sorted(own.items()) if v > threshold)
+        for rk, v in sorted((rk, v) for rk, v in own.items() if v > threshold))
     noisy = len(flags) > max(1, len(values) // 4)
     return WindowVerdict(key, index, len(values), med, threshold, flags, noisy)
 
@@ -94,17 +94,21 @@ class StragglerWindows:
         """One member's window; returns the verdicts it completed (or pushed out)."""
         if index <= self._judged_upto.get(key, -1):
             return []  # judged already: too late to change it
-        windows = self._open.setdefault(key, {})
+        windows = self._open.get(key)
+        if windows is None:
+            windows = self._open[key] = {}
         w = windows.get(index)
         if w is None:
             w = windows[index] = _Open(now, size)
-        w.size = max(w.size, size)
-        w.own[rank], w.hosts[rank] = own_s, host_id
-        out = []
-        if len(w.own) >= w.size:
-            out.append(self._judge(key, index))
-        while len(windows) > MAX_OPEN_PER_GROUP:
-            out.append(self._judge(key, min(windows)))
+        elif size > w.size:
+            w.size = size
+        w.own[rank] = own_s
+        w.hosts[rank] = host_id
+        if len(w.own) < w.size and len(windows) <= MAX_OPEN_PER_GROUP:
+            return []
+        out = [self._judge(key, index)] if len(w.own) >= w.size else []
+        while key in self._open and len(self._open[key]) > MAX_OPEN_PER_GROUP:
+            out.append(self._judge(key, min(self._open[key])))
         return out
 
     def due(self, now: float) -> list[WindowVerdict]:
@@ -157,6 +161,17 @@ class StragglerTracker:
         if not flagged:
             del self._flags[v.key]
         return out
+
+    def forget_replica(self, replica_id: str) -> None:
+        """A replica restarted (or moved): its ranks' flags were about processes that are gone."""
+        for key in list(self._flags):
+            flagged = self._flags[key]
+            for rank in [r for r in flagged if r[0] == replica_id]:
+                del flagged[rank]
+            if not flagged:
+                del self._flags[key]
+        for rank, key in [k for k in self._reported if k[0][0] == replica_id]:
+            del self._reported[(rank, key)]
 
     def _finding(self, rank: RankKey, v: WindowVerdict, recent: list[tuple[int, Flag]], now: float) -> Finding:
         s = self.settings

@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from controller.core.checks import check_id
 from controller.core.errors import InvalidArgument
@@ -24,20 +25,23 @@ from protos.telemetry_ring import (GROUP_PATTERN, MAX_GROUP_CHARS, MAX_GROUPS_PE
                                    MAX_WINDOW_COLLECTIVES, MAX_WINDOWS_PER_GROUP, Kind)
 
 MAX_KIND = 255
+_FIRST_CROSS = int(Kind.FTAR_ALL_REDUCE)
 _GROUP = re.compile(GROUP_PATTERN)
 
 RankKey = tuple[str, int]
 
 
-@dataclass(frozen=True, slots=True)
-class Window:
+# Reports are tuples (NamedTuple): a 32,768-rank job sends ~100,000 of them per interval, and
+# the controller decodes, keeps and scans them on every analysis.
+
+
+class Window(NamedTuple):
     index: int
     own_s: float
     wait_s: float
 
 
-@dataclass(frozen=True, slots=True)
-class GroupReport:
+class GroupReport(NamedTuple):
     group: str
     kind: int
     size: int
@@ -53,15 +57,14 @@ class GroupReport:
 
     @property
     def cross_replica(self) -> bool:
-        return self.kind >= Kind.FTAR_ALL_REDUCE
+        return self.kind >= _FIRST_CROSS
 
     @property
     def kind_name(self) -> str:
         return Kind(self.kind).name.lower() if self.kind in Kind._value2member_map_ else f"kind {self.kind}"
 
 
-@dataclass(frozen=True, slots=True)
-class RankReport:
+class RankReport(NamedTuple):
     replica_id: str
     rank: int
     idle_s: float
@@ -69,15 +72,15 @@ class RankReport:
     groups: tuple[GroupReport, ...]
 
 
-@dataclass(frozen=True, slots=True)
-class HostReport:
+class HostReport(NamedTuple):
     host_id: str
     window_collectives: int
     ranks: tuple[RankReport, ...]
 
 
-@dataclass(frozen=True, slots=True)
-class GroupKey:
+class GroupKey(NamedTuple):
+    """A communicator as the controller names it (a tuple: the analyzers hash millions)."""
+
     group: str
     #: an intra-replica group's replica ("" for a cross-replica group)
     replica_id: str
@@ -90,8 +93,14 @@ class GroupKey:
         return f"group {self.group} (rank {self.rank} of every replica)"
 
 
+_new_tuple = tuple.__new__
+
+
 def group_key(replica_id: str, rank: int, g: GroupReport) -> GroupKey:
-    return GroupKey(g.group, "", rank) if g.cross_replica else GroupKey(g.group, replica_id, -1)
+    # tuple.__new__ directly: the NamedTuple constructor's Python frame costs more than the tuple
+    if g.kind >= _FIRST_CROSS:
+        return _new_tuple(GroupKey, (g.group, "", rank))
+    return _new_tuple(GroupKey, (g.group, replica_id, -1))
 
 
 def rank_name(key: RankKey) -> str:

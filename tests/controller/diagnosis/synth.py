@@ -4,7 +4,6 @@ helpers that make one rank hang (never join / no progress) the way a real job wo
 
 from __future__ import annotations
 
-from dataclasses import replace
 
 from controller.core.diagnosis.telemetry import GroupReport, RankReport, RankView, Window
 from protos.telemetry_ring import Kind
@@ -21,7 +20,7 @@ def group(name, kind, size, joined, done, pending=None, windows=()):
     g = GroupReport(name, int(kind), size, joined, done, windows=tuple(windows))
     if pending is not None:
         seq, age, sent, idle = pending
-        g = replace(g, pending_seq=seq, pending_s=age, pending_nbytes=1 << 20, pending_sent_bytes=sent,
+        g = g._replace(pending_seq=seq, pending_s=age, pending_nbytes=1 << 20, pending_sent_bytes=sent,
                     pending_idle_s=idle)
     return g
 

@@ -148,8 +148,8 @@ def test_a_wait_on_a_restarted_process_names_nobody():
     job = Job(replicas=3, ranks=2, per_host=1, received_at=100.0)
     job.never_joins(("r1", 1))
     # r1/1 restarted 5 s ago: it reports no group yet, and cannot be in a collective 40 s old
-    job.views[("r1", 1)] = replace(job.views[("r1", 1)], report=replace(
-        job.views[("r1", 1)].report, recording_s=5.0, groups=()))
+    job.views[("r1", 1)] = replace(job.views[("r1", 1)], report=job.views[("r1", 1)].report._replace(
+        recording_s=5.0, groups=()))
     send(s, job, 100.0)
     s.expire(100.0)
     assert s.diagnosis.log.entries == []
@@ -161,7 +161,7 @@ def test_stragglers_are_found_from_reported_windows_and_evicted():
     for rk, v in job.views.items():  # FTAR group windows: r2/0 joins 2x later than its peers, 4 windows
         intra, cross = v.report.groups
         own = 2.0 if rk == ("r2", 0) else 1.0 + 0.01 * rk[1]
-        job.set(rk, intra, replace(cross, windows=windows(own, own, own, own)))
+        job.set(rk, intra, cross._replace(windows=windows(own, own, own, own)))
     send(s, job, 100.0)
     [entry] = s.diagnosis.log.entries
     assert entry.finding.kind.value == "straggler" and entry.finding.hosts == ("h-r2-0",)
@@ -190,15 +190,15 @@ def test_telemetry_from_strangers_and_bad_reports_change_nothing():
     with pytest.raises(FailedPrecondition, match="incarnation 'stolen' is not the registered one"):
         s.report_telemetry(report, "stolen", 100.0)
     with pytest.raises(NotFound):
-        s.report_telemetry(replace(report, host_id="nobody"), "x", 100.0)
+        s.report_telemetry(report._replace(host_id="nobody"), "x", 100.0)
     with pytest.raises(InvalidArgument, match="window_collectives must be 1..4096"):
-        s.report_telemetry(replace(report, window_collectives=0), "i-r0-0", 100.0)
-    bad = replace(job.views[("r0", 0)].report, idle_s=float("nan"))
+        s.report_telemetry(report._replace(window_collectives=0), "i-r0-0", 100.0)
+    bad = job.views[("r0", 0)].report._replace(idle_s=float("nan"))
     with pytest.raises(InvalidArgument, match="idle_s must be a finite number"):
-        s.report_telemetry(replace(report, ranks=(bad,)), "i-r0-0", 100.0)
+        s.report_telemetry(report._replace(ranks=(bad,)), "i-r0-0", 100.0)
     assert s.diagnosis.ranks == {} and s.diagnosis.reports == 0
     # a host may only speak for the ranks it runs
     other = job.views[("r1", 0)].report
-    ignored = s.report_telemetry(replace(report, ranks=(job.views[("r0", 0)].report, other)), "i-r0-0", 100.0)
+    ignored = s.report_telemetry(report._replace(ranks=(job.views[("r0", 0)].report, other)), "i-r0-0", 100.0)
     assert ignored == ["rank r1/0: host h-r0-0 does not run it"] and list(s.diagnosis.ranks) == [("r0", 0)]
     assert s.hosts["h-r0-0"].state == HostState.ACTIVE

@@ -73,7 +73,7 @@ def test_equal_least_progress_on_two_hosts_halves_the_confidence():
     job.no_progress(("r1", 0), cross=False)
     other = ("r1", 3)  # another host, also at zero bytes sent
     v = job.views[other]
-    stuck = replace(v.report.groups[0], pending_sent_bytes=0)
+    stuck = v.report.groups[0]._replace(pending_sent_bytes=0)
     job.set(other, stuck, v.report.groups[1])
     [f] = find_hangs(job.views, NOW, S)
     assert set(f.hosts[:2]) == {"h-r1-0", "h-r1-1"} and f.confidence == pytest.approx(LEAST_PROGRESS / 2)
@@ -148,8 +148,8 @@ def test_clock_skew_between_hosts_does_not_matter():
     for rk, v in job.views.items():  # reports arrive up to 2 s apart; ages are relative to each arrival
         shift = 2.0 * (rk[1] % 2)
         job.views[rk] = replace(v, received_at=v.received_at + shift,
-                                report=replace(v.report, groups=tuple(
-                                    replace(g, pending_s=g.pending_s + shift) if g.pending_seq >= 0 else g
+                                report=v.report._replace(groups=tuple(
+                                    g._replace(pending_s=g.pending_s + shift) if g.pending_seq >= 0 else g
                                     for g in v.report.groups)))
     after = find_hangs(job.views, NOW + 2, S)
     assert [f.ranks for f in after] == [f.ranks for f in before]

@@ -60,8 +60,8 @@ def test_hang_culprit_matches_the_naive_walk(seed):
     for rk, v in list(job.views.items()):  # noise: reports arrive at different times, ages follow
         if rk != culprit and rng.random() < 0.5:
             shift = rng.uniform(0, 3)
-            job.views[rk] = replace(v, received_at=v.received_at - shift, report=replace(v.report, groups=tuple(
-                replace(g, pending_s=max(g.pending_s - shift, 0)) if g.pending_seq >= 0 else g
+            job.views[rk] = replace(v, received_at=v.received_at - shift, report=v.report._replace(groups=tuple(
+                g._replace(pending_s=max(g.pending_s - shift, 0)) if g.pending_seq >= 0 else g
                 for g in v.report.groups)))
     found = find_hangs(job.views, NOW, S)
     assert found, f"{kind} at {culprit} was not found"

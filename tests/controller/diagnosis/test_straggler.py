@@ -95,3 +95,11 @@ def test_open_windows_per_group_are_bounded():
     for i in range(MAX_OPEN_PER_GROUP + 3):
         pushed += w.add(KEY, i, 4, ("r1", 0), "h0", 1.0, 100.0)
     assert len(w) == MAX_OPEN_PER_GROUP and [v.index for v in pushed] == [0, 1, 2]
+
+
+def test_a_restarted_replica_starts_with_a_clean_record():
+    tracker = StragglerTracker(S)
+    for i in range(2):
+        tracker.observe(judge_window(KEY, i, values(slow=(5,)), hosts(), S), float(i))
+    tracker.forget_replica("r1")  # its host was swapped: the old flags were about the old process
+    assert tracker.observe(judge_window(KEY, 2, values(slow=(5,)), hosts(), S), 2.0) == []
