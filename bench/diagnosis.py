@@ -27,7 +27,8 @@ round late, a software divergence (a replica differing on 40 % of its ranks) in 
 
 One JSON line: accuracy_pct (the faulty host named first), in_candidates_pct, median_candidates,
 false_findings (confident findings naming a healthy host), analysis_p99_s (one round: every
-host's report ingested plus the analysis), telemetry_bytes_per_rank (the ring), and
+host's report ingested plus the analysis; wall time, so a loaded machine shows in it) and
+analysis_cpu_p99_s (the same in this process's CPU time), telemetry_bytes_per_rank (the ring), and
 summary_bytes_per_rank (what an agent sends per rank per interval, protobuf).
 """
 
@@ -234,6 +235,7 @@ def run(ranks: int, replicas: int, faults: int, seed: int) -> dict:
     others = [k for k in plan if not k.startswith("hang")]
     results: list[tuple[Fault, Finding | None]] = []
     timings: list[float] = []
+    cpu: list[float] = []
     false_findings = 0
     now = 10_000.0
 
@@ -257,7 +259,7 @@ def run(ranks: int, replicas: int, faults: int, seed: int) -> dict:
             job.round += 1
             now += ROUND_S
             reports = window_reports(job, slow, now)
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             for r in reports:
                 found += d.ingest(r, now, lambda rk: True)[0]
             found += d.analyze(now, job.members_of, job.host_of, lambda rk: False)
@@ -269,6 +271,7 @@ def run(ranks: int, replicas: int, faults: int, seed: int) -> dict:
             if verdict is not None and verdict.mismatch:
                 found += d.incidents(verdict, lambda rid, k: job.hosts.get((rid, k)), job.replica_hosts, now)
             timings.append(time.perf_counter() - t0)
+            cpu.append(time.process_time() - c0)
         false_findings += _score(fs, found, results, settings)
 
     # hangs: a round each, on a job otherwise healthy
@@ -278,11 +281,12 @@ def run(ranks: int, replicas: int, faults: int, seed: int) -> dict:
         d = fresh()
         now += ROUND_S
         reports = hang_reports(job, fault, now)
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         for r, received_at in reports:
             d.ingest(r, received_at, lambda rk: True)
         found = d.analyze(now, job.members_of, job.host_of, lambda rk: False)
         timings.append(time.perf_counter() - t0)
+        cpu.append(time.process_time() - c0)
         false_findings += _score([fault], found, results, settings)
 
     named_first = sum(1 for f, x in results if x is not None and x.hosts and x.hosts[0] == f.host)
@@ -294,6 +298,7 @@ def run(ranks: int, replicas: int, faults: int, seed: int) -> dict:
         by_kind[kind] = round(100.0 * sum(1 for f, x in mine if x is not None and x.hosts and x.hosts[0] == f.host)
                               / max(len(mine), 1), 2)
     timings.sort()
+    cpu.sort()
     return {
         "bench": "diagnosis", "ranks": replicas * job.world, "replicas": replicas, "ranks_per_replica": job.world,
         "hosts": len(job.host_list), "faults": len(results),
@@ -304,6 +309,7 @@ def run(ranks: int, replicas: int, faults: int, seed: int) -> dict:
         "false_findings": false_findings,
         "analysis_p50_s": round(timings[len(timings) // 2], 4),
         "analysis_p99_s": round(timings[min(int(len(timings) * 0.99), len(timings) - 1)], 4),
+        "analysis_cpu_p99_s": round(cpu[min(int(len(cpu) * 0.99), len(cpu) - 1)], 4),
         "rounds": len(timings),
         "telemetry_bytes_per_rank": ring.ring_bytes(ring.DEFAULT_CAPACITY),
         "summary_bytes_per_rank": summary_bytes(job),
