@@ -79,9 +79,9 @@ async def test_a_hang_reported_by_agents_is_found_evicted_and_shown(server, stub
         events = [e for e in (await http.get("/api/v1/events")).json() if e["kind"] == "diagnosis"]
         assert "evict host h11" in events[0]["message"]
         metrics = (await http.get("/metrics")).text
-        assert 'fthsdp_diagnosis_findings_total{kind="hang"} 1.0' in metrics
-        assert 'fthsdp_diagnosis_actions_total{kind="evict"} 1.0' in metrics
-        assert 'fthsdp_diagnosis_findings_total{kind="sdc"} 0.0' in metrics
+        assert 'fthsdp_diagnosis_findings_total{job_id="t",kind="hang"} 1.0' in metrics
+        assert 'fthsdp_diagnosis_actions_total{job_id="t",kind="evict"} 1.0' in metrics
+        assert 'fthsdp_diagnosis_findings_total{job_id="t",kind="sdc"} 0.0' in metrics
         assert (await http.get("/api/v1/diagnoses?kind=sdc")).json()["findings"] == []
         bad = await http.get("/api/v1/diagnoses?limit=100000")
         assert bad.status_code == 422 and "limit" in bad.json()["detail"]

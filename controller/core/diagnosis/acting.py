@@ -86,7 +86,8 @@ class Diagnosing:
         f, dec, d = entry.finding, entry.decision, self.diagnosis
         self._event(now, "diagnosis", dec.host_id or f.kind.value,
                     f"{f.kind.value} finding {entry.id}{' (decided again)' if again else ''}: {f.summary}; "
-                    f"{dec.action.value}: {dec.reason}", f.kind.value)
+                    f"{dec.action.value}: {dec.reason}", f.kind.value,
+                    level="warning" if dec.action in (ActionKind.EVICT, ActionKind.HOLD) else "info")
         if dec.action == ActionKind.HOLD:
             d.held.setdefault(entry.id, now)
             return

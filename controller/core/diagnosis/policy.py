@@ -75,9 +75,10 @@ def decide(finding: Finding, host: HostFacts, view: PolicyView, settings: Diagno
     # 5. Somewhere to go.
     if view.free_spares < 1:
         return Decision(ActionKind.HOLD, h, f"no free spare can take host {h}'s work")
-    why = f"{finding.kind.value} (confidence {finding.confidence:.2f}): {finding.summary}"
+    why = f"({finding.kind.value}, confidence {finding.confidence:.2f}, {view.free_spares} free spare(s), " \
+          f"{len(recent)} eviction(s) in the last hour)"
     # 6. Dry-run only says so.
     if settings.dry_run:
-        return Decision(ActionKind.DRY_RUN, h, f"dry-run: would evict host {h}: {why}")
+        return Decision(ActionKind.DRY_RUN, h, f"dry-run: would evict host {h} {why}")
     # 7. Act.
-    return Decision(ActionKind.EVICT, h, f"evict host {h}: {why}")
+    return Decision(ActionKind.EVICT, h, f"evict host {h} {why}")

@@ -17,12 +17,12 @@ VIEW = PolicyView(now=1000.0, live_replicas=3, min_replicas=2, free_spares=1, ev
 
 
 @pytest.mark.parametrize("finding, host, view, settings, action, text", [
-    (HANG, HOST, VIEW, S, ActionKind.EVICT, "evict host h1: hang (confidence 0.95): rank r1/2 never joined"),
+    (HANG, HOST, VIEW, S, ActionKind.EVICT, "evict host h1 (hang, confidence 0.95, 1 free spare(s), 0 eviction"),
     (replace(HANG, hosts=()), HOST, VIEW, S, ActionKind.REPORT, "no host is named"),
     (replace(HANG, confidence=0.3), HOST, VIEW, S, ActionKind.REPORT, "confidence 0.30 is below 0.50: 2 candidate"),
     (replace(HANG, kind=FindingKind.SDC, count=1), HOST, VIEW, S, ActionKind.REPORT,
      "in the digest minority 1 time(s); it is evicted after 2"),
-    (replace(HANG, kind=FindingKind.SDC, count=2), HOST, VIEW, S, ActionKind.EVICT, "evict host h1: sdc"),
+    (replace(HANG, kind=FindingKind.SDC, count=2), HOST, VIEW, S, ActionKind.EVICT, "evict host h1 (sdc"),
     (HANG, replace(HOST, active=False), VIEW, S, ActionKind.REPORT, "host h1 runs nothing now"),
     (HANG, replace(HOST, known=False), VIEW, S, ActionKind.REPORT, "host h1 runs nothing now"),
     (HANG, replace(HOST, cordoned=True), VIEW, S, ActionKind.REPORT, "already cordoned"),
@@ -30,7 +30,7 @@ VIEW = PolicyView(now=1000.0, live_replicas=3, min_replicas=2, free_spares=1, ev
      "would leave 1 live replica(s), below min_replicas 2"),
     (HANG, replace(HOST, replica_live=False), replace(VIEW, live_replicas=2), S, ActionKind.EVICT, "evict"),
     (HANG, HOST, replace(VIEW, free_spares=0), S, ActionKind.HOLD, "no free spare"),
-    (HANG, HOST, VIEW, replace(S, dry_run=True), ActionKind.DRY_RUN, "dry-run: would evict host h1: hang"),
+    (HANG, HOST, VIEW, replace(S, dry_run=True), ActionKind.DRY_RUN, "dry-run: would evict host h1 (hang"),
     (HANG, HOST, replace(VIEW, free_spares=0), replace(S, dry_run=True), ActionKind.HOLD, "no free spare"),
 ])
 def test_rules_in_order(finding, host, view, settings, action, text):
