@@ -298,7 +298,7 @@ class Agent:
             report = await asyncio.to_thread(self._collector.collect, trainers, time.monotonic_ns())
             if not report.ranks:
                 continue
-            report.incarnation = self.incarnation
+            report.agent_secret = self._secret
             try:
                 answer = await stub.ReportTelemetry(report, timeout=s.rpc_timeout_s)
             except grpc.aio.AioRpcError as exc:

@@ -320,16 +320,16 @@ class TrainerExitResponse(_message.Message):
     def __init__(self) -> None: ...
 
 class TelemetryReport(_message.Message):
-    __slots__ = ("host_id", "incarnation", "window_collectives", "ranks")
+    __slots__ = ("host_id", "agent_secret", "window_collectives", "ranks")
     HOST_ID_FIELD_NUMBER: _ClassVar[int]
-    INCARNATION_FIELD_NUMBER: _ClassVar[int]
+    AGENT_SECRET_FIELD_NUMBER: _ClassVar[int]
     WINDOW_COLLECTIVES_FIELD_NUMBER: _ClassVar[int]
     RANKS_FIELD_NUMBER: _ClassVar[int]
     host_id: str
-    incarnation: str
+    agent_secret: str
     window_collectives: int
     ranks: _containers.RepeatedCompositeFieldContainer[RankTelemetry]
-    def __init__(self, host_id: _Optional[str] = ..., incarnation: _Optional[str] = ..., window_collectives: _Optional[int] = ..., ranks: _Optional[_Iterable[_Union[RankTelemetry, _Mapping]]] = ...) -> None: ...
+    def __init__(self, host_id: _Optional[str] = ..., agent_secret: _Optional[str] = ..., window_collectives: _Optional[int] = ..., ranks: _Optional[_Iterable[_Union[RankTelemetry, _Mapping]]] = ...) -> None: ...
 
 class RankTelemetry(_message.Message):
     __slots__ = ("replica_id", "rank", "idle_s", "recording_s", "groups")

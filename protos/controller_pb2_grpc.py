@@ -158,7 +158,7 @@ class ControllerServicer:
     def ReportTelemetry(self, request, context):
         """An agent sends a compact summary of its ranks' collective telemetry every few seconds
         (agent setting telemetry_interval_s); the controller's diagnosis reads it (hangs,
-        stragglers). Authenticated like the agent's other calls (host_id + incarnation).
+        stragglers). Authenticated like the agent's other calls (its agent secret).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -180,8 +180,9 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
 
     @unary
     async def ReportTelemetry(self, request, context):
-        ignored = self.server.require_leader().report_telemetry(
-            from_proto_report(request), request.incarnation, self.server.clock())
+        state = self.server.require_leader()
+        self.server.check_peer_may_act_as(context, request.host_id)
+        ignored = state.report_telemetry(from_proto_report(request), request.agent_secret, self.server.clock())
         await self.server.settle()
         return pb.TelemetryResponse(ignored=ignored[:64])
 

@@ -23,10 +23,14 @@ def settings():
                               diagnosis=DiagnosisSettings(hang_after_s=30.0, analysis_interval_s=1.0))
 
 
+SECRETS: dict[str, str] = {}
+
+
 async def register(stub, host, replica="", rank=0, spare=False):
     answer = await stub.RegisterAgent(pb.RegisterAgentRequest(
         host_id=host, incarnation=f"i-{host}", spare=spare, slots=1,
         assignment=None if spare else pb.Assignment(replica_id=replica, ranks=[rank], world_size=2)))
+    SECRETS[host] = answer.agent_secret
     return answer
 
 
@@ -49,7 +53,7 @@ def report(host, replica, rank, hung_rank):
     else:
         groups = [group("replica", Kind.REDUCE_SCATTER, 11, 11, 2),
                   group("ftar.q1", Kind.FTAR_ALL_REDUCE, 21, 20, 3, (21, 38.0, 1 << 20, 8192, 37.0))]
-    return pb.TelemetryReport(host_id=host, incarnation=f"i-{host}", window_collectives=8, ranks=[
+    return pb.TelemetryReport(host_id=host, agent_secret=SECRETS.get(host, ""), window_collectives=8, ranks=[
         pb.RankTelemetry(replica_id=replica, rank=rank, idle_s=45.0 if culprit else 1.0, recording_s=600, groups=groups)])
 
 
@@ -58,7 +62,7 @@ async def test_a_hang_reported_by_agents_is_found_evicted_and_shown(server, stub
     for host, replica, rank in layout:
         await register(stub, host, replica, rank)
     await register(stub, "spare", spare=True)
-    answers = await asyncio.gather(*(stub.Quorum(quorum_request(f"r{r}", 0), timeout=10) for r in range(3)))
+    answers = await asyncio.gather(*(stub.Quorum(quorum_request(f"r{r}", 0, host_id=f"h{r}0"), timeout=10) for r in range(3)))
     assert len({a.quorum_id for a in answers}) == 1
     for host, replica, rank in layout:
         answer = await stub.ReportTelemetry(report(host, replica, rank, hung_rank=1))
@@ -101,7 +105,8 @@ async def test_findings_are_paged_newest_first(server):
 
 
 @pytest.mark.parametrize("mutate, code, text", [
-    (lambda r: setattr(r, "incarnation", "stolen"), grpc.StatusCode.FAILED_PRECONDITION, "not the registered one"),
+    (lambda r: setattr(r, "agent_secret", "stolen"), grpc.StatusCode.PERMISSION_DENIED, "the agent secret is wrong"),
+    (lambda r: setattr(r, "agent_secret", ""), grpc.StatusCode.PERMISSION_DENIED, "the agent secret is missing"),
     (lambda r: setattr(r, "host_id", "stranger"), grpc.StatusCode.NOT_FOUND, "unknown"),
     (lambda r: setattr(r, "window_collectives", 0), grpc.StatusCode.INVALID_ARGUMENT, "window_collectives"),
     (lambda r: r.ranks.extend([r.ranks[0]] * 1024), grpc.StatusCode.INVALID_ARGUMENT, "at most 1024 ranks"),

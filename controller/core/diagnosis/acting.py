@@ -14,7 +14,7 @@ from controller.core.diagnosis.engine import Diagnosis
 from controller.core.diagnosis.findings import ActionKind, Entry, Finding
 from controller.core.diagnosis.policy import HostFacts, PolicyView, decide
 from controller.core.diagnosis.telemetry import GroupKey, HostReport, RankKey, check_report
-from controller.core.errors import FailedPrecondition, RequestError
+from controller.core.errors import RequestError
 from controller.core.model import HostState, ReplicaState
 
 _NOT_LIVE = (ReplicaState.DEAD, ReplicaState.FINISHED)
@@ -26,13 +26,10 @@ class Diagnosing:
     def init_diagnosis(self) -> None:
         self.diagnosis = Diagnosis(self.settings.diagnosis, self.settings.digest_steps_kept)
 
-    def report_telemetry(self, report: HostReport, incarnation: str, now: float) -> list[str]:
-        """Keep an agent's summary; returns what was left out of it and why."""
+    def report_telemetry(self, report: HostReport, agent_secret: str, now: float) -> list[str]:
+        """Keep an agent's summary (its agent secret checked); returns what was left out and why."""
         check_report(report, self.settings.max_id_chars)
-        h = self._known_host(report.host_id)
-        if h.incarnation != incarnation:
-            raise FailedPrecondition(f"host {report.host_id} incarnation {incarnation!r} is not the registered one "
-                                     f"({h.incarnation!r}); register again.")
+        h = self.authenticate_agent(report.host_id, agent_secret)
         if not self.settings.diagnosis.enabled:
             return ["the diagnosis is disabled on this controller"]
         runs = set((h.assignment.replica_id, r) for r in h.assignment.ranks) if h.assignment else set()

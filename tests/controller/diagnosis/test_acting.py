@@ -9,7 +9,8 @@ import pytest
 
 from controller.core.diagnosis.settings import DiagnosisSettings
 from controller.core.diagnosis.telemetry import HostReport, RankReport
-from controller.core.errors import FailedPrecondition, InvalidArgument, NotFound
+from controller.core.errors import InvalidArgument, NotFound, PermissionDenied
+from controller.core.identity import hash_secret
 from controller.core.model import Assignment, DeathCause, HostState, ReplicaState
 from controller.core.replicas import JoinRequest
 from controller.core.state import ControllerState
@@ -25,14 +26,28 @@ def cluster(spares=("s0",), **diagnosis):
     s = ControllerState(ControllerSettings(replicas=3, min_replicas=2, heartbeat_timeout_s=1e6, diagnosis=d))
     for rid in REPLICAS:
         for k in range(2):
-            s.register_agent(f"h-{rid}-{k}", f"i-{rid}-{k}", 0.0, assignment=Assignment(rid, (k,), 2))
+            host = f"h-{rid}-{k}"
+            s.register_agent(host, f"i-{rid}-{k}", 0.0, assignment=Assignment(rid, (k,), 2),
+                             secret_hash=hash_secret(secret(host)))
     for sp in spares:
-        s.register_agent(sp, "i-" + sp, 0.0, spare=True)
-    for rid in REPLICAS:
-        s.join(JoinRequest(rid, 0, 2), 0.0)
-    s.try_close_round(0.0)
+        s.register_agent(sp, "i-" + sp, 0.0, spare=True, secret_hash=hash_secret(secret(sp)))
+    commit_round(s, 0)
     s.take_orders()
     return s
+
+
+def secret(host: str) -> str:
+    return f"secret-of-{host}"
+
+
+def commit_round(s, step, now=0.0, **reports):
+    """Every replica joins `step`, the round closes; `reports[rid]` (kwargs) commits it."""
+    for rid in REPLICAS:
+        s.join(JoinRequest(rid, step, 2, host_id=f"h-{rid}-0"), now)
+    q = s.try_close_round(now)
+    for rid, kw in reports.items():
+        s.report_step(rid, step, now, quorum_id=q.quorum_id, host_id=f"h-{rid}-0", **kw)
+    return q
 
 
 def send(state, job, now, **kw):
@@ -40,7 +55,7 @@ def send(state, job, now, **kw):
     for rk, v in job.views.items():
         by_host.setdefault(v.host_id, []).append(v.report)
     for host, ranks in sorted(by_host.items()):
-        state.report_telemetry(HostReport(host, kw.get("window", 4), tuple(ranks)), "i" + host[1:], now)
+        state.report_telemetry(HostReport(host, kw.get("window", 4), tuple(ranks)), secret(host), now)
 
 
 def diagnoses(state):
@@ -171,11 +186,10 @@ def test_stragglers_are_found_from_reported_windows_and_evicted():
 def test_sdc_by_rank_digests_is_evicted_after_the_second_incident():
     s = cluster()
     good = ("%016x" % 1, "%016x" % 2)
-    for step in (0, 1):
-        for rid in REPLICAS:
-            bad = rid == "r1"
-            s.report_step(rid, step, 10.0 + step, digest=("bad0" if bad else "5eed") * 8,
-                          rank_digests=(good[0], "deadbeefdeadbeef") if bad else good)
+    for step in (1, 2):
+        commit_round(s, step, 10.0 + step, **{rid: dict(
+            digest=("bad0" if rid == "r1" else "5eed") * 8,
+            rank_digests=(good[0], "deadbeefdeadbeef") if rid == "r1" else good) for rid in REPLICAS})
     first, second = s.diagnosis.log.entries
     assert first.finding.kind.value == "sdc" and first.finding.hosts == ("h-r1-1",)
     assert first.decision.action.value == "report" and "it is evicted after 2" in first.decision.reason
@@ -187,18 +201,23 @@ def test_telemetry_from_strangers_and_bad_reports_change_nothing():
     s = cluster()
     job = Job(replicas=3, ranks=2, per_host=1, received_at=100.0)
     report = HostReport("h-r0-0", 4, (job.views[("r0", 0)].report,))
-    with pytest.raises(FailedPrecondition, match="incarnation 'stolen' is not the registered one"):
+    with pytest.raises(PermissionDenied, match="host h-r0-0: the agent secret is wrong"):
         s.report_telemetry(report, "stolen", 100.0)
+    with pytest.raises(PermissionDenied, match="the agent secret is missing"):
+        s.report_telemetry(report, "", 100.0)
+    with pytest.raises(PermissionDenied):  # another host's secret
+        s.report_telemetry(report, secret("h-r1-0"), 100.0)
     with pytest.raises(NotFound):
         s.report_telemetry(report._replace(host_id="nobody"), "x", 100.0)
     with pytest.raises(InvalidArgument, match="window_collectives must be 1..4096"):
-        s.report_telemetry(report._replace(window_collectives=0), "i-r0-0", 100.0)
+        s.report_telemetry(report._replace(window_collectives=0), secret("h-r0-0"), 100.0)
     bad = job.views[("r0", 0)].report._replace(idle_s=float("nan"))
     with pytest.raises(InvalidArgument, match="idle_s must be a finite number"):
-        s.report_telemetry(report._replace(ranks=(bad,)), "i-r0-0", 100.0)
+        s.report_telemetry(report._replace(ranks=(bad,)), secret("h-r0-0"), 100.0)
     assert s.diagnosis.ranks == {} and s.diagnosis.reports == 0
     # a host may only speak for the ranks it runs
     other = job.views[("r1", 0)].report
-    ignored = s.report_telemetry(report._replace(ranks=(job.views[("r0", 0)].report, other)), "i-r0-0", 100.0)
+    ignored = s.report_telemetry(report._replace(ranks=(job.views[("r0", 0)].report, other)),
+                                 secret("h-r0-0"), 100.0)
     assert ignored == ["rank r1/0: host h-r0-0 does not run it"] and list(s.diagnosis.ranks) == [("r0", 0)]
     assert s.hosts["h-r0-0"].state == HostState.ACTIVE
