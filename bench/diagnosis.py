@@ -339,7 +339,7 @@ def summary_bytes(job: Job) -> int:
         group=name, kind=int(kind), size=size, last_joined_seq=123456, last_done_seq=123455, pending_seq=123456,
         pending_s=0.8, pending_nbytes=NBYTES, pending_sent_bytes=CHUNK * 3, pending_idle_s=0.01,
         windows=[pb.TelemetryWindow(index=3858, own_s=3.0123, wait_s=0.9876)])
-    report = pb.TelemetryReport(host_id="h15-255", incarnation="0" * 32, window_collectives=32, ranks=[
+    report = pb.TelemetryReport(host_id="h15-255", agent_secret="0" * 43, window_collectives=32, ranks=[
         pb.RankTelemetry(replica_id="r15", rank=2040 + i, idle_s=0.01, recording_s=3600.0,
                          groups=[g(INTRA, Kind.REDUCE_SCATTER, job.world),
                                  g(CROSS, Kind.FTAR_ALL_REDUCE, len(job.replicas))]) for i in range(PER_HOST)])
