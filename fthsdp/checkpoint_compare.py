@@ -7,8 +7,8 @@ points at its host (silent data corruption). Comparison is bitwise: NaN payloads
 and single flipped bits all count.
 
 A checkpoint is read as *named tensors per rank* (`RankTensors`): {rank: {name: tensor}}. The
-reader for today's format (`fthsdp.checkpoint_store`: one replicated model + optimizer file,
-written by one rank) yields rank 0 only; a reader for sharded (torch.distributed.checkpoint)
+reader for today's format (`fthsdp.state.checkpoint`: one replicated model + optimizer +
+registered-state file, written by one rank) yields rank 0 only; a reader for sharded (torch.distributed.checkpoint)
 checkpoints plugs in by yielding every rank's shard under the same names.
 
 Exit status: 0 identical, 1 they differ, 2 they could not be read or compared.
@@ -26,7 +26,8 @@ from typing import Any, Callable
 
 import torch
 
-from fthsdp.checkpoint_store import STATE_FILE, STEP_DIR, CheckpointError, CheckpointStore
+from fthsdp.errors import CheckpointError
+from fthsdp.state.checkpoint import STATE_FILE, STEP_DIR, CheckpointStore
 
 RankTensors = dict[int, dict[str, Any]]
 #: Contiguous runs of differing elements reported per tensor (the count says how many in all).
@@ -90,7 +91,8 @@ def read_store_checkpoint(path: str | Path) -> RankTensors:
         if step is None:
             raise CheckpointError(f"{path} holds no complete checkpoint (no step-*/{STATE_FILE} matching its checksum)")
     restored = store.load(step)
-    return {0: flatten({"model": restored.model_state, "optimizer": restored.optimizer_state})}
+    return {0: flatten({"model": restored.model_state, "optimizer": restored.optimizer_state,
+                        "user": restored.user_states})}
 
 
 def _step_of(folder: Path) -> int:

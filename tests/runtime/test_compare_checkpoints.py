@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from fthsdp.checkpoint_compare import compare, describe, flatten, main, read_store_checkpoint
-from fthsdp.checkpoint_store import CheckpointStore
+from fthsdp.state.checkpoint import CheckpointStore
 
 
 def write(directory, corrupt=None):
