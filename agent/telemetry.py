@@ -8,8 +8,9 @@ the agent.
 
 `summarize_rank` is pure (records and `now_ns` in, a `RankTelemetry` message out): per group,
 the last collective joined and done, the oldest one still pending (how long, how many bytes
-sent, how long since it last moved) and the newest complete windows of `window_collectives`
-collectives with their own time and wait time (see controller.proto, TelemetryWindow).
+sent, how long since it last moved) and the newest complete windows (collectives with seq in
+[i·W, (i+1)·W), W = `window_collectives`; complete once the rank joined a later one) with their
+own time and wait time (see controller.proto, TelemetryWindow).
 """
 
 from __future__ import annotations
@@ -126,8 +127,12 @@ def _group(name: str, records: list[Record], own: dict[int, int], now_ns: int, w
     windows: dict[int, list[Record]] = defaultdict(list)
     for r in records:
         windows[r.seq // w].append(r)
-    complete = [i for i, rs in windows.items() if i > sent
-                and len({r.seq for r in rs}) == w and all(r.state == State.DONE and r.index in own for r in rs)]
+    # A window is complete once the rank joined a collective past it and everything in it is
+    # done (seqs may be sparse: a runtime can number collectives by step and position).
+    past = g.last_joined_seq // w
+    oldest = min(records, key=lambda r: r.index).seq // w  # the ring may have lost its start
+    complete = [i for i, rs in windows.items() if sent < i < past and i > oldest
+                and all(r.state == State.DONE and r.index in own for r in rs)]
     for i in sorted(complete)[-ring.MAX_WINDOWS_PER_GROUP:]:
         rs = _one_per_seq(windows[i])
         g.windows.append(pb.TelemetryWindow(index=i, own_s=sum(own[r.index] for r in rs) / 1e9,

@@ -261,7 +261,7 @@ def run(ranks: int, replicas: int, faults: int, seed: int) -> dict:
             reports = window_reports(job, slow, now)
             t0, c0 = time.perf_counter(), time.process_time()
             for r in reports:
-                found += d.ingest(r, now, lambda rk: True)[0]
+                found += d.ingest(r, now, lambda rk: True, len(job.hosts))[0]
             found += d.analyze(now, job.members_of, job.host_of, lambda rk: False)
             step += 1
             replica_digests, rank_digests = digests(job, step, sdc)
@@ -283,7 +283,7 @@ def run(ranks: int, replicas: int, faults: int, seed: int) -> dict:
         reports = hang_reports(job, fault, now)
         t0, c0 = time.perf_counter(), time.process_time()
         for r, received_at in reports:
-            d.ingest(r, received_at, lambda rk: True)
+            d.ingest(r, received_at, lambda rk: True, len(job.hosts))
         found = d.analyze(now, job.members_of, job.host_of, lambda rk: False)
         timings.append(time.perf_counter() - t0)
         cpu.append(time.process_time() - c0)

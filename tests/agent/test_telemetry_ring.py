@@ -165,7 +165,7 @@ def test_summary_pending_windows_and_already_sent_windows(tmp_path):
 
 def test_collector_checks_identity_and_resends_until_delivered(tmp_path):
     t = make(tmp_path)
-    for seq in range(6):
+    for seq in range(7):  # windows of 2: 0 has no own time for #0, 1 and 2 are complete, 3 is open
         tok = t.record_join(seq, Kind.ALL_REDUCE, "replica", 8, 101.0 + seq, group_size=4)
         t.record_done(tok, 101.5 + seq)
     c = Collector("h1", 2)
@@ -177,3 +177,17 @@ def test_collector_checks_identity_and_resends_until_delivered(tmp_path):
     assert [w.index for w in again.ranks[0].groups[0].windows] == [1, 2]
     c.delivered()
     assert not c.collect([(0, "r1", 3, str(t.path))], int(200 * S)).ranks[0].groups[0].windows
+
+
+def test_sparse_seqs_form_windows_once_the_rank_moved_past_them(tmp_path):
+    """A runtime may number collectives by step (8 per step, 4 used): windows still close."""
+    t = make(tmp_path)
+    now = 101.0
+    for step in range(5):
+        for pos in range(4):
+            tok = t.record_join(8 * step + pos, Kind.ALL_REDUCE, "replica", 8, now + 0.1, group_size=2)
+            t.record_done(tok, now + 0.2)
+            now += 0.2
+    header, records = read_ring(t.path)
+    [g] = summarize_rank("r1", 3, header, records, int((now + 1) * S), 16).groups
+    assert [w.index for w in g.windows] == [1] and g.windows[0].own_s == pytest.approx(0.8)

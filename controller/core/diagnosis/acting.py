@@ -33,7 +33,8 @@ class Diagnosing:
         if not self.settings.diagnosis.enabled:
             return ["the diagnosis is disabled on this controller"]
         runs = set((h.assignment.replica_id, r) for r in h.assignment.ranks) if h.assignment else set()
-        findings, ignored = self.diagnosis.ingest(report, now, runs.__contains__)
+        live = sum(r.world_size for r in self.replicas.values() if r.state not in _NOT_LIVE)
+        findings, ignored = self.diagnosis.ingest(report, now, runs.__contains__, live)
         self._decide_findings(findings, now)
         return ignored
 

@@ -18,10 +18,12 @@ from controller.core.diagnosis.hang import Excused, HostOf, MembersOf, find_hang
 from controller.core.diagnosis.sdc import SdcTracker, attribute
 from controller.core.diagnosis.settings import DiagnosisSettings
 from controller.core.diagnosis.straggler import StragglerTracker, StragglerWindows, WindowVerdict
-from controller.core.diagnosis.telemetry import HostReport, RankKey, RankView, group_key, rank_name
+from controller.core.diagnosis.telemetry import HostReport, RankKey, RankView, group_key, pooled_key, rank_name
 
 #: Evictions remembered for the hourly budget.
 MAX_EVICTIONS_KEPT = 256
+#: A hang already reported is reported again when its confidence grew by this much.
+REPORT_AGAIN_CONFIDENCE = 0.2
 
 
 class Diagnosis:
@@ -36,17 +38,22 @@ class Diagnosis:
         self.log = FindingLog(settings.recent_findings)
         self.digest_steps = digest_steps
         self.rank_digests: dict[int, dict[str, tuple[str, ...]]] = {}
-        #: hang findings now in force (by key): reported once while they last
-        self.active_hangs: set[str] = set()
+        #: hang findings now in force: key -> (first host, confidence) as last reported
+        self.active_hangs: dict[str, tuple[tuple[str, ...], float]] = {}
         self.next_analysis_at: float | None = None
         self.evictions_at: deque[float] = deque(maxlen=MAX_EVICTIONS_KEPT)
         #: held findings (log entry id -> when first held), decided again until hold_s passed
         self.held: dict[int, float] = {}
         self.reports = 0
+        #: per intra-replica group name, the ranks whose windows are pooled (a window is complete
+        #: once every one of them reported it)
+        self._pools: dict[str, set[RankKey]] = {}
 
-    def ingest(self, report: HostReport, now: float, accept: Callable[[RankKey], bool]) -> tuple[list[Finding], list[str]]:
+    def ingest(self, report: HostReport, now: float, accept: Callable[[RankKey], bool],
+               pool_size: int | None = None) -> tuple[list[Finding], list[str]]:
         """Keep a checked report's ranks (those `accept` allows); straggler findings it completed,
-        and the ranks left out with why."""
+        and the ranks left out with why. `pool_size`: how many ranks the job runs (a pooled
+        window is complete when that many reported it; default: the ranks seen so far)."""
         self.reports += 1
         ignored, verdicts = [], []
         if self.window_collectives is None:
@@ -65,9 +72,14 @@ class Diagnosis:
                 for g in r.groups:
                     if not g.windows:
                         continue
-                    key = group_key(r.replica_id, r.rank, g)
+                    if g.cross_replica:
+                        key, size = group_key(r.replica_id, r.rank, g), g.size
+                    else:  # intra-replica windows are judged over every replica's ranks at once
+                        members = self._pools.setdefault(g.group, set())
+                        members.add(rk)
+                        key, size = pooled_key(g.group), max(pool_size or 0, len(members))
                     for w in g.windows:
-                        verdicts += self.windows.add(key, w.index, g.size, rk, report.host_id, w.own_s, now)
+                        verdicts += self.windows.add(key, w.index, size, rk, report.host_id, w.own_s, now)
         return self._stragglers(verdicts, now), ignored
 
     def due(self, now: float) -> bool:
@@ -80,9 +92,15 @@ class Diagnosis:
         """New findings: windows that waited long enough, and hangs not reported yet."""
         out = self._stragglers(self.windows.due(now), now)
         hangs = find_hangs(self.ranks, now, self.settings, members_of, host_of, excused)
-        out += [f for f in hangs if f.key not in self.active_hangs]
-        self.active_hangs = {f.key for f in hangs}
+        out += [f for f in hangs if self._news(f)]
+        self.active_hangs = {f.key: (f.hosts[:1], f.confidence) for f in hangs}
         return out
+
+    def _news(self, f: Finding) -> bool:
+        """A hang not reported yet, or one whose suspect changed or became much surer (peers
+        that timed out of a stuck collective leave the rank that never progresses alone)."""
+        before = self.active_hangs.get(f.key)
+        return before is None or before[0] != f.hosts[:1] or f.confidence >= before[1] + REPORT_AGAIN_CONFIDENCE
 
     def keep_rank_digests(self, replica_id: str, step: int, digests: tuple[str, ...]) -> None:
         if not digests:
@@ -101,13 +119,18 @@ class Diagnosis:
         """A replica died or restarted: what its ranks said no longer holds (their groups form anew)."""
         for rk in [rk for rk in self.ranks if rk[0] == replica_id]:
             del self.ranks[rk]
+        for members in self._pools.values():
+            members.difference_update([rk for rk in members if rk[0] == replica_id])
         self.windows.forget(lambda key: key.replica_id == replica_id)
         self.stragglers.forget_replica(replica_id)
 
     def forget_host(self, host_id: str) -> None:
         """A host's agent is gone or its work moved: its telemetry is not about anyone now."""
-        for rk in [rk for rk, v in self.ranks.items() if v.host_id == host_id]:
+        gone = [rk for rk, v in self.ranks.items() if v.host_id == host_id]
+        for rk in gone:
             del self.ranks[rk]
+        for members in self._pools.values():
+            members.difference_update(gone)
 
     def _stragglers(self, verdicts: list[WindowVerdict], now: float) -> list[Finding]:
         return [f for v in verdicts for f in self.stragglers.observe(v, now)]

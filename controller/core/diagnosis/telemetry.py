@@ -88,9 +88,21 @@ class GroupKey(NamedTuple):
     rank: int
 
     def describe(self) -> str:
+        if self.replica_id == POOLED:
+            return f"group {self.group} (every replica's, pooled)"
         if self.replica_id:
             return f"group {self.group} of replica {self.replica_id}"
         return f"group {self.group} (rank {self.rank} of every replica)"
+
+
+#: The replica of a pooled key: an intra-replica group's windows judged over every replica's
+#: ranks together (replicas do the same work per step; a replica of two ranks is too small to
+#: be judged alone).
+POOLED = "*"
+
+
+def pooled_key(group: str) -> GroupKey:
+    return _new_tuple(GroupKey, (group, POOLED, -1))
 
 
 _new_tuple = tuple.__new__

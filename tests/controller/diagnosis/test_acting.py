@@ -221,3 +221,28 @@ def test_telemetry_from_strangers_and_bad_reports_change_nothing():
                                  secret("h-r0-0"), 100.0)
     assert ignored == ["rank r1/0: host h-r0-0 does not run it"] and list(s.diagnosis.ranks) == [("r0", 0)]
     assert s.hosts["h-r0-0"].state == HostState.ACTIVE
+
+
+def test_a_hang_that_becomes_certain_is_reported_again_and_acted_on():
+    """Every member joined an FTAR op and nobody sent a byte: three equal suspects (reported
+    only); once the peers time out of it, the rank still in it is the one (evicted)."""
+    s = cluster()
+    job = Job(replicas=3, ranks=2, per_host=1, received_at=100.0)
+    job.no_progress(("r2", 0), waited_s=40.0, cross=True)
+    for rk in (("r0", 0), ("r1", 0)):  # no progress counters from FTAR: everyone at zero
+        v = job.views[rk]
+        job.set(rk, v.report.groups[0], v.report.groups[1]._replace(pending_sent_bytes=0))
+    send(s, job, 100.0)
+    s.expire(100.0)
+    [first] = s.diagnosis.log.entries
+    assert first.decision.action.value == "report" and len(first.finding.hosts) == 3
+    for rk in [rk for rk in job.views if rk[0] != "r2"]:  # their FTAR ops timed out: r0 and r1 move on
+        intra, cross = job.views[rk].report.groups
+        job.set(rk, intra._replace(last_joined_seq=12, last_done_seq=12, pending_seq=-1),
+                cross._replace(last_joined_seq=21, last_done_seq=21, pending_seq=-1))
+    send(s, job, 105.0)
+    s.expire(105.0)
+    second = s.diagnosis.log.entries[-1]
+    assert len(s.diagnosis.log.entries) == 2 and "joined without progress" in second.finding.summary
+    assert second.finding.hosts == ("h-r2-0",) and second.decision.action.value == "evict"
+    assert s.hosts["h-r2-0"].cordoned
