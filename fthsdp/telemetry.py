@@ -18,18 +18,21 @@ Thread-safe: one lock around each record's update.
 
 from __future__ import annotations
 
+import logging
 import mmap
 import os
 import threading
+import time
 from pathlib import Path
-from typing import Mapping
+from typing import Callable, Mapping
 
 from protos import telemetry_ring as ring
 from protos.telemetry_ring import Kind
 
 ENV_TELEMETRY_FILE = ring.ENV_FILE
+log = logging.getLogger(__name__)
 
-__all__ = ["ENV_TELEMETRY_FILE", "Kind", "Telemetry"]
+__all__ = ["ENV_TELEMETRY_FILE", "Collectives", "Kind", "Telemetry"]
 
 
 def _ns(now: float) -> int:
@@ -69,9 +72,17 @@ class Telemetry:
     @classmethod
     def from_env(cls, replica_id: str, rank: int, now: float, environ: Mapping[str, str] = os.environ,
                  capacity: int = ring.DEFAULT_CAPACITY) -> "Telemetry | None":
-        """The ring the agent asked for, or None when it asked for none (not started by an agent)."""
+        """The ring the agent asked for, or None when it asked for none (not started by an agent)
+        or it cannot be made (logged: training goes on without telemetry)."""
         path = environ.get(ENV_TELEMETRY_FILE, "")
-        return cls.create(path, replica_id=replica_id, rank=rank, now=now, capacity=capacity) if path else None
+        if not path:
+            return None
+        try:
+            return cls.create(path, replica_id=replica_id, rank=rank, now=now, capacity=capacity)
+        except (OSError, ValueError) as exc:
+            log.warning("replica %s rank %s: no collective telemetry: cannot create the ring %s: %s", replica_id,
+                        rank, path, exc)
+            return None
 
     def record_join(self, seq: int, kind: Kind, group: str, nbytes: int, now: float, *, group_size: int) -> int:
         """This rank joined collective `seq` of `group` (of `group_size` members), to move
@@ -127,3 +138,69 @@ class Telemetry:
         odd = self._begin(at)
         write()
         ring.U32.pack_into(self._mm, at, (odd + 1) & 0xFFFFFFFF)
+
+
+class Collectives:
+    """How the runtime numbers and records the collectives of a replica step.
+
+    Every rank of a replica issues the same collectives in the same order, and every replica
+    in a ring the same FTAR ops, so numbering them by step keeps them aligned across ranks and
+    replicas -- also after a restart or a catch-up jump, and through retries (a retried
+    collective gets the same number again):
+
+        group "replica" (every rank of the replica):  seq = step * INTRA_PER_STEP + position
+            position 0: the plan (begin -> plan), 1..: the step's collectives in order,
+            INTRA_PER_STEP - 1: the vote (vote -> decision)
+        group "ftar.q<quorum id>" (rank k of every replica in the ring): seq = step * FTAR_PER_STEP + i
+
+    Without a ring (`Telemetry.from_env` gave None) every call returns at once.
+    """
+
+    INTRA = "replica"
+    INTRA_PER_STEP = 32
+    FTAR_PER_STEP = 16
+
+    def __init__(self, telemetry: Telemetry | None, world_size: int, clock: Callable[[], float] = time.monotonic) -> None:
+        self.telemetry, self.world_size, self.clock = telemetry, world_size, clock
+        self.step = 0
+        self._intra = self._ftar = 0
+        self.plan_token: int | None = None
+        self.vote_token: int | None = None
+
+    def begin(self, step: int) -> None:
+        """A step attempt begins (its plan is asked for): positions count from here."""
+        self.step, self._intra, self._ftar = step, 0, 0
+        self.plan_token = self._join(step * self.INTRA_PER_STEP, Kind.BARRIER, self.INTRA, 0, self.world_size)
+
+    def planned(self, step: int) -> None:
+        """The plan (or a refusal) arrived; collectives from here count toward `step`."""
+        self.done(self.plan_token)
+        self.plan_token, self.step = None, step
+
+    def join(self, kind: Kind, nbytes: int) -> int | None:
+        """The next intra-replica collective of this step."""
+        self._intra = min(self._intra + 1, self.INTRA_PER_STEP - 2)
+        return self._join(self.step * self.INTRA_PER_STEP + self._intra, kind, self.INTRA, nbytes, self.world_size)
+
+    def join_ftar(self, quorum_id: int, members: int, nbytes: int) -> int | None:
+        seq = self.step * self.FTAR_PER_STEP + min(self._ftar, self.FTAR_PER_STEP - 1)
+        self._ftar += 1
+        return self._join(seq, Kind.FTAR_ALL_REDUCE, f"ftar.q{quorum_id}", nbytes, members)
+
+    def vote(self) -> None:
+        self.vote_token = self._join((self.step + 1) * self.INTRA_PER_STEP - 1, Kind.VOTE, self.INTRA, 0,
+                                     self.world_size)
+
+    def decided(self) -> None:
+        self.done(self.vote_token)
+        self.done(self.plan_token)  # a decision that came instead of a plan
+        self.vote_token = self.plan_token = None
+
+    def done(self, token: int | None) -> None:
+        if token is not None and self.telemetry is not None:
+            self.telemetry.record_done(token, self.clock())
+
+    def _join(self, seq: int, kind: Kind, group: str, nbytes: int, size: int) -> int | None:
+        if self.telemetry is None:
+            return None
+        return self.telemetry.record_join(seq, kind, group, nbytes, self.clock(), group_size=size)
