@@ -29,6 +29,7 @@ import torch
 import torch.distributed as dist
 
 from ftar_kernels import FtarEndpoint, FtarSettings
+from fthsdp import determinism
 from fthsdp.data_ledger import DataLedger, LedgerBatches
 from fthsdp.errors import ChannelError, CheckpointError, Fatal, ReplicaFinished, RetryLimitExceeded
 from fthsdp.settings import RuntimeSettings
@@ -157,6 +158,10 @@ class Manager:
     def start(self) -> "Manager":
         self._require_not_started("start")
         s = self.settings
+        if s.deterministic:
+            log.info("replica %s rank %s: deterministic mode: %s", s.replica_id, s.rank, "; ".join(determinism.apply()))
+            if self.registry.rng is None:
+                self.registry.register_rng(s.deterministic_seed)
         if self._pre_init is not None:
             self._pre_init()
         self._restore_checkpoint()
