@@ -48,6 +48,29 @@ def _write_atomic(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+def _faulty(faults, host: str, rank: int, opt):
+    """The Seams (and optimizer) of a trainer on a host the demo made go bad: the fault's
+    wrapper, let loose when its file appears (fthsdp/demo/faults.py). Other trainers: as is."""
+    from fthsdp import Seams
+    from fthsdp.demo import faults as f
+
+    mine = next((x for x in faults if x["host"] == host and x["rank"] == rank), None)
+    if mine is None:
+        return Seams(), opt
+    go_file = Path(mine["go"])
+
+    def go() -> bool:
+        return go_file.exists()
+    kind = mine["kind"]
+    if kind == "hang":
+        return Seams(sync=lambda sync: f.NeverJoins(sync, go)), opt
+    if kind == "stall":
+        return Seams(endpoint=lambda endpoint: f.StallsInside(endpoint, go)), opt
+    if kind == "slow":
+        return Seams(sync=lambda sync: f.Slow(sync, mine["extra_s"], go)), opt
+    return Seams(), f.FlipsBits(opt, go)
+
+
 def main(argv: list[str]) -> int:
     cfg = json.loads(Path(argv[0]).read_text())
     import torch
@@ -95,7 +118,9 @@ def main(argv: list[str]) -> int:
         coordinator_address=f"127.0.0.1:{ports['leader']}", max_retries=30,
         quorum_timeout_s=t["quorum_s"], allreduce_timeout_s=t["allreduce_s"], gather_timeout_s=t["vote_s"],
         fetch_timeout_s=t["fetch_s"], fetch_hold_timeout_s=t["fetch_hold_s"],
-        heartbeat_interval_s=t["heartbeat_s"], ftar_chunk_bytes=64 << 10)
+        heartbeat_interval_s=t["heartbeat_s"], ftar_chunk_bytes=64 << 10,
+        digest_every_steps=cfg.get("digest_every_steps", 100))
+    seams, opt = _faulty(cfg.get("faults", ()), os.environ.get(agent_env.HOST_ID, ""), rank, opt)
     replicas = cfg["replicas"]
     index = {r: i for i, r in enumerate(replicas)}
 
@@ -104,7 +129,7 @@ def main(argv: list[str]) -> int:
                                            len(x_train), cfg["seed"]))
         return x_train[rows], y_train[rows]
 
-    manager = Manager(model, opt, settings, process_group=group).start()
+    manager = Manager(model, opt, settings, process_group=group, seams=seams).start()
     write(event="started", step=manager.step, incarnation=manager.incarnation, standby=standby,
           start_s=round(time.time() - assigned, 3))
     batches = manager.batches(batch_at)
