@@ -258,9 +258,11 @@ def run_job(workdir: Path, data: Path, s: RunSettings, failures: list[Failure], 
         for host, agent in agents.items():
             procs.read_json_line(agent, 60.0, f"agent {host} (log {workdir / f'agent-{host}.log'})")
         with httpx.Client(base_url=controller.http, timeout=5.0) as http:
-            _watch(http, s, failures, agents, records, result, tty)
-            result.events = http.get("/api/v1/events", params={"limit": 100_000}).json()
-            result.diagnoses = http.get("/api/v1/diagnoses", params={"limit": 500}).json()["findings"]
+            try:
+                _watch(http, s, failures, agents, records, result, tty)
+            finally:  # what happened, also when the run did not finish
+                result.events = http.get("/api/v1/events", params={"limit": 100_000}).json()
+                result.diagnoses = http.get("/api/v1/diagnoses", params={"limit": 500}).json()["findings"]
 
     return _with_controller(workdir, s, records, body)
 
@@ -298,8 +300,8 @@ def _follow(http: httpx.Client, s: RunSettings, failures: list[Failure], agents:
                 pending.pop(0)
                 done["after_s"] = round(done["injected_at"] - result.started_at, 3)
                 result.injections.append(done)
-                progress.note(f"step {done['injected_step']}: {done['kind']} {done['replica']}: "
-                              f"SIGKILL {done['target']}")
+                what = f"{done['target']} goes bad" if done["kind"] in DIAGNOSED else f"SIGKILL {done['target']}"
+                progress.note(f"step {done['injected_step']}: {done['kind']} {done['replica']}: {what}")
         progress.show(job, replicas, time.monotonic())
         time.sleep(POLL_S)
     result.skipped += [f.describe() for f in pending]

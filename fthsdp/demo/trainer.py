@@ -48,6 +48,25 @@ def _write_atomic(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+def _wait_for_ports(*ports: int | None, timeout_s: float = 20.0) -> None:
+    """On one machine a spare takes over ports that the replaced host's trainers free only as
+    they stop (the agent's grace): wait until this rank can listen on them (bounded)."""
+    import socket
+
+    deadline = time.monotonic() + timeout_s
+    for port in (p for p in ports if p):
+        while True:
+            with socket.socket() as probe:
+                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                try:
+                    probe.bind(("127.0.0.1", port))
+                    break
+                except OSError:
+                    if time.monotonic() > deadline:
+                        return  # let the real bind report it
+                    time.sleep(0.1)
+
+
 def _faulty(faults, host: str, rank: int, opt):
     """The Seams (and optimizer) of a trainer on a host the demo made go bad: the fault's
     wrapper, let loose when its file appears (fthsdp/demo/faults.py). Other trainers: as is."""
@@ -104,6 +123,8 @@ def main(argv: list[str]) -> int:
 
     _write_atomic(records / f"{rid}-{rank}.pid", str(os.getpid()))
     ports = cfg["ports"][rid]
+    if rank == 0:  # a replaced host's trainers may still hold the replica's ports (one machine)
+        _wait_for_ports(ports["leader"], ports["gloo"] if world > 1 else None)
     group = None
     if world > 1:
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{ports['gloo']}", rank=rank,
