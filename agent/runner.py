@@ -32,7 +32,7 @@ from agent.policy import JobEnd, Want, after_job_state
 from agent.process import ProcessHooks, SubprocessHooks
 from agent.settings import AgentSettings
 from agent.supervisor import Supervisor, TrainerExit
-from agent.telemetry import Collector
+from agent.telemetry import Collector, ring_dir
 from protos import controller_pb2 as pb
 from protos import controller_pb2_grpc as pb_grpc
 from protos import dial
@@ -114,7 +114,8 @@ class Agent:
             os.makedirs(s.telemetry_dir, mode=0o700, exist_ok=True)
             self.supervisor.telemetry_dir = s.telemetry_dir
             return ""
-        self.supervisor.telemetry_dir = tempfile.mkdtemp(prefix=f"fthsdp-telemetry-{s.host_id[:32]}-")
+        self.supervisor.telemetry_dir = tempfile.mkdtemp(prefix=f"fthsdp-telemetry-{s.host_id[:32]}-",
+                                                         dir=ring_dir())
         return self.supervisor.telemetry_dir
 
     async def _run(self, stop: asyncio.Event) -> None:

@@ -85,7 +85,8 @@ class AgentSettings:
     # Collective telemetry (agent.telemetry): every this many seconds the agent reads its
     # trainers' rings and sends the controller a summary; 0 turns it off (no ring is asked for).
     telemetry_interval_s: float = 5.0
-    # Where trainers' rings live; empty: a fresh directory only this agent's user can open.
+    # Where trainers' rings live; empty: a fresh directory only this agent's user can open
+    # (under /dev/shm when the host has it: memory, no disk writeback).
     telemetry_dir: str = ""
     # Straggler statistics are taken over windows of this many collectives per group; every
     # agent of a job must use the same (the controller ignores windows of another length).

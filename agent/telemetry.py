@@ -28,6 +28,15 @@ from protos.telemetry_ring import Header, Record, State
 _RETRIES = 3
 
 
+#: Rings live in memory-backed storage when the host has it (no disk writeback of their pages).
+SHM_DIR = "/dev/shm"
+
+
+def ring_dir() -> str | None:
+    """Where a fresh ring directory goes by default: /dev/shm if usable, else the temp dir."""
+    return SHM_DIR if os.path.isdir(SHM_DIR) and os.access(SHM_DIR, os.W_OK | os.X_OK) else None
+
+
 class RingError(ValueError):
     """The ring file is missing or malformed; the message says which and why."""
 

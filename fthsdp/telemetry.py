@@ -46,6 +46,7 @@ class Telemetry:
         self.path, self._mm, self.capacity = path, mm, capacity
         self._appended = 0
         self._lock = threading.Lock()
+        self._groups: dict[str, bytes] = {}
 
     @classmethod
     def create(cls, path: str | os.PathLike[str], *, replica_id: str, rank: int, now: float,
@@ -87,7 +88,9 @@ class Telemetry:
     def record_join(self, seq: int, kind: Kind, group: str, nbytes: int, now: float, *, group_size: int) -> int:
         """This rank joined collective `seq` of `group` (of `group_size` members), to move
         `nbytes`. Returns the token that `record_progress`/`record_done` take."""
-        name = ring.check_group(group)
+        name = self._groups.get(group)
+        if name is None:  # checked once per name: groups are few
+            name = self._groups[group] = ring.check_group(group)
         if seq < 0 or nbytes < 0 or group_size < 1:
             raise ValueError(f"telemetry needs seq >= 0, nbytes >= 0 and group_size >= 1, got {seq}, "
                              f"{nbytes} and {group_size}.")
@@ -107,17 +110,20 @@ class Telemetry:
         with self._lock:
             if self._live(token):
                 at = ring.record_offset(self.capacity, token)
-                self._update(at, lambda: (ring.I64.pack_into(self._mm, at + ring.PROGRESS_NS_OFFSET, _ns(now)),
-                                          ring.U64.pack_into(self._mm, at + ring.PROGRESS_BYTES_OFFSET,
-                                                             max(sent_bytes, 0))))
+                odd = self._begin(at)
+                ring.I64.pack_into(self._mm, at + ring.PROGRESS_NS_OFFSET, _ns(now))
+                ring.U64.pack_into(self._mm, at + ring.PROGRESS_BYTES_OFFSET, max(sent_bytes, 0))
+                ring.U32.pack_into(self._mm, at, (odd + 1) & 0xFFFFFFFF)
 
     def record_done(self, token: int, now: float) -> None:
         """The collective completed on this rank."""
         with self._lock:
             if self._live(token):
                 at = ring.record_offset(self.capacity, token)
-                self._update(at, lambda: (ring.I64.pack_into(self._mm, at + ring.DONE_OFFSET, _ns(now)),
-                                          ring.U8.pack_into(self._mm, at + ring.STATE_OFFSET, ring.State.DONE)))
+                odd = self._begin(at)
+                ring.I64.pack_into(self._mm, at + ring.DONE_OFFSET, _ns(now))
+                ring.U8.pack_into(self._mm, at + ring.STATE_OFFSET, ring.State.DONE)
+                ring.U32.pack_into(self._mm, at, (odd + 1) & 0xFFFFFFFF)
 
     def close(self) -> None:
         with self._lock:
@@ -134,10 +140,6 @@ class Telemetry:
         ring.U32.pack_into(self._mm, at, odd)
         return odd
 
-    def _update(self, at: int, write) -> None:
-        odd = self._begin(at)
-        write()
-        ring.U32.pack_into(self._mm, at, (odd + 1) & 0xFFFFFFFF)
 
 
 class Collectives:
