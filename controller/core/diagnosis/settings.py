@@ -15,8 +15,10 @@ class DiagnosisSettings:
     analysis_interval_s: float = 5.0
     #: A rank whose last telemetry is older than this is "silent": what it last said may be stale.
     telemetry_stale_s: float = 20.0
-    #: A collective some rank joined this long ago and nobody completed is a hang.
-    hang_after_s: float = 30.0
+    #: A collective some rank joined this long ago and nobody completed is a hang. Keep it below
+    #: the runtime's own timeouts (allreduce_timeout_s, 30 s by default): past them the peers give
+    #: up on a stuck collective and only the rank that hangs is left to see.
+    hang_after_s: float = 20.0
     #: A rank is a straggler when its own time was flagged in `straggler_windows` of its last
     #: `straggler_of_windows` windows of a group (one slow window is noise, not a finding).
     straggler_windows: int = 3
