@@ -21,7 +21,10 @@ A stuck collective that waits on a member the controller already knows is down (
 its replica died or is being rebuilt), or on a process that started after the collective did
 (it cannot be in it: a restarted trainer forms its groups anew), is explained and names
 nobody; so is one whose missing members nobody can name (the group's size says someone is
-missing, but not who: heartbeats find dead hosts).
+missing, but not who: heartbeats find dead hosts), and one with a member still *starting* (it
+has completed no collective since its telemetry began less than `startup_grace_s` ago: its
+first collective waits on connections and a loaded host's start-up; past the grace a rank that
+hangs while starting is judged like any other).
 
 Times: a report's ages are measured on its host's clock and anchored at the controller's
 receive time, so only differences measured on one host are ever compared.
@@ -74,10 +77,11 @@ def find_hangs(ranks: Mapping[RankKey, RankView], now: float, settings: Diagnosi
                members_of: MembersOf | None = None, host_of: HostOf | None = None,
                excused: Excused | None = None) -> list[Finding]:
     """Findings for every leaf the job is blocked on (empty when nothing is stuck)."""
-    stuck, blocked = _stuck(ranks, now, settings.hang_after_s)
+    starting = _starting(ranks, now, settings.startup_grace_s)
+    stuck, blocked = _stuck(ranks, now, settings.hang_after_s, starting)
     if not stuck:
         return []
-    _members(stuck, ranks, now, members_of, excused or (lambda rk: False))
+    _members(stuck, ranks, now, members_of, excused or (lambda rk: False), starting)
     host = _host_lookup(ranks, host_of)
     leaves: list[tuple[Collective, list[RankKey]]] = []
     for c in sorted(stuck, key=lambda c: stuck[c].first_join):
@@ -129,12 +133,23 @@ def _merged(leaves: list[Collective], suspects_of: dict[Collective, list[RankKey
     return tuple(joined + [rk for rk in progress if rk not in said])
 
 
-def _stuck(ranks: Mapping[RankKey, RankView], now: float, hang_s: float):
-    """The stuck collectives, and the ranks stuck in one (the hot loop: one pass, few objects)."""
+def _starting(ranks: Mapping[RankKey, RankView], now: float, grace_s: float) -> frozenset[RankKey]:
+    """Ranks that have completed no collective since their telemetry began less than `grace_s`
+    ago: a process still starting (its first collective waits on connections and peers)."""
+    return frozenset(rk for rk, v in ranks.items()
+                     if v.report.recording_s + (now - v.received_at) < grace_s
+                     and all(g.last_done_seq < 0 for g in v.report.groups))
+
+
+def _stuck(ranks: Mapping[RankKey, RankView], now: float, hang_s: float, starting: frozenset[RankKey]):
+    """The stuck collectives, and the ranks stuck in one (the hot loop: one pass, few objects).
+    A starting rank's pending collective makes nothing stuck."""
     stuck: dict[Collective, _Stuck] = {}
     blocked: set[RankKey] = set()
     seen: dict[tuple, Collective] = {}
     for rk, v in ranks.items():
+        if rk in starting:
+            continue
         for g in v.report.groups:
             if g.pending_seq < 0:
                 continue
@@ -153,9 +168,12 @@ def _stuck(ranks: Mapping[RankKey, RankView], now: float, hang_s: float):
 
 
 def _members(stuck: dict[Collective, _Stuck], ranks: Mapping[RankKey, RankView], now: float,
-             members_of: MembersOf | None, excused: Excused) -> None:
+             members_of: MembersOf | None, excused: Excused, starting: frozenset[RankKey]) -> None:
     """Fill, for each stuck collective, who joined, who is in flight and whom it waits on.
-    Members the controller can name are looked up directly; other groups cost one scan."""
+    Members the controller can name are looked up directly; other groups cost one scan. A
+    collective with a starting member, in flight or awaited, is explained (not judged yet)."""
+    def waived(rk: RankKey) -> bool:
+        return rk in starting or excused(rk)
     scanned: dict[GroupKey, list] | None = None
     for c, s in stuck.items():
         expected = members_of(c.key, s.size) if members_of is not None else None
@@ -175,7 +193,8 @@ def _members(stuck: dict[Collective, _Stuck], ranks: Mapping[RankKey, RankView],
                 s.joined += 1
                 if g.last_done_seq < c.seq:
                     s.in_flight.append((rk, g))
-            elif excused(rk):
+                    s.explained |= rk in starting
+            elif waived(rk):
                 s.explained = True
             else:
                 s.waits_on.append((rk, v.received_at >= s.first_join))
@@ -186,7 +205,7 @@ def _members(stuck: dict[Collective, _Stuck], ranks: Mapping[RankKey, RankView],
             if rk in seen:
                 continue
             v = ranks.get(rk)
-            if excused(rk) or (v is not None and v.received_at - v.report.recording_s > s.first_join):
+            if waived(rk) or (v is not None and v.received_at - v.report.recording_s > s.first_join):
                 s.explained = True  # down, or a process younger than the collective
             else:
                 s.waits_on.append((rk, False))  # never reported this group: silent

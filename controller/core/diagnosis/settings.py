@@ -19,6 +19,10 @@ class DiagnosisSettings:
     #: the runtime's own timeouts (allreduce_timeout_s, 30 s by default): past them the peers give
     #: up on a stuck collective and only the rank that hangs is left to see.
     hang_after_s: float = 20.0
+    #: A rank that has completed no collective yet is starting (imports, connections, a loaded
+    #: host): for this long after its telemetry began, the collectives it is in or is awaited
+    #: in are not judged (after it, a rank that hangs while starting is found like any other).
+    startup_grace_s: float = 60.0
     #: A rank is a straggler when its own time was flagged in `straggler_windows` of its last
     #: `straggler_of_windows` windows of a group (one slow window is noise, not a finding).
     straggler_windows: int = 3
@@ -48,7 +52,8 @@ class DiagnosisSettings:
 
     def validate(self) -> "DiagnosisSettings":
         problems = []
-        for name in ("analysis_interval_s", "telemetry_stale_s", "hang_after_s", "straggler_window_wait_s",
+        for name in ("analysis_interval_s", "telemetry_stale_s", "hang_after_s", "startup_grace_s",
+                     "straggler_window_wait_s",
                      "sdc_window_s", "straggler_mad_k"):
             if not getattr(self, name) > 0:
                 problems.append(f"diagnosis.{name} must be positive, got {getattr(self, name)}.")

@@ -153,3 +153,30 @@ def test_clock_skew_between_hosts_does_not_matter():
                                     for g in v.report.groups)))
     after = find_hangs(job.views, NOW + 2, S)
     assert [f.ranks for f in after] == [f.ranks for f in before]
+
+
+@pytest.mark.parametrize("recording_s, found", [(45.0, False), (S.startup_grace_s + 1, True)])
+def test_a_job_still_starting_is_judged_only_after_the_startup_grace(recording_s, found):
+    """Every rank joined its first collective 40 s ago and none completed one (connections, a
+    loaded host's start): within the start-up grace that is no hang; past it, it is."""
+    job = Job(replicas=1, ranks=2)
+    for rk in job.keys():
+        sent = 0 if rk == ("r0", 1) else 4096
+        job.views[rk] = replace(job.views[rk], report=job.views[rk].report._replace(
+            recording_s=recording_s, groups=(group(INTRA, Kind.ALL_REDUCE, 2, 0, -1, (0, 40.0, sent, 39.0)),)))
+    findings = find_hangs(job.views, NOW, S, members(job))
+    assert [f.ranks[0] for f in findings] == (["r0/1"] if found else [])
+
+
+def test_a_starting_rank_explains_a_wait_but_a_started_one_is_judged():
+    """r0/1 restarted (young telemetry, nothing completed) and has not joined its replica's
+    collective that r0/0 waits in: explained, not a finding; once it completed a collective
+    (it started) and hangs again, it is named."""
+    job = Job(replicas=2, ranks=2)
+    job.never_joins(("r0", 1))
+    culprit = job.views[("r0", 1)]
+    job.views[("r0", 1)] = replace(culprit, report=culprit.report._replace(
+        recording_s=5.0, groups=(group(INTRA, Kind.REDUCE_SCATTER, 2, 9, -1),)))
+    assert find_hangs(job.views, NOW, S, members(job)) == []
+    job.views[("r0", 1)] = replace(culprit, report=culprit.report._replace(recording_s=5.0))
+    assert [f.ranks for f in find_hangs(job.views, NOW, S, members(job))] == [("r0/1",)]
