@@ -295,7 +295,9 @@ class ReplicaRegistry:
         self.dirty_replicas = True
         if r.state == ReplicaState.BEHIND and self.quorum and step >= self.quorum.max_step:
             self._transition(r, ReplicaState.HEALTHY, f"caught up and committed step {step}", now)
-        self.diagnosis.keep_rank_digests(replica_id, step, rank_digests)
+        if digest:
+            self.diagnosis.keep_rank_digests(replica_id, step, rank_digests, tuple(
+                self.rank_holders.get((replica_id, k)) for k in range(r.world_size)))
         self._record_digest(r, step, digest, caught_up, now)
 
     def report_commit_failed(self, replica_id: str, step: int, reason: str, now: float, *, quorum_id: int,

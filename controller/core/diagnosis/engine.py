@@ -38,6 +38,9 @@ class Diagnosis:
         self.log = FindingLog(settings.recent_findings)
         self.digest_steps = digest_steps
         self.rank_digests: dict[int, dict[str, tuple[str, ...]]] = {}
+        #: step -> replica -> the host of each of its ranks when it reported that step's digest
+        #: (a verdict decided after a swap is about the hosts that held the state, not today's)
+        self.digest_hosts: dict[int, dict[str, tuple[str | None, ...]]] = {}
         #: hang findings now in force: key -> (first host, confidence) as last reported
         self.active_hangs: dict[str, tuple[tuple[str, ...], float]] = {}
         self.next_analysis_at: float | None = None
@@ -102,17 +105,30 @@ class Diagnosis:
         before = self.active_hangs.get(f.key)
         return before is None or before[0] != f.hosts[:1] or f.confidence >= before[1] + REPORT_AGAIN_CONFIDENCE
 
-    def keep_rank_digests(self, replica_id: str, step: int, digests: tuple[str, ...]) -> None:
-        if not digests:
-            return
-        self.rank_digests.setdefault(step, {})[replica_id] = digests
-        for old in sorted(self.rank_digests)[: max(len(self.rank_digests) - self.digest_steps, 0)]:
-            del self.rank_digests[old]
+    def keep_rank_digests(self, replica_id: str, step: int, digests: tuple[str, ...],
+                          hosts: tuple[str | None, ...] = ()) -> None:
+        """A replica's digest of `step`: its rank digests (if sent) and its ranks' hosts now."""
+        for kept, value in ((self.rank_digests, digests), (self.digest_hosts, hosts)):
+            if not value:
+                continue
+            kept.setdefault(step, {})[replica_id] = value
+            for old in sorted(kept)[: max(len(kept) - self.digest_steps, 0)]:
+                del kept[old]
 
     def incidents(self, verdict: Verdict, host_of: Callable[[str, int], str | None],
                   hosts_of: Callable[[str], list[str]], now: float) -> list[Finding]:
-        """SDC findings for one mismatching verdict."""
-        found = attribute(verdict, self.rank_digests.get(verdict.step, {}), host_of, hosts_of)
+        """SDC findings for one mismatching verdict, naming the hosts that held each replica
+        when it reported the step (`host_of`/`hosts_of`, today's holders, when not recorded)."""
+        held = self.digest_hosts.get(verdict.step, {})
+
+        def host_then(rid: str, rank: int) -> str | None:
+            hosts = held.get(rid)
+            return hosts[rank] if hosts and rank < len(hosts) else host_of(rid, rank)
+
+        def hosts_then(rid: str) -> list[str]:
+            hosts = held.get(rid)
+            return sorted({h for h in hosts if h}) if hosts else hosts_of(rid)
+        found = attribute(verdict, self.rank_digests.get(verdict.step, {}), host_then, hosts_then)
         return [self.sdc.observe(i, now) for i in found]
 
     def forget_replica(self, replica_id: str) -> None:

@@ -197,6 +197,22 @@ def test_sdc_by_rank_digests_is_evicted_after_the_second_incident():
     assert s.hosts["h-r1-1"].cordoned and s.hosts["s0"].assignment == Assignment("r1", (1,), 2)
 
 
+def test_an_sdc_verdict_decided_after_a_swap_names_the_host_that_held_the_state():
+    """r1's bad digests of step 1 come in while r2's is awaited; meanwhile r1/1 moves from
+    h-r1-1 onto the spare. The verdict is about the hosts that reported it, not the spare."""
+    s = cluster()
+    good = ("%016x" % 1, "%016x" % 2)
+    q = commit_round(s, 1, 11.0, **{rid: dict(digest=("bad0" if rid == "r1" else "5eed") * 8,
+                                             rank_digests=(good[0], "deadbeefdeadbeef") if rid == "r1" else good)
+                                   for rid in ("r0", "r1")})
+    assert not s.diagnosis.log.entries  # r2's digest of step 1 is still awaited
+    s.drain("h-r1-1", 12.0)
+    assert s.hosts["s0"].assignment == Assignment("r1", (1,), 2)
+    s.report_step("r2", 1, 13.0, quorum_id=q.quorum_id, host_id="h-r2-0", digest="5eed" * 8, rank_digests=good)
+    [incident] = s.diagnosis.log.entries
+    assert incident.finding.kind.value == "sdc" and incident.finding.hosts == ("h-r1-1",)
+
+
 def test_telemetry_from_strangers_and_bad_reports_change_nothing():
     s = cluster()
     job = Job(replicas=3, ranks=2, per_host=1, received_at=100.0)
