@@ -206,8 +206,10 @@ def build(*, settings: dict, main: dict, injections: list[dict], events: list[di
     recovering = [f for f in failures if not (dry and f["diagnosis"] is not None)]
     detected = [f["detection_s"] for f in recovering]
     diagnosed = [f["diagnosis"] for f in failures if f["diagnosis"] is not None]
-    bad_hosts = {i.get("host") for i in injections}
-    wrong = [d for d in diagnoses if d["action"] == "evict" and d["action_host"] not in bad_hosts]
+    # a host evicted before its fault was injected was healthy then (and its fault never fires)
+    bad_since = {i["host"]: i["injected_at"] for i in injections if i.get("host")}
+    wrong = [d for d in diagnoses if d["action"] == "evict"
+             and d.get("decided_at", d["at"]) < bad_since.get(d["action_host"], float("inf")) - 0.05]
     report = {
         "settings": settings, "wall_s": round(wall_s, 2), "steps": main["steps"],
         "failures": failures, "effective_training_time": main["effective_training_time"],

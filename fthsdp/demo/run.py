@@ -59,7 +59,7 @@ class RunSettings:
 
 #: The controller's diagnosis in the demo: quick to act (a step is ~0.1 s here), below the
 #: trainers' own timeouts (FTAR 5 s, gather 10 s) so it sees a stuck collective before they give up.
-DIAGNOSIS = {"hang_after_s": 2.5, "analysis_interval_s": 0.5, "telemetry_stale_s": 5.0,
+DIAGNOSIS = {"hang_after_s": 2.5, "startup_grace_s": 20.0, "analysis_interval_s": 0.5, "telemetry_stale_s": 5.0,
              "straggler_window_wait_s": 5.0, "sdc_evict_after": 2, "max_evictions_per_hour": 10}
 #: How much slower a `slow` host is.
 SLOW_FACTOR = 3.0

@@ -67,6 +67,36 @@ def _wait_for_ports(*ports: int | None, timeout_s: float = 20.0) -> None:
                     time.sleep(0.1)
 
 
+def _claim_ports(records: Path, replica: str, host: str) -> None:
+    """Rank 0 holds its replica's ports now: say so for the replica's other ranks (below)."""
+    _write_atomic(records / f"{replica}.ports", json.dumps({"host": host, "pid": os.getpid()}))
+
+
+def _wait_for_leader(records: Path, replica: str, host: str, timeout_s: float = 20.0) -> None:
+    """A rank > 0 connects to its leader's ports (coordinator, gloo store), which on one machine
+    the replaced host's leader may still hold while it stops: wait (bounded) until a live leader
+    on this rank's own host has claimed them, so it never joins the old incarnation's group."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            owner = json.loads((records / f"{replica}.ports").read_text())
+            if owner["host"] == host and _alive(int(owner["pid"])):
+                return
+        except (OSError, ValueError, KeyError):
+            pass  # not claimed yet, or being replaced
+        time.sleep(0.1)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # somebody else's: alive
+        pass
+    return True
+
+
 def _faulty(faults, host: str, rank: int, opt):
     """The Seams (and optimizer) of a trainer on a host the demo made go bad: the fault's
     wrapper, let loose when its file appears (fthsdp/demo/faults.py). Other trainers: as is."""
@@ -123,8 +153,12 @@ def main(argv: list[str]) -> int:
 
     _write_atomic(records / f"{rid}-{rank}.pid", str(os.getpid()))
     ports = cfg["ports"][rid]
+    host = os.environ.get(agent_env.HOST_ID, "")
     if rank == 0:  # a replaced host's trainers may still hold the replica's ports (one machine)
         _wait_for_ports(ports["leader"], ports["gloo"] if world > 1 else None)
+        _claim_ports(records, rid, host)
+    else:
+        _wait_for_leader(records, rid, host)
     group = None
     if world > 1:
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{ports['gloo']}", rank=rank,
@@ -141,7 +175,7 @@ def main(argv: list[str]) -> int:
         fetch_timeout_s=t["fetch_s"], fetch_hold_timeout_s=t["fetch_hold_s"],
         heartbeat_interval_s=t["heartbeat_s"], ftar_chunk_bytes=64 << 10,
         digest_every_steps=cfg.get("digest_every_steps", 100))
-    seams, opt = _faulty(cfg.get("faults", ()), os.environ.get(agent_env.HOST_ID, ""), rank, opt)
+    seams, opt = _faulty(cfg.get("faults", ()), host, rank, opt)
     replicas = cfg["replicas"]
     index = {r: i for i, r in enumerate(replicas)}
 

@@ -23,13 +23,13 @@ FTHSDP = str(Path(sys.executable).with_name("fthsdp"))
 def test_hang_slow_and_sdc_hosts_are_found_and_evicted(tmp_path):
     out = tmp_path / "report"
     proc = subprocess.run(
-        [FTHSDP, "demo", "--replicas", "3", "--ranks-per-replica", "2", "--steps", "40", "--spares", "3",
+        [FTHSDP, "demo", "--replicas", "3", "--ranks-per-replica", "2", "--steps", "60", "--spares", "3",
          "--failures", "hang@6:r0,slow@14:r1,sdc@22:r2", "--no-baseline", "--out", str(out), "--timeout-s", "150"],
         capture_output=True, text=True, timeout=190, check=False)
     assert proc.returncode == 0, f"{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
     report = json.loads((out / "report.json").read_text())
     checks = report["checks"]
-    assert all(checks.values()), checks
+    assert all(checks.values()), (checks, report["problems"], report["skipped_failures"], proc.stdout[-3000:])
     assert checks["bitwise_identical"] and checks["exactly_once"] and checks["no_healthy_host_evicted"]
     failures = {f["kind"]: f for f in report["failures"]}
     assert set(failures) == {"hang", "slow", "sdc"}
@@ -43,6 +43,6 @@ def test_hang_slow_and_sdc_hosts_are_found_and_evicted(tmp_path):
         assert f["rejoin_s"] > f["detection_s"]  # rebuilt on the spare and healthy again
         [evicted] = [x for x in report["diagnoses"] if x["action"] == "evict" and x["action_host"] == host]
         assert evicted["kind"] == finding and evicted["hosts"][0] == host
-    assert report["steps"] >= 40 and 0.5 < report["final"]["test_accuracy"] <= 1
+    assert report["steps"] >= 60 and 0.5 < report["final"]["test_accuracy"] <= 1
     assert "diagnosis: rank(s) r0/1 on host h0 never joined" in proc.stdout
     assert "evict: evict host h1 (straggler" in proc.stdout
