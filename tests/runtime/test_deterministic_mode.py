@@ -55,7 +55,8 @@ def test_another_seed_differs(tmp_path, restore_torch_flags):
 
 @pytest.mark.parametrize("text, on", [("1", True), ("0", False)])
 def test_the_environment_switch(text, on):
-    s = RuntimeSettings.from_env({"FTHSDP_DETERMINISTIC": text, "FTHSDP_CONTROLLER": "x:1"})
+    env = {"FTHSDP_CONTROLLER": "x:1", "FTHSDP_INSECURE_TRAINER_PORTS": "1"}
+    s = RuntimeSettings.from_env({"FTHSDP_DETERMINISTIC": text, **env})
     assert s.deterministic is on
     with pytest.raises(ValueError, match="FTHSDP_DETERMINISTIC='yes' must be 0 or 1"):
-        RuntimeSettings.from_env({"FTHSDP_DETERMINISTIC": "yes", "FTHSDP_CONTROLLER": "x:1"})
+        RuntimeSettings.from_env({"FTHSDP_DETERMINISTIC": "yes", **env})
