@@ -2,40 +2,51 @@
 
 The agent sets these variables in every trainer's environment. They override any value of
 the same name the agent itself inherited (the agent's assignment wins over the host's
-environment), so a trainer can always trust them.
+environment), so a trainer can always trust them. torchrun's names are set too, so a script
+written for torchrun (`init_process_group(init_method="env://")`) runs unchanged.
 
-| variable            | value                                                       |
-|---------------------|-------------------------------------------------------------|
-| FTHSDP_REPLICA_ID   | the replica this trainer belongs to                         |
-| FTHSDP_RANK         | its rank inside the replica (0 = leader)                    |
-| FTHSDP_WORLD_SIZE   | ranks in the replica                                        |
-| FTHSDP_CONTROLLER   | controller gRPC address(es), comma-separated, in HA order   |
-| FTHSDP_HOST_ID      | the host (agent) that runs it                               |
-| FTHSDP_JOB_ID       | the job                                                     |
-| FTHSDP_STANDBY      | "1" for a pre-started standby trainer (no assignment yet)   |
-| FTHSDP_TLS_*        | the agent's TLS files for the controller (`protos.dial`),   |
-|                     | set only when the agent dials with TLS                      |
-| FTHSDP_JOB_SECRET   | the job secret (hex) that authenticates the trainer ports   |
-|                     | (`protos.job_secret`), when the agent has one               |
-| FTHSDP_INSECURE_TRAINER_PORTS | "1" when the agent runs with                       |
-|                     | --insecure-trainer-ports and no secret                      |
-| FTHSDP_TELEMETRY_FILE | where the trainer keeps its collective telemetry ring     |
-|                     | (`fthsdp.telemetry`), one file per slot; unset: no telemetry |
+| variable                    | value                                                       |
+|-----------------------------|-------------------------------------------------------------|
+| FTHSDP_REPLICA_ID           | the replica this trainer belongs to                         |
+| FTHSDP_RANK, RANK           | its rank inside the replica (0 = leader)                    |
+| FTHSDP_WORLD_SIZE, WORLD_SIZE | ranks in the replica                                      |
+| LOCAL_RANK                  | its index among the replica's ranks on this host (device)   |
+| LOCAL_WORLD_SIZE            | how many ranks of the replica this host runs                |
+| MASTER_ADDR, MASTER_PORT    | the torch.distributed rendezvous: the replica's rank-0 host |
+|                             | (its registered pod IP), as the controller says             |
+| FTHSDP_COORDINATOR_ADDRESS  | host:port where rank 0 hosts the replica's coordinator      |
+| FTHSDP_CONTROLLER           | controller gRPC address(es), comma-separated, in HA order   |
+| FTHSDP_HOST_ID              | the host (agent) that runs it                               |
+| FTHSDP_JOB_ID               | the job                                                     |
+| FTHSDP_STANDBY              | "1" for a pre-started standby trainer (no assignment yet)   |
+| FTHSDP_TLS_*                | the agent's TLS files for the controller (`protos.dial`),   |
+|                             | set only when the agent dials with TLS                      |
+| FTHSDP_JOB_SECRET           | the job secret (hex) that authenticates the trainer ports   |
+|                             | (`protos.job_secret`), when the agent has one               |
+| FTHSDP_INSECURE_TRAINER_PORTS | "1" when the agent runs with --insecure-trainer-ports     |
+|                             | and no secret                                               |
+| FTHSDP_TELEMETRY_FILE       | where the trainer keeps its collective telemetry ring       |
+|                             | (`fthsdp.telemetry`), one file per slot; unset: no telemetry |
 
 A trainer never inherits another way to the secret from the agent's own environment:
 FTHSDP_JOB_SECRET_FILE is removed (the agent read it; its value is what the trainer gets), so
 every trainer of one agent holds the secret the agent validated. The secret travels in the
 environment only -- never on a command line, in a log line or in the hand-over below.
 
-A standby trainer starts with FTHSDP_STANDBY=1 and without the first three variables. It does
-its set-up (imports, data loader, checkpointer), then calls `wait_for_assignment()`, which
-blocks on one JSON line on stdin, written by the agent when an ASSIGN order arrives:
+MASTER_* and the coordinator are set only when the controller named where the
+replica meets (its rank-0 host registered an address), or when every rank of the replica runs
+on this host (then they meet on 127.0.0.1, at the agent's own ports); otherwise whatever the
+agent inherited stays.
 
-    {"replica_id": "r1", "rank": 0, "world_size": 2, "host_id": "h4", "job_id": "demo",
-     "controller": "10.0.0.1:50051"}
+A standby trainer starts with FTHSDP_STANDBY=1 and without any of the assignment's variables
+(the replica, ranks and where it meets). It does its set-up (imports, model, data loader),
+then calls `wait_for_assignment()`, which blocks on one JSON line on stdin, written by the
+agent when an ASSIGN order arrives: the assignment's variables, by name, e.g.
 
-and puts the values into `os.environ` under the names above (and clears FTHSDP_STANDBY), so
-the rest of the trainer reads its assignment the same way whether it started warm or cold.
+    {"FTHSDP_REPLICA_ID": "r1", "FTHSDP_RANK": "0", "RANK": "0", "MASTER_ADDR": "10.0.0.7", ...}
+
+and puts them into `os.environ` (and clears FTHSDP_STANDBY), so the rest of the trainer reads
+its assignment the same way whether it started warm or cold: the variables are the same.
 """
 
 from __future__ import annotations
@@ -45,6 +56,7 @@ import os
 import sys
 from typing import IO, Mapping
 
+from agent.policy import Placement
 from protos import dial, job_secret
 from protos.dial import TlsFiles
 from protos.job_secret import JobSecret
@@ -53,6 +65,7 @@ from protos.telemetry_ring import ENV_FILE as TELEMETRY_FILE
 REPLICA_ID = "FTHSDP_REPLICA_ID"
 RANK = "FTHSDP_RANK"
 WORLD_SIZE = "FTHSDP_WORLD_SIZE"
+COORDINATOR_ADDRESS = "FTHSDP_COORDINATOR_ADDRESS"
 CONTROLLER = dial.ENV_CONTROLLER  # "FTHSDP_CONTROLLER"
 HOST_ID = "FTHSDP_HOST_ID"
 JOB_ID = "FTHSDP_JOB_ID"
@@ -60,29 +73,45 @@ STANDBY = "FTHSDP_STANDBY"
 JOB_SECRET = job_secret.ENV_JOB_SECRET
 INSECURE_TRAINER_PORTS = job_secret.ENV_INSECURE_TRAINER_PORTS
 #: what the agent decides for its trainers, whatever its own environment says
-_REPLACED = (REPLICA_ID, RANK, WORLD_SIZE, STANDBY, JOB_SECRET, job_secret.ENV_JOB_SECRET_FILE, INSECURE_TRAINER_PORTS,
-             TELEMETRY_FILE)
+_REPLACED = (STANDBY, JOB_SECRET, job_secret.ENV_JOB_SECRET_FILE, INSECURE_TRAINER_PORTS, TELEMETRY_FILE)
+# torchrun's
+TORCH_RANK = "RANK"
+TORCH_WORLD_SIZE = "WORLD_SIZE"
+LOCAL_RANK = "LOCAL_RANK"
+LOCAL_WORLD_SIZE = "LOCAL_WORLD_SIZE"
+MASTER_ADDR = "MASTER_ADDR"
+MASTER_PORT = "MASTER_PORT"
 
-# JSON key of the hand-over line -> environment variable it fills.
-HANDOVER_KEYS: dict[str, str] = {
-    "replica_id": REPLICA_ID,
-    "rank": RANK,
-    "world_size": WORLD_SIZE,
-    "host_id": HOST_ID,
-    "job_id": JOB_ID,
-    "controller": CONTROLLER,
-}
+#: What an assignment sets (and a standby starts without).
+ASSIGNMENT_VARIABLES = (REPLICA_ID, RANK, WORLD_SIZE, COORDINATOR_ADDRESS, TORCH_RANK,
+                        TORCH_WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT)
+
+
+def split_host_port(address: str) -> tuple[str, str]:
+    """("10.0.0.7", "29500") from "10.0.0.7:29500"; an IPv6 host loses its brackets."""
+    host, _, port = address.rpartition(":")
+    return host.strip("[]"), port
+
+
+def assignment_environment(p: Placement, *, host_id: str, job_id: str, controller: str) -> dict[str, str]:
+    """The variables one placement gives its trainer (a cold start and a hand-over alike)."""
+    env = {REPLICA_ID: p.replica_id, RANK: str(p.rank), WORLD_SIZE: str(p.world_size),
+           TORCH_RANK: str(p.rank), TORCH_WORLD_SIZE: str(p.world_size), LOCAL_RANK: str(p.local_rank),
+           LOCAL_WORLD_SIZE: str(p.local_world_size), HOST_ID: host_id, JOB_ID: job_id, CONTROLLER: controller}
+    if p.rendezvous:
+        env[MASTER_ADDR], env[MASTER_PORT] = split_host_port(p.rendezvous)
+    if p.coordinator:
+        env[COORDINATOR_ADDRESS] = p.coordinator
+    return env
 
 
 def trainer_environment(
     base: Mapping[str, str],
+    placement: Placement | None,
     *,
     host_id: str,
     job_id: str,
     controller: str,
-    replica_id: str | None,
-    rank: int | None,
-    world_size: int | None,
     tls: TlsFiles | None = None,
     secret: JobSecret | None = None,
     insecure_trainer_ports: bool = False,
@@ -90,9 +119,11 @@ def trainer_environment(
 ) -> dict[str, str]:
     """The environment of one trainer: `base` plus our variables (ours win).
 
-    `replica_id is None` builds a standby's environment: FTHSDP_STANDBY=1 and no assignment.
+    `placement is None` builds a standby's environment: FTHSDP_STANDBY=1 and none of the
+    assignment's variables, not even inherited ones.
     """
-    env = {k: v for k, v in base.items() if k not in _REPLACED}
+    drop = ASSIGNMENT_VARIABLES if placement is None else (REPLICA_ID, RANK, WORLD_SIZE)
+    env = {k: v for k, v in base.items() if k not in drop and k not in _REPLACED}
     if secret is not None:
         env[JOB_SECRET] = secret.hex()
     elif insecure_trainer_ports:
@@ -107,32 +138,39 @@ def trainer_environment(
                             (dial.ENV_TLS_SERVER_NAME, tls.server_name)):
             if value:
                 env[name] = value
-    if replica_id is None:
+    if placement is None:
         env[STANDBY] = "1"
     else:
-        env.update({REPLICA_ID: replica_id, RANK: str(rank), WORLD_SIZE: str(world_size)})
+        env.update(assignment_environment(placement, host_id=host_id, job_id=job_id, controller=controller))
     return env
 
 
-def handover_line(*, replica_id: str, rank: int, world_size: int, host_id: str, job_id: str,
-                  controller: str) -> bytes:
+def handover_line(placement: Placement, *, host_id: str, job_id: str, controller: str) -> bytes:
     """The one JSON line the agent writes to a standby trainer's stdin."""
-    values = {"replica_id": replica_id, "rank": rank, "world_size": world_size,
-              "host_id": host_id, "job_id": job_id, "controller": controller}
+    values = assignment_environment(placement, host_id=host_id, job_id=job_id, controller=controller)
     return (json.dumps(values, sort_keys=True) + "\n").encode()
+
+
+def is_standby(environ: Mapping[str, str] | None = None) -> bool:
+    """Trainer side: this process was pre-started as a standby (FTHSDP_STANDBY=1)."""
+    return (os.environ if environ is None else environ).get(STANDBY) == "1"
 
 
 def wait_for_assignment(stream: IO[str] | None = None) -> dict[str, str]:
     """Trainer side: block until the agent hands this standby its assignment.
 
-    Returns the values as strings and sets them in `os.environ`. Raises EOFError when stdin
-    closes without a line (the agent stopped the standby or died).
+    Returns the variables (name -> value) and sets them in `os.environ`. Raises EOFError when
+    stdin closes without a line (the agent stopped the standby or died), ValueError for a line
+    that is not the agent's.
     """
     line = (stream or sys.stdin).readline()
     if not line.strip():
         raise EOFError("stdin closed before the agent sent an assignment")
     values = json.loads(line)
-    out = {HANDOVER_KEYS[k]: str(v) for k, v in values.items() if k in HANDOVER_KEYS}
+    if not isinstance(values, dict) or REPLICA_ID not in values:
+        raise ValueError(f"the hand-over line names no {REPLICA_ID}: {line[:200]!r}")
+    known = set(ASSIGNMENT_VARIABLES) | {HOST_ID, JOB_ID, CONTROLLER}
+    out = {k: str(v) for k, v in values.items() if k in known}
     os.environ.update(out)
     os.environ.pop(STANDBY, None)
     return out

@@ -2,12 +2,16 @@
 
     fthsdp agent --controller ADDR[,ADDR...] --host-id ID [--spare] [--slots N]
         [--labels zone=a,rack=3] [--replica-id R --ranks 0,1 --world-size 2]
-        [--restart-budget N --restart-window-s S] [--standby] [--job-id J]
+        [--advertise-address IP] [--rendezvous-port P --coordinator-port P]
+        [--state-dir DIR] [--restart-budget N --restart-window-s S] [--standby] [--job-id J]
         [--on-job-complete exit|idle] [--job-secret-file PATH | --insecure-trainer-ports]
         -- COMMAND TEMPLATE...
 
-Without --spare and without --replica-id the controller picks the work: a slot of its own
-replica layout (`--hosts-per-replica`), or the spare pool when it has none or it is full.
+Without --spare and without --replica-id the host is available: the controller picks the
+work, a slot of its own replica layout (`--hosts-per-replica`), or the spare pool when it has
+none or it is full. --advertise-address is where other hosts reach this one (its pod IP):
+replicas that span hosts meet at the address of their rank-0 host (MASTER_ADDR). A trainer
+that dies is not restarted alone: the controller restarts its replica on all its hosts.
 The command template may use {replica_id} {rank} {world_size} {host_id} {job_id} {slot}
 (other braces are left alone); the trainer's environment is described in `agent.env`.
 The job secret that authenticates the trainers' ports comes from --job-secret-file, else
@@ -17,9 +21,12 @@ Prints one JSON line to stdout once first registered, then logs to stderr:
 
     {"event": "registered", "host_id": "h1", "assignment": {...} | null, "pid": PID}
 
-Exit status: 0 after SIGTERM/SIGINT (trainers stopped) or once the controller says the job is
-COMPLETED (trainers stopped; with --on-job-complete idle the agent stays instead), 2 for bad
-arguments, 3 when the controller refuses the registration (duplicate host or assignment).
+Exit status: 0 after SIGTERM/SIGINT (trainers stopped, the host deregistered: its work moves
+to a spare) or once the controller says the job is COMPLETED (trainers stopped; with
+--on-job-complete idle the agent stays instead), 2 for bad arguments, 3 when the controller
+refuses the registration (e.g. a duplicate assignment). While another live agent holds the
+host id, the agent waits and registers again (or takes the host over at once with the secret
+its predecessor kept in --state-dir).
 """
 
 from __future__ import annotations
@@ -95,8 +102,16 @@ def parse(argv: list[str]) -> AgentSettings:
     p.add_argument("--world-size", type=int, default=0)
     p.add_argument("--job-id", default="",
                    help="passed to trainers as FTHSDP_JOB_ID (default: empty, the controller's)")
+    p.add_argument("--advertise-address", default="",
+                   help="where other hosts reach this host's trainers (its pod IP), without a port")
+    p.add_argument("--rendezvous-port", type=int, default=0,
+                   help="MASTER_PORT of a replica whose rank 0 runs here (default 0: a free port)")
+    p.add_argument("--coordinator-port", type=int, default=0,
+                   help="port of the coordinator of a replica whose rank 0 runs here (default 0: a free port)")
+    p.add_argument("--state-dir", default="",
+                   help="keep the registration's secret here, so a restarted agent takes its host over at once")
     p.add_argument("--restart-budget", type=int, default=3,
-                   help="local restarts allowed per window before giving up")
+                   help="local restarts of a standby trainer allowed per window before giving up")
     p.add_argument("--restart-window-s", type=float, default=300.0)
     p.add_argument("--standby", action="store_true",
                    help="pre-start trainers with FTHSDP_STANDBY=1 while unassigned")
@@ -142,6 +157,8 @@ def parse(argv: list[str]) -> AgentSettings:
         insecure_trainer_ports=args.insecure_trainer_ports or job_secret.insecure_from_env(),
         telemetry_interval_s=args.telemetry_interval_s,
         telemetry_dir=args.telemetry_dir, telemetry_window_collectives=args.telemetry_window_collectives,
+        advertise_address=args.advertise_address, rendezvous_port=args.rendezvous_port,
+        coordinator_port=args.coordinator_port, state_dir=args.state_dir,
     ).validate()
 
 
@@ -153,8 +170,12 @@ async def _run(settings: AgentSettings) -> int:
     agent = Agent(settings, base_env=_TRAINER_BASE_ENV)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
+    def stopping(sig: signal.Signals) -> None:
+        agent.stop_reason = f"the agent got {sig.name}"
+        stop.set()
+
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(sig, stopping, sig)
 
     async def announce() -> None:
         await agent.registered.wait()

@@ -15,9 +15,9 @@ moved it. Version 0 means "unversioned" and is never refused for its age.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from agent.policy import Role, Want
+from agent.policy import Placement, Role, Want
 from protos import controller_pb2 as pb
 
 
@@ -26,13 +26,22 @@ class Assignment:
     replica_id: str
     ranks: tuple[int, ...]
     world_size: int
+    #: where the replica's ranks meet (its rank-0 host), as the controller last said
+    rendezvous: str = ""
+    coordinator: str = ""
 
     @classmethod
     def from_proto(cls, msg: pb.Assignment) -> "Assignment | None":
         """None for an empty message (no replica)."""
         if not msg.replica_id and not msg.ranks:
             return None
-        return cls(msg.replica_id, tuple(msg.ranks), msg.world_size)
+        return cls(msg.replica_id, tuple(msg.ranks), msg.world_size, msg.rendezvous_address,
+                   msg.coordinator_address)
+
+    def same_work(self, other: "Assignment | None") -> bool:
+        """The same replica, ranks and world size (where the replica meets aside)."""
+        return other is not None and (self.replica_id, self.ranks, self.world_size) == (
+            other.replica_id, other.ranks, other.world_size)
 
     def to_proto(self) -> pb.Assignment:
         return pb.Assignment(replica_id=self.replica_id, ranks=list(self.ranks),
@@ -120,6 +129,8 @@ def _plan(kind: int, proposed: Assignment | None, current: Assignment | None, sl
         if proposed is not None and proposed.replica_id != current.replica_id:
             return Plan(current, None, f"{name} refused: unknown replica "
                                        f"{proposed.replica_id!r}; host {host_id} runs {current}")
+        if proposed is not None and proposed.rendezvous:  # the replica may meet elsewhere now
+            current = replace(current, rendezvous=proposed.rendezvous, coordinator=proposed.coordinator)
         return Plan(current, Effect.RESTART if kind == pb.Order.RESTART else Effect.TRAIN)
     if kind == pb.Order.STOP:
         # A bare STOP means "your work moved elsewhere": the host holds nothing afterwards.
@@ -135,12 +146,25 @@ def _plan(kind: int, proposed: Assignment | None, current: Assignment | None, sl
 
 
 def wants_for(assignment: Assignment | None, effect: Effect, slots: int,
-              standby: bool) -> list[Want]:
+              standby: bool, version: int = 0) -> list[Want]:
     """Per-slot wants after an order (generations are the supervisor's business)."""
     assert effect is not Effect.KEEP, "KEEP changes no want"
     if effect is Effect.STOP:
         return [Want(Role.IDLE)] * slots
     if assignment is None:
         return [Want(Role.STANDBY if standby else Role.IDLE)] * slots
-    return [Want(Role.TRAIN, 0, assignment.replica_id, rank, assignment.world_size)
-            for rank in assignment.ranks]
+    return [Want(Role.TRAIN, 0, placement, version) for placement in placements(assignment)]
+
+
+def meet_locally(a: Assignment | None, rendezvous_port: int, coordinator_port: int) -> Assignment | None:
+    """A replica whose every rank runs on this host meets on loopback, at this host's ports,
+    when the controller named no place (its rank-0 host registered no address)."""
+    if a is None or a.rendezvous or a.world_size < 2 or len(a.ranks) != a.world_size:
+        return a
+    return replace(a, rendezvous=f"127.0.0.1:{rendezvous_port}", coordinator=f"127.0.0.1:{coordinator_port}")
+
+
+def placements(a: Assignment) -> list[Placement]:
+    """One per rank the host runs, in slot order."""
+    return [Placement(a.replica_id, rank, a.world_size, local, len(a.ranks), a.rendezvous, a.coordinator)
+            for local, rank in enumerate(a.ranks)]

@@ -11,10 +11,14 @@ supervisor executing `next_action` (the state diagram):
 
     empty --START--> running(standby | trainer)
     running(standby) --SWAP_IN--> running(trainer)          ASSIGN arrived; imports already done
-    running --STOP--> empty                                  not wanted / assignment or generation changed
+    running --STOP--> empty                                  not wanted / placement or generation changed /
+                                                             its replica halted
     running --exits--> exited
-    exited --RESTART--> running                              budget allows another local restart
-    exited --GIVE_UP--> halted                               budget spent; the controller swaps the host
+    exited(trainer) --HALT_REPLICA--> halted                 reported; every slot of its replica halts (the
+                                                             running ones are stopped): the controller
+                                                             restarts the replica on all its hosts together
+    exited(standby) --RESTART--> running                     budget allows another local restart
+    exited(standby) --GIVE_UP--> halted                      budget spent
     exited(code 0) --WAIT--> halted                          the trainer finished: no restart, no
                                                              warning (the controller tells a clean
                                                              finish from an early exit)
@@ -22,8 +26,11 @@ supervisor executing `next_action` (the state diagram):
     any --(job COMPLETED: every slot wants IDLE)--> empty    then the agent exits 0, or idles and
                                                              starts nothing (`after_job_state`)
 
-Every order that changes what a slot wants (ASSIGN, RESTART, START, RELEASE, STOP) bumps the
-slot's `generation`; a halted slot stays halted until its generation changes.
+A trainer is never restarted alone: its replica's ranks are one torch.distributed group, so
+the controller restarts the replica as a unit (a RESTART order to each of its hosts) and keeps
+the restart budget (ControllerSettings.restart_budget). The agent's own budget covers standby
+trainers only. Every order that changes what a slot wants (ASSIGN, RESTART, START, RELEASE,
+STOP) bumps the slot's `generation`; a halted slot stays halted until its generation changes.
 """
 
 from __future__ import annotations
@@ -40,37 +47,52 @@ class Role(enum.Enum):
 
 class ActionKind(enum.Enum):
     START = "start"        # nothing runs; start what the slot wants (trainer or standby)
-    RESTART = "restart"    # the trainer exited on its own and the budget allows a restart
+    RESTART = "restart"    # a standby exited on its own and the budget allows a restart
     STOP = "stop"          # a process runs that the slot no longer wants
     SWAP_IN = "swap_in"    # a standby runs and the slot wants a trainer: hand it the assignment
     WAIT = "wait"          # nothing to do now
-    GIVE_UP = "give_up"    # the trainer exited and the restart budget is spent
+    GIVE_UP = "give_up"    # a standby exited and the restart budget is spent
+    HALT_REPLICA = "halt_replica"  # a trainer died: halt every slot of its replica until an order
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where one trainer sits: its replica and rank, its place on this host, and where the
+    replica's ranks meet (the controller tells; "" when it does not know)."""
+
+    replica_id: str
+    rank: int
+    world_size: int
+    local_rank: int = 0           # its index among this host's ranks of the replica
+    local_world_size: int = 1     # how many ranks of the replica this host runs
+    rendezvous: str = ""          # MASTER_ADDR:MASTER_PORT (the replica's rank-0 host)
+    coordinator: str = ""         # where rank 0 hosts the replica's coordinator
+
+    def __str__(self) -> str:
+        return f"replica {self.replica_id} rank {self.rank}"
 
 
 @dataclass(frozen=True)
 class Want:
-    """What a slot should run. `generation` changes with every order touching the slot."""
+    """What a slot should run. `generation` changes with every order touching the slot;
+    `version` is the controller's assignment version it was decided under (it may move on
+    without a restart, when the controller confirms what runs)."""
 
     role: Role
     generation: int = 0
-    replica_id: str = ""
-    rank: int = -1
-    world_size: int = 0
-
-    def same_assignment(self, other: "Want | Proc") -> bool:
-        return (self.replica_id, self.rank, self.world_size) == (
-            other.replica_id, other.rank, other.world_size)
+    placement: Placement | None = None
+    version: int = 0
 
 
 @dataclass(frozen=True)
 class Proc:
-    """The process a slot holds, as last polled."""
+    """The process a slot holds, as last polled; `version`: the assignment version it was
+    started under (reported with its exit)."""
 
     role: Role
     generation: int
-    replica_id: str = ""
-    rank: int = -1
-    world_size: int = 0
+    placement: Placement | None = None
+    version: int = 0
     exited: bool = False
     exit_code: int | None = None   # None while running or when killed by a signal
     signal: int | None = None      # the signal that killed it, if any
@@ -120,6 +142,7 @@ def describe_exit(proc: Proc) -> str:
 def next_action(observed: Observed, spec: Spec) -> Action:
     """Decide what one slot does next. Rules are ordered; the first that matches wins."""
     want, proc = spec.want, observed.proc
+    halted = observed.halted_generation == want.generation
 
     if proc is not None and not proc.exited:
         # Nothing should run here (STOP order, or a spare without standby).
@@ -127,19 +150,20 @@ def next_action(observed: Observed, spec: Spec) -> Action:
             return Action(ActionKind.STOP, "no trainer is wanted on this slot")
         # A warm standby and an assignment: hand it over, imports are already done.
         if proc.role is Role.STANDBY and want.role is Role.TRAIN:
-            return Action(ActionKind.SWAP_IN, f"standby takes replica {want.replica_id} "
-                                              f"rank {want.rank}")
+            return Action(ActionKind.SWAP_IN, f"standby takes {want.placement}")
         if proc.role is Role.STANDBY and want.role is Role.STANDBY:
             return Action(ActionKind.WAIT, "standby is waiting for an assignment")
         # A trainer runs but the host went back to the pool.
         if want.role is Role.STANDBY:
             return Action(ActionKind.STOP, "host was released to the spare pool")
-        # Both are trainers: a different assignment or a RESTART order stops the old one.
-        if not want.same_assignment(proc):
-            return Action(ActionKind.STOP, f"assignment changed to replica {want.replica_id} "
-                                           f"rank {want.rank}")
+        # Both are trainers: a different placement or a RESTART order stops the old one.
+        if want.placement != proc.placement:
+            return Action(ActionKind.STOP, f"placement changed to {want.placement}")
         if proc.generation != want.generation:
             return Action(ActionKind.STOP, f"restart ordered (generation {want.generation})")
+        # Another rank of its replica died here: the replica restarts as a unit.
+        if halted:
+            return Action(ActionKind.STOP, "another rank of its replica died; the replica restarts as a unit")
         return Action(ActionKind.WAIT, "trainer is running")
 
     if proc is not None:  # it exited on its own
@@ -150,9 +174,13 @@ def next_action(observed: Observed, spec: Spec) -> Action:
         # A trainer that exits 0 finished its job: do not run it again.
         if proc.role is Role.TRAIN and proc.exit_code == 0:
             return Action(ActionKind.WAIT, f"{what}; training finished")
+        # Never restarted alone: its replica's ranks restart together when the controller says.
+        if proc.role is Role.TRAIN:
+            return Action(ActionKind.HALT_REPLICA, f"{what}; its replica waits for the controller to "
+                                                   "restart it on all its hosts")
         used = restarts_in_window(observed.restart_times_s, observed.now_s, spec.budget.window_s)
         budget = f"{used} of {spec.budget.restarts} restarts used in {spec.budget.window_s:g} s"
-        # The restart budget stops restart storms; the controller then swaps the host.
+        # The restart budget stops restart storms of a standby.
         if used >= spec.budget.restarts:
             return Action(ActionKind.GIVE_UP, f"{what}; restart budget exhausted ({budget})")
         return Action(ActionKind.RESTART, f"{what}; restarting ({budget})")
@@ -160,13 +188,13 @@ def next_action(observed: Observed, spec: Spec) -> Action:
     # Nothing runs.
     if want.role is Role.IDLE:
         return Action(ActionKind.WAIT, "slot is idle")
-    # Gave up or finished for this generation: wait for an order.
-    if observed.halted_generation == want.generation:
+    # Gave up, finished, or its replica halted, for this generation: wait for an order.
+    if halted:
         return Action(ActionKind.WAIT, f"slot halted at generation {want.generation}; "
                                        "waiting for an order")
     if want.role is Role.STANDBY:
         return Action(ActionKind.START, "pre-starting a standby trainer")
-    return Action(ActionKind.START, f"starting replica {want.replica_id} rank {want.rank}")
+    return Action(ActionKind.START, f"starting {want.placement}")
 
 
 class JobEnd(enum.Enum):

@@ -26,9 +26,10 @@ from typing import AsyncIterator, Callable
 
 import grpc
 
-from agent import orders
+from agent import orders, state_file
 from agent.orders import Assignment, Effect
 from agent.policy import JobEnd, Want, after_job_state
+from agent.ports import pick_ports
 from agent.process import ProcessHooks, SubprocessHooks
 from agent.settings import AgentSettings
 from agent.supervisor import Supervisor, TrainerExit
@@ -51,11 +52,13 @@ class PermanentError(Exception):
 
 
 class _Reconnect(Exception):
-    """Register again with the same controller: it forgot this host or ended the stream."""
+    """Register again with the same controller: it forgot this host, ended the stream, or
+    asked to be asked again later (another live agent holds the host)."""
 
-    def __init__(self, why: str, forgotten: bool = False) -> None:
+    def __init__(self, why: str, forgotten: bool = False, delay_s: float = 0.0) -> None:
         super().__init__(why)
         self.forgotten = forgotten
+        self.delay_s = delay_s
 
 
 class _NotLeader(Exception):
@@ -75,6 +78,19 @@ class Agent:
         #: Given by the controller when this incarnation registers; presented on the order
         #: stream, acks and exit reports. Never logged.
         self._secret = ""
+        #: The secret a previous agent process of this host kept (agent.state_file): presented
+        #: once, to take the host over at once.
+        self._state_path = state_file.path_for(settings.state_dir, settings.host_id) if settings.state_dir else None
+        self._previous_secret = state_file.read_secret(self._state_path) if self._state_path else ""
+        #: (rendezvous, coordinator) ports of this host: given, or free ones picked now
+        given = (settings.rendezvous_port, settings.coordinator_port)
+        picked = iter(pick_ports(given.count(0), avoid=frozenset(given)))
+        self.ports: tuple[int, int] = (given[0] or next(picked), given[1] or next(picked))
+        #: the controller address of the last registration (a clean stop deregisters there)
+        self._address = settings.controller_addresses[0]
+        #: why the agent stops, for its deregistration (set by whoever sets the stop event)
+        self.stop_reason = "the agent was stopped"
+        self._retry_logged = False
         self.assignment: Assignment | None = (
             Assignment(settings.replica_id, settings.ranks, settings.world_size)
             if settings.replica_id else None)
@@ -126,6 +142,8 @@ class Agent:
             await self._sessions(self._quit)
         finally:
             relay.cancel()
+            if stop.is_set() and self._secret and not self.job_completed.is_set():
+                await self._deregister()  # a clean stop: the controller moves the work at once
             supervising.set()
             self.supervisor.wake.set()
             await loop_task
@@ -152,8 +170,11 @@ class Agent:
                     # this is a new agent, so it gets a new identity (a same-incarnation
                     # registration would be read as the old, dead one).
                     self.incarnation, self._secret = uuid.uuid4().hex, ""
-                log.info("host %s: %s; registering again", s.host_id, exc)
-                delay = s.reconnect_base_s  # no hot loop if a stream keeps ending
+                if not exc.delay_s or not self._retry_logged:
+                    log.log(logging.WARNING if exc.delay_s else logging.INFO, "host %s: %s; registering again",
+                            s.host_id, exc)
+                self._retry_logged = self._retry_logged or bool(exc.delay_s)
+                delay = exc.delay_s or s.reconnect_base_s  # no hot loop if a stream keeps ending
             except (grpc.aio.AioRpcError, _NotLeader) as exc:
                 if isinstance(exc, grpc.aio.AioRpcError):
                     why, hint = f"{exc.code().name}: {exc.details()}", dial.leader_hint(exc)
@@ -172,24 +193,35 @@ class Agent:
 
     async def _register(self, stub: pb_grpc.ControllerStub, address: str) -> None:
         s = self.settings
+        address_given = bool(s.advertise_address)
         request = pb.RegisterAgentRequest(
-            host_id=s.host_id, spare=self.assignment is None, slots=s.slot_count,
+            host_id=s.host_id, spare=s.spare, slots=s.slot_count,
             labels=s.labels, incarnation=self.incarnation,
-            assignment=self.assignment.to_proto() if self.assignment else None)
+            assignment=self.assignment.to_proto() if self.assignment else None,
+            address=s.advertise_address, rendezvous_port=self.ports[0] if address_given else 0,
+            coordinator_port=self.ports[1] if address_given else 0,
+            previous_secret="" if self._secret else self._previous_secret)
         try:
             response = await stub.RegisterAgent(request, timeout=s.rpc_timeout_s)
         except grpc.aio.AioRpcError as exc:
+            if exc.code() == grpc.StatusCode.ABORTED:  # another live agent holds the host: wait
+                raise _Reconnect(f"controller {address}: {exc.details()}", delay_s=s.reconnect_cap_s) from exc
             if exc.code() in _PERMANENT:
                 raise PermanentError(f"controller {address} refused host {s.host_id}: "
                                      f"{exc.code().name}: {exc.details()}") from exc
             raise
+        self._address, self._retry_logged = address, False
         if response.agent_secret:  # a repeated registration of this incarnation keeps the one it has
-            self._secret = response.agent_secret
+            self._secret, self._previous_secret = response.agent_secret, ""
+            if self._state_path:
+                state_file.write_secret(self._state_path, self._secret)
+        if not s.job_id and response.job_id:
+            self.supervisor.job_id = response.job_id
         given = Assignment.from_proto(response.assignment)
         # The registration answer is the controller's record: adopted as it is, version too
         # (a controller that lost its store may count versions anew; orders follow it).
         self.version = response.assignment.version
-        if given != self.assignment:
+        if not (given == self.assignment or given is not None and given.same_work(self.assignment)):
             log.warning("host %s: controller %s says run %s instead of %s (%s)", s.host_id,
                         address, given or "nothing (spare)", self.assignment or "nothing",
                         response.reason or "no reason given")
@@ -232,20 +264,29 @@ class Agent:
                 await asyncio.sleep(interval_s)
 
         call = stub.Heartbeat(beats())
-        while True:
-            try:
-                response = await asyncio.wait_for(call.read(), silent_s)
-            except asyncio.TimeoutError:
-                call.cancel()
-                raise _NotLeader(f"controller did not answer a heartbeat for {silent_s:g} s") from None
-            if response is grpc.aio.EOF:
-                return
-            if response.not_leader:
-                raise _NotLeader("controller is not the leader", response.leader_address)
-            if host_id in response.unknown_ids:
-                raise _Reconnect("the controller does not know this host (or declared it "
-                                 "dead)", forgotten=True)
-            self._job_state(response.job_state, "heartbeat")
+        read: asyncio.Future | None = None
+        try:
+            while True:
+                # Not wait_for: a cancelled wait_for waits for the cancelled read, and a gRPC
+                # read does not always end on its own; the call's cancel below ends it.
+                read = asyncio.ensure_future(call.read())
+                done, _ = await asyncio.wait({read}, timeout=silent_s)
+                if not done:
+                    raise _NotLeader(f"controller did not answer a heartbeat for {silent_s:g} s")
+                response = read.result()
+                if response is grpc.aio.EOF:
+                    return
+                if response.not_leader:
+                    raise _NotLeader("controller is not the leader", response.leader_address)
+                if host_id in response.unknown_ids:
+                    raise _Reconnect("the controller does not know this host (or declared it "
+                                     "dead)", forgotten=True)
+                self._job_state(response.job_state, "heartbeat")
+        finally:
+            call.cancel()
+            if read is not None:  # its outcome, whatever it is, is of no interest now
+                read.cancel()
+                read.add_done_callback(lambda f: f.cancelled() or f.exception())
 
     async def _orders(self, stub: pb_grpc.ControllerStub) -> None:
         s = self.settings
@@ -274,7 +315,7 @@ class Agent:
                     await stub.ReportTrainerExit(pb.TrainerExitRequest(
                         host_id=host_id, replica_id=e.replica_id, rank=e.rank,
                         exit_code=e.exit_code, signal=e.signal, stderr_tail=e.stderr_tail,
-                        gave_up=e.gave_up, agent_secret=self._secret),
+                        version=e.version, agent_secret=self._secret),
                         timeout=self.settings.rpc_timeout_s)
                 except grpc.aio.AioRpcError as exc:
                     if exc.code() not in _PERMANENT:
@@ -345,7 +386,36 @@ class Agent:
         if self.job_completed.is_set():
             return []  # every slot idle
         s = self.settings
-        return orders.wants_for(assignment, effect, s.slot_count, s.standby)
+        return orders.wants_for(orders.meet_locally(assignment, *self.ports), effect, s.slot_count, s.standby,
+                                self.version)
+
+    # ------------------------------------------------------------------ clean stop
+
+    async def _deregister(self) -> None:
+        """Tell the controller this host leaves (bounded: rpc_timeout_s in all, to the last
+        controller and the leader it names). Without it the controller notices only after the
+        heartbeat timeout; the kept secret then still lets a restarted agent take over."""
+        s, address = self.settings, self._address
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + s.rpc_timeout_s
+        for _ in range(2):
+            try:
+                async with dial.aio_channel(address, s.tls) as channel:
+                    await pb_grpc.ControllerStub(channel).DeregisterAgent(pb.DeregisterAgentRequest(
+                        host_id=s.host_id, incarnation=self.incarnation, agent_secret=self._secret,
+                        reason=self.stop_reason), timeout=max(deadline - loop.time(), 0.01))
+            except grpc.aio.AioRpcError as exc:
+                hint = dial.leader_hint(exc)
+                if hint and hint != address:
+                    address = hint
+                    continue
+                log.warning("host %s could not deregister from %s (%s: %s); the controller notices after the "
+                            "heartbeat timeout", s.host_id, address, exc.code().name, exc.details())
+                return
+            log.info("host %s deregistered from %s: %s", s.host_id, address, self.stop_reason)
+            if self._state_path:
+                state_file.forget_secret(self._state_path)
+            return
 
     # ------------------------------------------------------------------ orders
 
@@ -376,6 +446,8 @@ class Agent:
             self.assignment, self.version = plan.assignment, plan.version
             if plan.effect is not Effect.KEEP:
                 self.supervisor.set_wants(self._wants(plan.assignment, plan.effect))
+            elif plan.assignment is not None:  # confirmed under a newer version: running trainers are of it
+                self.supervisor.set_wants(self._wants(plan.assignment, Effect.TRAIN))
             if plan.effect is Effect.RESTART:
                 self.supervisor.bump()
             if plan.effect in (Effect.RESTART, Effect.TRAIN):

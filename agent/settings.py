@@ -38,7 +38,9 @@ class AgentSettings:
     host_id: str
     # The trainer command; placeholders are listed in PLACEHOLDERS.
     command: tuple[str, ...]
-    # Registered as a warm spare (no assignment) instead of an active host.
+    # Registered as a spare (the controller moves failed hosts' work here). Without it and
+    # without replica_id the host is available: the controller gives it a slot of its own
+    # replica layout (hosts_per_replica), or puts it in the spare pool when it has none free.
     spare: bool = False
     # Trainer processes this host can run (GPUs); 0 means "as many as --ranks, at least 1".
     slots: int = 0
@@ -51,7 +53,9 @@ class AgentSettings:
     # Trainers get it as FTHSDP_JOB_ID; empty means "whatever job the controller runs"
     # (the controller accepts an empty job_id).
     job_id: str = ""
-    # At most restart_budget local restarts per restart_window_s per slot, then give up.
+    # A standby trainer that dies is restarted here, at most restart_budget times per
+    # restart_window_s per slot. (A trainer with an assignment is never restarted alone: the
+    # controller restarts its whole replica and keeps that budget.)
     restart_budget: int = 3
     restart_window_s: float = 300.0
     # Pre-start standby trainers while the host has no assignment.
@@ -91,6 +95,17 @@ class AgentSettings:
     # Straggler statistics are taken over windows of this many collectives per group; every
     # agent of a job must use the same (the controller ignores windows of another length).
     telemetry_window_collectives: int = 32
+    # Where other hosts reach this host's trainers (its pod IP; no port). Needed when replicas
+    # span hosts: their ranks meet at the address of their rank-0 host.
+    advertise_address: str = ""
+    # The ports on advertise_address where a replica's rank 0 listens on this host: the
+    # torch.distributed rendezvous (MASTER_PORT) and the replica's coordinator. 0: free ports
+    # picked when the agent starts (agent.ports).
+    rendezvous_port: int = 0
+    coordinator_port: int = 0
+    # Keeps the registration's secret here (agent.state_file), so that a restarted agent takes
+    # its host over at once; "" keeps nothing.
+    state_dir: str = ""
 
     @property
     def slot_count(self) -> int:
@@ -153,6 +168,16 @@ class AgentSettings:
         if self.job_secret is not None and not isinstance(self.job_secret, JobSecret):
             raise ValueError(f"job_secret must be a protos.job_secret.JobSecret, got a "
                              f"{type(self.job_secret).__name__}.")
+        address = self.advertise_address
+        if address and (not address.isascii() or not address.isprintable() or any(c in address for c in " /[]")
+                        or address.count(":") == 1):
+            raise ValueError(f"advertise_address must be a host name or IP address without a port, got "
+                             f"{address!r}.")
+        for name in ("rendezvous_port", "coordinator_port"):
+            if not 0 <= getattr(self, name) <= 65535:
+                raise ValueError(f"{name} must be 0..65535 (0: pick a free one), got {getattr(self, name)}.")
+        if self.rendezvous_port and self.rendezvous_port == self.coordinator_port:
+            raise ValueError(f"rendezvous_port and coordinator_port must differ, both are {self.rendezvous_port}.")
         used = placeholders_in(self.command) & set(ASSIGNMENT_PLACEHOLDERS)
         if self.standby and used:
             raise ValueError(f"A standby trainer starts before it has an assignment, so the "

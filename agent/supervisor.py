@@ -35,7 +35,7 @@ class TrainerExit:
     exit_code: int      # -1 when killed by a signal
     signal: int         # 0 when it exited on its own
     stderr_tail: str
-    gave_up: bool
+    version: int = 0    # the assignment version the trainer was started under
 
 
 @dataclass
@@ -60,6 +60,8 @@ class Supervisor:
         self._base_env = base_env
         self._budget = RestartBudget(settings.restart_budget, settings.restart_window_s)
         self.slots = [Slot(i) for i in range(settings.slot_count)]
+        #: trainers get it as FTHSDP_JOB_ID: the settings' job, else the controller's (once known)
+        self.job_id = settings.job_id
         self._lock = asyncio.Lock()
         self.wake = asyncio.Event()
         #: where trainers keep their telemetry rings (set by the agent before it supervises)
@@ -71,17 +73,24 @@ class Supervisor:
 
     def training(self) -> list[tuple[int, str, int]]:
         """(slot, replica_id, rank) of every trainer running now."""
-        return [(slot.index, slot.proc.replica_id, slot.proc.rank) for slot in self.slots
-                if slot.proc is not None and slot.proc.role is Role.TRAIN and not slot.proc.exited]
+        return [(slot.index, slot.proc.placement.replica_id, slot.proc.placement.rank) for slot in self.slots
+                if slot.proc is not None and slot.proc.role is Role.TRAIN and slot.proc.placement is not None
+                and not slot.proc.exited]
 
     # ------------------------------------------------------------------ wants
 
     def set_wants(self, wants: list[Want]) -> None:
-        """New wants, one per slot (missing ones are IDLE); a changed want bumps generation."""
+        """New wants, one per slot (missing ones are IDLE); a changed want bumps generation.
+        A want that differs only in its version (the controller confirmed what runs under a
+        newer one) keeps its generation, and its running trainer counts as of that version."""
         wants = wants + [Want(Role.IDLE)] * (len(self.slots) - len(wants))
         for slot, want in zip(self.slots, wants):
-            if replace(want, generation=0) != replace(slot.want, generation=0):
+            if replace(want, generation=0, version=0) != replace(slot.want, generation=0, version=0):
                 slot.want = replace(want, generation=slot.want.generation + 1)
+            elif want.version != slot.want.version:
+                slot.want = replace(slot.want, version=want.version)
+                if slot.proc is not None and slot.proc.generation == slot.want.generation:
+                    slot.proc = replace(slot.proc, version=want.version)
         self.wake.set()
 
     def resume(self) -> None:
@@ -156,17 +165,18 @@ class Supervisor:
             clean = proc.exit_code == 0 and not proc.signal  # a finish, not a failure
             log.log(logging.INFO if clean else logging.WARNING, "%s: %s", self._who(proc, tag),
                     action.reason)
-            if proc.role is Role.TRAIN:
+            if proc.role is Role.TRAIN and proc.placement is not None:
                 self._report(TrainerExit(
-                    replica_id=proc.replica_id, rank=proc.rank,
+                    replica_id=proc.placement.replica_id, rank=proc.placement.rank,
                     exit_code=-1 if proc.exit_code is None else proc.exit_code,
-                    signal=proc.signal or 0, stderr_tail=tail,
-                    gave_up=action.kind is ActionKind.GIVE_UP))
+                    signal=proc.signal or 0, stderr_tail=tail, version=proc.version))
             if action.kind is ActionKind.RESTART:
                 slot.restart_times_s.append(self._clock())
                 return await self._start(slot)
+            if action.kind is ActionKind.HALT_REPLICA:
+                self._halt_replica(proc)
             if action.kind is ActionKind.GIVE_UP or proc.generation == slot.want.generation:
-                slot.halted_generation = slot.want.generation  # gave up or finished
+                slot.halted_generation = slot.want.generation  # gave up, finished or halted
             return None
         if action.kind is ActionKind.STOP:
             await self._stop(slot, action.reason)
@@ -177,25 +187,29 @@ class Supervisor:
             return await self._swap_in(slot, action.reason)
         return None
 
+    def _halt_replica(self, dead: Proc) -> None:
+        """A trainer died: every slot of its replica halts at its generation (running ones are
+        stopped on the next pass) until an order, normally the replica's RESTART, moves it on."""
+        for slot in self.slots:
+            p = slot.want.placement
+            if slot.want.role is Role.TRAIN and p is not None and p.replica_id == dead.placement.replica_id:
+                slot.halted_generation = slot.want.generation
+
     async def _start(self, slot: Slot) -> str | None:
         want, s = slot.want, self.settings
-        standby = want.role is Role.STANDBY
+        p = want.placement if want.role is Role.TRAIN else None
         controller = ",".join(s.controller_addresses)
-        values = {"replica_id": want.replica_id, "rank": want.rank,
-                  "world_size": want.world_size, "host_id": s.host_id, "job_id": s.job_id,
+        values = {"replica_id": p.replica_id if p else "", "rank": p.rank if p else -1,
+                  "world_size": p.world_size if p else 0, "host_id": s.host_id, "job_id": self.job_id,
                   "slot": slot.index}
         launch = Launch(
             argv=substitute(s.command, values),
-            env=trainer_env.trainer_environment(
-                self._base_env, host_id=s.host_id, job_id=s.job_id, controller=controller,
-                replica_id=None if standby else want.replica_id,
-                rank=None if standby else want.rank,
-                world_size=None if standby else want.world_size, tls=s.tls,
-                secret=s.job_secret, insecure_trainer_ports=s.insecure_trainer_ports,
-                telemetry_file=self.telemetry_file(slot.index)),
-            standby=standby,
-            label=f"{s.host_id} standby{slot.index}" if standby
-            else f"{s.host_id} {want.replica_id}/{want.rank}")
+            env=trainer_env.trainer_environment(self._base_env, p, host_id=s.host_id, job_id=self.job_id,
+                                                controller=controller, tls=s.tls, secret=s.job_secret,
+                                                insecure_trainer_ports=s.insecure_trainer_ports,
+                                                telemetry_file=self.telemetry_file(slot.index)),
+            standby=p is None,
+            label=f"{s.host_id} {p.replica_id}/{p.rank}" if p else f"{s.host_id} standby{slot.index}")
         ring = self.telemetry_file(slot.index)
         try:
             if ring:  # the last trainer's ring must not be read as the new one's
@@ -207,8 +221,7 @@ class Supervisor:
             error = f"cannot start {launch.argv[0]!r} on slot {slot.index}: {exc}"
             log.error("%s", error)
             return error
-        slot.proc = Proc(want.role, want.generation, want.replica_id, want.rank,
-                         want.world_size)
+        slot.proc = Proc(want.role, want.generation, p, want.version)
         log.info("%s: started pid %d", self._who(slot.proc, f"slot {slot.index}"),
                  slot.handle.pid)
         return None
@@ -225,9 +238,8 @@ class Supervisor:
     async def _swap_in(self, slot: Slot, reason: str) -> str | None:
         assert slot.handle is not None and slot.proc is not None
         want, s = slot.want, self.settings
-        line = trainer_env.handover_line(
-            replica_id=want.replica_id, rank=want.rank, world_size=want.world_size,
-            host_id=s.host_id, job_id=s.job_id, controller=",".join(s.controller_addresses))
+        line = trainer_env.handover_line(want.placement, host_id=s.host_id, job_id=self.job_id,
+                                         controller=",".join(s.controller_addresses))
         try:
             await self._hooks.hand_over(slot.handle, line)
         except (OSError, RuntimeError) as exc:
@@ -236,13 +248,12 @@ class Supervisor:
                         slot.index, slot.handle.pid, exc)
             await self._stop(slot, "hand-over failed")
             return None
-        slot.proc = Proc(Role.TRAIN, want.generation, want.replica_id, want.rank,
-                         want.world_size)
+        slot.proc = Proc(Role.TRAIN, want.generation, want.placement, want.version)
         log.info("%s: %s (pid %d)", self._who(slot.proc, f"slot {slot.index}"), reason,
                  slot.handle.pid)
         return None
 
     def _who(self, proc: Proc, default: str) -> str:
         if proc.role is Role.TRAIN:
-            return f"replica {proc.replica_id} rank {proc.rank}"
+            return str(proc.placement)
         return f"{default} {proc.role.value}"

@@ -4,11 +4,11 @@
 
 The real controller runs as its own process. Simulated agents register every host and keep a
 real heartbeat for each of them (multiplexed: one message carries many host ids); simulated
-replica leaders (real gRPC) join quorums with every rank's addresses and commit steps;
-quorum latency is timed from the release of a round to its last answer (commit reports go
-between rounds). Then one replica's real intra-replica rounds (begin, plan fan-out, vote,
-decision) run at full rank count (the production coordinator service on rank 0's side; the
-ranks simulated as sockets on one selector in one process). Prints one JSON line.
+replica leaders (real gRPC, one QuorumStream each) join quorums with every rank's addresses
+and commit steps; quorum latency is timed from the release of a round to its last answer
+(commit reports go between rounds). Then one replica's real intra-replica rounds (begin, plan
+fan-out, vote, decision) run at full rank count (the production coordinator service on rank
+0's side; the ranks simulated as sockets on one selector in one process). Prints one JSON line.
 """
 
 from __future__ import annotations
@@ -90,13 +90,17 @@ async def run(args) -> dict:
         addresses = {r: ([f"10.{r}.{k // 256}.{k % 256}:29500" for k in range(world)],
                          [f"10.{r}.{k // 256}.{k % 256}:29600" for k in range(world)]) for r in range(args.replicas)}
 
+        quorum_streams = [stub.QuorumStream() for stub in leaders]  # one long-lived stream per leader
+
         async def leader(r: int, step: int) -> None:
             first = known[r] == 0
-            reply = await leaders[r].Quorum(pb.QuorumRequest(
+            await quorum_streams[r].write(pb.QuorumRequest(
                 job_id=JOB, replica_id=f"r{r:02d}", step=step, world_size=world, known_quorum_id=known[r],
                 host_id=f"host-{r:02d}-00000",  # the host holding rank 0 leads
-                ftar_addresses=addresses[r][0] if first else [], state_addresses=addresses[r][1] if first else []),
-                timeout=60)
+                ftar_addresses=addresses[r][0] if first else [], state_addresses=addresses[r][1] if first else []))
+            reply = await asyncio.wait_for(quorum_streams[r].read(), 60)
+            if reply is grpc.aio.EOF:
+                raise RuntimeError(f"leader r{r:02d}: the controller ended its quorum stream")
             known[r] = reply.quorum_id
 
         async def report(r: int, step: int) -> None:
@@ -116,6 +120,8 @@ async def run(args) -> dict:
             await asyncio.sleep(args.step_s)  # the step itself: heartbeats keep flowing meanwhile
         cpu_pct = 100 * (cpu_seconds(pid) - cpu0) / (time.perf_counter() - wall0)
         stop.set()
+        for qs in quorum_streams:
+            await qs.done_writing()
         beats = sum(await asyncio.gather(*beaters))
         for c in channels:
             await c.close()

@@ -1,11 +1,12 @@
-"""Spare swap time: from a trainer's death to the spare's trainer reporting ready.
+"""Spare swap time (a trainer's death to the spare's trainer reporting ready) and replica
+restart time (a rank's death to its replica committing again).
 
     python -m bench.swap [--json] [--trials N] [--weights-mb MB]
 
-Each trial runs a real controller and two real agents on loopback: an active host h1 running
-replica r0 with restart budget 0, and a spare h2. The bench SIGKILLs h1's trainer; h1's agent
-reports the exit with gave_up, the controller cordons h1 and sends ASSIGN to h2, and h2's
-trainer writes a ready file stamped with its clock. Two ways to run the spare:
+Each trial runs a real controller (restart budget 0: the first death replaces the host) and two
+real agents on loopback: an active host h1 running replica r0, and a spare h2. The bench
+SIGKILLs h1's trainer; h1's agent reports the exit, the controller cordons h1 and sends ASSIGN
+to h2, and h2's trainer writes a ready file stamped with its clock. Two ways to run the spare:
 
 - warm (`--standby`): h2's trainer was pre-started with FTHSDP_STANDBY=1 and finished its
   set-up before the failure; on ASSIGN the agent writes the assignment to its stdin.
@@ -18,8 +19,15 @@ The scripted trainer's set-up models what a real trainer does before it can join
 far more (torch and CUDA initialisation, NCCL, data loader, checkpoint reader: tens of
 seconds); the cold number grows with that cost, the warm number does not.
 
+The replica restart trial runs the controller's own layout (2 replicas x 2 hosts x 1 rank,
+each agent on its own loopback address as with --advertise-address in a pod) with the same
+scripted trainer; rank 0 of each replica also acts as a minimal leader (joins each quorum,
+reports its step). The bench SIGKILLs rank 1 of r0 (its second host): the controller restarts
+r0 as a unit (a RESTART order to both its hosts), both ranks start cold, and r0's new rank 0
+rejoins behind r1 and commits. `replica_restart_s` is the time from the kill to that commit.
+
 Prints the median over trials of each, as one JSON line with --json:
-    {"swap_warm_s": ..., "swap_cold_s": ..., "trials": N, "weights_mb": MB}
+    {"swap_warm_s": ..., "swap_cold_s": ..., "replica_restart_s": ..., "trials": N, "weights_mb": MB}
 """
 
 from __future__ import annotations
@@ -39,8 +47,8 @@ CLI = [sys.executable, "-m", "fthsdp.cli"]
 BOUND_S = 60.0
 
 
-def trainer(ready_dir: str, weights_mb: int) -> None:
-    """The scripted trainer (run as `python -m bench.swap --as-trainer DIR MB`)."""
+def trainer(ready_dir: str, weights_mb: int, lead: bool = False) -> None:
+    """The scripted trainer (run as `python -m bench.swap --as-trainer DIR MB [--lead]`)."""
     import numpy as np  # the import cost a cold start pays
 
     rng = np.random.default_rng(0)
@@ -54,10 +62,44 @@ def trainer(ready_dir: str, weights_mb: int) -> None:
     stamp = {"time": time.time(), "host": os.environ["FTHSDP_HOST_ID"],
              "replica": os.environ["FTHSDP_REPLICA_ID"], "rank": os.environ["FTHSDP_RANK"],
              "pid": os.getpid(), "checksum": float(weights[:4].sum())}
-    tmp = Path(ready_dir, f".ready-{os.getpid()}")
-    tmp.write_text(json.dumps(stamp))
-    tmp.rename(Path(ready_dir, f"ready-{os.getpid()}.json"))
+    _stamp(Path(ready_dir, f"ready-{os.getpid()}.json"), stamp)
+    if lead and os.environ["FTHSDP_RANK"] == "0":
+        _lead(Path(ready_dir, f"commit-{os.getpid()}.json"))
     signal.pause()
+
+
+def _stamp(path: Path, values: dict) -> None:
+    tmp = path.with_name("." + path.name)
+    tmp.write_text(json.dumps(values))
+    tmp.rename(path)
+
+
+def _lead(first_commit: Path) -> None:
+    """Rank 0 as a replica leader without a model: join each quorum and report its step as
+    committed; the time of this process's first commit goes to `first_commit`."""
+    import uuid
+
+    import grpc
+
+    from protos import controller_pb2 as pb
+    from protos import controller_pb2_grpc as pb_grpc
+
+    env = os.environ
+    stub = pb_grpc.ControllerStub(grpc.insecure_channel(env["FTHSDP_CONTROLLER"]))
+    ids = {"job_id": env["FTHSDP_JOB_ID"], "replica_id": env["FTHSDP_REPLICA_ID"], "host_id": env["FTHSDP_HOST_ID"]}
+    incarnation, step, known = uuid.uuid4().hex, 0, 0
+    while True:
+        try:
+            q = stub.Quorum(pb.QuorumRequest(step=step, world_size=int(env["FTHSDP_WORLD_SIZE"]), incarnation=incarnation,
+                                             known_quorum_id=known, **ids), timeout=30)
+            stub.ReportStep(pb.ReportStepRequest(quorum_id=q.quorum_id, step=q.max_step, **ids), timeout=30)
+        except grpc.RpcError:
+            time.sleep(0.05)
+            continue
+        if not first_commit.exists():
+            _stamp(first_commit, {"time": time.time(), "replica": ids["replica_id"], "step": q.max_step})
+        step, known = q.max_step + 1, q.quorum_id
+        time.sleep(0.05)
 
 
 def _wait(what: str, check):
@@ -70,55 +112,45 @@ def _wait(what: str, check):
     raise TimeoutError(f"bench: timed out waiting for {what}")
 
 
+def _stamps(ready_dir: Path) -> list[dict]:
+    return [json.loads(path.read_text()) for path in ready_dir.glob("ready-*.json")]
+
+
 def _ready(ready_dir: Path, host: str) -> dict | None:
-    for path in ready_dir.glob("ready-*.json"):
-        stamp = json.loads(path.read_text())
-        if stamp["host"] == host:
-            return stamp
-    return None
+    """The newest ready stamp of a trainer on `host`."""
+    mine = [s for s in _stamps(ready_dir) if s["host"] == host]
+    return max(mine, key=lambda s: s["time"]) if mine else None
 
 
-def trial(root: Path, warm: bool, weights_mb: int) -> float:
-    """One failure and swap; seconds from the kill to the spare's trainer being ready."""
-    ready_dir = root / "ready"
-    ready_dir.mkdir()
-    procs: list[subprocess.Popen] = []
+class Processes:
+    """The processes of one trial, started here and stopped here by PID (agents first)."""
 
-    def spawn(name: str, args: list[str]) -> subprocess.Popen:
-        with open(root / f"{name}.out", "wb") as out, open(root / f"{name}.err", "wb") as err:
-            procs.append(subprocess.Popen(args, stdout=out, stderr=err,
-                                          stdin=subprocess.DEVNULL))
-        return procs[-1]
+    def __init__(self, root: Path) -> None:
+        self.root, self.procs = root, []
+        self.ready_dir = root / "ready"
+        self.ready_dir.mkdir()
 
-    def first_line(name: str) -> dict | None:
-        text = (root / f"{name}.out").read_text()
+    def spawn(self, name: str, args: list[str]) -> subprocess.Popen:
+        with open(self.root / f"{name}.out", "wb") as out, open(self.root / f"{name}.err", "wb") as err:
+            self.procs.append(subprocess.Popen(args, stdout=out, stderr=err, stdin=subprocess.DEVNULL))
+        return self.procs[-1]
+
+    def first_line(self, name: str) -> dict | None:
+        text = (self.root / f"{name}.out").read_text()
         return json.loads(text.splitlines()[0]) if "\n" in text else None
 
-    command = ["--", sys.executable, "-m", "bench.swap", "--as-trainer", str(ready_dir),
-               str(weights_mb)]
-    try:
-        spawn("controller", CLI + ["controller", "--grpc-port", "0", "--http-port", "0",
-                                   "--replicas", "1", "--heartbeat-timeout-s", "3"])
-        grpc_address = _wait("controller", lambda: first_line("controller"))["grpc"]
-        agent = CLI + ["agent", "--controller", grpc_address, "--restart-budget", "0",
-                       "--heartbeat-interval-s", "0.5"]
-        spawn("h1", agent + ["--host-id", "h1", "--replica-id", "r0", "--ranks", "0",
-                             "--world-size", "1"] + command)
-        spawn("h2", agent + ["--host-id", "h2", "--spare"] + (["--standby"] if warm else [])
-              + command)
-        victim = _wait("h1's trainer", lambda: _ready(ready_dir, "h1"))
-        _wait("h2 registered", lambda: first_line("h2"))
-        if warm:
-            _wait("h2's standby", lambda: list(ready_dir.glob("standby-*")))
-        killed_at = time.time()
-        os.kill(victim["pid"], signal.SIGKILL)
-        spare = _wait("h2's trainer", lambda: _ready(ready_dir, "h2"))
-        assert (spare["replica"], spare["rank"]) == ("r0", "0"), spare
-        return spare["time"] - killed_at
-    finally:
-        for p in reversed(procs):
+    def controller(self, *flags: str) -> str:
+        self.spawn("controller", CLI + ["controller", "--grpc-port", "0", "--http-port", "0",
+                                        "--heartbeat-timeout-s", "3", *flags])
+        return _wait("controller", lambda: self.first_line("controller"))["grpc"]
+
+    def trainer_command(self, weights_mb: int, *flags: str) -> list[str]:
+        return ["--", sys.executable, "-m", "bench.swap", "--as-trainer", str(self.ready_dir), str(weights_mb), *flags]
+
+    def stop(self) -> None:
+        for p in reversed(self.procs):
             p.send_signal(signal.SIGTERM)
-        for p in reversed(procs):
+        for p in reversed(self.procs):
             try:
                 p.wait(15)
             except subprocess.TimeoutExpired:
@@ -126,10 +158,67 @@ def trial(root: Path, warm: bool, weights_mb: int) -> float:
                 p.wait()
 
 
+def trial(root: Path, warm: bool, weights_mb: int) -> float:
+    """One failure and swap; seconds from the kill to the spare's trainer being ready."""
+    run = Processes(root)
+    try:
+        # restart budget 0: the first death replaces the host
+        grpc_address = run.controller("--replicas", "1", "--restart-budget", "0")
+        agent = CLI + ["agent", "--controller", grpc_address, "--heartbeat-interval-s", "0.5"]
+        command = run.trainer_command(weights_mb)
+        run.spawn("h1", agent + ["--host-id", "h1", "--replica-id", "r0", "--ranks", "0",
+                                 "--world-size", "1"] + command)
+        run.spawn("h2", agent + ["--host-id", "h2", "--spare"] + (["--standby"] if warm else []) + command)
+        victim = _wait("h1's trainer", lambda: _ready(run.ready_dir, "h1"))
+        _wait("h2 registered", lambda: run.first_line("h2"))
+        if warm:
+            _wait("h2's standby", lambda: list(run.ready_dir.glob("standby-*")))
+        killed_at = time.time()
+        os.kill(victim["pid"], signal.SIGKILL)
+        spare = _wait("h2's trainer", lambda: _ready(run.ready_dir, "h2"))
+        assert (spare["replica"], spare["rank"]) == ("r0", "0"), spare
+        return spare["time"] - killed_at
+    finally:
+        run.stop()
+
+
+def replica_restart_trial(root: Path, weights_mb: int) -> float:
+    """Kill rank 1 of a 2-host replica; seconds until that replica's new rank 0 commits."""
+    run = Processes(root)
+    try:
+        grpc_address = run.controller("--replicas", "2", "--hosts-per-replica", "2", "--ranks-per-host", "1",
+                                      "--join-timeout-s", "1")
+        command = run.trainer_command(weights_mb, "--lead")
+        for i in range(4):  # in this order: h1, h2 hold r0; h3, h4 hold r1
+            run.spawn(f"h{i + 1}", CLI + ["agent", "--controller", grpc_address, "--host-id", f"h{i + 1}",
+                                          "--advertise-address", f"127.0.0.{i + 2}", "--heartbeat-interval-s",
+                                          "0.5"] + command)
+            _wait(f"h{i + 1} registered", lambda: run.first_line(f"h{i + 1}"))
+        leaders = {_wait(f"{host}'s trainer", lambda: _ready(run.ready_dir, host))["pid"] for host in ("h1", "h3")}
+        _wait("both replicas commit", lambda: all(run.ready_dir.joinpath(f"commit-{p}.json").exists() for p in leaders))
+        victim = _ready(run.ready_dir, "h2")
+        assert (victim["replica"], victim["rank"]) == ("r0", "1"), victim
+        killed_at = time.time()
+        os.kill(victim["pid"], signal.SIGKILL)
+
+        def committed_again():
+            for path in run.ready_dir.glob("commit-*.json"):
+                stamp = json.loads(path.read_text())
+                if stamp["replica"] == "r0" and int(path.stem.split("-")[1]) not in leaders:
+                    return stamp
+            return None
+        again = _wait("r0 committing again", committed_again)
+        restarted = [s for s in _stamps(run.ready_dir) if s["replica"] == "r0" and s["time"] > killed_at]
+        assert {s["rank"] for s in restarted} == {"0", "1"}, restarted  # both ranks restarted together
+        return again["time"] - killed_at
+    finally:
+        run.stop()
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["--as-trainer"]:
-        trainer(argv[1], int(argv[2]))
+        trainer(argv[1], int(argv[2]), lead="--lead" in argv[3:])
         return 0
     p = argparse.ArgumentParser(prog="python -m bench.swap", description=__doc__.split("\n")[0])
     p.add_argument("--json", action="store_true", help="one JSON line on stdout")
@@ -140,20 +229,23 @@ def main(argv: list[str] | None = None) -> int:
     if args.trials < 1 or args.weights_mb < 0:
         p.error(f"--trials must be >= 1 and --weights-mb >= 0, got {args.trials} and "
                 f"{args.weights_mb}")
-    results: dict[str, list[float]] = {"warm": [], "cold": []}
+    results: dict[str, list[float]] = {"warm": [], "cold": [], "replica_restart": []}
     with tempfile.TemporaryDirectory(prefix="fthsdp-bench-swap-") as tmp:
         for i in range(args.trials):
-            for mode in ("warm", "cold"):
+            for mode in results:
                 root = Path(tmp, f"{mode}{i}")
                 root.mkdir()
-                results[mode].append(trial(root, mode == "warm", args.weights_mb))
+                results[mode].append(replica_restart_trial(root, args.weights_mb) if mode == "replica_restart"
+                                     else trial(root, mode == "warm", args.weights_mb))
                 if not args.json:
                     print(f"trial {i} {mode}: {results[mode][-1]:.3f} s", flush=True)
     summary = {"swap_warm_s": round(statistics.median(results["warm"]), 3),
                "swap_cold_s": round(statistics.median(results["cold"]), 3),
+               "replica_restart_s": round(statistics.median(results["replica_restart"]), 3),
                "trials": args.trials, "weights_mb": args.weights_mb}
     print(json.dumps(summary) if args.json else
-          f"median swap: warm {summary['swap_warm_s']} s, cold {summary['swap_cold_s']} s")
+          f"median swap: warm {summary['swap_warm_s']} s, cold {summary['swap_cold_s']} s; "
+          f"replica restart {summary['replica_restart_s']} s")
     return 0
 
 

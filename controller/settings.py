@@ -39,6 +39,12 @@ class ControllerSettings:
     #: each made of this many hosts of `ranks_per_host` ranks. 0: agents bring assignments.
     hosts_per_replica: int = 0
     ranks_per_host: int = 1
+    #: A replica restarts as a unit: when one of its trainers dies, every host of the replica
+    #: restarts its ranks together (controller.core.restarts). Each such restart is counted
+    #: against the host whose trainer died: at most restart_budget within restart_window_s;
+    #: the next death cordons that host and moves its work to a spare instead.
+    restart_budget: int = 3
+    restart_window_s: float = 300.0
     #: Largest accepted replica world size (ranks per replica).
     max_world_size: int = 65536
     #: Longest accepted identifier (replica, host, job) and address, in characters.
@@ -129,10 +135,13 @@ class ControllerSettings:
                 f"min_replicas must be between 1 and replicas ({self.replicas}), got {self.min_replicas}."
             )
         for name in ("join_timeout_s", "heartbeat_timeout_s", "stop_grace_s", "digest_wait_s", "lease_ttl_s",
+                     "restart_window_s",
                      "client_backoff_cap_s", "client_call_s", "client_timeout_s", "store_failing_s_to_step_down"):
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
                 problems.append(f"{name} must be a positive number of seconds, got {value}.")
+        if self.restart_budget < 0:
+            problems.append(f"restart_budget must not be negative, got {self.restart_budget}.")
         if self.rollback_wait_s < 0:
             problems.append(f"rollback_wait_s must not be negative, got {self.rollback_wait_s}.")
         if self.heartbeat_timeout_s < self.reconnect_cycle_s:

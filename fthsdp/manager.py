@@ -245,17 +245,24 @@ class Manager:
         if latest is None:
             return
         try:
-            restored = self.checkpoints.load(latest)
-            self.model.load_state_dict(restored.model_state)
-            self.optimizer.load_state_dict(restored.optimizer_state)
-            self.registry.load_state_dicts(restored.user_states, f"checkpoint {restored.path}")
-            ledger = DataLedger.from_json(restored.ledger_json)
+            step, ledger = self._load_checkpoint(latest)
         except (CheckpointError, ValueError, RuntimeError, KeyError) as exc:
             raise Fatal(f"cannot resume from checkpoint step {latest} in {self.settings.checkpoint_dir}: {exc}; "
                         f"move that step's folder away (an older one is used) or fix the script") from None
-        self._state = initial_state(self.settings, restored.step, ledger)
-        log.info("replica %s rank %s resumed from checkpoint %s at step %s", self.settings.replica_id,
+        self._state = initial_state(self.settings, step, ledger)
+
+    def _load_checkpoint(self, step: int) -> tuple[int, DataLedger]:
+        """Load the checkpoint of the state at the start of `step` into the model, the optimizer
+        and the registered state; returns the step it starts and its ledger."""
+        assert self.checkpoints is not None
+        restored = self.checkpoints.load(step)
+        self.model.load_state_dict(restored.model_state)
+        self.optimizer.load_state_dict(restored.optimizer_state)
+        self.registry.load_state_dicts(restored.user_states, f"checkpoint {restored.path}")
+        ledger = DataLedger.from_json(restored.ledger_json)
+        log.info("replica %s rank %s loaded checkpoint %s: at step %s", self.settings.replica_id,
                  self.settings.rank, restored.path, restored.step)
+        return restored.step, ledger
 
     # ------------------------------------------------------------------ the step
 
@@ -272,7 +279,8 @@ class Manager:
             self._wait_while(Phase.PLANNING)
             if self._state.phase is Phase.ENDED:
                 raise ReplicaFinished(self._state.reason)
-            # IDLE again: the begin was refused for now (counted; fatal past max_retries)
+            # IDLE again: the begin was refused for now (counted; fatal past max_retries), or the
+            # replica resumed from a checkpoint and begins the checkpoint's step next
         self._in_step = True
         return self._state.plan
 
@@ -387,8 +395,15 @@ class Manager:
             return ev.DecisionArrived(message.attempt, message.outcome == rpb.StepDecision.COMMIT, message.reason)
         return ev.FinishedArrived(message.clean, message.reason)
 
-    def _plan_arrived(self, message: rpb.StepPlan) -> ev.PlanArrived:
+    def _plan_arrived(self, message: rpb.StepPlan) -> ev.PlanArrived | ev.ResumeOrdered:
         s = self.settings
+        if message.quorum.HasField("resume_checkpoint_step"):  # the coordinator orders a resume
+            try:
+                self._book.fill(message)  # the next quorum may omit the addresses this frame carries
+            except PlanError:
+                pass  # no plan is derived from this quorum
+            return ev.ResumeOrdered(message.attempt, message.step, message.quorum.quorum_id,
+                                    message.quorum.resume_checkpoint_step)
         try:
             addresses = self._book.fill(message)
             plan = plan_for_rank(message.quorum, addresses, s.job_id, s.replica_id, s.rank, s.digest_every_steps)
@@ -477,6 +492,21 @@ class Manager:
             raise Fatal(f"the state fetched from {fetch.plan.source_replica} does not load here: {exc}; the "
                         f"replicas run different code or settings: fix that, then restart") from None
 
+    def _do_LoadCheckpoint(self, e: ev.LoadCheckpoint) -> None:  # noqa: N802
+        s = self.settings
+        if self.checkpoints is None:
+            reason = "this rank has no checkpoint_dir (give every rank of the replica the same one)"
+            self._queue.append(ev.CheckpointLoaded(-1, None, reason))
+            return
+        log.warning("replica %s rank %s: the quorum rolls back; loading the durable checkpoint of step %s instead "
+                    "of training from step %s", s.replica_id, s.rank, e.step - 1, self._state.step)
+        try:
+            step, ledger = self._load_checkpoint(e.step)
+        except (CheckpointError, ValueError, RuntimeError, KeyError) as exc:
+            self._queue.append(ev.CheckpointLoaded(-1, None, f"{exc}"))
+            return
+        self._queue.append(ev.CheckpointLoaded(step, ledger))
+
     def _do_ApplyStep(self, e: ev.ApplyStep) -> None:  # noqa: N802
         scale = e.plan.lr_scale if self.settings.apply_lr_scale else 1.0
         groups = self.optimizer.param_groups
@@ -505,6 +535,8 @@ class Manager:
             if e.write_state:
                 self.checkpoints.save_state(e.step, self._state.ledger.to_json(), self.model, self.optimizer,
                                             self.registry.state_dicts())
+                if self.coordinator is not None:  # its next step reports carry it to the controller
+                    self.coordinator.checkpoint_saved(e.step - 1)
             self.checkpoints.save_ledger_entry(e.step, s.replica_id, self._state.ledger.position(s.replica_id))
             self.last_checkpoint_error = ""
         except CheckpointError as exc:

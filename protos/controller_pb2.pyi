@@ -187,21 +187,25 @@ class ReportFailureResponse(_message.Message):
     def __init__(self) -> None: ...
 
 class Assignment(_message.Message):
-    __slots__ = ("replica_id", "ranks", "world_size", "version", "replica_version")
+    __slots__ = ("replica_id", "ranks", "world_size", "version", "replica_version", "rendezvous_address", "coordinator_address")
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     RANKS_FIELD_NUMBER: _ClassVar[int]
     WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     REPLICA_VERSION_FIELD_NUMBER: _ClassVar[int]
+    RENDEZVOUS_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    COORDINATOR_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     replica_id: str
     ranks: _containers.RepeatedScalarFieldContainer[int]
     world_size: int
     version: int
     replica_version: int
-    def __init__(self, replica_id: _Optional[str] = ..., ranks: _Optional[_Iterable[int]] = ..., world_size: _Optional[int] = ..., version: _Optional[int] = ..., replica_version: _Optional[int] = ...) -> None: ...
+    rendezvous_address: str
+    coordinator_address: str
+    def __init__(self, replica_id: _Optional[str] = ..., ranks: _Optional[_Iterable[int]] = ..., world_size: _Optional[int] = ..., version: _Optional[int] = ..., replica_version: _Optional[int] = ..., rendezvous_address: _Optional[str] = ..., coordinator_address: _Optional[str] = ...) -> None: ...
 
 class RegisterAgentRequest(_message.Message):
-    __slots__ = ("host_id", "spare", "slots", "labels", "assignment", "incarnation")
+    __slots__ = ("host_id", "spare", "slots", "labels", "assignment", "incarnation", "address", "rendezvous_port", "coordinator_port", "previous_secret")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -215,13 +219,21 @@ class RegisterAgentRequest(_message.Message):
     LABELS_FIELD_NUMBER: _ClassVar[int]
     ASSIGNMENT_FIELD_NUMBER: _ClassVar[int]
     INCARNATION_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    RENDEZVOUS_PORT_FIELD_NUMBER: _ClassVar[int]
+    COORDINATOR_PORT_FIELD_NUMBER: _ClassVar[int]
+    PREVIOUS_SECRET_FIELD_NUMBER: _ClassVar[int]
     host_id: str
     spare: bool
     slots: int
     labels: _containers.ScalarMap[str, str]
     assignment: Assignment
     incarnation: str
-    def __init__(self, host_id: _Optional[str] = ..., spare: _Optional[bool] = ..., slots: _Optional[int] = ..., labels: _Optional[_Mapping[str, str]] = ..., assignment: _Optional[_Union[Assignment, _Mapping]] = ..., incarnation: _Optional[str] = ...) -> None: ...
+    address: str
+    rendezvous_port: int
+    coordinator_port: int
+    previous_secret: str
+    def __init__(self, host_id: _Optional[str] = ..., spare: _Optional[bool] = ..., slots: _Optional[int] = ..., labels: _Optional[_Mapping[str, str]] = ..., assignment: _Optional[_Union[Assignment, _Mapping]] = ..., incarnation: _Optional[str] = ..., address: _Optional[str] = ..., rendezvous_port: _Optional[int] = ..., coordinator_port: _Optional[int] = ..., previous_secret: _Optional[str] = ...) -> None: ...
 
 class RegisterAgentResponse(_message.Message):
     __slots__ = ("assignment", "reason", "job_id", "job_state", "agent_secret")
@@ -236,6 +248,22 @@ class RegisterAgentResponse(_message.Message):
     job_state: JobState
     agent_secret: str
     def __init__(self, assignment: _Optional[_Union[Assignment, _Mapping]] = ..., reason: _Optional[str] = ..., job_id: _Optional[str] = ..., job_state: _Optional[_Union[JobState, str]] = ..., agent_secret: _Optional[str] = ...) -> None: ...
+
+class DeregisterAgentRequest(_message.Message):
+    __slots__ = ("host_id", "incarnation", "agent_secret", "reason")
+    HOST_ID_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
+    AGENT_SECRET_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    host_id: str
+    incarnation: str
+    agent_secret: str
+    reason: str
+    def __init__(self, host_id: _Optional[str] = ..., incarnation: _Optional[str] = ..., agent_secret: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class DeregisterAgentResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
 
 class OrdersRequest(_message.Message):
     __slots__ = ("host_id", "incarnation", "agent_secret")
@@ -296,7 +324,7 @@ class AckOrderResponse(_message.Message):
     def __init__(self) -> None: ...
 
 class TrainerExitRequest(_message.Message):
-    __slots__ = ("host_id", "replica_id", "rank", "exit_code", "signal", "stderr_tail", "gave_up", "agent_secret")
+    __slots__ = ("host_id", "replica_id", "rank", "exit_code", "signal", "stderr_tail", "gave_up", "agent_secret", "version")
     HOST_ID_FIELD_NUMBER: _ClassVar[int]
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
@@ -305,6 +333,7 @@ class TrainerExitRequest(_message.Message):
     STDERR_TAIL_FIELD_NUMBER: _ClassVar[int]
     GAVE_UP_FIELD_NUMBER: _ClassVar[int]
     AGENT_SECRET_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
     host_id: str
     replica_id: str
     rank: int
@@ -313,7 +342,8 @@ class TrainerExitRequest(_message.Message):
     stderr_tail: str
     gave_up: bool
     agent_secret: str
-    def __init__(self, host_id: _Optional[str] = ..., replica_id: _Optional[str] = ..., rank: _Optional[int] = ..., exit_code: _Optional[int] = ..., signal: _Optional[int] = ..., stderr_tail: _Optional[str] = ..., gave_up: _Optional[bool] = ..., agent_secret: _Optional[str] = ...) -> None: ...
+    version: int
+    def __init__(self, host_id: _Optional[str] = ..., replica_id: _Optional[str] = ..., rank: _Optional[int] = ..., exit_code: _Optional[int] = ..., signal: _Optional[int] = ..., stderr_tail: _Optional[str] = ..., gave_up: _Optional[bool] = ..., agent_secret: _Optional[str] = ..., version: _Optional[int] = ...) -> None: ...
 
 class TrainerExitResponse(_message.Message):
     __slots__ = ()

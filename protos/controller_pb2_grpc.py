@@ -39,6 +39,11 @@ class ControllerStub:
                 request_serializer=protos_dot_controller__pb2.QuorumRequest.SerializeToString,
                 response_deserializer=protos_dot_controller__pb2.QuorumResponse.FromString,
                 _registered_method=True)
+        self.QuorumStream = channel.stream_stream(
+                '/fthsdp.v1.Controller/QuorumStream',
+                request_serializer=protos_dot_controller__pb2.QuorumRequest.SerializeToString,
+                response_deserializer=protos_dot_controller__pb2.QuorumResponse.FromString,
+                _registered_method=True)
         self.Heartbeat = channel.stream_stream(
                 '/fthsdp.v1.Controller/Heartbeat',
                 request_serializer=protos_dot_controller__pb2.HeartbeatRequest.SerializeToString,
@@ -58,6 +63,11 @@ class ControllerStub:
                 '/fthsdp.v1.Controller/RegisterAgent',
                 request_serializer=protos_dot_controller__pb2.RegisterAgentRequest.SerializeToString,
                 response_deserializer=protos_dot_controller__pb2.RegisterAgentResponse.FromString,
+                _registered_method=True)
+        self.DeregisterAgent = channel.unary_unary(
+                '/fthsdp.v1.Controller/DeregisterAgent',
+                request_serializer=protos_dot_controller__pb2.DeregisterAgentRequest.SerializeToString,
+                response_deserializer=protos_dot_controller__pb2.DeregisterAgentResponse.FromString,
                 _registered_method=True)
         self.Orders = channel.unary_stream(
                 '/fthsdp.v1.Controller/Orders',
@@ -97,6 +107,16 @@ class ControllerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def QuorumStream(self, request_iterator, context):
+        """The same, on one long-lived stream per leader: each request is one round's join and
+        gets exactly one answer (in order) before the next request is read. A refusal ends
+        the stream with its status code; the leader opens a new one. One stream carries one
+        replica: a request naming another replica_id ends it (FAILED_PRECONDITION).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Heartbeat(self, request_iterator, context):
         """Liveness for agents (host_ids) and replica leaders (replica_ids). One message may
         carry many ids, so a simulator can multiplex thousands of hosts on one stream.
@@ -120,7 +140,17 @@ class ControllerServicer:
         raise NotImplementedError('Method not implemented!')
 
     def RegisterAgent(self, request, context):
-        """An agent registers its host: active (with an assignment) or spare.
+        """An agent registers its host: with an assignment it claims, as a spare, or available
+        (the controller gives it a slot of its own replica layout, or the spare pool).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeregisterAgent(self, request, context):
+        """An agent that stops cleanly (SIGTERM) says so: its host leaves at once, its work moves to
+        a spare (or its replica is marked down, with the reason), and a new agent process with the
+        same host_id may register right away.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -172,6 +202,11 @@ def add_ControllerServicer_to_server(servicer, server):
                     request_deserializer=protos_dot_controller__pb2.QuorumRequest.FromString,
                     response_serializer=protos_dot_controller__pb2.QuorumResponse.SerializeToString,
             ),
+            'QuorumStream': grpc.stream_stream_rpc_method_handler(
+                    servicer.QuorumStream,
+                    request_deserializer=protos_dot_controller__pb2.QuorumRequest.FromString,
+                    response_serializer=protos_dot_controller__pb2.QuorumResponse.SerializeToString,
+            ),
             'Heartbeat': grpc.stream_stream_rpc_method_handler(
                     servicer.Heartbeat,
                     request_deserializer=protos_dot_controller__pb2.HeartbeatRequest.FromString,
@@ -191,6 +226,11 @@ def add_ControllerServicer_to_server(servicer, server):
                     servicer.RegisterAgent,
                     request_deserializer=protos_dot_controller__pb2.RegisterAgentRequest.FromString,
                     response_serializer=protos_dot_controller__pb2.RegisterAgentResponse.SerializeToString,
+            ),
+            'DeregisterAgent': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeregisterAgent,
+                    request_deserializer=protos_dot_controller__pb2.DeregisterAgentRequest.FromString,
+                    response_serializer=protos_dot_controller__pb2.DeregisterAgentResponse.SerializeToString,
             ),
             'Orders': grpc.unary_stream_rpc_method_handler(
                     servicer.Orders,
@@ -243,6 +283,33 @@ class Controller:
             request,
             target,
             '/fthsdp.v1.Controller/Quorum',
+            protos_dot_controller__pb2.QuorumRequest.SerializeToString,
+            protos_dot_controller__pb2.QuorumResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def QuorumStream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/fthsdp.v1.Controller/QuorumStream',
             protos_dot_controller__pb2.QuorumRequest.SerializeToString,
             protos_dot_controller__pb2.QuorumResponse.FromString,
             options,
@@ -353,6 +420,33 @@ class Controller:
             '/fthsdp.v1.Controller/RegisterAgent',
             protos_dot_controller__pb2.RegisterAgentRequest.SerializeToString,
             protos_dot_controller__pb2.RegisterAgentResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeregisterAgent(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fthsdp.v1.Controller/DeregisterAgent',
+            protos_dot_controller__pb2.DeregisterAgentRequest.SerializeToString,
+            protos_dot_controller__pb2.DeregisterAgentResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -13,9 +13,7 @@ disagrees with the reference.
 from __future__ import annotations
 
 from controller.core.digests import Verdict, short
-from controller.core.model import Replica, ReplicaState
-
-_SETTLED = (ReplicaState.DEAD, ReplicaState.FINISHED)
+from controller.core.model import SETTLED, Replica, ReplicaState
 
 
 class DivergenceTracker:
@@ -50,7 +48,7 @@ class DivergenceTracker:
         out = []
         for m in self.quorum.members:
             r = self.replicas.get(m.replica_id)
-            if r is not None and r.state not in _SETTLED and r.committed_step < step:
+            if r is not None and r.state not in SETTLED and r.committed_step < step:
                 out.append(m.replica_id)
         return out
 
@@ -80,7 +78,7 @@ class DivergenceTracker:
             keep = dict(v.groups)[v.reference]
             for rid in sorted(v.diverged):
                 r = self.replicas.get(rid)
-                if r is None or r.state in _SETTLED:
+                if r is None or r.state in SETTLED:
                     continue  # a dead one re-syncs when it returns; a finished one is done
                 mine = next(d for d, ids in v.groups if rid in ids)
                 why = (f"its digest at step {v.step} ({short(mine)}) differs from the reference "

@@ -23,8 +23,11 @@ KINDS: dict[str, tuple[str, str]] = {
     "roll_forward": ("warning", "a replica came back with newer state than a rollback's: the job rolls forward "
                                 "to it, abandoning the steps committed since the rollback"),
     "commit_failed": ("warning", "a replica's two-phase commit failed; the next quorum gets a new id"),
-    "host": ("info", "an agent registered, registered again, returned after repair, or was uncordoned"),
+    "host": ("info", "an agent registered, registered again (or took over its host after a restart), returned "
+                     "after repair, or was uncordoned; an exit of a trainer already replaced"),
     "host_death": ("warning", "an agent fell silent past the heartbeat timeout"),
+    "host_left": ("warning", "an agent stopped cleanly and deregistered: its work moves to a spare"),
+    "replica_restart": ("warning", "a trainer died: every host of its replica restarts its ranks together"),
     "cordon": ("warning", "a host was cordoned (by an operator, or after a failure)"),
     "swap": ("warning", "a spare took a failed or drained host's assignment"),
     "no_spare": ("error", "a host's work has no spare to move to: its replica stays out"),

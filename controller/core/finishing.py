@@ -83,7 +83,9 @@ class JobLifecycle:
                     f"{len(states) - finished} dead")
 
     def _trainer_exited(self, host_id: str, replica_id: str, rank: int, exit_code: int, signal: int,
-                        why: str, now: float) -> None:
+                        why: str, now: float) -> bool:
+        """Record a trainer's exit; True when it is a death its replica must recover from
+        (False: a clean finish, or the replica or job is done)."""
         r = self.replicas.get(replica_id)
         clean = exit_code == 0 and not signal
         done = self.completed_at is not None or (r is not None and r.state == ReplicaState.FINISHED)
@@ -92,7 +94,8 @@ class JobLifecycle:
                 self.finished_exits.add(replica_id)  # one event per replica, not one per rank
                 self._event(now, "finished", replica_id,
                             f"replica {replica_id} finished: trainer rank {rank} on host {host_id} exited with code 0")
-            return
+            return False
         if clean:
             why = f"trainer rank {rank} on host {host_id} exited cleanly before its replica finished"
         self.kill_replica(replica_id, DeathCause.TRAINER_EXIT, why, now)
+        return not done

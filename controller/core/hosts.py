@@ -5,10 +5,13 @@ from __future__ import annotations
 import zlib
 from dataclasses import fields
 
-from controller.core.checks import MAX_CORDON_REASON_CHARS, check_id, check_int_range, check_ranks, clip_text
-from controller.core.errors import FailedPrecondition, InvalidArgument, NotFound, PermissionDenied
+from controller.core.checks import (
+    MAX_CORDON_REASON_CHARS, check_id, check_int_range, check_non_negative, check_ranks, clip_text, shown,
+)
+from controller.core.errors import FailedPrecondition, InvalidArgument, NotFound, PermissionDenied, RetryLater
 from controller.core.identity import secret_matches
 from controller.core.model import Assignment, DeathCause, Host, HostState, OrderOut
+from controller.core.rendezvous import Endpoints, check_host_address, endpoints
 from controller.core.sizes import encode_section, host_reservation_bytes
 from controller.core.spares import pick_spare
 
@@ -22,8 +25,10 @@ EXIT_CODES = (-1, 255)
 SIGNALS = (0, 127)
 
 
-#: What of a host survives a failover (last_seen restarts; the assignment is written apart).
-HOST_DURABLE_FIELDS = tuple(f.name for f in fields(Host) if f.name not in ("last_seen", "assignment"))
+#: What of a host survives a failover (last_seen and the restart budget start anew; the
+#: assignment is written apart).
+HOST_DURABLE_FIELDS = tuple(f.name for f in fields(Host)
+                            if f.name not in ("last_seen", "assignment", "restart_times_s"))
 
 
 def host_shard(host_id: str) -> int:
@@ -35,14 +40,28 @@ class HostRegistry:
 
     def register_agent(self, host_id: str, incarnation: str, now: float, *, spare: bool = False,
                        slots: int = 1, labels: dict[str, str] | None = None,
-                       assignment: Assignment | None = None, secret_hash: str = "") -> tuple[Assignment | None, str]:
+                       assignment: Assignment | None = None, secret_hash: str = "", address: str = "",
+                       rendezvous_port: int = 0, coordinator_port: int = 0,
+                       previous_secret: str = "") -> tuple[Assignment | None, str]:
         """Register (or re-register) a host. `secret_hash` is the hash of a fresh agent secret:
         kept when this registration starts a new incarnation (or the host has none yet), so
-        the caller hands the secret out only when `hosts[host_id].secret_hash` equals it."""
+        the caller hands the secret out only when `hosts[host_id].secret_hash` equals it.
+
+        A new incarnation while the host's agent is live: the agent process restarted (or a
+        second agent claims the host). It takes the host over at once when it presents the
+        secret its predecessor was given (`previous_secret`: only that host's agent has it);
+        otherwise it is told to retry (RetryLater) until the old one is declared dead by
+        heartbeat silence, which moves the host's work as any host death does. A host that
+        takes its assignment back (taken over, or back after a death without a spare) restarts
+        its replica as a unit: the other hosts' ranks lost their peers."""
         s = self.settings
         check_id("host_id", host_id, s.max_id_chars)
         check_id("incarnation", incarnation, s.max_id_chars)
         check_int_range("slots", slots, 0, s.max_slots_per_host)
+        address, rendezvous_port, coordinator_port = check_host_address(
+            address, rendezvous_port, coordinator_port, s.max_address_chars)
+        if len(previous_secret) > s.max_id_chars:
+            raise InvalidArgument(f"previous_secret is {len(previous_secret)} characters; the limit is {s.max_id_chars}.")
         if len(labels or {}) > MAX_LABELS:
             raise InvalidArgument(f"host {host_id} sent {len(labels)} labels; the limit is {MAX_LABELS}.")
         labels = dict(labels or {})
@@ -68,12 +87,14 @@ class HostRegistry:
         if h is None and len(self.hosts) >= s.max_hosts:
             raise FailedPrecondition(f"host {host_id} is one too many: this controller keeps at most "
                                      f"{s.max_hosts} hosts (max_hosts).")
-        if (h is not None and h.state != HostState.DEAD
-                and now - h.last_seen <= s.heartbeat_timeout_s):
-            raise FailedPrecondition(
-                f"host {host_id} is already registered by a live agent (incarnation {h.incarnation}); "
-                f"incarnation {incarnation} is a duplicate registration with a different identity."
-            )
+        taken_over = h is not None and h.state != HostState.DEAD and now - h.last_seen <= s.heartbeat_timeout_s
+        if taken_over and not (previous_secret and secret_matches(h.secret_hash, previous_secret)):
+            left = s.heartbeat_timeout_s - (now - h.last_seen)
+            raise RetryLater(
+                f"host {host_id} is held by a live agent (incarnation {h.incarnation}, heard from "
+                f"{now - h.last_seen:.1f}s ago); incarnation {incarnation} may take it over once that one is "
+                f"declared dead ({left:.1f}s more of silence), or at once by presenting its predecessor's "
+                f"secret (the agent's --state-dir). Retry later.")
         if assignment is not None and (h is None or h.assignment is None):
             holder = self._holder(assignment, exclude=host_id)
             if holder is not None:
@@ -82,11 +103,19 @@ class HostRegistry:
                         f"duplicate assignment: host {holder} already runs {assignment.describe()}."
                     )
                 assignment = None  # a returning host whose work moved to a spare joins the pool
+        claimed = assignment is not None
         if assignment is None and not spare and (h is None or h.assignment is None):
             assignment = self._free_slot(exclude=host_id)  # None: no layout, or it is full
+        if not address and s.hosts_per_replica > 1 and not claimed:
+            raise FailedPrecondition(
+                f"host {host_id} registered no address, but the replicas of this job span {s.hosts_per_replica} "
+                f"hosts: their ranks meet at the address of their rank-0 host. Give the agent "
+                f"--advertise-address (its pod IP).")
+        held = h is not None and h.assignment is not None  # a new incarnation that keeps its work
         reservation = self._reservation(Host(host_id, incarnation, HostState.ACTIVE, slots, labels,
                                              assignment, cordoned=True, cordon_by="failure",
-                                             secret_hash=secret_hash))
+                                             secret_hash=secret_hash, address=address,
+                                             rendezvous_port=rendezvous_port, coordinator_port=coordinator_port))
         problem = self.shard_budget.problem(host_id, host_shard(host_id), reservation, s)
         if problem:
             raise FailedPrecondition(problem)
@@ -96,12 +125,15 @@ class HostRegistry:
             h = self._add_host(Host(host_id, incarnation, HostState.SPARE))
             verb = "registered"
         else:
-            verb = "registered again"
+            verb = (f"taken over by a restarted agent (incarnation {h.incarnation} → {incarnation}, proven by "
+                    f"its predecessor's secret)" if taken_over else "registered again")
             if h.cordoned and h.cordon_by == "failure":
                 h.cordoned, h.cordon_reason, h.cordon_by = False, "", ""
                 verb = "returned after repair"
         h.incarnation, h.slots, h.labels, h.last_seen = incarnation, max(slots, 1), labels, now
         h.secret_hash = secret_hash
+        h.address, h.rendezvous_port, h.coordinator_port = address, rendezvous_port, coordinator_port
+        new_rank0 = h.assignment is None and assignment is not None and 0 in assignment.ranks
         if h.assignment is None and assignment is not None:
             self._assign(h, assignment)
         h.state = HostState.ACTIVE if h.assignment else HostState.SPARE
@@ -112,6 +144,11 @@ class HostRegistry:
         role = h.assignment.describe() if h.assignment else "spare pool"
         reason = f"host {host_id} {verb}: {role}" + (" (cordoned)" if h.cordoned else "")
         self._event(now, "host", host_id, reason)
+        if h.assignment is not None and (held or new_rank0 and len(self.replica_hosts(h.assignment.replica_id)) > 1):
+            # Its replica's other ranks lost their peers (or their rank 0 moved here): all restart.
+            first = len(self.outbox)
+            self.restart_replica(h.assignment.replica_id, f"host {host_id} {verb}", skip=h)
+            self._orders_event(first, now)
         return h.assignment, reason
 
     def expire_hosts(self, now: float) -> None:
@@ -122,25 +159,59 @@ class HostRegistry:
                     self._host_died(h, f"agent silent {why}", now)
 
     def trainer_exit(self, host_id: str, replica_id: str, rank: int, now: float, *, exit_code: int = 0,
-                     signal: int = 0, stderr_tail: str = "", gave_up: bool = False) -> None:
+                     signal: int = 0, stderr_tail: str = "", gave_up: bool = False, version: int = 0) -> None:
+        """A trainer exited. A death restarts its replica as a unit, or replaces the host when
+        the host's restart budget is spent or its agent asks (`gave_up`); a clean exit after the
+        replica finished is its end. An exit from a trainer older than the host's assignment
+        (`version` below it: its replica's restart is already ordered) changes nothing."""
         h = self._known_host(host_id)
         check_id("replica_id", replica_id, self.settings.max_id_chars)
         check_int_range("exit_code", exit_code, *EXIT_CODES)
         check_int_range("signal", signal, *SIGNALS)
+        check_non_negative("version", version)
         stderr_tail = stderr_tail[-4 * self.settings.max_reason_chars:]  # only the last line is kept
+        how = f"signal {signal}" if signal else f"exit code {exit_code}"
+        if version and version < h.assignment_version:
+            h.last_seen = now
+            self._event(now, "host", host_id,
+                        f"host {host_id}: trainer rank {rank} of replica {replica_id} started under version {version} "
+                        f"exited ({how}); the host runs version {h.assignment_version} already: nothing to do")
+            return
         if h.assignment is None or h.assignment.replica_id != replica_id or rank not in h.assignment.ranks:
             raise FailedPrecondition(
                 f"host {host_id} does not run replica {replica_id!r} rank {rank}; "
                 f"it runs {h.assignment.describe() if h.assignment else 'nothing'}."
             )
-        how = f"signal {signal}" if signal else f"exit code {exit_code}"
         tail = stderr_tail.strip().splitlines()[-1:] if stderr_tail else []
         why = f"trainer rank {rank} on host {host_id} died ({how})" + (f": {clip_text(tail[0], 200)}" if tail else "")
         h.last_seen = now
-        self._trainer_exited(host_id, replica_id, rank, exit_code, signal, why, now)  # a death, or a clean finish
+        if not self._trainer_exited(host_id, replica_id, rank, exit_code, signal, why, now):
+            return  # a clean finish, or the job is over
         if gave_up:
-            self._cordon(h, "failure", f"restart budget exhausted: {why}", now)
+            self._cordon(h, "failure", f"its agent gave up: {why}", now)
             self._swap(h, now)
+        else:
+            self.restart_after_death(h, why, now)
+
+    def deregister_agent(self, host_id: str, incarnation: str, reason: str, now: float) -> str:
+        """A cleanly stopping agent leaves: its host is DEAD at once (not cordoned: nothing is
+        wrong with it), its work moves to a spare or its replica is marked down, and a new
+        agent process may register the host right away."""
+        h = self._known_host(host_id)
+        check_id("incarnation", incarnation, self.settings.max_id_chars)
+        if incarnation != h.incarnation:
+            raise FailedPrecondition(f"host {host_id} is registered by incarnation {h.incarnation!r}, not "
+                                     f"{shown(incarnation)}: only the registered agent may deregister it.")
+        why = f"its agent stopped: {clip_text(reason, self.settings.max_reason_chars) or 'no reason given'}"
+        if h.state == HostState.DEAD:
+            return f"host {host_id} had left already"
+        h.state = HostState.DEAD
+        self._touch(h, urgent=True)
+        self._event(now, "host_left", host_id, f"host {host_id} left: {why}")
+        if h.assignment is not None:
+            self.kill_replica(h.assignment.replica_id, DeathCause.HOST, f"host {host_id} left: {why}", now)
+            return self._swap(h, now)
+        return f"host {host_id} left the spare pool"
 
     def ack_order(self, host_id: str, order_id: str, ok: bool, error: str, now: float) -> None:
         self._known_host(host_id)
@@ -304,12 +375,18 @@ class HostRegistry:
             self._swap(h, now)
 
     def _swap(self, failed: Host, now: float) -> str:
-        """Move `failed`'s assignment to a spare and order the replica to rebuild."""
+        """Move `failed`'s assignment to a spare and restart the replica around it (its other
+        hosts restart their ranks under the spare's new version). Without a spare the replica's
+        other hosts are stopped: it is down until a spare or the host comes back."""
         a = failed.assignment
         choice = pick_spare(failed, list(self.hosts.values()))
         if a is None or choice.host_id is None:
             self._event(now, "no_spare", failed.host_id,
                         f"{choice.reason}; {a.describe() if a else 'nothing'} stays out until one is free")
+            if a is not None:
+                first = len(self.outbox)
+                self.restart_replica(a.replica_id, f"host {failed.host_id} failed and {choice.reason}")
+                self._orders_event(first, now)
             return choice.reason
         spare = self.hosts[choice.host_id]
         first = len(self.outbox)
@@ -322,10 +399,8 @@ class HostRegistry:
         # if not, it learns its (empty) assignment when it reconnects.
         self._order(failed.host_id, "STOP", None, f"its work moved to host {spare.host_id}")
         self._order(spare.host_id, "ASSIGN", a, f"replaces host {failed.host_id}: {choice.reason}")
-        for other in self.hosts.values():
-            oa = other.assignment
-            if other is not spare and oa and oa.replica_id == a.replica_id and other.state == HostState.ACTIVE:
-                self._order(other.host_id, "RESTART", oa, f"replica {a.replica_id} rebuilds after host {failed.host_id} failed")
+        self.restart_replica(a.replica_id, f"rebuilds after host {failed.host_id} failed", skip=spare,
+                             version=spare.assignment_version)
         self.swaps += 1
         self.dirty_replicas = True
         why = f"host {spare.host_id} takes {a.describe()} from host {failed.host_id} ({choice.reason})"
@@ -360,5 +435,14 @@ class HostRegistry:
 
     def _new_order(self, h: Host, kind: str, a: Assignment | None, reason: str) -> OrderOut:
         self.order_seq += 1
+        meet = self.replica_endpoints(a.replica_id) if a else Endpoints()
         return OrderOut(h.host_id, f"o{self.order_seq}", kind, a, reason, version=h.assignment_version,
-                        replica_version=self.replica_versions.get(a.replica_id, 0) if a else 0)
+                        replica_version=self.replica_versions.get(a.replica_id, 0) if a else 0,
+                        rendezvous_address=meet.rendezvous, coordinator_address=meet.coordinator)
+
+    def replica_endpoints(self, replica_id: str) -> Endpoints:
+        """Where the replica's ranks meet: its rank-0 host's registered address and ports."""
+        holder = self.hosts.get(self.rank_holders.get((replica_id, 0), ""))
+        if holder is None:
+            return Endpoints()
+        return endpoints(holder.address, holder.rendezvous_port, holder.coordinator_port)

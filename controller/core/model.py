@@ -25,6 +25,7 @@ Host states: ACTIVE (runs an assignment), SPARE (in the pool), DEAD (agent silen
 from __future__ import annotations
 
 import enum
+import functools
 from dataclasses import dataclass, field
 
 
@@ -35,6 +36,10 @@ class ReplicaState(str, enum.Enum):
     DEAD = "DEAD"
     DIVERGED = "DIVERGED"
     FINISHED = "FINISHED"
+
+
+#: Replica states whose work is over until a new incarnation: rounds do not wait for them.
+SETTLED = (ReplicaState.DEAD, ReplicaState.FINISHED)
 
 
 class JobState(str, enum.Enum):
@@ -83,9 +88,16 @@ class Replica:
     #: member: its commits extend the job's history only while this is the current one.
     history_epoch: int = 0
     #: The quorum id and step of the last quorum answer this replica was given: a commit
-    #: report must name exactly these (0 / -1: no answer yet).
+    #: report must name exactly these (0 / -1: no answer yet). A fast-path answer (same quorum
+    #: id, the step after the committed one) is not written down before it goes out, since
+    #: it follows from what is durable; see ReplicaRegistry._check_given.
     given_quorum_id: int = 0
     given_step: int = -1
+    #: Loaded from a snapshot (not durable itself): the answer given since may be a fast-path
+    #: one that the snapshot does not hold.
+    given_restored: bool = False
+    #: How often the controller restarted this replica's ranks together on its hosts.
+    restarts: int = 0
 
 
 @dataclass(frozen=True)
@@ -118,6 +130,15 @@ class Host:
     #: SHA-256 (hex) of the secret handed to the agent at registration; its order stream, acks
     #: and exit reports must present the secret. Never shown.
     secret_hash: str = ""
+    #: Where other hosts reach this host's trainers (its pod IP; "" when it registered none),
+    #: and the ports where a replica's rank 0 listens here: the torch.distributed rendezvous
+    #: (MASTER_PORT) and the replica's coordinator.
+    address: str = ""
+    rendezvous_port: int = 0
+    coordinator_port: int = 0
+    #: When this host's trainer deaths restarted its replica (not durable: a new leader counts
+    #: anew), for the restart budget (controller.core.restarts).
+    restart_times_s: list[float] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -141,7 +162,7 @@ class Quorum:
     #: (the state after committing this step) rather than train on from their own.
     resume_checkpoint_step: int | None = None
 
-    @property
+    @functools.cached_property
     def member_ids(self) -> frozenset[str]:
         return frozenset(m.replica_id for m in self.members)
 
@@ -172,3 +193,7 @@ class OrderOut:
     version: int = 0
     #: The newest assignment version among the hosts of the assignment's replica.
     replica_version: int = 0
+    #: Where the assignment's replica meets: its rank-0 host's rendezvous (MASTER_ADDR:
+    #: MASTER_PORT) and coordinator addresses, when that host registered an address.
+    rendezvous_address: str = ""
+    coordinator_address: str = ""

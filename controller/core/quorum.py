@@ -28,6 +28,8 @@ class RoundView:
     previous: frozenset[str]
     #: configured replicas that have never registered (a job still starting up)
     unregistered: int = 0
+    #: replicas that are DEAD (not waited for, but named among the missing)
+    dead: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -42,6 +44,15 @@ def _names(ids) -> str:
     return ", ".join(sorted(ids)) or "none"
 
 
+def _absent(view: RoundView, missing: frozenset[str]) -> str:
+    """Everyone a round lacks, by name: live replicas that have not joined, dead ones, and
+    how many configured replicas never registered."""
+    parts = sorted(missing) + [f"{r} (dead)" for r in sorted(view.dead - missing)]
+    if view.unregistered:
+        parts.append(f"{view.unregistered} not registered yet")
+    return ", ".join(parts) or "none"
+
+
 def compute_quorum(view: RoundView, now: float, *, min_replicas: int, join_timeout_s: float) -> QuorumDecision:
     joined = frozenset(view.joined)
     missing = view.live - joined
@@ -54,7 +65,8 @@ def compute_quorum(view: RoundView, now: float, *, min_replicas: int, join_timeo
     # Below the minimum nothing closes, not even on timeout.
     if len(joined) < min_replicas:
         return QuorumDecision(
-            None, f"waiting: {len(joined)} joined, min_replicas is {min_replicas}; missing {_names(missing)}"
+            None, f"waiting: {len(joined)} joined ({_names(joined)}), min_replicas is {min_replicas}; "
+                  f"missing {_absent(view, missing)}"
         )
     # Every live replica is here, and no configured one is still to come: close at once.
     if not missing and not view.unregistered:
@@ -63,8 +75,8 @@ def compute_quorum(view: RoundView, now: float, *, min_replicas: int, join_timeo
     if 2 * len(joined) <= len(view.live):
         return QuorumDecision(
             None,
-            f"waiting: {len(joined)} joined is not a majority of {len(view.live)} live replicas; "
-            f"missing {_names(missing)}",
+            f"waiting: {len(joined)} joined ({_names(joined)}) is not a majority of {len(view.live)} live "
+            f"replicas; missing {_absent(view, missing)}",
         )
     # Join timeout, counted from the round's first joiner.
     deadline = (now if view.first_join_at is None else view.first_join_at) + join_timeout_s
@@ -72,12 +84,13 @@ def compute_quorum(view: RoundView, now: float, *, min_replicas: int, join_timeo
         return QuorumDecision(
             joined,
             f"join timeout after {join_timeout_s:g}s: {len(joined)} of {len(view.live)} live joined; "
-            f"left out {_names(missing)}" + (f" and {view.unregistered} unregistered" if view.unregistered else ""),
+            f"left out {_absent(view, missing)}",
         )
     awaited = _names(missing) if missing else ""
     if view.unregistered:
         awaited += f"{', ' if missing else ''}{view.unregistered} replica(s) not registered yet"
-    return QuorumDecision(None, f"waiting up to {deadline - now:.3g}s more for {awaited}", wake_at=deadline)
+    gone = f" ({_names(view.dead)} dead)" if view.dead else ""
+    return QuorumDecision(None, f"waiting up to {deadline - now:.3g}s more for {awaited}{gone}", wake_at=deadline)
 
 
 def lr_scale(policy: str, healthy: int, total: int) -> float:

@@ -9,12 +9,11 @@ from controller.core.checks import (
 )
 from controller.core.diagnosis.sdc import check_rank_digests
 from controller.core.errors import FailedPrecondition, InvalidArgument
-from controller.core.model import DeathCause, Quorum, Replica, ReplicaState
+from controller.core.model import SETTLED, DeathCause, Quorum, Replica, ReplicaState
 from controller.core.digests import check_digest
 from controller.core.quorum import RoundView, compute_quorum, form_quorum
 from controller.core.rollback import RollbackDecision, check_rollback
 from controller.core.sizes import addresses_problem
-
 
 @dataclass(frozen=True)
 class JoinRequest:
@@ -66,6 +65,7 @@ class ReplicaRegistry:
         # Validated: from here on the request changes state.
         if r is None:
             r = self.replicas[rid] = Replica(replica_id=rid, incarnation=req.incarnation, step=req.step)
+            self._live = None
             self._event(now, "replica", rid, f"replica {rid} registered at step {req.step}")
         elif restarted and r.state == ReplicaState.FINISHED:
             self.finished_exits.discard(rid)
@@ -108,10 +108,10 @@ class ReplicaRegistry:
         view = RoundView(
             joined=dict(self.round_joined),
             first_join_at=self.round_first_join_at,
-            live=frozenset(r.replica_id for r in self.replicas.values()
-                           if r.state not in (ReplicaState.DEAD, ReplicaState.FINISHED)),
+            live=self.live_replicas(),
             previous=previous,
             unregistered=max(s.replicas - len(self.replicas), 0),
+            dead=frozenset(r.replica_id for r in self.replicas.values() if r.state == ReplicaState.DEAD),
         )
         decision = compute_quorum(view, now, min_replicas=s.min_replicas, join_timeout_s=s.join_timeout_s)
         self.round_reason, self.round_wake_at = decision.reason, decision.wake_at
@@ -153,10 +153,15 @@ class ReplicaRegistry:
             r = self.replicas[m.replica_id]
             r.failed_commit = False
             r.history_epoch = self.history_epoch
-            # What this replica is told: its commit report must name exactly this. Persisted
-            # before the answer goes out, so a successor accepts the report too.
-            r.given_quorum_id, r.given_step = q.quorum_id, q.max_step
-            self.dirty_replicas = True
+            # What this replica is told: its commit report must name exactly this. Written down
+            # before the answer goes out, so a successor accepts the report too -- unless it
+            # follows from what is durable: a fast-path answer (the same quorum id, the step
+            # after the committed one), which _check_given accepts after a takeover. So the
+            # quorum path writes nothing while the quorum id holds.
+            derivable = q.quorum_id == r.given_quorum_id and q.max_step == r.committed_step + 1
+            r.given_quorum_id, r.given_step, r.given_restored = q.quorum_id, q.max_step, False
+            if not derivable:
+                self.dirty_replicas = True
             if m.healthy:
                 self._transition(r, ReplicaState.HEALTHY, f"in quorum {q.quorum_id}" + (
                     f": no member holds the reference state, so training goes on from {r.replica_id}'s state"
@@ -251,6 +256,9 @@ class ReplicaRegistry:
         """A report about a step must name the quorum and step this replica was last given."""
         check_non_negative("quorum_id", quorum_id)
         check_non_negative("step", step)
+        if (r.given_restored and quorum_id == r.given_quorum_id and r.given_step <= r.committed_step
+                and step == r.committed_step + 1):
+            return  # a fast-path answer the previous leader gave without writing it down
         if (quorum_id, step) != (r.given_quorum_id, r.given_step):
             given = (f"its last quorum answer was quorum {r.given_quorum_id} at step {r.given_step}"
                      if r.given_step >= 0 else "it has had no quorum answer yet")
@@ -322,7 +330,7 @@ class ReplicaRegistry:
     def kill_replica(self, replica_id: str, cause: DeathCause, reason: str, now: float) -> bool:
         r = self.replicas.get(replica_id)
         # A finished replica's work is done: only a new incarnation takes it out of FINISHED.
-        if r is None or r.state in (ReplicaState.DEAD, ReplicaState.FINISHED):
+        if r is None or r.state in SETTLED:
             return False
         self._transition(r, ReplicaState.DEAD, reason, now, cause=cause.value)
         self.deaths[cause.value] = self.deaths.get(cause.value, 0) + 1
@@ -332,12 +340,31 @@ class ReplicaRegistry:
             self.round_first_join_at = None
         return True
 
+    def leave_round(self, replica_id: str, why: str, now: float) -> bool:
+        """A joiner whose leader is gone (its call ended unanswered) leaves the open round at
+        once: no quorum may count it. Its state is left alone (a leader that gave up waiting
+        joins again). Returns whether it had joined."""
+        if replica_id not in self.round_joined:
+            return False
+        del self.round_joined[replica_id]
+        if not self.round_joined:
+            self.round_first_join_at = None
+        self._event(now, "replica", replica_id, f"replica {replica_id} left the open round: {why}")
+        return True
+
     def expire_replicas(self, now: float) -> None:
         for r in list(self.replicas.values()):
-            if r.state not in (ReplicaState.DEAD, ReplicaState.FINISHED):
+            if r.state not in SETTLED:
                 why = self.silence(r.last_seen, now)
                 if why:
                     self.kill_replica(r.replica_id, DeathCause.HEARTBEAT, f"no heartbeat {why}", now)
+
+    def live_replicas(self) -> frozenset[str]:
+        """The replicas a round waits for: every one not DEAD or FINISHED. Kept until a replica
+        registers or changes state (it is asked on every join)."""
+        if self._live is None:
+            self._live = frozenset(r.replica_id for r in self.replicas.values() if r.state not in SETTLED)
+        return self._live
 
     def _transition(self, r: Replica, state: ReplicaState, reason: str, now: float, cause: str = "") -> None:
         reason = clip_text(reason, self.settings.max_reason_chars)
@@ -345,11 +372,12 @@ class ReplicaRegistry:
             return
         changed = r.state != state
         r.state, r.reason = state, reason
+        self._live = None
         self.dirty_replicas = True
         if changed:
             self._event(now, "death" if state == ReplicaState.DEAD else "replica", r.replica_id,
                         f"replica {r.replica_id} became {state.value}: {reason}", cause)
             self.goodput.on_state(r.replica_id, state == ReplicaState.HEALTHY, state == ReplicaState.DEAD,
                                   cause, r.last_seen, now)
-            if state in (ReplicaState.DEAD, ReplicaState.FINISHED):
+            if state in SETTLED:
                 self._check_completed(now)

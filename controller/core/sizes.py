@@ -62,7 +62,7 @@ def worst_replica_record_bytes(settings) -> int:
              "leader_address": settings.max_address_chars}
     size = 2  # {}
     for f in fields(Replica):
-        if f.name in ("last_seen", "ftar_addresses", "state_addresses"):
+        if f.name in ("last_seen", "ftar_addresses", "state_addresses", "given_restored"):
             continue  # not durable
         size += len(f.name) + 4  # "name": and a comma
         kind = str(f.type)

@@ -21,6 +21,7 @@ from controller.core.model import (
     Assignment, Event, Host, HostState, Member, OrderOut, Quorum, Replica, ReplicaState,
 )
 from controller.core.replicas import ReplicaRegistry
+from controller.core.restarts import ReplicaRestarts
 from controller.core.sizes import ShardBudget
 from controller.settings import ControllerSettings
 
@@ -29,14 +30,16 @@ SNAPSHOT_VERSION = 1
 VERSION_BLOCK = 1024
 #: What of a replica survives a failover (addresses are kept apart; last_seen restarts).
 REPLICA_DURABLE_FIELDS = tuple(
-    f.name for f in fields(Replica) if f.name not in ("last_seen", "ftar_addresses", "state_addresses")
+    f.name for f in fields(Replica) if f.name not in ("last_seen", "ftar_addresses", "state_addresses", "given_restored")
 )
 
 
-class ControllerState(ReplicaRegistry, HostRegistry, DivergenceTracker, JobLifecycle, Diagnosing):
+class ControllerState(ReplicaRegistry, HostRegistry, ReplicaRestarts, DivergenceTracker, JobLifecycle, Diagnosing):
     def __init__(self, settings: ControllerSettings) -> None:
         self.settings = settings.validate()
         self.replicas: dict[str, Replica] = {}
+        #: cache of live_replicas() (None: to be computed)
+        self._live: frozenset[str] | None = None
         self.hosts: dict[str, Host] = {}
         self.quorum: Quorum | None = None
         #: Quorum ids count up from here. A controller that starts with an empty store starts
@@ -248,7 +251,7 @@ class ControllerState(ReplicaRegistry, HostRegistry, DivergenceTracker, JobLifec
                 a = (addresses or {}).get(d["replica_id"]) or {"ftar": (), "state": ()}
                 self.replicas[d["replica_id"]] = Replica(
                     **dict(d, state=ReplicaState(d["state"]), ftar_addresses=tuple(a["ftar"]),
-                           state_addresses=tuple(a["state"]), last_seen=now))
+                           state_addresses=tuple(a["state"]), last_seen=now, given_restored=True))
             self.steps_committed = replicas["steps_committed"]
             self.max_committed_step = replicas.get("max_committed_step", -1)
             self.swaps = replicas["swaps"]
@@ -281,6 +284,7 @@ class ControllerState(ReplicaRegistry, HostRegistry, DivergenceTracker, JobLifec
                     rid = a[0]
                     self.replica_versions[rid] = max(self.replica_versions.get(rid, 0), h.assignment_version)
                 self.version_ceiling = max(self.version_ceiling, h.assignment_version)
+        self._live = None
         # Every version given before this point is at most the ceiling: continue above it.
         self.assignment_seq = self.version_ceiling
         self.reserve_restored_hosts()

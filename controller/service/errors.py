@@ -7,7 +7,9 @@ import logging
 
 import grpc
 
-from controller.core.errors import FailedPrecondition, InvalidArgument, NotFound, PermissionDenied, RequestError
+from controller.core.errors import (
+    FailedPrecondition, InvalidArgument, NotFound, PermissionDenied, RequestError, RetryLater,
+)
 from controller.store import StoreError
 from protos.dial import LEADER_METADATA_KEY
 
@@ -34,6 +36,7 @@ GRPC_CODES: dict[type, grpc.StatusCode] = {
     FailedPrecondition: grpc.StatusCode.FAILED_PRECONDITION,
     NotFound: grpc.StatusCode.NOT_FOUND,
     PermissionDenied: grpc.StatusCode.PERMISSION_DENIED,
+    RetryLater: grpc.StatusCode.ABORTED,
     NotLeader: grpc.StatusCode.UNAVAILABLE,
     StoreError: grpc.StatusCode.UNAVAILABLE,
 }
@@ -43,6 +46,7 @@ HTTP_STATUS: dict[type, int] = {
     NotFound: 404,
     PermissionDenied: 403,
     FailedPrecondition: 409,
+    RetryLater: 503,
     NotLeader: 503,
     StoreError: 503,
 }

@@ -5,12 +5,15 @@ from __future__ import annotations
 import asyncio
 import logging
 
+import grpc
+
 from controller.core.checks import check_id, shown
 from controller.core.errors import FailedPrecondition, InvalidArgument, RequestError
 from controller.core.identity import hash_secret
 from controller.core.model import JobState
 from controller.core.replicas import JoinRequest
 from controller.service.errors import NotLeader, refuse, unary
+from controller.store import StoreError
 from controller.service.orders import from_proto_assignment, to_proto_assignment, to_proto_order
 from controller.service.peer import new_agent_secret
 from controller.service.telemetry_wire import from_proto_report
@@ -19,6 +22,7 @@ from protos import controller_pb2_grpc
 
 log = logging.getLogger("fthsdp.controller")
 
+SERVICE_NAME = "fthsdp.v1.Controller"
 JOB_STATES = {JobState.RUNNING: pb.RUNNING, JobState.COMPLETED: pb.COMPLETED}
 
 
@@ -48,8 +52,9 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
         if request.host_id:
             self.server.check_peer_may_act_as(context, request.host_id)
 
-    @unary
-    async def Quorum(self, request, context):
+    async def _join(self, request: pb.QuorumRequest, context, encoded: bool):
+        """Join this round; once it closes, the answer shared by every member: its bytes
+        (`encoded`) or the message."""
         self._check_leader(request, context)
         state = self.server.require_leader()
         state.join(JoinRequest(
@@ -60,9 +65,36 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
             host_id=request.host_id,
         ), self.server.clock())
         fut = asyncio.get_running_loop().create_future()
-        self.server.waiters[request.replica_id].append((fut, request.known_quorum_id))
-        await self.server.settle()
-        return await fut
+        self.server.waiters[request.replica_id].append((fut, request.known_quorum_id, encoded))
+        try:
+            self.server.settle_soon()
+            return await fut
+        except asyncio.CancelledError:
+            # The leader hung up (its process died, or it gave up waiting): its join goes too.
+            self.server.forget_waiter(request.replica_id, fut, "its leader's Quorum call ended (cancelled or "
+                                                                "connection closed)")
+            raise
+
+    @unary
+    async def Quorum(self, request, context):
+        # The message, serialized by gRPC per call: with the identity serializer here, refused
+        # requests were not freed promptly (tests/security: the attack volley's memory bound).
+        return await self._join(request, context, encoded=False)
+
+    async def QuorumStream(self, request_iterator, context):
+        """One leader's rounds on one stream: read a join, answer it, read the next. A refusal
+        ends the stream with its code (as the unary call would have failed)."""
+        replica_id = None
+        try:
+            async for request in request_iterator:
+                if replica_id is None:
+                    replica_id = request.replica_id
+                elif request.replica_id != replica_id:
+                    raise FailedPrecondition(f"this stream carries replica {shown(replica_id)}; a request for "
+                                             f"{shown(request.replica_id)} needs its own stream.")
+                yield await self._join(request, context, encoded=True)
+        except (RequestError, NotLeader, StoreError) as exc:
+            refuse(context, "QuorumStream", exc)
 
     async def Heartbeat(self, request_iterator, context):
         async for beat in request_iterator:
@@ -125,13 +157,16 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
         secret = new_agent_secret()
         assignment, reason = state.register_agent(
             request.host_id, request.incarnation, self.server.clock(), spare=request.spare,
-            slots=request.slots, labels=request.labels, assignment=claimed, secret_hash=hash_secret(secret))
+            slots=request.slots, labels=request.labels, assignment=claimed, secret_hash=hash_secret(secret),
+            address=request.address, rendezvous_port=request.rendezvous_port,
+            coordinator_port=request.coordinator_port, previous_secret=request.previous_secret)
         await self.server.settle()
         host = state.hosts[request.host_id]
         issued = host.secret_hash == hash_secret(secret)
+        rid = assignment.replica_id if assignment else ""
         return pb.RegisterAgentResponse(
-            assignment=to_proto_assignment(assignment, host.assignment_version,
-                                           state.replica_versions.get(assignment.replica_id, 0) if assignment else 0),
+            assignment=to_proto_assignment(assignment, host.assignment_version, state.replica_versions.get(rid, 0),
+                                           state.replica_endpoints(rid)),
             reason=reason, job_id=self.server.settings.job_id, job_state=JOB_STATES[state.job_state],
             agent_secret=secret if issued else "")
 
@@ -194,9 +229,44 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
         state.trainer_exit(
             request.host_id, request.replica_id, request.rank, self.server.clock(),
             exit_code=request.exit_code, signal=request.signal, stderr_tail=request.stderr_tail,
-            gave_up=request.gave_up)
+            gave_up=request.gave_up, version=request.version)
         await self.server.settle()
         return pb.TrainerExitResponse()
 
+    @unary
+    async def DeregisterAgent(self, request, context):
+        state = self.server.require_leader()
+        self.server.check_peer_may_act_as(context, request.host_id)
+        state.authenticate_agent(request.host_id, request.agent_secret)
+        state.deregister_agent(request.host_id, request.incarnation, request.reason, self.server.clock())
+        await self.server.settle()
+        return pb.DeregisterAgentResponse()
 
-__all__ = ["ControllerServicer", "NotLeader"]
+
+#: Methods whose handlers return answers already encoded (see QuorumAnswers.encoded).
+PRE_ENCODED = ("QuorumStream",)
+
+
+def add_to_server(servicer: ControllerServicer, server) -> None:
+    """Register the Controller service like the generated adder does, except that the quorum
+    stream sends the bytes its handler yields as they are (no per-answer serialization)."""
+    handlers = {}
+
+    class Collect:
+        def add_generic_rpc_handlers(self, generic):
+            pass
+
+        def add_registered_method_handlers(self, service, method_handlers):
+            handlers.update(method_handlers)
+
+    controller_pb2_grpc.add_ControllerServicer_to_server(servicer, Collect())
+    for name in PRE_ENCODED:
+        h = handlers[name]
+        make = grpc.unary_unary_rpc_method_handler if not h.request_streaming else grpc.stream_stream_rpc_method_handler
+        handlers[name] = make(h.unary_unary or h.stream_stream, request_deserializer=h.request_deserializer,
+                              response_serializer=None)
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
+    server.add_registered_method_handlers(SERVICE_NAME, handlers)
+
+
+__all__ = ["ControllerServicer", "NotLeader", "add_to_server"]

@@ -1,9 +1,13 @@
-"""The quorum answer in wire form, built once per round and shared by every member.
+"""The quorum answer in wire form, built and encoded once per round and shared by every member.
 
 Addresses make the answer large at scale (12 replicas × 8,192 ranks × 2), so each round has
 two forms: without addresses (built always: what leaders that already hold this quorum id
 get) and with them (built only when some leader asks for it). Addresses cannot change
 without a new quorum id, so the bare form is never stale.
+
+Each form is serialized once (`encoded`): the QuorumStream handler sends those bytes as they
+are (its response serializer is the identity), so N members on streams cost one
+`SerializeToString`, not N. The unary Quorum hands gRPC the shared message instead (`get`).
 """
 
 from __future__ import annotations
@@ -16,19 +20,28 @@ class QuorumAnswers:
     def __init__(self) -> None:
         self._quorum: Quorum | None = None
         self._state = None
-        self._bare: pb.QuorumResponse | None = None
-        self._full: pb.QuorumResponse | None = None
+        #: with_addresses -> (message, its bytes)
+        self._forms: dict[bool, tuple[pb.QuorumResponse, bytes]] = {}
 
     def prepare(self, q: Quorum, state) -> None:
-        self._quorum, self._state, self._full = q, state, None
-        self._bare = self._build(with_addresses=False)
+        self._quorum, self._state, self._forms = q, state, {}
+        self._form(with_addresses=False)
 
     def get(self, known_quorum_id: int) -> pb.QuorumResponse:
-        if known_quorum_id == self._quorum.quorum_id:
-            return self._bare
-        if self._full is None:
-            self._full = self._build(with_addresses=True)
-        return self._full
+        return self._form(self._needs_addresses(known_quorum_id))[0]
+
+    def encoded(self, known_quorum_id: int) -> bytes:
+        return self._form(self._needs_addresses(known_quorum_id))[1]
+
+    def _needs_addresses(self, known_quorum_id: int) -> bool:
+        return known_quorum_id != self._quorum.quorum_id
+
+    def _form(self, with_addresses: bool) -> tuple[pb.QuorumResponse, bytes]:
+        form = self._forms.get(with_addresses)
+        if form is None:
+            message = self._build(with_addresses)
+            form = self._forms[with_addresses] = (message, message.SerializeToString())
+        return form
 
     def _build(self, with_addresses: bool) -> pb.QuorumResponse:
         q, replicas = self._quorum, self._state.replicas

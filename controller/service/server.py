@@ -29,17 +29,16 @@ from controller.core.state import ControllerState
 from controller.core.store_health import WriteStreak
 from controller.service import event_log
 from controller.service.errors import NotLeader
+from controller.service.grpc_api import SERVICE_NAME, ControllerServicer, add_to_server
 from controller.service.metrics import Metrics
 from controller.service.orders import to_proto_order
 from controller.service.peer import certificate_identities
 from controller.service.quorum_answer import QuorumAnswers
 from controller.settings import ControllerSettings
 from controller.store import Leadership, MemoryStore, Store, StoreError
-from protos import controller_pb2_grpc
 
 log = logging.getLogger("fthsdp.controller")
 
-SERVICE_NAME = "fthsdp.v1.Controller"
 #: How often a standby re-reads where the leader is.
 LEADER_WATCH_S = 0.5
 
@@ -72,7 +71,8 @@ class ControllerServer:
         self.leadership: Leadership | None = None
         self.metrics = Metrics(self)
         self.answers = QuorumAnswers()
-        self.waiters: dict[str, list[tuple[asyncio.Future, int]]] = defaultdict(list)
+        #: replica id -> (future, the quorum id it knows, whether it wants the answer's bytes)
+        self.waiters: dict[str, list[tuple[asyncio.Future, int, bool]]] = defaultdict(list)
         self.order_streams: dict[str, asyncio.Queue] = {}
         #: per host without an open stream: only its newest undelivered order (a reconnecting
         #: host is told its current assignment; see HostRegistry.orders_on_connect)
@@ -81,6 +81,8 @@ class ControllerServer:
         self._revisions: dict[str, int | None] = {}
         self._persist_lock = asyncio.Lock()
         self._poke = asyncio.Event()
+        self._settle_scheduled = False
+        self._settling: set[asyncio.Task] = set()
         self._last_wake: float | None = None
         self._tasks: list[asyncio.Task] = []
         self._grpc: grpc.aio.Server | None = None
@@ -90,12 +92,11 @@ class ControllerServer:
     # -- lifecycle -------------------------------------------------------------------------
 
     async def start(self) -> None:
-        from controller.service.grpc_api import ControllerServicer
         from controller.service.rest import make_app
 
         self._grpc = grpc.aio.server(options=[("grpc.max_receive_message_length", self.settings.max_request_bytes),
                                               ("grpc.max_send_message_length", self.settings.max_message_bytes)])
-        controller_pb2_grpc.add_ControllerServicer_to_server(ControllerServicer(self), self._grpc)
+        add_to_server(ControllerServicer(self), self._grpc)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._grpc)
         self._set_health(False)
         target = f"{self.host}:{self.grpc_port}"
@@ -130,6 +131,8 @@ class ControllerServer:
             await asyncio.sleep(0.01)
 
     async def stop(self) -> None:
+        for task in list(self._settling):
+            task.cancel()
         for task in self._tasks:
             if task.get_name() != "http":
                 task.cancel()
@@ -218,7 +221,7 @@ class ControllerServer:
                 self.clock(), "leader", self.candidate, f"controller {self.candidate} stepped down: {why}", "",
                 "info" if why == "server stopping" else "warning")])
         for rid, waiting in list(self.waiters.items()):
-            for fut, _ in waiting:
+            for fut, *_ in waiting:
                 if not fut.done():
                     fut.set_exception(NotLeader(f"controller {self.candidate} stepped down: {why}"))
         self.waiters.clear()
@@ -309,19 +312,68 @@ class ControllerServer:
                 self.metrics.quorum_latency.observe(max(now - first_join, 0.0))
         for rid in [rid for rid in self.waiters if rid not in state.round_joined]:
             reason = state.replicas[rid].reason if rid in state.replicas else "unknown replica"
-            for fut, _ in self.waiters.pop(rid):
+            for fut, *_ in self.waiters.pop(rid):
                 if not fut.done():
                     fut.set_exception(NotLeader(f"replica {rid} was dropped from the round: {reason}"))
         if state.round_wake_at != self._last_wake:
             self._last_wake = state.round_wake_at
             self._poke.set()
-        await self.persist()
+        try:
+            await self.persist()
+        except BaseException as exc:
+            # A quorum that is not durable must not be acted on: its members hear the refusal
+            # (and join again) instead of waiting for an answer that will not come.
+            refusal = exc if isinstance(exc, (NotLeader, StoreError)) else NotLeader(f"could not settle: {exc!r}")
+            for fut, *_ in answered:
+                if not fut.done():
+                    fut.set_exception(refusal)
+            raise
         # Orders leave only once the decisions behind them are durable: a successor never
         # finds an agent running an assignment it has no record of.
         self.deliver_orders()
-        for fut, known in answered:
+        for fut, known, encoded in answered:
             if not fut.done():
-                fut.set_result(self.answers.get(known))
+                fut.set_result(self.answers.encoded(known) if encoded else self.answers.get(known))
+
+    def settle_soon(self) -> None:
+        """Settle once for every join that arrived in this pass of the event loop: a burst of
+        N joins costs one look at the round, not N. The joiners wait on their futures, which
+        the settle answers or fails."""
+        if self._settle_scheduled:
+            return
+        self._settle_scheduled = True
+
+        def start() -> None:
+            self._settle_scheduled = False
+            task = asyncio.ensure_future(self._settle_for_joiners())
+            self._settling.add(task)
+            task.add_done_callback(self._settling.discard)
+
+        asyncio.get_running_loop().call_soon(start)
+
+    async def _settle_for_joiners(self) -> None:
+        try:
+            await self.settle()
+        except (NotLeader, StoreError) as exc:  # the joiners' futures carry it
+            log.warning("could not settle the round: %s", exc)
+        except Exception as exc:  # noqa: BLE001 - a bug must not leave leaders waiting for ever
+            log.exception("settling the round failed")
+            for waiting in self.waiters.values():
+                for fut, *_ in waiting:
+                    if not fut.done():
+                        fut.set_exception(NotLeader(f"the controller could not settle the round: {exc!r}"))
+
+    def forget_waiter(self, replica_id: str, fut: asyncio.Future, why: str) -> None:
+        """A Quorum call ended without its answer: its waiter goes, and with the replica's last
+        waiter its join leaves the open round (the next settle, on the ticker, says who is
+        missing now)."""
+        waiting = self.waiters.get(replica_id, [])
+        waiting[:] = [w for w in waiting if w[0] is not fut]
+        if waiting:
+            return
+        self.waiters.pop(replica_id, None)
+        if self.leading and self.state is not None and self.state.leave_round(replica_id, why, self.clock()):
+            self._poke.set()
 
     def deliver_orders(self) -> None:
         for order in self.state.take_orders():

@@ -67,6 +67,7 @@ def replica_view(r, now: float) -> dict:
         "leader_address": r.leader_address, "seconds_since_seen": round(max(now - r.last_seen, 0.0), 3),
         "last_loss": r.last_loss, "last_step_time_s": r.last_step_time_s, "tokens": r.tokens,
         "digest": r.digest, "digest_step": r.digest_step, "diverged": r.state == ReplicaState.DIVERGED,
+        "restarts": r.restarts,
     }
 
 
@@ -75,6 +76,6 @@ def host_view(h, now: float) -> dict:
         "host_id": h.host_id, "state": h.state.value, "spare": h.state == HostState.SPARE,
         "assignment": asdict(h.assignment) if h.assignment else None, "labels": h.labels, "slots": h.slots,
         "cordoned": h.cordoned, "cordon_reason": h.cordon_reason, "incarnation": h.incarnation,
-        "assignment_version": h.assignment_version,
+        "assignment_version": h.assignment_version, "address": h.address,
         "seconds_since_seen": round(max(now - h.last_seen, 0.0), 3),
     }

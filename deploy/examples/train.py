@@ -1,16 +1,21 @@
 """Example trainer: a small model trained under FT-HSDP, one process per (replica, rank).
 
-Run by deploy/examples/train-job/ (one pod per replica, one rank each), by an agent
-(`fthsdp agent ... -- python /opt/fthsdp/train.py`), or by torchrun for a replica of several
-ranks (`torchrun --nproc-per-node 8 train.py`, with FTHSDP_CONTROLLER set). The job,
-replica, rank, world size and controller come from the environment through
-`RuntimeSettings.from_env` (fthsdp/settings.py: torchrun's RANK/WORLD_SIZE/MASTER_* and the
-FTHSDP_* variables); the flags below override single fields. `bind_host` (where FTAR, the
-state server and, on rank 0, the coordinator listen) defaults to $POD_IP when set. Ranks of
-one replica (world_size > 1) also join a torch.distributed group through the usual env://
-variables MASTER_ADDR and MASTER_PORT; the coordinator then listens on MASTER_PORT + 1.
-"""
+Run by an agent (`fthsdp agent ... -- python /opt/fthsdp/train.py`, the DaemonSets in
+deploy/kustomize/base/agent.yaml), or by torchrun for a replica of several ranks
+(`torchrun --nproc-per-node 8 train.py`, with FTHSDP_CONTROLLER set). Its rank layout comes
+from the variables the agent (or torchrun) sets, through `RuntimeSettings.from_env`
+(fthsdp/settings.py): RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/MASTER_PORT (the replica's
+rank-0 host, where the torch.distributed group inside the replica meets) and the FTHSDP_*
+variables (replica, controller, coordinator address); the flags below override single
+fields. `bind_host` (where FTAR, the state server and, on rank 0, the coordinator listen)
+defaults to $POD_IP when set.
 
+On a warm spare the agent starts it as a standby (FTHSDP_STANDBY=1, `--standby`): it does
+everything that does not depend on its assignment first (imports, the model built with the
+job's seed, the optimizer, one forward/backward on a dummy batch to prime the kernels, the
+allocator and the data path), then waits for the agent's hand-over and goes on exactly as a
+cold start would: the state it built is the same either way.
+"""
 from __future__ import annotations
 
 import argparse
@@ -21,7 +26,7 @@ import zlib
 import torch
 import torch.distributed as dist
 
-from fthsdp import FaultTolerantOptimizer, Manager, RuntimeSettings
+from fthsdp import FaultTolerantOptimizer, Manager, RuntimeSettings, is_standby, wait_for_assignment
 
 # RuntimeSettings fields that may be set by a flag (--controller-address ...); a flag left
 # out keeps the environment's value, or the default.
@@ -39,6 +44,24 @@ def batch_at(replica_id: str, position: int) -> tuple[torch.Tensor, torch.Tensor
     return x, x.sum(dim=1, keepdim=True)
 
 
+def build(lr: float) -> tuple[torch.nn.Module, torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler]:
+    """The model, optimizer and schedule: nothing here depends on the replica or rank, so a
+    standby builds them before it has an assignment."""
+    torch.manual_seed(0)  # every replica starts from the same weights
+    model = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+    return model, optimizer, torch.optim.lr_scheduler.StepLR(optimizer, step_size=200, gamma=0.5)
+
+
+def prime(model: torch.nn.Module) -> None:
+    """One forward/backward on a dummy batch (made by the data path, from its own generator):
+    kernels, autograd and the allocator are warm. The weights, the global RNG and the
+    optimizer are untouched; the gradients are dropped."""
+    x, y = batch_at("standby-warm-up", 0)
+    torch.nn.functional.mse_loss(model(x), y).backward()
+    model.zero_grad(set_to_none=True)
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--lr", type=float, default=0.01)
@@ -51,22 +74,24 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    model, optimizer, scheduler = build(args.lr)
+    prime(model)
+    if is_standby():  # a warm spare: everything above is done; now wait for the ranks of a failed host
+        log.info("standby: set up, waiting for an assignment")
+        wait_for_assignment()  # the assignment's variables, as a cold start gets them
     overrides = {f: getattr(args, f) for f in SETTINGS_FLAGS if getattr(args, f) is not None}
     if "bind_host" not in overrides and os.environ.get("POD_IP"):
         overrides["bind_host"] = os.environ["POD_IP"]
     settings = RuntimeSettings.from_env(**overrides)
-    logging.basicConfig(level=logging.INFO,
-                        format=f"%(asctime)s {settings.replica_id}/{settings.rank} %(name)s: %(message)s")
+    log.info("replica %s rank %d of %d (local rank %d) starts", settings.replica_id, settings.rank,
+             settings.world_size, settings.local_rank)
 
     group = None
     if settings.world_size > 1:  # the replica's own ranks: gradients are averaged inside it first
         dist.init_process_group("gloo", init_method="env://", rank=settings.rank,
                                 world_size=settings.world_size)
         group = dist.group.WORLD
-    torch.manual_seed(0)  # every replica starts from the same weights
-    model = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
-    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
-    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=200, gamma=0.5)
     manager = Manager(model, optimizer, settings, process_group=group)
     manager.register_state("scheduler", scheduler)  # travels with catch-up and checkpoints
     manager.register_rng()                          # so do the RNG streams
@@ -76,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     # Each batch begins a step (its quorum; a catch-up first when this replica is behind). The
     # loop ends at max_steps, or when the job is COMPLETED. Errors the runtime cannot recover
     # from raise (RetryLimitExceeded after max_retries failed steps in a row): the process
-    # exits non-zero and its Job index or agent restarts it; the replica is then not FINISHED.
+    # exits non-zero and the controller restarts its replica; the replica is then not FINISHED.
     for x, y in manager.batches(batch_at):
         ft_optimizer.zero_grad()
         loss = torch.nn.functional.mse_loss(model(x[rows]), y[rows])
@@ -87,10 +112,10 @@ def main(argv: list[str] | None = None) -> int:
             scheduler.step()  # registered state changes only after a commit
             if manager.step % args.log_every == 0:
                 out = manager.last_outcome
-                log.info("step %d loss %.4f replicas %s lr_scale %.3f", manager.step, loss.item(),
-                         ",".join(out.included), out.lr_scale)
+                log.info("replica %s rank %d: step %d loss %.4f replicas %s lr_scale %.3f", settings.replica_id,
+                         settings.rank, manager.step, loss.item(), ",".join(out.included), out.lr_scale)
     manager.close()  # the replica is FINISHED once every rank got here
-    log.info("done at step %d", manager.step)
+    log.info("replica %s rank %d done at step %d", settings.replica_id, settings.rank, manager.step)
     return 0
 
 

@@ -29,9 +29,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--replicas", type=int, default=4, help="data-parallel replicas (2..8)")
     p.add_argument("--ranks-per-replica", type=int, default=1, choices=(1, 2))
     p.add_argument("--steps", type=int, default=200, help="training steps (10..5000)")
-    p.add_argument("--failures", help="KIND@STEP:REPLICA,... with KIND kill-trainer, kill-agent, or a host that "
-                                      "goes bad for the diagnosis to find and evict: hang, stall, slow, sdc; '' "
-                                      "for none (default: kill-trainer at 25%% of the steps on r1, kill-agent "
+    p.add_argument("--failures", help="KIND@STEP:REPLICA,... with KIND kill-trainer, kill-agent, hang-trainer, or a "
+                                      "host that goes bad for the diagnosis to find and evict: hang, stall, slow, "
+                                      "sdc; '' for none (default: kill-trainer at 25%% of the steps on r1, kill-agent "
                                       "at 65%% on r2; with 200 steps kill-trainer@50:r1,kill-agent@130:r2)")
     p.add_argument("--spares", type=int, default=1, help="spare hosts (agents with --spare)")
     p.add_argument("--cold-spares", action="store_true", help="spares without pre-started standby trainers")

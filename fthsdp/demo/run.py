@@ -126,7 +126,7 @@ def _done(records: Path, s: RunSettings) -> bool:
                for k in range(s.ranks_per_replica))
 
 
-def _load_rows(records: Path) -> list[dict]:
+def load_rows(records: Path) -> list[dict]:
     rows = []
     for path in sorted(records.glob("*.jsonl")):
         for line in path.read_text().splitlines():
@@ -196,13 +196,14 @@ def _inject(f: Failure, job: dict, replicas: dict, hosts: list, agents: dict, re
         host = host_of(f.replica, replica_ids(len(replicas)))
         return {"kind": f.kind, "replica": f.replica, "scheduled_step": f.at_step, "injected_step": job["max_step"],
                 "injected_at": time.time(), "target": f"host {host} ({f.kind})", "host": host}
-    if f.kind == "kill-trainer":
-        pid_file = records / f"{f.replica}-0.pid"
+    if f.kind in ("kill-trainer", "hang-trainer"):
+        rank = 0 if f.kind == "kill-trainer" else max(len(list(records.glob(f"{f.replica}-*.pid"))) - 1, 0)
+        pid_file = records / f"{f.replica}-{rank}.pid"
         pid = int(pid_file.read_text()) if pid_file.exists() else 0
         if not pid or not procs.alive(pid):
             return None
-        os.kill(pid, signal.SIGKILL)
-        target = f"trainer pid {pid}"
+        os.kill(pid, signal.SIGKILL if f.kind == "kill-trainer" else signal.SIGSTOP)
+        target = f"trainer pid {pid} (rank {rank})"
     else:
         host = next((h["host_id"] for h in hosts if h["assignment"] and h["state"] == "ACTIVE"
                      and h["assignment"]["replica_id"] == f.replica), None)
@@ -211,7 +212,7 @@ def _inject(f: Failure, job: dict, replicas: dict, hosts: list, agents: dict, re
         under = procs.kill_host(agents.pop(host))
         target = f"host {host} (agent and {len(under)} trainer process(es))"
     return {"kind": f.kind, "replica": f.replica, "scheduled_step": f.at_step, "injected_step": job["max_step"],
-            "injected_at": time.time(), "target": target}
+            "injected_at": time.time(), "target": target, "signal": "SIGSTOP" if f.kind == "hang-trainer" else "SIGKILL"}
 
 
 def _with_controller(workdir: Path, s: RunSettings, records: Path, body) -> RunResult:
@@ -232,7 +233,7 @@ def _with_controller(workdir: Path, s: RunSettings, records: Path, body) -> RunR
             procs.stop(child, 10.0)
         procs.stop(controller.proc, 10.0)
     result.ended_at = time.time()
-    result.rows = _load_rows(records)
+    result.rows = load_rows(records)
     return result
 
 
@@ -300,7 +301,8 @@ def _follow(http: httpx.Client, s: RunSettings, failures: list[Failure], agents:
                 pending.pop(0)
                 done["after_s"] = round(done["injected_at"] - result.started_at, 3)
                 result.injections.append(done)
-                what = f"{done['target']} goes bad" if done["kind"] in DIAGNOSED else f"SIGKILL {done['target']}"
+                what = (f"{done['target']} goes bad" if done["kind"] in DIAGNOSED
+                        else f"{done['signal']} {done['target']}")
                 progress.note(f"step {done['injected_step']}: {done['kind']} {done['replica']}: {what}")
         progress.show(job, replicas, time.monotonic())
         time.sleep(POLL_S)

@@ -2,13 +2,14 @@
 
     kill-trainer@40:r1,kill-agent@90:r2
 
-Each entry is KIND@STEP:REPLICA. kill-trainer SIGKILLs the replica's leader trainer (its
-agent restarts it; it rejoins behind and catches up); kill-agent SIGKILLs the agent that
+Each entry is KIND@STEP:REPLICA. kill-trainer SIGKILLs the replica's leader trainer (the
+controller restarts the replica on its host; it rejoins behind and catches up); kill-agent SIGKILLs the agent that
 hosts the replica and every trainer under it (a whole host dies; the controller notices the
-heartbeat silence and a spare takes the assignment). The diagnosis kinds make the host that
-runs the replica go bad, and the controller's diagnosis must find and evict it (a spare
-takes its work; fthsdp/demo/faults.py): hang (its last rank stops before the step's
-collectives), stall (it joins the FTAR all-reduce and never progresses), slow (3x slower)
+heartbeat silence and a spare takes the assignment); hang-trainer SIGSTOPs the replica's last
+rank (alive but silent: no exit for its agent to see, so only timeouts find it). The diagnosis
+kinds make the host that runs the replica go bad, and the controller's diagnosis must find and
+evict it (a spare takes its work; fthsdp/demo/faults.py): hang (its last rank stops before the
+step's collectives), stall (it joins the FTAR all-reduce and never progresses), slow (3x slower)
 and sdc (it flips a bit of its weights after every step). Errors name the bad entry.
 The demo injects a failure only once every replica is HEALTHY again, so failures never
 overlap: a later entry may land a few steps after its STEP.
@@ -20,7 +21,7 @@ import re
 from dataclasses import dataclass
 from itertools import pairwise
 
-KILLS = ("kill-trainer", "kill-agent")
+KILLS = ("kill-trainer", "kill-agent", "hang-trainer")
 #: faults the diagnosis finds (each consumes a spare, like a host death)
 DIAGNOSED = ("hang", "stall", "slow", "sdc")
 KINDS = KILLS + DIAGNOSED

@@ -5,8 +5,15 @@
 Started by an agent (assignment in the FTHSDP_* environment, or handed to a standby on
 stdin, see `agent.env`) or directly by the baseline run. Writes JSON lines to
 <records>/<replica>-<rank>-<pid>.jsonl: "trained" before each all-reduce (the batch this
-replica computed), "commit"/"retry" after each step, "done" with the held-out score and
-the state digest at the end. Exits 0 when the job reached its steps in a full step.
+replica computed), "catching_up" when a step fetches the state of its source (named),
+"commit"/"retry" after each step (with the digests of the state it
+trained from and of the state after it), "done" with the held-out score and the state digest
+at the end. Exits 0 when the job reached its steps in a full step. Optional config keys:
+"checkpoint_dir" and "checkpoint_every" (durable checkpoints), "ports_by": "host" (the
+coordinator and gloo ports are the host's, not the replica's: a replica moved to another
+host never finds its old ports held by a frozen trainer), "steps_file" (the number of steps
+is read from this file at every step, and there is no end while it is missing: whoever runs
+the job decides when it ends).
 Forward + backward take at least `min_step_s` (the rest is slept, standing in for
 accelerator time), so recovery on two CPU cores is measured against a realistic step rate.
 """
@@ -120,6 +127,15 @@ def _faulty(faults, host: str, rank: int, opt):
     return Seams(), f.FlipsBits(opt, go)
 
 
+def _steps(cfg: dict) -> float:
+    if not cfg.get("steps_file"):
+        return cfg["steps"]
+    try:
+        return int(Path(cfg["steps_file"]).read_text())
+    except (FileNotFoundError, ValueError):  # not decided yet (or being written)
+        return float("inf")
+
+
 def main(argv: list[str]) -> int:
     cfg = json.loads(Path(argv[0]).read_text())
     import torch
@@ -141,7 +157,7 @@ def main(argv: list[str]) -> int:
     assigned = time.time()
     rid, rank = os.environ[agent_env.REPLICA_ID], int(os.environ[agent_env.RANK])
     world = int(os.environ[agent_env.WORLD_SIZE])
-    controller = os.environ[agent_env.CONTROLLER].split(",")[0]
+    controller = os.environ[agent_env.CONTROLLER]  # every controller address, in HA order
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
                         format=f"%(asctime)s trainer {rid}/{rank} %(levelname)s %(message)s")
     records = Path(cfg["records"])
@@ -152,8 +168,8 @@ def main(argv: list[str]) -> int:
                               **fields}) + "\n")
 
     _write_atomic(records / f"{rid}-{rank}.pid", str(os.getpid()))
-    ports = cfg["ports"][rid]
     host = os.environ.get(agent_env.HOST_ID, "")
+    ports = cfg["ports"][host if cfg.get("ports_by") == "host" else rid]
     if rank == 0:  # a replaced host's trainers may still hold the replica's ports (one machine)
         _wait_for_ports(ports["leader"], ports["gloo"] if world > 1 else None)
         _claim_ports(records, rid, host)
@@ -174,7 +190,8 @@ def main(argv: list[str]) -> int:
         quorum_timeout_s=t["quorum_s"], allreduce_timeout_s=t["allreduce_s"], gather_timeout_s=t["vote_s"],
         fetch_timeout_s=t["fetch_s"], fetch_hold_timeout_s=t["fetch_hold_s"],
         heartbeat_interval_s=t["heartbeat_s"], ftar_chunk_bytes=64 << 10,
-        digest_every_steps=cfg.get("digest_every_steps", 100))
+        digest_every_steps=cfg.get("digest_every_steps", 100),
+        checkpoint_dir=cfg.get("checkpoint_dir", ""), checkpoint_every_steps=cfg.get("checkpoint_every", 0))
     seams, opt = _faulty(cfg.get("faults", ()), host, rank, opt)
     replicas = cfg["replicas"]
     index = {r: i for i, r in enumerate(replicas)}
@@ -189,10 +206,14 @@ def main(argv: list[str]) -> int:
           start_s=round(time.time() - assigned, 3))
     batches = manager.batches(batch_at)
     full = False  # stop past `steps` in a step that every configured replica contributed to
-    while not (manager.step >= cfg["steps"] and full) and manager.step < cfg["max_steps"]:
+    while not (manager.step >= _steps(cfg) and full) and manager.step < cfg["max_steps"]:
         began = time.time()
         x, y = next(batches)  # begins the step: quorum, plan, catch-up when behind
         position = batches.last_position
+        before = "" if manager.is_behind else state_digest(model, opt, manager.ledger.to_json(), manager.step)
+        if manager.is_behind:  # fetching from its source while it computes (and contributes zeros)
+            write(event="catching_up", step=manager.plan.step, quorum_id=manager.plan.quorum_id,
+                  source=manager.plan.source_replica)
         opt.zero_grad(set_to_none=True)
         computing = time.time()
         rows = slice(rank, None, world)
@@ -203,14 +224,15 @@ def main(argv: list[str]) -> int:
             time.sleep(pace)
         plan = manager.plan
         if plan is not None and not plan.behind:
-            write(event="trained", step=plan.step, position=position)
+            write(event="trained", step=plan.step, quorum_id=plan.quorum_id, position=position)
         manager.sync_gradients(loss.item())
         committed = manager.end_step(loss.item(), tokens=len(x))
         o = manager.last_outcome
         full = committed and len(o.included) == len(replicas)
-        write(event="commit" if committed else "retry", began=began, step=o.step, behind=o.behind,
-              included=list(o.included), positions_before=o.positions_before, position=position,
-              loss=loss.item(), lr_scale=o.lr_scale, reason=o.reason)
+        write(event="commit" if committed else "retry", began=began, step=o.step, quorum_id=o.quorum_id,
+              behind=o.behind, included=list(o.included), positions_before=o.positions_before, position=position,
+              loss=loss.item(), lr_scale=o.lr_scale, reason=o.reason, before=before,
+              digest=state_digest(model, opt, manager.ledger.to_json(), manager.step))
     with torch.no_grad():
         logits = model(torch.from_numpy(data["x_test"]))
         y_test = torch.from_numpy(data["y_test"])

@@ -24,6 +24,7 @@ import grpc
 
 from fthsdp.errors import ControllerRefused, ControllerUnavailable, JobCompleted
 from fthsdp.step import coordination as co
+from fthsdp.step.quorum_stream import QuorumStream
 from protos import controller_pb2 as pb
 from protos import controller_pb2_grpc
 from protos.dial import FAILOVER_CODES, AddressRotation, TlsFiles, leader_hint, parse_addresses, sync_channel
@@ -47,6 +48,7 @@ class ControllerClient:
         self._rotation = AddressRotation(self._controllers, base_s=BACKOFF_BASE_S, cap_s=MAX_BACKOFF_S)
         self._tls = tls if tls is not None else TlsFiles.from_env()
         self._lock = threading.Lock()
+        self._quorum_stream = QuorumStream()
         self._open()
         self._sent_addresses: tuple[tuple[str, ...], tuple[str, ...]] | None = None
         self._stop = threading.Event()
@@ -108,11 +110,14 @@ class ControllerClient:
 
         def send(attempt_timeout_s: float) -> pb.QuorumResponse:
             addresses = mine if mine != self._sent_addresses else ((), ())
-            answer = self._stub.Quorum(pb.QuorumRequest(
+            # On the one long-lived QuorumStream (about half the controller's cost of a unary
+            # call per step); a failed or unanswered ask closes it, and the next opens a new one
+            # on whichever controller the rotation chose.
+            answer = self._quorum_stream.ask(self._stub, pb.QuorumRequest(
                 job_id=self.job_id, replica_id=self.replica_id, step=request.step, world_size=world_size,
                 ftar_addresses=list(addresses[0]), state_addresses=list(addresses[1]),
                 known_quorum_id=request.known_quorum_id, leader_address=coordinator_address,
-                incarnation=self.incarnation, host_id=self.host_id), timeout=attempt_timeout_s)
+                incarnation=self.incarnation, host_id=self.host_id), attempt_timeout_s)
             self._sent_addresses = mine
             return answer
 
@@ -122,7 +127,7 @@ class ControllerClient:
         request = pb.ReportStepRequest(
             job_id=self.job_id, replica_id=self.replica_id, quorum_id=r.quorum_id, step=r.step,
             step_time_s=r.step_time_s, loss=r.loss, tokens=r.tokens, host_id=self.host_id, digest=r.digest,
-            caught_up=r.caught_up, rank_digests=list(r.rank_digests))
+            caught_up=r.caught_up, rank_digests=list(r.rank_digests), checkpoint_step=r.checkpoint_step)
         self._call("ReportStep", lambda t: self._stub.ReportStep(request, timeout=t), REPORT_TIMEOUT_S)
 
     def report_failure(self, r: co.ReportFailure) -> None:
@@ -171,6 +176,7 @@ class ControllerClient:
 
     def close(self) -> None:
         self._stop.set()
+        self._quorum_stream.close()
         self._channel.close()
         if self._heartbeat_thread is not None:
             self._heartbeat_thread.join(5.0)

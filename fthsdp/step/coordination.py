@@ -4,7 +4,9 @@ Rank 0 hosts it (fthsdp/step/coordinator.py does the sockets and the controller 
 every rank, rank 0 included, is its client. One round per step attempt:
 
     CONNECTING ──every rank said hello──▶ READY ──every rank began step s──▶ QUORUM
-        ▲                                   ▲                                   │ answer: plan to all
+        ▲                                   ▲ ▲                                 │ answer: plan to all
+        │                                   │ └───── a rollback answer offers a newer checkpoint:
+        │                                   │        every rank loads it (no vote, no report)
         │                                   │ report step (with digest)          ▼
         │                                DIGESTS ◀──commit, digest due── VOTING ──commit──▶ READY
         │                                                                 │ a no, a silent rank
@@ -23,7 +25,13 @@ Rules that keep every rank of the replica on the same outcome:
 - every begin gets exactly one answer (plan or no_plan), numbered like decisions, so a rank
   can tell a late message from the answer it waits for;
 - the plan is the controller's answer, one frame for every rank, except when the quorum's
-  addresses are new: then each rank gets its own column of them with it.
+  addresses are new: then each rank gets its own column of them with it;
+- a rollback answer whose `resume_checkpoint_step` is newer than the replica's state is a
+  resume order when this replica has a checkpoint directory (the ranks load that checkpoint
+  and begin its step); otherwise the field is removed and the ranks train the answer's step.
+
+Step reports carry the newest checkpoint rank 0 saved (CheckpointSaved), so the controller
+can offer it when a rollback would go back further.
 
 Unlike the rank protocol, this object keeps its state in place: its events are per rank
 (8,192 votes per step), and copying the tallies for each would cost O(ranks²) per step.
@@ -104,11 +112,17 @@ class FinishReported:
 
 
 @dataclass(frozen=True)
+class CheckpointSaved:
+    """Rank 0 wrote the durable checkpoint of the state after committing `step`."""
+    step: int
+
+
+@dataclass(frozen=True)
 class Tick:
     pass
 
 
-Event = Union[FromRank, ConnectionLost, QuorumAnswered, QuorumFailed, FinishReported, Tick]
+Event = Union[FromRank, ConnectionLost, QuorumAnswered, QuorumFailed, FinishReported, CheckpointSaved, Tick]
 
 # ---------------------------------------------------------------- effects
 
@@ -159,6 +173,7 @@ class ReportStep:
     #: with a digest: each rank's, shortened (rank k of every replica holds the same shard, so
     #: the controller names the host of a rank whose digest differs: silent data corruption)
     rank_digests: tuple[str, ...] = ()
+    checkpoint_step: int | None = None  # the newest durable checkpoint (committed step), when any
 
 
 @dataclass(frozen=True)
@@ -212,6 +227,7 @@ class Coordination:
         self.round = _Round()
         self.last_committed = -1
         self.relayed_quorum_id = 0                  # the last quorum whose addresses every rank got
+        self.checkpoint_step = -1                   # the newest checkpoint rank 0 saved (committed step)
         self.reason = ""                            # why FINISHING / FAILED
 
     # ------------------------------------------------------------ entry point
@@ -230,6 +246,9 @@ class Coordination:
             if isinstance(event, QuorumAnswered):
                 return self._answered(event.answer, now)
             return self._quorum_failed(event, now)
+        if isinstance(event, CheckpointSaved):
+            self.checkpoint_step = max(self.checkpoint_step, event.step)
+            return []
         if isinstance(event, FinishReported):
             self._expect(Stage.REPORTING, what="a finish report")
             self.stage = Stage.FINISHED
@@ -375,10 +394,26 @@ class Coordination:
     def _answered(self, answer: pb.QuorumResponse, now: float) -> list[Effect]:
         r = self.round
         self.attempt += 1
+        resume = self._resume_step(answer)
+        if resume is None and answer.HasField("resume_checkpoint_step"):
+            kept = pb.QuorumResponse()
+            kept.CopyFrom(answer)
+            kept.ClearField("resume_checkpoint_step")  # the ranks train max_step from their own state
+            answer = kept
         self.stage = Stage.VOTING
         r.answer, r.trained = answer, answer.max_step
         me = next((m for m in answer.members if m.replica_id == self.settings.replica_id), None)
         r.behind = me is not None and not me.healthy
+        effects = self._plan_frames(answer)
+        if resume is not None:
+            # Every rank loads the checkpoint and begins its step: nothing is trained or reported
+            # in this quorum, and begins of older steps are late from now on.
+            self.stage, self.last_committed = Stage.READY, resume
+            effects += self._maybe_start_round(now)
+        return effects
+
+    def _plan_frames(self, answer: pb.QuorumResponse) -> list[Effect]:
+        r = self.round
         if not answer.addresses_included:  # the ranks hold this quorum's addresses: one frame for all
             return [Broadcast(rpb.CoordinatorFrame(plan=rpb.StepPlan(attempt=self.attempt, step=r.step,
                                                                      quorum=answer)))]
@@ -387,6 +422,15 @@ class Coordination:
         return [SendEach(tuple((self.conn_of[k], rpb.CoordinatorFrame(plan=rpb.StepPlan(
                     attempt=self.attempt, step=r.step, quorum=bare, peers=column)))
                 for k, column in enumerate(address_columns(answer, self.world)) if k in self.conn_of))]
+
+    def _resume_step(self, answer: pb.QuorumResponse) -> int | None:
+        """The checkpoint (committed step) the ranks load instead of training, or None."""
+        if not answer.HasField("resume_checkpoint_step"):
+            return None
+        offered = answer.resume_checkpoint_step
+        if not self.settings.checkpoint_dir or offered + 1 <= self.round.step:
+            return None  # no checkpoints here, or not newer than what the ranks hold
+        return offered
 
     def _quorum_failed(self, ev: QuorumFailed, now: float) -> list[Effect]:
         step = self.round.step
@@ -423,8 +467,9 @@ class Coordination:
         r = self.round
         assert r.answer is not None
         loss = r.loss_sum / max(len(r.voted), 1)
+        saved = self.checkpoint_step if 0 <= self.checkpoint_step <= r.trained else None
         report = ReportStep(r.answer.quorum_id, r.trained, r.decided_at - r.started_at, loss, r.tokens, digest,
-                            r.behind, note, rank_digests)
+                            r.behind, note, rank_digests, saved)
         self.stage = Stage.READY
         return [report] + self._maybe_start_round(now)
 

@@ -105,6 +105,12 @@ class CoordinatorService:
         host, port = self._server.sockets[0].getsockname()[:2]
         return f"{host}:{port}"
 
+    def checkpoint_saved(self, step: int) -> None:
+        """Rank 0's Manager wrote the checkpoint of the state after committing `step` (any thread):
+        later step reports name it."""
+        if self._thread is not None:
+            self._loop.call_soon_threadsafe(self._feed, co.CheckpointSaved(step))
+
     # ------------------------------------------------------------ events in (loop thread)
 
     def _feed(self, event: co.Event) -> None:

@@ -52,6 +52,24 @@ class PlanArrived:
 
 
 @dataclass(frozen=True)
+class ResumeOrdered:
+    """The coordinator's answer to a begin on a rollback quorum: every rank loads the durable
+    checkpoint of the state after committing `checkpoint_step` instead of training."""
+    attempt: int
+    step: int                           # the step of the begin this answers
+    quorum_id: int
+    checkpoint_step: int
+
+
+@dataclass(frozen=True)
+class CheckpointLoaded:
+    """The checkpoint LoadCheckpoint asked for is in place (ledger set), or could not be loaded."""
+    step: int                           # the step the loaded state starts (-1: nothing loaded)
+    ledger: DataLedger | None = None
+    reason: str = ""
+
+
+@dataclass(frozen=True)
 class PlanRefused:
     attempt: int
     kind: Refusal
@@ -107,10 +125,10 @@ class FinishedArrived:
     reason: str
 
 
-Event = Union[Begin, PlanArrived, PlanRefused, Reduced, FetchFinished, End, DecisionArrived, Tick,
-              CoordinatorLost, Close, FinishedArrived]
+Event = Union[Begin, PlanArrived, ResumeOrdered, CheckpointLoaded, PlanRefused, Reduced, FetchFinished, End,
+              DecisionArrived, Tick, CoordinatorLost, Close, FinishedArrived]
 # What the coordinator sends may come late, twice, or not fit: never an error.
-FROM_COORDINATOR = (PlanArrived, PlanRefused, DecisionArrived, FinishedArrived, CoordinatorLost)
+FROM_COORDINATOR = (PlanArrived, ResumeOrdered, PlanRefused, DecisionArrived, FinishedArrived, CoordinatorLost)
 
 
 # ---------------------------------------------------------------- effects
@@ -156,6 +174,13 @@ class CancelFetch:
 class AdoptFetched:
     """At commit, before ApplyStep: load the fetched optimizer and registered state (the model
     tensors are in place already): it is the source's state at the start of `step`."""
+    step: int
+
+
+@dataclass(frozen=True)
+class LoadCheckpoint:
+    """Load the durable checkpoint of the state at the start of `step` (model, optimizer,
+    registered state, ledger), then feed CheckpointLoaded."""
     step: int
 
 
@@ -220,5 +245,6 @@ class Fail:
     retries_exhausted: bool = False
 
 
-Effect = Union[SendBegin, ServeState, StopServing, ConfigureRing, StartFetch, CancelFetch, AdoptFetched, SendVote,
-               ApplyStep, DropGradients, SendDigest, Checkpoint, Concluded, SendClose, Closed, Ended, Fail]
+Effect = Union[SendBegin, ServeState, StopServing, ConfigureRing, StartFetch, CancelFetch, AdoptFetched,
+               LoadCheckpoint, SendVote, ApplyStep, DropGradients, SendDigest, Checkpoint, Concluded, SendClose, Closed,
+               Ended, Fail]

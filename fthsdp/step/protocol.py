@@ -17,6 +17,9 @@ applies the one decision the coordinator sends for that attempt.
      └────────────────┴──┴────────────────────┴──────────────────────────────────┘
                              (a retry counts; more than max_retries in a row → FAILED)
 
+    PLANNING ── ResumeOrdered ──▶ RESUMING ── CheckpointLoaded ──▶ IDLE at the checkpoint's step
+               (a rollback quorum: the durable checkpoint is newer than the replica's state)
+
     Begin at max_steps → ENDED ── Close ──▶ FINISHING ── FinishedArrived, or its deadline,
                                               ▲           or the coordinator gone ──▶ FINISHED
                                               └── Close from IDLE, PLANNING, TRAINING, VOTING
@@ -28,7 +31,10 @@ replica) fetches its source's state while it contributes zeros, and takes it as 
 only when the step commits (AdoptFetched, then ApplyStep): after a retry every rank of the
 replica is still at its old step, whichever of their fetches finished. (The model tensors
 a fetch wrote in place are then stale but unseen: a behind replica serves nobody, reports
-no digest, and fetches again.) Events that come from the coordinator and do not fit --
+no digest, and fetches again.) When the controller offers a rollback quorum a durable
+checkpoint newer than the replica's own state, the coordinator orders every rank to load it
+instead of training (ResumeOrdered); each rank then begins the checkpoint's step. Events
+that come from the coordinator and do not fit --
 late, duplicated, stale -- are ignored; a local event in the wrong state is a bug: it
 raises ProtocolError and changes nothing.
 """
@@ -42,11 +48,12 @@ from typing import Callable, Union
 
 from fthsdp.data_ledger import DataLedger
 from fthsdp.settings import RuntimeSettings
-from fthsdp.step.events import (FROM_COORDINATOR, AdoptFetched, ApplyStep, Begin, CancelFetch, Checkpoint, Close,
-                                Closed, Concluded, ConfigureRing, CoordinatorLost, DecisionArrived, DropGradients,
-                                Effect, End, Ended, Event, Fail, FetchFinished, FinishedArrived, PlanArrived,
-                                PlanRefused, Reduced, Refusal, SendBegin, SendClose, SendDigest, SendVote,
-                                ServeState, StartFetch, StepOutcome, StopServing, Tick)
+from fthsdp.step.events import (FROM_COORDINATOR, AdoptFetched, ApplyStep, Begin, CancelFetch, Checkpoint,
+                                CheckpointLoaded, Close, Closed, Concluded, ConfigureRing, CoordinatorLost,
+                                DecisionArrived, DropGradients, Effect, End, Ended, Event, Fail, FetchFinished,
+                                FinishedArrived, LoadCheckpoint, PlanArrived, PlanRefused, Reduced, Refusal,
+                                ResumeOrdered, SendBegin, SendClose, SendDigest, SendVote, ServeState, StartFetch,
+                                StepOutcome, StopServing, Tick)
 from fthsdp.step.plan import RankPlan
 
 INF = float("inf")
@@ -61,6 +68,7 @@ class Phase(enum.Enum):
     PLANNING = "planning"      # begin sent; waiting for the coordinator's plan
     TRAINING = "training"      # plan in hand: reducing gradients (behind: fetching meanwhile)
     VOTING = "voting"          # vote sent; waiting for the decision
+    RESUMING = "resuming"      # loading the durable checkpoint a rollback quorum offered
     ENDED = "ended"            # no more steps (max_steps, a rank closed, job COMPLETED)
     FINISHING = "finishing"    # close sent; waiting for the coordinator's last word
     FINISHED = "finished"
@@ -99,6 +107,7 @@ class RankState:
     failures_in_a_row: int = 0
     last_failure: str = ""
     reason: str = ""                    # why ENDED, FINISHED or FAILED
+    resume_to: int = -1                 # RESUMING: the step the checkpoint being loaded starts
 
 
 def initial_state(settings: RuntimeSettings, step: int = 0, ledger: DataLedger | None = None) -> RankState:
@@ -146,12 +155,19 @@ def _begin_again(state: RankState, _ev: Begin, _now: float, _s: RuntimeSettings)
     return state, (Ended(state.reason),) if state.phase is Phase.ENDED else (Fail(state.reason),)
 
 
-def _plan(state: RankState, ev: PlanArrived, now: float, s: RuntimeSettings) -> Result:
-    if ev.attempt <= state.attempt:
+def _not_the_answer(state: RankState, attempt: int, step: int, what: str, s: RuntimeSettings) -> Result | None:
+    """None when an answer to this rank's begin is the one it waits for; else what to do with it."""
+    if attempt <= state.attempt:
         return state, ()  # late or duplicated
-    if ev.step != state.step:
-        return _fail(state, f"rank {s.rank} at step {state.step} got a plan for step {ev.step}: the replica's "
+    if step != state.step:
+        return _fail(state, f"rank {s.rank} at step {state.step} got {what} for step {step}: the replica's "
                             f"ranks disagree on their step; exit so the replica is restarted and catches up")
+    return None
+
+
+def _plan(state: RankState, ev: PlanArrived, now: float, s: RuntimeSettings) -> Result:
+    if (other := _not_the_answer(state, ev.attempt, ev.step, "a plan", s)) is not None:
+        return other
     plan = ev.plan
     new = _replace(state, phase=Phase.TRAINING, attempt=ev.attempt, deadline=INF, plan=plan,
                    quorum_id=plan.quorum_id if plan else 0, ledger_before=state.ledger)
@@ -166,6 +182,27 @@ def _plan(state: RankState, ev: PlanArrived, now: float, s: RuntimeSettings) -> 
         new = _replace(new, fetch=Fetch.RUNNING, fetch_deadline=now + s.fetch_budget_s)
         return new, (StopServing(), ConfigureRing(plan), StartFetch(plan))
     return new, (ServeState(state.step, plan.fetchers), ConfigureRing(plan))
+
+
+def _resume(state: RankState, ev: ResumeOrdered, _now: float, s: RuntimeSettings) -> Result:
+    if (other := _not_the_answer(state, ev.attempt, ev.step, "a resume order", s)) is not None:
+        return other
+    resume_to = ev.checkpoint_step + 1
+    if resume_to <= state.step:
+        return _fail(state, f"quorum {ev.quorum_id} tells rank {s.rank} to resume from the checkpoint of step "
+                            f"{ev.checkpoint_step}, but it holds the state at step {state.step} already")
+    new = _replace(state, phase=Phase.RESUMING, attempt=ev.attempt, deadline=INF, plan=None, quorum_id=ev.quorum_id,
+                   resume_to=resume_to)
+    return new, (StopServing(), LoadCheckpoint(resume_to))
+
+
+def _loaded(state: RankState, ev: CheckpointLoaded, _now: float, s: RuntimeSettings) -> Result:
+    if ev.ledger is None or ev.step != state.resume_to:
+        why = ev.reason or f"it holds the state at step {ev.step}, not at step {state.resume_to}"
+        return _fail(state, f"rank {s.rank} cannot resume from the checkpoint of step {state.resume_to - 1} that "
+                            f"quorum {state.quorum_id} offered: {why}; exit so the replica is restarted")
+    new = _replace(state, phase=Phase.IDLE, step=ev.step, ledger=ev.ledger, ledger_before=None, resume_to=-1)
+    return new, ()
 
 
 def _refused(state: RankState, ev: PlanRefused, now: float, s: RuntimeSettings) -> Result:
@@ -374,6 +411,7 @@ _TABLE: dict[tuple[Phase, type], Handler] = {
     (P.IDLE, Close): _close,
     (P.IDLE, CoordinatorLost): _lost,
     (P.PLANNING, PlanArrived): _plan,
+    (P.PLANNING, ResumeOrdered): _resume,
     (P.PLANNING, PlanRefused): _refused,
     (P.PLANNING, DecisionArrived): _planning_decision,
     (P.PLANNING, Tick): _planning_tick,
@@ -392,6 +430,9 @@ _TABLE: dict[tuple[Phase, type], Handler] = {
     (P.VOTING, Tick): _voting_tick,
     (P.VOTING, CoordinatorLost): _lost,
     (P.VOTING, Close): _close,
+    (P.RESUMING, CheckpointLoaded): _loaded,
+    (P.RESUMING, CoordinatorLost): _lost,
+    (P.RESUMING, Close): _close,
     (P.ENDED, Begin): _begin_again,
     (P.ENDED, Close): _close,
     (P.FINISHING, FinishedArrived): _finished,

@@ -53,33 +53,38 @@ class Cluster:
         self.procs.append(Proc(name, proc, out, err))
         return self.procs[-1]
 
-    async def start_controller(self, replicas: int = 3, extra: tuple[str, ...] = ()) -> Proc:
+    async def start_controller(self, replicas: int = 3, restart_budget: int = 0, *flags: str) -> Proc:
+        """`restart_budget`: replica restarts a host's trainer deaths may cause before the host
+        is replaced (0: the first death swaps it)."""
         p = await self._spawn("controller", *CLI, "controller", "--grpc-port", "0",
                               "--http-port", "0", "--replicas", str(replicas),
                               "--min-replicas", "1", "--join-timeout-s", "1.0",
                               "--heartbeat-timeout-s", str(self.heartbeat_timeout_s),
-                              "--admin-token-file", str(self.token_file), *extra)
+                              "--restart-budget", str(restart_budget),
+                              "--admin-token-file", str(self.token_file), *flags)
         line = await wait_for(p.first_line, 30, "the controller's serving line")
         self.grpc, self.http = line["grpc"], line["http"]
         return p
 
     async def start_agent(self, host_id: str, *, replica: str = "", rank: int = 0,
                           world_size: int = 1, spare: bool = False, standby: bool = False,
-                          budget: int = 0, labels: str = "", command: tuple[str, ...] = (),
-                          wait: bool = True, extra: tuple[str, ...] = ()) -> Proc:
+                          labels: str = "", command: tuple[str, ...] = (),
+                          wait: bool = True, extra: tuple[str, ...] = (), name: str = "") -> Proc:
+        """An agent for `host_id`: with `replica` it claims that assignment, with `spare` it is
+        a spare, with neither it is available (the controller's layout decides). `name` names
+        its output files when the host had an agent before."""
         args = [*CLI, "agent", "--controller", self.grpc, "--host-id", host_id,
-                "--restart-budget", str(budget), "--heartbeat-interval-s", "0.3",
-                "--stop-grace-s", "2", *extra]
+                "--heartbeat-interval-s", "0.3", "--stop-grace-s", "2", *extra]
         if spare:
             args.append("--spare")
-        else:
+        elif replica:
             args += ["--replica-id", replica, "--ranks", str(rank), "--world-size",
                      str(world_size)]
         if standby:
             args.append("--standby")
         if labels:
             args += ["--labels", labels]
-        p = await self._spawn(host_id, *args, "--",
+        p = await self._spawn(name or host_id, *args, "--",
                               *(command or trainer_command(self.ready_dir, "--join")))
         if wait:
             await wait_for(p.first_line, 30, f"agent {host_id} registered")

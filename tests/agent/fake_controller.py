@@ -1,8 +1,10 @@
 """An in-process stand-in for the controller's agent-facing RPCs, for agent tests.
 
 It records registrations, heartbeats, acks and exit reports, and lets a test push orders
-to a host's order stream. `refuse` makes RegisterAgent answer FAILED_PRECONDITION;
-`job_state` is what heartbeat and registration answers say about the job. Like the real
+to a host's order stream. `refuse` makes RegisterAgent answer FAILED_PRECONDITION, `busy`
+makes it answer ABORTED (another live agent holds the host) that many times; `job_state` is
+what heartbeat and registration answers say about the job; registration answers carry
+assignment version `version`. Deregistrations are recorded in `deregistrations`. Like the real
 controller it hands out an agent secret per new incarnation, and it records the secret each
 order stream, ack and exit report presented (`presented`).
 """
@@ -33,6 +35,9 @@ class FakeController(pb_grpc.ControllerServicer):
         self.mute = False    # read heartbeats but never answer (a frozen process)
         self.forget = 0      # answer this many heartbeats with "unknown host"
         self.fail_exits = 0  # refuse this many exit reports with UNAVAILABLE
+        self.busy = 0        # answer this many registrations with ABORTED
+        self.version = 3
+        self.deregistrations: list[pb.DeregisterAgentRequest] = []
         self.job_state = pb.RUNNING
         self.server: grpc.aio.Server | None = None
         self.address = ""
@@ -65,7 +70,12 @@ class FakeController(pb_grpc.ControllerServicer):
         if self.refuse:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, self.refuse)
         self.registrations.append(request)
-        assignment = self.answer if self.answer is not None else request.assignment
+        if self.busy > 0:
+            self.busy -= 1
+            await context.abort(grpc.StatusCode.ABORTED, "host is held by a live agent; Retry later.")
+        assignment = pb.Assignment()
+        assignment.CopyFrom(self.answer if self.answer is not None else request.assignment)
+        assignment.version = assignment.version or self.version
         new = request.incarnation not in self.secrets
         secret = self.secrets.setdefault(request.incarnation, f"secret-{len(self.secrets)}")
         return pb.RegisterAgentResponse(assignment=assignment, reason="fake", job_state=self.job_state,
@@ -94,6 +104,11 @@ class FakeController(pb_grpc.ControllerServicer):
         self.presented.append(("AckOrder", request.agent_secret))
         self.acks[request.order_id] = request
         return pb.AckOrderResponse()
+
+    async def DeregisterAgent(self, request, context):
+        self.presented.append(("DeregisterAgent", request.agent_secret))
+        self.deregistrations.append(request)
+        return pb.DeregisterAgentResponse()
 
     async def ReportTrainerExit(self, request, context):
         self.presented.append(("ReportTrainerExit", request.agent_secret))

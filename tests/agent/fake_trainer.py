@@ -4,7 +4,7 @@
 
 A standby (FTHSDP_STANDBY=1) first writes `standby-<pid>.json`, then blocks in
 `agent.env.wait_for_assignment()`. Every trainer then writes `ready-<replica>-<rank>-<pid>.json`
-(atomically) with its FTHSDP_* environment, argv and whether it started as a standby, prints
+(atomically) with its FTHSDP_* and torchrun (RANK, MASTER_ADDR...) environment, argv and whether it started as a standby, prints
 "trainer ready" to stderr, and waits to be killed. `--exit CODE` exits instead (after printing
 "boom" to stderr); `--ignore-term` ignores SIGTERM; `--child` starts a child process that
 waits too (its pid is in the ready file) to check that stops reach the process group.
@@ -45,7 +45,8 @@ def main():
     child = None
     if "--child" in flags:
         child = subprocess.Popen([sys.executable, "-c", "import threading; threading.Event().wait()"])
-    env = {k: v for k, v in os.environ.items() if k.startswith("FTHSDP_")}
+    torchrun = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+    env = {k: v for k, v in os.environ.items() if k.startswith("FTHSDP_") or k in torchrun}
     values = {"pid": os.getpid(), "env": env, "argv": sys.argv[1:], "warm": standby,
               "child_pid": child.pid if child else None, "time": time.time()}
     replica, rank = env.get("FTHSDP_REPLICA_ID", "?"), env.get("FTHSDP_RANK", "?")

@@ -20,9 +20,10 @@ BOUND_S = 30
 
 
 @pytest.fixture
-async def cluster(tmp_path):
+async def cluster(tmp_path, request):
+    """A controller (restart budget 0 unless the test passes another) and nothing else yet."""
     c = Cluster(tmp_path)
-    await c.start_controller()
+    await c.start_controller(restart_budget=getattr(request, "param", 0))
     yield c
     await c.close()
 
@@ -51,7 +52,7 @@ async def test_trainer_death_gives_up_and_the_warm_spare_rebuilds_the_replica(cl
     [victim] = c.trainers("r0")
 
     os.kill(victim["pid"], signal.SIGKILL)
-    # Reported at once (not by heartbeat), and with budget 0 the agent gave up.
+    # Reported at once (not by heartbeat); the controller's restart budget is 0: h1 is replaced.
     exits = await wait_for_async(lambda: c.events("cordon"), BOUND_S, "h1 cordoned")
     assert "restart budget exhausted" in exits[0]["message"] and exits[0]["subject"] == "h1"
     assert "signal 9" in exits[0]["message"]
@@ -95,16 +96,20 @@ async def test_agent_death_swaps_after_heartbeat_timeout_and_repair_returns_it(c
     assert (await c.get("/api/v1/job"))["spares_free"] == 2
 
 
+@pytest.mark.parametrize("cluster", [1], indirect=True)  # a restart budget of 1
 async def test_budget_exhausted_cordons_and_without_spares_the_job_continues(cluster):
     c = cluster
-    await active_hosts(c, budget=1)
+    await active_hosts(c)
     await healthy(c, "r0", "r1", "r2")
     [first] = c.trainers("r2")
     os.kill(first["pid"], signal.SIGKILL)
     second = await wait_for(lambda: [t for t in c.trainers("r2") if t["pid"] != first["pid"]],
-                            BOUND_S, "local restart of r2")
+                            BOUND_S, "r2 restarted")
     assert second[0]["env"]["FTHSDP_HOST_ID"] == "h3"
-    assert not (await c.host("h3"))["cordoned"]  # one restart is within the budget
+    assert not (await c.host("h3"))["cordoned"]  # one replica restart is within the budget
+    assert (await c.replica("r2"))["restarts"] == 1
+    [restart] = await c.events("replica_restart")
+    assert "trainer rank 0 on host h3 died (signal 9)" in restart["message"]
 
     os.kill(second[0]["pid"], signal.SIGKILL)
     h3 = await wait_for_async(lambda: _cordoned(c, "h3"), BOUND_S, "h3 cordoned")
@@ -129,10 +134,15 @@ async def test_refusals_and_drain(cluster):
     await active_hosts(c)
     await c.start_agent("h4", spare=True)
 
-    # A second agent for a live host, and a second host for a held rank, are refused.
+    # A second agent for a live host waits (it never takes h1 from its live agent); a second
+    # host for a held rank is refused.
     dup = await c.start_agent("h1", replica="r0", wait=False)
-    assert await dup.proc.wait() == 3
-    assert "duplicate registration" in dup.log()
+    await wait_for(lambda: "held by a live agent" in dup.log(), BOUND_S, "the second h1 agent told to wait")
+    assert dup.proc.returncode is None and (await c.host("h1"))["incarnation"] != ""
+    [h1_trainer] = c.trainers("r0")
+    dup.proc.send_signal(signal.SIGTERM)
+    assert await dup.proc.wait() == 0
+    assert (await c.host("h1"))["state"] == "ACTIVE" and alive(h1_trainer["pid"])  # it deregistered nothing
     other = await c.start_agent("h9", replica="r1", wait=False)
     assert await other.proc.wait() == 3
     assert "duplicate assignment" in other.log()
@@ -183,7 +193,7 @@ async def test_replicas_that_finish_complete_the_job_and_their_agents_exit_0(tmp
     c = Cluster(tmp_path)
     try:
         await c.start_controller(replicas=2)
-        agents = [await c.start_agent(f"h{i}", replica=f"r{i}", budget=3,
+        agents = [await c.start_agent(f"h{i}", replica=f"r{i}",
                                       command=trainer_command(c.ready_dir, "--join", "--finish-after", str(3 + 4 * i)))
                   for i in range(2)]
         for agent in agents:

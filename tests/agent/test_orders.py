@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from agent.orders import Assignment, Effect, plan_order, wants_for
+from agent.orders import Assignment, Effect, meet_locally, plan_order, wants_for
 from agent.policy import Role
 from agent.settings import AgentSettings, substitute
 from protos import controller_pb2 as pb
@@ -82,7 +82,9 @@ def test_plan_order(name, kind, proposed, current, after, effect, words):
 
 
 def test_wants_follow_the_plan():
-    assert [w.rank for w in wants_for(R0, Effect.TRAIN, 2, standby=False)] == [0, 1]
+    wants = wants_for(R0, Effect.TRAIN, 2, standby=False, version=5)
+    assert [(w.placement.rank, w.placement.local_rank, w.placement.local_world_size, w.version)
+            for w in wants] == [(0, 0, 2, 5), (1, 1, 2, 5)]
     assert {w.role for w in wants_for(R0, Effect.STOP, 2, standby=True)} == {Role.IDLE}
     assert {w.role for w in wants_for(None, Effect.RELEASE, 2, standby=True)} == {Role.STANDBY}
     assert {w.role for w in wants_for(None, Effect.RELEASE, 2, standby=False)} == {Role.IDLE}
@@ -91,6 +93,30 @@ def test_wants_follow_the_plan():
 def test_assignment_round_trips_through_the_wire():
     assert Assignment.from_proto(R0.to_proto()) == R0
     assert Assignment.from_proto(pb.Assignment()) is None
+    told = Assignment.from_proto(pb.Assignment(replica_id="r0", ranks=[1], world_size=2,
+                                               rendezvous_address="10.0.0.3:29500", coordinator_address="10.0.0.3:1"))
+    assert (told.rendezvous, told.coordinator) == ("10.0.0.3:29500", "10.0.0.3:1")
+    assert told.same_work(Assignment("r0", (1,), 2)) and not told.same_work(Assignment("r0", (0,), 2))
+
+
+def test_a_restart_carries_where_the_replica_meets_now():
+    current = Assignment("r0", (1,), 2, "10.0.0.1:29500", "10.0.0.1:29501")
+    moved = Assignment("r0", (0, 1), 2, "10.0.0.9:29500", "10.0.0.9:29501")
+    plan = plan_order(O.RESTART, moved, current, 1, "h1", version=9, current_version=3)
+    assert plan.assignment == Assignment("r0", (1,), 2, "10.0.0.9:29500", "10.0.0.9:29501")
+    assert (plan.effect, plan.version) == (Effect.RESTART, 9)
+    # A CURRENT that says the replica meets elsewhere is a new placement (its trainers restart).
+    plan = plan_order(O.CURRENT, Assignment("r0", (1,), 2, "10.0.0.9:29500", "10.0.0.9:29501"), current, 1, "h1")
+    assert plan.effect is Effect.TRAIN
+
+
+def test_a_replica_on_one_host_meets_on_loopback_unless_told_otherwise():
+    assert meet_locally(Assignment("r0", (0, 1), 2), 25000, 25001) == Assignment(
+        "r0", (0, 1), 2, "127.0.0.1:25000", "127.0.0.1:25001")
+    told = Assignment("r0", (0, 1), 2, "10.0.0.1:29500", "10.0.0.1:29501")
+    assert meet_locally(told, 25000, 25001) == told
+    assert meet_locally(Assignment("r0", (0,), 2), 25000, 25001) == Assignment("r0", (0,), 2)  # spans hosts
+    assert meet_locally(None, 1, 2) is None
 
 
 def settings(**kw):
@@ -111,6 +137,10 @@ def settings(**kw):
     ({"restart_window_s": 0}, "restart_window_s must be > 0, got 0"),
     ({"spare": True, "replica_id": "", "standby": True, "command": ("t", "{rank}")},
      "cannot use ['rank']"),
+    ({"advertise_address": "10.0.0.1:29500"}, "without a port, got '10.0.0.1:29500'"),
+    ({"advertise_address": "a b"}, "without a port, got 'a b'"),
+    ({"rendezvous_port": 70000}, "rendezvous_port must be 0..65535 (0: pick a free one), got 70000"),
+    ({"rendezvous_port": 5, "coordinator_port": 5}, "must differ, both are 5"),
 ])
 def test_validate_names_the_bad_value(kw, words):
     with pytest.raises(ValueError) as err:

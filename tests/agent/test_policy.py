@@ -6,22 +6,25 @@ import random
 
 import pytest
 
-from agent.policy import (ActionKind, Observed, Proc, RestartBudget, Role, Spec, Want,
+from agent.policy import (ActionKind, Observed, Placement, Proc, RestartBudget, Role, Spec, Want,
                           next_action, restarts_in_window)
 
 A = ActionKind
-TRAIN = Want(Role.TRAIN, 1, "r0", 0, 2)
-OTHER = Want(Role.TRAIN, 1, "r1", 0, 2)
+R0 = Placement("r0", 0, 2, rendezvous="10.0.0.1:29500", coordinator="10.0.0.1:29501")
+TRAIN = Want(Role.TRAIN, 1, R0)
+OTHER = Want(Role.TRAIN, 1, Placement("r1", 0, 2))
+MOVED = Want(Role.TRAIN, 1, Placement("r0", 0, 2, rendezvous="10.0.0.9:29500", coordinator="10.0.0.9:29501"))
 STANDBY = Want(Role.STANDBY, 1)
 IDLE = Want(Role.IDLE, 1)
 BUDGET = RestartBudget(restarts=2, window_s=60.0)
 
 
-def proc(role=Role.TRAIN, gen=1, replica="r0", rank=0, exited=False, code=None, sig=None):
-    return Proc(role, gen, replica, rank, 2 if role is Role.TRAIN else 0, exited, code, sig)
+def proc(role=Role.TRAIN, gen=1, placement=R0, exited=False, code=None, sig=None):
+    return Proc(role, gen, placement if role is Role.TRAIN else None, 0, exited, code, sig)
 
 
 KILLED = proc(exited=True, sig=9)
+STANDBY_KILLED = proc(Role.STANDBY, exited=True, sig=9)
 
 CASES = [
     # (name, proc, want, restart times, halted generation, expected action, words in reason)
@@ -33,19 +36,25 @@ CASES = [
     ("trainer running as wanted", proc(), TRAIN, (), None, A.WAIT, "running"),
     ("standby running as wanted", proc(Role.STANDBY), STANDBY, (), None, A.WAIT, "standby"),
     ("standby + assignment", proc(Role.STANDBY), TRAIN, (), None, A.SWAP_IN, "takes replica r0"),
+    ("its replica halted", proc(), TRAIN, (), 1, A.STOP, "another rank of its replica died"),
+    ("its replica meets elsewhere now", proc(), MOVED, (), None, A.STOP, "placement changed"),
     ("running, nothing wanted", proc(), IDLE, (), None, A.STOP, "no trainer"),
     ("standby running, nothing wanted", proc(Role.STANDBY), IDLE, (), None, A.STOP, "no trainer"),
     ("trainer running, released", proc(), STANDBY, (), None, A.STOP, "released"),
     ("other assignment", proc(), OTHER, (), None, A.STOP, "changed to replica r1"),
     ("restart ordered", proc(gen=0), TRAIN, (), None, A.STOP, "generation 1"),
-    ("killed, budget left", KILLED, TRAIN, (), None, A.RESTART, "signal 9"),
-    ("killed, one restart used", KILLED, TRAIN, (50.0,), None, A.RESTART, "1 of 2"),
-    ("killed, budget spent", KILLED, TRAIN, (50.0, 90.0), None, A.GIVE_UP, "budget exhausted"),
-    ("killed, old restarts left window", KILLED, TRAIN, (10.0, 39.9), None, A.RESTART, "0 of 2"),
-    ("exit code 3, budget left", proc(exited=True, code=3), TRAIN, (), None, A.RESTART, "code 3"),
+    # A trainer is never restarted alone, whatever the budget: its replica restarts as a unit.
+    ("trainer killed", KILLED, TRAIN, (), None, A.HALT_REPLICA, "signal 9; its replica waits"),
+    ("trainer killed, restarts used", KILLED, TRAIN, (50.0, 90.0), None, A.HALT_REPLICA, "controller"),
+    ("exit code 3", proc(exited=True, code=3), TRAIN, (), None, A.HALT_REPLICA, "code 3"),
     ("exit code 0 finished", proc(exited=True, code=0), TRAIN, (), None, A.WAIT, "finished"),
     ("standby died", proc(Role.STANDBY, exited=True, code=1), STANDBY, (), None, A.RESTART,
      "standby trainer exited"),
+    ("standby killed, one restart used", STANDBY_KILLED, STANDBY, (50.0,), None, A.RESTART, "1 of 2"),
+    ("standby killed, budget spent", STANDBY_KILLED, STANDBY, (50.0, 90.0), None, A.GIVE_UP,
+     "budget exhausted"),
+    ("standby killed, old restarts left window", STANDBY_KILLED, STANDBY, (10.0, 39.9), None, A.RESTART,
+     "0 of 2"),
     ("exited, no longer wanted", KILLED, IDLE, (), None, A.WAIT, "no longer wanted"),
     ("exited, older generation", proc(gen=0, exited=True, sig=9), TRAIN, (), None, A.WAIT,
      "no longer wanted"),
@@ -65,19 +74,19 @@ def test_every_action_kind_is_covered_by_the_table():
     assert seen == set(ActionKind)
 
 
-def test_zero_budget_gives_up_at_the_first_exit():
-    action = next_action(Observed(0.0, KILLED), Spec(TRAIN, RestartBudget(0, 60.0)))
+def test_zero_budget_gives_a_standby_up_at_the_first_exit():
+    action = next_action(Observed(0.0, STANDBY_KILLED), Spec(STANDBY, RestartBudget(0, 60.0)))
     assert action.kind is A.GIVE_UP
     assert "0 of 0" in action.reason
 
 
 def test_budget_window_moves_with_the_clock():
-    """Three exits in quick succession spend a budget of 2; once the window passes, the same
-    restart history no longer counts."""
-    spec, times = Spec(TRAIN, BUDGET), (100.0, 101.0)
-    assert next_action(Observed(102.0, KILLED, times), spec).kind is A.GIVE_UP
-    assert next_action(Observed(160.5, KILLED, times), spec).kind is A.RESTART  # 100 left
-    assert next_action(Observed(161.0, KILLED, times), spec).kind is A.RESTART  # both left
+    """Three standby exits in quick succession spend a budget of 2; once the window passes,
+    the same restart history no longer counts."""
+    spec, times = Spec(STANDBY, BUDGET), (100.0, 101.0)
+    assert next_action(Observed(102.0, STANDBY_KILLED, times), spec).kind is A.GIVE_UP
+    assert next_action(Observed(160.5, STANDBY_KILLED, times), spec).kind is A.RESTART  # 100 left
+    assert next_action(Observed(161.0, STANDBY_KILLED, times), spec).kind is A.RESTART  # both left
 
 
 def test_restarts_in_window_matches_a_naive_count():

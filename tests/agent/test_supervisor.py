@@ -9,9 +9,10 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+from dataclasses import replace
 
 
-from agent.policy import Role, Want
+from agent.policy import Placement, Role, Want
 from agent.process import SubprocessHooks
 from agent.settings import AgentSettings
 from agent.supervisor import Supervisor, TrainerExit
@@ -58,62 +59,85 @@ class Rig:
                                10, f"{n} ready files ({what})"))
 
 
-TRAIN = [Want(Role.TRAIN, 0, "r0", 0, 2)]
+R0 = Placement("r0", 0, 2, rendezvous="10.9.0.1:29500", coordinator="10.9.0.1:29501")
+TRAIN = [Want(Role.TRAIN, 0, R0, version=7)]
+BOTH = [Want(Role.TRAIN, 0, Placement("r0", r, 2, r, 2, "10.9.0.1:29500", "10.9.0.1:29501"), 7) for r in (0, 1)]
 
 
 async def test_start_sets_environment_and_placeholders(tmp_path):
     async with Rig(tmp_path) as rig:
         rig.sup.set_wants(TRAIN)
         [info] = await rig.ready(1)
-    assert info["env"]["FTHSDP_REPLICA_ID"] == "r0"
-    assert info["env"]["FTHSDP_RANK"] == "0"
-    assert info["env"]["FTHSDP_WORLD_SIZE"] == "2"
-    assert info["env"]["FTHSDP_HOST_ID"] == "h1"
-    assert info["env"]["FTHSDP_JOB_ID"] == "j1"
-    assert info["env"]["FTHSDP_CONTROLLER"] == "127.0.0.1:9"
-    assert "FTHSDP_STANDBY" not in info["env"]
+    env = info["env"]
+    assert (env["FTHSDP_REPLICA_ID"], env["FTHSDP_RANK"], env["FTHSDP_WORLD_SIZE"]) == ("r0", "0", "2")
+    assert (env["FTHSDP_HOST_ID"], env["FTHSDP_JOB_ID"], env["FTHSDP_CONTROLLER"]) == ("h1", "j1", "127.0.0.1:9")
+    # torchrun's variables: a replica's ranks meet at its rank-0 host.
+    assert (env["RANK"], env["WORLD_SIZE"], env["LOCAL_RANK"], env["LOCAL_WORLD_SIZE"]) == ("0", "2", "0", "1")
+    assert (env["MASTER_ADDR"], env["MASTER_PORT"]) == ("10.9.0.1", "29500")
+    assert env["FTHSDP_COORDINATOR_ADDRESS"] == "10.9.0.1:29501"
+    assert "FTHSDP_STANDBY" not in env
     assert info["argv"][-2:] == ["r0", "0"]
     assert not alive(info["pid"])  # stopped on the way out
 
 
-async def test_killed_trainer_is_reported_and_restarted_then_given_up(tmp_path):
-    async with Rig(tmp_path, restart_budget=1, restart_window_s=60.0) as rig:
-        rig.sup.set_wants(TRAIN)
-        [first] = await rig.ready(1)
-        os.kill(first["pid"], signal.SIGKILL)
-        second = (await rig.ready(2, "restart"))[-1]
-        assert second["pid"] != first["pid"]
-        assert rig.exits[0].signal == signal.SIGKILL and rig.exits[0].exit_code == -1
-        assert not rig.exits[0].gave_up and "trainer ready" in rig.exits[0].stderr_tail
-
-        rig.clock.now_s += 10  # still inside the window: the budget of 1 is spent
-        os.kill(second["pid"], signal.SIGKILL)
-        await wait_for(lambda: len(rig.exits) == 2, 10, "second exit report")
-        assert rig.exits[1].gave_up and (rig.exits[1].replica_id, rig.exits[1].rank) == ("r0", 0)
+async def test_a_dead_trainer_is_reported_and_its_replica_halts_until_an_order(tmp_path):
+    async with Rig(tmp_path, slots=2, ranks=(0, 1)) as rig:
+        rig.sup.set_wants(BOTH)
+        first = await rig.ready(2)
+        victim, survivor = sorted(first, key=lambda t: t["env"]["FTHSDP_RANK"])
+        assert survivor["env"]["LOCAL_RANK"] == "1"
+        os.kill(victim["pid"], signal.SIGKILL)
+        [e] = await wait_for(lambda: rig.exits, 10, "exit report")
+        assert (e.replica_id, e.rank, e.signal, e.exit_code, e.version) == ("r0", 0, signal.SIGKILL, -1, 7)
+        assert "trainer ready" in e.stderr_tail
+        # Not restarted alone: the other rank of its replica is stopped too (and not reported).
+        await wait_for(lambda: not alive(survivor["pid"]), 10, "the surviving rank stopped")
         await rig.sup.reconcile()
-        assert len(ready_files(tmp_path)) == 2 and rig.sup.slots[0].handle is None
+        assert len(ready_files(tmp_path)) == 2 and len(rig.exits) == 1
+        assert all(slot.handle is None for slot in rig.sup.slots)
 
-        rig.sup.resume()  # an order (e.g. START) clears the halt
-        await rig.ready(3, "start after resume")
+        rig.sup.bump()  # the controller's RESTART: both ranks start together
+        await rig.ready(4, "the replica restarted")
 
 
-async def test_budget_window_on_a_fake_clock(tmp_path):
-    """Budget 1 per 60 s: a kill 100 s after the last restart is restarted again."""
-    async with Rig(tmp_path, restart_budget=1, restart_window_s=60.0) as rig:
+async def test_a_newer_version_for_what_runs_is_taken_without_a_restart(tmp_path):
+    async with Rig(tmp_path) as rig:
         rig.sup.set_wants(TRAIN)
+        [info] = await rig.ready(1)
+        rig.sup.set_wants([Want(Role.TRAIN, 0, R0, version=9)])
+        await rig.sup.reconcile()
+        assert alive(info["pid"]) and rig.sup.slots[0].proc.version == 9
+        os.kill(info["pid"], signal.SIGKILL)
+        [e] = await wait_for(lambda: rig.exits, 10, "exit report")
+        assert e.version == 9
+
+
+async def test_standby_restart_budget_on_a_fake_clock(tmp_path):
+    """Budget 1 per 60 s for standbys: a second death inside the window halts the slot; a
+    death 100 s after the last restart is restarted again."""
+    async with Rig(tmp_path, spare=True, replica_id="", ranks=(), world_size=0, standby=True,
+                   restart_budget=1, restart_window_s=60.0, command=trainer_command(tmp_path)) as rig:
+        rig.sup.set_wants([Want(Role.STANDBY)])
         for n in (1, 2):
-            pid = (await rig.ready(n))[-1]["pid"]
+            [pid] = await wait_for(lambda: len(standby_files(tmp_path)) == n and
+                                   [s["pid"] for s in standby_files(tmp_path) if alive(s["pid"])], 10, f"standby {n}")
             rig.clock.now_s += 100
             os.kill(pid, signal.SIGKILL)
-        await rig.ready(3, "restart after the window passed")
-        assert [e.gave_up for e in rig.exits] == [False, False]
+        await wait_for(lambda: len(standby_files(tmp_path)) == 3, 10, "restart after the window passed")
+        [pid] = [s["pid"] for s in standby_files(tmp_path) if alive(s["pid"])]
+        rig.clock.now_s += 10
+        os.kill(pid, signal.SIGKILL)
+        await wait_for(lambda: not alive(pid), 10, "the third standby gone")
+        await rig.sup.reconcile()
+        assert len(standby_files(tmp_path)) == 3 and rig.sup.slots[0].handle is None  # gave up
+        assert rig.exits == []  # standbys have no replica to report to
 
 
 async def test_exit_code_and_stderr_tail_are_reported(tmp_path):
-    async with Rig(tmp_path, "--exit", "3", restart_budget=0) as rig:
+    async with Rig(tmp_path, "--exit", "3") as rig:
         rig.sup.set_wants(TRAIN)
         [e] = await wait_for(lambda: rig.exits, 10, "exit report")
-    assert (e.exit_code, e.signal, e.gave_up) == (3, 0, True)
+    assert (e.exit_code, e.signal) == (3, 0)
     assert e.stderr_tail.splitlines()[-2:] == ["trainer ready", "boom"]
 
 
@@ -122,7 +146,7 @@ async def test_finished_trainer_is_not_restarted(tmp_path):
         rig.sup.set_wants(TRAIN)
         [e] = await wait_for(lambda: rig.exits, 10, "exit report")
         await rig.sup.reconcile()
-        assert (e.exit_code, e.gave_up) == (0, False)
+        assert e.exit_code == 0
         assert len(ready_files(tmp_path)) == 1 and rig.sup.slots[0].handle is None
 
 
@@ -154,7 +178,8 @@ async def test_standby_is_handed_the_assignment(tmp_path):
         rig.sup.set_wants([Want(Role.STANDBY)] * 2)
         standbys = await wait_for(lambda: len(standby_files(tmp_path)) == 2 and
                                   standby_files(tmp_path), 10, "two standbys")
-        rig.sup.set_wants([Want(Role.TRAIN, 0, "r2", 1, 2)])
+        r2 = Placement("r2", 1, 2, 0, 1, "10.9.0.2:29500", "10.9.0.2:29501")
+        rig.sup.set_wants([Want(Role.TRAIN, 0, r2)])
         await rig.sup.reconcile()
         [info] = await rig.ready(1)
         assert info["warm"] and info["pid"] in {s["pid"] for s in standbys}
@@ -162,6 +187,14 @@ async def test_standby_is_handed_the_assignment(tmp_path):
         assert "FTHSDP_STANDBY" not in info["env"]
         other = ({s["pid"] for s in standbys} - {info["pid"]}).pop()
         await wait_for(lambda: not alive(other), 5, "the unused standby to stop")
+        # A warm trainer sees exactly what a cold one of the same placement sees.
+        rig.sup.set_wants([Want(Role.IDLE)])
+        await rig.sup.reconcile()
+        rig.sup.settings = replace(rig.sup.settings, standby=False)
+        rig.sup.set_wants([Want(Role.TRAIN, 0, r2)])
+        await rig.sup.reconcile()
+        cold = [t for t in await rig.ready(2) if not t["warm"]][0]
+        assert cold["env"] == info["env"]
 
 
 async def test_a_command_that_cannot_start_is_an_error_not_a_loop(tmp_path):

@@ -23,8 +23,7 @@ async def start(tmp_path, dry_run: bool) -> Cluster:
     c = Cluster(tmp_path, heartbeat_timeout_s=10.0)
     settings = tmp_path / "controller.json"
     settings.write_text(json.dumps({"diagnosis": {"hang_after_s": 2.0, "analysis_interval_s": 0.5}}))
-    await c.start_controller(replicas=2, extra=("--settings", str(settings)) + (("--diagnosis-dry-run",) if dry_run
-                                                                                else ()))
+    await c.start_controller(2, 0, "--settings", str(settings), *(("--diagnosis-dry-run",) if dry_run else ()))
     command = trainer_command(c.ready_dir, "--join", "--telemetry", "h11:r1")
     extra = ("--telemetry-interval-s", "0.5", "--telemetry-window-collectives", "4")
     for r in range(2):

@@ -28,7 +28,7 @@ def view(joined, live, previous=(), first=0.0, unregistered=0):
         ("unregistered replicas are awaited", view([A, B], [A, B], unregistered=1), 0.5, None,
          "1 replica(s) not registered yet"),
         ("unregistered are not awaited forever", view([A, B], [A, B], unregistered=1), 2.0, {A, B},
-         "and 1 unregistered"),
+         "1 not registered yet"),
         ("fast path ignores unregistered", view([A, B], [A, B], previous=[A, B], unregistered=1), 0, {A, B},
          "fast path"),
     ],

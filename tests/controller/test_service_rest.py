@@ -61,7 +61,11 @@ async def test_bad_agent_requests(server, stub):
     secret = (await register(stub, "h0", replica="r0")).agent_secret
     with pytest.raises(grpc.aio.AioRpcError) as err:
         await stub.RegisterAgent(pb.RegisterAgentRequest(host_id="h0", incarnation="other"))
-    assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION and "duplicate registration" in err.value.details()
+    # A second incarnation while the first is live waits (retry later), unless it proves it is the same agent.
+    assert err.value.code() == grpc.StatusCode.ABORTED and "held by a live agent" in err.value.details()
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await stub.RegisterAgent(pb.RegisterAgentRequest(host_id="h0", incarnation="other", previous_secret="x" * 43))
+    assert err.value.code() == grpc.StatusCode.ABORTED and "Retry later" in err.value.details()
     with pytest.raises(grpc.aio.AioRpcError) as err:
         await register(stub, "h9", replica="r0")
     assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION and "duplicate assignment" in err.value.details()

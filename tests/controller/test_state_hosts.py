@@ -2,9 +2,10 @@
 
 import pytest
 
-from controller.core.errors import FailedPrecondition, InvalidArgument, NotFound
+from controller.core.errors import FailedPrecondition, InvalidArgument, NotFound, RetryLater
 from controller.core.model import Assignment, HostState, ReplicaState
 from controller.core.replicas import JoinRequest
+from controller.core.rendezvous import Endpoints
 from controller.core.spares import pick_spare
 from controller.core.hosts import HOST_SHARDS
 from controller.core.state import ControllerState
@@ -49,9 +50,10 @@ def test_trainer_exit_kills_replica_and_gave_up_cordons_and_swaps():
     s.trainer_exit("h1", "r1", 1, 1.0, signal=9)
     assert s.replicas["r1"].state == ReplicaState.DEAD
     assert "trainer rank 1 on host h1 died (signal 9)" in s.replicas["r1"].reason
-    assert not s.hosts["h1"].cordoned and orders(s) == []
+    # The replica restarts as a unit (here: its one host restarts both its ranks).
+    assert not s.hosts["h1"].cordoned and orders(s) == [("h1", "RESTART", "r1")]
     s.trainer_exit("h1", "r1", 0, 2.0, exit_code=3, stderr_tail="boom\nCUDA error: ECC\n", gave_up=True)
-    assert s.hosts["h1"].cordoned and "restart budget exhausted" in s.hosts["h1"].cordon_reason
+    assert s.hosts["h1"].cordoned and "its agent gave up" in s.hosts["h1"].cordon_reason
     assert "CUDA error: ECC" in s.hosts["h1"].cordon_reason
     assert orders(s) == [("h1", "STOP", None), ("s0", "ASSIGN", "r1")]
 
@@ -92,8 +94,10 @@ def test_repaired_host_returns_to_the_pool():
 def test_duplicate_registration_and_duplicate_assignment_refused():
     s = cluster()
     before = ([s.snapshot_hosts(i) for i in range(HOST_SHARDS)], list(s.outbox))
-    with pytest.raises(FailedPrecondition, match="duplicate registration with a different identity"):
+    with pytest.raises(RetryLater, match="host h0 is held by a live agent \\(incarnation i0"):
         s.register_agent("h0", "other", 1.0, assignment=a("r0", 0, 1))
+    with pytest.raises(RetryLater, match="Retry later"):  # a secret that is not h0's proves nothing
+        s.register_agent("h0", "other", 1.0, assignment=a("r0", 0, 1), previous_secret="not-it")
     with pytest.raises(FailedPrecondition, match="duplicate assignment: host h1 already runs replica r1"):
         s.register_agent("h7", "i7", 1.0, assignment=a("r1", 1, world=2))
     with pytest.raises(InvalidArgument, match="ranks \\[5\\] are outside 0..1"):
@@ -156,17 +160,35 @@ def test_a_dead_host_returning_with_its_old_incarnation_registers_again():
 
 def test_controller_layout_gives_unassigned_agents_free_slots():
     s = ControllerState(ControllerSettings(replicas=2, hosts_per_replica=2, ranks_per_host=4))
-    got = [s.register_agent(f"n{i}", "i", 0.0)[0] for i in range(5)]
+    got = [s.register_agent(f"n{i}", "i", 0.0, address=f"10.0.0.{i}", rendezvous_port=29500,
+                            coordinator_port=29501)[0] for i in range(5)]
     assert got[:4] == [a("r0", 0, 1, 2, 3, world=8), a("r0", 4, 5, 6, 7, world=8),
                        a("r1", 0, 1, 2, 3, world=8), a("r1", 4, 5, 6, 7, world=8)]
     assert got[4] is None and s.hosts["n4"].state == HostState.SPARE  # layout full: it joins the pool
-    s.register_agent("sp", "i", 0.0, spare=True)
+    # Every rank of a replica meets at its rank-0 host's address: n0 for r0, n2 for r1.
+    assert s.replica_endpoints("r0") == Endpoints("10.0.0.0:29500", "10.0.0.0:29501")
+    assert s.replica_endpoints("r1").rendezvous == "10.0.0.2:29500"
+    s.register_agent("sp", "i", 0.0, spare=True, address="fd00::7", rendezvous_port=1, coordinator_port=2)
     assert s.hosts["sp"].assignment is None  # declared spares stay spares
+    # Replicas that span hosts cannot meet at an unknown address: such an agent is refused.
+    with pytest.raises(FailedPrecondition, match="host n7 registered no address.*--advertise-address"):
+        s.register_agent("n7", "i", 0.0)
     # a node whose agent restarts keeps its slot; a new node takes a freed one
     s.heartbeat_hosts([f"n{i}" for i in (0, 2, 3, 4)] + ["sp"], 9.0)
     s.expire(10.5)  # n1 died: a spare (n4, the lowest id) took its slot
     assert s.hosts["n4"].assignment == a("r0", 4, 5, 6, 7, world=8)
-    assert s.register_agent("n9", "i", 11.0)[0] is None
+    assert s.register_agent("n9", "i", 11.0, address="n9.example", rendezvous_port=7, coordinator_port=8)[0] is None
+    assert s.deregister_agent("n9", "i", "SIGTERM", 11.5) == "host n9 left the spare pool"
+    s.take_orders()
+    # n0 (rank 0 of r0) dies: the spare sp takes it, and r0's ranks meet at sp from now on.
+    s.heartbeat_hosts(["n2", "n3", "n4", "sp"], 19.0)
+    s.expire(20.6)
+    assert s.hosts["sp"].assignment == a("r0", 0, 1, 2, 3, world=8)
+    assert s.replica_endpoints("r0") == Endpoints("[fd00::7]:1", "[fd00::7]:2")
+    sent = {o.host_id: o for o in s.take_orders()}
+    assert (sent["sp"].kind, sent["n4"].kind) == ("ASSIGN", "RESTART")
+    assert sent["n4"].rendezvous_address == sent["sp"].rendezvous_address == "[fd00::7]:1"
+    assert sent["n4"].version == sent["sp"].version == s.hosts["n4"].assignment_version  # one replica version
 
 
 def test_layout_settings_are_validated():

@@ -235,3 +235,56 @@ def test_a_quorum_below_the_committed_step_is_flagged_as_a_rollback():
     assert "ROLLBACK: the job had committed step 7" in q.reason and "resumes at step 0" in q.reason
     assert [e.kind for e in s.events].count("rollback") == 1
     assert s.max_committed_step == 7
+
+
+def test_live_replicas_follow_registration_death_rejoin_finish_and_restore():
+    """Rounds ask for the live set on every join; it is kept between changes, so check that
+    every change shows: a naive recount is the reference."""
+    s = fresh()
+
+    def naive():
+        return frozenset(r.replica_id for r in s.replicas.values()
+                         if r.state not in (ReplicaState.DEAD, ReplicaState.FINISHED))
+
+    form(s, {"r0": 0, "r1": 0}, 0.0)
+    assert s.live_replicas() == naive() == {"r0", "r1"}
+    join(s, "r2", 0, 0.5)
+    assert s.live_replicas() == naive() == {"r0", "r1", "r2"}
+    s.report_replica_dead("r1", "NIC down", 1.0)
+    assert s.live_replicas() == naive() == {"r0", "r2"}
+    q = s.try_close_round(3.0)  # r1 is not waited for
+    assert q is not None and q.member_ids == {"r0", "r2"}
+    join(s, "r1", 0, 4.0, incarnation="new")
+    assert s.live_replicas() == naive() == {"r0", "r1", "r2"}
+    s.report_finished("r0", 0, 5.0)
+    assert s.live_replicas() == naive() == {"r1", "r2"}
+    t = ControllerState(s.settings)
+    t.restore(s.snapshot_replicas(), [s.snapshot_hosts(i) for i in range(HOST_SHARDS)], 6.0)
+    assert t.live_replicas() == {"r1", "r2"}
+
+
+def test_fast_path_answers_are_not_written_down_and_a_successor_still_takes_their_reports():
+    s = fresh()
+    q = form(s, {"r0": 0, "r1": 0, "r2": 0}, 0.0)
+    for rid in ("r0", "r1", "r2"):
+        s.report_step(rid, 0, 1.0, quorum_id=q.quorum_id)
+    s.dirty_replicas = False
+    snapshot = s.snapshot_replicas()  # what is durable: committed step 0, given step 0
+    again = form(s, {"r0": 1, "r1": 1, "r2": 1}, 2.0)
+    assert again.quorum_id == q.quorum_id and again.reason.startswith("fast path")
+    assert not s.dirty_replicas  # the answers (step 1) follow from what is durable
+    # The leader itself still wants exactly what it gave: one step ahead is refused.
+    with pytest.raises(FailedPrecondition, match="last quorum answer was quorum .* at step 1"):
+        s.report_step("r0", 2, 3.0, quorum_id=q.quorum_id)
+    # A successor loads the snapshot taken before the fast-path round.
+    t = ControllerState(s.settings)
+    t.restore(snapshot, [s.snapshot_hosts(i) for i in range(HOST_SHARDS)], 10.0)
+    t.report_step("r0", 1, 10.0, quorum_id=q.quorum_id)  # the answer it never saw written down
+    assert t.replicas["r0"].committed_step == 1
+    with pytest.raises(FailedPrecondition, match="reported a commit of step 2"):
+        t.report_step("r1", 2, 10.0, quorum_id=q.quorum_id)  # never given: refused
+    with pytest.raises(FailedPrecondition, match=f"in quorum {q.quorum_id + 7}"):
+        t.report_step("r2", 1, 10.0, quorum_id=q.quorum_id + 7)  # another quorum: refused
+    # Once the successor gives answers itself, the exact rule is back.
+    form(t, {"r0": 2, "r1": 1, "r2": 1}, 11.0)
+    assert not any(r.given_restored for r in t.replicas.values())

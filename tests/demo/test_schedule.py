@@ -14,6 +14,7 @@ from fthsdp.demo.schedule import Failure, ScheduleError, default_text, parse
     ("kill-agent@90:r2, kill-trainer@40:r1", [Failure("kill-trainer", 40, "r1"), Failure("kill-agent", 90, "r2")]),
     ("kill-trainer@1:r0,", [Failure("kill-trainer", 1, "r0")]),
     ("kill-trainer@160:r3", [Failure("kill-trainer", 160, "r3")]),  # 80% of 200
+    ("hang-trainer@30:r2", [Failure("hang-trainer", 30, "r2")]),
 ])
 def test_valid_schedules(text, expected):
     assert parse(text, replicas=4, steps=200, spares=1) == expected

@@ -1,8 +1,8 @@
 """The rendered manifests against the real command lines and settings they feed.
 
 - TLS: when an overlay's controller serves gRPC over TLS, every gRPC client of it (both agent
-  DaemonSets and the example trainer Job applied with that overlay) has the CA (and, for mTLS,
-  a client certificate and key) from a read-only Secret volume; when it does not, none has.
+  DaemonSets, whose pods run the trainers too) has the CA (and, for mTLS, a client certificate
+  and key) from a read-only Secret volume; when it does not, none has.
 - The agent and controller argument lists parse with `fthsdp agent` / `fthsdp controller`,
   and an agent hands its TLS files to its trainers as FTHSDP_TLS_* (agent/env.py).
 - controller.json of every ConfigMap loads through ControllerSettings.from_file (unknown keys
@@ -26,10 +26,11 @@ import yaml
 from controller.service.server import SERVICE_NAME
 from controller.settings import ControllerSettings
 
-from .test_manifests import DEPLOY, EXAMPLE_JOBS, OVERLAYS, _by, _load_all, render
+from .test_manifests import DEPLOY, OVERLAYS, _by, _load_all, render
 
 _saved_env = dict(os.environ)
 from agent import env as agent_env  # noqa: E402
+from agent.policy import Placement  # noqa: E402
 from agent import main as agent_main  # noqa: E402  (sets GRPC_ENABLE_FORK_SUPPORT; undone below)
 
 if "GRPC_ENABLE_FORK_SUPPORT" not in _saved_env:
@@ -70,15 +71,7 @@ def _clients(rel: str) -> list[tuple[dict, dict[str, str]]]:
         out.append((ds, {f: flags[f] for f in TLS_FLAGS if f in flags}))
         after = c["args"][c["args"].index("--") + 1:] if "--" in c["args"] else []
         assert not any(a.startswith("--tls-") for a in after), "TLS flags after `--` go to the trainer"
-    job = _by(render(EXAMPLE_JOBS[rel]), "Job", "fthsdp-example")
-    env = {e["name"]: e for e in _container(job, "trainer").get("env", [])}
-    files = {}
-    for flag, var in TLS_ENV.items():
-        if var in env:
-            assert "valueFrom" not in env[var], f"{var} must name a file, not carry the secret"
-            files[flag] = env[var]["value"]
-    out.append((job, files))
-    assert len(out) == 3  # two agent DaemonSets and the example Job
+    assert len(out) == 2  # the two agent DaemonSets
     return out
 
 
@@ -168,8 +161,8 @@ def test_agent_args_parse_and_trainers_get_the_agents_tls_files(rel, name, tmp_p
     args = _localize(c["args"], tmp_path)
     settings = agent_main.parse(args)
     assert settings.command == ("python", "/opt/fthsdp/train.py")  # the trainer image's script
-    env = agent_env.trainer_environment({}, host_id="h", job_id="", controller="c:1",
-                                        replica_id="0", rank=0, world_size=1, tls=settings.tls)
+    env = agent_env.trainer_environment({}, Placement("r0", 0, 1), host_id="h", job_id="", controller="c:1",
+                                        tls=settings.tls)
     given = {TLS_ENV[f]: v for f, v in _flags(args).items() if f in TLS_ENV}
     assert {k: v for k, v in env.items() if k.startswith("FTHSDP_TLS_")} == given
     assert settings.tls.enabled == _controller_tls(render(rel))[0]
@@ -320,14 +313,16 @@ async def test_production_controller_agent_and_probe_talk_mtls(tmp_path):
         port = server.grpc_address.rpartition(":")[2]
 
         agent = _container(_by(docs, "DaemonSet", "fthsdp-agent-spare"), "agent")
-        agent_args = [a.replace("/etc/fthsdp/tls/", f"{client_dir}/") for a in agent["args"]]
+        agent_args = [a.replace("/etc/fthsdp/tls/", f"{client_dir}/").replace("$(POD_IP)", "10.0.0.7")
+                      for a in agent["args"]]
         s = agent_main.parse(agent_args)
         assert s.controller_addresses == ("fthsdp-controller-grpc:50051",)
         # The Service name resolves to the leader in a cluster; here it is 127.0.0.1:port.
         tls = dataclasses.replace(s.tls, server_name="fthsdp-controller-grpc")
         async with aio_channel(f"127.0.0.1:{port}", tls) as channel:
             reply = await pbg.ControllerStub(channel).RegisterAgent(pb.RegisterAgentRequest(
-                host_id="node-1", incarnation="i1", spare=True), timeout=5)
+                host_id="node-1", incarnation="i1", spare=s.spare, address=s.advertise_address,
+                rendezvous_port=29500, coordinator_port=29501), timeout=5)
         assert "spare" in reply.reason
 
         probe_cmd = c["readinessProbe"]["exec"]["command"]

@@ -17,7 +17,7 @@ import fthsdp
 from fthsdp import settings as runtime_settings
 from protos import dial
 
-from .test_manifests import EXAMPLE_JOBS, OVERLAYS, ROOT, _by, render
+from .test_manifests import OVERLAYS, ROOT, render
 
 SCRIPT = ROOT / "deploy" / "examples" / "train.py"
 TREE = ast.parse(SCRIPT.read_text())
@@ -109,7 +109,6 @@ def test_every_fthsdp_name_given_to_a_trainer_exists_in_the_runtime():
     for rel in OVERLAYS:
         docs = render(rel)
         trainers = [c for d in docs if d["kind"] == "DaemonSet" for c in d["spec"]["template"]["spec"]["containers"]]
-        trainers += _by(render(EXAMPLE_JOBS[rel]), "Job", "fthsdp-example")["spec"]["template"]["spec"]["containers"]
         for c in trainers:
             names = {e["name"] for e in c.get("env", []) if e["name"].startswith("FTHSDP_")}
             assert names <= known, f"{rel}/{c['name']}: {sorted(names - known)} are read by nothing"

@@ -20,11 +20,8 @@ DEPLOY = ROOT / "deploy"
 K8S_VERSION = "1.37.0"  # newest schemas kubernetes-validate ships; bump with it
 # Directories under deploy/ that hold a kustomization.yaml.
 KUSTOMIZATIONS = ["kustomize/base", "kustomize/etcd", "kustomize/etcd-tls", "kustomize/overlays/dev",
-                  "kustomize/overlays/production", "examples/train-job", "examples/train-job-mtls"]
+                  "kustomize/overlays/production"]
 OVERLAYS = ["kustomize/overlays/dev", "kustomize/overlays/production"]
-# The example trainer Job to apply next to each overlay (its controller's TLS decides which).
-EXAMPLE_JOBS = {"kustomize/overlays/dev": "examples/train-job",
-                "kustomize/overlays/production": "examples/train-job-mtls"}
 WORKLOAD_KINDS = {"Deployment", "DaemonSet", "StatefulSet", "Job"}
 CLUSTER_SCOPED = {"Namespace"}
 KUBECTL = shutil.which("kubectl")
@@ -94,8 +91,8 @@ def _containers(obj: dict):
 
 
 def _everything() -> list[tuple[str, list[dict]]]:
-    """Every rendered overlay plus the example Jobs (which are applied on their own)."""
-    return [(rel, render(rel)) for rel in OVERLAYS + sorted(set(EXAMPLE_JOBS.values()))]
+    """Every rendered overlay (each is a whole job: controller, agents and their trainers)."""
+    return [(rel, render(rel)) for rel in OVERLAYS]
 
 
 def _by(docs: list[dict], kind: str, name: str) -> dict:
@@ -139,9 +136,6 @@ def test_overlay_puts_everything_in_its_namespace(rel):
     for d in docs:
         if d["kind"] not in CLUSTER_SCOPED:
             assert d["metadata"].get("namespace") == namespace, d["metadata"]["name"]
-    # The example Job applied with this overlay: its own namespace, or none (`kubectl -n NS`).
-    for d in render(EXAMPLE_JOBS[rel]):
-        assert d["metadata"].get("namespace") in (None, namespace), EXAMPLE_JOBS[rel]
 
 
 # ---------------------------------------------------------------- pod security
@@ -290,9 +284,8 @@ def test_network_policy_lets_agents_and_trainers_reach_grpc_and_nobody_else(rel)
     http_rule = next(r for r in policy["spec"]["ingress"] if r["ports"][0]["port"] == 8080)
     peers = [p["podSelector"] for p in grpc_rule["from"]]
     assert all(set(p) == {"podSelector"} for p in grpc_rule["from"]), "gRPC open to other namespaces"
-    job = _by(render(EXAMPLE_JOBS[rel]), "Job", "fthsdp-example")
-    clients = [o for o in docs if o["kind"] == "DaemonSet"] + [job]
-    assert len(clients) == 3
+    clients = [o for o in docs if o["kind"] == "DaemonSet"]  # the trainers run in the agent pods
+    assert len(clients) == 2
     for o in clients:
         assert any(_selects(p, o["spec"]["template"]["metadata"]["labels"]) for p in peers), o["metadata"]["name"]
     controller = _by(docs, "Deployment", "fthsdp-controller")
@@ -314,12 +307,40 @@ def test_agents_split_active_and_spare_hosts(rel):
     terms = active["spec"]["template"]["spec"]["affinity"]["nodeAffinity"][
         "requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
     assert {"key": "fthsdp.io/spare", "operator": "NotIn", "values": ["true"]} in terms[0]["matchExpressions"]
+    assert "--standby" in s_args and "--standby" not in a_args  # warm spares: trainers set up, waiting
     for ds in (active, spare):
         assert ds["spec"]["updateStrategy"]["type"] == "OnDelete"
         args = ds["spec"]["template"]["spec"]["containers"][0]["args"]
         assert "--host-id=$(NODE_NAME)" in args and any(a.startswith("--controller=fthsdp-controller-grpc:") for a in args)
+        assert "--replica-id" not in " ".join(args)  # the controller lays the replicas out
+        assert "--on-job-complete=idle" in args  # a DaemonSet would restart an agent that exits
     if rel == "overlays/production":
         assert "nvidia.com/gpu" in active["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]
+
+
+@pytest.mark.parametrize("rel", OVERLAYS)
+def test_agents_advertise_their_pod_ip_and_nothing_points_at_loopback(rel):
+    """Replicas span hosts: their ranks meet at the pod IP of their rank-0 host, which each agent
+    registers (--advertise-address=$(POD_IP)); nothing hands a trainer a loopback address."""
+    docs = render(rel)
+    layout = yaml.safe_load(_by(docs, "ConfigMap", "fthsdp-controller")["data"]["controller.json"])
+    for ds in (_by(docs, "DaemonSet", n) for n in ("fthsdp-agent", "fthsdp-agent-spare")):
+        pod = ds["spec"]["template"]["spec"]
+        c = pod["containers"][0]
+        assert "--advertise-address=$(POD_IP)" in c["args"]
+        env = {e["name"]: e for e in c["env"]}
+        assert env["POD_IP"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
+        for e in c["env"]:
+            assert "127.0.0.1" not in str(e.get("value", "")) and e["name"] not in (
+                "MASTER_ADDR", "MASTER_PORT", "FTHSDP_COORDINATOR_ADDRESS"), e
+        assert not any("127.0.0.1" in a for a in c["args"])
+        slots = int(next(a for a in c["args"] if a.startswith("--slots=")).split("=")[1])
+        assert slots == layout["ranks_per_host"], "a host runs one layout slot: its ranks per host"
+        # The agent's kept secret (--state-dir) lives on a volume that outlives a container restart.
+        state = next(a for a in c["args"] if a.startswith("--state-dir=")).split("=")[1]
+        mount = next(m for m in c["volumeMounts"] if m["mountPath"] == state)
+        assert "emptyDir" in next(v for v in pod["volumes"] if v["name"] == mount["name"])
+    assert layout["hosts_per_replica"] > 1  # replicas span hosts in every overlay
 
 
 def test_image_references_are_consistent_across_overlays_and_match_the_version():
@@ -329,10 +350,11 @@ def test_image_references_are_consistent_across_overlays_and_match_the_version()
         for obj in docs:
             for _, c in _containers(obj):
                 images.setdefault(c["name"], set()).add(c["image"])
-    assert set(images) >= {"controller", "agent", "trainer", "etcd"}
+    assert set(images) >= {"controller", "agent", "etcd"}
     for name, refs in images.items():
         assert len(refs) == 1, f"{name} uses several images: {sorted(refs)}"
-    assert images["agent"] == images["trainer"]  # the agent starts trainers from its own image
+    (agent,) = images["agent"]
+    assert "/trainer:" in agent  # the agent starts trainers from its own image: the trainer image
     for name in ("controller", "agent"):
         (ref,) = images[name]
         assert ref.endswith(f":{version}"), f"{name} image {ref} is not tagged {version}"
@@ -363,8 +385,7 @@ def _labels(obj: dict) -> dict:
 def test_only_pods_of_the_job_reach_the_trainer_ports(rel):
     docs = render(rel)
     policy = _by(docs, "NetworkPolicy", "fthsdp-trainers")
-    job = _by(render(EXAMPLE_JOBS[rel]), "Job", "fthsdp-example")
-    trainers = [o for o in docs if o["kind"] == "DaemonSet"] + [job]
+    trainers = [o for o in docs if o["kind"] == "DaemonSet"]  # the trainers run in the agent pods
     assert all(_selects(policy["spec"]["podSelector"], _labels(o)) for o in trainers)
     assert policy["spec"]["policyTypes"] == ["Ingress"]
     peers = [p for rule in policy["spec"]["ingress"] for p in rule["from"]]

@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import httpx
 
@@ -22,16 +23,21 @@ class ControllerProcess:
     """One of several controllers sharing an etcd, watched through its REST API."""
 
     def __init__(self, etcd_endpoint: str, *, replicas: int = 3, lease_ttl_s: float = 2.0, name: str = "c",
-                 heartbeat_timeout_s: float = 10.0, extra: tuple[str, ...] = ()) -> None:
+                 heartbeat_timeout_s: float = 10.0, extra: tuple[str, ...] = (), log_path: Path | None = None) -> None:
         self.flags = ["--job-id", JOB, "--replicas", str(replicas), "--min-replicas", str(min(2, replicas)),
                       "--join-timeout-s", "2", "--heartbeat-timeout-s", str(heartbeat_timeout_s),
                       "--etcd", etcd_endpoint, "--lease-ttl-s", str(lease_ttl_s), *extra]
         self.name = name
+        self.log_path = log_path  # stderr (text log and JSON event lines), appended across restarts
         self.proc: subprocess.Popen | None = None
         self.grpc = self.http = ""
 
     def start(self) -> "ControllerProcess":
-        started = launch(*self.flags)
+        if self.log_path is None:
+            started = launch(*self.flags)
+        else:
+            with open(self.log_path, "a") as log:
+                started = launch(*self.flags, stderr=log)
         self.proc, self.grpc, self.http = started.proc, started.grpc, started.http
         return self
 

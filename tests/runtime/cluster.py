@@ -44,6 +44,17 @@ class Faults:
         self.items.append({"kind": "abort", "replica": str(replica), "step": at_step, "rank": rank})
         return self
 
+    def kill_source(self, replica: int) -> "Faults":
+        """Every rank of the replica exits (as if SIGKILLed) right after its FTAR all-reduce of the
+        first step in which a behind replica fetches from it started: the catch-up loses its source."""
+        self.items.append({"kind": "kill_source", "replica": str(replica), "step": -1, "rank": None})
+        return self
+
+    def fresh_start(self, replica: int) -> "Faults":
+        """The replica's first start finds no checkpoint (as if it started before any was written)."""
+        self.items.append({"kind": "fresh_start", "replica": str(replica), "step": -1, "rank": None})
+        return self
+
     def corrupt(self, replica: int, after_step: int, rank: int = 0) -> "Faults":
         """Silent data corruption: right after committing `after_step`, one weight of the rank
         changes (the runtime is not told; only digests can notice)."""
@@ -68,11 +79,16 @@ def _read_line(proc: subprocess.Popen, timeout_s: float) -> str:
 
 
 def start_controller(log_path: Path, replicas: int, join_timeout_s: float, heartbeat_timeout_s: float,
-                     lr_policy: str = "sqrt") -> ControllerProcess:
+                     lr_policy: str = "sqrt", settings: dict | None = None) -> ControllerProcess:
+    extra: tuple[str, ...] = ()
+    if settings:  # more ControllerSettings fields, as a --settings file
+        path = log_path.with_name("controller-settings.json")
+        path.write_text(json.dumps(settings))
+        extra = ("--settings", str(path))
     with open(log_path, "w") as log:
         return launch("--replicas", str(replicas), "--min-replicas", "1", "--join-timeout-s", str(join_timeout_s),
                       "--heartbeat-timeout-s", str(heartbeat_timeout_s), "--lr-policy", lr_policy, "--job-id", "t",
-                      stderr=log, timeout_s=30.0, cwd=str(REPO))
+                      *extra, stderr=log, timeout_s=30.0, cwd=str(REPO))
 
 
 @dataclass
@@ -93,6 +109,9 @@ class Cluster:
     max_steps: int = 2000  # safety cap while waiting for a restarted replica to rejoin
     late: dict[int, int] = field(default_factory=dict)  # replica -> starts once replica 0 committed this step
     worker: dict = field(default_factory=dict)  # more settings for every worker (tests/runtime/train_worker.py)
+    overrides: dict[int, dict] = field(default_factory=dict)  # replica -> more settings for its workers
+    no_restart: frozenset[int] = frozenset()  # replicas left dead when they fail (the run goes on without them)
+    controller_settings: dict = field(default_factory=dict)  # more ControllerSettings fields
 
     def __post_init__(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -113,7 +132,8 @@ class Cluster:
                    "steps": self.steps, "max_steps": self.max_steps, "replicas": self.replicas, "faults": self.faults.items,
                    "record": str(self.records_dir / f"{replica}-{rank}-{inc}.jsonl"),
                    "checkpoint_dir": str(self.checkpoint_dir) if self.checkpoint_every else "",
-                   "checkpoint_every": self.checkpoint_every, "ddp": self.ddp, **self.worker}
+                   "checkpoint_every": self.checkpoint_every, "ddp": self.ddp, **self.worker,
+                   **self.overrides.get(replica, {})}
             log = open(self.workdir / f"worker-{replica}-{rank}-{inc}.log", "w")
             procs.append(subprocess.Popen([PYTHON, "-m", "tests.runtime.train_worker", json.dumps(cfg)],
                                           cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
@@ -134,7 +154,8 @@ class Cluster:
     def run(self, timeout_s: float = 90.0) -> "Records":
         controller = start_controller(self.workdir / "controller.log", self.configured_replicas or self.replicas,
                                       self.join_timeout_s,
-                                      self.heartbeat_timeout_s, self.controller_lr_policy)
+                                      self.heartbeat_timeout_s, self.controller_lr_policy,
+                                      self.controller_settings)
         try:
             for r in range(self.replicas):
                 if r not in self.late:
@@ -159,6 +180,7 @@ class Cluster:
 
     def _supervise(self, controller: ControllerProcess, deadline: float) -> None:
         restarts = {r: 0 for r in range(self.replicas)}
+        left_dead: set[int] = set()
         waiting = dict(self.late)
         while True:
             for r, at in list(waiting.items()):
@@ -168,11 +190,14 @@ class Cluster:
             running = {p.pid: (r, p) for r, procs in self._procs.items() for p in procs if p.poll() is None}
             for r, procs in self._procs.items():
                 codes = [p.poll() for p in procs]
-                if any(c not in (None, 0) for c in codes):
+                if any(c not in (None, 0) for c in codes) and r not in left_dead:
                     for p in procs:
                         if p.poll() is None:
                             p.kill()
                             p.wait()
+                    if r in self.no_restart:
+                        left_dead.add(r)
+                        continue
                     if restarts[r] >= self.restarts:
                         raise AssertionError(f"replica {r} failed again: exit codes {codes}; see {self.workdir}")
                     restarts[r] += 1

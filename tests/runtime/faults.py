@@ -57,6 +57,22 @@ class FailingSync(_Delegate):
         return SyncResult(False, reason) if reason else result
 
 
+class HiddenAtStart(_Delegate):
+    """A checkpoint store whose first `latest_complete()` (the Manager's look at start) finds
+    nothing, as if the process had started before any checkpoint was written; later loads
+    (a resume a rollback quorum offers) see the real store."""
+
+    def __init__(self, store: CheckpointStore) -> None:
+        super().__init__(store)
+        self._hidden = True
+
+    def latest_complete(self):
+        if self._hidden:
+            self._hidden = False
+            return None
+        return self._inner.latest_complete()
+
+
 class SimulatedCrash(Exception):
     """Raised where a CrashingStore dies, as if the process died there."""
 

@@ -1,5 +1,6 @@
 """The coordinator's controller client against real controller processes: failover, refusals."""
 
+import dataclasses
 import socket
 
 import pytest
@@ -86,3 +87,43 @@ def test_reports_name_the_leaders_host_where_an_agent_holds_rank_0(controller, m
             stranger.report_failure(co.ReportFailure(answer.quorum_id, 1, "injected", False))
     finally:
         stranger.close()
+
+
+def test_quorums_ride_one_stream_and_a_dead_controllers_stream_is_replaced_on_the_next(controller_process):
+    """Rounds reuse one QuorumStream; a SIGKILLed controller breaks it, and the next round opens
+    a new stream on the address the rotation moved to (the answer still comes in time)."""
+    first = controller_process("--replicas", "1", "--job-id", "cc")
+    second = controller_process("--replicas", "1", "--job-id", "cc")
+    client = ControllerClient(f"{first.grpc},{second.grpc}", "cc", "r0", "inc-1")
+    try:
+        answer = client.quorum(REQUEST, 1, "", timeout_s=20)
+        stream = client._quorum_stream._call
+        assert stream is not None and answer.addresses_included
+        client.report_step(co.ReportStep(answer.quorum_id, 0, 0.1, 1.0, 8, "", False))
+        again = client.quorum(dataclasses.replace(REQUEST, step=1, known_quorum_id=answer.quorum_id), 1, "", timeout_s=20)
+        assert again.quorum_id == answer.quorum_id and not again.addresses_included  # sent once
+        assert client._quorum_stream._call is stream and client.address == first.grpc
+        first.proc.kill()
+        first.proc.wait(10)
+        moved = client.quorum(dataclasses.replace(REQUEST, step=1, known_quorum_id=again.quorum_id), 1, "", timeout_s=20)
+        assert client.address == second.grpc and moved.members[0].replica_id == "r0"
+        assert moved.addresses_included  # the new controller did not know them: sent again
+        assert client._quorum_stream._call not in (None, stream)
+    finally:
+        client.close()
+    assert not client._quorum_stream.open
+
+
+def test_a_step_report_names_the_newest_checkpoint_only_when_there_is_one(controller):
+    import httpx
+
+    client = ControllerClient(controller.grpc, "cc", "r0", "inc-1")
+    try:
+        answer = client.quorum(REQUEST, 1, "", timeout_s=20)
+        client.report_step(co.ReportStep(answer.quorum_id, 0, 0.1, 1.0, 8, "", False))
+        assert httpx.get(f"{controller.http}/api/v1/job", timeout=5).json()["newest_checkpoint_step"] == -1
+        answer = client.quorum(co.RequestQuorum(1, answer.quorum_id, (), ()), 1, "", timeout_s=20)
+        client.report_step(co.ReportStep(answer.quorum_id, 1, 0.1, 1.0, 8, "", False, "", checkpoint_step=0))
+        assert httpx.get(f"{controller.http}/api/v1/job", timeout=5).json()["newest_checkpoint_step"] == 0
+    finally:
+        client.close()

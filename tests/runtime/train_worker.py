@@ -1,7 +1,8 @@
 """One trainer process for the cluster tests: a tiny model on fixed data, recording every step.
 
 Run as `python -m tests.runtime.train_worker CONFIG_JSON`. Writes JSON lines to
-config["record"]: one per step attempt (committed or not) with the state digest,
+config["record"]: one per step attempt (committed or not) with the state digests (before: the
+state it trained from, empty for a catch-up; digest: the state after it),
 the ledger positions the step read, and what this replica trained. With "stateful", the
 model has dropout and the script registers a StepLR schedule, a sampler whose epoch moves
 on commits, and the RNG streams: the digest covers them, and the record shows each.
@@ -22,7 +23,7 @@ import torch
 import torch.distributed as dist
 
 from fthsdp import FaultTolerantOptimizer, Manager, RuntimeSettings, Seams, ddp_comm_hook, state_digest
-from tests.runtime.faults import FailingSync, KillWhenAllreduceStarts
+from tests.runtime.faults import FailingSync, HiddenAtStart, KillWhenAllreduceStarts
 
 BATCH_ROWS = 8
 
@@ -70,18 +71,21 @@ def main(cfg: dict) -> int:
 
     # Faults apply to this process's first incarnation only; they wrap real parts (tests/runtime/faults.py).
     faults = [f for f in cfg.get("faults", []) if f["replica"] == cfg["replica_id"] and cfg["incarnation"] == 0
-              and f.get("rank", 0) == cfg["rank"]]
+              and f.get("rank", 0) in (None, cfg["rank"])]  # rank None: every rank
     kill_at = {f["step"] for f in faults if f["kind"] == "kill"}
     abort_at = {f["step"] for f in faults if f["kind"] == "abort"}
     corrupt_after = {f["step"] for f in faults if f["kind"] == "corrupt"}
+    kill_source = any(f["kind"] == "kill_source" for f in faults)
 
     def killing_now() -> bool:
-        return manager.plan is not None and manager.plan.step in kill_at
+        plan = manager.plan
+        return plan is not None and (plan.step in kill_at or (kill_source and bool(plan.fetchers)))
 
     seams = Seams(
         endpoint=lambda ep: KillWhenAllreduceStarts(ep, killing_now,
                                                     lambda: write(event="killed", step=manager.plan.step)),
-        sync=lambda sync: FailingSync(sync, lambda plan: "injected abort" if plan and plan.step in abort_at else None))
+        sync=lambda sync: FailingSync(sync, lambda plan: "injected abort" if plan and plan.step in abort_at else None),
+        checkpoints=HiddenAtStart if any(f["kind"] == "fresh_start" for f in faults) else (lambda store: store))
 
     world = cfg["world_size"]
     group = None
@@ -122,9 +126,15 @@ def main(cfg: dict) -> int:
     ft_opt = FaultTolerantOptimizer(manager, opt)
     batches = manager.batches(lambda r, p: batch_at(r, p, sampler.epoch))
     full = False  # stop once past `steps` in a step every configured replica contributed to
-    while not (manager.step >= cfg["steps"] and full) and manager.step < cfg["max_steps"]:
+    commits, most = 0, cfg.get("commits", float("inf"))  # ... or after `commits` commits of this process
+
+    def digest() -> str:
+        return state_digest(model, opt, manager.ledger.to_json(), manager.step, manager.registry.state_dicts())
+
+    while not (manager.step >= cfg["steps"] and full) and manager.step < cfg["max_steps"] and commits < most:
         x, y = next(batches)
         position = batches.last_position
+        before = "" if manager.is_behind else digest()  # the state this step trains from
         ft_opt.zero_grad()
         rows = slice(cfg["rank"], None, world)
         loss = torch.nn.functional.mse_loss(forward(x[rows]), y[rows])
@@ -138,13 +148,13 @@ def main(cfg: dict) -> int:
                 next(model.parameters()).view(-1)[0] += 1e-3
             write(event="corrupted", step=manager.last_outcome.step)
         out = manager.last_outcome
+        commits += committed
         full = committed and len(out.included) == cfg["replicas"]
         write(event="commit" if committed else "retry", step=out.step, quorum_id=out.quorum_id,
               behind=out.behind, included=list(out.included), positions_before=out.positions_before,
               trained_position=position, lr=opt.param_groups[0]["lr"], lr_scale=out.lr_scale,
               reason=out.reason, ckpt_error=manager.last_checkpoint_error, sched=sched.state_dict(),
-              epoch=sampler.epoch, rng=rng_digest(),
-              digest=state_digest(model, opt, manager.ledger.to_json(), manager.step, manager.registry.state_dicts()))
+              epoch=sampler.epoch, rng=rng_digest(), before=before, digest=digest())
     write(event="done", step=manager.step)
     manager.close()
     return 0

@@ -109,8 +109,17 @@ class Legit:
                       step_time_s=0.5, loss=1.0, tokens=10)
         return pb.ReportStepRequest(**{**fields, **kw})
 
+    async def beat(self) -> None:
+        """A heartbeat for h0, as its real agent sends every second (a long module must not
+        outlast the heartbeat timeout; r0's joins keep r0 alive)."""
+        async def beats():
+            yield pb.HeartbeatRequest(host_ids=[HOST])
+        [reply] = [r async for r in self.stub.Heartbeat(beats(), timeout=10)]
+        assert not reply.unknown_ids, reply
+
     async def step_once(self) -> None:
         """One whole step as the real leader does it: quorum, then the commit report."""
+        await self.beat()
         await self.join()
         await self.stub.ReportStep(self.report(), timeout=10)
         self.step += 1

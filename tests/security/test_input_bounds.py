@@ -33,6 +33,8 @@ def agent_requests(secret: str) -> dict:
         "AckOrder": pb.AckOrderRequest(host_id=HOST, order_id="o1", ok=True, agent_secret=secret),
         "ReportTrainerExit": pb.TrainerExitRequest(host_id=HOST, replica_id=REPLICA, rank=0, exit_code=1,
                                                    agent_secret=secret),
+        "DeregisterAgent": pb.DeregisterAgentRequest(host_id=HOST, incarnation="h0-incarnation", agent_secret=secret,
+                                                     reason="stopping"),
     }
 
 
@@ -100,6 +102,8 @@ OVERSIZED_STRINGS = [
     ("RegisterAgent", "labels{key}", INVALID, "label key 'xxx"),
     ("RegisterAgent", "labels[zone]", INVALID, "label zone='xxx"),
     ("RegisterAgent", "assignment.replica_id", INVALID, "assignment replica_id 'xxx"),
+    ("RegisterAgent", "address", INVALID, "address 'xxx"),
+    ("RegisterAgent", "previous_secret", INVALID, "previous_secret is"),
     ("Orders", "host_id", INVALID, "host_id 'xxx"),
     ("Orders", "incarnation", PRECONDITION, "incarnation 'xxx"),
     ("Orders", "agent_secret", DENIED, "agent secret is wrong"),
@@ -109,6 +113,9 @@ OVERSIZED_STRINGS = [
     ("ReportTrainerExit", "host_id", INVALID, "host_id 'xxx"),
     ("ReportTrainerExit", "replica_id", INVALID, "replica_id 'xxx"),
     ("ReportTrainerExit", "agent_secret", DENIED, "agent secret is wrong"),
+    ("DeregisterAgent", "host_id", INVALID, "host_id 'xxx"),
+    ("DeregisterAgent", "incarnation", INVALID, "incarnation 'xxx"),
+    ("DeregisterAgent", "agent_secret", DENIED, "agent secret is wrong"),
 ]
 
 
@@ -154,11 +161,20 @@ def huge_lists(secret: str, legit) -> list[tuple[str, str, object, grpc.StatusCo
          INVALID, "a heartbeat names 200000 ids"),
         ("ReportStep", "a request over the 8 MiB limit", legit.report(host_id="h" * (9 << 20)),
          grpc.StatusCode.RESOURCE_EXHAUSTED, ""),
+        ("RegisterAgent", "a port past 65535", pb.RegisterAgentRequest(
+            host_id="h9", incarnation="i", spare=True, address="10.0.0.9", rendezvous_port=70_000, coordinator_port=1),
+         INVALID, "rendezvous_port must be 1..65535, got 70000"),
+        ("RegisterAgent", "an address with a port", pb.RegisterAgentRequest(
+            host_id="h9", incarnation="i", spare=True, address="10.0.0.9:80", rendezvous_port=1, coordinator_port=2),
+         INVALID, "without a port"),
+        ("ReportTrainerExit", "a version past 2^53", pb.TrainerExitRequest(
+            host_id=HOST, replica_id=REPLICA, rank=0, exit_code=1, agent_secret=secret, version=2**60),
+         INVALID, "version 1152921504606846976 is larger than the limit"),
     ]
 
 
 HUGE_LIST_IDS = ["million-ranks-world", "million-ranks", "labels", "slots", "million-addresses", "million-world",
-                 "fat-addresses", "heartbeat-ids", "over-8MiB"]
+                 "fat-addresses", "heartbeat-ids", "over-8MiB", "port", "address-with-port", "exit-version"]
 
 
 @pytest.mark.parametrize("index", range(len(HUGE_LIST_IDS)), ids=HUGE_LIST_IDS)

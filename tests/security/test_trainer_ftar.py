@@ -17,7 +17,7 @@ from ftar_kernels.transport import TcpConnection, split_address
 from protos import job_secret
 from tests.ftar.cluster import KEY, Cluster, expected_sum, tensor_bytes
 from tests.security.trainer_ports import STRANGER
-from tests.waiting import wait_for
+from tests.waiting import wait_for, wait_for_blocking
 
 CONNECT_TIMEOUT_S = 4.0
 GROUP = "sec-ports/rank0"
@@ -57,7 +57,7 @@ def claim(address: str, key: bytes | None, generation: int, sender: str) -> dict
         conn.close()
 
 
-def test_two_silent_connections_per_endpoint_do_not_break_the_next_reconfigure(ring):
+async def test_two_silent_connections_per_endpoint_do_not_break_the_next_reconfigure(ring):
     threads = [a.value for a in ring.run([0, 1], "threads", (), ())]
     silent = [socket.create_connection(split_address(ring.addresses[i]), timeout=CONNECT_TIMEOUT_S + 10)
               for i in (0, 1, 0, 1)]
@@ -72,8 +72,11 @@ def test_two_silent_connections_per_endpoint_do_not_break_the_next_reconfigure(r
     finally:
         for s in silent:
             s.close()
-    assert [a.value for a in ring.run([0, 1], "pending", (), ())] == [0, 0]
-    assert [a.value for a in ring.run([0, 1], "threads", (), ())] == threads
+    # the endpoint closes a connection just before it forgets it: wait (bounded) for the bookkeeping
+    await wait_for_blocking(lambda: [a.value for a in ring.run([0, 1], "pending", (), ())] == [0, 0], 10,
+                            "no hello pending on either endpoint")
+    await wait_for_blocking(lambda: [a.value for a in ring.run([0, 1], "threads", (), ())] == threads, 10,
+                            f"the endpoints back to {threads} threads")
 
 
 async def test_a_stranger_claiming_rank_0_after_its_real_hello_cannot_replace_it(ring):

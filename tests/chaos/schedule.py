@@ -1,0 +1,180 @@
+"""The chaos test's fault schedule: pure and seeded (no I/O, no clock).
+
+    schedule = make_schedule(7, ChaosSettings(faults=4))   # the same seed, the same schedule
+
+Kinds of fault (the executor, tests/chaos/executor.py, carries them out on real processes):
+
+| kind            | what is done                                                             | touches          |
+|-----------------|--------------------------------------------------------------------------|------------------|
+| kill_leader     | SIGKILL rank 0 of the replica (its agent restarts it)                    | the replica      |
+| kill_rank       | SIGKILL a rank other than 0                                              | the replica      |
+| kill_host       | SIGKILL the agent of the replica's host and every trainer under it (the  | replica and host |
+|                 | controller swaps the replica to a spare)                                 |                  |
+| stop_replica    | SIGSTOP every trainer of the replica for `stop_s`, past the heartbeat    | the replica      |
+|                 | timeout (longer right after a takeover: past its grace too), then SIGCONT |                  |
+| double_kill     | SIGKILL rank 0 of two replicas at once                                   | both replicas    |
+| kill_source     | SIGKILL rank 0 of the replica, then, once it recovers from a source,     | the replica and  |
+|                 | SIGKILL the source's rank `rank` (the catch-up loses its source)         | its source       |
+| kill_controller | SIGKILL the active controller; it comes back as a standby on its port    | nothing else     |
+
+Kinds are drawn as a seeded permutation of KINDS, taken in turn (cycling when there are more
+faults than kinds), so a schedule of len(KINDS) faults has one of each; targets, ranks and
+durations are drawn from the same seed. The executor injects the first fault at step
+`first_fault_step`, each next one `gap_steps` commits after the job was whole again (every
+replica HEALTHY) after the previous one, so faults do not pile up beyond what the kind itself
+does (double kill, kill_source); the job ends `tail_steps` after the last one. At most
+`spares` faults kill a host: each one uses up a spare.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+KINDS = ("kill_leader", "kill_rank", "kill_host", "stop_replica", "double_kill", "kill_source", "kill_controller")
+
+
+@dataclass(frozen=True)
+class ChaosSettings:
+    """The chaos cluster and its schedule. Times in seconds, steps as the job counts them."""
+    replicas: int = 3
+    ranks: int = 2
+    spares: int = 1
+    faults: int = 4
+    first_fault_step: int = 3        # the first fault lands once the job reached this step
+    gap_steps: int = 3               # ...each next one this many steps after the job was whole again
+    tail_steps: int = 3              # ...and the job ends this many steps after the last one
+    heartbeat_timeout_s: float = 3.0
+    join_timeout_s: float = 1.0
+    lease_ttl_s: float = 2.0
+    rollback_wait_s: float = 4.0
+    allreduce_timeout_s: float = 5.0
+    stop_past_timeout_s: tuple[float, float] = (1.0, 2.5)  # SIGSTOP lasts the heartbeat timeout plus this
+    controller_down_s: tuple[float, float] = (0.0, 2.0)    # a killed controller restarts this much later
+    min_step_s: float = 0.1          # each step's compute takes at least this (the rest is slept)
+    checkpoint_every: int = 4
+    slack_s: float = 5.0             # a slow step or two on a loaded machine (in the stall bound)
+    # A fault whose replicas are not all HEALTHY again this long after its last action (the
+    # source kill of kill_source, the SIGCONT of stop_replica) is a violation. A restarted
+    # trainer imports torch: seconds on an idle machine, 45 s seen at load 15 on 2 cores.
+    fault_timeout_s: float = 120.0
+    startup_timeout_s: float = 120.0  # the job's first steps (every trainer imports torch at once)
+
+    @property
+    def replica_ids(self) -> list[str]:
+        return [f"r{i}" for i in range(self.replicas)]
+
+    @property
+    def run_timeout_s(self) -> float:
+        """The bound on a whole run: its start, then each fault's own bound."""
+        return self.startup_timeout_s + max(self.faults, 1) * self.fault_timeout_s
+
+    @property
+    def stall_bound_s(self) -> float:
+        """The longest a replica no fault touched may go between two commits: a dead peer is
+        found by the all-reduce timeout or by heartbeat silence, a dead controller is replaced
+        within about its lease; the round then waits its join timeout, plus `slack_s`."""
+        return max(self.allreduce_timeout_s, self.heartbeat_timeout_s, self.lease_ttl_s) + self.join_timeout_s \
+            + self.slack_s
+
+    def validate(self) -> "ChaosSettings":
+        problems = []
+        if self.replicas < 3:
+            problems.append(f"replicas must be at least 3 (a double kill leaves one), got {self.replicas}.")
+        if self.ranks < 2:
+            problems.append(f"ranks must be at least 2 (kill_rank kills a rank other than 0), got {self.ranks}.")
+        for name in ("spares", "faults"):
+            if getattr(self, name) < 0:
+                problems.append(f"{name} must not be negative, got {getattr(self, name)}.")
+        for name in ("first_fault_step", "gap_steps", "tail_steps"):
+            if getattr(self, name) < 1:
+                problems.append(f"{name} must be at least 1, got {getattr(self, name)}.")
+        for name in ("heartbeat_timeout_s", "join_timeout_s", "lease_ttl_s", "rollback_wait_s", "allreduce_timeout_s",
+                     "fault_timeout_s", "startup_timeout_s"):
+            if not getattr(self, name) > 0:
+                problems.append(f"{name} must be above 0 seconds, got {getattr(self, name)}.")
+        for name in ("stop_past_timeout_s", "controller_down_s"):
+            low, high = getattr(self, name)
+            if not 0 <= low <= high:
+                problems.append(f"{name} must be a range (low, high) with 0 <= low <= high, got {(low, high)}.")
+        if self.stop_past_timeout_s[0] <= 0:
+            problems.append(f"stop_past_timeout_s must start above 0 (a SIGSTOP past the timeout), got "
+                            f"{self.stop_past_timeout_s}.")
+        if problems:
+            raise ValueError(" ".join(problems))
+        return self
+
+
+@dataclass(frozen=True)
+class Fault:
+    kind: str                        # one of KINDS
+    replicas: tuple[str, ...] = ()   # the replicas it hits (kill_source: the first one; its source is found live)
+    rank: int = 0                    # kill_rank, kill_source: the rank killed (of the replica, of the source)
+    stop_s: float = 0.0              # stop_replica: how long the trainers stay stopped
+    down_s: float = 0.0              # kill_controller: how long the killed controller stays down
+
+    def describe(self) -> str:
+        target = "+".join(self.replicas) or "controller"
+        extra = f" rank {self.rank}" if self.kind in ("kill_rank", "kill_source") else ""
+        extra += f" for {self.stop_s:.1f}s" if self.stop_s else ""
+        return f"{self.kind}:{target}{extra}"
+
+
+def make_schedule(seed: int, settings: ChaosSettings) -> tuple[Fault, ...]:
+    """The faults of run `seed`, in the order they are injected."""
+    s = settings.validate()
+    rng = random.Random(seed)
+    kinds = list(KINDS)
+    rng.shuffle(kinds)
+    hosts_left = s.spares
+    faults = []
+    for i in range(s.faults):
+        kind = kinds[i % len(kinds)]
+        if kind == "kill_host":
+            if hosts_left == 0:
+                kind = "kill_leader"  # no spare left to take the host's work
+            else:
+                hosts_left -= 1
+        ids = s.replica_ids
+        if kind == "kill_controller":
+            faults.append(Fault(kind, down_s=round(rng.uniform(*s.controller_down_s), 2)))
+        elif kind == "double_kill":
+            faults.append(Fault(kind, tuple(sorted(rng.sample(ids, 2)))))
+        elif kind == "stop_replica":
+            stop = s.heartbeat_timeout_s + rng.uniform(*s.stop_past_timeout_s)
+            faults.append(Fault(kind, (rng.choice(ids),), stop_s=round(stop, 2)))
+        elif kind == "kill_rank":
+            faults.append(Fault(kind, (rng.choice(ids),), rank=rng.randrange(1, s.ranks)))
+        elif kind == "kill_source":
+            faults.append(Fault(kind, (rng.choice(ids),), rank=rng.randrange(s.ranks)))
+        else:
+            faults.append(Fault(kind, (rng.choice(ids),)))
+    return tuple(faults)
+
+
+def stop_past_the_timeouts(stop_s: float, now: float, takeover_at: float | None, grace_s: float,
+                           heartbeat_timeout_s: float) -> float:
+    """How long a SIGSTOP that lands at `now` must last to outlast the silence the controller
+    allows by as much as a `stop_s` stop outlasts the heartbeat timeout: right after a takeover
+    (at `takeover_at`) silence is counted only once its grace (`grace_s`) is over."""
+    if takeover_at is None:
+        return stop_s
+    silent_until = takeover_at + grace_s + heartbeat_timeout_s  # the earliest death by silence
+    return round(max(stop_s, silent_until - now + stop_s - heartbeat_timeout_s), 2)
+
+
+def parse_seeds(text: str) -> list[int]:
+    """"1-50", "3", "1,4,9-12" -> the seeds in order; ValueError names a bad part."""
+    seeds: list[int] = []
+    for part in (p.strip() for p in text.split(",")):
+        low, sep, high = part.partition("-")
+        try:
+            first, last = int(low), int(high) if sep else int(low)
+        except ValueError:
+            raise ValueError(f"seed range {part!r} is not N or N-M (e.g. 1-50)") from None
+        if first < 0 or last < first:
+            raise ValueError(f"seed range {part!r} must be N-M with 0 <= N <= M")
+        seeds += range(first, last + 1)
+    if len(seeds) > 10_000:
+        raise ValueError(f"{len(seeds)} seeds is too many for one run (at most 10000)")
+    return seeds

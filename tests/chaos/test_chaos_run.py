@@ -1,0 +1,50 @@
+"""Seeded chaos over real processes: 3 replicas x 2 ranks, a warm spare, two controllers on a
+real etcd, agents supervising the demo's trainers; each seed's faults carried out for real,
+then every invariant checked over what was recorded (tests/chaos/invariants.py).
+
+One fixed seed runs here (the suite's time is bounded: about a minute on 2 idle cores), chosen
+for the faults that need the most machinery: a SIGSTOP past the timeouts, a controller kill, a
+recovering replica losing its source, a host swapped for the warm spare. Its kill_source starts
+with a leader kill, and the runtime tests kill ranks and replicas on their own (tests/runtime/);
+`python -m bench.chaos --seeds 1-20 --json` carries out every kind, as many seeds as you like.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+import pytest
+
+from tests.chaos.executor import ChaosRun
+from tests.chaos.invariants import check
+from tests.chaos.schedule import KINDS, ChaosSettings, make_schedule
+
+SETTINGS = ChaosSettings()
+SEEDS = (1,)
+BENCH_SEEDS = range(1, 21)
+
+
+def test_the_fixed_seed_carries_out_the_faults_that_need_the_most_machinery():
+    kinds = {f.kind for seed in SEEDS for f in make_schedule(seed, SETTINGS)}
+    assert kinds == {"stop_replica", "kill_controller", "kill_source", "kill_host"}, kinds
+
+
+def test_the_benchmark_seeds_carry_out_every_kind_of_fault_several_times():
+    kinds = Counter(f.kind for seed in BENCH_SEEDS for f in make_schedule(seed, SETTINGS))
+    assert set(kinds) == set(KINDS) and min(kinds.values()) >= 5, kinds
+
+
+@pytest.mark.slow
+@pytest.mark.etcd
+@pytest.mark.timeout(SETTINGS.run_timeout_s + 60)
+@pytest.mark.parametrize("seed", SEEDS)
+def test_seeded_faults_keep_every_invariant(seed, tmp_path):
+    schedule = make_schedule(seed, SETTINGS)
+    recorded = ChaosRun(tmp_path, SETTINGS, schedule, seed).run()
+    verdict = check(recorded, SETTINGS)
+    summary = json.dumps({**verdict.stats, "injections": recorded.to_json()["injections"]}, indent=1)
+    assert verdict.violations == [], f"seed {seed}: {verdict.violations}\n{summary}\nlogs in {tmp_path}"
+    assert [i.scheduled for i in recorded.injections] == [f.describe() for f in schedule]  # every fault landed
+    assert all(i.settled_at is not None for i in recorded.injections)
+    assert verdict.stats["steps"] > SETTINGS.first_fault_step + len(schedule) * SETTINGS.gap_steps

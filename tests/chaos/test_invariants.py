@@ -1,0 +1,156 @@
+"""The chaos invariants over synthetic recorded runs: a clean run passes, and each planted
+violation is found and named (a checker that cannot fail would prove nothing)."""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import replace
+
+import pytest
+
+from tests.chaos.executor import Injection, Recorded
+from tests.chaos.invariants import check
+from tests.chaos.schedule import ChaosSettings
+
+S = ChaosSettings()
+T0 = 1000.0
+IDS = ("r0", "r1", "r2")
+
+
+def trained_and_committed(rows: list, step: int, t: float, ledger: dict, included: tuple, before: str,
+                          digest: str, quorum_id: int = 7) -> None:
+    for rid in included:
+        for rank in (0, 1):
+            rows.append({"t": t, "replica": rid, "rank": rank, "pid": 1, "event": "trained", "step": step,
+                         "quorum_id": quorum_id, "position": ledger.get(rid, 0)})
+            rows.append({"t": t + 0.5, "replica": rid, "rank": rank, "pid": 1, "event": "commit", "step": step,
+                         "quorum_id": quorum_id, "behind": False, "included": list(included),
+                         "positions_before": dict(ledger), "position": ledger.get(rid, 0), "before": before,
+                         "digest": digest})
+
+
+def run_with_a_leader_kill(steps: int = 8) -> Recorded:
+    """r1's leader is killed at step 2 (T0 + 2.2); r0 and r2 train on; r1 is HEALTHY again from step 4."""
+    rows: list = []
+    ledger = {rid: 0 for rid in IDS}
+    before = ""
+    for step in range(steps):
+        included = IDS if step not in (2, 3) else ("r0", "r2")
+        digest = f"s{step}"
+        trained_and_committed(rows, step, T0 + step, ledger, included, before, digest)
+        for rid in included:
+            ledger[rid] += 1
+        before = digest
+    events = [
+        {"at": T0 + 2.3, "kind": "death", "subject": "r1", "cause": "trainer_exit", "message": "r1 became DEAD"},
+        {"at": T0 + 3.8, "kind": "replica", "subject": "r1", "cause": "", "message": "replica r1 became HEALTHY"},
+    ]
+    inj = Injection("kill_leader", "kill_leader:r1", T0 + 2.2, 2, ["r1"], [], ["SIGKILL r1 rank 0"],
+                    done_at=T0 + 2.2, settled_at=T0 + 4.0)
+    return Recorded(1, rows, events, [inj], [], True, T0, T0 + steps + 1)
+
+
+def problems(rec: Recorded, settings: ChaosSettings = S) -> list[str]:
+    return check(rec, settings).violations
+
+
+def test_a_clean_run_passes_and_counts():
+    verdict = check(run_with_a_leader_kill(), S)
+    assert verdict.violations == []
+    assert verdict.stats["steps"] == 8 and verdict.stats["faults"] == {"kill_leader": 1}
+    assert verdict.stats["abandoned_branches"] == 0 and verdict.stats["detection_s_max"] == pytest.approx(0.1)
+
+
+def test_different_states_after_one_commit_are_found():
+    rec = run_with_a_leader_kill()
+    next(r for r in rec.rows if r["event"] == "commit" and r["step"] == 5 and r["replica"] == "r2")["digest"] = "x"
+    assert any("states differ after a commit: step 5 of quorum 7" in p for p in problems(rec))
+
+
+@pytest.mark.parametrize("position, what", [(4, "again"), (6, "skipping one")])
+def test_a_step_that_reads_a_batch_again_or_skips_one_breaks_the_history(position, what):
+    rec = run_with_a_leader_kill()
+    for r in rec.rows:  # step 5 reads r0's batch `position`: step 4 left r0 at 5
+        if r["step"] == 5 and r["event"] == "commit":
+            r["positions_before"]["r0"] = position
+        if r["step"] == 5 and r["replica"] == "r0":
+            r["position"] = position
+    [found] = problems(rec)  # walked back from the end: step 6 finds no step 5 that left it r0 at 6
+    assert found.startswith("exactly-once along the committed history: step 6 (ledger {'r0': 6") and \
+        f"trained from a state no commit of step 5 produced (they left ledgers [{{'r0': {position + 1}" in found, what
+
+
+def test_a_batch_a_step_included_but_its_replica_never_trained_is_found():
+    rec = run_with_a_leader_kill()
+    rec.rows = [r for r in rec.rows if not (r["replica"] == "r2" and r["step"] == 6 and r["event"] == "trained")]
+    for r in rec.rows:
+        if r["replica"] == "r2" and r["step"] == 6:
+            r["position"] = 5  # ...it trained another one
+    assert any("step 6 included batch 6 of replica r2, which trained [5] at that step" in p for p in problems(rec))
+
+
+def abandon_a_branch(rec: Recorded) -> None:
+    """r1 alone committed step 4 into another state from step 3's, a branch nobody continued."""
+    trained_and_committed(rec.rows, 4, T0 + 4.1, {"r0": 4, "r1": 2, "r2": 4}, ("r1",), "s3", "lost4", quorum_id=8)
+    rec.rows.sort(key=lambda r: r["t"])
+
+
+def test_an_abandoned_branch_needs_a_rollback_event():
+    rec = run_with_a_leader_kill()
+    abandon_a_branch(rec)
+    assert any("1 branch(es) of committed steps [4] were abandoned" in p and "silent change of history" in p
+               for p in problems(rec))
+    rec.events.append({"at": T0 + 4.5, "kind": "rollback", "subject": "9", "cause": "rollback", "message": "…"})
+    verdict = check(rec, S)
+    assert verdict.violations == [] and verdict.stats["abandoned_branches"] == 1 and verdict.stats["rollbacks"] == 1
+
+
+def test_a_death_no_fault_explains_is_found():
+    rec = run_with_a_leader_kill()
+    rec.events.append({"at": T0 + 3.0, "kind": "death", "subject": "r2", "cause": "heartbeat", "message": "silent"})
+    rec.events.append({"at": T0 + 7.5, "kind": "death", "subject": "r1", "cause": "heartbeat", "message": "silent"})
+    rec.events.append({"at": T0 + 3.0, "kind": "host_death", "subject": "h0", "cause": "heartbeat", "message": "m"})
+    found = problems(rec)
+    assert any(p.startswith("replica r2 was declared dead at +3.0s (heartbeat: silent)") for p in found)
+    assert any(p.startswith("replica r1 was declared dead at +7.5s") for p in found)  # after its fault's window
+    assert any(p.startswith("host h0 was declared dead") for p in found)
+
+
+def test_an_undetected_fault_and_a_replica_that_never_rejoined_are_found():
+    rec = run_with_a_leader_kill()
+    undetected = replace(rec, events=[e for e in rec.events if e["kind"] != "death"])
+    assert any("r1 was hit, but the controller never declared it dead" in p for p in problems(undetected))
+    gone = replace(rec, events=[e for e in rec.events if e["kind"] == "death"])
+    assert any("r1 died at +2.3s and never became HEALTHY again" in p for p in problems(gone))
+    unsettled = copy.deepcopy(rec)
+    unsettled.injections[0].settled_at = None
+    assert any("the job was not whole again" in p for p in problems(unsettled))
+
+
+def test_a_killed_host_needs_a_host_death_and_a_killed_controller_a_new_leader():
+    rec = run_with_a_leader_kill()
+    rec.injections[0].hosts.append("h1")
+    assert any("host h1 was killed, but no host death was recorded" in p for p in problems(rec))
+    rec.events.append({"at": T0 + 2.4, "kind": "host_death", "subject": "h1", "cause": "heartbeat", "message": "m"})
+    assert problems(rec) == []
+    rec.injections.append(Injection("kill_controller", "kill_controller:controller", T0 + 6.0, 6, done_at=T0 + 6.5,
+                                    settled_at=T0 + 7.0))
+    assert any("no controller took over" in p for p in problems(rec))
+    rec.events.append({"at": T0 + 6.6, "kind": "leader", "subject": "c2", "cause": "", "message": "took over"})
+    assert problems(rec) == []
+
+
+def test_a_stall_of_an_untouched_replica_past_the_bound_is_found():
+    rec = run_with_a_leader_kill()
+    tight = replace(S, allreduce_timeout_s=0.5, heartbeat_timeout_s=0.5, lease_ttl_s=0.5, join_timeout_s=0.5,
+                    slack_s=1.0)
+    assert tight.stall_bound_s == 2.0 and problems(rec, tight) == []  # r0 and r2 commit every second
+    rec.rows = [r for r in rec.rows if not (r["replica"] == "r2" and r["event"] == "commit" and r["step"] in (2, 3))]
+    stalls = [p for p in problems(rec, tight) if "went" in p]
+    assert len(stalls) == 1 and "r2, which it did not touch, went 2.3s without a commit (bound 2s)" in stalls[0]
+
+
+def test_a_broken_or_unfinished_run_is_a_violation():
+    rec = replace(run_with_a_leader_kill(), error="RuntimeError: boom", finished=False)
+    found = problems(rec)
+    assert "the run broke: RuntimeError: boom" in found and "not every trainer of every replica finished" in found
