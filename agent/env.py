@@ -25,6 +25,8 @@ written for torchrun (`init_process_group(init_method="env://")`) runs unchanged
 |                             | (`protos.job_secret`), when the agent has one               |
 | FTHSDP_INSECURE_TRAINER_PORTS | "1" when the agent runs with --insecure-trainer-ports     |
 |                             | and no secret                                               |
+| FTHSDP_TELEMETRY_FILE       | where the trainer keeps its collective telemetry ring       |
+|                             | (`fthsdp.telemetry`), one file per slot; unset: no telemetry |
 
 A trainer never inherits another way to the secret from the agent's own environment:
 FTHSDP_JOB_SECRET_FILE is removed (the agent read it; its value is what the trainer gets), so
@@ -58,6 +60,7 @@ from agent.policy import Placement
 from protos import dial, job_secret
 from protos.dial import TlsFiles
 from protos.job_secret import JobSecret
+from protos.telemetry_ring import ENV_FILE as TELEMETRY_FILE
 
 REPLICA_ID = "FTHSDP_REPLICA_ID"
 RANK = "FTHSDP_RANK"
@@ -70,7 +73,7 @@ STANDBY = "FTHSDP_STANDBY"
 JOB_SECRET = job_secret.ENV_JOB_SECRET
 INSECURE_TRAINER_PORTS = job_secret.ENV_INSECURE_TRAINER_PORTS
 #: what the agent decides for its trainers, whatever its own environment says
-_REPLACED = (STANDBY, JOB_SECRET, job_secret.ENV_JOB_SECRET_FILE, INSECURE_TRAINER_PORTS)
+_REPLACED = (STANDBY, JOB_SECRET, job_secret.ENV_JOB_SECRET_FILE, INSECURE_TRAINER_PORTS, TELEMETRY_FILE)
 # torchrun's
 TORCH_RANK = "RANK"
 TORCH_WORLD_SIZE = "WORLD_SIZE"
@@ -112,6 +115,7 @@ def trainer_environment(
     tls: TlsFiles | None = None,
     secret: JobSecret | None = None,
     insecure_trainer_ports: bool = False,
+    telemetry_file: str = "",
 ) -> dict[str, str]:
     """The environment of one trainer: `base` plus our variables (ours win).
 
@@ -125,6 +129,8 @@ def trainer_environment(
     elif insecure_trainer_ports:
         env[INSECURE_TRAINER_PORTS] = "1"
     env.update({HOST_ID: host_id, JOB_ID: job_id, CONTROLLER: controller})
+    if telemetry_file:
+        env[TELEMETRY_FILE] = telemetry_file
     if tls is not None and tls.enabled:
         for name, value in ((dial.ENV_TLS_CA_FILE, tls.ca_file),
                             (dial.ENV_TLS_CERT_FILE, tls.cert_file),

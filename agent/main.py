@@ -133,6 +133,12 @@ def parse(argv: list[str]) -> AgentSettings:
     p.add_argument("--insecure-trainer-ports", action="store_true",
                    help=f"with no job secret, let trainers run their ports without authentication "
                         f"({job_secret.ENV_INSECURE_TRAINER_PORTS}=1 in their environment)")
+    p.add_argument("--telemetry-interval-s", type=float, default=5.0,
+                   help="send trainers' collective telemetry every this many seconds (0: off)")
+    p.add_argument("--telemetry-dir", default="",
+                   help="directory for trainers' telemetry rings (default: a fresh private one)")
+    p.add_argument("--telemetry-window-collectives", type=int, default=32,
+                   help="collectives per straggler window (the same on every agent of a job)")
     p.add_argument("--log-level", default="INFO")
     args = p.parse_args(argv)
     secret = job_secret.from_env(file=args.job_secret_file)
@@ -149,6 +155,8 @@ def parse(argv: list[str]) -> AgentSettings:
         heartbeat_interval_s=args.heartbeat_interval_s, stop_grace_s=args.stop_grace_s, tls=tls,
         on_job_complete=args.on_job_complete, job_secret=secret,
         insecure_trainer_ports=args.insecure_trainer_ports or job_secret.insecure_from_env(),
+        telemetry_interval_s=args.telemetry_interval_s,
+        telemetry_dir=args.telemetry_dir, telemetry_window_collectives=args.telemetry_window_collectives,
         advertise_address=args.advertise_address, rendezvous_port=args.rendezvous_port,
         coordinator_port=args.coordinator_port, state_dir=args.state_dir,
     ).validate()

@@ -18,6 +18,8 @@ import collections
 import logging
 import os
 import random
+import shutil
+import tempfile
 import time
 import uuid
 from typing import AsyncIterator, Callable
@@ -31,6 +33,7 @@ from agent.ports import pick_ports
 from agent.process import ProcessHooks, SubprocessHooks
 from agent.settings import AgentSettings
 from agent.supervisor import Supervisor, TrainerExit
+from agent.telemetry import Collector, ring_dir
 from protos import controller_pb2 as pb
 from protos import controller_pb2_grpc as pb_grpc
 from protos import dial
@@ -101,6 +104,7 @@ class Agent:
         self.supervisor = Supervisor(settings, hooks or SubprocessHooks(
             settings.stderr_tail_lines, on_exit=lambda: self.supervisor.wake.set()),
             self._queue_exit, clock, dict(os.environ if base_env is None else base_env))
+        self._collector = Collector(settings.host_id, settings.telemetry_window_collectives)
         self.registered = asyncio.Event()
         #: set once the controller said the job is COMPLETED: no trainer starts again
         self.job_completed = asyncio.Event()
@@ -110,6 +114,27 @@ class Agent:
 
     async def run(self, stop: asyncio.Event) -> None:
         """Until `stop` is set (or PermanentError). Trainers are stopped on the way out."""
+        made_dir = self._telemetry_dir()
+        try:
+            await self._run(stop)
+        finally:
+            if made_dir:
+                shutil.rmtree(made_dir, ignore_errors=True)
+
+    def _telemetry_dir(self) -> str:
+        """Where trainers keep their rings; returns the directory if this agent made it."""
+        s = self.settings
+        if not s.telemetry_interval_s:
+            return ""
+        if s.telemetry_dir:
+            os.makedirs(s.telemetry_dir, mode=0o700, exist_ok=True)
+            self.supervisor.telemetry_dir = s.telemetry_dir
+            return ""
+        self.supervisor.telemetry_dir = tempfile.mkdtemp(prefix=f"fthsdp-telemetry-{s.host_id[:32]}-",
+                                                         dir=ring_dir())
+        return self.supervisor.telemetry_dir
+
+    async def _run(self, stop: asyncio.Event) -> None:
         supervising = asyncio.Event()
         loop_task = asyncio.create_task(self.supervisor.run(supervising))
         relay = asyncio.create_task(_relay(stop, self._quit))
@@ -210,8 +235,10 @@ class Agent:
         await asyncio.shield(self.supervisor.reconcile())
 
     async def _session(self, stub: pb_grpc.ControllerStub, stop: asyncio.Event) -> None:
-        tasks = [asyncio.create_task(c) for c in (
-            self._heartbeats(stub), self._orders(stub), self._report_exits(stub), stop.wait())]
+        streams = [self._heartbeats(stub), self._orders(stub), self._report_exits(stub), stop.wait()]
+        if self.supervisor.telemetry_dir:
+            streams.append(self._report_telemetry(stub))
+        tasks = [asyncio.create_task(c) for c in streams]
         try:
             done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
             for task in done:
@@ -298,6 +325,34 @@ class Agent:
                 self._pending.popleft()
             self._pending_event.clear()
             self._all_sent.set()
+
+    async def _report_telemetry(self, stub: pb_grpc.ControllerStub) -> None:
+        """Every telemetry_interval_s: the rings of the trainers running now, summarized. A
+        failed report is only logged (the next one carries its windows); it never ends the
+        session, and a controller without the call is not asked again."""
+        s = self.settings
+        while True:
+            await asyncio.sleep(s.telemetry_interval_s)
+            trainers = [(slot, rid, rank, self.supervisor.telemetry_file(slot))
+                        for slot, rid, rank in self.supervisor.training()]
+            if not trainers:
+                continue
+            report = await asyncio.to_thread(self._collector.collect, trainers, time.monotonic_ns())
+            if not report.ranks:
+                continue
+            report.agent_secret = self._secret
+            try:
+                answer = await stub.ReportTelemetry(report, timeout=s.rpc_timeout_s)
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
+                    log.warning("host %s: the controller takes no telemetry; not sending it", s.host_id)
+                    await asyncio.Event().wait()
+                log.log(logging.WARNING if exc.code() in _PERMANENT else logging.DEBUG,
+                        "host %s: telemetry report failed: %s: %s", s.host_id, exc.code().name, exc.details())
+                continue
+            self._collector.delivered()
+            for why in answer.ignored:
+                log.warning("host %s: the controller left telemetry out: %s", s.host_id, why)
 
     def _queue_exit(self, exit_: TrainerExit) -> None:
         self._pending.append(exit_)

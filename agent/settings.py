@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from agent.policy import ON_JOB_COMPLETE
 from protos.dial import TlsFiles
 from protos.job_secret import JobSecret
+from protos.telemetry_ring import MAX_WINDOW_COLLECTIVES
 
 # Placeholders substituted in the command template. Only these exact `{name}` tokens are
 # replaced; any other braces (a dict literal in `python -c ...`) are left alone.
@@ -85,6 +86,15 @@ class AgentSettings:
     job_secret: JobSecret | None = None
     # With no job secret: let the trainers run their ports without authentication.
     insecure_trainer_ports: bool = False
+    # Collective telemetry (agent.telemetry): every this many seconds the agent reads its
+    # trainers' rings and sends the controller a summary; 0 turns it off (no ring is asked for).
+    telemetry_interval_s: float = 5.0
+    # Where trainers' rings live; empty: a fresh directory only this agent's user can open
+    # (under /dev/shm when the host has it: memory, no disk writeback).
+    telemetry_dir: str = ""
+    # Straggler statistics are taken over windows of this many collectives per group; every
+    # agent of a job must use the same (the controller ignores windows of another length).
+    telemetry_window_collectives: int = 32
     # Where other hosts reach this host's trainers (its pod IP; no port). Needed when replicas
     # span hosts: their ranks meet at the address of their rank-0 host.
     advertise_address: str = ""
@@ -149,6 +159,11 @@ class AgentSettings:
         if self.on_job_complete not in ON_JOB_COMPLETE:
             raise ValueError(f"on_job_complete must be one of {', '.join(ON_JOB_COMPLETE)}, got "
                              f"{self.on_job_complete!r}.")
+        if self.telemetry_interval_s < 0:
+            raise ValueError(f"telemetry_interval_s must be >= 0 (0: off), got {self.telemetry_interval_s}.")
+        if not 1 <= self.telemetry_window_collectives <= MAX_WINDOW_COLLECTIVES:
+            raise ValueError(f"telemetry_window_collectives must be 1..{MAX_WINDOW_COLLECTIVES}, got "
+                             f"{self.telemetry_window_collectives}.")
         self.tls.validate()
         if self.job_secret is not None and not isinstance(self.job_secret, JobSecret):
             raise ValueError(f"job_secret must be a protos.job_secret.JobSecret, got a "

@@ -9,7 +9,9 @@ every slot waits, so an order's ack can follow its execution.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import os
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
@@ -62,6 +64,18 @@ class Supervisor:
         self.job_id = settings.job_id
         self._lock = asyncio.Lock()
         self.wake = asyncio.Event()
+        #: where trainers keep their telemetry rings (set by the agent before it supervises)
+        self.telemetry_dir: str | None = None
+
+    def telemetry_file(self, slot_index: int) -> str:
+        """The ring file of a slot ('' when telemetry is off)."""
+        return os.path.join(self.telemetry_dir, f"slot-{slot_index}.ring") if self.telemetry_dir else ""
+
+    def training(self) -> list[tuple[int, str, int]]:
+        """(slot, replica_id, rank) of every trainer running now."""
+        return [(slot.index, slot.proc.placement.replica_id, slot.proc.placement.rank) for slot in self.slots
+                if slot.proc is not None and slot.proc.role is Role.TRAIN and slot.proc.placement is not None
+                and not slot.proc.exited]
 
     # ------------------------------------------------------------------ wants
 
@@ -192,10 +206,15 @@ class Supervisor:
             argv=substitute(s.command, values),
             env=trainer_env.trainer_environment(self._base_env, p, host_id=s.host_id, job_id=self.job_id,
                                                 controller=controller, tls=s.tls, secret=s.job_secret,
-                                                insecure_trainer_ports=s.insecure_trainer_ports),
+                                                insecure_trainer_ports=s.insecure_trainer_ports,
+                                                telemetry_file=self.telemetry_file(slot.index)),
             standby=p is None,
             label=f"{s.host_id} {p.replica_id}/{p.rank}" if p else f"{s.host_id} standby{slot.index}")
+        ring = self.telemetry_file(slot.index)
         try:
+            if ring:  # the last trainer's ring must not be read as the new one's
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(ring)
             slot.handle = await self._hooks.start(launch)
         except OSError as exc:
             slot.halted_generation = want.generation

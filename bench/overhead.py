@@ -7,7 +7,9 @@ by step in alternation (so background load hits both alike): plain torch.distrib
 (Gloo all-reduce of the flattened gradients across replicas, divide, optimizer step) and
 through this runtime (a controller from the CLI, one Manager per replica: quorum, FTAR,
 vote, commit). Reported: median step times and overhead_pct = (ft - plain) / plain, and
-protocol_us_per_step: the time the Manager spent inside the pure step protocol per step.
+protocol_us_per_step: the time the Manager spent inside the pure step protocol per step;
+telemetry_us_per_step / telemetry_pct: the time spent recording collectives in the rank's
+telemetry ring per step (on, as under an agent), and its share of the runtime's step.
 Digest: digest_ms is one digest of the benchmark model's whole committed state (weights,
 AdamW moments, ledger); digest_pct_at_default is its share of a step at the default
 interval (one digest every RuntimeSettings.digest_every_steps steps).
@@ -27,10 +29,13 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
+from agent.telemetry import ring_dir
 from controller.launch import launch
+from fthsdp.telemetry import ENV_TELEMETRY_FILE
 from protos import job_secret
 
 REPO = Path(__file__).resolve().parents[1]
@@ -64,9 +69,12 @@ def _step_worker(args: argparse.Namespace) -> None:
     plain, ft_model = _model(args.hidden, args.width), _model(args.hidden, args.width)
     plain_opt = torch.optim.AdamW(plain.parameters(), lr=1e-3)
     ft_opt_inner = torch.optim.AdamW(ft_model.parameters(), lr=1e-3)
+    # Collective telemetry on, as under an agent: the ring in a private directory.
+    os.environ[ENV_TELEMETRY_FILE] = os.path.join(tempfile.mkdtemp(prefix="fthsdp-bench-", dir=ring_dir()), "slot-0.ring")
     manager = Manager(ft_model, ft_opt_inner, RuntimeSettings(
         job_id="bench", replica_id=str(r), controller_address=args.controller, apply_lr_scale=False,
         ftar_chunk_bytes=4 << 20, job_secret=job_secret.from_env())).start()
+    telemetry_s = _time_recording(manager.collectives.telemetry)
     ft_opt = FaultTolerantOptimizer(manager, ft_opt_inner)
     params = list(plain.parameters())
 
@@ -95,21 +103,41 @@ def _step_worker(args: argparse.Namespace) -> None:
             raise RuntimeError(f"step failed without injected faults: {manager.last_outcome}")
 
     plain_times, ft_times = [], []
-    protocol_s = 0.0
+    protocol_s = recorded_s = 0.0
     for i in range(args.warmup + args.steps):
         dist.barrier()
         t0 = time.perf_counter()
         plain_step(i)
         t1 = time.perf_counter()
-        before = manager.protocol_s
+        before, recorded = manager.protocol_s, telemetry_s[0]
         ft_step()
         t2 = time.perf_counter()
         if i >= args.warmup:
             plain_times.append(t1 - t0)
             ft_times.append(t2 - t1)
             protocol_s += manager.protocol_s - before
+            recorded_s += telemetry_s[0] - recorded
+    records = manager.collectives.telemetry._appended
     manager.close()
-    print(json.dumps({"rank": r, "plain": plain_times, "ft": ft_times, "protocol_s": protocol_s}), flush=True)
+    print(json.dumps({"rank": r, "plain": plain_times, "ft": ft_times, "protocol_s": protocol_s,
+                      "telemetry_s": recorded_s, "records": records}), flush=True)
+
+
+def _time_recording(ring) -> list[float]:
+    """Wrap the ring writer's methods with a timer (bench only): the CPU seconds this thread spent
+    recording (thread time, so a loaded machine's preemptions do not count as recording)."""
+    spent = [0.0]
+    for name in ("record_join", "record_progress", "record_done"):
+        inner = getattr(ring, name)
+
+        def timed(*a, _inner=inner, **k):
+            t0 = time.thread_time()
+            try:
+                return _inner(*a, **k)
+            finally:
+                spent[0] += time.thread_time() - t0
+        setattr(ring, name, timed)
+    return spent
 
 
 def measure_overhead(args: argparse.Namespace) -> dict:
@@ -131,9 +159,14 @@ def measure_overhead(args: argparse.Namespace) -> dict:
     ft = [max(vals) for vals in zip(*(r["ft"] for r in results))]
     plain_ms, ft_ms = statistics.median(plain) * 1e3, statistics.median(ft) * 1e3
     protocol_us = max(r["protocol_s"] for r in results) / args.steps * 1e6
+    telemetry_us = max(r["telemetry_s"] for r in results) / args.steps * 1e6
     return {"step_ms_plain": round(plain_ms, 2), "step_ms_ft": round(ft_ms, 2),
             "overhead_pct": round((ft_ms - plain_ms) / plain_ms * 100, 2),
-            "protocol_us_per_step": round(protocol_us, 1)}
+            "protocol_us_per_step": round(protocol_us, 1),
+            # collective telemetry (fthsdp.telemetry): time in the ring writer per step, its share of a step
+            "telemetry_us_per_step": round(telemetry_us, 1),
+            "telemetry_pct": round(telemetry_us / (ft_ms * 1e3) * 100, 4),
+            "telemetry_records_per_step": round(max(r["records"] for r in results) / (args.warmup + args.steps), 1)}
 
 
 def measure_digest(args: argparse.Namespace, step_ms: float | None) -> dict:

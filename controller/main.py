@@ -13,6 +13,7 @@ import logging
 import os
 import signal
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from controller.settings import LR_POLICIES, ControllerSettings
@@ -65,6 +66,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         "'spiffe://example.com/agent/{host_id}'")
     p.add_argument("--http-tls-cert-file", help="PEM certificate: serves the REST API and /metrics over HTTPS")
     p.add_argument("--http-tls-key-file", help="PEM private key for --http-tls-cert-file")
+    p.add_argument("--diagnosis-dry-run", action="store_true",
+                   help="the diagnosis reports findings and the evictions it would make, and makes none")
     p.add_argument("--log-level", default="INFO", help="the text log on stderr")
     p.add_argument("--event-log", default="stderr",
                    help="where the JSON event lines go: stderr (default), off, or a file path (appended)")
@@ -128,6 +131,8 @@ def build_server(args):
         restart_budget=args.restart_budget, restart_window_s=args.restart_window_s,
         lease_ttl_s=args.lease_ttl_s, telemetry=False if args.no_telemetry else None,
         store_max_request_bytes=args.store_max_request_bytes, bind_client_cert_to_host=args.bind_client_cert_to_host)
+    if args.diagnosis_dry_run:
+        settings = replace(settings, diagnosis=replace(settings.diagnosis, dry_run=True)).validate()
     if settings.bind_client_cert_to_host and not args.tls_client_ca_file:
         raise ValueError("--bind-client-cert-to-host needs mTLS: give --tls-client-ca-file too.")
     if not args.etcd and (args.etcd_ca_file or args.etcd_cert_file or args.etcd_user):

@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
+
+from controller.core.diagnosis.settings import DiagnosisSettings
 
 LR_POLICIES = ("none", "linear", "sqrt")
 #: Hard ceilings on the settings themselves (a settings file is input too).
@@ -98,6 +100,9 @@ class ControllerSettings:
     rollback_wait_s: float = 20.0
     #: Live goodput, failure histograms and the JSON event log. Off only to measure their cost.
     telemetry: bool = True
+    #: Hangs, stragglers and silent data corruption: what is found and what is done about it
+    #: (in the JSON settings file: an object under "diagnosis").
+    diagnosis: DiagnosisSettings = field(default_factory=DiagnosisSettings)
 
     @property
     def reconnect_cycle_s(self) -> float:
@@ -177,6 +182,10 @@ class ControllerSettings:
         if binding and binding != "exact" and "{host_id}" not in binding:
             problems.append(f"bind_client_cert_to_host must be empty, 'exact' or a pattern containing "
                             f"{{host_id}}, got {binding!r}.")
+        try:
+            self.diagnosis.validate()
+        except ValueError as exc:
+            problems.append(str(exc))
         if not problems:
             from controller.core.sizes import replicas_section_problem
 
@@ -195,5 +204,11 @@ class ControllerSettings:
         unknown = sorted(set(data) - known)
         if unknown:
             raise ValueError(f"Settings file {path} has unknown keys: {', '.join(unknown)}.")
+        if isinstance(data.get("diagnosis"), dict):
+            nested = data["diagnosis"]
+            unknown = sorted(set(nested) - {f.name for f in fields(DiagnosisSettings)})
+            if unknown:
+                raise ValueError(f"Settings file {path} has unknown keys under diagnosis: {', '.join(unknown)}.")
+            data = dict(data, diagnosis=DiagnosisSettings(**nested))
         merged = replace(cls(), **data)
         return replace(merged, **{k: v for k, v in overrides.items() if v is not None}).validate()

@@ -1,7 +1,7 @@
 """The `fthsdp` command line: one entry point, each subcommand imported lazily.
 
 Users install one distribution and get `fthsdp controller`, `fthsdp agent`,
-`fthsdp status` and `fthsdp demo`. The services are imported only when their
+`fthsdp status`, `fthsdp demo` and `fthsdp compare-checkpoints`. The services are imported only when their
 subcommand runs, so a trainer that imports `fthsdp` pays nothing for them.
 """
 
@@ -16,12 +16,14 @@ SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
     "agent": ("agent.main", "main", "run the per-host trainer supervisor"),
     "status": ("fthsdp.status", "main", "print a controller's REST status as tables"),
     "demo": ("fthsdp.demo", "main", "train a small model on this machine with injected failures"),
+    "compare-checkpoints": ("fthsdp.checkpoint_compare", "main",
+                            "name the ranks whose shards differ between two checkpoints of one step"),
 }
 
 
 def _usage() -> str:
     lines = ["usage: fthsdp SUBCOMMAND [options]", "", "subcommands:"]
-    lines += [f"  {name:<11} {help_}" for name, (_, _, help_) in SUBCOMMANDS.items()]
+    lines += [f"  {name:<20} {help_}" for name, (_, _, help_) in SUBCOMMANDS.items()]
     lines += ["", "Run `fthsdp SUBCOMMAND --help` for its options."]
     return "\n".join(lines)
 

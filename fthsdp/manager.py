@@ -29,6 +29,7 @@ import torch
 import torch.distributed as dist
 
 from ftar_kernels import FtarEndpoint, FtarSettings
+from fthsdp import determinism
 from fthsdp.data_ledger import DataLedger, LedgerBatches
 from fthsdp.errors import ChannelError, CheckpointError, Fatal, ReplicaFinished, RetryLimitExceeded
 from fthsdp.settings import RuntimeSettings
@@ -47,6 +48,7 @@ from fthsdp.step.plan import AddressBook, PlanError, RankPlan, plan_for_rank
 from fthsdp.step.protocol import INF, Phase, ProtocolError, advance, initial_state, next_deadline
 from fthsdp.sync import fsdp
 from fthsdp.sync.gradients import GradientSync, SyncResult, flatten_grads, unflatten_grads_
+from fthsdp.telemetry import Collectives, Telemetry
 from protos import job_secret
 from protos import replica_pb2 as rpb
 
@@ -108,6 +110,8 @@ class Manager:
         self.client: CoordinatorClient | None = None
         self.state_server: StateServer | None = None
         self.endpoint: FtarEndpoint | None = None
+        #: this rank's collective telemetry (a ring the agent reads; none unless it asked for one)
+        self.collectives = Collectives(None, settings.world_size)
 
     # ------------------------------------------------------------------ what the script sees
 
@@ -161,6 +165,10 @@ class Manager:
     def start(self) -> "Manager":
         self._require_not_started("start")
         s = self.settings
+        if s.deterministic:
+            log.info("replica %s rank %s: deterministic mode: %s", s.replica_id, s.rank, "; ".join(determinism.apply()))
+            if self.registry.rng is None:
+                self.registry.register_rng(s.deterministic_seed)
         if self._pre_init is not None:
             self._pre_init()
         self._restore_checkpoint()
@@ -170,8 +178,9 @@ class Manager:
                 chunk_bytes=s.ftar_chunk_bytes, chunks_in_flight=s.ftar_chunks_in_flight,
                 timeout_s=s.allreduce_timeout_s, connect_timeout_s=min(10.0, s.allreduce_timeout_s),
                 auth_key=ftar_key or b"", allow_unauthenticated=ftar_key is None)))
+            self.collectives = Collectives(Telemetry.from_env(s.replica_id, s.rank, time.monotonic()), s.world_size)
             self.sync = self._seams.sync(GradientSync(self.endpoint, s.rank, s.world_size, s.allreduce_timeout_s,
-                                                      self.process_group))
+                                                      self.process_group, self.collectives))
             if self.sharded:
                 fsdp.install_all_reduce_hooks(self.model, self._reduce_shard)
             self.state_server = self._seams.state_server(
@@ -236,6 +245,8 @@ class Manager:
                 except Exception as exc:  # noqa: BLE001 - closing is best effort
                     log.debug("closing %s failed: %r", type(part).__name__, exc)
         self.client = self.coordinator = self.state_server = self.endpoint = None
+        if self.collectives.telemetry is not None:
+            self.collectives.telemetry.close()
 
     def _checkpoint_group(self) -> dist.ProcessGroup | None:
         """Who writes and reads a checkpoint together: a sharded model's ranks (DCP is
@@ -398,7 +409,14 @@ class Manager:
 
     def _event_of(self, kind: str, message) -> ev.Event:
         if kind == "plan":
-            return self._plan_arrived(message)
+            event = self._plan_arrived(message)
+            planned = isinstance(event, ev.PlanArrived) and event.plan is not None  # a resume order has no plan
+            self.collectives.planned(event.plan.step if planned else event.step)
+            return event
+        if kind == "decision":
+            self.collectives.decided()
+        elif kind == "no_plan":
+            self.collectives.planned(message.step)
         if kind == "no_plan":
             refusal = {rpb.NoPlan.RETRY: ev.Refusal.RETRY, rpb.NoPlan.FINISHED: ev.Refusal.FINISHED,
                        rpb.NoPlan.FATAL: ev.Refusal.FATAL}[message.kind]
@@ -437,9 +455,11 @@ class Manager:
             self._queue.append(ev.CoordinatorLost(str(exc)))
 
     def _do_SendBegin(self, e: ev.SendBegin) -> None:  # noqa: N802 - named after the effect
+        self.collectives.begin(e.step)
         self._send(msg.begin(e.step))
 
     def _do_SendVote(self, e: ev.SendVote) -> None:  # noqa: N802
+        self.collectives.vote()
         self._send(msg.vote(e.attempt, e.ok, e.reason, e.loss, e.tokens))
 
     def _do_SendDigest(self, e: ev.SendDigest) -> None:  # noqa: N802

@@ -39,6 +39,7 @@ ENV_MAX_STEPS = "FTHSDP_MAX_STEPS"
 ENV_JOB_SECRET_FILE = job_secret.ENV_JOB_SECRET_FILE
 ENV_JOB_SECRET = job_secret.ENV_JOB_SECRET
 ENV_INSECURE_TRAINER_PORTS = job_secret.ENV_INSECURE_TRAINER_PORTS
+ENV_DETERMINISTIC = "FTHSDP_DETERMINISTIC"
 # torchrun's, read when the FTHSDP_* variable of the same meaning is not set
 TORCHRUN_RANK = "RANK"
 TORCHRUN_WORLD_SIZE = "WORLD_SIZE"
@@ -96,6 +97,9 @@ class RuntimeSettings:
         (anyone who reaches them may take part); without either, the ports refuse to start.
     hello_timeout_s: how long a connection to this rank's coordinator or state server may take
         to authenticate before it is closed.
+    deterministic: reproducible runs for silent-data-corruption hunts (fthsdp/determinism.py):
+        deterministic kernels, and the runtime owns the RNG streams (seeded with
+        deterministic_seed unless the script registered them itself).
     """
 
     job_id: str = "job"
@@ -126,6 +130,8 @@ class RuntimeSettings:
     job_secret: JobSecret | None = None
     insecure_trainer_ports: bool = False
     hello_timeout_s: float = 10.0
+    deterministic: bool = False
+    deterministic_seed: int = 0
 
     def validate(self) -> "RuntimeSettings":
         problems = []
@@ -171,6 +177,8 @@ class RuntimeSettings:
             problems.append(f"fetch_attempts must be >= 1, got {self.fetch_attempts}.")
         if self.checkpoint_every_steps > 0 and not self.checkpoint_dir:
             problems.append("checkpoint_dir must be set when checkpoint_every_steps > 0.")
+        if not isinstance(self.deterministic, bool):
+            problems.append(f"deterministic must be True or False, got {self.deterministic!r}.")
         if self.ftar_chunk_bytes <= 0 or self.ftar_chunks_in_flight <= 0:
             problems.append(f"ftar_chunk_bytes and ftar_chunks_in_flight must be > 0, got "
                             f"{self.ftar_chunk_bytes} and {self.ftar_chunks_in_flight}.")
@@ -244,13 +252,22 @@ _ENV_FIELDS: tuple[tuple[str, Callable[[str], object], tuple[str, ...]], ...] = 
     ("coordinator_address", str, (ENV_COORDINATOR_ADDRESS,)),
     ("checkpoint_dir", str, (ENV_CHECKPOINT_DIR,)),
     ("max_steps", _int, (ENV_MAX_STEPS,)),
+    ("deterministic", lambda text: _flag(ENV_DETERMINISTIC, text), (ENV_DETERMINISTIC,)),
 )
+
+
+def _flag(name: str, text: str) -> bool:
+    if text not in ("0", "1"):
+        raise ValueError(f"Invalid RuntimeSettings: environment variable {name}={text!r} must be 0 or 1.")
+    return text == "1"
 
 
 def _convert(name: str, text: str, conv: Callable[[str], object]) -> object:
     try:
         return conv(text)
-    except ValueError:
+    except ValueError as exc:
+        if str(exc).startswith("Invalid RuntimeSettings"):
+            raise
         raise ValueError(f"Invalid RuntimeSettings: environment variable {name}={text!r} is not a number.") from None
 
 

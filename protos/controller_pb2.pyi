@@ -105,7 +105,7 @@ class HeartbeatResponse(_message.Message):
     def __init__(self, unknown_ids: _Optional[_Iterable[str]] = ..., not_leader: _Optional[bool] = ..., job_state: _Optional[_Union[JobState, str]] = ..., leader_address: _Optional[str] = ...) -> None: ...
 
 class ReportStepRequest(_message.Message):
-    __slots__ = ("job_id", "replica_id", "quorum_id", "step", "step_time_s", "loss", "tokens", "host_id", "digest", "caught_up", "checkpoint_step")
+    __slots__ = ("job_id", "replica_id", "quorum_id", "step", "step_time_s", "loss", "tokens", "host_id", "digest", "caught_up", "checkpoint_step", "rank_digests")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     QUORUM_ID_FIELD_NUMBER: _ClassVar[int]
@@ -117,6 +117,7 @@ class ReportStepRequest(_message.Message):
     DIGEST_FIELD_NUMBER: _ClassVar[int]
     CAUGHT_UP_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINT_STEP_FIELD_NUMBER: _ClassVar[int]
+    RANK_DIGESTS_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     replica_id: str
     quorum_id: int
@@ -128,7 +129,8 @@ class ReportStepRequest(_message.Message):
     digest: str
     caught_up: bool
     checkpoint_step: int
-    def __init__(self, job_id: _Optional[str] = ..., replica_id: _Optional[str] = ..., quorum_id: _Optional[int] = ..., step: _Optional[int] = ..., step_time_s: _Optional[float] = ..., loss: _Optional[float] = ..., tokens: _Optional[int] = ..., host_id: _Optional[str] = ..., digest: _Optional[str] = ..., caught_up: _Optional[bool] = ..., checkpoint_step: _Optional[int] = ...) -> None: ...
+    rank_digests: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, job_id: _Optional[str] = ..., replica_id: _Optional[str] = ..., quorum_id: _Optional[int] = ..., step: _Optional[int] = ..., step_time_s: _Optional[float] = ..., loss: _Optional[float] = ..., tokens: _Optional[int] = ..., host_id: _Optional[str] = ..., digest: _Optional[str] = ..., caught_up: _Optional[bool] = ..., checkpoint_step: _Optional[int] = ..., rank_digests: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ReportStepResponse(_message.Message):
     __slots__ = ()
@@ -346,3 +348,71 @@ class TrainerExitRequest(_message.Message):
 class TrainerExitResponse(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
+
+class TelemetryReport(_message.Message):
+    __slots__ = ("host_id", "agent_secret", "window_collectives", "ranks")
+    HOST_ID_FIELD_NUMBER: _ClassVar[int]
+    AGENT_SECRET_FIELD_NUMBER: _ClassVar[int]
+    WINDOW_COLLECTIVES_FIELD_NUMBER: _ClassVar[int]
+    RANKS_FIELD_NUMBER: _ClassVar[int]
+    host_id: str
+    agent_secret: str
+    window_collectives: int
+    ranks: _containers.RepeatedCompositeFieldContainer[RankTelemetry]
+    def __init__(self, host_id: _Optional[str] = ..., agent_secret: _Optional[str] = ..., window_collectives: _Optional[int] = ..., ranks: _Optional[_Iterable[_Union[RankTelemetry, _Mapping]]] = ...) -> None: ...
+
+class RankTelemetry(_message.Message):
+    __slots__ = ("replica_id", "rank", "idle_s", "recording_s", "groups")
+    REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    IDLE_S_FIELD_NUMBER: _ClassVar[int]
+    RECORDING_S_FIELD_NUMBER: _ClassVar[int]
+    GROUPS_FIELD_NUMBER: _ClassVar[int]
+    replica_id: str
+    rank: int
+    idle_s: float
+    recording_s: float
+    groups: _containers.RepeatedCompositeFieldContainer[GroupTelemetry]
+    def __init__(self, replica_id: _Optional[str] = ..., rank: _Optional[int] = ..., idle_s: _Optional[float] = ..., recording_s: _Optional[float] = ..., groups: _Optional[_Iterable[_Union[GroupTelemetry, _Mapping]]] = ...) -> None: ...
+
+class GroupTelemetry(_message.Message):
+    __slots__ = ("group", "kind", "size", "last_joined_seq", "last_done_seq", "pending_seq", "pending_s", "pending_nbytes", "pending_sent_bytes", "pending_idle_s", "windows")
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    LAST_JOINED_SEQ_FIELD_NUMBER: _ClassVar[int]
+    LAST_DONE_SEQ_FIELD_NUMBER: _ClassVar[int]
+    PENDING_SEQ_FIELD_NUMBER: _ClassVar[int]
+    PENDING_S_FIELD_NUMBER: _ClassVar[int]
+    PENDING_NBYTES_FIELD_NUMBER: _ClassVar[int]
+    PENDING_SENT_BYTES_FIELD_NUMBER: _ClassVar[int]
+    PENDING_IDLE_S_FIELD_NUMBER: _ClassVar[int]
+    WINDOWS_FIELD_NUMBER: _ClassVar[int]
+    group: str
+    kind: int
+    size: int
+    last_joined_seq: int
+    last_done_seq: int
+    pending_seq: int
+    pending_s: float
+    pending_nbytes: int
+    pending_sent_bytes: int
+    pending_idle_s: float
+    windows: _containers.RepeatedCompositeFieldContainer[TelemetryWindow]
+    def __init__(self, group: _Optional[str] = ..., kind: _Optional[int] = ..., size: _Optional[int] = ..., last_joined_seq: _Optional[int] = ..., last_done_seq: _Optional[int] = ..., pending_seq: _Optional[int] = ..., pending_s: _Optional[float] = ..., pending_nbytes: _Optional[int] = ..., pending_sent_bytes: _Optional[int] = ..., pending_idle_s: _Optional[float] = ..., windows: _Optional[_Iterable[_Union[TelemetryWindow, _Mapping]]] = ...) -> None: ...
+
+class TelemetryWindow(_message.Message):
+    __slots__ = ("index", "own_s", "wait_s")
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    OWN_S_FIELD_NUMBER: _ClassVar[int]
+    WAIT_S_FIELD_NUMBER: _ClassVar[int]
+    index: int
+    own_s: float
+    wait_s: float
+    def __init__(self, index: _Optional[int] = ..., own_s: _Optional[float] = ..., wait_s: _Optional[float] = ...) -> None: ...
+
+class TelemetryResponse(_message.Message):
+    __slots__ = ("ignored",)
+    IGNORED_FIELD_NUMBER: _ClassVar[int]
+    ignored: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, ignored: _Optional[_Iterable[str]] = ...) -> None: ...

@@ -89,6 +89,11 @@ class ControllerStub:
                 request_serializer=protos_dot_controller__pb2.ReportFinishedRequest.SerializeToString,
                 response_deserializer=protos_dot_controller__pb2.ReportFinishedResponse.FromString,
                 _registered_method=True)
+        self.ReportTelemetry = channel.unary_unary(
+                '/fthsdp.v1.Controller/ReportTelemetry',
+                request_serializer=protos_dot_controller__pb2.TelemetryReport.SerializeToString,
+                response_deserializer=protos_dot_controller__pb2.TelemetryResponse.FromString,
+                _registered_method=True)
 
 
 class ControllerServicer:
@@ -180,6 +185,15 @@ class ControllerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReportTelemetry(self, request, context):
+        """An agent sends a compact summary of its ranks' collective telemetry every few seconds
+        (agent setting telemetry_interval_s); the controller's diagnosis reads it (hangs,
+        stragglers). Authenticated like the agent's other calls (its agent secret).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ControllerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -237,6 +251,11 @@ def add_ControllerServicer_to_server(servicer, server):
                     servicer.ReportFinished,
                     request_deserializer=protos_dot_controller__pb2.ReportFinishedRequest.FromString,
                     response_serializer=protos_dot_controller__pb2.ReportFinishedResponse.SerializeToString,
+            ),
+            'ReportTelemetry': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReportTelemetry,
+                    request_deserializer=protos_dot_controller__pb2.TelemetryReport.FromString,
+                    response_serializer=protos_dot_controller__pb2.TelemetryResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -536,6 +555,33 @@ class Controller:
             '/fthsdp.v1.Controller/ReportFinished',
             protos_dot_controller__pb2.ReportFinishedRequest.SerializeToString,
             protos_dot_controller__pb2.ReportFinishedResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReportTelemetry(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fthsdp.v1.Controller/ReportTelemetry',
+            protos_dot_controller__pb2.TelemetryReport.SerializeToString,
+            protos_dot_controller__pb2.TelemetryResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -160,7 +160,8 @@ class DigestLedger:
         out = []
         while len(self._steps) > self.max_steps:
             oldest = min(self._steps)
-            out += self._decide(oldest)
+            if not self._steps[oldest].decided:  # a decided step's verdict was given once already
+                out += self._decide(oldest)
             del self._steps[oldest]
         return out
 

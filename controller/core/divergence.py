@@ -67,6 +67,7 @@ class DivergenceTracker:
         self._transition(r, ReplicaState.HEALTHY, f"re-synced from {origin} and committed step {step}", now)
 
     def _apply_verdicts(self, verdicts: list[Verdict], now: float) -> None:
+        self.diagnose_verdicts(verdicts, now)  # SDC: which hosts hold the differing state
         for v in verdicts:
             if not v.mismatch:
                 continue

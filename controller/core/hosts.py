@@ -246,14 +246,19 @@ class HostRegistry:
     # -- operator actions --------------------------------------------------------------------
 
     def drain(self, host_id: str, now: float) -> str:
+        return self.evict(host_id, "admin", "drained by an operator", now, what="drain")
+
+    def evict(self, host_id: str, by: str, reason: str, now: float, what: str = "evict") -> str:
+        """Move a host's work onto a spare and keep the host out: cordoned by `by` ("admin" and
+        "diagnosis" cordons survive re-registration), its replica rebuilt on the spare."""
         h = self._known_host(host_id)
         if h.assignment is None:
-            raise FailedPrecondition(f"host {host_id} runs nothing; there is nothing to drain.")
+            raise FailedPrecondition(f"host {host_id} runs nothing; there is nothing to {what}.")
         choice = pick_spare(h, list(self.hosts.values()))
         if choice.host_id is None:
-            raise FailedPrecondition(f"cannot drain host {host_id}: {choice.reason}.")
-        self._cordon(h, "admin", "drained by an operator", now)
-        self.kill_replica(h.assignment.replica_id, DeathCause.HOST, f"host {host_id} is being drained", now)
+            raise FailedPrecondition(f"cannot {what} host {host_id}: {choice.reason}.")
+        self._cordon(h, by, reason, now)
+        self.kill_replica(h.assignment.replica_id, DeathCause.HOST, f"host {host_id} is being {what}ed", now)
         return self._swap(h, now)
 
     def cordon(self, host_id: str, reason: str, now: float) -> None:

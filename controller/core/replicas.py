@@ -7,6 +7,7 @@ from dataclasses import dataclass, replace
 from controller.core.checks import (
     check_address, check_addresses, check_finite, check_id, check_non_negative, check_optional_id, clip_text,
 )
+from controller.core.diagnosis.sdc import check_rank_digests
 from controller.core.errors import FailedPrecondition, InvalidArgument
 from controller.core.model import SETTLED, DeathCause, Quorum, Replica, ReplicaState
 from controller.core.digests import check_digest
@@ -267,9 +268,13 @@ class ReplicaRegistry:
 
     def report_step(self, replica_id: str, step: int, now: float, *, quorum_id: int, loss: float | None = None,
                     step_time_s: float | None = None, tokens: int = 0, host_id: str = "",
-                    digest: str = "", caught_up: bool = False, checkpoint_step: int | None = None) -> None:
+                    digest: str = "", caught_up: bool = False, checkpoint_step: int | None = None,
+                    rank_digests: tuple[str, ...] = ()) -> None:
         r = self._known_replica(replica_id)
         digest = check_digest(digest, self.settings.max_digest_chars)
+        rank_digests = check_rank_digests(rank_digests, r.world_size)
+        if rank_digests and not digest:
+            raise InvalidArgument("rank_digests were sent without the replica digest they belong to.")
         self._check_leader_host(replica_id, host_id)
         check_non_negative("tokens", tokens)
         if checkpoint_step is not None and not 0 <= checkpoint_step <= step:
@@ -298,6 +303,9 @@ class ReplicaRegistry:
         self.dirty_replicas = True
         if r.state == ReplicaState.BEHIND and self.quorum and step >= self.quorum.max_step:
             self._transition(r, ReplicaState.HEALTHY, f"caught up and committed step {step}", now)
+        if digest:
+            self.diagnosis.keep_rank_digests(replica_id, step, rank_digests, tuple(
+                self.rank_holders.get((replica_id, k)) for k in range(r.world_size)))
         self._record_digest(r, step, digest, caught_up, now)
 
     def report_commit_failed(self, replica_id: str, step: int, reason: str, now: float, *, quorum_id: int,
@@ -326,6 +334,7 @@ class ReplicaRegistry:
             return False
         self._transition(r, ReplicaState.DEAD, reason, now, cause=cause.value)
         self.deaths[cause.value] = self.deaths.get(cause.value, 0) + 1
+        self.diagnosis.forget_replica(replica_id)  # its groups form anew when it returns
         self.round_joined.pop(replica_id, None)
         if not self.round_joined:
             self.round_first_join_at = None

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import asdict, fields
 
 from controller.core.checks import clip_text
+from controller.core.diagnosis.acting import Diagnosing
 from controller.core.digests import DigestLedger
 from controller.core.divergence import DivergenceTracker
 from controller.core.events import level_of
@@ -33,7 +34,7 @@ REPLICA_DURABLE_FIELDS = tuple(
 )
 
 
-class ControllerState(ReplicaRegistry, HostRegistry, ReplicaRestarts, DivergenceTracker, JobLifecycle):
+class ControllerState(ReplicaRegistry, HostRegistry, ReplicaRestarts, DivergenceTracker, JobLifecycle, Diagnosing):
     def __init__(self, settings: ControllerSettings) -> None:
         self.settings = settings.validate()
         self.replicas: dict[str, Replica] = {}
@@ -104,15 +105,19 @@ class ControllerState(ReplicaRegistry, HostRegistry, ReplicaRestarts, Divergence
         #: host ids by shard, and each host's encoded record until it changes (see _touch)
         self.shard_members: dict[int, dict[str, None]] = {}
         self.encoded_hosts: dict[str, bytes] = {}
+        #: telemetry, findings and what was done about them (not persisted: rebuilt from reports)
+        self.init_diagnosis()
 
     def expire(self, now: float) -> None:
-        """Declare dead whoever has been silent past the heartbeat timeout, and compare the
-        digests that waited long enough. A completed job's agents leave: their silence is no
-        failure (no host deaths, no swaps)."""
+        """Declare dead whoever has been silent past the heartbeat timeout, compare the digests
+        that waited long enough, and run the periodic diagnosis. A completed job's agents leave:
+        their silence is no failure (no host deaths, no swaps, no diagnosis)."""
         if self.completed_at is None:
             self.expire_hosts(now)
         self.expire_replicas(now)
         self.compare_digests(now)
+        if self.completed_at is None:
+            self.diagnose(now)
 
     def silence(self, last_seen: float, now: float) -> str:
         """Why a record last seen at `last_seen` counts as dead now, or "" while it does not.

@@ -16,6 +16,7 @@ from controller.service.errors import NotLeader, refuse, unary
 from controller.store import StoreError
 from controller.service.orders import from_proto_assignment, to_proto_assignment, to_proto_order
 from controller.service.peer import new_agent_secret
+from controller.service.telemetry_wire import from_proto_report
 from protos import controller_pb2 as pb
 from protos import controller_pb2_grpc
 
@@ -116,7 +117,7 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
         self.server.require_leader().report_step(
             request.replica_id, request.step, self.server.clock(), quorum_id=request.quorum_id, loss=request.loss,
             step_time_s=request.step_time_s, tokens=request.tokens, host_id=request.host_id,
-            digest=request.digest, caught_up=request.caught_up,
+            digest=request.digest, caught_up=request.caught_up, rank_digests=tuple(request.rank_digests),
             checkpoint_step=request.checkpoint_step if request.HasField("checkpoint_step") else None)
         await self.server.persist()
         return pb.ReportStepResponse()
@@ -211,6 +212,14 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
         state.authenticate_agent(request.host_id, request.agent_secret)
         state.ack_order(request.host_id, request.order_id, request.ok, request.error, self.server.clock())
         return pb.AckOrderResponse()
+
+    @unary
+    async def ReportTelemetry(self, request, context):
+        state = self.server.require_leader()
+        self.server.check_peer_may_act_as(context, request.host_id)
+        ignored = state.report_telemetry(from_proto_report(request), request.agent_secret, self.server.clock())
+        await self.server.settle()
+        return pb.TelemetryResponse(ignored=ignored[:64])
 
     @unary
     async def ReportTrainerExit(self, request, context):

@@ -56,6 +56,16 @@ class StateCollector:
         yield from self._replicas(state, job)
         yield from self._hosts(state, job)
         yield from self._goodput(state, job, srv.clock())
+        yield from self._diagnosis(state, job)
+
+    def _diagnosis(self, state, job: str):
+        log = state.diagnosis.log
+        yield _labelled(CounterMetricFamily, "fthsdp_diagnosis_findings", "Diagnosis findings by kind (hang, "
+                        "straggler, sdc); each one is in /api/v1/diagnoses with its evidence", job, "kind",
+                        dict(sorted(log.findings_by_kind.items())))
+        yield _labelled(CounterMetricFamily, "fthsdp_diagnosis_actions", "What the diagnosis did about its findings: "
+                        "evict, dry_run (would have evicted), hold (a limit), report", job, "kind",
+                        dict(sorted(log.actions_by_kind.items())))
 
     def _replicas(self, state, job: str):
         replicas = list(state.replicas.values())

@@ -16,10 +16,12 @@ from pydantic import BaseModel
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from controller.core.checks import ID_PATTERN
+from controller.core.diagnosis.findings import FindingKind
 from controller.core.errors import RequestError
 from controller.core.state import ControllerState
 from controller.service.errors import NotLeader, http_status
 from controller.service.paging import PAGE_MAX, SortedIds, event_page, host_page, next_link
+from controller.service.telemetry_wire import entry_view
 from controller.service.views import host_view, job_view, quorum_view, replica_view
 from controller.store import StoreError
 
@@ -36,6 +38,8 @@ PAGE_POLICIES = {
     "/redoc": "default-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data:; "
               "worker-src 'self' blob:; font-src 'self' data:; frame-ancestors 'none'",
 }
+#: The largest page of findings one request gets.
+MAX_PAGE = 500
 
 
 class Problem(BaseModel):
@@ -189,6 +193,19 @@ def make_app(server) -> FastAPI:
     async def history(v: View, limit: Annotated[int, Query(ge=1, le=10_000)] = 720):
         state, _ = v
         return [list(sample) for sample in list(state.goodput.history)[-limit:]]
+
+    @app.get("/api/v1/diagnoses", responses=READ_PROBLEMS,
+             summary="Findings of the diagnosis (hangs, stragglers, SDC), newest first, with what was done")
+    async def diagnoses(v: View, limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 50,
+                        before_id: Annotated[int | None, Query(ge=1, description="page: ids below this")] = None,
+                        kind: Annotated[FindingKind | None, Query()] = None):
+        state, _ = v
+        log = state.diagnosis.log
+        page = log.page(limit, before_id, kind.value if kind else None)
+        return {"findings": [entry_view(e) for e in page],
+                "next_before_id": page[-1].id if len(page) == limit else None,
+                "findings_by_kind": dict(log.findings_by_kind), "actions_by_kind": dict(log.actions_by_kind),
+                "dry_run": state.settings.diagnosis.dry_run, "enabled": state.settings.diagnosis.enabled}
 
     @app.post("/api/v1/hosts/{host_id}/drain", responses=ADMIN_PROBLEMS, summary="Move a host's work to a spare, then stop it (admin)")
     async def drain(host_id: HostId, state: Admin):

@@ -38,8 +38,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--ranks-per-replica", type=int, choices=(1, 2),
                    help="trainer processes per replica (default: 1 for mlp, 2 for gpt)")
     p.add_argument("--steps", type=int, default=200, help="training steps (10..5000)")
-    p.add_argument("--failures", help="KIND@STEP:REPLICA,... with KIND kill-trainer, kill-agent or hang-trainer; '' for "
-                                      "none (default: kill-trainer at 25%% of the steps on r1, kill-agent "
+    p.add_argument("--failures", help="KIND@STEP:REPLICA,... with KIND kill-trainer, kill-agent, hang-trainer, or a "
+                                      "host that goes bad for the diagnosis to find and evict: hang, stall, slow, "
+                                      "sdc; '' for none (default: kill-trainer at 25%% of the steps on r1, kill-agent "
                                       "at 65%% on r2; with 200 steps kill-trainer@50:r1,kill-agent@130:r2)")
     p.add_argument("--spares", type=int, default=1, help="spare hosts (agents with --spare)")
     p.add_argument("--cold-spares", action="store_true", help="spares without pre-started standby trainers")
@@ -52,6 +53,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-baseline", action="store_true", help="skip the no-failure baseline run")
     p.add_argument("--timeout-s", type=float, default=150.0, help="longest one run may take")
+    p.add_argument("--diagnosis-dry-run", action="store_true",
+                   help="the controller's diagnosis only reports what it would evict (a hung host then stays "
+                        "hung: use it with slow or sdc)")
     return p
 
 
@@ -93,7 +97,7 @@ def main(argv: list[str]) -> int:
         replicas=args.replicas, ranks_per_replica=args.ranks_per_replica, steps=args.steps, seed=args.seed,
         lr_policy=args.lr_policy, spares=args.spares, standby=not args.cold_spares,
         heartbeat_timeout_s=args.heartbeat_timeout_s, timeout_s=args.timeout_s, min_step_s=args.step_time_s,
-        **GPT_SETTINGS if args.model == "gpt" else {})
+        diagnosis_dry_run=args.diagnosis_dry_run, **GPT_SETTINGS if args.model == "gpt" else {})
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
@@ -124,7 +128,7 @@ def main(argv: list[str]) -> int:
     seen = main_summary["samples_seen"]
     result = report.build(
         settings={**asdict(settings), "failures": [f.describe() for f in failures]},
-        main=main_summary, injections=main_run.injections, events=main_run.events,
+        main=main_summary, injections=main_run.injections, events=main_run.events, diagnoses=main_run.diagnoses,
         wall_s=main_run.ended_at - main_run.started_at,
         detection_bound_s=settings.heartbeat_timeout_s + 1.5, baseline=base_summary,
         baseline_wall_s=base_run and base_run.ended_at - base_run.started_at,
@@ -152,6 +156,11 @@ def _print_summary(r: dict, out: Path) -> None:
     for f in r["failures"]:
         print(f"demo: {f['kind']} {f['replica']} at step {f['injected_step']}: detected after "
               f"{f['detection_s']}s, healthy again after {f['rejoin_s']}s")
+        d = f.get("diagnosis")
+        if d is not None:
+            print(f"demo:   diagnosis: {d['finding'] or 'not found'}" + (
+                f" (confidence {d['confidence']}, after {d['found_s']}s); {d['action']}: {d['action_reason']}"
+                if d["found"] else ""))
     if r["baseline"]:
         comparison = r["comparison"]
         print(f"demo: baseline test accuracy {r['baseline']['test_accuracy']} "

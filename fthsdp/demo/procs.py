@@ -24,11 +24,12 @@ TRAINER = [PYTHON, "-m", "fthsdp.demo.trainer"]
 
 
 def start_controller(log: Path, *, job_id: str, replicas: int, join_timeout_s: float,
-                     heartbeat_timeout_s: float, lr_policy: str) -> ControllerProcess:
+                     heartbeat_timeout_s: float, lr_policy: str, settings: Path | None = None) -> ControllerProcess:
+    extra = ("--settings", str(settings)) if settings else ()
     with open(log, "w") as err:
         return launch("--job-id", job_id, "--replicas", str(replicas), "--min-replicas", "1",
                       "--join-timeout-s", str(join_timeout_s), "--heartbeat-timeout-s", str(heartbeat_timeout_s),
-                      "--lr-policy", lr_policy, stderr=err)
+                      "--lr-policy", lr_policy, *extra, stderr=err)
 
 
 def environment(secret: str, extra: dict[str, str] | None = None) -> dict[str, str]:
@@ -44,7 +45,7 @@ def start_agent(log: Path, *, controller: str, host_id: str, job_id: str, comman
     """`extra`: more agent flags (e.g. --restart-budget)."""
     args = FTHSDP + ["agent", "--controller", controller, "--host-id", host_id, "--job-id", job_id,
                      "--heartbeat-interval-s", str(heartbeat_interval_s), "--stop-grace-s", "2",
-                     "--slots", str(ranks), *extra]
+                     "--slots", str(ranks), "--telemetry-interval-s", "0.5", *extra]
     if spare:
         args += ["--spare"] + (["--standby"] if standby else [])
     else:

@@ -171,15 +171,48 @@ def summary(rows: list[dict], replicas: list[str], ranks: int, batch_rows: int =
     }
 
 
+#: A diagnosed fault (hang, stall, slow, sdc) is found and its host evicted within this long.
+DIAGNOSIS_BOUND_S = 30.0
+#: the finding each diagnosed kind should produce
+FINDING_OF = {"hang": "hang", "stall": "hang", "slow": "straggler", "sdc": "sdc"}
+
+
+def diagnosis_of(injection: dict, diagnoses: list[dict], dry_run: bool = False) -> dict | None:
+    """For a diagnosed fault: the first finding of its kind that named its host first, and the
+    decision that evicted it (in dry-run: that would have)."""
+    want = FINDING_OF.get(injection["kind"])
+    if want is None:
+        return None
+    t0, host = injection["injected_at"], injection["host"]
+    mine = sorted((d for d in diagnoses if d["kind"] == want and d["at"] >= t0 - 0.05 and d["hosts"][:1] == [host]),
+                  key=lambda d: d["at"])
+    acted = next((d for d in mine if d["action"] in ("evict", "dry_run") and d["action_host"] == host), None)
+    first = mine[0] if mine else None
+    return {"found": first is not None, "found_s": first and round(first["at"] - t0, 3),
+            "finding": first and first["summary"], "confidence": first and first["confidence"],
+            "action": (acted or first or {}).get("action"), "action_reason": (acted or first or {}).get("action_reason"),
+            "evicted": acted is not None and acted["action"] == ("dry_run" if dry_run else "evict")}
+
+
 def build(*, settings: dict, main: dict, injections: list[dict], events: list[dict], wall_s: float,
           detection_bound_s: float, baseline: dict | None, baseline_wall_s: float | None,
-          band: dict | None = None, loss_window: dict | None = None) -> dict:
+          band: dict | None = None, loss_window: dict | None = None, diagnoses: list[dict] = ()) -> dict:
     """report.json. `main` and `baseline` are `summary` results; the baseline ran to the same
     samples seen as the main run (`baseline_steps_for`), so their difference is quality lost,
     not time lost. `band` is `band_view`; `loss_window` the two runs' mean training loss near
-    the main run's last samples."""
-    failures = [{**i, **recovery(i, events), "detection_bound_s": detection_bound_s} for i in injections]
-    detected = [f["detection_s"] for f in failures]
+    the main run's last samples; `diagnoses` the controller's findings."""
+    dry = bool(settings.get("diagnosis_dry_run"))
+    failures = [{**i, **recovery(i, events), "diagnosis": diagnosis_of(i, list(diagnoses), dry),
+                 "detection_bound_s": DIAGNOSIS_BOUND_S if i["kind"] in FINDING_OF else detection_bound_s}
+                for i in injections]
+    # in dry-run a diagnosed host is only reported: its replica neither dies nor rejoins
+    recovering = [f for f in failures if not (dry and f["diagnosis"] is not None)]
+    detected = [f["detection_s"] for f in recovering]
+    diagnosed = [f["diagnosis"] for f in failures if f["diagnosis"] is not None]
+    # a host evicted before its fault was injected was healthy then (and its fault never fires)
+    bad_since = {i["host"]: i["injected_at"] for i in injections if i.get("host")}
+    wrong = [d for d in diagnoses if d["action"] == "evict"
+             and d.get("decided_at", d["at"]) < bad_since.get(d["action_host"], float("inf")) - 0.05]
     report = {
         "settings": settings, "wall_s": round(wall_s, 2), "steps": main["steps"],
         "failures": failures, "effective_training_time": main["effective_training_time"],
@@ -189,12 +222,18 @@ def build(*, settings: dict, main: dict, injections: list[dict], events: list[di
         "checks": {
             "exactly_once": main["exactly_once"], "bitwise_identical": main["bitwise_identical"],
             "all_failures_detected": all(d is not None for d in detected),
-            "detection_within_bound": all(d is not None and 0 < d <= detection_bound_s for d in detected),
-            "all_failures_rejoined": all(f["rejoin_s"] is not None for f in failures),
+            "detection_within_bound": all(f["detection_s"] is not None and 0 < f["detection_s"] <= f["detection_bound_s"]
+                                          for f in recovering),
+            "all_failures_rejoined": all(f["rejoin_s"] is not None for f in recovering),
         },
+        "diagnoses": list(diagnoses)[:50],
         "problems": main["problems"], "baseline": None, "accuracy_difference": None,
         "samples_seen": main["samples_seen"], "comparison": None,
     }
+    if diagnosed:  # hosts that went bad: found by the diagnosis, and evicted (nobody else)
+        report["checks"].update({"faults_found_on_their_host": all(d["found"] for d in diagnosed),
+                                 "faulty_hosts_evicted": all(d["evicted"] for d in diagnosed),
+                                 "no_healthy_host_evicted": not wrong})
     if baseline is not None:
         report["baseline"] = {k: baseline[k] for k in ("steps", "final_train_loss", "test_loss", "test_accuracy",
                                                        "effective_training_time", "exactly_once",

@@ -20,7 +20,7 @@ from pathlib import Path
 import httpx
 
 from fthsdp.demo import procs
-from fthsdp.demo.schedule import Failure, replica_ids
+from fthsdp.demo.schedule import DIAGNOSED, Failure, replica_ids
 from fthsdp.status import render
 from protos import job_secret
 
@@ -47,14 +47,38 @@ class RunSettings:
     join_timeout_s: float = 1.0
     heartbeat_timeout_s: float = 3.0
     timeout_s: float = 150.0
+    diagnosis_dry_run: bool = False
 
-    def trainer_config(self, data: Path, records: Path, ports: dict) -> dict:
+    def trainer_config(self, data: Path, records: Path, ports: dict, faults: list[dict] = ()) -> dict:
         return {"job_id": JOB_ID, "model": self.model, "data": str(data), "records": str(records),
                 "replicas": replica_ids(self.replicas),
                 "steps": self.steps, "max_steps": self.steps * 3 + 50, "seed": self.seed, "hidden": self.hidden,
                 "batch_rows": self.batch_rows, "lr": self.lr, "ports": ports, "min_step_s": self.min_step_s,
                 "timeouts": {"quorum_s": 30.0, "allreduce_s": 5.0, "vote_s": 10.0, "fetch_s": 10.0,
-                             "fetch_hold_s": 5.0, "heartbeat_s": 0.5}}
+                             "fetch_hold_s": 5.0, "heartbeat_s": 0.5},
+                "digest_every_steps": 1, "faults": list(faults)}
+
+
+#: The controller's diagnosis in the demo: quick to act (a step is ~0.1 s here), below the
+#: trainers' own timeouts (FTAR 5 s, gather 10 s) so it sees a stuck collective before they give up.
+DIAGNOSIS = {"hang_after_s": 2.5, "startup_grace_s": 20.0, "analysis_interval_s": 0.5, "telemetry_stale_s": 5.0,
+             "straggler_window_wait_s": 5.0, "sdc_evict_after": 2, "max_evictions_per_hour": 10}
+#: How much slower a `slow` host is.
+SLOW_FACTOR = 3.0
+
+
+def host_of(replica: str, replicas: list[str]) -> str:
+    """The host that runs `replica` when the job starts (agents are named after replicas)."""
+    return f"h{replicas.index(replica)}"
+
+
+def fault_specs(failures: list[Failure], s: RunSettings, records: Path) -> list[dict]:
+    """What each trainer needs to know to go bad: on which host and rank, how, and the file
+    whose appearance lets it loose."""
+    ids = replica_ids(s.replicas)
+    return [{"kind": f.kind, "host": host_of(f.replica, ids), "rank": s.ranks_per_replica - 1,
+             "go": str(records / f"fault-{f.replica}.go"), "extra_s": (SLOW_FACTOR - 1) * s.min_step_s}
+            for f in failures if f.kind in DIAGNOSED]
 
 
 @dataclass
@@ -64,6 +88,7 @@ class RunResult:
     samples: list[tuple[float, int]] = field(default_factory=list)  # (time, healthy replicas)
     injections: list[dict] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)  # failures that found no time left
+    diagnoses: list[dict] = field(default_factory=list)  # the controller's findings, newest first
     started_at: float = 0.0
     ended_at: float = 0.0
     error: str = ""
@@ -79,20 +104,23 @@ def _ports(replicas: list[str]) -> dict:
     return {r: {"leader": free(), "gloo": free()} for r in replicas}
 
 
-def _prepare(workdir: Path, s: RunSettings, data: Path) -> tuple[Path, Path]:
+def _prepare(workdir: Path, s: RunSettings, data: Path, failures: list[Failure] = ()) -> tuple[Path, Path]:
     if workdir.exists():
         shutil.rmtree(workdir)
     records = workdir / "records"
     records.mkdir(parents=True)
     config = workdir / "trainer.json"
-    config.write_text(json.dumps(s.trainer_config(data, records, _ports(replica_ids(s.replicas))), indent=1))
+    config.write_text(json.dumps(s.trainer_config(data, records, _ports(replica_ids(s.replicas)),
+                                                  fault_specs(list(failures), s, records)), indent=1))
     return records, config
 
 
 def _controller(workdir: Path, s: RunSettings) -> procs.ControllerProcess:
+    settings = workdir / "controller.json"
+    settings.write_text(json.dumps({"diagnosis": {**DIAGNOSIS, "dry_run": s.diagnosis_dry_run}}))
     return procs.start_controller(workdir / "controller.log", job_id=JOB_ID, replicas=s.replicas,
                                   join_timeout_s=s.join_timeout_s, heartbeat_timeout_s=s.heartbeat_timeout_s,
-                                  lr_policy=s.lr_policy)
+                                  lr_policy=s.lr_policy, settings=settings)
 
 
 def _done(records: Path, s: RunSettings) -> bool:
@@ -165,6 +193,11 @@ def _inject(f: Failure, job: dict, replicas: dict, hosts: list, agents: dict, re
     holds the live state); the injection record, or None to try again later."""
     if not replicas or any(r["state"] != "HEALTHY" for r in replicas.values()):
         return None
+    if f.kind in DIAGNOSED:  # the trainer on that host goes bad once this file exists
+        (records / f"fault-{f.replica}.go").write_text(str(job["max_step"]))
+        host = host_of(f.replica, replica_ids(len(replicas)))
+        return {"kind": f.kind, "replica": f.replica, "scheduled_step": f.at_step, "injected_step": job["max_step"],
+                "injected_at": time.time(), "target": f"host {host} ({f.kind})", "host": host}
     if f.kind in ("kill-trainer", "hang-trainer"):
         rank = 0 if f.kind == "kill-trainer" else max(len(list(records.glob(f"{f.replica}-*.pid"))) - 1, 0)
         pid_file = records / f"{f.replica}-{rank}.pid"
@@ -208,7 +241,7 @@ def _with_controller(workdir: Path, s: RunSettings, records: Path, body) -> RunR
 
 def run_job(workdir: Path, data: Path, s: RunSettings, failures: list[Failure], *, tty: bool) -> RunResult:
     """The faulty run: embedded controller, one agent per replica plus spares, failures on schedule."""
-    records, config = _prepare(workdir, s, data)
+    records, config = _prepare(workdir, s, data, failures)
     command = procs.TRAINER + [str(config)]
     secret = job_secret.generate()  # one per run: the trainer ports authenticate with it
 
@@ -228,8 +261,11 @@ def run_job(workdir: Path, data: Path, s: RunSettings, failures: list[Failure], 
         for host, agent in agents.items():
             procs.read_json_line(agent, 60.0, f"agent {host} (log {workdir / f'agent-{host}.log'})")
         with httpx.Client(base_url=controller.http, timeout=5.0) as http:
-            _watch(http, s, failures, agents, records, result, tty)
-            result.events = http.get("/api/v1/events", params={"limit": 100_000}).json()
+            try:
+                _watch(http, s, failures, agents, records, result, tty)
+            finally:  # what happened, also when the run did not finish
+                result.events = http.get("/api/v1/events", params={"limit": 100_000}).json()
+                result.diagnoses = http.get("/api/v1/diagnoses", params={"limit": 500}).json()["findings"]
 
     return _with_controller(workdir, s, records, body)
 
@@ -267,8 +303,9 @@ def _follow(http: httpx.Client, s: RunSettings, failures: list[Failure], agents:
                 pending.pop(0)
                 done["after_s"] = round(done["injected_at"] - result.started_at, 3)
                 result.injections.append(done)
-                progress.note(f"step {done['injected_step']}: {done['kind']} {done['replica']}: "
-                              f"{done['signal']} {done['target']}")
+                what = (f"{done['target']} goes bad" if done["kind"] in DIAGNOSED
+                        else f"{done['signal']} {done['target']}")
+                progress.note(f"step {done['injected_step']}: {done['kind']} {done['replica']}: {what}")
         progress.show(job, replicas, time.monotonic())
         time.sleep(POLL_S)
     result.skipped += [f.describe() for f in pending]

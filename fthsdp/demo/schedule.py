@@ -6,8 +6,11 @@ Each entry is KIND@STEP:REPLICA. kill-trainer SIGKILLs the replica's leader trai
 controller restarts the replica on its host; it rejoins behind and catches up); kill-agent SIGKILLs the agent that
 hosts the replica and every trainer under it (a whole host dies; the controller notices the
 heartbeat silence and a spare takes the assignment); hang-trainer SIGSTOPs the replica's last
-rank (alive but silent: no exit for its agent to see, so only timeouts find it). Errors name
-the bad entry.
+rank (alive but silent: no exit for its agent to see, so only timeouts find it). The diagnosis
+kinds make the host that runs the replica go bad, and the controller's diagnosis must find and
+evict it (a spare takes its work; fthsdp/demo/faults.py): hang (its last rank stops before the
+step's collectives), stall (it joins the FTAR all-reduce and never progresses), slow (3x slower)
+and sdc (it flips a bit of its weights after every step). Errors name the bad entry.
 The demo injects a failure only once every replica is HEALTHY again, so failures never
 overlap: a later entry may land a few steps after its STEP.
 """
@@ -18,7 +21,10 @@ import re
 from dataclasses import dataclass
 from itertools import pairwise
 
-KINDS = ("kill-trainer", "kill-agent", "hang-trainer")
+KILLS = ("kill-trainer", "kill-agent", "hang-trainer")
+#: faults the diagnosis finds (each consumes a spare, like a host death)
+DIAGNOSED = ("hang", "stall", "slow", "sdc")
+KINDS = KILLS + DIAGNOSED
 _ENTRY = re.compile(r"^(?P<kind>[a-z-]+)@(?P<step>\d+):(?P<replica>[A-Za-z0-9_.-]+)$")
 
 
@@ -83,8 +89,13 @@ def parse(text: str, *, replicas: int, steps: int, spares: int) -> list[Failure]
         if a.at_step == b.at_step:
             raise ScheduleError(f"failures {a.describe()!r} and {b.describe()!r} are at the same "
                                 f"step; give each its own step.")
-    agent_kills = [f for f in failures if f.kind == "kill-agent"]
-    if len(agent_kills) > spares:
-        raise ScheduleError(f"failure {agent_kills[spares].describe()!r} is kill-agent number "
-                            f"{spares + 1}, but only {spares} spare host(s) exist (--spares).")
+    takers = [f for f in failures if f.kind == "kill-agent" or f.kind in DIAGNOSED]
+    if len(takers) > spares:
+        raise ScheduleError(f"failure {takers[spares].describe()!r} is host loss number {spares + 1} (kill-agent "
+                            f"and diagnosed faults each need a spare), but only {spares} spare host(s) exist "
+                            f"(--spares).")
+    bad_hosts = [f.replica for f in failures if f.kind in DIAGNOSED]
+    if len(set(bad_hosts)) < len(bad_hosts):
+        raise ScheduleError(f"replica {next(r for r in bad_hosts if bad_hosts.count(r) > 1)!r} has two diagnosed "
+                            f"faults; one host goes bad in one way.")
     return failures

@@ -50,6 +50,78 @@ def _write_atomic(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+def _wait_for_ports(*ports: int | None, timeout_s: float = 20.0) -> None:
+    """On one machine a spare takes over ports that the replaced host's trainers free only as
+    they stop (the agent's grace): wait until this rank can listen on them (bounded)."""
+    import socket
+
+    deadline = time.monotonic() + timeout_s
+    for port in (p for p in ports if p):
+        while True:
+            with socket.socket() as probe:
+                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                try:
+                    probe.bind(("127.0.0.1", port))
+                    break
+                except OSError:
+                    if time.monotonic() > deadline:
+                        return  # let the real bind report it
+                    time.sleep(0.1)
+
+
+def _claim_ports(records: Path, replica: str, host: str) -> None:
+    """Rank 0 holds its replica's ports now: say so for the replica's other ranks (below)."""
+    _write_atomic(records / f"{replica}.ports", json.dumps({"host": host, "pid": os.getpid()}))
+
+
+def _wait_for_leader(records: Path, replica: str, host: str, timeout_s: float = 20.0) -> None:
+    """A rank > 0 connects to its leader's ports (coordinator, gloo store), which on one machine
+    the replaced host's leader may still hold while it stops: wait (bounded) until a live leader
+    on this rank's own host has claimed them, so it never joins the old incarnation's group."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            owner = json.loads((records / f"{replica}.ports").read_text())
+            if owner["host"] == host and _alive(int(owner["pid"])):
+                return
+        except (OSError, ValueError, KeyError):
+            pass  # not claimed yet, or being replaced
+        time.sleep(0.1)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # somebody else's: alive
+        pass
+    return True
+
+
+def _faulty(faults, host: str, rank: int, opt):
+    """The Seams (and optimizer) of a trainer on a host the demo made go bad: the fault's
+    wrapper, let loose when its file appears (fthsdp/demo/faults.py). Other trainers: as is."""
+    from fthsdp import Seams
+    from fthsdp.demo import faults as f
+
+    mine = next((x for x in faults if x["host"] == host and x["rank"] == rank), None)
+    if mine is None:
+        return Seams(), opt
+    go_file = Path(mine["go"])
+
+    def go() -> bool:
+        return go_file.exists()
+    kind = mine["kind"]
+    if kind == "hang":
+        return Seams(sync=lambda sync: f.NeverJoins(sync, go)), opt
+    if kind == "stall":
+        return Seams(endpoint=lambda endpoint: f.StallsInside(endpoint, go)), opt
+    if kind == "slow":
+        return Seams(sync=lambda sync: f.Slow(sync, mine["extra_s"], go)), opt
+    return Seams(), f.FlipsBits(opt, go)
+
+
 def _steps(cfg: dict) -> float:
     if not cfg.get("steps_file"):
         return cfg["steps"]
@@ -92,7 +164,13 @@ def main(argv: list[str]) -> int:
                               **fields}) + "\n")
 
     _write_atomic(records / f"{rid}-{rank}.pid", str(os.getpid()))
-    ports = cfg["ports"][os.environ[agent_env.HOST_ID] if cfg.get("ports_by") == "host" else rid]
+    host = os.environ.get(agent_env.HOST_ID, "")
+    ports = cfg["ports"][host if cfg.get("ports_by") == "host" else rid]
+    if rank == 0:  # a replaced host's trainers may still hold the replica's ports (one machine)
+        _wait_for_ports(ports["leader"], ports["gloo"] if world > 1 else None)
+        _claim_ports(records, rid, host)
+    else:
+        _wait_for_leader(records, rid, host)
     group = None
     if world > 1:
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{ports['gloo']}", rank=rank,
@@ -109,9 +187,11 @@ def main(argv: list[str]) -> int:
         quorum_timeout_s=t["quorum_s"], allreduce_timeout_s=t["allreduce_s"], gather_timeout_s=t["vote_s"],
         fetch_timeout_s=t["fetch_s"], fetch_hold_timeout_s=t["fetch_hold_s"],
         heartbeat_interval_s=t["heartbeat_s"], ftar_chunk_bytes=64 << 10,
+        digest_every_steps=cfg.get("digest_every_steps", 100),
         checkpoint_dir=cfg.get("checkpoint_dir", ""), checkpoint_every_steps=cfg.get("checkpoint_every", 0))
+    seams, opt = _faulty(cfg.get("faults", ()), host, rank, opt)
     replicas = cfg["replicas"]
-    manager = Manager(model, opt, settings, process_group=group).start()
+    manager = Manager(model, opt, settings, process_group=group, seams=seams).start()
     write(event="started", step=manager.step, incarnation=manager.incarnation, standby=standby,
           start_s=round(time.time() - assigned, 3))
     batches = manager.batches(w.batch_at)

@@ -127,7 +127,7 @@ class ControllerClient:
         request = pb.ReportStepRequest(
             job_id=self.job_id, replica_id=self.replica_id, quorum_id=r.quorum_id, step=r.step,
             step_time_s=r.step_time_s, loss=r.loss, tokens=r.tokens, host_id=self.host_id, digest=r.digest,
-            caught_up=r.caught_up, checkpoint_step=r.checkpoint_step)
+            caught_up=r.caught_up, rank_digests=list(r.rank_digests), checkpoint_step=r.checkpoint_step)
         self._call("ReportStep", lambda t: self._stub.ReportStep(request, timeout=t), REPORT_TIMEOUT_S)
 
     def report_failure(self, r: co.ReportFailure) -> None:

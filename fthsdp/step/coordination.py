@@ -52,6 +52,8 @@ from protos import controller_pb2 as pb
 from protos import replica_pb2 as rpb
 
 INF = float("inf")
+#: bytes of each rank's digest sent with a replica digest (hex: twice as many characters)
+RANK_DIGEST_BYTES = 16
 
 
 class ProtocolError(RuntimeError):
@@ -168,6 +170,9 @@ class ReportStep:
     digest: str
     caught_up: bool
     note: str = ""
+    #: with a digest: each rank's, shortened (rank k of every replica holds the same shard, so
+    #: the controller names the host of a rank whose digest differs: silent data corruption)
+    rank_digests: tuple[str, ...] = ()
     checkpoint_step: int | None = None  # the newest durable checkpoint (committed step), when any
 
 
@@ -340,7 +345,8 @@ class Coordination:
         if len(r.digests) < self.world:
             return []
         combined = hashlib.sha256(b"".join(r.digests[k] for k in range(self.world))).hexdigest()
-        return self._report_commit(combined, "", now)
+        ranks = tuple(r.digests[k][:RANK_DIGEST_BYTES].hex() for k in range(self.world))
+        return self._report_commit(combined, "", now, ranks)
 
     def _close(self, rank: int, msg: rpb.CloseRank, now: float) -> list[Effect]:
         if self.stage is Stage.FAILED:
@@ -457,13 +463,13 @@ class Coordination:
             return effects
         return effects + self._report_commit("", "", now)
 
-    def _report_commit(self, digest: str, note: str, now: float) -> list[Effect]:
+    def _report_commit(self, digest: str, note: str, now: float, rank_digests: tuple[str, ...] = ()) -> list[Effect]:
         r = self.round
         assert r.answer is not None
         loss = r.loss_sum / max(len(r.voted), 1)
         saved = self.checkpoint_step if 0 <= self.checkpoint_step <= r.trained else None
         report = ReportStep(r.answer.quorum_id, r.trained, r.decided_at - r.started_at, loss, r.tokens, digest,
-                            r.behind, note, saved)
+                            r.behind, note, rank_digests, saved)
         self.stage = Stage.READY
         return [report] + self._maybe_start_round(now)
 

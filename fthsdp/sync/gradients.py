@@ -30,6 +30,7 @@ import torch.distributed as dist
 from ftar_kernels import AllReduceHandle, FatalError, FtarEndpoint, RecoverableError
 from fthsdp.errors import Fatal
 from fthsdp.step.plan import RankPlan
+from fthsdp.telemetry import Collectives, Kind
 
 log = logging.getLogger(__name__)
 
@@ -60,9 +61,11 @@ class GradientSync:
     """One rank's reducer. `configure` follows quorum changes; `reduce_` works in place."""
 
     def __init__(self, endpoint: FtarEndpoint, rank: int, world_size: int, timeout_s: float,
-                 process_group: dist.ProcessGroup | None = None) -> None:
+                 process_group: dist.ProcessGroup | None = None, collectives: Collectives | None = None) -> None:
         self.endpoint, self.rank, self.world_size, self.timeout_s = endpoint, rank, world_size, timeout_s
         self.process_group = process_group
+        #: records each collective's join and completion in the rank's telemetry ring
+        self.collectives = collectives or Collectives(None, world_size)
         self._generation: int | None = None
         self._broken = ""
         self._shards = _ShardStep()
@@ -146,7 +149,9 @@ class GradientSync:
         if plan is not None and plan.behind:  # the whole replica is behind: every rank skips this
             flat.zero_()
         elif self.world_size > 1:  # without a plan too: the other ranks are in this all-reduce
+            token = self.collectives.join(Kind.ALL_REDUCE, flat.numel() * flat.element_size())
             dist.all_reduce(flat, group=self.process_group)
+            self.collectives.done(token)
             flat.div_(self.world_size)
         padded = -(-flat.numel() // self.world_size) * self.world_size
         work = flat if padded == flat.numel() else torch.cat([flat, flat.new_zeros(padded - flat.numel())])
@@ -155,7 +160,9 @@ class GradientSync:
         result = self._cross_replica_(shard, plan)
         if self.world_size > 1:
             gathered = [torch.empty_like(s) for s in shards]
+            token = self.collectives.join(Kind.ALL_GATHER, work.numel() * work.element_size())
             dist.all_gather(gathered, shard.contiguous(), group=self.process_group)
+            self.collectives.done(token)
             torch.cat(gathered, out=work)
         if work is not flat:
             flat.copy_(work[:flat.numel()])
@@ -166,6 +173,7 @@ class GradientSync:
             return SyncResult(False, "no plan for this step")
         if self._broken:
             return SyncResult(False, self._broken)
+        token = self.collectives.join_ftar(plan.quorum_id, len(plan.ftar_members), shard.numel() * shard.element_size())
         try:
             self.endpoint.allreduce(shard).wait(self.timeout_s)
         except RecoverableError as exc:
@@ -173,6 +181,8 @@ class GradientSync:
             return SyncResult(False, self._broken)
         except FatalError as exc:
             raise _fatal(exc) from exc
+        finally:
+            self.collectives.done(token)
         shard.div_(plan.divisor)
         return SyncResult(True)
 

@@ -12,6 +12,9 @@ waits too (its pid is in the ready file) to check that stops reach the process g
 max_step, every 0.3 s, so the controller sees the replica train (and rejoin after a swap).
 `--finish-after N` (with --join) reports the replica finished after N steps counted from the
 first step every configured replica trained together, then exits 0.
+`--telemetry HOST:REPLICA` records a collective on its replica's group every 0.1 s in the ring
+the agent asked for (fthsdp.telemetry); in REPLICA, the trainer on host HOST never joins
+collective #5 (it hangs outside collectives), so its replica-mates wait in it forever.
 """
 
 import json
@@ -52,9 +55,30 @@ def main():
     if "--exit" in flags:
         print("boom", file=sys.stderr, flush=True)
         sys.exit(int(flags[flags.index("--exit") + 1]))
+    if "--telemetry" in flags:
+        threading.Thread(target=collectives, args=(env, flags[flags.index("--telemetry") + 1]), daemon=True).start()
     if "--join" in flags and env.get("FTHSDP_RANK") == "0":
         train(env)
     threading.Event().wait()
+
+
+def collectives(env, fault):
+    from fthsdp.telemetry import Kind, Telemetry
+
+    hang_host, hang_replica = fault.split(":")
+    hung = env["FTHSDP_REPLICA_ID"] == hang_replica
+    ring = Telemetry.from_env(env["FTHSDP_REPLICA_ID"], int(env["FTHSDP_RANK"]), time.monotonic())
+    size = int(env["FTHSDP_WORLD_SIZE"])
+    for seq in range(10 ** 9):
+        if hung and seq == 5 and env.get("FTHSDP_HOST_ID") == hang_host:
+            return  # hung outside collectives: never joins #5
+        token = ring.record_join(seq, Kind.ALL_REDUCE, "replica", 1024, time.monotonic(), group_size=size)
+        if hung and seq == 5:
+            return  # joined; waits for the hung peer forever
+        time.sleep(0.05)
+        ring.record_progress(token, 1024, time.monotonic())
+        ring.record_done(token, time.monotonic())
+        time.sleep(0.05)
 
 
 def train(env):

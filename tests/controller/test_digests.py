@@ -143,6 +143,19 @@ def test_memory_is_bounded_and_the_evicted_step_is_decided_first():
     assert ledger.expected(2, ["r0"]) is None
 
 
+def test_a_decided_step_that_makes_room_gives_no_second_verdict():
+    """A mismatch decided when its step was due is not decided again when the step leaves the
+    ledger (a second verdict re-marked a re-synced replica DIVERGED and counted a second SDC
+    incident against whichever host holds the replica by then)."""
+    ledger = DigestLedger(max_steps=2, wait_s=100.0)
+    for rid, digest in (("r0", A), ("r1", A), ("r2", B)):
+        ledger.record(rid, 0, digest, 0.0)
+    [verdict] = ledger.due(0.0, waiting({}))
+    assert verdict.step == 0 and verdict.diverged == {"r2"}
+    out = [v for step in range(1, 6) for v in ledger.record("r0", step, A, float(step))]
+    assert out == [] and len(ledger) == 2
+
+
 def test_expected_prefers_the_decided_reference_then_the_trusted_majority():
     ledger = DigestLedger(max_steps=4, wait_s=100.0)
     ledger.record("r0", 1, A, 0.0)

@@ -110,6 +110,26 @@ def test_build_report_checks_and_baseline_difference():
     assert not slow["checks"]["detection_within_bound"] and slow["baseline"] is None
 
 
+def test_a_host_evicted_before_its_fault_went_live_was_a_healthy_host():
+    main = report.summary(healthy_history() + [
+        {"event": "done", "replica": r, "rank": 0, "digest": "d", "step": 3, "test_loss": 0.2, "test_acc": 0.9}
+        for r in R], R, 1)
+    sdc = {"injected_at": 100.0, "replica": "r1", "kind": "sdc", "injected_step": 1, "host": "h1"}
+
+    def evict(at: float, host: str = "h1") -> dict:
+        return {"kind": "sdc", "at": at, "decided_at": at, "hosts": [host], "action": "evict", "action_host": host,
+                "summary": f"host {host} holds differing state", "confidence": 0.95, "action_reason": "evict"}
+
+    def checks(*diagnoses) -> dict:
+        return report.build(settings={}, main=main, injections=[sdc], events=EVENTS, wall_s=1.0,
+                            detection_bound_s=4.5, baseline=None, baseline_wall_s=None,
+                            diagnoses=list(diagnoses))["checks"]
+    assert checks(evict(101.0))["no_healthy_host_evicted"] and checks(evict(101.0))["faulty_hosts_evicted"]
+    early = checks(evict(99.0))  # found while starting up, before the demo let its fault loose
+    assert not early["no_healthy_host_evicted"] and not early["faulty_hosts_evicted"]
+    assert not checks(evict(101.0), evict(102.0, "h0"))["no_healthy_host_evicted"]
+
+
 def test_samples_seen_and_the_equal_samples_baseline():
     rows = healthy_history()
     assert report.samples_by_step(rows, 32) == {0: 64, 1: 96, 2: 160}  # 2, 1, 2 replicas included

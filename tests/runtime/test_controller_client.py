@@ -123,7 +123,7 @@ def test_a_step_report_names_the_newest_checkpoint_only_when_there_is_one(contro
         client.report_step(co.ReportStep(answer.quorum_id, 0, 0.1, 1.0, 8, "", False))
         assert httpx.get(f"{controller.http}/api/v1/job", timeout=5).json()["newest_checkpoint_step"] == -1
         answer = client.quorum(co.RequestQuorum(1, answer.quorum_id, (), ()), 1, "", timeout_s=20)
-        client.report_step(co.ReportStep(answer.quorum_id, 1, 0.1, 1.0, 8, "", False, "", 0))
+        client.report_step(co.ReportStep(answer.quorum_id, 1, 0.1, 1.0, 8, "", False, "", checkpoint_step=0))
         assert httpx.get(f"{controller.http}/api/v1/job", timeout=5).json()["newest_checkpoint_step"] == 0
     finally:
         client.close()

@@ -262,6 +262,8 @@ def test_digests_are_combined_in_rank_order_and_reported_with_the_step():
     effects = core.send(11, msg.digest(1, 5, digests[1]))
     (report,) = effects
     assert report.digest == hashlib.sha256(b"".join(digests)).hexdigest() and core.c.begins == {1: 6}
+    # each rank's own digest goes with it (shortened), so the controller can name a corrupt rank's host
+    assert report.rank_digests == tuple(d[:16].hex() for d in digests)
 
 
 def test_a_caught_up_replica_reports_caught_up_with_its_digest():
@@ -282,7 +284,7 @@ def test_missing_digests_report_the_step_without_one():
         vote(core, rank, at=2.0)
     core.send(10, msg.digest(1, 5, b"\x01" * 32))
     (report,) = core.feed(co.Tick(), at=2.0 + G)
-    assert report.digest == "" and "no digest from ranks 1, 2" in report.note
+    assert report.digest == "" and "no digest from ranks 1, 2" in report.note and report.rank_digests == ()
 
 
 # ---------------------------------------------------------------- finishing

@@ -1,0 +1,105 @@
+"""Straggler windows and their persistence, rule by rule (no processes, time passed in)."""
+
+from __future__ import annotations
+
+import pytest
+
+from controller.core.diagnosis.findings import FindingKind
+from controller.core.diagnosis.settings import DiagnosisSettings
+from controller.core.diagnosis.straggler import MAX_OPEN_PER_GROUP, StragglerTracker, StragglerWindows, judge_window
+from controller.core.diagnosis.telemetry import GroupKey
+
+S = DiagnosisSettings(straggler_windows=3, straggler_of_windows=5, straggler_window_wait_s=10.0)
+KEY = GroupKey("replica", "r1", -1)
+
+
+def values(n=16, slow=None, factor=1.5, base=2.0, jitter=0.01):
+    """Own time per member: base with a deterministic small jitter; `slow` members scaled."""
+    out = {("r1", k): base * (1 + jitter * ((k * 7919) % 11 - 5) / 5) for k in range(n)}
+    for k in slow or ():
+        out[("r1", k)] *= factor
+    return out
+
+
+def hosts(n=16):
+    return {("r1", k): f"h{k // 8}" for k in range(n)}
+
+
+@pytest.mark.parametrize("slow, factor, flagged", [
+    ((), 1.0, []),                     # nobody stands out
+    ((5,), 1.5, [5]),                  # 50% slower
+    ((5,), 1.06, []),                  # inside the minimum excess (8% of the median)
+    ((5, 9), 2.0, [5, 9]),             # two at once, still a minority
+])
+def test_window_flags_who_stands_out(slow, factor, flagged):
+    v = judge_window(KEY, 3, values(slow=slow, factor=factor), hosts(), S)
+    assert [f.rank[1] for f in v.flags] == flagged and not v.noisy
+    if flagged:
+        assert v.flags[0].ratio == pytest.approx(factor, rel=0.03) and v.flags[0].host_id == f"h{flagged[0] // 8}"
+
+
+def test_a_group_wide_shift_is_noisy_and_tiny_groups_are_not_judged():
+    v = judge_window(KEY, 0, values(slow=range(6), factor=2.0), hosts(), S)
+    assert v.noisy and len(v.flags) == 6  # 6 of 16 > a quarter
+    tiny = judge_window(KEY, 0, {("r1", 0): 1.0, ("r1", 1): 9.0}, {}, S)
+    assert tiny.flags == () and tiny.members == 2
+
+
+def test_persistent_straggler_is_found_once_and_one_off_windows_are_not():
+    tracker = StragglerTracker(S)
+    found = []
+    for i in range(8):
+        slow = (5,) if i in (1, 3, 4) else ((11,) if i == 2 else ())  # rank 11: one bad window only
+        found += tracker.observe(judge_window(KEY, i, values(slow=slow), hosts(), S), float(i))
+    [f] = found
+    assert f.kind == FindingKind.STRAGGLER and f.ranks == ("r1/5",) and f.hosts == ("h0",) and f.count == 3
+    assert "1.50x the median of group replica of replica r1 (16 members) in 3 of its last 5 windows" in f.evidence[0]
+    assert f.at == 4.0  # found with the third flagged window
+
+
+def test_flags_spread_beyond_the_last_windows_do_not_add_up():
+    tracker = StragglerTracker(S)
+    found = []
+    for i in range(20):
+        slow = (5,) if i % 3 == 0 else ()  # flagged every third window: at most 2 in any 5
+        found += tracker.observe(judge_window(KEY, i, values(slow=slow), hosts(), S), float(i))
+    assert found == []
+
+
+def test_an_episode_ends_after_clean_windows_and_a_new_one_is_found_again():
+    tracker = StragglerTracker(S)
+    found = []
+    pattern = [1, 1, 1, 0, 0, 0, 0, 0, 0, 1, 1, 1]
+    for i, bad in enumerate(pattern):
+        found += tracker.observe(judge_window(KEY, i, values(slow=(5,) if bad else ()), hosts(), S), float(i))
+    assert [f.at for f in found] == [2.0, 11.0] and found[0].key != found[1].key
+
+
+def test_windows_are_judged_when_complete_or_after_the_wait_and_late_ones_are_dropped():
+    w = StragglerWindows(S)
+    own = values(n=4, slow=(2,))
+    out = []
+    for rk, v in own.items():
+        out += w.add(KEY, 7, 4, rk, "h0", v, 100.0)
+    [verdict] = out
+    assert verdict.index == 7 and [f.rank for f in verdict.flags] == [("r1", 2)] and len(w) == 0
+    assert w.add(KEY, 7, 4, ("r1", 0), "h0", 1.0, 101.0) == []  # judged already
+    assert w.add(KEY, 6, 4, ("r1", 0), "h0", 1.0, 101.0) == []  # older than a judged window
+    w.add(KEY, 8, 4, ("r1", 0), "h0", 1.0, 101.0)
+    assert w.due(110.9) == [] and [v.members for v in w.due(111.0)] == [1]
+
+
+def test_open_windows_per_group_are_bounded():
+    w = StragglerWindows(S)
+    pushed = []
+    for i in range(MAX_OPEN_PER_GROUP + 3):
+        pushed += w.add(KEY, i, 4, ("r1", 0), "h0", 1.0, 100.0)
+    assert len(w) == MAX_OPEN_PER_GROUP and [v.index for v in pushed] == [0, 1, 2]
+
+
+def test_a_restarted_replica_starts_with_a_clean_record():
+    tracker = StragglerTracker(S)
+    for i in range(2):
+        tracker.observe(judge_window(KEY, i, values(slow=(5,)), hosts(), S), float(i))
+    tracker.forget_replica("r1")  # its host was swapped: the old flags were about the old process
+    assert tracker.observe(judge_window(KEY, 2, values(slow=(5,)), hosts(), S), 2.0) == []
