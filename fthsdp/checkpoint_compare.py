@@ -27,7 +27,8 @@ from typing import Any, Callable
 import torch
 
 from fthsdp.errors import CheckpointError
-from fthsdp.state.checkpoint import STATE_FILE, STEP_DIR, CheckpointStore
+from fthsdp.state import dcp_payload
+from fthsdp.state.checkpoint import MARKER, STEP_DIR, CheckpointStore
 
 RankTensors = dict[int, dict[str, Any]]
 #: Contiguous runs of differing elements reported per tensor (the count says how many in all).
@@ -80,19 +81,23 @@ def flatten(state: Any, prefix: str = "") -> dict[str, Any]:
 
 
 def read_store_checkpoint(path: str | Path) -> RankTensors:
-    """Today's format: a step folder (or a checkpoint directory: its newest complete step).
-    The model is replicated on every rank and written once, so it is rank 0's."""
+    """The store's DCP format: a step folder (or a checkpoint directory: its newest complete
+    step), its files checked against the marker first. DCP joins each tensor's shards, so the
+    whole state reads as one logical rank (0); a difference names the tensor and its indices."""
     path = Path(path)
-    if (path / STATE_FILE).exists():
+    if (path / MARKER).exists():
         store, step = CheckpointStore(path.parent), _step_of(path)
     else:
         store = CheckpointStore(path)
         step = store.latest_complete()
         if step is None:
-            raise CheckpointError(f"{path} holds no complete checkpoint (no step-*/{STATE_FILE} matching its checksum)")
-    restored = store.load(step)
-    return {0: flatten({"model": restored.model_state, "optimizer": restored.optimizer_state,
-                        "user": restored.user_states})}
+            raise CheckpointError(f"{path} holds no complete checkpoint (no step-*/{MARKER} matching its files)")
+    if not store.is_complete(step):
+        raise CheckpointError(f"checkpoint {store.step_dir(step)} is incomplete or fails its checksums")
+    try:
+        return {0: dcp_payload.read_whole(str(store.step_dir(step)))}
+    except Exception as exc:  # noqa: BLE001 - any read failure: a bad checkpoint, named
+        raise CheckpointError(f"checkpoint {store.step_dir(step)} does not read: {exc}") from None
 
 
 def _step_of(folder: Path) -> int:

@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemReader
-from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
+from torch.distributed.checkpoint.metadata import Metadata, StorageMeta, TensorStorageMetadata
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 Tree = dict[str, Any]
@@ -113,6 +113,17 @@ def _alone_is_meant(process_group: dist.ProcessGroup | None) -> Iterator[None]:
         if process_group is None:
             warnings.filterwarnings("ignore", message="torch.distributed is disabled")
         yield
+
+
+def read_whole(path: str) -> dict[str, torch.Tensor]:
+    """Every tensor of a checkpoint written by `save`, whole (shards joined), by its flat name
+    (`model.<fqn>`, `optimizer.state.<fqn>.<key>`); read alone, without a process group."""
+    metadata = SafeReader(path).read_metadata()
+    tensors = {name: torch.empty(tuple(m.size), dtype=m.properties.dtype)
+               for name, m in metadata.state_dict_metadata.items() if isinstance(m, TensorStorageMetadata)}
+    with _alone_is_meant(None):
+        dcp.load(tensors, storage_reader=SafeReader(path), no_dist=True)
+    return tensors
 
 
 def load_into(path: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer, rest: Tree,

@@ -23,7 +23,9 @@ def write(directory, corrupt=None):
     if corrupt:
         with torch.no_grad():
             corrupt(model)
-    return CheckpointStore(directory).save_state(7, "{}", model, opt).parent
+    store = CheckpointStore(directory)
+    store.save_state(7, "{}", model, opt)
+    return store.step_dir(7)
 
 
 def flip_bit(t: torch.Tensor, flat: int, bit: int = 30) -> None:
@@ -63,7 +65,7 @@ def test_a_checkpoint_directory_means_its_newest_complete_step(tmp_path):
 
 
 @pytest.mark.parametrize("damage, text", [
-    (lambda step: (step / "model_optim.pt.sha256").write_text("0" * 64), "fails its checksum"),
+    (lambda step: (step / "fthsdp.pt").write_bytes(b"not the file the marker names"), "fails its checksum"),
     (lambda step: step.rename(step.parent / "elsewhere"), "no complete checkpoint"),
 ])
 def test_unreadable_checkpoints_exit_two_naming_why(tmp_path, capsys, damage, text):
