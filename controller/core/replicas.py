@@ -334,7 +334,7 @@ class ReplicaRegistry:
             return False
         self._transition(r, ReplicaState.DEAD, reason, now, cause=cause.value)
         self.deaths[cause.value] = self.deaths.get(cause.value, 0) + 1
-        self.diagnosis.forget_replica(replica_id)  # its groups form anew when it returns
+        self.diagnosis.forget_replica(replica_id, now)  # its groups form anew when it returns
         self.round_joined.pop(replica_id, None)
         if not self.round_joined:
             self.round_first_join_at = None

@@ -41,6 +41,8 @@ class Diagnosis:
         #: step -> replica -> the host of each of its ranks when it reported that step's digest
         #: (a verdict decided after a swap is about the hosts that held the state, not today's)
         self.digest_hosts: dict[int, dict[str, tuple[str | None, ...]]] = {}
+        #: replica -> when the controller last declared it dead (its ranks' holders since are new)
+        self.died_at: dict[str, float] = {}
         #: hang findings now in force: key -> (first host, confidence) as last reported
         self.active_hangs: dict[str, tuple[tuple[str, ...], float]] = {}
         self.next_analysis_at: float | None = None
@@ -94,7 +96,7 @@ class Diagnosis:
     def analyze(self, now: float, members_of: MembersOf, host_of: HostOf, excused: Excused) -> list[Finding]:
         """New findings: windows that waited long enough, and hangs not reported yet."""
         out = self._stragglers(self.windows.due(now), now)
-        hangs = find_hangs(self.ranks, now, self.settings, members_of, host_of, excused)
+        hangs = find_hangs(self.ranks, now, self.settings, members_of, host_of, excused, self.died_at)
         out += [f for f in hangs if self._news(f)]
         self.active_hangs = {f.key: (f.hosts[:1], f.confidence) for f in hangs}
         return out
@@ -131,8 +133,11 @@ class Diagnosis:
         found = attribute(verdict, self.rank_digests.get(verdict.step, {}), host_then, hosts_then)
         return [self.sdc.observe(i, now) for i in found]
 
-    def forget_replica(self, replica_id: str) -> None:
-        """A replica died or restarted: what its ranks said no longer holds (their groups form anew)."""
+    def forget_replica(self, replica_id: str, now: float | None = None) -> None:
+        """A replica died (at `now`) or restarted: what its ranks said no longer holds (their
+        groups form anew), and a collective that began before its death waits on nobody there."""
+        if now is not None:
+            self.died_at[replica_id] = now
         for rk in [rk for rk in self.ranks if rk[0] == replica_id]:
             del self.ranks[rk]
         for members in self._pools.values():

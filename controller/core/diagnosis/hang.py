@@ -18,8 +18,10 @@ Leaves whose suspects share a host are one finding. Stuck collectives that reach
 in a cycle (a mismatched order of collectives): one finding names them, with low confidence.
 
 A stuck collective that waits on a member the controller already knows is down (`excused`:
-its replica died or is being rebuilt), or on a process that started after the collective did
-(it cannot be in it: a restarted trainer forms its groups anew), is explained and names
+its replica died or is being rebuilt), on a member whose replica the controller declared dead
+after the collective began (`died_at`: whoever holds that rank now -- a spare, a restarted
+trainer -- cannot be in it, and the failure was already acted on), or on a process that
+started after the collective did (a restarted trainer forms its groups anew), is explained and names
 nobody; so is one whose missing members nobody can name (the group's size says someone is
 missing, but not who: heartbeats find dead hosts), and one with a member still *starting* (it
 has completed no collective since its telemetry began less than `startup_grace_s` ago: its
@@ -32,6 +34,7 @@ receive time, so only differences measured on one host are ever compared.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Callable, Iterable, Mapping, NamedTuple
 
@@ -75,13 +78,13 @@ class _Stuck:
 
 def find_hangs(ranks: Mapping[RankKey, RankView], now: float, settings: DiagnosisSettings,
                members_of: MembersOf | None = None, host_of: HostOf | None = None,
-               excused: Excused | None = None) -> list[Finding]:
+               excused: Excused | None = None, died_at: Mapping[str, float] | None = None) -> list[Finding]:
     """Findings for every leaf the job is blocked on (empty when nothing is stuck)."""
     starting = _starting(ranks, now, settings.startup_grace_s)
     stuck, blocked = _stuck(ranks, now, settings.hang_after_s, starting)
     if not stuck:
         return []
-    _members(stuck, ranks, now, members_of, excused or (lambda rk: False), starting)
+    _members(stuck, ranks, now, members_of, excused or (lambda rk: False), died_at or {}, starting)
     host = _host_lookup(ranks, host_of)
     leaves: list[tuple[Collective, list[RankKey]]] = []
     for c in sorted(stuck, key=lambda c: stuck[c].first_join):
@@ -168,12 +171,13 @@ def _stuck(ranks: Mapping[RankKey, RankView], now: float, hang_s: float, startin
 
 
 def _members(stuck: dict[Collective, _Stuck], ranks: Mapping[RankKey, RankView], now: float,
-             members_of: MembersOf | None, excused: Excused, starting: frozenset[RankKey]) -> None:
+             members_of: MembersOf | None, excused: Excused, died_at: Mapping[str, float],
+             starting: frozenset[RankKey]) -> None:
     """Fill, for each stuck collective, who joined, who is in flight and whom it waits on.
     Members the controller can name are looked up directly; other groups cost one scan. A
     collective with a starting member, in flight or awaited, is explained (not judged yet)."""
-    def waived(rk: RankKey) -> bool:
-        return rk in starting or excused(rk)
+    def waived(rk: RankKey, since: float) -> bool:
+        return rk in starting or excused(rk) or died_at.get(rk[0], -math.inf) >= since
     scanned: dict[GroupKey, list] | None = None
     for c, s in stuck.items():
         expected = members_of(c.key, s.size) if members_of is not None else None
@@ -194,7 +198,7 @@ def _members(stuck: dict[Collective, _Stuck], ranks: Mapping[RankKey, RankView],
                 if g.last_done_seq < c.seq:
                     s.in_flight.append((rk, g))
                     s.explained |= rk in starting
-            elif waived(rk):
+            elif waived(rk, s.first_join):
                 s.explained = True
             else:
                 s.waits_on.append((rk, v.received_at >= s.first_join))
@@ -205,7 +209,7 @@ def _members(stuck: dict[Collective, _Stuck], ranks: Mapping[RankKey, RankView],
             if rk in seen:
                 continue
             v = ranks.get(rk)
-            if waived(rk) or (v is not None and v.received_at - v.report.recording_s > s.first_join):
+            if waived(rk, s.first_join) or (v is not None and v.received_at - v.report.recording_s > s.first_join):
                 s.explained = True  # down, or a process younger than the collective
             else:
                 s.waits_on.append((rk, False))  # never reported this group: silent

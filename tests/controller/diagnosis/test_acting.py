@@ -262,3 +262,26 @@ def test_a_hang_that_becomes_certain_is_reported_again_and_acted_on():
     assert len(s.diagnosis.log.entries) == 2 and "joined without progress" in second.finding.summary
     assert second.finding.hosts == ("h-r2-0",) and second.decision.action.value == "evict"
     assert s.hosts["h-r2-0"].cordoned
+
+
+def test_peers_still_stuck_after_an_eviction_do_not_blame_the_spare_that_took_the_rank():
+    """Once r1/1's host is evicted (r1 declared dead), the other replicas stay in the same FTAR
+    op until their timeout and keep reporting it; r1 rejoins from the spare, which has sent no
+    telemetry yet. The collective began before r1's death: nobody there can be in it."""
+    s = cluster()
+    job = Job(replicas=3, ranks=2, per_host=1, received_at=100.0)
+    job.never_joins(("r1", 1), waited_s=40.0)
+    send(s, job, 100.0)
+    s.expire(100.0)
+    assert [e.decision.action.value for e in s.diagnosis.log.entries] == ["evict"]
+    s.take_orders()
+    s.join(JoinRequest("r1", 0, 2, incarnation="rebuilt", host_id="h-r1-0"), 101.0)
+    assert s.replicas["r1"].state != ReplicaState.DEAD  # rebuilt: nothing excuses its ranks as down
+    for rk in [rk for rk in job.views if rk[0] == "r1"]:
+        del job.views[rk]  # its processes are new and report no group yet
+    for rk in job.views:
+        job.views[rk] = replace(job.views[rk], received_at=106.0)
+    send(s, job, 106.0)
+    s.expire(106.0)
+    assert [e.finding.hosts[0] for e in s.diagnosis.log.entries] == ["h-r1-1"]
+    assert not s.hosts["s0"].cordoned and s.hosts["s0"].assignment == Assignment("r1", (1,), 2)
