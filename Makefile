@@ -19,10 +19,10 @@ test: $(STAMP) tools
 	$(BIN)/lint-imports
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
-# Tools some tests drive, from Debian's packages: chromium (the status-page test) and kubectl
-# (rendering the kustomizations the docs apply). Installed here when missing (as root, as on
+# Tools some tests drive, from Debian's packages: chromium (the status-page test), kubectl
+# (rendering the kustomizations the docs apply) and g++ (the CUDA kernels emulated on the CPU). Installed here when missing (as root, as on
 # CI); anyone else is told the one command to run.
-TOOLS := chromium kubectl
+TOOLS := chromium kubectl g++
 tools:
 	@missing="$$(for t in $(TOOLS); do command -v $$t >/dev/null 2>&1 || printf '%s ' $$t; done)"; \
 	[ -z "$$missing" ] || { [ "$$(id -u)" = 0 ] && apt-get update -q && \
