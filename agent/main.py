@@ -3,7 +3,8 @@
     fthsdp agent --controller ADDR[,ADDR...] --host-id ID [--spare] [--slots N]
         [--labels zone=a,rack=3] [--replica-id R --ranks 0,1 --world-size 2]
         [--advertise-address IP] [--rendezvous-port P --coordinator-port P]
-        [--state-dir DIR] [--restart-budget N --restart-window-s S] [--standby] [--job-id J]
+        [--state-dir DIR] [--restart-budget N --restart-window-s S] [--standby] [--warm-restarts]
+        [--job-id J]
         [--on-job-complete exit|idle] [--job-secret-file PATH | --insecure-trainer-ports]
         -- COMMAND TEMPLATE...
 
@@ -115,6 +116,9 @@ def parse(argv: list[str]) -> AgentSettings:
     p.add_argument("--restart-window-s", type=float, default=300.0)
     p.add_argument("--standby", action="store_true",
                    help="pre-start trainers with FTHSDP_STANDBY=1 while unassigned")
+    p.add_argument("--warm-restarts", action="store_true",
+                   help="keep a pre-started standby next to each trainer; it takes the slot's work when "
+                        "the trainer must be replaced (a restart starts no cold process)")
     p.add_argument("--on-job-complete", choices=ON_JOB_COMPLETE, default="exit",
                    help="when the job is COMPLETED: stop trainers and exit 0 (default), or stop "
                         "them and idle")
@@ -151,7 +155,7 @@ def parse(argv: list[str]) -> AgentSettings:
         command=tuple(command), spare=args.spare, slots=args.slots, labels=args.labels,
         replica_id=args.replica_id, ranks=args.ranks, world_size=args.world_size,
         job_id=args.job_id, restart_budget=args.restart_budget,
-        restart_window_s=args.restart_window_s, standby=args.standby,
+        restart_window_s=args.restart_window_s, standby=args.standby, warm_restarts=args.warm_restarts,
         heartbeat_interval_s=args.heartbeat_interval_s, stop_grace_s=args.stop_grace_s, tls=tls,
         on_job_complete=args.on_job_complete, job_secret=secret,
         insecure_trainer_ports=args.insecure_trainer_ports or job_secret.insecure_from_env(),

@@ -26,6 +26,20 @@ supervisor executing `next_action` (the state diagram):
     any --(job COMPLETED: every slot wants IDLE)--> empty    then the agent exits 0, or idles and
                                                              starts nothing (`after_job_state`)
 
+With warm restarts (`Spec.warm_restarts`) a slot that trains also holds a *reserve*: one
+pre-started standby next to its trainer, decided by `reserve_action` (the same supervisor
+pass, after `next_action`). When the trainer must be replaced (a RESTART order, a new
+placement or generation, the replica's restart after a death) the old trainer is stopped as
+before, and then, instead of a cold START, the reserve is swapped in:
+
+    empty(reserve running) --SWAP_IN--> running(trainer)     the reserve takes the placement
+    reserve: none --START--> running                          once the slot's trainer runs
+    reserve: exited --RESTART--> running                      within the restart budget
+    reserve: exited --GIVE_UP--> none                         budget spent: restarts are cold
+                                                              until the window frees a restart
+    reserve: running --STOP--> none                           the slot trains no more (idle,
+                                                              spare pool, job completed)
+
 A trainer is never restarted alone: its replica's ranks are one torch.distributed group, so
 the controller restarts the replica as a unit (a RESTART order to each of its hosts) and keeps
 the restart budget (ControllerSettings.restart_budget). The agent's own budget covers standby
@@ -114,12 +128,17 @@ class Observed:
     restart_times_s: tuple[float, ...] = ()
     # The generation for which the slot stopped trying (gave up or finished), if any.
     halted_generation: int | None = None
+    # The slot's reserve standby (warm restarts), as last polled, and when it was restarted.
+    reserve: Proc | None = None
+    reserve_restart_times_s: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True)
 class Spec:
     want: Want
     budget: RestartBudget
+    # Keep a pre-started reserve standby next to the slot's trainer (`reserve_action`).
+    warm_restarts: bool = False
 
 
 @dataclass(frozen=True)
@@ -194,7 +213,44 @@ def next_action(observed: Observed, spec: Spec) -> Action:
                                        "waiting for an order")
     if want.role is Role.STANDBY:
         return Action(ActionKind.START, "pre-starting a standby trainer")
+    # The reserve's imports are done: it takes the placement (warm restart).
+    reserve = observed.reserve
+    if reserve is not None and not reserve.exited and reserve.role is Role.STANDBY:
+        return Action(ActionKind.SWAP_IN, f"reserve standby takes {want.placement}")
     return Action(ActionKind.START, f"starting {want.placement}")
+
+
+def reserve_action(observed: Observed, spec: Spec) -> Action:
+    """Decide what the slot's reserve standby does next (warm restarts). START/RESTART start a
+    standby as a reserve, STOP stops it, GIVE_UP forgets an exited one without a restart."""
+    want, reserve, proc = spec.want, observed.reserve, observed.proc
+    wanted = spec.warm_restarts and want.role is Role.TRAIN
+    used = restarts_in_window(observed.reserve_restart_times_s, observed.now_s, spec.budget.window_s)
+    budget = f"{used} of {spec.budget.restarts} restarts used in {spec.budget.window_s:g} s"
+
+    if reserve is not None and not reserve.exited:
+        if not spec.warm_restarts:
+            return Action(ActionKind.STOP, "warm restarts are off")
+        if not wanted:
+            return Action(ActionKind.STOP, "the slot trains no more: its reserve is not needed")
+        return Action(ActionKind.WAIT, "reserve standby is ready")
+
+    if reserve is not None:  # it exited on its own
+        what = "reserve standby " + describe_exit(reserve)
+        if not wanted:
+            return Action(ActionKind.WAIT, f"{what}; it is no longer wanted")
+        # The same budget as a spare's standby: no restart storm.
+        if used >= spec.budget.restarts:
+            return Action(ActionKind.GIVE_UP, f"{what}; restart budget exhausted ({budget}): restarts are cold")
+        return Action(ActionKind.RESTART, f"{what}; restarting it ({budget})")
+
+    if not wanted:
+        return Action(ActionKind.WAIT, "no reserve is wanted")
+    if proc is None or proc.exited or proc.role is not Role.TRAIN:
+        return Action(ActionKind.WAIT, "a reserve starts once the slot's trainer runs")
+    if used >= spec.budget.restarts:
+        return Action(ActionKind.WAIT, f"reserve restart budget exhausted ({budget}): restarts are cold")
+    return Action(ActionKind.START, f"pre-starting a reserve standby next to {proc.placement}")
 
 
 class JobEnd(enum.Enum):

@@ -60,6 +60,11 @@ class AgentSettings:
     restart_window_s: float = 300.0
     # Pre-start standby trainers while the host has no assignment.
     standby: bool = False
+    # Warm restarts: next to each running trainer keep one pre-started standby (a reserve,
+    # imports done) that takes the slot's work when its trainer must be replaced (a restart,
+    # a new placement); a new reserve is then started in the background. Costs one idle
+    # process (and its memory) per slot.
+    warm_restarts: bool = False
     heartbeat_interval_s: float = 1.0
     # Stop = SIGTERM to the process group, SIGKILL after this grace.
     stop_grace_s: float = 5.0
@@ -179,8 +184,8 @@ class AgentSettings:
         if self.rendezvous_port and self.rendezvous_port == self.coordinator_port:
             raise ValueError(f"rendezvous_port and coordinator_port must differ, both are {self.rendezvous_port}.")
         used = placeholders_in(self.command) & set(ASSIGNMENT_PLACEHOLDERS)
-        if self.standby and used:
-            raise ValueError(f"A standby trainer starts before it has an assignment, so the "
+        if (self.standby or self.warm_restarts) and used:
+            raise ValueError(f"A standby trainer (--standby, --warm-restarts) starts before it has an assignment, so the "
                              f"command template cannot use {sorted(used)}; read the "
                              "FTHSDP_* environment after agent.env.wait_for_assignment().")
         return self

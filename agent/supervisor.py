@@ -4,6 +4,11 @@ The supervisor owns the slots and their processes; it knows nothing of gRPC. Wha
 wants is set from outside (`set_wants`, by the order handler); exits of trainers are handed
 to `report` (non-blocking; the controller link sends them). `reconcile()` runs passes until
 every slot waits, so an order's ack can follow its execution.
+
+With warm restarts a training slot also holds a reserve standby (`policy.reserve_action`): a
+pre-started process with exactly a standby's environment (`agent.env`), handed the slot's
+placement on stdin when its trainer must be replaced, only after the old trainer was stopped
+(SIGTERM, SIGKILL after stop_grace_s: its ports are free by then).
 """
 
 from __future__ import annotations
@@ -16,8 +21,8 @@ from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from agent import env as trainer_env
-from agent.policy import (Action, ActionKind, Observed, Proc, RestartBudget, Role, Spec, Want,
-                          next_action)
+from agent.policy import (Action, ActionKind, Observed, Placement, Proc, RestartBudget, Role, Spec,
+                          Want, next_action, reserve_action)
 from agent.process import ExitStatus, Handle, Launch, ProcessHooks
 from agent.settings import AgentSettings, substitute
 
@@ -47,6 +52,9 @@ class Slot:
     restart_times_s: list[float] = field(default_factory=list)
     halted_generation: int | None = None
     exit_tail: str = ""               # stderr tail of the exited process
+    reserve: Handle | None = None     # the reserve standby (warm restarts)
+    reserve_proc: Proc | None = None  # what `reserve` runs
+    reserve_restart_times_s: list[float] = field(default_factory=list)
 
 
 class Supervisor:
@@ -131,6 +139,10 @@ class Supervisor:
                         error = await self._execute(slot, action)
                         if error:
                             errors.append(error)
+                    action = self._decide_reserve(slot)
+                    if action.kind is not ActionKind.WAIT or slot.reserve_proc and slot.reserve_proc.exited:
+                        busy = True
+                        await self._execute_reserve(slot, action)
                 if not busy:
                     break
         return errors
@@ -141,7 +153,9 @@ class Supervisor:
             for slot in self.slots:
                 slot.want = replace(Want(Role.IDLE), generation=slot.want.generation + 1)
             await asyncio.gather(*(self._stop(slot, "agent is shutting down")
-                                   for slot in self.slots if slot.handle is not None))
+                                   for slot in self.slots if slot.handle is not None),
+                                 *(self._stop_reserve(slot, "agent is shutting down")
+                                   for slot in self.slots if slot.reserve is not None))
 
     # ------------------------------------------------------------------ internals
 
@@ -152,10 +166,43 @@ class Supervisor:
                 slot.proc = replace(slot.proc, exited=True, exit_code=status.exit_code,
                                     signal=status.signal)
                 slot.exit_tail = status.stderr_tail
-        observed = Observed(now_s=self._clock(), proc=slot.proc,
-                            restart_times_s=tuple(slot.restart_times_s),
-                            halted_generation=slot.halted_generation)
-        return next_action(observed, Spec(slot.want, self._budget))
+        self._poll_reserve(slot)  # a reserve that died is not swapped in
+        return next_action(self._observe(slot), self._spec(slot))
+
+    def _decide_reserve(self, slot: Slot) -> Action:
+        self._poll_reserve(slot)
+        return reserve_action(self._observe(slot), self._spec(slot))
+
+    def _poll_reserve(self, slot: Slot) -> None:
+        if slot.reserve is not None and slot.reserve_proc is not None and not slot.reserve_proc.exited:
+            status = self._hooks.poll(slot.reserve)
+            if status is not None:
+                slot.reserve_proc = replace(slot.reserve_proc, exited=True, exit_code=status.exit_code,
+                                            signal=status.signal)
+
+    def _observe(self, slot: Slot) -> Observed:
+        return Observed(now_s=self._clock(), proc=slot.proc, restart_times_s=tuple(slot.restart_times_s),
+                        halted_generation=slot.halted_generation, reserve=slot.reserve_proc,
+                        reserve_restart_times_s=tuple(slot.reserve_restart_times_s))
+
+    def _spec(self, slot: Slot) -> Spec:
+        return Spec(slot.want, self._budget, warm_restarts=self.settings.warm_restarts)
+
+    async def _execute_reserve(self, slot: Slot, action: Action) -> None:
+        tag = f"slot {slot.index} reserve"
+        if slot.reserve_proc is not None and slot.reserve_proc.exited:
+            slot.reserve, slot.reserve_proc = None, None
+            log.log(logging.WARNING if action.kind is not ActionKind.WAIT else logging.INFO, "%s: %s", tag,
+                    action.reason)
+            if action.kind is ActionKind.RESTART:
+                slot.reserve_restart_times_s.append(self._clock())
+                await self._start_reserve(slot)
+            return
+        if action.kind is ActionKind.STOP:
+            await self._stop_reserve(slot, action.reason)
+        elif action.kind is ActionKind.START:
+            log.info("%s: %s", tag, action.reason)
+            await self._start_reserve(slot)
 
     async def _execute(self, slot: Slot, action: Action) -> str | None:
         tag = f"slot {slot.index}"
@@ -195,26 +242,35 @@ class Supervisor:
             if slot.want.role is Role.TRAIN and p is not None and p.replica_id == dead.placement.replica_id:
                 slot.halted_generation = slot.want.generation
 
-    async def _start(self, slot: Slot) -> str | None:
-        want, s = slot.want, self.settings
-        p = want.placement if want.role is Role.TRAIN else None
-        controller = ",".join(s.controller_addresses)
+    def _launch(self, slot: Slot, p: Placement | None, label: str) -> Launch:
+        """What one process of the slot is started with: a trainer for `p`, or a standby (None;
+        a spare's standby and a reserve alike)."""
+        s = self.settings
         values = {"replica_id": p.replica_id if p else "", "rank": p.rank if p else -1,
                   "world_size": p.world_size if p else 0, "host_id": s.host_id, "job_id": self.job_id,
                   "slot": slot.index}
-        launch = Launch(
+        return Launch(
             argv=substitute(s.command, values),
             env=trainer_env.trainer_environment(self._base_env, p, host_id=s.host_id, job_id=self.job_id,
-                                                controller=controller, tls=s.tls, secret=s.job_secret,
-                                                insecure_trainer_ports=s.insecure_trainer_ports,
+                                                controller=",".join(s.controller_addresses), tls=s.tls,
+                                                secret=s.job_secret, insecure_trainer_ports=s.insecure_trainer_ports,
                                                 telemetry_file=self.telemetry_file(slot.index)),
             standby=p is None,
-            label=f"{s.host_id} {p.replica_id}/{p.rank}" if p else f"{s.host_id} standby{slot.index}")
+            label=f"{s.host_id} {p.replica_id}/{p.rank}" if p else f"{s.host_id} {label}{slot.index}")
+
+    def _forget_ring(self, slot: Slot) -> None:
+        """The last trainer's ring must not be read as the next one's."""
         ring = self.telemetry_file(slot.index)
+        if ring:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(ring)
+
+    async def _start(self, slot: Slot) -> str | None:
+        want = slot.want
+        p = want.placement if want.role is Role.TRAIN else None
+        launch = self._launch(slot, p, "standby")
         try:
-            if ring:  # the last trainer's ring must not be read as the new one's
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(ring)
+            self._forget_ring(slot)
             slot.handle = await self._hooks.start(launch)
         except OSError as exc:
             slot.halted_generation = want.generation
@@ -226,6 +282,25 @@ class Supervisor:
                  slot.handle.pid)
         return None
 
+    async def _start_reserve(self, slot: Slot) -> None:
+        """A reserve that cannot start is logged, not an order's error: restarts are cold then."""
+        launch = self._launch(slot, None, "reserve")
+        try:
+            slot.reserve = await self._hooks.start(launch)
+        except OSError as exc:
+            slot.reserve_restart_times_s.append(self._clock())  # counts against the budget: no hot loop
+            log.error("slot %d: cannot start a reserve %r: %s", slot.index, launch.argv[0], exc)
+            return
+        slot.reserve_proc = Proc(Role.STANDBY, slot.want.generation)
+        log.info("slot %d reserve: started pid %d", slot.index, slot.reserve.pid)
+
+    async def _stop_reserve(self, slot: Slot, reason: str) -> None:
+        if slot.reserve is None:
+            return
+        log.info("slot %d reserve: stopping pid %d: %s", slot.index, slot.reserve.pid, reason)
+        await self._hooks.stop(slot.reserve, self.settings.stop_grace_s)
+        slot.reserve, slot.reserve_proc = None, None
+
     async def _stop(self, slot: Slot, reason: str) -> ExitStatus | None:
         if slot.handle is None or slot.proc is None:
             return None
@@ -236,6 +311,11 @@ class Supervisor:
         return status
 
     async def _swap_in(self, slot: Slot, reason: str) -> str | None:
+        if slot.handle is None:  # the slot is empty: its reserve takes the placement
+            assert slot.reserve is not None and slot.reserve_proc is not None
+            slot.handle, slot.proc = slot.reserve, slot.reserve_proc
+            slot.reserve, slot.reserve_proc = None, None
+            self._forget_ring(slot)  # the old trainer's, stopped by now; the reserve makes its own
         assert slot.handle is not None and slot.proc is not None
         want, s = slot.want, self.settings
         line = trainer_env.handover_line(want.placement, host_id=s.host_id, job_id=self.job_id,

@@ -1,14 +1,19 @@
 """Downtime per failure on real processes: what the paper's headline is about, measured.
 
-    python -m bench.recovery --json [--step-s 0.5] [--cases kill-rank kill-host hang-rank]
+    python -m bench.recovery --json [--step-s 0.5] [--cases kill-rank kill-host hang-rank] [--cold-restarts]
 
 Each case is one job of the demo (fthsdp/demo): a real controller, one agent per replica host
 and one warm spare (its trainer pre-started in standby), 3 replicas x 2 ranks of the demo's
 trainer (a real model, FTAR between replicas, the data ledger, catch-up from a live peer),
-each step padded to `--step-s` to stand for accelerator time. Once every replica is HEALTHY
+each step padded to `--step-s` to stand for accelerator time. Every agent runs with warm
+restarts (`fthsdp demo --warm-restarts`, `fthsdp agent --warm-restarts`): next to each trainer
+a pre-started reserve standby (imports done) takes the rank when its replica restarts, so a
+restart does not pay python + torch imports + model set-up again; `--cold-restarts` measures
+without them (each restarted rank is a fresh process). Once every replica is HEALTHY
 at the failure step, one failure hits replica r1:
 
-- kill-rank: SIGKILL of r1's rank-0 trainer (its agent sees the exit and restarts it there);
+- kill-rank: SIGKILL of r1's rank-0 trainer (its agent sees the exit, the controller restarts
+  the replica there: both ranks are handed to the reserves);
 - kill-host: SIGKILL of r1's agent and every trainer under it (the host is gone: the
   controller notices the silence and gives the warm spare r1's assignment);
 - hang-rank: SIGSTOP of r1's last rank (alive and silent: no exit for an agent to see). No
@@ -52,9 +57,9 @@ FAILED = "r1"
 AFTER_FAILURE_S = 40.0
 
 
-def settings(step_s: float, steps: int, timeout_s: float) -> run.RunSettings:
+def settings(step_s: float, steps: int, timeout_s: float, warm_restarts: bool = True) -> run.RunSettings:
     return run.RunSettings(replicas=3, ranks_per_replica=2, steps=steps, seed=0, lr_policy="sqrt", spares=1,
-                           standby=True, min_step_s=step_s, timeout_s=timeout_s)
+                           standby=True, warm_restarts=warm_restarts, min_step_s=step_s, timeout_s=timeout_s)
 
 
 def commits(rows: list[dict], replica: str) -> list[dict]:
@@ -110,12 +115,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=30, help="steps per job (the failure comes at a third of them)")
     p.add_argument("--workdir", help="keep the runs' logs and records here (default: a temporary folder)")
     p.add_argument("--json", action="store_true", help="one JSON line per case (the default output)")
+    p.add_argument("--cold-restarts", action="store_true",
+                   help="agents without warm restarts: a restarted rank is a fresh process")
     args = p.parse_args(argv)
     if not 0.05 <= args.step_s <= 30:
         p.error(f"--step-s must be 0.05..30, got {args.step_s}")
     if not 10 <= args.steps <= 10_000:
         p.error(f"--steps must be 10..10000, got {args.steps}")
-    s = settings(args.step_s, args.steps, timeout_s=60.0 + args.steps * args.step_s + AFTER_FAILURE_S)
+    s = settings(args.step_s, args.steps, timeout_s=60.0 + args.steps * args.step_s + AFTER_FAILURE_S,
+                 warm_restarts=not args.cold_restarts)
     with tempfile.TemporaryDirectory(prefix="fthsdp-recovery-") as tmp:
         workdir = Path(args.workdir or tmp)
         workdir.mkdir(parents=True, exist_ok=True)
@@ -123,7 +131,8 @@ def main(argv: list[str] | None = None) -> int:
         for case in args.cases:
             line = run_case(case, s, workdir, dataset)
             line.update({"replicas": s.replicas, "ranks_per_replica": s.ranks_per_replica, "step_s": s.min_step_s,
-                         "warm_spare": s.standby, "paper_downtime_s": list(PAPER_DOWNTIME_S)})
+                         "warm_spare": s.standby,
+                         "warm_restarts": s.warm_restarts, "paper_downtime_s": list(PAPER_DOWNTIME_S)})
             print(json.dumps(line), flush=True)
     return 0
 

@@ -5,7 +5,7 @@ are injected on a schedule.
 
     fthsdp demo [--model mlp|gpt] [--replicas 4] [--steps 200]
                 [--failures kill-trainer@50:r1,kill-agent@130:r2] [--ranks-per-replica 1]
-                [--lr-policy sqrt] [--out fthsdp-report] [--seed 0] [--no-baseline]
+                [--lr-policy sqrt] [--out fthsdp-report] [--seed 0] [--no-baseline] [--warm-restarts]
 
 Writes OUT/report.json, OUT/loss.png and OUT/healthy_replicas.png (logs and records under
 OUT/run and OUT/baseline). Exit status: 0 when every check passed, 1 when a check failed or
@@ -44,6 +44,8 @@ def _parser() -> argparse.ArgumentParser:
                                       "at 65%% on r2; with 200 steps kill-trainer@50:r1,kill-agent@130:r2)")
     p.add_argument("--spares", type=int, default=1, help="spare hosts (agents with --spare)")
     p.add_argument("--cold-spares", action="store_true", help="spares without pre-started standby trainers")
+    p.add_argument("--warm-restarts", action="store_true",
+                   help="agents keep a pre-started standby next to each trainer: a restarted rank starts warm")
     p.add_argument("--lr-policy", choices=LR_POLICIES, default="sqrt",
                    help="how the controller scales the learning rate with healthy/total replicas")
     p.add_argument("--heartbeat-timeout-s", type=float, default=3.0, help="the controller's detection bound")
@@ -95,7 +97,7 @@ def main(argv: list[str]) -> int:
 
     settings = run.RunSettings(
         replicas=args.replicas, ranks_per_replica=args.ranks_per_replica, steps=args.steps, seed=args.seed,
-        lr_policy=args.lr_policy, spares=args.spares, standby=not args.cold_spares,
+        lr_policy=args.lr_policy, spares=args.spares, standby=not args.cold_spares, warm_restarts=args.warm_restarts,
         heartbeat_timeout_s=args.heartbeat_timeout_s, timeout_s=args.timeout_s, min_step_s=args.step_time_s,
         diagnosis_dry_run=args.diagnosis_dry_run, **GPT_SETTINGS if args.model == "gpt" else {})
     out = args.out.resolve()

@@ -39,6 +39,7 @@ class RunSettings:
     lr_policy: str
     spares: int = 1
     standby: bool = True
+    warm_restarts: bool = False  # every agent keeps a reserve standby next to each trainer
     model: str = "mlp"   # or "gpt" (fthsdp/demo/workloads.py)
     hidden: int = 32
     batch_rows: int = 32
@@ -244,19 +245,20 @@ def run_job(workdir: Path, data: Path, s: RunSettings, failures: list[Failure], 
     records, config = _prepare(workdir, s, data, failures)
     command = procs.TRAINER + [str(config)]
     secret = job_secret.generate()  # one per run: the trainer ports authenticate with it
+    warm = ("--warm-restarts",) if s.warm_restarts else ()
 
     def body(controller, result: RunResult, children: list) -> None:
         agents: dict[str, subprocess.Popen] = {}
         for i, rid in enumerate(replica_ids(s.replicas)):
             agents[f"h{i}"] = procs.start_agent(workdir / f"agent-h{i}.log", controller=controller.grpc,
                                                 host_id=f"h{i}", job_id=JOB_ID, command=command, replica_id=rid,
-                                                ranks=s.ranks_per_replica, secret=secret)
+                                                ranks=s.ranks_per_replica, secret=secret, extra=warm)
             children.append(agents[f"h{i}"])
         for j in range(s.spares):
             agents[f"spare{j}"] = procs.start_agent(workdir / f"agent-spare{j}.log", controller=controller.grpc,
                                                     host_id=f"spare{j}", job_id=JOB_ID, command=command,
                                                     ranks=s.ranks_per_replica, spare=True, standby=s.standby,
-                                                    secret=secret)
+                                                    secret=secret, extra=warm)
             children.append(agents[f"spare{j}"])
         for host, agent in agents.items():
             procs.read_json_line(agent, 60.0, f"agent {host} (log {workdir / f'agent-{host}.log'})")

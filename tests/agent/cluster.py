@@ -69,16 +69,18 @@ class Cluster:
     async def start_agent(self, host_id: str, *, replica: str = "", rank: int = 0,
                           world_size: int = 1, spare: bool = False, standby: bool = False,
                           labels: str = "", command: tuple[str, ...] = (),
-                          wait: bool = True, extra: tuple[str, ...] = (), name: str = "") -> Proc:
+                          wait: bool = True, extra: tuple[str, ...] = (), name: str = "",
+                          ranks: str = "") -> Proc:
         """An agent for `host_id`: with `replica` it claims that assignment, with `spare` it is
         a spare, with neither it is available (the controller's layout decides). `name` names
-        its output files when the host had an agent before."""
+        its output files when the host had an agent before; `ranks` ("0,1") runs several of the
+        replica's ranks here instead of `rank`."""
         args = [*CLI, "agent", "--controller", self.grpc, "--host-id", host_id,
                 "--heartbeat-interval-s", "0.3", "--stop-grace-s", "2", *extra]
         if spare:
             args.append("--spare")
         elif replica:
-            args += ["--replica-id", replica, "--ranks", str(rank), "--world-size",
+            args += ["--replica-id", replica, "--ranks", ranks or str(rank), "--world-size",
                      str(world_size)]
         if standby:
             args.append("--standby")
