@@ -18,12 +18,17 @@ def test_flags_become_settings():
     assert (s.restart_budget, s.restart_window_s) == (0, 60.0)
     assert s.command == ("python", "train.py", "--rank={rank}", "--", "x")
     assert not s.tls.enabled
+    assert not s.warm_restarts  # off unless asked for
+    assert parse(["--controller", "127.0.0.1:1", "--host-id", "h1", "--warm-restarts", "--", "t"]).warm_restarts
 
 
 @pytest.mark.parametrize("argv,words", [
     (["--controller", "127.0.0.1:1", "--host-id", "h1", "--spare"], "command template"),
     (["--controller", "127.0.0.1:1", "--host-id", "h1", "--spare", "--standby", "--", "t",
       "{replica_id}"], "cannot use ['replica_id']"),
+    # A reserve (warm restarts) starts before it knows its rank, as a standby does.
+    (["--controller", "127.0.0.1:1", "--host-id", "h1", "--replica-id", "r0", "--ranks", "0", "--world-size", "1",
+      "--warm-restarts", "--", "t", "--rank={rank}"], "cannot use ['rank']"),
     (["--controller", "127.0.0.1:1", "--host-id", "h1", "--spare", "--tls-cert-file", "c",
       "--tls-key-file", "k", "--", "t"], "needs TLS"),
 ])
