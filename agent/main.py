@@ -119,6 +119,8 @@ def parse(argv: list[str]) -> AgentSettings:
     p.add_argument("--warm-restarts", action="store_true",
                    help="keep a pre-started standby next to each trainer; it takes the slot's work when "
                         "the trainer must be replaced (a restart starts no cold process)")
+    p.add_argument("--reserve-delay-s", type=float, default=5.0,
+                   help="with --warm-restarts: start a reserve this long after its trainer")
     p.add_argument("--on-job-complete", choices=ON_JOB_COMPLETE, default="exit",
                    help="when the job is COMPLETED: stop trainers and exit 0 (default), or stop "
                         "them and idle")
@@ -156,6 +158,7 @@ def parse(argv: list[str]) -> AgentSettings:
         replica_id=args.replica_id, ranks=args.ranks, world_size=args.world_size,
         job_id=args.job_id, restart_budget=args.restart_budget,
         restart_window_s=args.restart_window_s, standby=args.standby, warm_restarts=args.warm_restarts,
+        reserve_delay_s=args.reserve_delay_s,
         heartbeat_interval_s=args.heartbeat_interval_s, stop_grace_s=args.stop_grace_s, tls=tls,
         on_job_complete=args.on_job_complete, job_secret=secret,
         insecure_trainer_ports=args.insecure_trainer_ports or job_secret.insecure_from_env(),

@@ -33,7 +33,8 @@ placement or generation, the replica's restart after a death) the old trainer is
 before, and then, instead of a cold START, the reserve is swapped in:
 
     empty(reserve running) --SWAP_IN--> running(trainer)     the reserve takes the placement
-    reserve: none --START--> running                          once the slot's trainer runs
+    reserve: none --START--> running                          once the slot's trainer has run
+                                                              for `Spec.reserve_delay_s`
     reserve: exited --RESTART--> running                      within the restart budget
     reserve: exited --GIVE_UP--> none                         budget spent: restarts are cold
                                                               until the window frees a restart
@@ -110,6 +111,7 @@ class Proc:
     exited: bool = False
     exit_code: int | None = None   # None while running or when killed by a signal
     signal: int | None = None      # the signal that killed it, if any
+    started_s: float | None = None  # when it started (or took its placement), on Observed's clock
 
 
 @dataclass(frozen=True)
@@ -137,8 +139,10 @@ class Observed:
 class Spec:
     want: Want
     budget: RestartBudget
-    # Keep a pre-started reserve standby next to the slot's trainer (`reserve_action`).
+    # Keep a pre-started reserve standby next to the slot's trainer (`reserve_action`), started
+    # this long after the trainer (its imports would slow the trainer's own start).
     warm_restarts: bool = False
+    reserve_delay_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -250,6 +254,8 @@ def reserve_action(observed: Observed, spec: Spec) -> Action:
         return Action(ActionKind.WAIT, "a reserve starts once the slot's trainer runs")
     if used >= spec.budget.restarts:
         return Action(ActionKind.WAIT, f"reserve restart budget exhausted ({budget}): restarts are cold")
+    if proc.started_s is not None and observed.now_s - proc.started_s < spec.reserve_delay_s:
+        return Action(ActionKind.WAIT, f"a reserve starts {spec.reserve_delay_s:g} s after its trainer")
     return Action(ActionKind.START, f"pre-starting a reserve standby next to {proc.placement}")
 
 

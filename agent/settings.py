@@ -63,8 +63,10 @@ class AgentSettings:
     # Warm restarts: next to each running trainer keep one pre-started standby (a reserve,
     # imports done) that takes the slot's work when its trainer must be replaced (a restart,
     # a new placement); a new reserve is then started in the background. Costs one idle
-    # process (and its memory) per slot.
+    # process (and its memory) per slot. The reserve starts reserve_delay_s after its trainer
+    # (its imports compete with the trainer's start for CPU); a failure before that is cold.
     warm_restarts: bool = False
+    reserve_delay_s: float = 5.0
     heartbeat_interval_s: float = 1.0
     # Stop = SIGTERM to the process group, SIGKILL after this grace.
     stop_grace_s: float = 5.0
@@ -157,6 +159,8 @@ class AgentSettings:
             raise ValueError(f"heartbeat_interval_s ({self.heartbeat_interval_s}) must be below "
                              f"rpc_timeout_s ({self.rpc_timeout_s}): a controller that stays silent "
                              "that long counts as failed.")
+        if not 0 <= self.reserve_delay_s <= 3600:
+            raise ValueError(f"reserve_delay_s must be 0..3600, got {self.reserve_delay_s}.")
         if self.stop_grace_s < 0:
             raise ValueError(f"stop_grace_s must be >= 0, got {self.stop_grace_s}.")
         if self.stderr_tail_lines < 0:

@@ -186,7 +186,8 @@ class Supervisor:
                         reserve_restart_times_s=tuple(slot.reserve_restart_times_s))
 
     def _spec(self, slot: Slot) -> Spec:
-        return Spec(slot.want, self._budget, warm_restarts=self.settings.warm_restarts)
+        return Spec(slot.want, self._budget, warm_restarts=self.settings.warm_restarts,
+                    reserve_delay_s=self.settings.reserve_delay_s)
 
     async def _execute_reserve(self, slot: Slot, action: Action) -> None:
         tag = f"slot {slot.index} reserve"
@@ -277,7 +278,7 @@ class Supervisor:
             error = f"cannot start {launch.argv[0]!r} on slot {slot.index}: {exc}"
             log.error("%s", error)
             return error
-        slot.proc = Proc(want.role, want.generation, p, want.version)
+        slot.proc = Proc(want.role, want.generation, p, want.version, started_s=self._clock())
         log.info("%s: started pid %d", self._who(slot.proc, f"slot {slot.index}"),
                  slot.handle.pid)
         return None
@@ -328,7 +329,7 @@ class Supervisor:
                         slot.index, slot.handle.pid, exc)
             await self._stop(slot, "hand-over failed")
             return None
-        slot.proc = Proc(Role.TRAIN, want.generation, want.placement, want.version)
+        slot.proc = Proc(Role.TRAIN, want.generation, want.placement, want.version, started_s=self._clock())
         log.info("%s: %s (pid %d)", self._who(slot.proc, f"slot {slot.index}"), reason,
                  slot.handle.pid)
         return None

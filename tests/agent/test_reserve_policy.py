@@ -65,6 +65,18 @@ def test_the_reserve_table_covers_every_reserve_decision():
     assert seen == {A.START, A.RESTART, A.STOP, A.WAIT, A.GIVE_UP}
 
 
+def test_a_reserve_starts_the_delay_after_its_trainer_on_a_fake_clock():
+    """Its imports would compete with the trainer's own start: it waits `reserve_delay_s`."""
+    spec = Spec(TRAIN, BUDGET, warm_restarts=True, reserve_delay_s=5.0)
+    started = Proc(Role.TRAIN, 1, R0, started_s=100.0)
+    assert reserve_action(Observed(100.0, started), spec).kind is A.WAIT
+    waiting = reserve_action(Observed(104.9, started), spec)
+    assert waiting.kind is A.WAIT and "5 s after its trainer" in waiting.reason
+    assert reserve_action(Observed(105.0, started), spec).kind is A.START
+    # A reserve that died is restarted at once: its trainer is past its start.
+    assert reserve_action(Observed(101.0, started, reserve=RESERVE_DIED), spec).kind is A.RESTART
+
+
 SWAP_CASES = [
     # (name, trainer, reserve, want, halted generation, action, words)
     ("restart after the old trainer stopped", None, RESERVE, TRAIN, None, A.SWAP_IN, "reserve standby takes"),

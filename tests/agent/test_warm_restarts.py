@@ -28,7 +28,7 @@ async def test_a_killed_trainer_is_replaced_by_the_reserve_started_before_the_ki
     c = Cluster(tmp_path)
     try:
         await c.start_controller(1, 2)  # one replica; a trainer death restarts it in place
-        agent = await c.start_agent("h1", replica="r0", ranks="0,1", world_size=2, extra=("--warm-restarts",))
+        agent = await c.start_agent("h1", replica="r0", ranks="0,1", world_size=2, extra=("--warm-restarts", "--reserve-delay-s", "0"))
         await wait_for(lambda: len(c.trainers()) == 2, BOUND_S, "both ranks of r0 started")
         # Cold starts: no reserve existed yet. Then one reserve per slot, next to its trainer.
         assert not any(t["warm"] for t in c.trainers())
@@ -86,20 +86,26 @@ R0 = Placement("r0", 0, 2, rendezvous="10.9.0.1:29500", coordinator="10.9.0.1:29
 
 async def test_a_dead_reserve_is_restarted_and_an_idle_slot_stops_it(tmp_path):
     """Supervisor and real processes: the reserve has exactly a standby's environment; one
-    that dies is restarted within the budget (then restarts are cold); IDLE stops it."""
+    that dies is restarted within the budget (then restarts are cold); IDLE stops it. The fake
+    clock moves the reserve delay and the budget window."""
     exits: list[TrainerExit] = []
     clock = Clock()
     settings = AgentSettings(controller_addresses=("127.0.0.1:9",), host_id="h1", job_id="j1",
                              command=trainer_command(tmp_path), replica_id="r0", ranks=(0,), world_size=2,
-                             stop_grace_s=2.0, warm_restarts=True, restart_budget=1).validate()
+                             stop_grace_s=2.0, warm_restarts=True, reserve_delay_s=5.0,
+                             restart_budget=1).validate()
     sup = Supervisor(settings, SubprocessHooks(on_exit=lambda: sup.wake.set(), echo_stderr=False), exits.append,
                      clock, dict(os.environ))
     stop = asyncio.Event()
     task = asyncio.create_task(sup.run(stop))
     try:
         sup.set_wants([Want(Role.TRAIN, 0, R0, version=7)])
+        [trainer] = await wait_for(lambda: ready_files(tmp_path), 10, "the trainer")
+        await sup.reconcile()
+        assert sup.slots[0].reserve is None  # not before reserve_delay_s (fake clock)
+        clock.now_s += 5.0
+        sup.wake.set()
         [first] = await wait_for(lambda: standby_files(tmp_path), 10, "a reserve")
-        [trainer] = ready_files(tmp_path)
         assert sup.slots[0].reserve.pid == first["pid"] != trainer["pid"]
         env = _environ(first["pid"])  # a standby's, as a spare's standby gets it: no assignment yet
         assert (env["FTHSDP_STANDBY"], env["FTHSDP_HOST_ID"], env["FTHSDP_JOB_ID"]) == ("1", "h1", "j1")
@@ -108,7 +114,7 @@ async def test_a_dead_reserve_is_restarted_and_an_idle_slot_stops_it(tmp_path):
         os.kill(first["pid"], signal.SIGKILL)  # within the budget (1): restarted
         [second] = await wait_for(lambda: [r for r in standby_files(tmp_path) if r["pid"] != first["pid"]], 10,
                                   "the reserve restarted")
-        assert sup.slots[0].reserve_restart_times_s == [1000.0]
+        assert sup.slots[0].reserve_restart_times_s == [1005.0]
         os.kill(second["pid"], signal.SIGKILL)  # budget spent: no reserve until the window frees one
         await wait_for(lambda: not alive(second["pid"]) and sup.slots[0].reserve is None, 10, "given up")
         await sup.reconcile()
