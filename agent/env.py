@@ -47,6 +47,8 @@ agent when an ASSIGN order arrives: the assignment's variables, by name, e.g.
 
 and puts them into `os.environ` (and clears FTHSDP_STANDBY), so the rest of the trainer reads
 its assignment the same way whether it started warm or cold: the variables are the same.
+A reserve (the agent's `--warm-restarts`: a standby pre-started beside a running trainer, for
+its slot's next restart) is started and handed over exactly so, with the slot's telemetry file.
 """
 
 from __future__ import annotations
