@@ -160,25 +160,24 @@ class Supervisor:
     # ------------------------------------------------------------------ internals
 
     def _decide(self, slot: Slot) -> Action:
-        if slot.handle is not None and slot.proc is not None and not slot.proc.exited:
-            status = self._hooks.poll(slot.handle)
-            if status is not None:
-                slot.proc = replace(slot.proc, exited=True, exit_code=status.exit_code,
-                                    signal=status.signal)
-                slot.exit_tail = status.stderr_tail
-        self._poll_reserve(slot)  # a reserve that died is not swapped in
+        slot.proc, tail = self._poll(slot.handle, slot.proc)
+        if tail is not None:
+            slot.exit_tail = tail
+        slot.reserve_proc, _ = self._poll(slot.reserve, slot.reserve_proc)  # a dead reserve is not swapped in
         return next_action(self._observe(slot), self._spec(slot))
 
     def _decide_reserve(self, slot: Slot) -> Action:
-        self._poll_reserve(slot)
+        slot.reserve_proc, _ = self._poll(slot.reserve, slot.reserve_proc)
         return reserve_action(self._observe(slot), self._spec(slot))
 
-    def _poll_reserve(self, slot: Slot) -> None:
-        if slot.reserve is not None and slot.reserve_proc is not None and not slot.reserve_proc.exited:
-            status = self._hooks.poll(slot.reserve)
-            if status is not None:
-                slot.reserve_proc = replace(slot.reserve_proc, exited=True, exit_code=status.exit_code,
-                                            signal=status.signal)
+    def _poll(self, handle: Handle | None, proc: Proc | None) -> tuple[Proc | None, str | None]:
+        """`proc` as it is now, and its stderr tail if it has just been seen to exit."""
+        if handle is None or proc is None or proc.exited:
+            return proc, None
+        status = self._hooks.poll(handle)
+        if status is None:
+            return proc, None
+        return replace(proc, exited=True, exit_code=status.exit_code, signal=status.signal), status.stderr_tail
 
     def _observe(self, slot: Slot) -> Observed:
         return Observed(now_s=self._clock(), proc=slot.proc, restart_times_s=tuple(slot.restart_times_s),
