@@ -29,6 +29,8 @@ def test_flags_become_settings():
     # A reserve (warm restarts) starts before it knows its rank, as a standby does.
     (["--controller", "127.0.0.1:1", "--host-id", "h1", "--replica-id", "r0", "--ranks", "0", "--world-size", "1",
       "--warm-restarts", "--", "t", "--rank={rank}"], "cannot use ['rank']"),
+    (["--controller", "127.0.0.1:1", "--host-id", "h1", "--warm-restarts", "--reserve-delay-s", "-1", "--", "t"],
+     "reserve_delay_s must be 0..3600, got -1.0"),
     (["--controller", "127.0.0.1:1", "--host-id", "h1", "--spare", "--tls-cert-file", "c",
       "--tls-key-file", "k", "--", "t"], "needs TLS"),
 ])
