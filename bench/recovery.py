@@ -16,10 +16,12 @@ at the failure step, one failure hits replica r1:
   the replica there: both ranks are handed to the reserves);
 - kill-host: SIGKILL of r1's agent and every trainer under it (the host is gone: the
   controller notices the silence and gives the warm spare r1's assignment);
-- hang-rank: SIGSTOP of r1's last rank (alive and silent: no exit for an agent to see). No
-  hang detector kills it yet (the diagnosis work will bring one), so only timeouts find it:
-  the survivors' FTAR timeout fails their step, r1 stops joining rounds, and the join
-  timeout (or r1's heartbeat silence) leaves it out. r1 does not come back within the run.
+- hang-rank: SIGSTOP of r1's last rank (alive and silent: no exit for an agent to see). The
+  survivors' FTAR fails their step and they go on without r1; the controller's hang analysis
+  (controller/core/diagnosis: r1's rank never joined the collective its peers wait in) evicts
+  r1's host, and the warm spare takes r1's work (`detected_by` "host": the eviction). With the
+  diagnosis disabled only timeouts would find it, and r1 would not come back (then `found_by`
+  says so).
 
 From the trainers' own commit records and the controller's events (one machine, one clock):
 
