@@ -36,22 +36,21 @@ def test_every_step_records_its_plan_ftar_op_and_vote(controller, tmp_path, monk
     assert groups["replica"].pending_seq == -1 and [w.index for w in groups["replica"].windows] == [1]
 
 
-def test_without_a_ring_nothing_is_recorded(controller, monkeypatch):  # noqa: F811
-    monkeypatch.delenv(ENV_TELEMETRY_FILE, raising=False)
+def _trains_one_step_without_telemetry(controller) -> None:  # noqa: F811
     manager, model, opt = _manager(controller)
     manager.start()
     try:
         assert manager.collectives.telemetry is None and _train(manager, model, opt, 1) == [True]
     finally:
         manager.close()
+
+
+def test_without_a_ring_nothing_is_recorded(controller, monkeypatch):  # noqa: F811
+    monkeypatch.delenv(ENV_TELEMETRY_FILE, raising=False)
+    _trains_one_step_without_telemetry(controller)
 
 
 def test_a_ring_that_cannot_be_made_is_logged_and_training_goes_on(controller, tmp_path, monkeypatch, caplog):  # noqa: F811
     monkeypatch.setenv(ENV_TELEMETRY_FILE, str(tmp_path / "no-such-dir" / "slot-0.ring"))
-    manager, model, opt = _manager(controller)
-    manager.start()
-    try:
-        assert manager.collectives.telemetry is None and _train(manager, model, opt, 1) == [True]
-    finally:
-        manager.close()
+    _trains_one_step_without_telemetry(controller)
     assert "no collective telemetry: cannot create the ring" in caplog.text
