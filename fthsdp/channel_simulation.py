@@ -8,11 +8,19 @@ sockets on one selector in one child process: each authenticates (challenge, tag
 welcome) with a job secret made for the run, begins a step, votes yes on the plan, and
 begins the next step when the decision arrives -- the least work per message, so the
 measurement is dominated by the coordinator's side.
+
+With relays (`relay_fanout`, as RuntimeSettings.relay_fanout: 0 is automatic, relays above 64
+ranks), the production `RelayService`s run in `relay_processes` more child processes, many
+relays on one event loop each, and the simulated ranks follow the coordinator's welcome to
+their relay. The coordinator's process hosts nothing else, so its CPU time over the rounds
+is the leader's own work (`leader_cpu_s`, per round).
 """
 
 from __future__ import annotations
 
+import asyncio
 import collections
+import dataclasses
 import multiprocessing
 import resource
 import selectors
@@ -24,6 +32,7 @@ from fthsdp.settings import RuntimeSettings
 from fthsdp.step import coordination as co
 from fthsdp.step import messages as msg
 from fthsdp.step.coordinator import CoordinatorService
+from fthsdp.step.relay import RelayService
 from protos import controller_pb2 as pb
 from protos import job_secret
 
@@ -39,6 +48,8 @@ class RoundTimings:
     vote_s: float          # plan broadcast until the coordinator decided
     decision_s: float      # plan broadcast until every rank holds the decision
     outcome: str
+    relays: int = 0
+    leader_cpu_s: float = 0.0  # the coordinator process's CPU time per round (averaged over the rounds)
 
 
 class InstantController:
@@ -92,6 +103,18 @@ class _SimulatedRanks:
             kind, welcome = _next_frame(sock, reader)
             if kind != "welcome" or not msg.welcome_is_authentic(key, welcome, hello.hello, challenge.nonce):
                 raise RuntimeError(f"simulated rank {rank} was not welcomed: {kind} {welcome}")
+            if welcome.relay_address:  # this rank talks to its relay: hello again there
+                sock.close()
+                relay_host, _, relay_port = welcome.relay_address.rpartition(":")
+                sock = socket.create_connection((relay_host, int(relay_port)), timeout=30)
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                reader = msg.FrameReader(msg.MAX_COORDINATOR_FRAME_BYTES)
+                kind, challenge = _next_frame(sock, reader)
+                hello = msg.sign_hello(key, hello, challenge.nonce)
+                sock.sendall(msg.frame(hello))
+                kind, welcome = _next_frame(sock, reader)
+                if kind != "welcome" or not msg.welcome_is_authentic(key, welcome, hello.hello, challenge.nonce):
+                    raise RuntimeError(f"simulated rank {rank} was not welcomed by its relay: {kind} {welcome}")
             sock.setblocking(False)
             self.readers[sock] = reader
             self.selector.register(sock, selectors.EVENT_READ, rank)
@@ -170,18 +193,37 @@ def _ranks_process(address: str, n_ranks: int, rounds: int, conn, timeout_s: flo
         conn.close()
 
 
-def simulate_fanout_and_vote(n_ranks: int, timeout_s: float = 120.0) -> RoundTimings:
+def _relays_process(settings: RuntimeSettings, coordinator: str, relay_ranks: list[int], conn) -> None:
+    """Child process: host the relays of `relay_ranks` on one event loop until told to stop."""
+    _raise_fd_limit(len(relay_ranks) * (settings.relay_tree().fanout + 8) + 256)
+
+    async def main() -> None:
+        relays = [RelayService(dataclasses.replace(settings, rank=r), coordinator, "127.0.0.1") for r in relay_ranks]
+        await asyncio.gather(*(r.open() for r in relays))
+        conn.send("ready")
+        await asyncio.get_running_loop().run_in_executor(None, conn.recv)  # "stop"
+        await asyncio.gather(*(r.aclose(linger_s=1.0) for r in relays))
+    try:
+        asyncio.run(main())
+    finally:
+        conn.close()
+
+
+def simulate_fanout_and_vote(n_ranks: int, timeout_s: float = 120.0, relay_fanout: int = 0) -> RoundTimings:
     """One begin + plan fan-out + vote + decision round with `n_ranks` ranks."""
-    return simulate_rounds(n_ranks, 1, timeout_s)[0]
+    return simulate_rounds(n_ranks, 1, timeout_s, relay_fanout)[0]
 
 
-def simulate_rounds(n_ranks: int, rounds: int, timeout_s: float = 120.0) -> list[RoundTimings]:
+def simulate_rounds(n_ranks: int, rounds: int, timeout_s: float = 120.0, relay_fanout: int = 0,
+                    relay_processes: int = 1) -> list[RoundTimings]:
     """Run `rounds` step rounds over the same connections with `n_ranks` simulated ranks."""
     _raise_fd_limit(n_ranks + 256)
     secret = job_secret.parse(job_secret.generate(), "the simulation")
     settings = RuntimeSettings(job_id=JOB, replica_id=REPLICA, world_size=n_ranks, controller_address="127.0.0.1:1",
                                coordinator_address="127.0.0.1:0", quorum_timeout_s=timeout_s,
-                               gather_timeout_s=timeout_s, digest_every_steps=0, job_secret=secret)
+                               gather_timeout_s=timeout_s, digest_every_steps=0, job_secret=secret,
+                               relay_fanout=relay_fanout).validate()
+    relay_ranks = list(settings.relay_tree().relays)
     service = CoordinatorService(settings, InstantController(), "127.0.0.1", 0)
     service.marks = collections.deque(maxlen=max(rounds, 1) * 4)
     service.start()
@@ -189,24 +231,45 @@ def simulate_rounds(n_ranks: int, rounds: int, timeout_s: float = 120.0) -> list
     parent, child = ctx.Pipe()
     proc = ctx.Process(target=_ranks_process, daemon=True, args=(
         service.address, n_ranks, rounds, child, timeout_s, secret.key(job_secret.PURPOSE_COORDINATOR)))
+    hosts = []  # (process, pipe) of each relay process
     try:
         t0 = time.perf_counter()
+        n_hosts = min(max(relay_processes, 1), len(relay_ranks))
+        for i in range(n_hosts):
+            mine, theirs = ctx.Pipe()
+            host = ctx.Process(target=_relays_process, daemon=True,
+                               args=(settings, service.address, relay_ranks[i::n_hosts], theirs))
+            host.start()
+            hosts.append((host, mine))
+        for host, pipe in hosts:
+            if not pipe.poll(timeout_s) or pipe.recv() != "ready":
+                raise TimeoutError(f"the relays did not connect within {timeout_s}s")
         proc.start()
         if not parent.poll(timeout_s) or parent.recv() != "ready":
             raise TimeoutError(f"{n_ranks} simulated ranks did not connect within {timeout_s}s")
         connect_s = time.perf_counter() - t0
+        cpu0 = time.process_time()
         parent.send("go")
         if not parent.poll(timeout_s * rounds):
             raise TimeoutError("simulated ranks did not finish the rounds")
         lasts = parent.recv()
+        leader_cpu_s = (time.process_time() - cpu0) / max(rounds, 1)
         marks = list(service.marks)
         plans = [(at, write_s) for kind, at, write_s, _ in marks if kind == "plan"]
         decisions = [(at, outcome.lower()) for kind, at, _, outcome in marks if kind == "decision"]
         return [RoundTimings(n_ranks, connect_s, write_s, max(last_plan, start) - start, voted - start,
-                             max(last_decision, voted) - start, outcome)
+                             max(last_decision, voted) - start, outcome, len(relay_ranks), leader_cpu_s)
                 for (start, write_s), (voted, outcome), (last_plan, last_decision) in zip(plans, decisions, lasts)]
     finally:
+        for host, pipe in hosts:
+            try:
+                pipe.send("stop")
+            except OSError:
+                pass
         service.close(linger_s=1.0)
-        proc.join(10.0)
-        if proc.is_alive():
-            proc.kill()
+        for p in [proc] + [host for host, _ in hosts]:
+            if p.pid is None:
+                continue  # never started
+            p.join(10.0)
+            if p.is_alive():
+                p.kill()

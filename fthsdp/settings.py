@@ -24,6 +24,7 @@ import os
 from dataclasses import dataclass
 from typing import Callable, Mapping
 
+from fthsdp.step.relay_tree import RelayTree
 from protos import job_secret
 from protos.job_secret import JobSecret
 
@@ -52,6 +53,8 @@ COORDINATOR_PORT_OFFSET = 1
 GRACE_S = 5.0
 
 MAX_WORLD_SIZE = 8192
+#: the most ranks one relay serves (fthsdp/step/relay_messages.py bounds its frames by it)
+MAX_RELAY_GROUP_RANKS = 1024
 
 
 @dataclass(frozen=True)
@@ -100,6 +103,9 @@ class RuntimeSettings:
     deterministic: reproducible runs for silent-data-corruption hunts (fthsdp/determinism.py):
         deterministic kernels, and the runtime owns the RNG streams (seeded with
         deterministic_seed unless the script registered them itself).
+    relay_fanout: ranks per relay group (fthsdp/step/relay_tree.py): 0 lets every rank talk to
+        the coordinator up to 64 ranks and makes groups of about sqrt(world_size) above; a
+        value >= world_size means no relays at any size. At most 1,024 when there are relays.
     """
 
     job_id: str = "job"
@@ -132,6 +138,7 @@ class RuntimeSettings:
     hello_timeout_s: float = 10.0
     deterministic: bool = False
     deterministic_seed: int = 0
+    relay_fanout: int = 0
 
     def validate(self) -> "RuntimeSettings":
         problems = []
@@ -182,6 +189,11 @@ class RuntimeSettings:
         if self.ftar_chunk_bytes <= 0 or self.ftar_chunks_in_flight <= 0:
             problems.append(f"ftar_chunk_bytes and ftar_chunks_in_flight must be > 0, got "
                             f"{self.ftar_chunk_bytes} and {self.ftar_chunks_in_flight}.")
+        if not isinstance(self.relay_fanout, int) or self.relay_fanout < 0:
+            problems.append(f"relay_fanout must be 0 (automatic) or a number of ranks >= 1, got {self.relay_fanout!r}.")
+        elif self.relay_fanout < self.world_size and self.relay_fanout > MAX_RELAY_GROUP_RANKS:
+            problems.append(f"relay_fanout must be at most {MAX_RELAY_GROUP_RANKS} ranks per relay (or >= world_size "
+                            f"{self.world_size}: no relays), got {self.relay_fanout}.")
         if problems:
             raise ValueError("Invalid RuntimeSettings: " + " ".join(problems))
         return self
@@ -194,6 +206,10 @@ class RuntimeSettings:
         if self.insecure_trainer_ports is True:
             return None
         raise ValueError(f"The trainer ports need the job secret: {job_secret.HOW_TO_PROVIDE}.")
+
+    def relay_tree(self) -> RelayTree:
+        """This replica's relay tree (fthsdp/step/relay_tree.py)."""
+        return RelayTree.for_world(self.world_size, self.relay_fanout)
 
     # -- bounds a rank derives (every wait in the step is one of these)
 

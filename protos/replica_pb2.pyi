@@ -68,19 +68,105 @@ class CloseRank(_message.Message):
     reason: str
     def __init__(self, step: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
 
+class RelayHello(_message.Message):
+    __slots__ = ("group", "fanout", "world_size", "job_id", "replica_id", "address", "incarnation", "auth", "nonce")
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    FANOUT_FIELD_NUMBER: _ClassVar[int]
+    WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
+    AUTH_FIELD_NUMBER: _ClassVar[int]
+    NONCE_FIELD_NUMBER: _ClassVar[int]
+    group: int
+    fanout: int
+    world_size: int
+    job_id: str
+    replica_id: str
+    address: str
+    incarnation: str
+    auth: bytes
+    nonce: bytes
+    def __init__(self, group: _Optional[int] = ..., fanout: _Optional[int] = ..., world_size: _Optional[int] = ..., job_id: _Optional[str] = ..., replica_id: _Optional[str] = ..., address: _Optional[str] = ..., incarnation: _Optional[str] = ..., auth: _Optional[bytes] = ..., nonce: _Optional[bytes] = ...) -> None: ...
+
+class Relayed(_message.Message):
+    __slots__ = ("rank", "frame")
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    FRAME_FIELD_NUMBER: _ClassVar[int]
+    rank: int
+    frame: RankFrame
+    def __init__(self, rank: _Optional[int] = ..., frame: _Optional[_Union[RankFrame, _Mapping]] = ...) -> None: ...
+
+class GroupBegin(_message.Message):
+    __slots__ = ("step", "ranks")
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    RANKS_FIELD_NUMBER: _ClassVar[int]
+    step: int
+    ranks: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, step: _Optional[int] = ..., ranks: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class GroupVote(_message.Message):
+    __slots__ = ("attempt", "ok", "ranks", "reason", "loss_sum", "tokens")
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    OK_FIELD_NUMBER: _ClassVar[int]
+    RANKS_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    LOSS_SUM_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    attempt: int
+    ok: bool
+    ranks: _containers.RepeatedScalarFieldContainer[int]
+    reason: str
+    loss_sum: float
+    tokens: int
+    def __init__(self, attempt: _Optional[int] = ..., ok: _Optional[bool] = ..., ranks: _Optional[_Iterable[int]] = ..., reason: _Optional[str] = ..., loss_sum: _Optional[float] = ..., tokens: _Optional[int] = ...) -> None: ...
+
+class GroupDigests(_message.Message):
+    __slots__ = ("attempt", "step", "ranks", "sha256")
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    RANKS_FIELD_NUMBER: _ClassVar[int]
+    SHA256_FIELD_NUMBER: _ClassVar[int]
+    attempt: int
+    step: int
+    ranks: _containers.RepeatedScalarFieldContainer[int]
+    sha256: _containers.RepeatedScalarFieldContainer[bytes]
+    def __init__(self, attempt: _Optional[int] = ..., step: _Optional[int] = ..., ranks: _Optional[_Iterable[int]] = ..., sha256: _Optional[_Iterable[bytes]] = ...) -> None: ...
+
+class RankLeft(_message.Message):
+    __slots__ = ("rank", "reason")
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    rank: int
+    reason: str
+    def __init__(self, rank: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
+
 class RankFrame(_message.Message):
-    __slots__ = ("hello", "begin", "vote", "digest", "close")
+    __slots__ = ("hello", "begin", "vote", "digest", "close", "relay_hello", "relayed", "group_begin", "group_vote", "group_digests", "rank_left")
     HELLO_FIELD_NUMBER: _ClassVar[int]
     BEGIN_FIELD_NUMBER: _ClassVar[int]
     VOTE_FIELD_NUMBER: _ClassVar[int]
     DIGEST_FIELD_NUMBER: _ClassVar[int]
     CLOSE_FIELD_NUMBER: _ClassVar[int]
+    RELAY_HELLO_FIELD_NUMBER: _ClassVar[int]
+    RELAYED_FIELD_NUMBER: _ClassVar[int]
+    GROUP_BEGIN_FIELD_NUMBER: _ClassVar[int]
+    GROUP_VOTE_FIELD_NUMBER: _ClassVar[int]
+    GROUP_DIGESTS_FIELD_NUMBER: _ClassVar[int]
+    RANK_LEFT_FIELD_NUMBER: _ClassVar[int]
     hello: RankHello
     begin: BeginStep
     vote: StepVote
     digest: StateDigest
     close: CloseRank
-    def __init__(self, hello: _Optional[_Union[RankHello, _Mapping]] = ..., begin: _Optional[_Union[BeginStep, _Mapping]] = ..., vote: _Optional[_Union[StepVote, _Mapping]] = ..., digest: _Optional[_Union[StateDigest, _Mapping]] = ..., close: _Optional[_Union[CloseRank, _Mapping]] = ...) -> None: ...
+    relay_hello: RelayHello
+    relayed: Relayed
+    group_begin: GroupBegin
+    group_vote: GroupVote
+    group_digests: GroupDigests
+    rank_left: RankLeft
+    def __init__(self, hello: _Optional[_Union[RankHello, _Mapping]] = ..., begin: _Optional[_Union[BeginStep, _Mapping]] = ..., vote: _Optional[_Union[StepVote, _Mapping]] = ..., digest: _Optional[_Union[StateDigest, _Mapping]] = ..., close: _Optional[_Union[CloseRank, _Mapping]] = ..., relay_hello: _Optional[_Union[RelayHello, _Mapping]] = ..., relayed: _Optional[_Union[Relayed, _Mapping]] = ..., group_begin: _Optional[_Union[GroupBegin, _Mapping]] = ..., group_vote: _Optional[_Union[GroupVote, _Mapping]] = ..., group_digests: _Optional[_Union[GroupDigests, _Mapping]] = ..., rank_left: _Optional[_Union[RankLeft, _Mapping]] = ...) -> None: ...
 
 class StepPlan(_message.Message):
     __slots__ = ("attempt", "step", "quorum", "peers")
@@ -173,13 +259,29 @@ class Challenge(_message.Message):
     def __init__(self, nonce: _Optional[bytes] = ...) -> None: ...
 
 class Welcome(_message.Message):
-    __slots__ = ("auth",)
+    __slots__ = ("auth", "relay_address")
     AUTH_FIELD_NUMBER: _ClassVar[int]
+    RELAY_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     auth: bytes
-    def __init__(self, auth: _Optional[bytes] = ...) -> None: ...
+    relay_address: str
+    def __init__(self, auth: _Optional[bytes] = ..., relay_address: _Optional[str] = ...) -> None: ...
+
+class ToRanks(_message.Message):
+    __slots__ = ("frames",)
+    FRAMES_FIELD_NUMBER: _ClassVar[int]
+    frames: _containers.RepeatedCompositeFieldContainer[Addressed]
+    def __init__(self, frames: _Optional[_Iterable[_Union[Addressed, _Mapping]]] = ...) -> None: ...
+
+class Addressed(_message.Message):
+    __slots__ = ("rank", "frame")
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    FRAME_FIELD_NUMBER: _ClassVar[int]
+    rank: int
+    frame: bytes
+    def __init__(self, rank: _Optional[int] = ..., frame: _Optional[bytes] = ...) -> None: ...
 
 class CoordinatorFrame(_message.Message):
-    __slots__ = ("plan", "no_plan", "decision", "finished", "refusal", "challenge", "welcome")
+    __slots__ = ("plan", "no_plan", "decision", "finished", "refusal", "challenge", "welcome", "to_ranks")
     PLAN_FIELD_NUMBER: _ClassVar[int]
     NO_PLAN_FIELD_NUMBER: _ClassVar[int]
     DECISION_FIELD_NUMBER: _ClassVar[int]
@@ -187,6 +289,7 @@ class CoordinatorFrame(_message.Message):
     REFUSAL_FIELD_NUMBER: _ClassVar[int]
     CHALLENGE_FIELD_NUMBER: _ClassVar[int]
     WELCOME_FIELD_NUMBER: _ClassVar[int]
+    TO_RANKS_FIELD_NUMBER: _ClassVar[int]
     plan: StepPlan
     no_plan: NoPlan
     decision: StepDecision
@@ -194,4 +297,5 @@ class CoordinatorFrame(_message.Message):
     refusal: Refusal
     challenge: Challenge
     welcome: Welcome
-    def __init__(self, plan: _Optional[_Union[StepPlan, _Mapping]] = ..., no_plan: _Optional[_Union[NoPlan, _Mapping]] = ..., decision: _Optional[_Union[StepDecision, _Mapping]] = ..., finished: _Optional[_Union[ReplicaFinished, _Mapping]] = ..., refusal: _Optional[_Union[Refusal, _Mapping]] = ..., challenge: _Optional[_Union[Challenge, _Mapping]] = ..., welcome: _Optional[_Union[Welcome, _Mapping]] = ...) -> None: ...
+    to_ranks: ToRanks
+    def __init__(self, plan: _Optional[_Union[StepPlan, _Mapping]] = ..., no_plan: _Optional[_Union[NoPlan, _Mapping]] = ..., decision: _Optional[_Union[StepDecision, _Mapping]] = ..., finished: _Optional[_Union[ReplicaFinished, _Mapping]] = ..., refusal: _Optional[_Union[Refusal, _Mapping]] = ..., challenge: _Optional[_Union[Challenge, _Mapping]] = ..., welcome: _Optional[_Union[Welcome, _Mapping]] = ..., to_ranks: _Optional[_Union[ToRanks, _Mapping]] = ...) -> None: ...

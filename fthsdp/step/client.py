@@ -3,7 +3,9 @@
 `connect` retries while rank 0 starts (or is busy with other hellos), then authenticates
 both ways: it tags the coordinator's challenge with the job secret's coordinator key, and
 accepts only a welcome tagged over its own fresh nonce (a stranger listening at the
-address cannot pose as the coordinator). `receive(timeout_s, wake_fd)`
+address cannot pose as the coordinator). In a replica with relays (fthsdp/step/relay.py)
+the coordinator's welcome names the rank's relay; the rank then connects there and says
+its hello again, to the relay (which authenticates the same way); a relay never sends it on. `receive(timeout_s, wake_fd)`
 returns the next decoded frame, or None when the timeout passed or `wake_fd` became
 readable (the catch-up fetch signals its end that way), so the Manager waits on the
 coordinator and the fetch at once. Partial frames survive a timeout. Any failure of the
@@ -25,6 +27,9 @@ from protos import replica_pb2 as rpb
 class CoordinatorClient:
     def __init__(self, address: str, rank: int) -> None:
         self.address, self.rank = address, rank
+        self.coordinator_address = address
+        #: where this rank's relay listens, once the coordinator sent it there ("" : none)
+        self.relay_address = ""
         self._sock: socket.socket | None = None
         self._reader = FrameReader(MAX_COORDINATOR_FRAME_BYTES)
         self._ready: list[bytes] = []
@@ -32,17 +37,24 @@ class CoordinatorClient:
     def connect(self, timeout_s: float, hello: rpb.RankFrame, key: bytes | None) -> "CoordinatorClient":
         """Reach the coordinator and authenticate (`key`: the coordinator key of the job secret;
         None when the ports run without authentication), all within timeout_s."""
-        host, _, port = self.address.rpartition(":")
         deadline = time.monotonic() + timeout_s
         delay = 0.02
         while True:
             self._reader, self._ready = FrameReader(MAX_COORDINATOR_FRAME_BYTES), []
+            host, _, port = self.address.rpartition(":")
             try:
                 self._sock = socket.create_connection((host, int(port)), timeout=max(0.1, deadline - time.monotonic()))
                 self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                 self._sock.settimeout(None)
-                if self._handshake(hello, key, deadline):
+                answer = self._handshake(hello, key, deadline)
+                if answer is True:
                     return self
+                if answer:  # the coordinator sends this rank to its relay
+                    if self.relay_address:
+                        raise ChannelError(f"rank {self.rank}: its relay at {self.address} sent it on to {answer}")
+                    self.close()
+                    self.relay_address = self.address = answer
+                    continue
                 reason: object = "it is busy with other hellos"
             except OSError as exc:
                 reason = exc
@@ -56,8 +68,9 @@ class CoordinatorClient:
             time.sleep(delay)  # rank 0 may still be starting
             delay = min(delay * 2, 0.5)
 
-    def _handshake(self, hello: rpb.RankFrame, key: bytes | None, deadline: float) -> bool:
-        """Challenge, hello, welcome. False when the coordinator asks to try again later."""
+    def _handshake(self, hello: rpb.RankFrame, key: bytes | None, deadline: float) -> bool | str:
+        """Challenge, hello, welcome. False when the coordinator asks to try again later; the
+        address of the rank's relay when the (authenticated) welcome names one."""
         first = self._next_before(deadline, "its challenge")
         if first[0] == "refusal" and first[1].retry:
             return False
@@ -72,7 +85,7 @@ class CoordinatorClient:
         if key is not None and not welcome_is_authentic(key, answer, signed.hello, first[1].nonce):
             raise ChannelError(f"rank {self.rank}: whoever answers at {self.address} does not hold the job secret "
                                f"(its welcome is not authenticated); it is not this replica's coordinator")
-        return True
+        return answer.relay_address or True
 
     def _next_before(self, deadline: float, what: str) -> tuple[str, object]:
         try:

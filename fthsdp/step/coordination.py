@@ -40,157 +40,23 @@ An event it cannot take raises ProtocolError before changing anything.
 
 from __future__ import annotations
 
-import enum
 import hashlib
 from dataclasses import dataclass, field
-from typing import Union
 
 from fthsdp.settings import RuntimeSettings
+from fthsdp.step.coordination_types import (INF, Broadcast, CheckpointSaved, ConnectionLost, Effect, Event,  # noqa: F401
+                                            FinishReported, FromRank, ProtocolError, QuorumAnswered, QuorumFailed,
+                                            QuorumRefusal, Refuse, ReportFailure, ReportFinished, ReportStep,
+                                            RequestQuorum, SendEach, SendTo, Stage, Tick)
 from fthsdp.step.messages import clip
 from fthsdp.step.plan import address_columns, digest_due, without_addresses
+from fthsdp.step.relay_links import RelayLinks
+from fthsdp.step.relay_messages import to_ranks
 from protos import controller_pb2 as pb
 from protos import replica_pb2 as rpb
 
-INF = float("inf")
 #: bytes of each rank's digest sent with a replica digest (hex: twice as many characters)
 RANK_DIGEST_BYTES = 16
-
-
-class ProtocolError(RuntimeError):
-    """An event the coordinator cannot take in its state (a bug in the caller)."""
-
-
-class Stage(enum.Enum):
-    CONNECTING = "connecting"
-    READY = "ready"
-    QUORUM = "quorum"
-    VOTING = "voting"
-    DIGESTS = "digests"
-    FINISHING = "finishing"
-    REPORTING = "reporting"
-    FINISHED = "finished"
-    FAILED = "failed"
-
-
-class QuorumRefusal(enum.Enum):
-    RETRY = rpb.NoPlan.RETRY
-    FINISHED = rpb.NoPlan.FINISHED
-    FATAL = rpb.NoPlan.FATAL
-
-
-# ---------------------------------------------------------------- events
-
-
-@dataclass(frozen=True)
-class FromRank:
-    """A decoded frame from connection `conn`: kind is the RankFrame's oneof name."""
-    conn: int
-    kind: str
-    message: object
-
-
-@dataclass(frozen=True)
-class ConnectionLost:
-    conn: int
-    reason: str
-
-
-@dataclass(frozen=True)
-class QuorumAnswered:
-    answer: pb.QuorumResponse
-
-
-@dataclass(frozen=True)
-class QuorumFailed:
-    kind: QuorumRefusal
-    reason: str
-
-
-@dataclass(frozen=True)
-class FinishReported:
-    detail: str = ""
-
-
-@dataclass(frozen=True)
-class CheckpointSaved:
-    """Rank 0 wrote the durable checkpoint of the state after committing `step`."""
-    step: int
-
-
-@dataclass(frozen=True)
-class Tick:
-    pass
-
-
-Event = Union[FromRank, ConnectionLost, QuorumAnswered, QuorumFailed, FinishReported, CheckpointSaved, Tick]
-
-# ---------------------------------------------------------------- effects
-
-
-@dataclass(frozen=True)
-class Broadcast:
-    """Send this frame to every rank (encoded once)."""
-    frame: rpb.CoordinatorFrame
-
-
-@dataclass(frozen=True)
-class SendTo:
-    conn: int
-    frame: rpb.CoordinatorFrame
-
-
-@dataclass(frozen=True)
-class SendEach:
-    """Send each connection its own frame (a plan with that rank's address column)."""
-    frames: tuple[tuple[int, rpb.CoordinatorFrame], ...]
-
-
-@dataclass(frozen=True)
-class Refuse:
-    """Tell `conn` why, then close it."""
-    conn: int
-    reason: str
-
-
-@dataclass(frozen=True)
-class RequestQuorum:
-    step: int
-    known_quorum_id: int
-    ftar_addresses: tuple[str, ...]
-    state_addresses: tuple[str, ...]
-
-
-@dataclass(frozen=True)
-class ReportStep:
-    quorum_id: int
-    step: int
-    step_time_s: float
-    loss: float
-    tokens: int
-    digest: str
-    caught_up: bool
-    note: str = ""
-    #: with a digest: each rank's, shortened (rank k of every replica holds the same shard, so
-    #: the controller names the host of a rank whose digest differs: silent data corruption)
-    rank_digests: tuple[str, ...] = ()
-    checkpoint_step: int | None = None  # the newest durable checkpoint (committed step), when any
-
-
-@dataclass(frozen=True)
-class ReportFailure:
-    quorum_id: int
-    step: int
-    reason: str
-    dead: bool
-
-
-@dataclass(frozen=True)
-class ReportFinished:
-    step: int           # the last committed step (-1: none)
-    reason: str
-
-
-Effect = Union[Broadcast, SendTo, SendEach, Refuse, RequestQuorum, ReportStep, ReportFailure, ReportFinished]
 
 
 @dataclass
@@ -210,14 +76,17 @@ class _Round:
     decided_at: float = 0.0
 
 
-class Coordination:
+class Coordination(RelayLinks):
     def __init__(self, settings: RuntimeSettings, now: float) -> None:
         self.settings = settings
         self.world = settings.world_size
+        self.tree = settings.relay_tree()
         self.stage = Stage.CONNECTING
         self.hello_deadline = now + settings.quorum_timeout_s
-        self.rank_of: dict[int, int] = {}          # connection -> rank
-        self.conn_of: dict[int, int] = {}          # rank -> connection
+        self.rank_of: dict[int, int] = {}          # a rank's own connection -> rank
+        self.conn_of: dict[int, int] = {}          # rank -> its connection, or its relay's
+        self.link_group: dict[int, int] = {}       # a relay's connection -> its group
+        self.relay_links: dict[int, tuple[int, str]] = {}  # group -> its relay's (connection, address)
         self.hellos: dict[int, rpb.RankHello] = {}  # rank -> its hello
         self.begins: dict[int, int] = {}            # rank -> step, for the next round
         self.begin_deadline = INF
@@ -276,6 +145,10 @@ class Coordination:
     # ------------------------------------------------------------ rank messages
 
     def _from_rank(self, ev: FromRank, now: float) -> list[Effect]:
+        if ev.conn in self.link_group:
+            return self._from_relay(ev, now)
+        if ev.kind == "relay_hello":
+            return self._relay_hello(ev.conn, ev.message)
         if ev.kind == "hello":
             return self._hello(ev.conn, ev.message, now)
         rank = self.rank_of.get(ev.conn)
@@ -286,22 +159,33 @@ class Coordination:
             raise ProtocolError(f"the coordinator cannot take a {ev.kind!r} frame")
         return handler(rank, ev.message, now)
 
-    def _hello(self, conn: int, h: rpb.RankHello, now: float) -> list[Effect]:
+    def _hello(self, conn: int, h: rpb.RankHello, now: float, relayed: bool = False) -> list[Effect]:
+        """A rank's hello on its own connection, or through its relay's (`relayed`)."""
         s = self.settings
+
+        def refuse(reason: str) -> list[Effect]:
+            if relayed:
+                return [SendTo(conn, to_ranks([(h.rank, rpb.CoordinatorFrame(refusal=rpb.Refusal(reason=clip(reason))))]))]
+            return [Refuse(conn, reason)]
         if conn in self.rank_of:
-            return [Refuse(conn, f"rank {self.rank_of[conn]} said hello twice on one connection")]
+            return refuse(f"rank {self.rank_of[conn]} said hello twice on one connection")
         if h.world_size != self.world or not 0 <= h.rank < self.world:
-            return [Refuse(conn, f"hello from rank {h.rank} of world_size {h.world_size}; this replica has "
-                                 f"ranks 0..{self.world - 1}")]
+            return refuse(f"hello from rank {h.rank} of world_size {h.world_size}; this replica has "
+                          f"ranks 0..{self.world - 1}")
         if (h.job_id, h.replica_id) != (s.job_id, s.replica_id):
-            return [Refuse(conn, f"hello for job {h.job_id!r} replica {h.replica_id!r}; this coordinator serves "
-                                 f"job {s.job_id!r} replica {s.replica_id!r}")]
+            return refuse(f"hello for job {h.job_id!r} replica {h.replica_id!r}; this coordinator serves "
+                          f"job {s.job_id!r} replica {s.replica_id!r}")
+        if not relayed and self.tree.upstream(h.rank) is not None:
+            return refuse(f"rank {h.rank} talks to the coordinator through its relay (rank "
+                          f"{self.tree.upstream(h.rank)}), not directly")
         if h.rank in self.conn_of:
-            return [Refuse(conn, f"rank {h.rank} is already connected (a second process claims it)")]
+            return refuse(f"rank {h.rank} is already connected (a second process claims it)")
         if self.stage is not Stage.CONNECTING or h.rank in self.hellos:
-            return [Refuse(conn, f"rank {h.rank} said hello after the replica started; a rank cannot rejoin a "
-                                 f"running replica: restart the whole replica")]
-        self.rank_of[conn], self.conn_of[h.rank], self.hellos[h.rank] = h.rank, conn, h
+            return refuse(f"rank {h.rank} said hello after the replica started; a rank cannot rejoin a "
+                          f"running replica: restart the whole replica")
+        if not relayed:
+            self.rank_of[conn] = h.rank
+        self.conn_of[h.rank], self.hellos[h.rank] = conn, h
         if len(self.hellos) < self.world:
             return []
         self.stage = Stage.READY
@@ -312,9 +196,9 @@ class Coordination:
         if step <= self.last_committed:
             return []  # late: that step is decided
         if self.stage in (Stage.FINISHING, Stage.REPORTING, Stage.FINISHED):
-            return [SendTo(self.conn_of[rank], self._no_plan(step, QuorumRefusal.FINISHED, self.reason))]
+            return [self._send(rank, self._no_plan(step, QuorumRefusal.FINISHED, self.reason))]
         if self.stage is Stage.FAILED:
-            return [SendTo(self.conn_of[rank], self._no_plan(step, QuorumRefusal.FATAL, self.reason))]
+            return [self._send(rank, self._no_plan(step, QuorumRefusal.FATAL, self.reason))]
         if self.stage in (Stage.QUORUM, Stage.VOTING) and step == self.round.step:
             return []  # a repeated begin of the round in flight
         if not self.begins:
@@ -342,6 +226,10 @@ class Coordination:
         if self.stage is not Stage.DIGESTS or msg.attempt != self.attempt or msg.step != r.trained:
             return []
         r.digests.setdefault(rank, msg.sha256)
+        return self._maybe_digests_done(now)
+
+    def _maybe_digests_done(self, now: float) -> list[Effect]:
+        r = self.round
         if len(r.digests) < self.world:
             return []
         combined = hashlib.sha256(b"".join(r.digests[k] for k in range(self.world))).hexdigest()
@@ -350,12 +238,12 @@ class Coordination:
 
     def _close(self, rank: int, msg: rpb.CloseRank, now: float) -> list[Effect]:
         if self.stage is Stage.FAILED:
-            return [SendTo(self.conn_of[rank], _finished(msg.step - 1, False, self.reason))]
+            return [self._send(rank, _finished(msg.step - 1, False, self.reason))]
         if rank in self.closes:
             return []
         if self.stage is Stage.FINISHED:  # it closes after the others gave up waiting for it
             self.closes[rank] = msg.step
-            return [SendTo(self.conn_of[rank], _finished(self._finish_step(), False, self.reason))]
+            return [self._send(rank, _finished(self._finish_step(), False, self.reason))]
         if not self.closes:
             self.close_deadline = now + self.settings.gather_timeout_s
         self.closes[rank] = msg.step
@@ -419,7 +307,7 @@ class Coordination:
                                                                      quorum=answer)))]
         self.relayed_quorum_id = answer.quorum_id
         bare = without_addresses(answer)
-        return [SendEach(tuple((self.conn_of[k], rpb.CoordinatorFrame(plan=rpb.StepPlan(
+        return [SendEach(self._each((k, rpb.CoordinatorFrame(plan=rpb.StepPlan(
                     attempt=self.attempt, step=r.step, quorum=bare, peers=column)))
                 for k, column in enumerate(address_columns(answer, self.world)) if k in self.conn_of))]
 
@@ -536,18 +424,29 @@ class Coordination:
         return []
 
     def _lost(self, ev: ConnectionLost, now: float) -> list[Effect]:
+        if ev.conn in self.link_group:
+            return self._link_lost(ev.conn, ev.reason, now)
         rank = self.rank_of.pop(ev.conn, None)
-        if rank is not None:
-            self.conn_of.pop(rank, None)
-        if rank is None or rank in self.closes or self.stage in (Stage.FINISHED, Stage.FAILED):
+        if rank is None:
+            return []
+        self.conn_of.pop(rank, None)
+        return self._departed([rank], f"rank {rank} left the replica: {ev.reason}", now)
+
+    def _departed(self, ranks: list[int], reason: str, now: float) -> list[Effect]:
+        """`ranks` are gone (their connection, or their relay's, broke): the attempt in flight is
+        retried and the replica fails, unless they had closed or the replica is over."""
+        if all(r in self.closes for r in ranks) or self.stage in (Stage.FINISHED, Stage.FAILED):
             return []
         effects: list[Effect] = []
-        reason = f"rank {rank} left the replica: {ev.reason}"
         if self.stage is Stage.VOTING:
             effects += self._decide(False, reason, now)
         return effects + self._fail(reason, now)
 
     # ------------------------------------------------------------ helpers
+
+    def links(self) -> list[int]:
+        """The connections a broadcast is written to: every rank's own, and every relay's once."""
+        return [*self.rank_of, *self.link_group]
 
     def _no_plan(self, step: int, kind: QuorumRefusal, reason: str) -> rpb.CoordinatorFrame:
         self.attempt += 1

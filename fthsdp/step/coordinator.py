@@ -32,9 +32,10 @@ from typing import Protocol
 from fthsdp.errors import ControllerRefused, JobCompleted, RuntimeFailure
 from fthsdp.settings import RuntimeSettings
 from fthsdp.step import coordination as co
-from fthsdp.step.messages import (MAX_COORDINATOR_FRAME_BYTES, MAX_HELLO_FRAME_BYTES, MAX_RANK_FRAME_BYTES, FrameReader,
-                                  MessageError, decode_rank_frame, frame, hello_is_authentic, welcome)
-from ftar_kernels import auth
+from fthsdp.step.messages import MAX_RANK_FRAME_BYTES, decode_rank_frame, frame, hello_is_authentic, welcome
+from fthsdp.step.peer_connection import MAX_PENDING_WRITE_BYTES, PeerConnection  # noqa: F401 - the bound, re-exported
+from fthsdp.step.relay_messages import (MAX_RELAY_FRAME_BYTES, decode_first_frame, decode_relay_frame,
+                                        relay_hello_is_authentic, relay_welcome)
 from protos import controller_pb2 as pb
 from protos import job_secret
 from protos import replica_pb2 as rpb
@@ -42,8 +43,6 @@ from protos import replica_pb2 as rpb
 log = logging.getLogger(__name__)
 #: connections still saying hello, beyond one per rank, before new ones are told to retry
 MAX_EXTRA_UNAUTHENTICATED = 64
-#: frames waiting for a rank that does not read them, before it is cut off
-MAX_PENDING_WRITE_BYTES = 4 * MAX_COORDINATOR_FRAME_BYTES
 
 
 class ControllerPort(Protocol):
@@ -67,13 +66,15 @@ class CoordinatorService:
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"coordinator-{settings.replica_id}")
         self._server: asyncio.base_events.Server | None = None
         self._core: co.Coordination | None = None
-        self._connections: dict[int, _RankConnection] = {}
+        self._connections: dict[int, PeerConnection] = {}
         self._unauthenticated: set[int] = set()
         self._ids = itertools.count(1)
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = co.INF
         self._all_gone: asyncio.Event | None = None
         self.address = ""
+        self.hello_timeout_s = settings.hello_timeout_s
+        self.name = f"replica {settings.replica_id} coordinator"
         #: for benchmarks: [kind, perf_counter when written, seconds writing took, outcome] of
         #: the latest plan and decision broadcasts
         self.marks: collections.deque[list] = collections.deque(maxlen=64)
@@ -99,7 +100,7 @@ class CoordinatorService:
         self._all_gone = asyncio.Event()
         self._core = co.Coordination(self.settings, self._loop.time())
         backlog = min(self.settings.world_size + MAX_EXTRA_UNAUTHENTICATED + 16, 65535)
-        self._server = await self._loop.create_server(lambda: _RankConnection(self), self._host, self._port,
+        self._server = await self._loop.create_server(lambda: PeerConnection(self, decode_first_frame), self._host, self._port,
                                                       backlog=backlog)
         self._reschedule()
         host, port = self._server.sockets[0].getsockname()[:2]
@@ -143,7 +144,7 @@ class CoordinatorService:
         self._timer, self._timer_at = None, co.INF
         self._feed(co.Tick())
 
-    def _connected(self, conn: "_RankConnection") -> tuple[int, bool]:
+    def _connected(self, conn: PeerConnection) -> tuple[int, bool]:
         """The new connection's id, and whether it may say hello (False: too many are saying it)."""
         conn_id = next(self._ids)
         self._connections[conn_id] = conn
@@ -152,10 +153,54 @@ class CoordinatorService:
         self._unauthenticated.add(conn_id)
         return conn_id, True
 
-    def _authenticated(self, conn_id: int) -> None:
-        self._unauthenticated.discard(conn_id)
+    def _hello(self, conn: PeerConnection, kind: str, message) -> None:
+        """A connection's first frame: a rank's hello (or a relay's), authenticated before the
+        coordination hears of it. A rank behind a relay is welcomed with its relay's address."""
+        if kind == "relay_hello":
+            return self._relay_hello(conn, message)
+        if kind != "hello":
+            return conn.refuse(f"a {kind} before this connection's hello")
+        if self._key is not None and not hello_is_authentic(self._key, message, conn.challenge):
+            log.warning("replica %s: refused an unauthenticated hello (claiming rank %s) from %s",
+                        self.settings.replica_id, message.rank, conn.transport.get_extra_info("peername"))
+            return conn.refuse("hello not authenticated: its tag does not match this connection's challenge "
+                               "under the job secret (a stranger, another job's secret, or a replayed hello)")
+        core = self._core
+        assert core is not None
+        relay = core.relay_address(message.rank) if 0 <= message.rank < core.world else ""
+        if relay is None:
+            return conn.refuse(f"the relay of rank {message.rank}'s group is not connected yet; try again",
+                               retry=True)
+        if relay:  # the rank talks to its relay: tell it where (authenticated), and hang up
+            conn.write(frame(welcome(self._key, message, conn.challenge, relay)))
+            conn.refused = True
+            conn.transport.close()
+            return
+        self._feed(co.FromRank(conn.conn_id, kind, message))
+        if core.rank_of.get(conn.conn_id) == message.rank and not conn.refused:
+            conn.admit(MAX_RANK_FRAME_BYTES, decode_rank_frame, message.rank)
+            self._unauthenticated.discard(conn.conn_id)
+            conn.write(frame(welcome(self._key, message, conn.challenge)))
 
-    def _disconnected(self, conn_id: int, reason: str) -> None:
+    def _relay_hello(self, conn: PeerConnection, message) -> None:
+        if self._key is not None and not relay_hello_is_authentic(self._key, message, conn.challenge):
+            log.warning("replica %s: refused an unauthenticated relay hello (claiming group %s) from %s",
+                        self.settings.replica_id, message.group, conn.transport.get_extra_info("peername"))
+            return conn.refuse("relay hello not authenticated: its tag does not match this connection's challenge "
+                               "under the job secret")
+        self._feed(co.FromRank(conn.conn_id, "relay_hello", message))
+        core = self._core
+        assert core is not None
+        if core.link_group.get(conn.conn_id) == message.group and not conn.refused:
+            conn.admit(MAX_RELAY_FRAME_BYTES, decode_relay_frame, ("relay", message.group))
+            self._unauthenticated.discard(conn.conn_id)
+            conn.write(frame(relay_welcome(self._key, message, conn.challenge)))
+
+    def _received(self, conn: PeerConnection, kind: str, message) -> None:
+        self._feed(co.FromRank(conn.conn_id, kind, message))
+
+    def _disconnected(self, conn: PeerConnection, reason: str) -> None:
+        conn_id = conn.conn_id
         self._connections.pop(conn_id, None)
         self._unauthenticated.discard(conn_id)
         self._feed(co.ConnectionLost(conn_id, reason))
@@ -199,7 +244,7 @@ class CoordinatorService:
         data = frame(message)  # encoded once for every rank
         assert self._core is not None
         mark = self._mark(message)
-        for conn_id in self._core.conn_of.values():
+        for conn_id in self._core.links():
             conn = self._connections.get(conn_id)
             if conn is not None:
                 conn.write(data)
@@ -285,86 +330,3 @@ class CoordinatorService:
         # Queued controller calls are dropped; closing the client cancels the one in flight.
         self._worker.shutdown(wait=False, cancel_futures=True)
         self.controller.close()
-
-
-class _RankConnection(asyncio.Protocol):
-    """One rank's connection: frames are parsed as bytes arrive (no task or future per
-    message), which is what lets one thread serve thousands of ranks. Until its hello is
-    authenticated and bound, the coordination hears nothing from it."""
-
-    def __init__(self, service: CoordinatorService) -> None:
-        self.service = service
-        self.conn_id = 0
-        self.transport: asyncio.Transport = None  # type: ignore[assignment]
-        self.reader = FrameReader(MAX_HELLO_FRAME_BYTES)
-        self.challenge = b""
-        self.authenticated = False
-        self.refused = False
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
-        self.conn_id, admitted = self.service._connected(self)
-        if not admitted:
-            self.refuse("too many connections are saying hello at once; try again", retry=True)
-            return
-        self.challenge = auth.nonce()
-        self.transport.write(frame(rpb.CoordinatorFrame(challenge=rpb.Challenge(nonce=self.challenge))))
-        # A connection that does not authenticate in time is not kept: every input has a bound.
-        asyncio.get_running_loop().call_later(self.service.settings.hello_timeout_s, self._hello_due)
-
-    def _hello_due(self) -> None:
-        if not self.authenticated and not self.transport.is_closing():
-            self.refuse(f"no authenticated hello within {self.service.settings.hello_timeout_s:g}s")
-
-    def data_received(self, data: bytes) -> None:
-        if self.refused:
-            return
-        try:
-            for body in self.reader.feed(data):
-                kind, message = decode_rank_frame(body)
-                if self.authenticated:
-                    self.service._feed(co.FromRank(self.conn_id, kind, message))
-                else:
-                    self._hello(kind, message)
-                if self.refused:
-                    return
-        except MessageError as exc:
-            self.refuse(str(exc))
-
-    def _hello(self, kind: str, message) -> None:
-        service = self.service
-        if kind != "hello":
-            return self.refuse(f"a {kind} before this connection's hello")
-        if service._key is not None and not hello_is_authentic(service._key, message, self.challenge):
-            log.warning("replica %s: refused an unauthenticated hello (claiming rank %s) from %s",
-                        service.settings.replica_id, message.rank, self.transport.get_extra_info("peername"))
-            return self.refuse("hello not authenticated: its tag does not match this connection's challenge "
-                               "under the job secret (a stranger, another job's secret, or a replayed hello)")
-        service._feed(co.FromRank(self.conn_id, kind, message))
-        core = service._core
-        if core is not None and core.rank_of.get(self.conn_id) == message.rank and not self.refused:
-            self.authenticated = True
-            self.reader.limit = MAX_RANK_FRAME_BYTES
-            service._authenticated(self.conn_id)
-            self.write(frame(welcome(service._key, message, self.challenge)))
-
-    def write(self, data: bytes) -> None:
-        """Send a frame; a rank that lets too many pile up unread is cut off."""
-        if self.transport.is_closing():
-            return
-        self.transport.write(data)
-        if self.transport.get_write_buffer_size() > MAX_PENDING_WRITE_BYTES:
-            log.warning("replica %s: cutting off connection %s: %d bytes of frames wait unread",
-                        self.service.settings.replica_id, self.conn_id, self.transport.get_write_buffer_size())
-            self.refused = True
-            self.transport.abort()
-
-    def refuse(self, reason: str, retry: bool = False) -> None:
-        if not self.refused:
-            self.refused = True
-            self.transport.write(frame(rpb.CoordinatorFrame(refusal=rpb.Refusal(reason=reason[:1000], retry=retry))))
-            self.transport.close()
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        reason = "refused" if self.refused else (repr(exc) if exc else "closed the connection")
-        self.service._disconnected(self.conn_id, reason)

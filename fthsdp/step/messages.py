@@ -84,13 +84,14 @@ def hello_is_authentic(key: bytes, h: rpb.RankHello, challenge_nonce: bytes) -> 
                                                             challenge_nonce)
 
 
-def welcome(key: bytes | None, h: rpb.RankHello, challenge_nonce: bytes) -> rpb.CoordinatorFrame:
-    tag = auth.tag(key, "coordinator welcome", *_hello_fields(h), challenge_nonce) if key else b""
-    return rpb.CoordinatorFrame(welcome=rpb.Welcome(auth=tag))
+def welcome(key: bytes | None, h: rpb.RankHello, challenge_nonce: bytes, relay_address: str = "") -> rpb.CoordinatorFrame:
+    """The answer to an authenticated hello; with `relay_address`, it sends the rank to its relay."""
+    tag = auth.tag(key, "coordinator welcome", *_hello_fields(h), challenge_nonce, relay_address) if key else b""
+    return rpb.CoordinatorFrame(welcome=rpb.Welcome(auth=tag, relay_address=relay_address))
 
 
 def welcome_is_authentic(key: bytes, w: rpb.Welcome, h: rpb.RankHello, challenge_nonce: bytes) -> bool:
-    return auth.verify(key, w.auth, "coordinator welcome", *_hello_fields(h), challenge_nonce)
+    return auth.verify(key, w.auth, "coordinator welcome", *_hello_fields(h), challenge_nonce, w.relay_address)
 
 
 def begin(step: int) -> rpb.RankFrame:
@@ -112,7 +113,7 @@ def close(step: int, reason: str) -> rpb.RankFrame:
 # ---------------------------------------------------------------- decoding
 
 
-def _parse(cls, body: bytes, limit: int):
+def parse(cls, body: bytes, limit: int):
     if len(body) > limit:
         raise MessageError(f"a frame of {len(body)} bytes is larger than the limit of {limit}")
     message = cls()
@@ -126,64 +127,79 @@ def _parse(cls, body: bytes, limit: int):
     return message, kind
 
 
-def _check_text(what: str, value: str, limit: int, *, empty: bool = True) -> None:
+def check_text(what: str, value: str, limit: int, *, empty: bool = True) -> None:
     if len(value) > limit:
         raise MessageError(f"{what} is {len(value)} characters long; the limit is {limit}")
     if not empty and not value:
         raise MessageError(f"{what} must not be empty")
 
 
-def _check_step(what: str, value: int) -> None:
+def check_step(what: str, value: int) -> None:
     if not 0 <= value <= MAX_STEP:
         raise MessageError(f"{what} must be a step between 0 and {MAX_STEP}, got {value}")
 
 
-def _check_attempt(value: int) -> None:
+def check_attempt(value: int) -> None:
     if not 0 < value <= MAX_STEP:
         raise MessageError(f"attempt must be between 1 and {MAX_STEP}, got {value}")
 
 
+#: what a rank itself sends (the other RankFrame kinds come from relays only)
+RANK_KINDS = frozenset({"hello", "begin", "vote", "digest", "close"})
+
+
 def decode_rank_frame(body: bytes) -> tuple[str, object]:
     """(kind, message) of one rank -> coordinator frame; MessageError when it is bad."""
-    message, kind = _parse(rpb.RankFrame, body, MAX_RANK_FRAME_BYTES)
-    inner = getattr(message, kind)
+    message, kind = parse(rpb.RankFrame, body, MAX_RANK_FRAME_BYTES)
+    if kind not in RANK_KINDS:
+        raise MessageError(f"a {kind} frame comes from a relay only, not from a rank")
+    return kind, check_rank_message(kind, getattr(message, kind))
+
+
+def check_rank_message(kind: str, inner):
+    """`inner`, the RankFrame's `kind` (one of RANK_KINDS), once every field is in bounds."""
     if kind == "hello":
         if inner.rank < 0:
             raise MessageError(f"hello from rank {inner.rank}: ranks are >= 0")
-        _check_text("job_id", inner.job_id, MAX_ID_CHARS, empty=False)
-        _check_text("replica_id", inner.replica_id, MAX_ID_CHARS, empty=False)
-        _check_text("ftar_address", inner.ftar_address, MAX_ADDRESS_CHARS, empty=False)
-        _check_text("state_address", inner.state_address, MAX_ADDRESS_CHARS, empty=False)
-        _check_text("incarnation", inner.incarnation, MAX_ID_CHARS)
+        check_text("job_id", inner.job_id, MAX_ID_CHARS, empty=False)
+        check_text("replica_id", inner.replica_id, MAX_ID_CHARS, empty=False)
+        check_text("ftar_address", inner.ftar_address, MAX_ADDRESS_CHARS, empty=False)
+        check_text("state_address", inner.state_address, MAX_ADDRESS_CHARS, empty=False)
+        check_text("incarnation", inner.incarnation, MAX_ID_CHARS)
         if len(inner.auth) > MAX_AUTH_BYTES:
             raise MessageError(f"hello auth is {len(inner.auth)} bytes; the limit is {MAX_AUTH_BYTES}")
         if len(inner.nonce) not in (0, auth.NONCE_BYTES):
             raise MessageError(f"hello nonce is {len(inner.nonce)} bytes; it must be {auth.NONCE_BYTES}")
     elif kind == "begin":
-        _check_step("begin step", inner.step)
+        check_step("begin step", inner.step)
     elif kind == "vote":
-        _check_attempt(inner.attempt)
-        _check_text("vote reason", inner.reason, MAX_REASON_CHARS)
+        check_attempt(inner.attempt)
+        check_text("vote reason", inner.reason, MAX_REASON_CHARS)
         if inner.tokens < 0:
             raise MessageError(f"vote tokens must be >= 0, got {inner.tokens}")
     elif kind == "digest":
-        _check_attempt(inner.attempt)
-        _check_step("digest step", inner.step)
+        check_attempt(inner.attempt)
+        check_step("digest step", inner.step)
         if len(inner.sha256) != DIGEST_BYTES:
             raise MessageError(f"a digest is {DIGEST_BYTES} bytes, got {len(inner.sha256)}")
     elif kind == "close":
-        _check_step("close step", inner.step)
-        _check_text("close reason", inner.reason, MAX_REASON_CHARS)
-    return kind, inner
+        check_step("close step", inner.step)
+        check_text("close reason", inner.reason, MAX_REASON_CHARS)
+    return inner
 
 
 def decode_coordinator_frame(body: bytes) -> tuple[str, object]:
     """(kind, message) of one coordinator -> rank frame; MessageError when it is bad."""
-    message, kind = _parse(rpb.CoordinatorFrame, body, MAX_COORDINATOR_FRAME_BYTES)
-    inner = getattr(message, kind)
+    message, kind = parse(rpb.CoordinatorFrame, body, MAX_COORDINATOR_FRAME_BYTES)
+    return kind, check_coordinator_message(kind, getattr(message, kind))
+
+
+def check_coordinator_message(kind: str, inner):
+    """`inner`, the CoordinatorFrame's `kind`, once every field is in bounds (a to_ranks is refused:
+    only a relay takes one, fthsdp/step/relay_messages.py)."""
     if kind == "plan":
-        _check_attempt(inner.attempt)
-        _check_step("plan step", inner.step)
+        check_attempt(inner.attempt)
+        check_step("plan step", inner.step)
         if not inner.HasField("quorum"):
             raise MessageError(f"plan of attempt {inner.attempt} carries no quorum")
         p = inner.peers
@@ -191,24 +207,27 @@ def decode_coordinator_frame(body: bytes) -> tuple[str, object]:
             raise MessageError(f"plan of attempt {inner.attempt} has {len(p.replica_ids)} peer ids for "
                                f"{len(p.ftar_addresses)} FTAR and {len(p.state_addresses)} state addresses")
     elif kind == "no_plan":
-        _check_attempt(inner.attempt)
+        check_attempt(inner.attempt)
         if inner.kind not in (rpb.NoPlan.RETRY, rpb.NoPlan.FINISHED, rpb.NoPlan.FATAL):
             raise MessageError(f"no_plan kind {inner.kind} is not RETRY, FINISHED or FATAL")
-        _check_text("no_plan reason", inner.reason, MAX_REASON_CHARS)
+        check_text("no_plan reason", inner.reason, MAX_REASON_CHARS)
     elif kind == "decision":
-        _check_attempt(inner.attempt)
+        check_attempt(inner.attempt)
         if inner.outcome not in (rpb.StepDecision.COMMIT, rpb.StepDecision.RETRY):
             raise MessageError(f"decision outcome {inner.outcome} is not COMMIT or RETRY")
-        _check_text("decision reason", inner.reason, MAX_REASON_CHARS)
+        check_text("decision reason", inner.reason, MAX_REASON_CHARS)
     elif kind in ("finished", "refusal"):
-        _check_text(f"{kind} reason", inner.reason, MAX_REASON_CHARS)
+        check_text(f"{kind} reason", inner.reason, MAX_REASON_CHARS)
     elif kind == "challenge":
         if len(inner.nonce) != auth.NONCE_BYTES:
             raise MessageError(f"a challenge nonce is {auth.NONCE_BYTES} bytes, got {len(inner.nonce)}")
     elif kind == "welcome":
         if len(inner.auth) > MAX_AUTH_BYTES:
             raise MessageError(f"welcome auth is {len(inner.auth)} bytes; the limit is {MAX_AUTH_BYTES}")
-    return kind, inner
+        check_text("welcome relay_address", inner.relay_address, MAX_ADDRESS_CHARS)
+    elif kind == "to_ranks":
+        raise MessageError("a to_ranks frame is for a relay, not for a rank")
+    return inner
 
 
 class FrameReader:
