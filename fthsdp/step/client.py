@@ -80,6 +80,8 @@ class CoordinatorClient:
         signed = sign_hello(key, hello, first[1].nonce)
         self.send(signed)
         kind, answer = self._next_before(deadline, "its welcome")
+        if kind == "refusal":  # a retry: the rank's relay has not reached the coordinator yet
+            return False
         if kind != "welcome":
             raise ChannelError(f"rank {self.rank}: {self.address} sent a {kind} instead of a welcome")
         if key is not None and not welcome_is_authentic(key, answer, signed.hello, first[1].nonce):

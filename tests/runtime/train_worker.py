@@ -141,7 +141,7 @@ def main(cfg: dict) -> int:
         gather_timeout_s=15.0, fetch_timeout_s=10.0, fetch_hold_timeout_s=5.0, heartbeat_interval_s=0.5,
         checkpoint_dir=cfg.get("checkpoint_dir", ""), checkpoint_every_steps=cfg.get("checkpoint_every", 0),
         digest_every_steps=cfg.get("digest_every", 100), ftar_chunk_bytes=64 << 10,
-        copy_state_to_serve=cfg.get("copy_state_to_serve", False))
+        copy_state_to_serve=cfg.get("copy_state_to_serve", False), relay_fanout=cfg.get("relay_fanout", 0))
     def pre_init() -> None:
         write(event="pre_init")
         print("ready", flush=True)  # the cluster answers "go" once every first-incarnation worker is ready
@@ -155,7 +155,7 @@ def main(cfg: dict) -> int:
         manager.register_state("sampler", sampler)
         manager.register_rng(seed=11)
     manager.start()
-    write(event="started", step=manager.step)
+    write(event="started", step=manager.step, relay=manager.client.relay_address)  # "": talks to the coordinator
     forward = model
     if cfg.get("ddp"):  # DDP users: the comm hook replaces DDP's all-reduce
         forward = torch.nn.parallel.DistributedDataParallel(model, process_group=group)
