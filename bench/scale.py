@@ -8,7 +8,11 @@ replica leaders (real gRPC, one QuorumStream each) join quorums with every rank'
 and commit steps; quorum latency is timed from the release of a round to its last answer
 (commit reports go between rounds). Then one replica's real intra-replica rounds (begin, plan
 fan-out, vote, decision) run at full rank count (the production coordinator service on rank
-0's side; the ranks simulated as sockets on one selector in one process). Prints one JSON line.
+0's side, the production relays in their own processes -- about sqrt(N) of them, one event
+loop per process -- the ranks simulated as sockets on one selector in one process; the
+leader's CPU per round is the coordinator process's). Prints one JSON line.
+
+    python -m bench.scale --fanout-only --compare-direct --json   # the fan-out part, relays vs direct
 """
 
 from __future__ import annotations
@@ -137,17 +141,21 @@ async def run(args) -> dict:
         ctl.stop(30.0)
 
 
-def fanout(ranks: int, rounds: int) -> dict:
-    """One replica's real coordinator rounds at full rank count."""
+def fanout(ranks: int, rounds: int, relay_fanout: int = 0, relay_processes: int = 1, prefix: str = "") -> dict:
+    """One replica's real coordinator rounds at full rank count: through relays (relay_fanout as
+    RuntimeSettings', 0 automatic; >= ranks: every rank talks to the coordinator)."""
     from fthsdp.channel_simulation import simulate_rounds
 
-    rounds_ = simulate_rounds(ranks, rounds)
+    rounds_ = simulate_rounds(ranks, rounds, relay_fanout=relay_fanout, relay_processes=relay_processes)
     decision_ms = [r.decision_s * 1000 for r in rounds_]
-    return {"fanout_commit_p50_ms": round(statistics.median(decision_ms), 1),
-            "fanout_commit_p99_ms": round(percentile(decision_ms, 99), 1),
-            "fanout_p50_ms": round(statistics.median(r.fanout_s * 1000 for r in rounds_), 1),
-            "leader_broadcast_p50_ms": round(statistics.median(r.broadcast_s * 1000 for r in rounds_), 1),
-            "fanout_rounds": len(rounds_)}
+    out = {"fanout_commit_p50_ms": round(statistics.median(decision_ms), 1),
+           "fanout_commit_p99_ms": round(percentile(decision_ms, 99), 1),
+           "fanout_p50_ms": round(statistics.median(r.fanout_s * 1000 for r in rounds_), 1),
+           "leader_broadcast_p50_ms": round(statistics.median(r.broadcast_s * 1000 for r in rounds_), 2),
+           "leader_cpu_ms_per_round": round(rounds_[0].leader_cpu_s * 1000, 1),
+           "relays": rounds_[0].relays, "relay_processes": relay_processes if rounds_[0].relays else 0,
+           "fanout_rounds": len(rounds_)}
+    return {prefix + k: v for k, v in out.items()}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -160,6 +168,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--step-s", type=float, default=0.1, help="time between rounds (the simulated step)")
     p.add_argument("--heartbeat-timeout-s", type=float, default=30.0)
     p.add_argument("--fanout-rounds", type=int, default=10, help="0 skips the intra-replica fan-out part")
+    p.add_argument("--relay-fanout", type=int, default=0,
+                   help="ranks per relay group in the fan-out part (0: about sqrt(ranks); >= ranks: no relays)")
+    p.add_argument("--relay-processes", type=int, default=1, help="processes hosting the relays (one loop each)")
+    p.add_argument("--compare-direct", action="store_true",
+                   help="also run the fan-out part without relays (fields prefixed direct_)")
+    p.add_argument("--fanout-only", action="store_true", help="skip the controller (quorum) part")
     p.add_argument("--json", action="store_true", help="print one JSON line (the default output)")
     p.add_argument("--no-telemetry", action="store_true",
                    help="run the controller without live goodput, failure histograms and event log")
@@ -167,9 +181,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.ranks_per_replica % args.hosts_per_replica:
         p.error(f"--ranks-per-replica {args.ranks_per_replica} must be a multiple of --hosts-per-replica "
                 f"{args.hosts_per_replica}")
-    result = asyncio.run(run(args))
+    result = {"ranks_per_replica": args.ranks_per_replica} if args.fanout_only else asyncio.run(run(args))
     if args.fanout_rounds > 0:
-        result.update(fanout(args.ranks_per_replica, args.fanout_rounds))
+        result.update(fanout(args.ranks_per_replica, args.fanout_rounds, args.relay_fanout, args.relay_processes))
+        if args.compare_direct:
+            result.update(fanout(args.ranks_per_replica, args.fanout_rounds, args.ranks_per_replica, prefix="direct_"))
     print(json.dumps(result), flush=True)
     return 0
 

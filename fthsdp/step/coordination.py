@@ -1,7 +1,9 @@
 """The replica's coordinator, as a sans-I/O state machine: one `advance(event, now)` entry point.
 
 Rank 0 hosts it (fthsdp/step/coordinator.py does the sockets and the controller calls);
-every rank, rank 0 included, is its client. One round per step attempt:
+every rank, rank 0 included, is its client -- directly, or in a large replica through its
+group's relay, whose messages count for all of the group's ranks (fthsdp/step/relay_links.py).
+One round per step attempt:
 
     CONNECTING ──every rank said hello──▶ READY ──every rank began step s──▶ QUORUM
         ▲                                   ▲ ▲                                 │ answer: plan to all
@@ -89,6 +91,7 @@ class Coordination(RelayLinks):
         self.relay_links: dict[int, tuple[int, str]] = {}  # group -> its relay's (connection, address)
         self.hellos: dict[int, rpb.RankHello] = {}  # rank -> its hello
         self.begins: dict[int, int] = {}            # rank -> step, for the next round
+        self.begins_kept_after = -1                 # the last_committed the begins were last filtered for
         self.begin_deadline = INF
         self.closes: dict[int, int] = {}            # rank -> its step when it closed
         self.close_deadline = INF
@@ -262,7 +265,9 @@ class Coordination(RelayLinks):
             return self._start_finishing(self.reason or "a rank closed", now)
         if self.stage is not Stage.READY:
             return []
-        self.begins = {r: st for r, st in self.begins.items() if st > self.last_committed}
+        if self.begins_kept_after != self.last_committed:  # drop begins a commit made late (once per commit:
+            self.begins = {r: st for r, st in self.begins.items() if st > self.last_committed}  # not per begin)
+            self.begins_kept_after = self.last_committed
         if len(self.begins) < self.world:
             if not self.begins:
                 self.begin_deadline = INF

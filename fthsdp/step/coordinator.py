@@ -15,7 +15,12 @@ coordination (which binds the rank to that connection, first come) and the rank 
 Hellos are parsed as their bytes arrive, so a silent stranger delays nobody; at most
 world_size + MAX_EXTRA_UNAUTHENTICATED connections may be unauthenticated at once (more are
 refused with "retry"); a rank that stops reading its frames is cut off once
-MAX_PENDING_WRITE_BYTES wait for it.
+MAX_PENDING_WRITE_BYTES wait for it (fthsdp/step/peer_connection.py).
+
+With relays (RuntimeSettings.relay_fanout, fthsdp/step/relay_tree.py) a relay's connection
+authenticates with a relay hello instead, and a rank of a relayed group is welcomed with its
+relay's address (its hello authenticated first; "retry" while that relay has not connected)
+and hung up on; a broadcast is then one write per relay, not per rank.
 """
 
 from __future__ import annotations

@@ -27,10 +27,10 @@ Nothing here touches a socket, a clock or a frame format: inputs in, what to sen
 How a hello is authenticated is not the tree's business either: a relay forwards what its
 authenticated upstream connection sends, and what its authenticated ranks send.
 
-Not wired in yet: the coordinator (fthsdp/step/coordinator.py) still serves every rank's
-connection itself. What remains is I/O: a relay service on relay ranks, frames for a
-group's begin, vote and digests and for a frame addressed to one rank behind a relay, and
-the coordination taking a group's message for all of its ranks.
+Where it is used: a relay rank hosts fthsdp/step/relay.py (the I/O, with the gathers
+below), the coordination takes a group's messages in fthsdp/step/relay_links.py, the
+frames are fthsdp/step/relay_messages.py's, and RuntimeSettings.relay_fanout picks the
+fanout (0: DIRECT_UP_TO_RANKS, then about sqrt(N)).
 """
 
 from __future__ import annotations

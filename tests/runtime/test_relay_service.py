@@ -32,34 +32,44 @@ WORLD, FANOUT = 9, 3
 KEY = SECRET.key(job_secret.PURPOSE_COORDINATOR)
 
 
-@pytest.fixture
-def replica(controller_process):
-    """(coordinator service, {relay rank: its process}, {relay rank: its address})."""
+def coordinator(controller_process) -> CoordinatorService:
     ctl = controller_process("--replicas", "1", "--min-replicas", "1", "--job-id", "relays", "--join-timeout-s", "0.2")
     settings = RuntimeSettings(job_id="relays", replica_id="r0", world_size=WORLD, relay_fanout=FANOUT,
                                controller_address=ctl.grpc, coordinator_address="127.0.0.1:0",
                                quorum_timeout_s=WAIT_S, gather_timeout_s=5.0, digest_every_steps=1, job_secret=SECRET)
-    svc = CoordinatorService(settings, ControllerClient(ctl.grpc, "relays", "r0", "inc"), "127.0.0.1", 0).start()
-    procs, addresses = {}, {}
+    return CoordinatorService(settings, ControllerClient(ctl.grpc, "relays", "r0", "inc"), "127.0.0.1", 0).start()
+
+
+def start_relays(svc: CoordinatorService, procs: dict) -> dict[int, str]:
+    """Start a relay process for every relay rank (into `procs`); their addresses once they reached `svc`."""
+    for rank in svc.settings.relay_tree().relays:
+        cfg = {"rank": rank, "world_size": WORLD, "relay_fanout": FANOUT, "coordinator": svc.address}
+        procs[rank] = subprocess.Popen([sys.executable, "-m", "tests.runtime.relay_worker", json.dumps(cfg)],
+                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                       env={**os.environ, **trainer_secret.ENV})
+    return {rank: _read_line(proc, WAIT_S).strip() for rank, proc in procs.items()}
+
+
+def stop(svc: CoordinatorService, procs: dict) -> None:
+    for proc in procs.values():
+        if proc.poll() is None:
+            proc.stdin.close()
+            try:
+                proc.wait(10.0)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(5.0)
+    svc.close(linger_s=0.5)
+
+
+@pytest.fixture
+def replica(controller_process):
+    """(coordinator service, {relay rank: its process}, {relay rank: its address})."""
+    svc, procs = coordinator(controller_process), {}
     try:
-        for rank in settings.relay_tree().relays:
-            cfg = {"rank": rank, "world_size": WORLD, "relay_fanout": FANOUT, "coordinator": svc.address}
-            procs[rank] = subprocess.Popen([sys.executable, "-m", "tests.runtime.relay_worker", json.dumps(cfg)],
-                                           stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                                           env={**os.environ, **trainer_secret.ENV})
-        for rank, proc in procs.items():
-            addresses[rank] = _read_line(proc, WAIT_S).strip()
-        yield svc, procs, addresses
+        yield svc, procs, start_relays(svc, procs)
     finally:
-        for proc in procs.values():
-            if proc.poll() is None:
-                proc.stdin.close()
-                try:
-                    proc.wait(10.0)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait(5.0)
-        svc.close(linger_s=0.5)
+        stop(svc, procs)
 
 
 def connect(svc: CoordinatorService, r: int) -> CoordinatorClient:
@@ -144,3 +154,28 @@ def test_a_relay_admits_only_its_groups_ranks_holding_the_secret(replica):
     assert {d.outcome for d in train_step(ranks, 0)} == {rpb.StepDecision.COMMIT}  # nobody else was disturbed
     for c in ranks:
         c.close()
+
+
+def test_a_rank_that_arrives_before_its_relay_is_told_to_retry_then_reaches_it(controller_process):
+    svc, procs = coordinator(controller_process), {}
+    try:
+        host, _, port = svc.address.rpartition(":")
+        with socket.create_connection((host, int(port)), timeout=WAIT_S) as early:
+            reader = msg.FrameReader(msg.MAX_COORDINATOR_FRAME_BYTES)
+            bodies: list[bytes] = []
+            while not bodies:
+                bodies += reader.feed(early.recv(4096))
+            kind, challenge = msg.decode_coordinator_frame(bodies.pop(0))
+            early.sendall(msg.frame(msg.sign_hello(KEY, msg.hello(4, WORLD, "relays", "r0", "a:1", "b:2", "i"),
+                                                   challenge.nonce)))
+            while not bodies:
+                bodies += reader.feed(early.recv(4096))
+            kind, refusal = msg.decode_coordinator_frame(bodies[0])
+        assert kind == "refusal" and refusal.retry and "the relay of rank 4's group is not connected yet" in \
+            refusal.reason
+        addresses = start_relays(svc, procs)
+        client = connect(svc, 4)
+        assert client.relay_address == addresses[3]
+        client.close()
+    finally:
+        stop(svc, procs)
