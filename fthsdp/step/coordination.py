@@ -195,31 +195,43 @@ class Coordination(RelayLinks):
         return self._maybe_start_round(now)
 
     def _begin(self, rank: int, msg: rpb.BeginStep, now: float) -> list[Effect]:
-        step = msg.step
+        return self._begin_ranks([rank], msg.step, lambda frame: self._send(rank, frame), now)
+
+    def _begin_ranks(self, ranks: list[int], step: int, answer, now: float) -> list[Effect]:
+        """`ranks` began `step` (a rank's begin, or its relay's for several); `answer(frame)` is
+        the effect that sends them all one frame."""
         if step <= self.last_committed:
             return []  # late: that step is decided
         if self.stage in (Stage.FINISHING, Stage.REPORTING, Stage.FINISHED):
-            return [self._send(rank, self._no_plan(step, QuorumRefusal.FINISHED, self.reason))]
+            return [answer(self._no_plan(step, QuorumRefusal.FINISHED, self.reason))]
         if self.stage is Stage.FAILED:
-            return [self._send(rank, self._no_plan(step, QuorumRefusal.FATAL, self.reason))]
+            return [answer(self._no_plan(step, QuorumRefusal.FATAL, self.reason))]
         if self.stage in (Stage.QUORUM, Stage.VOTING) and step == self.round.step:
             return []  # a repeated begin of the round in flight
         if not self.begins:
             self.begin_deadline = now + self.settings.gather_timeout_s
-        self.begins[rank] = step
+        self.begins.update(dict.fromkeys(ranks, step))
         return self._maybe_start_round(now)
 
     def _vote(self, rank: int, msg: rpb.StepVote, now: float) -> list[Effect]:
+        return self._count_votes([rank], msg.attempt, msg.ok, f"rank {rank} voted no: {msg.reason or 'no reason given'}",
+                                 msg.loss, msg.tokens, now)
+
+    def _count_votes(self, ranks: list[int], attempt: int, ok: bool, no_reason: str, loss: float, tokens: int,
+                     now: float) -> list[Effect]:
+        """The votes of `ranks` (a rank's, or its relay's for several): yes with their summed loss
+        and tokens, or a no for `no_reason`."""
         r = self.round
-        if self.stage is not Stage.VOTING or msg.attempt != self.attempt or rank in r.voted:
+        fresh = [k for k in ranks if k not in r.voted]
+        if self.stage is not Stage.VOTING or attempt != self.attempt or not fresh:
             return []  # late, duplicated or for another attempt
         if not r.voted:
             r.vote_deadline = now + self.settings.gather_timeout_s
-        r.voted.add(rank)
-        r.loss_sum += msg.loss
-        r.tokens += msg.tokens
-        if not msg.ok:
-            return self._decide(False, f"rank {rank} voted no: {msg.reason or 'no reason given'}", now)
+        r.voted.update(fresh)
+        r.loss_sum += loss
+        r.tokens += tokens
+        if not ok:
+            return self._decide(False, no_reason, now)
         if len(r.voted) == self.world:
             return self._decide(True, f"all {self.world} ranks voted yes", now)
         return []

@@ -71,11 +71,17 @@ def _hello_fields(h: rpb.RankHello) -> tuple:
 def sign_hello(key: bytes | None, hello_frame: rpb.RankFrame, challenge_nonce: bytes) -> rpb.RankFrame:
     """`hello_frame` with a fresh nonce of the rank and its tag over the coordinator's challenge
     (no tag without a key)."""
+    return signed_hello(key, hello_frame, "coordinator hello", _hello_fields, challenge_nonce)
+
+
+def signed_hello(key: bytes | None, hello_frame: rpb.RankFrame, label: str, fields, challenge_nonce: bytes) -> rpb.RankFrame:
+    """A copy of `hello_frame` (a rank's hello or a relay's) with a fresh nonce and the tag of
+    `fields(hello)` under `label` over the challenge (no tag without a key)."""
     signed = rpb.RankFrame()
     signed.CopyFrom(hello_frame)
-    h = signed.hello
+    h = getattr(signed, signed.WhichOneof("body"))
     h.nonce = auth.nonce()
-    h.auth = auth.tag(key, "coordinator hello", *_hello_fields(h), challenge_nonce) if key else b""
+    h.auth = auth.tag(key, label, *fields(h), challenge_nonce) if key else b""
     return signed
 
 

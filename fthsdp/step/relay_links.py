@@ -22,7 +22,7 @@ longer) bound to the relay are left out of a message; they are late.
 
 from __future__ import annotations
 
-from fthsdp.step.coordination_types import Effect, FromRank, ProtocolError, QuorumRefusal, Refuse, SendTo, Stage
+from fthsdp.step.coordination_types import Effect, FromRank, ProtocolError, Refuse, SendTo, Stage
 from fthsdp.step.messages import clip
 from fthsdp.step.relay_messages import to_ranks
 from protos import replica_pb2 as rpb
@@ -126,36 +126,11 @@ class RelayLinks:
                                      f"(rank {members.start}) is gone: {reason}", now)
 
     def _group_begin(self, conn: int, ranks: list[int], step: int, now: float) -> list[Effect]:
-        if step <= self.last_committed:
-            return []  # late: that step is decided
-        if self.stage in (Stage.FINISHING, Stage.REPORTING, Stage.FINISHED):
-            return [self._send_ranks(conn, ranks, self._no_plan(step, QuorumRefusal.FINISHED, self.reason))]
-        if self.stage is Stage.FAILED:
-            return [self._send_ranks(conn, ranks, self._no_plan(step, QuorumRefusal.FATAL, self.reason))]
-        if self.stage in (Stage.QUORUM, Stage.VOTING) and step == self.round.step:
-            return []  # a repeated begin of the round in flight
-        if not self.begins:
-            self.begin_deadline = now + self.settings.gather_timeout_s
-        self.begins.update(dict.fromkeys(ranks, step))
-        return self._maybe_start_round(now)
+        return self._begin_ranks(ranks, step, lambda frame: self._send_ranks(conn, ranks, frame), now)
 
     def _group_vote(self, ranks: list[int], m: rpb.GroupVote, now: float) -> list[Effect]:
-        r = self.round
-        if self.stage is not Stage.VOTING or m.attempt != self.attempt:
-            return []  # late or for another attempt
-        fresh = [k for k in ranks if k not in r.voted]
-        if not fresh:
-            return []  # said again
-        if not r.voted:
-            r.vote_deadline = now + self.settings.gather_timeout_s
-        r.voted.update(fresh)
-        r.loss_sum += m.loss_sum
-        r.tokens += m.tokens
-        if not m.ok:
-            return self._decide(False, clip(m.reason or f"rank {fresh[0]} voted no: no reason given"), now)
-        if len(r.voted) == self.world:
-            return self._decide(True, f"all {self.world} ranks voted yes", now)
-        return []
+        return self._count_votes(ranks, m.attempt, m.ok, clip(m.reason or f"rank {ranks[0]} voted no: no reason given"),
+                                 m.loss_sum, m.tokens, now)
 
     def _group_digests(self, ranks: list[int], m: rpb.GroupDigests, now: float) -> list[Effect]:
         r = self.round

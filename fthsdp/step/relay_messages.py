@@ -19,7 +19,7 @@ from fthsdp.settings import MAX_RELAY_GROUP_RANKS
 from fthsdp.step.messages import (DIGEST_BYTES, MAX_ADDRESS_CHARS, MAX_AUTH_BYTES, MAX_COORDINATOR_FRAME_BYTES,
                                   MAX_ID_CHARS, MAX_REASON_CHARS, MessageError, RANK_KINDS, check_attempt,
                                   check_coordinator_message, check_rank_message, check_step, check_text, clip,
-                                  decode_coordinator_frame, parse)
+                                  decode_coordinator_frame, parse, signed_hello)
 from protos import replica_pb2 as rpb
 
 #: the most ranks one relay serves (a group of the relay tree)
@@ -46,12 +46,7 @@ def _fields(h: rpb.RelayHello) -> tuple:
 
 
 def sign_relay_hello(key: bytes | None, hello_frame: rpb.RankFrame, challenge_nonce: bytes) -> rpb.RankFrame:
-    signed = rpb.RankFrame()
-    signed.CopyFrom(hello_frame)
-    h = signed.relay_hello
-    h.nonce = auth.nonce()
-    h.auth = auth.tag(key, "relay hello", *_fields(h), challenge_nonce) if key else b""
-    return signed
+    return signed_hello(key, hello_frame, "relay hello", _fields, challenge_nonce)
 
 
 def relay_hello_is_authentic(key: bytes, h: rpb.RelayHello, challenge_nonce: bytes) -> bool:

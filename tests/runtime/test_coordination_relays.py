@@ -14,6 +14,7 @@ from fthsdp.step import messages as msg
 from fthsdp.step import relay_messages as rm
 from protos import replica_pb2 as rpb
 from tests.runtime.protocol_helpers import SETTINGS, answer
+from tests.runtime.test_coordination import Core
 
 S = dataclasses.replace(SETTINGS, world_size=9, relay_fanout=3, digest_every_steps=1).validate()
 G = S.gather_timeout_s
@@ -25,10 +26,9 @@ def hello(rank: int) -> rpb.RankFrame:
     return msg.hello(rank, 9, "j", "b", f"f{rank}", f"s{rank}", "i")
 
 
-class Relayed:
+class Relayed(Core):
     def __init__(self, hellos: bool = True) -> None:
-        self.c = co.Coordination(S, now=0.0)
-        self.now = 0.0
+        super().__init__(S, hello=False)
         if hellos:
             for group, conn in LINKS.items():
                 assert self.send(conn, rm.relay_hello(group, 3, 9, "j", "b", f"127.0.0.1:{700 + group}", "i")) == []
@@ -37,17 +37,6 @@ class Relayed:
             for rank in range(3, 9):
                 effects = self.send(LINKS[rank // 3], rm.relayed(rank, hello(rank)))
                 assert effects == [] or self.c.stage is co.Stage.READY
-
-    def send(self, conn: int, frame: rpb.RankFrame, at: float | None = None) -> list:
-        kind = frame.WhichOneof("body")
-        if at is not None:
-            self.now = at
-        return self.c.advance(co.FromRank(conn, kind, getattr(frame, kind)), self.now)
-
-    def feed(self, event, at: float | None = None) -> list:
-        if at is not None:
-            self.now = at
-        return self.c.advance(event, self.now)
 
     def begin_all(self, step: int = 5) -> list:
         effects = []
