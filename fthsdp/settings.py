@@ -37,6 +37,7 @@ ENV_CONTROLLER = "FTHSDP_CONTROLLER"
 ENV_COORDINATOR_ADDRESS = "FTHSDP_COORDINATOR_ADDRESS"
 ENV_CHECKPOINT_DIR = "FTHSDP_CHECKPOINT_DIR"
 ENV_MAX_STEPS = "FTHSDP_MAX_STEPS"
+ENV_RELAY_FANOUT = "FTHSDP_RELAY_FANOUT"
 ENV_JOB_SECRET_FILE = job_secret.ENV_JOB_SECRET_FILE
 ENV_JOB_SECRET = job_secret.ENV_JOB_SECRET
 ENV_INSECURE_TRAINER_PORTS = job_secret.ENV_INSECURE_TRAINER_PORTS
@@ -106,6 +107,7 @@ class RuntimeSettings:
     relay_fanout: ranks per relay group (fthsdp/step/relay_tree.py): 0 lets every rank talk to
         the coordinator up to 64 ranks and makes groups of about sqrt(world_size) above; a
         value >= world_size means no relays at any size. At most 1,024 when there are relays.
+        The same on every rank of the replica (FTHSDP_RELAY_FANOUT).
     """
 
     job_id: str = "job"
@@ -269,6 +271,7 @@ _ENV_FIELDS: tuple[tuple[str, Callable[[str], object], tuple[str, ...]], ...] = 
     ("checkpoint_dir", str, (ENV_CHECKPOINT_DIR,)),
     ("max_steps", _int, (ENV_MAX_STEPS,)),
     ("deterministic", lambda text: _flag(ENV_DETERMINISTIC, text), (ENV_DETERMINISTIC,)),
+    ("relay_fanout", _int, (ENV_RELAY_FANOUT,)),
 )
 
 

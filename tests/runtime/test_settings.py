@@ -22,6 +22,7 @@ TORCHRUN = {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "MASTER_ADDR": "1
     ("max_steps", -1, "max_steps must be >= 0, got -1"),
     ("apply_lr_scale", "yes", "apply_lr_scale must be True or False, got 'yes'"),
     ("coordinator_address", "nohost", "coordinator_address must be host:port, got 'nohost'"),
+    ("relay_fanout", -1, "relay_fanout must be 0 (automatic) or a number of ranks >= 1, got -1"),
 ])
 def test_validate_names_bad_values(field, value, message):
     base = dict(controller_address="x:1", world_size=2, coordinator_address="y:2", job_secret=SECRET)
@@ -108,3 +109,14 @@ def test_a_single_rank_replica_needs_no_coordinator_address():
 def test_unparsable_variables_are_named(env, named):
     with pytest.raises(ValueError, match=named):
         RuntimeSettings.from_env(env)
+
+
+def test_relays_come_above_64_ranks_unless_the_fanout_says_otherwise():
+    base = dict(controller_address="x:1", coordinator_address="y:2", job_secret=SECRET)
+    assert RuntimeSettings(**base, world_size=64).validate().relay_tree().relays == ()
+    assert RuntimeSettings(**base, world_size=8192).validate().relay_tree().fanout == 91
+    assert RuntimeSettings(**base, world_size=8192, relay_fanout=8192).validate().relay_tree().relays == ()
+    assert RuntimeSettings(**base, world_size=9, relay_fanout=3).validate().relay_tree().relays == (3, 6)
+    with pytest.raises(ValueError, match="relay_fanout must be at most 1024 ranks per relay .* got 2000"):
+        RuntimeSettings(**base, world_size=4096, relay_fanout=2000).validate()
+    assert RuntimeSettings.from_env({**TORCHRUN, "FTHSDP_RELAY_FANOUT": "3"}).relay_fanout == 3
