@@ -242,7 +242,7 @@ class RelayService:
             self._server.close()
         for conn in list(self._connections.values()):
             conn.refused = True
-            conn.transport.abort()
+            conn.transport.close()  # after what is buffered for it: a refusal of the coordinator's says why
 
 
 class _Upstream(asyncio.Protocol):

@@ -2,7 +2,7 @@
 0..2 talk to the coordinator; relay processes for ranks 3 and 6 serve 3..5 and 6..8), against a
 real controller (CLI subprocess). Steps commit through the relays; a relay SIGKILLed mid-vote
 makes the attempt RETRY with its group named absent, and its ranks lose their coordinator;
-strangers at a relay's port get nowhere."""
+strangers at a relay's port, and forged or misbehaving relays at the coordinator's, get nowhere."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ import pytest
 from fthsdp.errors import ChannelError
 from fthsdp.settings import RuntimeSettings
 from fthsdp.step import messages as msg
+from fthsdp.step import relay_messages as rm
 from fthsdp.step.client import CoordinatorClient
 from fthsdp.step.controller_client import ControllerClient
 from fthsdp.step.coordinator import CoordinatorService
@@ -179,3 +180,58 @@ def test_a_rank_that_arrives_before_its_relay_is_told_to_retry_then_reaches_it(c
         client.close()
     finally:
         stop(svc, procs)
+
+
+class Raw:
+    """A bare socket to the coordinator, frame by frame."""
+
+    def __init__(self, address: str) -> None:
+        host, _, port = address.rpartition(":")
+        self.sock = socket.create_connection((host, int(port)), timeout=WAIT_S)
+        self.reader = msg.FrameReader(msg.MAX_COORDINATOR_FRAME_BYTES)
+        self.bodies: list[bytes] = []
+
+    def next(self) -> tuple[str, object]:
+        while not self.bodies:
+            chunk = self.sock.recv(1 << 16)
+            assert chunk, "the coordinator closed the connection without a word"
+            self.bodies += self.reader.feed(chunk)
+        return msg.decode_coordinator_frame(self.bodies.pop(0))
+
+    def closed(self) -> bool:
+        return self.sock.recv(1) == b""
+
+
+def test_the_coordinator_admits_only_relays_holding_the_secret_and_only_for_their_own_group(controller_process):
+    svc = coordinator(controller_process)
+    stranger_key = job_secret.parse(job_secret.generate(), "a stranger").key(job_secret.PURPOSE_COORDINATOR)
+    hello = rm.relay_hello(1, FANOUT, WORLD, "relays", "r0", "127.0.0.1:9", "i")
+    try:
+        forged = Raw(svc.address)
+        _, challenge = forged.next()
+        forged.sock.sendall(msg.frame(rm.sign_relay_hello(stranger_key, hello, challenge.nonce)))
+        kind, refusal = forged.next()
+        assert kind == "refusal" and "relay hello not authenticated" in refusal.reason and forged.closed()
+        assert svc._core.link_group == {}
+
+        relay = Raw(svc.address)
+        _, challenge = relay.next()
+        signed = rm.sign_relay_hello(KEY, hello, challenge.nonce)
+        relay.sock.sendall(msg.frame(signed))
+        kind, welcome = relay.next()
+        assert kind == "welcome" and rm.relay_welcome_is_authentic(KEY, welcome, signed.relay_hello, challenge.nonce)
+        relay.sock.sendall(msg.frame(rm.relayed(7, msg.hello(7, WORLD, "relays", "r0", "a:1", "b:2", "i"))))
+        kind, refusal = relay.next()  # rank 7 is group 2's: the relay of group 1 is cut off, nothing bound
+        assert kind == "refusal" and "naming rank(s) [7] outside its group" in refusal.reason and relay.closed()
+        assert 7 not in svc._core.conn_of
+
+        rank = Raw(svc.address)
+        _, challenge = rank.next()
+        rank.sock.sendall(msg.frame(msg.sign_hello(KEY, msg.hello(1, WORLD, "relays", "r0", "a:1", "b:2", "i"),
+                                                   challenge.nonce)))
+        assert rank.next()[0] == "welcome"
+        rank.sock.sendall(msg.frame(rm.group_vote(1, True, [0, 1, 2])))  # a rank posing as a relay
+        kind, refusal = rank.next()
+        assert kind == "refusal" and "a group_vote frame comes from a relay only" in refusal.reason and rank.closed()
+    finally:
+        svc.close(linger_s=0.5)
