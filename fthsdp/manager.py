@@ -11,8 +11,8 @@ events -- what the training script called, what the coordinator said, what the c
 fetch reported, time passing -- and executes the effects it returns, nothing else. Rank 0
 also hosts the replica's coordinator (fthsdp/step/coordinator.py) and is its client over
 TCP like every other rank; in a replica with relays, each group's first rank also hosts
-its group's relay (fthsdp/step/relay.py) and is its client. `start()` does the expensive set-up (the pre-init hook first)
-before this rank reports in; the constructor starts nothing. Errors follow
+its group's relay (fthsdp/step/relay.py) and is its client. `start()` does the expensive
+set-up (the pre-init hook first) before this rank reports in; the constructor starts nothing. Errors follow
 fthsdp/errors.py: recoverable ones become "no" votes; fatal ones are raised.
 """
 
