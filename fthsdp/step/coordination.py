@@ -89,6 +89,8 @@ class Coordination(RelayLinks):
         self.conn_of: dict[int, int] = {}          # rank -> its connection, or its relay's
         self.link_group: dict[int, int] = {}       # a relay's connection -> its group
         self.relay_links: dict[int, tuple[int, str]] = {}  # group -> its relay's (connection, address)
+        self.link_ranks: dict[int, set[int]] = {}  # a relay's connection -> the ranks bound to it
+        self.addresses: tuple[tuple[str, ...], tuple[str, ...]] = ((), ())  # every rank's FTAR, state address
         self.hellos: dict[int, rpb.RankHello] = {}  # rank -> its hello
         self.begins: dict[int, int] = {}            # rank -> step, for the next round
         self.begins_kept_after = -1                 # the last_committed the begins were last filtered for
@@ -186,12 +188,17 @@ class Coordination(RelayLinks):
         if self.stage is not Stage.CONNECTING or h.rank in self.hellos:
             return refuse(f"rank {h.rank} said hello after the replica started; a rank cannot rejoin a "
                           f"running replica: restart the whole replica")
-        if not relayed:
+        if relayed:
+            self.link_ranks[conn].add(h.rank)
+        else:
             self.rank_of[conn] = h.rank
         self.conn_of[h.rank], self.hellos[h.rank] = conn, h
         if len(self.hellos) < self.world:
             return []
         self.stage = Stage.READY
+        ranks = range(self.world)  # fixed from now on: every quorum request names them
+        self.addresses = (tuple(self.hellos[k].ftar_address for k in ranks),
+                          tuple(self.hellos[k].state_address for k in ranks))
         return self._maybe_start_round(now)
 
     def _begin(self, rank: int, msg: rpb.BeginStep, now: float) -> list[Effect]:
@@ -222,7 +229,7 @@ class Coordination(RelayLinks):
         """The votes of `ranks` (a rank's, or its relay's for several): yes with their summed loss
         and tokens, or a no for `no_reason`."""
         r = self.round
-        fresh = [k for k in ranks if k not in r.voted]
+        fresh = ranks if r.voted.isdisjoint(ranks) else [k for k in ranks if k not in r.voted]
         if self.stage is not Stage.VOTING or attempt != self.attempt or not fresh:
             return []  # late, duplicated or for another attempt
         if not r.voted:
@@ -292,9 +299,7 @@ class Coordination(RelayLinks):
         self.stage = Stage.QUORUM
         self.round = _Round(step=step, started_at=now)
         self.begins, self.begin_deadline = {}, INF
-        ranks = range(self.world)
-        return [RequestQuorum(step, self.relayed_quorum_id, tuple(self.hellos[k].ftar_address for k in ranks),
-                              tuple(self.hellos[k].state_address for k in ranks))]
+        return [RequestQuorum(step, self.relayed_quorum_id, *self.addresses)]
 
     def _answered(self, answer: pb.QuorumResponse, now: float) -> list[Effect]:
         r = self.round

@@ -50,6 +50,7 @@ class PeerConnection(asyncio.Protocol):
         self.refused = False
         #: what the server bound this connection to (a rank, a relay's group)
         self.bound: object = None
+        self._hello_timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
@@ -60,12 +61,14 @@ class PeerConnection(asyncio.Protocol):
         self.challenge = auth.nonce()
         self.transport.write(frame(rpb.CoordinatorFrame(challenge=rpb.Challenge(nonce=self.challenge))))
         # A connection that does not authenticate in time is not kept: every input has a bound.
-        asyncio.get_running_loop().call_later(self.server.hello_timeout_s, self._hello_due)
+        self._hello_timer = asyncio.get_running_loop().call_later(self.server.hello_timeout_s, self._hello_due)
 
     def admit(self, limit: int, decode: Decoder, bound: object) -> None:
         """The hello was authenticated and bound: from now on frames up to `limit`, parsed by `decode`."""
         self.authenticated, self.bound = True, bound
         self.reader.limit, self.decode = limit, decode
+        if self._hello_timer is not None:
+            self._hello_timer.cancel()
 
     def _hello_due(self) -> None:
         if not self.authenticated and not self.transport.is_closing():
@@ -104,5 +107,7 @@ class PeerConnection(asyncio.Protocol):
             self.transport.close()
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if self._hello_timer is not None:
+            self._hello_timer.cancel()
         reason = "refused" if self.refused else (repr(exc) if exc else "closed the connection")
         self.server._disconnected(self, reason)

@@ -83,6 +83,7 @@ class RelayLinks:
             return [Refuse(conn, f"relay hello for group {h.group} after the replica started; restart the replica")]
         self.link_group[conn] = h.group
         self.relay_links[h.group] = (conn, h.address)
+        self.link_ranks[conn] = set()
         return []
 
     def _from_relay(self, ev: FromRank, now: float) -> list[Effect]:
@@ -90,22 +91,24 @@ class RelayLinks:
         group = self.link_group[conn]
         members = self.tree.members(group)
         named = [m.rank] if kind in ("relayed", "rank_left") else list(m.ranks)
-        outside = [r for r in named if r not in members]
-        if outside:
+        if min(named) < members.start or max(named) >= members.stop:  # the decoder let no empty list through
+            outside = [r for r in named if r not in members]
             return [Refuse(conn, f"the relay of group {group} (ranks {members.start}..{members.stop - 1}) sent a "
                                  f"{kind} naming rank(s) {outside[:8]} outside its group")]
         if kind == "relayed":
             inner_kind = m.frame.WhichOneof("body")
             if inner_kind == "hello":
                 return self._hello(conn, m.frame.hello, now, relayed=True)
-            if self.conn_of.get(m.rank) != conn:
+            if m.rank not in self.link_ranks[conn]:
                 return []
             return self._close(m.rank, m.frame.close, now)
-        ranks = [r for r in named if self.conn_of.get(r) == conn]
+        bound = self.link_ranks[conn]
+        ranks = named if bound.issuperset(named) else [r for r in named if r in bound]
         if not ranks:
             return []  # late: they left
         if kind == "rank_left":
             self.conn_of.pop(m.rank)
+            bound.discard(m.rank)
             return self._departed(ranks, f"rank {m.rank} left the replica: {m.reason}", now)
         if kind == "group_begin":
             return self._group_begin(conn, ranks, m.step, now)
@@ -119,7 +122,7 @@ class RelayLinks:
         group = self.link_group.pop(conn)
         self.relay_links.pop(group, None)
         members = self.tree.members(group)
-        ranks = [r for r in members if self.conn_of.get(r) == conn]
+        ranks = sorted(self.link_ranks.pop(conn))
         for r in ranks:
             del self.conn_of[r]
         return self._departed(ranks, f"ranks {members.start}..{members.stop - 1} left the replica: their relay "

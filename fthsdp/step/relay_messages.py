@@ -100,7 +100,7 @@ def _check_ranks(what: str, ranks, *, empty: bool = False) -> None:
         raise MessageError(f"{what} names {len(ranks)} ranks; a group has at most {MAX_GROUP_RANKS}")
     if not empty and not ranks:
         raise MessageError(f"{what} names no rank")
-    if any(r < 0 for r in ranks):
+    if ranks and min(ranks) < 0:
         raise MessageError(f"{what} names rank {min(ranks)}: ranks are >= 0")
     if len(set(ranks)) != len(ranks):
         raise MessageError(f"{what} names a rank twice: {list(ranks)[:16]}")
