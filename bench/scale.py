@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import statistics
 import sys
 import time
@@ -141,12 +142,14 @@ async def run(args) -> dict:
         ctl.stop(30.0)
 
 
-def fanout(ranks: int, rounds: int, relay_fanout: int = 0, relay_processes: int = 1, prefix: str = "") -> dict:
+def fanout(ranks: int, rounds: int, relay_fanout: int = 0, relay_processes: int = 1, rank_processes: int = 1,
+           prefix: str = "") -> dict:
     """One replica's real coordinator rounds at full rank count: through relays (relay_fanout as
     RuntimeSettings', 0 automatic; >= ranks: every rank talks to the coordinator)."""
     from fthsdp.channel_simulation import simulate_rounds
 
-    rounds_ = simulate_rounds(ranks, rounds, relay_fanout=relay_fanout, relay_processes=relay_processes)
+    rounds_ = simulate_rounds(ranks, rounds, relay_fanout=relay_fanout, relay_processes=relay_processes,
+                              rank_processes=rank_processes)
     decision_ms = [r.decision_s * 1000 for r in rounds_]
     out = {"fanout_commit_p50_ms": round(statistics.median(decision_ms), 1),
            "fanout_commit_p99_ms": round(percentile(decision_ms, 99), 1),
@@ -154,6 +157,7 @@ def fanout(ranks: int, rounds: int, relay_fanout: int = 0, relay_processes: int 
            "leader_broadcast_p50_ms": round(statistics.median(r.broadcast_s * 1000 for r in rounds_), 2),
            "leader_cpu_ms_per_round": round(rounds_[0].leader_cpu_s * 1000, 1),
            "relays": rounds_[0].relays, "relay_processes": relay_processes if rounds_[0].relays else 0,
+           "rank_processes": rank_processes,
            "fanout_rounds": len(rounds_)}
     return {prefix + k: v for k, v in out.items()}
 
@@ -171,6 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--relay-fanout", type=int, default=0,
                    help="ranks per relay group in the fan-out part (0: about sqrt(ranks); >= ranks: no relays)")
     p.add_argument("--relay-processes", type=int, default=1, help="processes hosting the relays (one loop each)")
+    p.add_argument("--rank-processes", type=int, default=1, help="processes the simulated ranks are split over")
     p.add_argument("--compare-direct", action="store_true",
                    help="also run the fan-out part without relays (fields prefixed direct_)")
     p.add_argument("--fanout-only", action="store_true", help="skip the controller (quorum) part")
@@ -183,9 +188,13 @@ def main(argv: list[str] | None = None) -> int:
                 f"{args.hosts_per_replica}")
     result = {"ranks_per_replica": args.ranks_per_replica} if args.fanout_only else asyncio.run(run(args))
     if args.fanout_rounds > 0:
-        result.update(fanout(args.ranks_per_replica, args.fanout_rounds, args.relay_fanout, args.relay_processes))
+        result.update(fanout(args.ranks_per_replica, args.fanout_rounds, args.relay_fanout, args.relay_processes,
+                             args.rank_processes))
         if args.compare_direct:
-            result.update(fanout(args.ranks_per_replica, args.fanout_rounds, args.ranks_per_replica, prefix="direct_"))
+            result.update(fanout(args.ranks_per_replica, args.fanout_rounds, args.ranks_per_replica,
+                                 rank_processes=args.rank_processes, prefix="direct_"))
+        result["load_average_1m"] = round(os.getloadavg()[0], 2)
+        result["cpus"] = os.cpu_count()
     print(json.dumps(result), flush=True)
     return 0
 

@@ -88,11 +88,11 @@ def _raise_fd_limit(needed: int) -> None:
 
 
 class _SimulatedRanks:
-    def __init__(self, address: str, n_ranks: int, key: bytes) -> None:
+    def __init__(self, address: str, ranks: range, n_ranks: int, key: bytes) -> None:
         host, _, port = address.rpartition(":")
         self.selector = selectors.DefaultSelector()
         self.readers: dict[socket.socket, msg.FrameReader] = {}
-        for rank in range(n_ranks):
+        for rank in ranks:
             sock = socket.create_connection((host, int(port)), timeout=30)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             reader = msg.FrameReader(msg.MAX_COORDINATOR_FRAME_BYTES)
@@ -180,10 +180,10 @@ def _next_frame(sock: socket.socket, reader: msg.FrameReader) -> tuple[str, obje
             return msg.decode_coordinator_frame(bodies[0])
 
 
-def _ranks_process(address: str, n_ranks: int, rounds: int, conn, timeout_s: float, key: bytes) -> None:
-    """Child process: connect the simulated ranks, report ready, play the rounds on "go"."""
-    _raise_fd_limit(n_ranks + 256)
-    ranks = _SimulatedRanks(address, n_ranks, key)
+def _ranks_process(address: str, mine: range, n_ranks: int, rounds: int, conn, timeout_s: float, key: bytes) -> None:
+    """Child process: connect the simulated ranks `mine`, report ready, play the rounds on "go"."""
+    _raise_fd_limit(len(mine) + 256)
+    ranks = _SimulatedRanks(address, mine, n_ranks, key)
     conn.send("ready")
     try:
         conn.recv()
@@ -215,8 +215,9 @@ def simulate_fanout_and_vote(n_ranks: int, timeout_s: float = 120.0, relay_fanou
 
 
 def simulate_rounds(n_ranks: int, rounds: int, timeout_s: float = 120.0, relay_fanout: int = 0,
-                    relay_processes: int = 1) -> list[RoundTimings]:
-    """Run `rounds` step rounds over the same connections with `n_ranks` simulated ranks."""
+                    relay_processes: int = 1, rank_processes: int = 1) -> list[RoundTimings]:
+    """Run `rounds` step rounds over the same connections with `n_ranks` simulated ranks (split
+    over `rank_processes` processes, where there are cores for them)."""
     _raise_fd_limit(n_ranks + 256)
     secret = job_secret.parse(job_secret.generate(), "the simulation")
     settings = RuntimeSettings(job_id=JOB, replica_id=REPLICA, world_size=n_ranks, controller_address="127.0.0.1:1",
@@ -228,9 +229,13 @@ def simulate_rounds(n_ranks: int, rounds: int, timeout_s: float = 120.0, relay_f
     service.marks = collections.deque(maxlen=max(rounds, 1) * 4)
     service.start()
     ctx = multiprocessing.get_context("spawn")  # no fork of a threaded process
-    parent, child = ctx.Pipe()
-    proc = ctx.Process(target=_ranks_process, daemon=True, args=(
-        service.address, n_ranks, rounds, child, timeout_s, secret.key(job_secret.PURPOSE_COORDINATOR)))
+    sims = []  # (process, pipe) of each simulated-ranks process
+    k = max(1, min(rank_processes, n_ranks))
+    for i in range(k):
+        parent, child = ctx.Pipe()
+        sims.append((ctx.Process(target=_ranks_process, daemon=True, args=(
+            service.address, range(i * n_ranks // k, (i + 1) * n_ranks // k), n_ranks, rounds, child, timeout_s,
+            secret.key(job_secret.PURPOSE_COORDINATOR))), parent))
     hosts = []  # (process, pipe) of each relay process
     try:
         t0 = time.perf_counter()
@@ -244,15 +249,21 @@ def simulate_rounds(n_ranks: int, rounds: int, timeout_s: float = 120.0, relay_f
         for host, pipe in hosts:
             if not pipe.poll(timeout_s) or pipe.recv() != "ready":
                 raise TimeoutError(f"the relays did not connect within {timeout_s}s")
-        proc.start()
-        if not parent.poll(timeout_s) or parent.recv() != "ready":
-            raise TimeoutError(f"{n_ranks} simulated ranks did not connect within {timeout_s}s")
+        for proc, pipe in sims:
+            proc.start()
+        for proc, pipe in sims:
+            if not pipe.poll(timeout_s) or pipe.recv() != "ready":
+                raise TimeoutError(f"{n_ranks} simulated ranks did not connect within {timeout_s}s")
         connect_s = time.perf_counter() - t0
         cpu0 = time.process_time()
-        parent.send("go")
-        if not parent.poll(timeout_s * rounds):
-            raise TimeoutError("simulated ranks did not finish the rounds")
-        lasts = parent.recv()
+        for proc, pipe in sims:
+            pipe.send("go")
+        per_process = []
+        for proc, pipe in sims:
+            if not pipe.poll(timeout_s * rounds):
+                raise TimeoutError("simulated ranks did not finish the rounds")
+            per_process.append(pipe.recv())
+        lasts = [tuple(map(max, zip(*of_round))) for of_round in zip(*per_process)]  # the last rank's, per round
         leader_cpu_s = (time.process_time() - cpu0) / max(rounds, 1)
         marks = list(service.marks)
         plans = [(at, write_s) for kind, at, write_s, _ in marks if kind == "plan"]
@@ -267,7 +278,7 @@ def simulate_rounds(n_ranks: int, rounds: int, timeout_s: float = 120.0, relay_f
             except OSError:
                 pass
         service.close(linger_s=1.0)
-        for p in [proc] + [host for host, _ in hosts]:
+        for p in [proc for proc, _ in sims] + [host for host, _ in hosts]:
             if p.pid is None:
                 continue  # never started
             p.join(10.0)
