@@ -205,3 +205,37 @@ def test_a_group_closing_after_the_others_finishes_the_replica():
     assert isinstance(report, co.ReportFinished) and core.c.stage is co.Stage.REPORTING
     (final,) = core.feed(co.FinishReported())
     assert final.frame.finished.clean and core.c.links() == [10, 11, 12, 21, 22]
+
+
+def test_at_8192_ranks_a_round_is_about_two_sqrt_n_messages_each_way():
+    big = dataclasses.replace(SETTINGS, world_size=8192, digest_every_steps=0).validate()
+    tree = big.relay_tree()
+    assert (tree.fanout, len(tree.relays)) == (91, 90)
+    core = Core(big, hello=False)
+    link = {g: 1000 + g for g in range(1, tree.groups)}
+    for g, conn in link.items():
+        core.send(conn, rm.relay_hello(g, 91, 8192, "j", "b", f"h:{g}", "i"))
+    for rank in range(8192):
+        g = tree.group_of(rank)
+        frame = msg.hello(rank, 8192, "j", "b", f"f{rank}", f"s{rank}", "i")
+        assert core.send(link[g], rm.relayed(rank, frame)) == [] if g else core.send(10 + rank, frame) == []
+    assert core.c.stage is co.Stage.READY and len(core.c.links()) == 91 + 90
+    messages_in = 0
+    for rank in tree.members(0):
+        messages_in += 1
+        effects = core.send(10 + rank, msg.begin(0))
+    for g, conn in link.items():
+        messages_in += 1
+        effects = core.send(conn, rm.group_begin(0, tree.members(g)))
+    (request,) = effects
+    assert len(request.ftar_addresses) == 8192
+    (plan,) = core.feed(co.QuorumAnswered(answer(max_step=0, members=MEMBERS, recover=(), addresses=False)))
+    assert isinstance(plan, co.Broadcast)  # written once per link: 181 writes
+    for rank in tree.members(0):
+        messages_in += 1
+        effects = core.send(10 + rank, msg.vote(1, True, "", 1.0, 1))
+    for g, conn in link.items():
+        messages_in += 1
+        effects = core.send(conn, rm.group_vote(1, True, tree.members(g), "", 91.0, 91))
+    (decision,) = decisions(effects)
+    assert decision.outcome == rpb.StepDecision.COMMIT and messages_in == 2 * (91 + 90)
