@@ -156,6 +156,8 @@ def fanout(ranks: int, rounds: int, relay_fanout: int = 0, relay_processes: int 
            "fanout_p50_ms": round(statistics.median(r.fanout_s * 1000 for r in rounds_), 1),
            "leader_broadcast_p50_ms": round(statistics.median(r.broadcast_s * 1000 for r in rounds_), 2),
            "leader_cpu_ms_per_round": round(rounds_[0].leader_cpu_s * 1000, 1),
+           "leader_loop_cpu_p50_ms": round(statistics.median(r.loop_cpu_s * 1000 for r in rounds_[1:]), 2)
+           if len(rounds_) > 1 else None,
            "relays": rounds_[0].relays, "relay_processes": relay_processes if rounds_[0].relays else 0,
            "rank_processes": rank_processes,
            "fanout_rounds": len(rounds_)}

@@ -50,6 +50,7 @@ class RoundTimings:
     outcome: str
     relays: int = 0
     leader_cpu_s: float = 0.0  # the coordinator process's CPU time per round (averaged over the rounds)
+    loop_cpu_s: float | None = None  # the coordinator loop thread's CPU in this round (None: the first)
 
 
 class InstantController:
@@ -266,11 +267,16 @@ def simulate_rounds(n_ranks: int, rounds: int, timeout_s: float = 120.0, relay_f
         lasts = [tuple(map(max, zip(*of_round))) for of_round in zip(*per_process)]  # the last rank's, per round
         leader_cpu_s = (time.process_time() - cpu0) / max(rounds, 1)
         marks = list(service.marks)
-        plans = [(at, write_s) for kind, at, write_s, _ in marks if kind == "plan"]
-        decisions = [(at, outcome.lower()) for kind, at, _, outcome in marks if kind == "decision"]
+        plans = [(at, write_s) for kind, at, write_s, _, _ in marks if kind == "plan"]
+        decisions = [(at, outcome.lower()) for kind, at, _, outcome, _ in marks if kind == "decision"]
+        loop_cpu = [cpu for kind, _, _, _, cpu in marks if kind == "decision"]
+        # The coordinator loop's CPU from one decision to the next: a whole round (begins, plan,
+        # votes, decision); the first round, which also carries every rank's addresses, has none.
+        round_cpu = [None] + [b - a for a, b in zip(loop_cpu, loop_cpu[1:])]
         return [RoundTimings(n_ranks, connect_s, write_s, max(last_plan, start) - start, voted - start,
-                             max(last_decision, voted) - start, outcome, len(relay_ranks), leader_cpu_s)
-                for (start, write_s), (voted, outcome), (last_plan, last_decision) in zip(plans, decisions, lasts)]
+                             max(last_decision, voted) - start, outcome, len(relay_ranks), leader_cpu_s, loop_s)
+                for (start, write_s), (voted, outcome), (last_plan, last_decision), loop_s
+                in zip(plans, decisions, lasts, round_cpu)]
     finally:
         for host, pipe in hosts:
             try:

@@ -80,8 +80,8 @@ class CoordinatorService:
         self.address = ""
         self.hello_timeout_s = settings.hello_timeout_s
         self.name = f"replica {settings.replica_id} coordinator"
-        #: for benchmarks: [kind, perf_counter when written, seconds writing took, outcome] of
-        #: the latest plan and decision broadcasts
+        #: for benchmarks: [kind, perf_counter when written, seconds writing took, outcome, the
+        #: event loop thread's CPU seconds so far] of the latest plan and decision broadcasts
         self.marks: collections.deque[list] = collections.deque(maxlen=64)
 
     @property
@@ -271,7 +271,7 @@ class CoordinatorService:
         if kind not in ("plan", "decision"):
             return None
         outcome = rpb.StepDecision.Outcome.Name(message.decision.outcome) if kind == "decision" else ""
-        mark = [kind, time.perf_counter(), 0.0, outcome]
+        mark = [kind, time.perf_counter(), 0.0, outcome, time.thread_time()]
         self.marks.append(mark)
         return mark
 
