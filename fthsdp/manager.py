@@ -10,9 +10,8 @@ Every decision is made by the pure protocol (fthsdp/step/protocol.py); this clas
 events -- what the training script called, what the coordinator said, what the catch-up
 fetch reported, time passing -- and executes the effects it returns, nothing else. Rank 0
 also hosts the replica's coordinator (fthsdp/step/coordinator.py) and is its client over
-TCP like every other rank; in a replica with relays, each group's first rank also hosts
-its group's relay (fthsdp/step/relay.py) and is its client. `start()` does the expensive
-set-up (the pre-init hook first) before this rank reports in; the constructor starts nothing. Errors follow
+TCP like every other rank. `start()` does the expensive set-up (the pre-init hook first)
+before this rank reports in; the constructor starts nothing. Errors follow
 fthsdp/errors.py: recoverable ones become "no" votes; fatal ones are raised.
 """
 
@@ -45,7 +44,6 @@ from fthsdp.step import messages as msg
 from fthsdp.step.client import CoordinatorClient
 from fthsdp.step.controller_client import ControllerClient
 from fthsdp.step.coordinator import CoordinatorService
-from fthsdp.step.relay import RelayService
 from fthsdp.step.plan import AddressBook, PlanError, RankPlan, plan_for_rank
 from fthsdp.step.protocol import INF, Phase, ProtocolError, advance, initial_state, next_deadline
 from fthsdp.sync import fsdp
@@ -109,7 +107,6 @@ class Manager:
             settings.checkpoint_dir, key=key, keep_last=settings.checkpoint_keep_last)) if settings.checkpoint_dir \
             else None
         self.coordinator: CoordinatorService | None = None
-        self.relay: RelayService | None = None
         self.client: CoordinatorClient | None = None
         self.state_server: StateServer | None = None
         self.endpoint: FtarEndpoint | None = None
@@ -197,11 +194,9 @@ class Manager:
                 self.coordinator = CoordinatorService(s, controller, host, int(port)).start()
                 address = self.coordinator.address
                 controller.start_heartbeats(s.heartbeat_interval_s)
-            if s.rank in s.relay_tree().relays:  # this rank relays its group; it is a client of its relay below
-                self.relay = RelayService(s, address, s.bind_host, incarnation=self.incarnation).start()
             hello = msg.hello(s.rank, s.world_size, s.job_id, s.replica_id, self.endpoint.address,
                               self.state_server.address, self.incarnation)
-            self.client = self._seams.channel(CoordinatorClient(address, s.rank)).connect(
+            self.client = self._seams.channel(CoordinatorClient.for_rank(s, address, self.incarnation)).connect(
                 s.quorum_timeout_s, hello, s.port_key(job_secret.PURPOSE_COORDINATOR))
         except ChannelError as exc:
             self._teardown()
@@ -243,13 +238,13 @@ class Manager:
         if self._fetch is not None:
             self._fetch.cancel(self.settings.fetch_timeout_s)
             self._fetch = None
-        for part in (self.client, self.coordinator, self.relay, self.state_server, self.endpoint):
+        for part in (self.client, self.coordinator, self.state_server, self.endpoint):
             if part is not None:
                 try:
                     part.close()
                 except Exception as exc:  # noqa: BLE001 - closing is best effort
                     log.debug("closing %s failed: %r", type(part).__name__, exc)
-        self.client = self.coordinator = self.relay = self.state_server = self.endpoint = None
+        self.client = self.coordinator = self.state_server = self.endpoint = None
         if self.collectives.telemetry is not None:
             self.collectives.telemetry.close()
 

@@ -5,8 +5,9 @@ both ways: it tags the coordinator's challenge with the job secret's coordinator
 accepts only a welcome tagged over its own fresh nonce (a stranger listening at the
 address cannot pose as the coordinator). In a replica with relays (fthsdp/step/relay.py)
 the coordinator's welcome names the rank's relay; the rank then connects there and says
-its hello again, to the relay (which authenticates the same way); a relay never sends it on. `receive(timeout_s, wake_fd)`
-returns the next decoded frame, or None when the timeout passed or `wake_fd` became
+its hello again, to the relay (which authenticates the same way); a relay never sends it on.
+A relay rank's client (`for_rank`) hosts its group's relay and stops it when it closes.
+`receive(timeout_s, wake_fd)` returns the next decoded frame, or None when the timeout passed or `wake_fd` became
 readable (the catch-up fetch signals its end that way), so the Manager waits on the
 coordinator and the fetch at once. Partial frames survive a timeout. Any failure of the
 connection -- closed, reset, a bad frame, a refusal -- raises ChannelError.
@@ -19,8 +20,10 @@ import socket
 import time
 
 from fthsdp.errors import ChannelError
+from fthsdp.settings import RuntimeSettings
 from fthsdp.step.messages import (MAX_COORDINATOR_FRAME_BYTES, FrameReader, MessageError, decode_coordinator_frame,
                                   frame, sign_hello, welcome_is_authentic)
+from fthsdp.step.relay import RelayService
 from protos import replica_pb2 as rpb
 
 
@@ -30,13 +33,33 @@ class CoordinatorClient:
         self.coordinator_address = address
         #: where this rank's relay listens, once the coordinator sent it there ("" : none)
         self.relay_address = ""
+        #: the relay of this rank's group when this rank is its relay (started by for_rank)
+        self.hosted: RelayService | None = None
         self._sock: socket.socket | None = None
         self._reader = FrameReader(MAX_COORDINATOR_FRAME_BYTES)
         self._ready: list[bytes] = []
 
+    @classmethod
+    def for_rank(cls, settings: RuntimeSettings, address: str, incarnation: str = "") -> "CoordinatorClient":
+        """The client of rank `settings.rank` for the coordinator at `address`. A relay rank (the
+        first of its group, fthsdp/step/relay_tree.py) starts its group's relay first -- its own
+        connection goes through it like its group's others' -- and closes it with this client."""
+        client = cls(address, settings.rank)
+        if settings.rank in settings.relay_tree().relays:
+            client.hosted = RelayService(settings, address, settings.bind_host, incarnation=incarnation).start()
+        return client
+
     def connect(self, timeout_s: float, hello: rpb.RankFrame, key: bytes | None) -> "CoordinatorClient":
         """Reach the coordinator and authenticate (`key`: the coordinator key of the job secret;
-        None when the ports run without authentication), all within timeout_s."""
+        None when the ports run without authentication), all within timeout_s. On failure the
+        relay this rank hosts is stopped too."""
+        try:
+            return self._connect(timeout_s, hello, key)
+        except BaseException:
+            self.close()
+            raise
+
+    def _connect(self, timeout_s: float, hello: rpb.RankFrame, key: bytes | None) -> "CoordinatorClient":
         deadline = time.monotonic() + timeout_s
         delay = 0.02
         while True:
@@ -52,16 +75,16 @@ class CoordinatorClient:
                 if answer:  # the coordinator sends this rank to its relay
                     if self.relay_address:
                         raise ChannelError(f"rank {self.rank}: its relay at {self.address} sent it on to {answer}")
-                    self.close()
+                    self._drop()
                     self.relay_address = self.address = answer
                     continue
                 reason: object = "it is busy with other hellos"
             except OSError as exc:
                 reason = exc
             except ChannelError:
-                self.close()
+                self._drop()
                 raise
-            self.close()
+            self._drop()
             if time.monotonic() + delay > deadline:
                 raise ChannelError(f"rank {self.rank} could not reach its coordinator at {self.address} within "
                                    f"{timeout_s:g}s: {reason}")
@@ -146,7 +169,14 @@ class CoordinatorClient:
             raise ChannelError(f"the coordinator refused rank {self.rank}: {message.reason}")
         return kind, message
 
-    def close(self) -> None:
+    def _drop(self) -> None:
         if self._sock is not None:
             self._sock.close()
             self._sock = None
+
+    def close(self) -> None:
+        """Hang up, then stop the relay this rank hosts, if any (it lets its ranks hang up first, bounded)."""
+        self._drop()
+        if self.hosted is not None:
+            self.hosted.close()
+            self.hosted = None
