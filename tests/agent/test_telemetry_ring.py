@@ -119,7 +119,7 @@ def test_concurrent_writer_never_yields_a_torn_record(tmp_path):
     writer = threading.Thread(target=write)
     writer.start()
     try:
-        for _ in range(300):
+        for _ in range(100):  # each read races the writer's 8-slot ring several times over
             for r in read_ring(t.path)[1]:
                 # every field of a record comes from the same write of it
                 assert r.nbytes == r.seq and r.join_ns == int((101.0 + r.seq) * S)
