@@ -25,6 +25,11 @@ import sys
 import threading
 import time
 
+#: Set once this process is done (its leader reported the replica finished): every paced wait
+#: below ends at once. The pauses stand for compute time and the failover rule's back-off; they
+#: wait for nothing else.
+DONE = threading.Event()
+
 
 def write(path, values):
     tmp = path + ".tmp"
@@ -70,15 +75,17 @@ def collectives(env, fault):
     ring = Telemetry.from_env(env["FTHSDP_REPLICA_ID"], int(env["FTHSDP_RANK"]), time.monotonic())
     size = int(env["FTHSDP_WORLD_SIZE"])
     for seq in range(10 ** 9):
+        if DONE.is_set():
+            return
         if hung and seq == 5 and env.get("FTHSDP_HOST_ID") == hang_host:
             return  # hung outside collectives: never joins #5
         token = ring.record_join(seq, Kind.ALL_REDUCE, "replica", 1024, time.monotonic(), group_size=size)
         if hung and seq == 5:
             return  # joined; waits for the hung peer forever
-        time.sleep(0.05)
+        DONE.wait(0.05)  # the collective's work
         ring.record_progress(token, 1024, time.monotonic())
         ring.record_done(token, time.monotonic())
-        time.sleep(0.05)
+        DONE.wait(0.05)  # own work before the next one
 
 
 def train(env):
@@ -115,12 +122,13 @@ def train(env):
                 stub.ReportFinished(pb.ReportFinishedRequest(replica_id=replica, step=q.max_step, job_id=job,
                                                              host_id=host, reason="fake trainer done"), timeout=30)
                 print("replica finished", file=sys.stderr, flush=True)
+                DONE.set()
                 sys.exit(0)
         except grpc.RpcError as exc:
             print(f"controller: {exc.code().name}: {exc.details()}", file=sys.stderr, flush=True)
             if exc.code() in FAILOVER_CODES:
                 pause = rotation.failed(leader_hint(exc))
-        time.sleep(pause)
+        DONE.wait(pause)  # a step's pace, or the rotation's back-off after a failed call
 
 
 if __name__ == "__main__":
