@@ -93,7 +93,9 @@ def start_controller(log_path: Path, replicas: int, join_timeout_s: float, heart
         path.write_text(json.dumps(settings))
         extra = ("--settings", str(path))
     with open(log_path, "w") as log:
-        return launch("--replicas", str(replicas), "--min-replicas", "1", "--join-timeout-s", str(join_timeout_s),
+        min_replicas = (settings or {}).get("min_replicas", 1)  # a flag: it would override the file's
+        return launch("--replicas", str(replicas), "--min-replicas", str(min_replicas),
+                      "--join-timeout-s", str(join_timeout_s),
                       "--heartbeat-timeout-s", str(heartbeat_timeout_s), "--lr-policy", lr_policy, "--job-id", "t",
                       *extra, stderr=log, timeout_s=30.0, cwd=str(REPO))
 

@@ -110,9 +110,12 @@ def _full_state_bytes() -> int:
 def test_the_whole_job_killed_resumes_from_its_last_dcp_checkpoint_exactly_once(tmp_path):
     ckpt = tmp_path / "ckpt"
     # Every rank stops after committing step 5 and the whole job is SIGKILLed; the last checkpoint is
-    # the state at the start of step 4 (written after committing step 3, every 4 steps).
+    # the state at the start of step 4 (written after committing step 3, every 4 steps). Both replicas
+    # train every step (min_replicas=2): a replica that started late would join after the other had
+    # stopped at step 5 and wait for it until the deadline.
+    both = {"min_replicas": 2}
     first = Cluster(tmp_path / "run1", replicas=2, ranks=2, steps=50, join_timeout_s=10.0, checkpoint_every=4,
-                    checkpoint_dir=ckpt, worker=FSDP, kill_all_after=5).run(timeout_s=120.0)
+                    checkpoint_dir=ckpt, worker=FSDP, kill_all_after=5, controller_settings=both).run(timeout_s=120.0)
     assert max(r["step"] for r in first.where(event="commit")) == 5
     store = CheckpointStore(ckpt, key=SECRET.key(job_secret.PURPOSE_CHECKPOINT))
     assert store.steps() == [4] and store.latest_complete() == 4
@@ -122,7 +125,7 @@ def test_the_whole_job_killed_resumes_from_its_last_dcp_checkpoint_exactly_once(
         [".metadata", "COMPLETE", "__0_0.distcp", "__1_0.distcp", "fthsdp.pt"]  # one DCP file per rank's shards
 
     second = Cluster(tmp_path / "run2", replicas=2, ranks=2, steps=7, join_timeout_s=10.0, checkpoint_every=4,
-                     checkpoint_dir=ckpt, worker=FSDP).run(timeout_s=120.0)
+                     checkpoint_dir=ckpt, worker=FSDP, controller_settings=both).run(timeout_s=120.0)
     assert {r["step"] for r in second.where(event="started")} == {4}
     hc.check_bitwise_identical_after_every_commit(second, sharded=True)
     # The resumed job retraces the killed one bitwise: same state after steps 4 and 5, rank by rank.
