@@ -35,10 +35,8 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
-from torch.distributed.checkpoint.api import CheckpointException
 
 from fthsdp.errors import CheckpointError
-from fthsdp.state import dcp_payload
 
 FORMAT = "fthsdp-dcp-1"
 MARKER = "COMPLETE"
@@ -108,6 +106,7 @@ class CheckpointStore:
                    rank: int = 0) -> Path:
         """Write the state as of the start of `step`. With a process group every rank of the
         writing replica calls this (DCP is collective); rank 0 commits the folder."""
+        dcp_payload, CheckpointException = _dcp()
         tmp, final = self._tmp_dir(step), self.step_dir(step)
         try:
             if rank == 0:
@@ -220,6 +219,7 @@ class CheckpointStore:
              process_group: dist.ProcessGroup | None = None) -> Restored:
         """Load the checkpoint of `step` into the live model and optimizer (collective over
         `process_group` for a sharded model; each rank reads its own shards)."""
+        dcp_payload, CheckpointException = _dcp()
         self._verify(step)
         folder = self.step_dir(step)
         try:
@@ -250,3 +250,14 @@ class CheckpointStore:
             except (OSError, ValueError, KeyError):
                 continue
         return out
+
+
+def _dcp():
+    """`torch.distributed.checkpoint`, imported when a checkpoint is first written or read: it is
+    about 40% of a trainer's import time, and a trainer that never checkpoints (or that is
+    restarting to catch up from a peer) should not wait for it."""
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    from fthsdp.state import dcp_payload
+
+    return dcp_payload, CheckpointException

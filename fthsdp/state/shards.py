@@ -6,33 +6,43 @@ digests and the memory checks work on these local tensors only: rank k moves, ha
 holds ≈ 1/world_size of the state. `local` returns a view of the same memory, so writing into
 it writes the parameter; `like` wraps a received local tensor back into a DTensor laid out
 like its parameter (same mesh, placements, global shape and stride).
+
+`torch.distributed.tensor` is not imported here: it is about a fifth of a trainer's import time,
+and until something imported it (FSDP2 does) no tensor can be a DTensor.
 """
 
 from __future__ import annotations
 
+import sys
+
 import torch
 import torch.distributed as dist
-from torch.distributed.tensor import DTensor
+
+
+def _dtensor_class() -> type | None:
+    """DTensor, if its module is loaded; None while no DTensor can exist."""
+    return getattr(sys.modules.get("torch.distributed.tensor"), "DTensor", None)
+
+
+def is_dtensor(t: object) -> bool:
+    cls = _dtensor_class()
+    return cls is not None and isinstance(t, cls)
 
 
 def local(t: torch.Tensor) -> torch.Tensor:
     """The local shard of a DTensor (same memory), or `t` itself; detached either way."""
-    if isinstance(t, DTensor):
+    if is_dtensor(t):
         return t.to_local().detach()
     return t.detach()
-
-
-def is_dtensor(t: object) -> bool:
-    return isinstance(t, DTensor)
 
 
 def like(param: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
     """`value` (a local tensor of the parameter's local shape) as the parameter holds it: moved
     to the parameter's device and, for a DTensor parameter, wrapped as its shard."""
-    if not isinstance(param, DTensor):
+    if not is_dtensor(param):
         return value
     shard = value.to(param.to_local().device)
-    return DTensor.from_local(shard, param.device_mesh, param.placements, run_check=False, shape=param.shape,
+    return _dtensor_class().from_local(shard, param.device_mesh, param.placements, run_check=False, shape=param.shape,
                               stride=param.stride())
 
 
@@ -45,7 +55,7 @@ def storage_bytes(t: torch.Tensor) -> int:
 def process_group_of(model: torch.nn.Module) -> dist.ProcessGroup:
     """The process group a sharded model's parameters are sharded over (the replica's ranks)."""
     for param in model.parameters():
-        if isinstance(param, DTensor):
+        if is_dtensor(param):
             return param.device_mesh.get_group()
     raise ValueError(f"{type(model).__name__} has no sharded (DTensor) parameter")
 

@@ -21,10 +21,13 @@ tell (correct, only slower).
 
 from __future__ import annotations
 
-from typing import Callable
+import sys
+from typing import TYPE_CHECKING, Callable
 
 import torch
-from torch.distributed.fsdp import FSDPModule
+
+if TYPE_CHECKING:
+    from torch.distributed.fsdp import FSDPModule
 
 # Dtypes for which FSDP2 never divides after the hook (it folds the division into the
 # reduce-scatter); other dtypes are divided after it, which must then see the finished sum.
@@ -34,7 +37,12 @@ OnShard = Callable[[torch.Tensor, bool], None]
 
 
 def fsdp_modules(model: torch.nn.Module) -> list[FSDPModule]:
-    return [m for m in model.modules() if isinstance(m, FSDPModule)]
+    # Not imported here (a quarter of a trainer's import time): until something imported
+    # torch.distributed.fsdp (fully_shard lives there), no module can be wrapped by it.
+    fsdp = sys.modules.get("torch.distributed.fsdp")
+    if fsdp is None:
+        return []
+    return [m for m in model.modules() if isinstance(m, fsdp.FSDPModule)]
 
 
 def is_sharded(model: torch.nn.Module) -> bool:
