@@ -9,10 +9,11 @@ bounded.
 from __future__ import annotations
 
 import hashlib
-import multiprocessing as mp
 import os
 import threading
 from dataclasses import dataclass
+
+from tests import forked
 
 DTYPES = ("float32", "bfloat16", "float16")
 #: the job's key every test endpoint holds (FTAR authenticates every hello)
@@ -90,9 +91,7 @@ class Answer:
 
 class Cluster:
     def __init__(self, size: int, **settings_kwargs) -> None:
-        ctx = mp.get_context("forkserver")
-        # The fork server imports torch once; every worker after that starts in milliseconds.
-        ctx.set_forkserver_preload(["torch", "ftar_kernels", __name__])
+        ctx = forked.context()  # the fork server imports torch once; every worker starts in milliseconds
         self._conns, self.procs = [], []
         for _ in range(size):
             parent, child = ctx.Pipe()

@@ -5,6 +5,7 @@
 
 The cluster plays the agent's part: when a rank dies it kills the rest of its replica and
 starts the replica again (new incarnation). Waits block on process exit (pidfd), bounded.
+Trainers are forked from a server that imported torch once (tests/forked.py).
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ import os
 import selectors
 import signal
 import socket
-import subprocess
 import sys
 import threading
 import time
@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from controller.launch import ControllerProcess, launch
-from tests import trainer_secret
+from tests import forked, trainer_secret
 
 REPO = Path(__file__).resolve().parents[2]
 PYTHON = sys.executable
@@ -75,7 +75,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _read_line(proc: subprocess.Popen, timeout_s: float) -> str:
+def _read_line(proc: forked.Forked, timeout_s: float) -> str:
     box: list[str] = []
     reader = threading.Thread(target=lambda: box.append(proc.stdout.readline()), daemon=True)
     reader.start()
@@ -128,7 +128,7 @@ class Cluster:
         self.records_dir = self.workdir / "records"
         self.records_dir.mkdir(exist_ok=True)
         self.checkpoint_dir = self.checkpoint_dir or self.workdir / "ckpt"
-        self._procs: dict[int, list[subprocess.Popen]] = {}
+        self._procs: dict[int, list[forked.Forked]] = {}
         self._incarnation: dict[int, int] = {}
 
     def _spawn(self, controller: ControllerProcess, replica: int) -> None:
@@ -144,15 +144,14 @@ class Cluster:
                    "checkpoint_dir": str(self.checkpoint_dir) if self.checkpoint_every else "",
                    "checkpoint_every": self.checkpoint_every, "ddp": self.ddp, "stop_after": self.kill_all_after,
                    **self.worker, **self.overrides.get(replica, {})}
-            log = open(self.workdir / f"worker-{replica}-{rank}-{inc}.log", "w")
-            procs.append(subprocess.Popen([PYTHON, "-m", "tests.runtime.train_worker", json.dumps(cfg)],
-                                          cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
-                                          text=True, env={**os.environ, **trainer_secret.ENV}))
+            procs.append(forked.start("tests.runtime.train_worker", [json.dumps(cfg)], cwd=REPO,
+                                      log=self.workdir / f"worker-{replica}-{rank}-{inc}.log",
+                                      env={**os.environ, **trainer_secret.ENV}))
         self._procs[replica] = procs
         if inc > 0 or replica in self.late:
             self._go(procs, 120.0)
 
-    def _go(self, procs: list[subprocess.Popen], timeout_s: float) -> None:
+    def _go(self, procs: list[forked.Forked], timeout_s: float) -> None:
         """Wait for each worker's "ready" (pre-init done), then let them all report in."""
         for p in procs:
             if _read_line(p, timeout_s).strip() != "ready":
@@ -178,6 +177,7 @@ class Cluster:
                     if p.poll() is None:
                         p.kill()
                         p.wait()
+                    p.close()
             controller.stop()
         return Records.load(self.records_dir)
 

@@ -12,7 +12,7 @@ DCP checkpoint and retraces the killed run bitwise, every batch trained once.
 from __future__ import annotations
 
 import json
-import subprocess
+import os
 from pathlib import Path
 
 import pytest
@@ -20,8 +20,9 @@ import torch
 
 from fthsdp.state.checkpoint import CheckpointStore
 from protos import job_secret
+from tests import forked
 from tests.runtime import history_checks as hc
-from tests.runtime.cluster import PYTHON, REPO, Cluster, Faults, Records, free_port
+from tests.runtime.cluster import REPO, Cluster, Faults, Records, free_port
 from tests.trainer_secret import SECRET
 
 pytestmark = pytest.mark.slow
@@ -36,13 +37,11 @@ def _reference(out: Path, replicas: int, ranks: int, steps: int) -> None:
     for global_rank in range(replicas * ranks):
         cfg = {"replicas": replicas, "ranks": ranks, "global_rank": global_rank, "port": port, "steps": steps,
                "out": str(out)}
-        log = open(out / f"reference-{global_rank}.log", "w")  # noqa: SIM115 - closed with the process
-        procs.append((subprocess.Popen([PYTHON, "-m", "tests.runtime.hsdp_reference", json.dumps(cfg)], cwd=REPO,
-                                       stdout=log, stderr=subprocess.STDOUT), log))
-    for proc, log in procs:
+        procs.append(forked.start("tests.runtime.hsdp_reference", [json.dumps(cfg)], log=out / f"reference-{global_rank}.log",
+                                  env=dict(os.environ), cwd=REPO, pipes=False))
+    for global_rank, proc in enumerate(procs):
         code = proc.wait(timeout=120)
-        log.close()
-        assert code == 0, (out / f"reference-{procs.index((proc, log))}.log").read_text()[-2000:]
+        assert code == 0, (out / f"reference-{global_rank}.log").read_text()[-2000:]
 
 
 @pytest.mark.timeout(300)

@@ -4,11 +4,12 @@ finishes later only what FSDP merely views after it (tests/runtime/fsdp_probe.py
 from __future__ import annotations
 
 import json
-import subprocess
+import os
 
 import pytest
 
-from tests.runtime.cluster import PYTHON, REPO, free_port
+from tests import forked
+from tests.runtime.cluster import REPO, free_port
 
 pytestmark = pytest.mark.slow
 
@@ -17,10 +18,10 @@ pytestmark = pytest.mark.slow
 def probe(tmp_path_factory):
     out = tmp_path_factory.mktemp("probe")
     port = free_port()
-    procs = [subprocess.Popen([PYTHON, "-m", "tests.runtime.fsdp_probe", str(port), str(rank), str(out / f"{rank}.json")],
-                              cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for rank in (0, 1)]
-    logs = [p.communicate(timeout=120)[0] for p in procs]
-    assert [p.returncode for p in procs] == [0, 0], logs
+    procs = [forked.start("tests.runtime.fsdp_probe", [str(port), str(rank), str(out / f"{rank}.json")],
+                          log=out / f"{rank}.log", env=dict(os.environ), cwd=REPO, pipes=False) for rank in (0, 1)]
+    codes = [p.wait(timeout=120) for p in procs]
+    assert codes == [0, 0], [(out / f"{rank}.log").read_text()[-2000:] for rank in (0, 1)]
     return [json.loads((out / f"{rank}.json").read_text()) for rank in (0, 1)]
 
 

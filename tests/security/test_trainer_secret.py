@@ -13,6 +13,7 @@ import httpx
 
 from controller.launch import read_json_line
 from protos import job_secret
+from tests import forked
 from tests.agent.helpers import ready_files, trainer_command
 from tests.runtime.cluster import REPO, start_controller
 from tests.waiting import wait_for
@@ -22,12 +23,20 @@ NO_SECRET = {k: v for k, v in os.environ.items() if k not in (
 
 
 def worker(controller: str, workdir, env: dict) -> subprocess.CompletedProcess:
-    """One single-rank replica of tests/runtime/train_worker.py that trains one step, if it may."""
+    """One single-rank replica of tests/runtime/train_worker.py that trains one step, if it may
+    (forked from the pre-imported server, tests/forked.py, with exactly `env`)."""
     cfg = {"replica_id": "0", "rank": 0, "world_size": 1, "incarnation": 0, "controller": controller,
            "coordinator_address": "", "gloo_port": 0, "steps": 1, "max_steps": 1, "replicas": 1, "faults": [],
            "record": str(workdir / "record.jsonl")}
-    return subprocess.run([sys.executable, "-m", "tests.runtime.train_worker", json.dumps(cfg)], cwd=REPO,
-                          input="go\n", capture_output=True, text=True, timeout=120, env=env)
+    log = workdir / f"worker-{len(list(workdir.glob('worker-*.log')))}.log"
+    proc = forked.start("tests.runtime.train_worker", [json.dumps(cfg)], log=log, env=env, cwd=REPO)
+    try:
+        proc.stdin.write("go\n")
+        code = proc.wait(timeout=120)
+    finally:
+        proc.kill()
+        proc.close()
+    return subprocess.CompletedProcess(proc.args, code, "", log.read_text())
 
 
 def test_a_trainer_without_a_secret_refuses_to_open_its_ports_and_one_in_insecure_mode_says_so(tmp_path):

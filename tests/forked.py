@@ -1,0 +1,120 @@
+"""Test workers forked from a process that imported torch once, instead of started from scratch.
+
+    proc = forked.start("tests.runtime.train_worker", [json.dumps(cfg)], log=path, env=env, cwd=REPO)
+
+A fresh Python that imports torch and FSDP2 spends about 5 s of CPU before it runs a line of the
+worker; a cluster test starts six to ten of them at once on two cores. multiprocessing's fork
+server imports `PRELOAD` once per test session and forks every worker from there, so a worker
+starts in milliseconds, already past those imports — what an agent's warm standby does for a
+real trainer. The workers are still real processes: their own pid, stdin and stdout pipes, a
+log file as stderr, the environment and working directory they are given, killed with real
+signals, and their exit code (negative: the signal) read back like `subprocess.Popen`'s.
+
+Forking after these imports is safe: nothing in `PRELOAD` starts a thread that holds a lock a
+child could need (numpy's BLAS pool re-forms after a fork), and nothing here touches gRPC, whose
+channels must not cross a fork; the worker imports gRPC itself.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import runpy
+import signal
+import subprocess
+import sys
+from multiprocessing.connection import Connection
+from pathlib import Path
+
+PRELOAD = ["numpy", "torch", "torch.distributed", "torch.distributed.device_mesh", "torch.distributed.fsdp",
+           "torch.distributed.tensor", "torch.distributed.checkpoint", "torch.optim", "ftar_kernels"]
+
+
+def context() -> multiprocessing.context.ForkServerContext:
+    """The fork server context; its server (one per test session) imports PRELOAD when it starts."""
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(PRELOAD)
+    return ctx
+
+
+class Forked:
+    """The part of `subprocess.Popen` the test harnesses use, for a worker forked by the server."""
+
+    def __init__(self, process: multiprocessing.process.BaseProcess, args: list[str], stdin, stdout) -> None:
+        self._process = process
+        self.args = args
+        self.pid = process.pid
+        self.stdin = stdin
+        self.stdout = stdout
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            self.returncode = self._process.exitcode
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        self._process.join(timeout)
+        if self.poll() is None:
+            raise subprocess.TimeoutExpired(self.args, timeout)
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is None:
+            try:
+                os.kill(self.pid, sig)
+            except ProcessLookupError:
+                pass  # exited meanwhile
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+    def close(self) -> None:
+        for f in (self.stdin, self.stdout):
+            if f is not None:
+                f.close()
+
+
+def start(module: str, argv: list[str], *, log: Path, env: dict[str, str], cwd: Path,
+          pipes: bool = True) -> Forked:
+    """Run `python -m module *argv` as a forked worker; stderr (and stdout without `pipes`) to `log`."""
+    ctx = context()
+    stdin_r = stdin_w = stdout_r = stdout_w = None
+    if pipes:
+        stdin_r, stdin_w = os.pipe()
+        stdout_r, stdout_w = os.pipe()
+    child_ends = [Connection(fd, readable=True, writable=True) if fd is not None else None
+                  for fd in (stdin_r, stdout_w)]
+    process = ctx.Process(target=_run, args=(module, list(argv), dict(env), str(cwd), str(log), *child_ends),
+                          daemon=True, name=module)
+    try:
+        process.start()
+    finally:
+        for end in child_ends:
+            if end is not None:
+                end.close()
+    stdin = os.fdopen(stdin_w, "w", buffering=1) if pipes else None
+    stdout = os.fdopen(stdout_r, "r") if pipes else None
+    return Forked(process, [sys.executable, "-m", module, *argv], stdin, stdout)
+
+
+def _run(module: str, argv: list[str], env: dict[str, str], cwd: str, log: str,
+         stdin: Connection | None, stdout: Connection | None) -> None:
+    """In the forked child: become `python -m module *argv` with these streams, env and cwd."""
+    os.chdir(cwd)
+    os.environ.clear()
+    os.environ.update(env)
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    os.dup2(fd, 2)
+    os.dup2(fd if stdout is None else stdout.fileno(), 1)
+    os.dup2(os.open(os.devnull, os.O_RDONLY) if stdin is None else stdin.fileno(), 0)
+    os.close(fd)
+    for end in (stdin, stdout):
+        if end is not None:
+            end.close()
+    sys.stdin = open(0, closefd=False)  # noqa: SIM115 - the process's own streams, for its lifetime
+    sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115
+    sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
+    sys.argv = [module, *argv]
+    sys.path.insert(0, cwd)
+    runpy.run_module(module, run_name="__main__", alter_sys=True)
