@@ -7,6 +7,11 @@ between the same collectives, so their own times are comparable; a rank that mer
 someone else (released late by an earlier collective) joins right after its release and is not
 blamed, and hosts' clocks never meet (each value is a difference on one clock).
 
+A member whose window is *disturbed* did work there that its peers need not have done (it wrote
+a checkpoint, served or fetched a catch-up, formed a new ring: protos/telemetry_ring.py): its
+own time says nothing about its speed, so it is left out of that window, neither flagged nor
+counted in the median. A rank that writes every checkpoint is judged in the other windows.
+
 A window flags a member whose own time exceeds the group median by more than
 `straggler_mad_k` robust standard deviations (1.4826 × MAD) and by more than
 `straggler_min_excess` of the median. A window that flags more than a quarter of its members
@@ -46,20 +51,29 @@ class Flag:
 class WindowVerdict:
     key: GroupKey
     index: int
+    #: the members judged (reported and not disturbed)
     members: int
     median_s: float
     threshold_s: float
     flags: tuple[Flag, ...]
     #: too many members flagged: a group-wide change, counted for nobody
     noisy: bool
+    #: members left out: their window was disturbed
+    left_out: tuple[RankKey, ...] = ()
 
 
 def judge_window(key: GroupKey, index: int, own: dict[RankKey, float], hosts: dict[RankKey, str],
-                 settings: DiagnosisSettings) -> WindowVerdict:
-    """Which members of one window spent far longer on their own than the group."""
+                 settings: DiagnosisSettings, disturbed: frozenset[RankKey] | set[RankKey] = frozenset()
+                 ) -> WindowVerdict:
+    """Which members of one window spent far longer on their own than the group (the
+    `disturbed` members left out)."""
+    left_out = tuple(sorted(rk for rk in own if rk in disturbed))
+    if left_out:
+        own = {rk: v for rk, v in own.items() if rk not in disturbed}
     values = list(own.values())
     if len(values) < MIN_MEMBERS:
-        return WindowVerdict(key, index, len(values), median(values) if values else 0.0, float("inf"), (), False)
+        return WindowVerdict(key, index, len(values), median(values) if values else 0.0, float("inf"), (), False,
+                             left_out)
     med = median(values)
     sigma = MAD_TO_SIGMA * median([abs(v - med) for v in values])
     threshold = med + max(settings.straggler_mad_k * sigma, settings.straggler_min_excess * med)
@@ -67,7 +81,7 @@ def judge_window(key: GroupKey, index: int, own: dict[RankKey, float], hosts: di
         Flag(rk, hosts.get(rk, ""), v, v / med if med > 0 else float("inf"), (v - med) / sigma if sigma > 0 else float("inf"))
         for rk, v in sorted((rk, v) for rk, v in own.items() if v > threshold))
     noisy = len(flags) > max(1, len(values) // 4)
-    return WindowVerdict(key, index, len(values), med, threshold, flags, noisy)
+    return WindowVerdict(key, index, len(values), med, threshold, flags, noisy, left_out)
 
 
 @dataclass
@@ -76,6 +90,7 @@ class _Open:
     size: int
     own: dict[RankKey, float] = field(default_factory=dict)
     hosts: dict[RankKey, str] = field(default_factory=dict)
+    disturbed: set[RankKey] = field(default_factory=set)
 
 
 class StragglerWindows:
@@ -90,8 +105,9 @@ class StragglerWindows:
         return sum(len(w) for w in self._open.values())
 
     def add(self, key: GroupKey, index: int, size: int, rank: RankKey, host_id: str, own_s: float,
-            now: float) -> list[WindowVerdict]:
-        """One member's window; returns the verdicts it completed (or pushed out)."""
+            now: float, disturbed: bool = False) -> list[WindowVerdict]:
+        """One member's window (`disturbed`: left out of the judgement, still counted as
+        reported); returns the verdicts it completed (or pushed out)."""
         if index <= self._judged_upto.get(key, -1):
             return []  # judged already: too late to change it
         windows = self._open.get(key)
@@ -104,6 +120,10 @@ class StragglerWindows:
             w.size = size
         w.own[rank] = own_s
         w.hosts[rank] = host_id
+        if disturbed:
+            w.disturbed.add(rank)
+        else:
+            w.disturbed.discard(rank)
         if len(w.own) < w.size and len(windows) <= MAX_OPEN_PER_GROUP:
             return []
         out = [self._judge(key, index)] if len(w.own) >= w.size else []
@@ -127,7 +147,7 @@ class StragglerWindows:
         if not self._open[key]:
             del self._open[key]
         self._judged_upto[key] = max(self._judged_upto.get(key, -1), index)
-        return judge_window(key, index, w.own, w.hosts, self.settings)
+        return judge_window(key, index, w.own, w.hosts, self.settings, w.disturbed)
 
 
 class StragglerTracker:

@@ -183,6 +183,23 @@ def test_stragglers_are_found_from_reported_windows_and_evicted():
     assert entry.decision.action.value == "evict" and s.hosts["h-r2-0"].cordoned
 
 
+def test_windows_the_rank_marked_disturbed_are_reported_and_name_no_straggler():
+    s = cluster()
+    job = Job(replicas=3, ranks=2, per_host=1, received_at=100.0)
+    for rk, v in job.views.items():  # r2/0 is 2x slow only in windows it marked disturbed (its checkpoints)
+        intra, cross = v.report.groups
+        own = 2.0 if rk == ("r2", 0) else 1.0 + 0.01 * rk[1]
+        marked = tuple(w._replace(disturbed=rk == ("r2", 0)) for w in windows(own, own, own, own))
+        job.set(rk, intra, cross._replace(windows=marked))
+    send(s, job, 100.0)
+    assert s.diagnosis.log.entries == [] and not s.hosts["h-r2-0"].cordoned
+    bad = job.views[("r2", 0)].report
+    cross = bad.groups[1]
+    bad = bad._replace(groups=(bad.groups[0], cross._replace(windows=(cross.windows[0]._replace(disturbed=1),))))
+    with pytest.raises(InvalidArgument, match="window 0: disturbed must be true or false, got 1"):
+        s.report_telemetry(HostReport("h-r2-0", 4, (bad,)), secret("h-r2-0"), 101.0)
+
+
 def test_sdc_by_rank_digests_is_evicted_after_the_second_incident():
     s = cluster()
     good = ("%016x" % 1, "%016x" % 2)
