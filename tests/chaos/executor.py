@@ -112,9 +112,11 @@ class ChaosRun:
         self.records.mkdir(parents=True)
         settings_file = self.workdir / "controller-settings.json"
         # The diagnosis only reports here (dry-run): an eviction of its own would take the spare
-        # the schedule's host faults count on, and the job could not end whole. (At 0.1 s steps a
-        # replica serving a catch-up was once taken for a straggler and evicted; then a killed
-        # host found no spare and its replica stayed out for good.)
+        # the schedule's host faults count on, and the job could not end whole. Its windows are
+        # one 0.1 s step each, on a loaded 2-core machine: a healthy rank is now and then 1.1-1.9x
+        # its group's own time in 3 of 5 windows (half a second), which names it a straggler.
+        # (The checkpoint writer's rank 0, once taken for one too, now marks those windows
+        # disturbed and is left out of them.)
         settings_file.write_text(json.dumps({"rollback_wait_s": s.rollback_wait_s, "diagnosis": {"dry_run": True}}))
         ports = [_free_port() for _ in range(2)]
         for i, name in enumerate("ab"):
