@@ -67,7 +67,7 @@ def judge_window(key: GroupKey, index: int, own: dict[RankKey, float], hosts: di
                  ) -> WindowVerdict:
     """Which members of one window spent far longer on their own than the group (the
     `disturbed` members left out)."""
-    left_out = tuple(sorted(rk for rk in own if rk in disturbed))
+    left_out = tuple(sorted(rk for rk in own if rk in disturbed)) if disturbed else ()
     if left_out:
         own = {rk: v for rk, v in own.items() if rk not in disturbed}
     values = list(own.values())
