@@ -38,6 +38,22 @@ def test_window_flags_who_stands_out(slow, factor, flagged):
         assert v.flags[0].ratio == pytest.approx(factor, rel=0.03) and v.flags[0].host_id == f"h{flagged[0] // 8}"
 
 
+@pytest.mark.parametrize("base, factor, flagged", [
+    (0.0005, 1.25, []),     # an FTAR group's 0.5 ms own time, 25% jitter: 0.125 ms over, under 2 ms
+    (0.0005, 4.0, []),      # even 4x is 1.5 ms over
+    (0.0005, 6.0, [5]),     # 2.5 ms over the median: flagged
+    (0.002, 2.1, [5]),      # 2.2 ms over
+    (0.002, 1.9, []),       # 1.8 ms over
+])
+def test_the_excess_must_also_pass_an_absolute_floor(base, factor, flagged):
+    v = judge_window(KEY, 3, values(slow=(5,), factor=factor, base=base), hosts(), S)
+    assert [f.rank[1] for f in v.flags] == flagged
+    assert v.threshold_s >= v.median_s + S.straggler_min_excess_s
+    no_floor = judge_window(KEY, 3, values(slow=(5,), factor=factor, base=base), hosts(),
+                            DiagnosisSettings(straggler_min_excess_s=0.0))
+    assert [f.rank[1] for f in no_floor.flags] == [5]  # the relative rules alone would flag every row
+
+
 def test_a_group_wide_shift_is_noisy_and_tiny_groups_are_not_judged():
     v = judge_window(KEY, 0, values(slow=range(6), factor=2.0), hosts(), S)
     assert v.noisy and len(v.flags) == 6  # 6 of 16 > a quarter
@@ -45,16 +61,22 @@ def test_a_group_wide_shift_is_noisy_and_tiny_groups_are_not_judged():
     assert tiny.flags == () and tiny.members == 2
 
 
+# Steps of 2 s here: the group's last 5 windows are longer than its last 5 s (the window count
+# governs; tests/controller/diagnosis/test_straggler_persistence.py has the fast steps).
+STEP_S = 2.0
+
+
 def test_persistent_straggler_is_found_once_and_one_off_windows_are_not():
     tracker = StragglerTracker(S)
     found = []
     for i in range(8):
         slow = (5,) if i in (1, 3, 4) else ((11,) if i == 2 else ())  # rank 11: one bad window only
-        found += tracker.observe(judge_window(KEY, i, values(slow=slow), hosts(), S), float(i))
+        found += tracker.observe(judge_window(KEY, i, values(slow=slow), hosts(), S), STEP_S * i)
     [f] = found
     assert f.kind == FindingKind.STRAGGLER and f.ranks == ("r1/5",) and f.hosts == ("h0",) and f.count == 3
-    assert "1.50x the median of group replica of replica r1 (16 members) in 3 of its last 5 windows" in f.evidence[0]
-    assert f.at == 4.0  # found with the third flagged window
+    assert ("1.50x the median of group replica of replica r1 (16 members) in 3 of its last 5 windows "
+            "(windows 1..4, judged over 8.0 s)") in f.evidence[0]
+    assert f.at == 8.0  # found with the third flagged window
 
 
 def test_flags_spread_beyond_the_last_windows_do_not_add_up():
@@ -62,17 +84,17 @@ def test_flags_spread_beyond_the_last_windows_do_not_add_up():
     found = []
     for i in range(20):
         slow = (5,) if i % 3 == 0 else ()  # flagged every third window: at most 2 in any 5
-        found += tracker.observe(judge_window(KEY, i, values(slow=slow), hosts(), S), float(i))
+        found += tracker.observe(judge_window(KEY, i, values(slow=slow), hosts(), S), STEP_S * i)
     assert found == []
 
 
 def test_an_episode_ends_after_clean_windows_and_a_new_one_is_found_again():
     tracker = StragglerTracker(S)
     found = []
-    pattern = [1, 1, 1, 0, 0, 0, 0, 0, 0, 1, 1, 1]
+    pattern = [0, 0, 1, 1, 1, 0, 0, 0, 0, 0, 0, 1, 1, 1]
     for i, bad in enumerate(pattern):
-        found += tracker.observe(judge_window(KEY, i, values(slow=(5,) if bad else ()), hosts(), S), float(i))
-    assert [f.at for f in found] == [2.0, 11.0] and found[0].key != found[1].key
+        found += tracker.observe(judge_window(KEY, i, values(slow=(5,) if bad else ()), hosts(), S), STEP_S * i)
+    assert [f.at for f in found] == [8.0, 26.0] and found[0].key != found[1].key
 
 
 def test_windows_are_judged_when_complete_or_after_the_wait_and_late_ones_are_dropped():
@@ -97,12 +119,14 @@ def test_open_windows_per_group_are_bounded():
     assert len(w) == MAX_OPEN_PER_GROUP and [v.index for v in pushed] == [0, 1, 2]
 
 
-def test_a_restarted_replica_starts_with_a_clean_record():
+@pytest.mark.parametrize("restarted, found", [(False, 1), (True, 0)])
+def test_a_restarted_replica_starts_with_a_clean_record(restarted, found):
     tracker = StragglerTracker(S)
-    for i in range(2):
-        tracker.observe(judge_window(KEY, i, values(slow=(5,)), hosts(), S), float(i))
-    tracker.forget_replica("r1")  # its host was swapped: the old flags were about the old process
-    assert tracker.observe(judge_window(KEY, 2, values(slow=(5,)), hosts(), S), 2.0) == []
+    for i in range(5):
+        tracker.observe(judge_window(KEY, i, values(slow=(5,) if i >= 3 else ()), hosts(), S), STEP_S * i)
+    if restarted:
+        tracker.forget_replica("r1")  # its host was swapped: the old flags were about the old process
+    assert len(tracker.observe(judge_window(KEY, 5, values(slow=(5,)), hosts(), S), STEP_S * 5)) == found
 
 
 # -- disturbed windows: a member that did uneven work there (a checkpoint write, serving or
@@ -140,8 +164,8 @@ def _replay(slow_every_4th: bool, disturbed_marks: bool, noise=(), slow_rank=Non
             own *= 2.0 if writes else 1.0
             own *= 1.25 if (rk == ("r0", 0) and i in noise) else 1.0
             own *= 3.0 if rk == slow_rank else 1.0
-            for v in windows.add(KEY, i, len(members), rk, "h", own, float(i), writes and disturbed_marks):
-                found += tracker.observe(v, float(i))
+            for v in windows.add(KEY, i, len(members), rk, "h", own, STEP_S * i, writes and disturbed_marks):
+                found += tracker.observe(v, STEP_S * i)
     return found
 
 
@@ -154,7 +178,7 @@ def test_checkpoint_windows_marked_disturbed_name_no_straggler():
 
 def test_a_real_straggler_that_also_writes_checkpoints_is_still_found():
     [f] = _replay(slow_every_4th=True, disturbed_marks=True, slow_rank=("r1", 1))
-    assert f.ranks == ("r1/1",) and f.count == 3
+    assert f.ranks == ("r1/1",) and f.count == 4 and f.at == 6.0  # the group was judged for 5 s by then
 
 
 def test_a_disturbed_report_completes_its_window_and_a_later_report_replaces_the_mark():
