@@ -111,13 +111,13 @@ class ChaosRun:
         s = self.s
         self.records.mkdir(parents=True)
         settings_file = self.workdir / "controller-settings.json"
-        # The diagnosis only reports here (dry-run): an eviction of its own would take the spare
-        # the schedule's host faults count on, and the job could not end whole. Its windows are
-        # one 0.1 s step each, on a loaded 2-core machine: a healthy rank is now and then 1.1-1.9x
-        # its group's own time in 3 of 5 windows (half a second), which names it a straggler.
-        # (The checkpoint writer's rank 0, once taken for one too, now marks those windows
-        # disturbed and is left out of them.)
-        settings_file.write_text(json.dumps({"rollback_wait_s": s.rollback_wait_s, "diagnosis": {"dry_run": True}}))
+        # The diagnosis acts here, as in production: its straggler findings need a rank slow in
+        # 3 of 5 windows and over the last 5 s (diagnosis.straggler_min_span_s); a healthy rank's
+        # scattered 1.1-1.9x windows on a loaded 2-core machine (about one in eight, and 3 of 5
+        # now and then: half a second of 0.1 s steps) name nobody, and the checkpoint writer's
+        # windows are marked disturbed. An eviction of a healthy host would take the spare the
+        # schedule's host faults count on, and the job could not end whole.
+        settings_file.write_text(json.dumps({"rollback_wait_s": s.rollback_wait_s}))
         ports = [_free_port() for _ in range(2)]
         for i, name in enumerate("ab"):
             self.controllers.append(ControllerProcess(

@@ -29,9 +29,9 @@ enough, and neither are a few at fast steps: at 0.1 s steps 3 of 5 windows are h
 which a loaded host's scattered noise reaches now and then, while 31 of 51 need a rank slow for
 seconds. At steps of span / (straggler_of_windows - 1) or longer (1.25 s by default) the window
 count governs, as it did alone. A window the rank was left out of (disturbed, not reported)
-counts as one it was not flagged in. Memory: per group the judged windows the evidence needs,
-at most MAX_JUDGED_PER_GROUP, and per rank its flags in them. Groups of fewer than 3 members
-are not judged.
+counts as one it was not flagged in; a window too few members were judged in counts for nobody.
+Memory: per group the judged windows the evidence needs, at most MAX_JUDGED_PER_GROUP, and per
+rank its flags in them. Groups of fewer than 3 members are not judged.
 """
 
 from __future__ import annotations
@@ -204,6 +204,8 @@ class StragglerTracker:
 
     def observe(self, v: WindowVerdict, now: float) -> list[Finding]:
         s = self.settings
+        if v.members < MIN_MEMBERS:
+            return []  # nobody was judged there (too few reported, or all disturbed): no evidence either way
         rec = self._groups.get(v.key)
         if rec is None:
             rec = self._groups[v.key] = _Record(now)

@@ -63,6 +63,17 @@ def test_a_real_straggler_at_fast_steps_is_found_once_the_span_passed(report_s):
     assert replay(S, 300, report_s, seed=4, slow=("r1", 1), slow_from=100, factor=1.0) == []
 
 
+def test_windows_nobody_was_judged_in_do_not_dilute_the_evidence():
+    # every other window all but 2 members were disturbed (a quorum change, checkpoints): not judged
+    tracker, found = StragglerTracker(S), []
+    own = {("r1", k): 0.1 * (1.5 if k == 5 else 1 + 0.001 * k) for k in range(8)}
+    for i in range(100):
+        disturbed = frozenset(("r1", k) for k in range(2, 8)) if i % 2 else frozenset()
+        found += tracker.observe(judge_window(KEY, i, own, {}, S, disturbed), STEP_S * i)
+    [f] = found
+    assert f.ranks == ("r1/5",) and f.at == pytest.approx(S.straggler_min_span_s)
+
+
 def old_rule(flagged: list[set[int]], of: int = 5, need: int = 3) -> list[tuple[int, int]]:
     """The rule as it was, naively: (window, rank) when a rank not in an episode has `need`
     flags in the last `of` windows; its episode ends with `of` windows without a flag."""
