@@ -10,7 +10,8 @@ the agent.
 the last collective joined and done, the oldest one still pending (how long, how many bytes
 sent, how long since it last moved) and the newest complete windows (collectives with seq in
 [i·W, (i+1)·W), W = `window_collectives`; complete once the rank joined a later one) with their
-own time and wait time (see controller.proto, TelemetryWindow).
+own time and wait time, disturbed when any of their records is (see controller.proto,
+TelemetryWindow).
 """
 
 from __future__ import annotations
@@ -145,7 +146,8 @@ def _group(name: str, records: list[Record], own: dict[int, int], now_ns: int, w
     for i in sorted(complete)[-ring.MAX_WINDOWS_PER_GROUP:]:
         rs = _one_per_seq(windows[i])
         g.windows.append(pb.TelemetryWindow(index=i, own_s=sum(own[r.index] for r in rs) / 1e9,
-                                            wait_s=sum(r.done_ns - r.join_ns for r in rs) / 1e9))
+                                            wait_s=sum(r.done_ns - r.join_ns for r in rs) / 1e9,
+                                            disturbed=any(r.disturbed for r in rs)))
     return g
 
 

@@ -99,8 +99,7 @@ class Manager:
         self._queue: collections.deque[ev.Event] = collections.deque()
         self._source = snapshot.ServedState(model, optimizer, self.registry, self.settings.copy_state_to_serve,
                                             self.sharded)
-        self._started = False
-        self._in_step = False
+        self._started = self._in_step = False
         # with a job secret, checkpoints are signed with it and only signed ones are resumed from
         key = settings.job_secret.key(job_secret.PURPOSE_CHECKPOINT) if settings.job_secret is not None else None
         self.checkpoints = seams.checkpoints(CheckpointStore(
@@ -135,8 +134,7 @@ class Manager:
     @property
     def is_behind(self) -> bool:
         """True while this step only catches up (its forward/backward will be discarded)."""
-        plan = self.plan
-        return plan is not None and plan.behind
+        return self.plan is not None and self.plan.behind
 
     @property
     def finished(self) -> bool:
@@ -444,8 +442,7 @@ class Manager:
     # ------------------------------------------------------------------ executing effects
 
     def _execute(self, effect: ev.Effect) -> None:
-        handler = getattr(self, "_do_" + type(effect).__name__)
-        handler(effect)
+        getattr(self, "_do_" + type(effect).__name__)(effect)
 
     def _send(self, frame: rpb.RankFrame) -> None:
         assert self.client is not None
@@ -472,6 +469,8 @@ class Manager:
 
     def _do_ServeState(self, e: ev.ServeState) -> None:  # noqa: N802
         assert self.state_server is not None
+        if e.fetchers:  # the plan names fetchers: serving costs this rank time its peers train in
+            self.collectives.disturb()
         self._source.serve(e.step, self._state.ledger.to_json())
         self.state_server.serve(e.step, e.fetchers)
 
@@ -487,6 +486,7 @@ class Manager:
         self.sync.configure(e.plan)
 
     def _do_StartFetch(self, e: ev.StartFetch) -> None:  # noqa: N802
+        self.collectives.disturb()  # fetching and adopting a catch-up is work its peers do not do
         self._fetch = FetchJob(e.plan, self.settings, self.model, self.optimizer, self.registry).start()
 
     def _do_CancelFetch(self, e: ev.CancelFetch) -> None:  # noqa: N802
@@ -549,6 +549,7 @@ class Manager:
         alone writes a replicated model's state and the replica's ledger entry."""
         if self.checkpoints is None or (self.settings.rank != 0 and not self.sharded):
             return
+        self.collectives.disturb()  # a write its peers may not do (in the next plan's own time)
         s = self.settings
         try:
             if e.write_state:

@@ -85,9 +85,11 @@ class Telemetry:
                         rank, path, exc)
             return None
 
-    def record_join(self, seq: int, kind: Kind, group: str, nbytes: int, now: float, *, group_size: int) -> int:
+    def record_join(self, seq: int, kind: Kind, group: str, nbytes: int, now: float, *, group_size: int,
+                    disturbed: bool = False) -> int:
         """This rank joined collective `seq` of `group` (of `group_size` members), to move
-        `nbytes`. Returns the token that `record_progress`/`record_done` take."""
+        `nbytes`; `disturbed`: its own time before it includes work its peers need not have done
+        (protos/telemetry_ring.py). Returns the token that `record_progress`/`record_done` take."""
         name = self._groups.get(group)
         if name is None:  # checked once per name: groups are few
             name = self._groups[group] = ring.check_group(group)
@@ -99,7 +101,7 @@ class Telemetry:
             at = ring.record_offset(self.capacity, token)
             odd = self._begin(at)
             self._mm[at:at + ring.RECORD_BYTES] = ring.pack_record(
-                odd, int(kind), ring.State.JOINED, seq, _ns(now), nbytes, group_size, name)
+                odd, int(kind), ring.State.JOINED, seq, _ns(now), nbytes, group_size, name, disturbed)
             ring.U32.pack_into(self._mm, at, (odd + 1) & 0xFFFFFFFF)
             self._appended = token + 1
             ring.U64.pack_into(self._mm, ring.APPENDED_OFFSET, self._appended)
@@ -155,7 +157,10 @@ class Collectives:
             INTRA_PER_STEP - 1: the vote (vote -> decision)
         group "ftar.q<quorum id>" (rank k of every replica in the ring): seq = step * FTAR_PER_STEP + i
 
-    Without a ring (`Telemetry.from_env` gave None) every call returns at once.
+    A rank that does work its peers need not do (a checkpoint write, serving or fetching a
+    catch-up) calls `disturb()`: its records from then to the next step's plan (whose own time
+    holds what came after the vote) are marked disturbed, and so is the step in which a new
+    FTAR quorum formed. Without a ring (`Telemetry.from_env` gave None) every call returns at once.
     """
 
     INTRA = "replica"
@@ -168,11 +173,18 @@ class Collectives:
         self._intra = self._ftar = 0
         self.plan_token: int | None = None
         self.vote_token: int | None = None
+        self.disturbed = False
+        self._quorum_id: int | None = None
+
+    def disturb(self) -> None:
+        """This rank does uneven work now: its records up to the next step's plan are disturbed."""
+        self.disturbed = True
 
     def begin(self, step: int) -> None:
         """A step attempt begins (its plan is asked for): positions count from here."""
         self.step, self._intra, self._ftar = step, 0, 0
         self.plan_token = self._join(step * self.INTRA_PER_STEP, Kind.BARRIER, self.INTRA, 0, self.world_size)
+        self.disturbed = False  # the plan's own time held the last of it
 
     def planned(self, step: int) -> None:
         """The plan (or a refusal) arrived; collectives from here count toward `step`."""
@@ -185,6 +197,9 @@ class Collectives:
         return self._join(self.step * self.INTRA_PER_STEP + self._intra, kind, self.INTRA, nbytes, self.world_size)
 
     def join_ftar(self, quorum_id: int, members: int, nbytes: int) -> int | None:
+        if quorum_id != self._quorum_id:  # a new ring was formed for this step
+            self.disturbed = self.disturbed or self._quorum_id is not None
+            self._quorum_id = quorum_id
         seq = self.step * self.FTAR_PER_STEP + min(self._ftar, self.FTAR_PER_STEP - 1)
         self._ftar += 1
         return self._join(seq, Kind.FTAR_ALL_REDUCE, f"ftar.q{quorum_id}", nbytes, members)
@@ -205,4 +220,5 @@ class Collectives:
     def _join(self, seq: int, kind: Kind, group: str, nbytes: int, size: int) -> int | None:
         if self.telemetry is None:
             return None
-        return self.telemetry.record_join(seq, kind, group, nbytes, self.clock(), group_size=size)
+        return self.telemetry.record_join(seq, kind, group, nbytes, self.clock(), group_size=size,
+                                          disturbed=self.disturbed)

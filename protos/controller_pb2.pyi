@@ -402,14 +402,16 @@ class GroupTelemetry(_message.Message):
     def __init__(self, group: _Optional[str] = ..., kind: _Optional[int] = ..., size: _Optional[int] = ..., last_joined_seq: _Optional[int] = ..., last_done_seq: _Optional[int] = ..., pending_seq: _Optional[int] = ..., pending_s: _Optional[float] = ..., pending_nbytes: _Optional[int] = ..., pending_sent_bytes: _Optional[int] = ..., pending_idle_s: _Optional[float] = ..., windows: _Optional[_Iterable[_Union[TelemetryWindow, _Mapping]]] = ...) -> None: ...
 
 class TelemetryWindow(_message.Message):
-    __slots__ = ("index", "own_s", "wait_s")
+    __slots__ = ("index", "own_s", "wait_s", "disturbed")
     INDEX_FIELD_NUMBER: _ClassVar[int]
     OWN_S_FIELD_NUMBER: _ClassVar[int]
     WAIT_S_FIELD_NUMBER: _ClassVar[int]
+    DISTURBED_FIELD_NUMBER: _ClassVar[int]
     index: int
     own_s: float
     wait_s: float
-    def __init__(self, index: _Optional[int] = ..., own_s: _Optional[float] = ..., wait_s: _Optional[float] = ...) -> None: ...
+    disturbed: bool
+    def __init__(self, index: _Optional[int] = ..., own_s: _Optional[float] = ..., wait_s: _Optional[float] = ..., disturbed: _Optional[bool] = ...) -> None: ...
 
 class TelemetryResponse(_message.Message):
     __slots__ = ("ignored",)

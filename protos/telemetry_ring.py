@@ -10,7 +10,7 @@ Layout, little-endian: a 128-byte header, then `capacity` records of RECORD_BYTE
             | appended u64 (records ever appended; record i lies in slot i % capacity)
             | created_ns i64 | pid u32 | rank i32 | replica_id (64 bytes, UTF-8, NUL padded)
     record  version u32 (a sequence lock: odd while the writer changes the record)
-            | kind u8 | state u8 (0 empty, 1 joined, 2 done) | reserved u16
+            | kind u8 | state u8 (0 empty, 1 joined, 2 done) | flags u16 (bit 0: disturbed)
             | seq i64 | join_ns i64 | done_ns i64 | progress_ns i64 | nbytes u64
             | progress_bytes u64 | group_size u32 | reserved u32 | group (32 bytes, ASCII, NUL padded)
 
@@ -25,6 +25,11 @@ that is formed again (a restart, a new ring) must get a new name (e.g. with the 
 of the ring), every other kind is intra-replica (members: ranks of the rank's own replica).
 `progress_bytes` counts the bytes this rank has *sent* in the collective so far: a rank that
 joined but never progresses stays at 0 while its ring neighbours move on.
+
+A record is *disturbed* (flag bit 0) when the rank's own time before joining it includes work
+its peers need not have done: writing a checkpoint, serving or fetching a catch-up, forming a
+new ring. Its own time says nothing about the rank's speed, and the straggler analysis leaves
+it out. Other flag bits are reserved (written 0, ignored when read).
 """
 
 from __future__ import annotations
@@ -62,6 +67,8 @@ MAX_WINDOW_COLLECTIVES = 4096
 APPENDED_OFFSET = 24
 U8, U32, I64, U64 = struct.Struct("<B"), struct.Struct("<I"), struct.Struct("<q"), struct.Struct("<Q")
 STATE_OFFSET = 5
+#: Bits of a record's flags.
+FLAG_DISTURBED = 1
 DONE_OFFSET = 24
 PROGRESS_NS_OFFSET = 32
 PROGRESS_BYTES_OFFSET = 48
@@ -107,6 +114,8 @@ class Record:
     progress_bytes: int
     group_size: int
     group: str
+    #: the rank's own time before it includes uneven work (see the module docstring)
+    disturbed: bool = False
 
     @property
     def last_event_ns(self) -> int:
@@ -171,13 +180,14 @@ def unpack_header(buf) -> Header:
 
 
 def pack_record(version: int, kind: int, state: int, seq: int, join_ns: int, nbytes: int, group_size: int,
-                group: bytes) -> bytes:
-    return RECORD.pack(version, kind, state, 0, seq, join_ns, 0, join_ns, nbytes, 0, group_size, 0, group)
+                group: bytes, disturbed: bool = False) -> bytes:
+    flags = FLAG_DISTURBED if disturbed else 0
+    return RECORD.pack(version, kind, state, flags, seq, join_ns, 0, join_ns, nbytes, 0, group_size, 0, group)
 
 
 def unpack_record(index: int, raw: bytes) -> Record | None:
     """One record, or None when it is empty or does not make sense (never trusted blindly)."""
-    (_, kind, state, _, seq, join_ns, done_ns, progress_ns, nbytes, progress_bytes, group_size, _,
+    (_, kind, state, flags, seq, join_ns, done_ns, progress_ns, nbytes, progress_bytes, group_size, _,
      group) = RECORD.unpack(raw)
     if state not in (State.JOINED, State.DONE) or kind not in Kind._value2member_map_:
         return None
@@ -190,7 +200,7 @@ def unpack_record(index: int, raw: bytes) -> Record | None:
     if not _GROUP.match(name):
         return None
     return Record(index, Kind(kind), State(state), seq, join_ns, done_ns if state == State.DONE else 0,
-                  max(progress_ns, join_ns), nbytes, progress_bytes, group_size, name)
+                  max(progress_ns, join_ns), nbytes, progress_bytes, group_size, name, bool(flags & FLAG_DISTURBED))
 
 
 def record_offset(capacity: int, index: int) -> int:

@@ -29,7 +29,7 @@ def from_proto_report(m: pb.TelemetryReport) -> HostReport:
             groups.append(GroupReport(
                 g.group, g.kind, g.size, g.last_joined_seq, g.last_done_seq, g.pending_seq, g.pending_s,
                 g.pending_nbytes, g.pending_sent_bytes, g.pending_idle_s,
-                tuple(Window(w.index, w.own_s, w.wait_s) for w in g.windows)))
+                tuple(Window(w.index, w.own_s, w.wait_s, w.disturbed) for w in g.windows)))
         ranks.append(RankReport(r.replica_id, r.rank, r.idle_s, r.recording_s, tuple(groups)))
     return HostReport(m.host_id, m.window_collectives, tuple(ranks))
 

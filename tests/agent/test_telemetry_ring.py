@@ -9,7 +9,7 @@ import threading
 import pytest
 
 from agent.telemetry import Collector, RingError, own_times, read_ring, summarize_rank
-from fthsdp.telemetry import Kind, Telemetry
+from fthsdp.telemetry import Collectives, Kind, Telemetry
 from protos import telemetry_ring as ring
 
 S = 1e9  # ns per second
@@ -191,3 +191,53 @@ def test_sparse_seqs_form_windows_once_the_rank_moved_past_them(tmp_path):
     header, records = read_ring(t.path)
     [g] = summarize_rank("r1", 3, header, records, int((now + 1) * S), 16).groups
     assert [w.index for w in g.windows] == [1] and g.windows[0].own_s == pytest.approx(0.8)
+
+
+def test_a_disturbed_record_marks_its_window_and_only_that_one(tmp_path):
+    t = make(tmp_path)
+    now = 101.0
+    for seq in range(8):  # windows of 2; the record of seq 4 was joined after uneven work
+        tok = t.record_join(seq, Kind.ALL_REDUCE, "replica", 8, now + 0.1, group_size=2, disturbed=seq == 4)
+        t.record_done(tok, now + 0.2)
+        now += 0.2
+    header, records = read_ring(t.path)
+    assert [r.seq for r in records if r.disturbed] == [4]
+    [g] = summarize_rank("r1", 3, header, records, int((now + 1) * S), 2).groups
+    assert [(w.index, w.disturbed) for w in g.windows] == [(1, False), (2, True)]
+
+
+def test_flag_bits_the_reader_does_not_know_are_ignored(tmp_path):
+    raw = bytearray(ring.pack_record(2, Kind.ALL_REDUCE, ring.State.JOINED, 0, 10, 8, 2, b"replica", disturbed=True))
+    assert ring.unpack_record(0, bytes(raw)).disturbed
+    raw[6:8] = (0xFFFE).to_bytes(2, "little")  # every bit but "disturbed"
+    assert not ring.unpack_record(0, bytes(raw)).disturbed
+
+
+def test_collectives_mark_uneven_work_up_to_the_next_plan_and_a_new_quorum(tmp_path):
+    t, clock = make(tmp_path), iter(range(200, 400)).__next__
+    c = Collectives(t, 2, clock=lambda: float(clock()))
+
+    def step(n, quorum=1, disturb_at=None):
+        c.begin(n)
+        c.planned(n)
+        if disturb_at == "serving":
+            c.disturb()
+        c.done(c.join(Kind.ALL_REDUCE, 8))
+        c.done(c.join_ftar(quorum, 3, 8))
+        c.vote()
+        c.decided()
+        if disturb_at == "checkpoint":
+            c.disturb()
+
+    step(0)
+    step(1, disturb_at="checkpoint")   # the write lands in step 2's plan
+    step(2)
+    step(3, disturb_at="serving")      # the rest of step 3, and step 4's plan
+    step(4)
+    step(5, quorum=2)                  # a new ring: from its FTAR op to step 6's plan
+    step(6, quorum=2)
+    _, records = read_ring(t.path)
+    marked = [(r.seq // Collectives.INTRA_PER_STEP if r.group == "replica" else r.seq // Collectives.FTAR_PER_STEP,
+               r.kind.name) for r in records if r.disturbed]
+    assert marked == [(2, "BARRIER"), (3, "ALL_REDUCE"), (3, "FTAR_ALL_REDUCE"), (3, "VOTE"), (4, "BARRIER"),
+                      (5, "FTAR_ALL_REDUCE"), (5, "VOTE"), (6, "BARRIER")]

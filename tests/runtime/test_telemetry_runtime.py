@@ -14,7 +14,7 @@ P = Collectives.INTRA_PER_STEP
 def test_every_step_records_its_plan_ftar_op_and_vote(controller, tmp_path, monkeypatch):  # noqa: F811
     ring = tmp_path / "slot-0.ring"
     monkeypatch.setenv(ENV_TELEMETRY_FILE, str(ring))
-    manager, model, opt = _manager(controller)
+    manager, model, opt = _manager(controller, checkpoint_dir=str(tmp_path / "ckpt"), checkpoint_every_steps=2)
     manager.start()
     try:
         assert _train(manager, model, opt, 3) == [True] * 3
@@ -28,6 +28,8 @@ def test_every_step_records_its_plan_ftar_op_and_vote(controller, tmp_path, monk
         assert ("replica", Kind.BARRIER, step * P) in seen          # begin -> plan
         assert (f"ftar.q{quorum}", Kind.FTAR_ALL_REDUCE, step * Collectives.FTAR_PER_STEP) in seen
         assert ("replica", Kind.VOTE, (step + 1) * P - 1) in seen   # vote -> decision
+    # the checkpoint written after step 1 lies in step 2's plan (begin -> plan): only it is disturbed
+    assert [(r.kind, r.seq) for r in records if r.disturbed] == [(Kind.BARRIER, 2 * P)]
     ftar = [r for r in records if r.kind == Kind.FTAR_ALL_REDUCE]
     assert all(r.group_size == 1 and r.nbytes > 0 for r in ftar)
     # the agent's summary of it: nothing pending, a complete window of the replica's group

@@ -84,7 +84,8 @@ class Diagnosis:
                         members.add(rk)
                         key, size = pooled_key(g.group), max(pool_size or 0, len(members))
                     for w in g.windows:
-                        verdicts += self.windows.add(key, w.index, size, rk, report.host_id, w.own_s, now)
+                        verdicts += self.windows.add(key, w.index, size, rk, report.host_id, w.own_s, now,
+                                                     w.disturbed)
         return self._stragglers(verdicts, now), ignored
 
     def due(self, now: float) -> bool:
@@ -133,11 +134,10 @@ class Diagnosis:
         found = attribute(verdict, self.rank_digests.get(verdict.step, {}), host_then, hosts_then)
         return [self.sdc.observe(i, now) for i in found]
 
-    def forget_replica(self, replica_id: str, now: float | None = None) -> None:
+    def forget_replica(self, replica_id: str, now: float) -> None:
         """A replica died (at `now`) or restarted: what its ranks said no longer holds (their
         groups form anew), and a collective that began before its death waits on nobody there."""
-        if now is not None:
-            self.died_at[replica_id] = now
+        self.died_at[replica_id] = now
         for rk in [rk for rk in self.ranks if rk[0] == replica_id]:
             del self.ranks[rk]
         for members in self._pools.values():

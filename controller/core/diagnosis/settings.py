@@ -23,15 +23,23 @@ class DiagnosisSettings:
     #: host): for this long after its telemetry began, the collectives it is in or is awaited
     #: in are not judged (after it, a rank that hangs while starting is found like any other).
     startup_grace_s: float = 60.0
-    #: A rank is a straggler when its own time was flagged in `straggler_windows` of its last
-    #: `straggler_of_windows` windows of a group (one slow window is noise, not a finding).
+    #: A rank is a straggler when its own time was flagged in at least the fraction
+    #: straggler_windows / straggler_of_windows of its group's windows (and in at least
+    #: straggler_windows of them), counted over the longer of its last `straggler_of_windows`
+    #: windows and the windows judged in the last `straggler_min_span_s` seconds, once the group
+    #: was judged that long: one slow window is noise, and at fast steps so are a few (at 0.1 s
+    #: steps a finding needs 31 flags in 51 windows; at steps of 1.25 s or more the window count
+    #: governs). 0 s: the window count alone.
     straggler_windows: int = 3
     straggler_of_windows: int = 5
+    straggler_min_span_s: float = 5.0
     #: A window flags a member whose own time exceeds the group's median by more than
-    #: straggler_mad_k robust standard deviations (1.4826 x MAD) and by more than
-    #: straggler_min_excess of the median.
+    #: straggler_mad_k robust standard deviations (1.4826 x MAD), by more than
+    #: straggler_min_excess of the median, and by more than straggler_min_excess_s (the
+    #: sub-millisecond own times of FTAR groups jitter by far more than 8 %).
     straggler_mad_k: float = 6.0
     straggler_min_excess: float = 0.08
+    straggler_min_excess_s: float = 0.002
     #: How long a window waits for all its members before it is judged with those it has.
     straggler_window_wait_s: float = 60.0
     #: A host in the minority of a digest comparison this many times within sdc_window_s is
@@ -63,6 +71,9 @@ class DiagnosisSettings:
         if not 0 <= self.straggler_min_excess <= 10:
             problems.append(f"diagnosis.straggler_min_excess must be 0..10 (a fraction of the median), "
                             f"got {self.straggler_min_excess}.")
+        for name, most in (("straggler_min_span_s", 3600.0), ("straggler_min_excess_s", 60.0)):
+            if not 0 <= getattr(self, name) <= most:
+                problems.append(f"diagnosis.{name} must be 0..{most:g} s, got {getattr(self, name)}.")
         if not 0 <= self.min_confidence <= 1:
             problems.append(f"diagnosis.min_confidence must be 0..1, got {self.min_confidence}.")
         for name in ("sdc_evict_after", "sdc_max_hosts", "recent_findings"):

@@ -39,6 +39,8 @@ class Window(NamedTuple):
     index: int
     own_s: float
     wait_s: float
+    #: the own time includes work the rank's peers need not have done: not judged
+    disturbed: bool = False
 
 
 class GroupReport(NamedTuple):
@@ -185,6 +187,8 @@ def _check_group(where: str, g: GroupReport) -> None:
             raise InvalidArgument(f"{where}: window index must not be negative, got {w.index}.")
         _seconds(f"{where} window {w.index}", "own_s", w.own_s)
         _seconds(f"{where} window {w.index}", "wait_s", w.wait_s)
+        if not isinstance(w.disturbed, bool):
+            raise InvalidArgument(f"{where} window {w.index}: disturbed must be true or false, got {w.disturbed!r}.")
 
 
 def _seconds(where: str, name: str, value: float) -> None:

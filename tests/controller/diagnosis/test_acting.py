@@ -170,17 +170,40 @@ def test_a_wait_on_a_restarted_process_names_nobody():
     assert s.diagnosis.log.entries == []
 
 
+def send_ftar_windows(s, job, now, start, marked=False):
+    """Two FTAR windows per rank from `start`: r2/0 joins 2x later than its peers (`marked`: its
+    windows say disturbed, as its checkpoint writes would)."""
+    for rk, v in job.views.items():
+        intra, cross = v.report.groups
+        own = 2.0 if rk == ("r2", 0) else 1.0 + 0.01 * rk[1]
+        ws = tuple(w._replace(disturbed=marked and rk == ("r2", 0)) for w in windows(own, own, start=start))
+        job.set(rk, intra, cross._replace(windows=ws))
+    send(s, job, now)
+
+
 def test_stragglers_are_found_from_reported_windows_and_evicted():
     s = cluster()
     job = Job(replicas=3, ranks=2, per_host=1, received_at=100.0)
-    for rk, v in job.views.items():  # FTAR group windows: r2/0 joins 2x later than its peers, 4 windows
-        intra, cross = v.report.groups
-        own = 2.0 if rk == ("r2", 0) else 1.0 + 0.01 * rk[1]
-        job.set(rk, intra, cross._replace(windows=windows(own, own, own, own)))
-    send(s, job, 100.0)
+    send_ftar_windows(s, job, 100.0, start=0)
+    assert s.diagnosis.log.entries == []  # flagged twice, but the group was judged for 0 s (min span 5 s)
+    send_ftar_windows(s, job, 106.0, start=2)
     [entry] = s.diagnosis.log.entries
     assert entry.finding.kind.value == "straggler" and entry.finding.hosts == ("h-r2-0",)
+    assert "in 3 of its last 3 windows (windows 0..2, judged over 6.0 s)" in entry.finding.evidence[0]
     assert entry.decision.action.value == "evict" and s.hosts["h-r2-0"].cordoned
+
+
+def test_windows_the_rank_marked_disturbed_are_reported_and_name_no_straggler():
+    s = cluster()
+    job = Job(replicas=3, ranks=2, per_host=1, received_at=100.0)
+    send_ftar_windows(s, job, 100.0, start=0, marked=True)  # 2x slow only in windows it marked disturbed
+    send_ftar_windows(s, job, 106.0, start=2, marked=True)
+    assert s.diagnosis.log.entries == [] and not s.hosts["h-r2-0"].cordoned
+    bad = job.views[("r2", 0)].report
+    cross = bad.groups[1]
+    bad = bad._replace(groups=(bad.groups[0], cross._replace(windows=(cross.windows[0]._replace(disturbed=1),))))
+    with pytest.raises(InvalidArgument, match="window 2: disturbed must be true or false, got 1"):
+        s.report_telemetry(HostReport("h-r2-0", 4, (bad,)), secret("h-r2-0"), 107.0)
 
 
 def test_sdc_by_rank_digests_is_evicted_after_the_second_incident():

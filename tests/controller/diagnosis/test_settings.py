@@ -24,6 +24,9 @@ def test_the_settings_file_nests_diagnosis(tmp_path):
 @pytest.mark.parametrize("field, value, text", [
     ("hang_after_s", 0, "diagnosis.hang_after_s must be positive, got 0"),
     ("straggler_windows", 6, "straggler_windows (6) must be at least 1 and at most straggler_of_windows (5)"),
+    ("straggler_min_span_s", -1.0, "diagnosis.straggler_min_span_s must be 0..3600 s, got -1.0"),
+    ("straggler_min_span_s", float("nan"), "diagnosis.straggler_min_span_s must be 0..3600 s, got nan"),
+    ("straggler_min_excess_s", 61, "diagnosis.straggler_min_excess_s must be 0..60 s, got 61"),
     ("min_confidence", 1.5, "diagnosis.min_confidence must be 0..1, got 1.5"),
     ("max_evictions_per_hour", -1, "must not be negative, got -1"),
     ("sdc_evict_after", 0, "diagnosis.sdc_evict_after must be at least 1, got 0"),
