@@ -83,6 +83,8 @@ class ControllerServer:
         self._poke = asyncio.Event()
         self._settle_scheduled = False
         self._settling: set[asyncio.Task] = set()
+        #: the shared write the callers of persist_shared in this pass of the loop wait for
+        self._persist_batch: asyncio.Future | None = None
         self._last_wake: float | None = None
         self._tasks: list[asyncio.Task] = []
         self._grpc: grpc.aio.Server | None = None
@@ -464,6 +466,32 @@ class ControllerServer:
                     raise NotLeader(f"controller {self.candidate} was deposed; its write was refused")
                 self._revisions[section] = revision
 
+    async def persist_shared(self) -> None:
+        """persist(), one for all its callers in the same pass of the event loop: N leaders'
+        commit reports that arrive together cost one write of the replicas section, not N
+        (each write encodes every replica). A caller returns once a write that began after
+        its change has ended, or raises what that write raised."""
+        batch = self._persist_batch
+        if batch is None:
+            batch = self._persist_batch = asyncio.get_running_loop().create_future()
+            batch.add_done_callback(_retrieved)
+            task = asyncio.ensure_future(self._write_batch(batch))
+            self._settling.add(task)
+            task.add_done_callback(self._settling.discard)
+        await asyncio.shield(batch)
+
+    async def _write_batch(self, batch: asyncio.Future) -> None:
+        self._persist_batch = None  # a change from here on needs a later write
+        try:
+            await self.persist()
+        except asyncio.CancelledError:  # the server is stopping
+            batch.cancel()
+            raise
+        except Exception as exc:  # noqa: BLE001 - every caller hears it, as from its own persist()
+            batch.set_exception(exc)
+            return
+        batch.set_result(None)
+
     def _drain_telemetry(self, state: ControllerState) -> None:
         """Hand new events to the JSON event log and new observations to the histograms."""
         events, observations = state.take_events(), state.goodput.take_observations()
@@ -534,6 +562,12 @@ def _mark_unwritten(state: ControllerState, sections: list[str]) -> None:
         elif kind == "hosts":
             state.dirty_host_shards.add(int(name))
             state.urgent_hosts = True
+
+
+def _retrieved(batch: asyncio.Future) -> None:
+    """A batch whose callers were all cancelled is not reported as an exception never retrieved."""
+    if not batch.cancelled():
+        batch.exception()
 
 
 def _foreground_writes(state: ControllerState) -> bool:

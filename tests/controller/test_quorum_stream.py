@@ -2,6 +2,7 @@
 writes to the store: a real gRPC server in-process, a real client, a clock the test moves."""
 
 import asyncio
+import json
 
 import grpc
 import pytest
@@ -209,3 +210,30 @@ async def test_a_fast_path_answer_waits_for_a_write_under_way(settings, clock):
     finally:
         store.release.set()
         await server.stop()
+
+
+async def test_commit_reports_of_one_pass_share_one_write_and_each_returns_after_it(counting):
+    server, store = counting
+    async with grpc.aio.insecure_channel(server.grpc_address) as channel:
+        leaders = [Leader(pbg.ControllerStub(channel), rid) for rid in REPLICAS]
+        qid = (await stream_round(leaders, 0))[0].quorum_id
+    state, before = server.state, store.writes["replicas"]
+
+    async def report(rid: str) -> int:
+        state.report_step(rid, 0, server.clock(), quorum_id=qid)
+        await server.persist_shared()
+        stored = json.loads((await store.get("jobs/t/replicas")).value)
+        return next(r["committed_step"] for r in stored["replicas"] if r["replica_id"] == rid)
+
+    assert await asyncio.wait_for(asyncio.gather(*(report(rid) for rid in REPLICAS)), WAIT_S) == [0, 0, 0]
+    assert store.writes["replicas"] == before + 1  # three reports, one write
+    # A write that fails fails every caller that waited for it; none hears its change is durable.
+    store.fail = "/replicas"
+    state.dirty_replicas = True  # a change to write
+    results = await asyncio.wait_for(asyncio.gather(
+        server.persist_shared(), server.persist_shared(), return_exceptions=True), WAIT_S)
+    assert all(isinstance(r, StoreError) for r in results), results
+    # Not stuck: the next write carries them.
+    store.fail = ""
+    await asyncio.wait_for(server.persist_shared(), WAIT_S)
+    assert store.writes["replicas"] == before + 2
