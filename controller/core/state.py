@@ -39,7 +39,8 @@ class ControllerState(ReplicaRegistry, HostRegistry, ReplicaRestarts, Divergence
         self.settings = settings.validate()
         self.replicas: dict[str, Replica] = {}
         #: cache of live_replicas() (None: to be computed)
-        self._live: frozenset[str] | None = None
+        #: (live, dead) replica ids, until a replica registers or changes state
+        self._live: tuple[frozenset[str], frozenset[str]] | None = None
         self.hosts: dict[str, Host] = {}
         self.quorum: Quorum | None = None
         #: Quorum ids count up from here. A controller that starts with an empty store starts
