@@ -430,16 +430,17 @@ class ControllerServer:
         self._drain_telemetry(state)
         async with self._persist_lock:
             writes = []
-            if state.dirty_addresses:
+            addresses, replicas, journal, hosts = _due(state, background)
+            if addresses:
                 changed, state.dirty_addresses = sorted(state.dirty_addresses), set()
                 writes += [(f"addresses/{rid}", state.snapshot_addresses(rid)) for rid in changed]
-            if state.dirty_replicas:
+            if replicas:
                 state.dirty_replicas = False
                 writes.append(("replicas", state.snapshot_replicas()))
-            if (background or state.urgent_journal) and state.dirty_journal:
+            if journal:
                 state.dirty_journal = state.urgent_journal = False
                 writes.append(("journal", state.snapshot_journal()))
-            if state.dirty_host_shards and (background or state.urgent_hosts):
+            if hosts:
                 shards, state.dirty_host_shards, state.urgent_hosts = sorted(state.dirty_host_shards), set(), False
                 writes += [(f"hosts/{i}", state.encoded_host_shard(i)) for i in shards]
             for i, (section, snapshot) in enumerate(writes):
@@ -570,8 +571,14 @@ def _retrieved(batch: asyncio.Future) -> None:
         batch.exception()
 
 
+def _due(state: ControllerState, background: bool) -> tuple[bool, bool, bool, bool]:
+    """Which sections `persist(background)` writes: addresses, replicas, journal, host shards."""
+    return (bool(state.dirty_addresses), bool(state.dirty_replicas),
+            bool((background or state.urgent_journal) and state.dirty_journal),
+            bool(state.dirty_host_shards and (background or state.urgent_hosts)))
+
+
 def _foreground_writes(state: ControllerState) -> bool:
     """Whether `persist()` (not in the background) has anything to write: what must be
     durable before an answer goes out."""
-    return bool(state.dirty_addresses or state.dirty_replicas or (state.urgent_journal and state.dirty_journal)
-                or (state.dirty_host_shards and state.urgent_hosts))
+    return any(_due(state, background=False))
