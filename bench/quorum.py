@@ -20,12 +20,13 @@ the same work as our leaders' (one request to the central service, one answer).
 torchft's own trainers take a longer path, through the replica's ManagerServer (the
 `torchft_manager_*` fields, for reference only).
 
-Between rounds every leader reports its commit (untimed), as leaders do. What HA costs: a
-round whose quorum id is unchanged writes nothing to the store before its answer (what it
-tells follows from what is durable); one with a new id must persist it first, since trainers
-act on it. `--new-id` times such rounds (`new_id_*`: every leader reported a failed commit,
-untimed, and retries its step), and `--etcd` runs the controller on a real etcd instead of
-its in-memory store.
+Between rounds every leader reports its commit (untimed in the round), as leaders do; how
+long each burst of N reports takes until the last is answered is `report_p50_ms`/`report_p99_ms`
+(a report returns once the store holds it). What HA costs: a round whose quorum id is
+unchanged writes nothing to the store before its answer (what it tells follows from what is
+durable); one with a new id must persist it first, since trainers act on it. `--new-id` times
+such rounds (`new_id_*`: every leader reported a failed commit, untimed, and retries its
+step), and `--etcd` runs the controller on a real etcd instead of its in-memory store.
 
 Fairness on a shared machine: same N, same number of rounds, the same layout (each service in
 its own process, every client in this one), and the systems take turns in blocks of
@@ -83,6 +84,8 @@ class OurLeaders:
         self.replicas, self.job = replicas, job
         self.step = 0
         self.known = [0] * replicas
+        #: how long each burst of commit reports took, from the first sent to the last answered
+        self.report_ms: list[float] = []
         self.loop = asyncio.new_event_loop()
         self.loop.run_until_complete(self._open(address))
 
@@ -119,9 +122,11 @@ class OurLeaders:
                 timeout=ROUND_TIMEOUT_S) for i in range(self.replicas)))
             self.step = step
         else:
+            start = time.perf_counter()
             await asyncio.gather(*(self.stubs[i].ReportStep(pb.ReportStepRequest(
                 job_id=self.job, replica_id=f"r{i:03d}", quorum_id=self.known[i], step=step, step_time_s=0.1),
                 timeout=ROUND_TIMEOUT_S) for i in range(self.replicas)))
+            self.report_ms.append((time.perf_counter() - start) * 1000)
 
     async def _round(self, unary: bool, failed: bool = False) -> float:
         if self.step > 0:
@@ -241,6 +246,8 @@ def measure(replicas: int, rounds: int, *, unary: bool = False, torchft: bool = 
     result = {"replicas": replicas, "rounds": rounds, "store": "etcd" if etcd else "memory", "telemetry": telemetry}
     for prefix, values in latencies.items():
         result.update(summary(prefix, values))
+    # the commit reports between stream rounds (each durable before its answer), past the warm-up
+    result.update(summary("report_", ours.report_ms[WARMUP_ROUNDS:] or ours.report_ms))
     if torchft:
         result["ratio_p50"] = round(result["p50_ms"] / result["torchft_lighthouse_p50_ms"], 3)
         result["ratio_p99"] = round(result["p99_ms"] / result["torchft_lighthouse_p99_ms"], 3)

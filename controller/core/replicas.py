@@ -111,7 +111,7 @@ class ReplicaRegistry:
             live=self.live_replicas(),
             previous=previous,
             unregistered=max(s.replicas - len(self.replicas), 0),
-            dead=frozenset(r.replica_id for r in self.replicas.values() if r.state == ReplicaState.DEAD),
+            dead=self.dead_replicas(),
         )
         decision = compute_quorum(view, now, min_replicas=s.min_replicas, join_timeout_s=s.join_timeout_s)
         self.round_reason, self.round_wake_at = decision.reason, decision.wake_at
@@ -362,8 +362,17 @@ class ReplicaRegistry:
     def live_replicas(self) -> frozenset[str]:
         """The replicas a round waits for: every one not DEAD or FINISHED. Kept until a replica
         registers or changes state (it is asked on every join)."""
+        return self._liveness()[0]
+
+    def dead_replicas(self) -> frozenset[str]:
+        """The replicas that are DEAD, kept like live_replicas()."""
+        return self._liveness()[1]
+
+    def _liveness(self) -> tuple[frozenset[str], frozenset[str]]:
         if self._live is None:
-            self._live = frozenset(r.replica_id for r in self.replicas.values() if r.state not in SETTLED)
+            rs = self.replicas.values()
+            self._live = (frozenset(r.replica_id for r in rs if r.state not in SETTLED),
+                          frozenset(r.replica_id for r in rs if r.state == ReplicaState.DEAD))
         return self._live
 
     def _transition(self, r: Replica, state: ReplicaState, reason: str, now: float, cause: str = "") -> None:

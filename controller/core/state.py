@@ -7,7 +7,7 @@ for agents) and persists the snapshot when `dirty_*` is set.
 
 from __future__ import annotations
 
-from dataclasses import asdict, fields
+from dataclasses import fields
 
 from controller.core.checks import clip_text
 from controller.core.diagnosis.acting import Diagnosing
@@ -39,7 +39,8 @@ class ControllerState(ReplicaRegistry, HostRegistry, ReplicaRestarts, Divergence
         self.settings = settings.validate()
         self.replicas: dict[str, Replica] = {}
         #: cache of live_replicas() (None: to be computed)
-        self._live: frozenset[str] | None = None
+        #: (live, dead) replica ids, until a replica registers or changes state
+        self._live: tuple[frozenset[str], frozenset[str]] | None = None
         self.hosts: dict[str, Host] = {}
         self.quorum: Quorum | None = None
         #: Quorum ids count up from here. A controller that starts with an empty store starts
@@ -306,9 +307,14 @@ def _beat(records: dict, ids, dead, now: float) -> list[str]:
 
 
 def _quorum_to_dict(q: Quorum) -> dict:
-    d = asdict(q)
-    d["recover"] = {k: list(v) for k, v in q.recover.items()}
-    return d
+    """Every field of `q` (what dataclasses.asdict gives, written out: asdict deep-copies each
+    value, and this runs on every committed step's write)."""
+    return {
+        "quorum_id": q.quorum_id,
+        "members": [{"replica_id": m.replica_id, "step": m.step, "healthy": m.healthy} for m in q.members],
+        "max_step": q.max_step, "recover": {k: list(v) for k, v in q.recover.items()}, "lr_scale": q.lr_scale,
+        "reason": q.reason, "formed_at": q.formed_at, "resume_checkpoint_step": q.resume_checkpoint_step,
+    }
 
 
 def _quorum_from_dict(d: dict) -> Quorum:

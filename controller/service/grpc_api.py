@@ -119,7 +119,7 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
             step_time_s=request.step_time_s, tokens=request.tokens, host_id=request.host_id,
             digest=request.digest, caught_up=request.caught_up, rank_digests=tuple(request.rank_digests),
             checkpoint_step=request.checkpoint_step if request.HasField("checkpoint_step") else None)
-        await self.server.persist()
+        await self.server.persist_shared()
         return pb.ReportStepResponse()
 
     @unary

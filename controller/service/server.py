@@ -83,6 +83,8 @@ class ControllerServer:
         self._poke = asyncio.Event()
         self._settle_scheduled = False
         self._settling: set[asyncio.Task] = set()
+        #: the shared write the callers of persist_shared in this pass of the loop wait for
+        self._persist_batch: asyncio.Future | None = None
         self._last_wake: float | None = None
         self._tasks: list[asyncio.Task] = []
         self._grpc: grpc.aio.Server | None = None
@@ -299,6 +301,13 @@ class ControllerServer:
 
     async def settle(self) -> None:
         """Close the round if due, answer or fail waiters, deliver orders, persist."""
+        answered = self._close_round()
+        await self._persist_then_answer(answered)
+
+    def _close_round(self) -> list[tuple[asyncio.Future, int, bool]]:
+        """The decision part of a settle: close the round if due (returning the waiters its
+        quorum answers, not yet answered), fail waiters dropped from the round, and move the
+        ticker's wake-up. No I/O, no await."""
         state = self.require_leader()
         now = self.clock()
         first_join = state.round_first_join_at
@@ -318,6 +327,9 @@ class ControllerServer:
         if state.round_wake_at != self._last_wake:
             self._last_wake = state.round_wake_at
             self._poke.set()
+        return answered
+
+    async def _persist_then_answer(self, answered: list[tuple[asyncio.Future, int, bool]]) -> None:
         try:
             await self.persist()
         except BaseException as exc:
@@ -328,6 +340,9 @@ class ControllerServer:
                 if not fut.done():
                     fut.set_exception(refusal)
             raise
+        self._answer(answered)
+
+    def _answer(self, answered: list[tuple[asyncio.Future, int, bool]]) -> None:
         # Orders leave only once the decisions behind them are durable: a successor never
         # finds an agent running an assignment it has no record of.
         self.deliver_orders()
@@ -338,30 +353,50 @@ class ControllerServer:
     def settle_soon(self) -> None:
         """Settle once for every join that arrived in this pass of the event loop: a burst of
         N joins costs one look at the round, not N. The joiners wait on their futures, which
-        the settle answers or fails."""
+        the settle answers or fails.
+
+        When nothing must be written before the answers and no write is under way (every
+        round of an unchanged quorum id), the settle is done right in that callback: no task,
+        no lock, no further pass of the loop. Otherwise a task writes, then answers."""
         if self._settle_scheduled:
             return
         self._settle_scheduled = True
 
         def start() -> None:
             self._settle_scheduled = False
-            task = asyncio.ensure_future(self._settle_for_joiners())
+            try:
+                answered = self._close_round()
+                state = self.state
+                if not self._persist_lock.locked() and not _foreground_writes(state):
+                    self._drain_telemetry(state)
+                    self._answer(answered)
+                    return
+            except NotLeader as exc:  # stepped down: _step_down failed the waiters
+                log.warning("could not settle the round: %s", exc)
+                return
+            except Exception as exc:  # noqa: BLE001 - a bug must not leave leaders waiting for ever
+                self._settle_failed(exc)
+                return
+            task = asyncio.ensure_future(self._settle_for_joiners(answered))
             self._settling.add(task)
             task.add_done_callback(self._settling.discard)
 
         asyncio.get_running_loop().call_soon(start)
 
-    async def _settle_for_joiners(self) -> None:
+    async def _settle_for_joiners(self, answered: list[tuple[asyncio.Future, int, bool]]) -> None:
         try:
-            await self.settle()
+            await self._persist_then_answer(answered)
         except (NotLeader, StoreError) as exc:  # the joiners' futures carry it
             log.warning("could not settle the round: %s", exc)
         except Exception as exc:  # noqa: BLE001 - a bug must not leave leaders waiting for ever
-            log.exception("settling the round failed")
-            for waiting in self.waiters.values():
-                for fut, *_ in waiting:
-                    if not fut.done():
-                        fut.set_exception(NotLeader(f"the controller could not settle the round: {exc!r}"))
+            self._settle_failed(exc)
+
+    def _settle_failed(self, exc: Exception) -> None:
+        log.exception("settling the round failed")
+        for waiting in self.waiters.values():
+            for fut, *_ in waiting:
+                if not fut.done():
+                    fut.set_exception(NotLeader(f"the controller could not settle the round: {exc!r}"))
 
     def forget_waiter(self, replica_id: str, fut: asyncio.Future, why: str) -> None:
         """A Quorum call ended without its answer: its waiter goes, and with the replica's last
@@ -395,16 +430,17 @@ class ControllerServer:
         self._drain_telemetry(state)
         async with self._persist_lock:
             writes = []
-            if state.dirty_addresses:
+            addresses, replicas, journal, hosts = _due(state, background)
+            if addresses:
                 changed, state.dirty_addresses = sorted(state.dirty_addresses), set()
                 writes += [(f"addresses/{rid}", state.snapshot_addresses(rid)) for rid in changed]
-            if state.dirty_replicas:
+            if replicas:
                 state.dirty_replicas = False
                 writes.append(("replicas", state.snapshot_replicas()))
-            if (background or state.urgent_journal) and state.dirty_journal:
+            if journal:
                 state.dirty_journal = state.urgent_journal = False
                 writes.append(("journal", state.snapshot_journal()))
-            if state.dirty_host_shards and (background or state.urgent_hosts):
+            if hosts:
                 shards, state.dirty_host_shards, state.urgent_hosts = sorted(state.dirty_host_shards), set(), False
                 writes += [(f"hosts/{i}", state.encoded_host_shard(i)) for i in shards]
             for i, (section, snapshot) in enumerate(writes):
@@ -430,6 +466,32 @@ class ControllerServer:
                     self._step_down(f"the store refused a write to {section}")
                     raise NotLeader(f"controller {self.candidate} was deposed; its write was refused")
                 self._revisions[section] = revision
+
+    async def persist_shared(self) -> None:
+        """persist(), one for all its callers in the same pass of the event loop: N leaders'
+        commit reports that arrive together cost one write of the replicas section, not N
+        (each write encodes every replica). A caller returns once a write that began after
+        its change has ended, or raises what that write raised."""
+        batch = self._persist_batch
+        if batch is None:
+            batch = self._persist_batch = asyncio.get_running_loop().create_future()
+            batch.add_done_callback(_retrieved)
+            task = asyncio.ensure_future(self._write_batch(batch))
+            self._settling.add(task)
+            task.add_done_callback(self._settling.discard)
+        await asyncio.shield(batch)
+
+    async def _write_batch(self, batch: asyncio.Future) -> None:
+        self._persist_batch = None  # a change from here on needs a later write
+        try:
+            await self.persist()
+        except asyncio.CancelledError:  # the server is stopping
+            batch.cancel()
+            raise
+        except Exception as exc:  # noqa: BLE001 - every caller hears it, as from its own persist()
+            batch.set_exception(exc)
+            return
+        batch.set_result(None)
 
     def _drain_telemetry(self, state: ControllerState) -> None:
         """Hand new events to the JSON event log and new observations to the histograms."""
@@ -501,3 +563,22 @@ def _mark_unwritten(state: ControllerState, sections: list[str]) -> None:
         elif kind == "hosts":
             state.dirty_host_shards.add(int(name))
             state.urgent_hosts = True
+
+
+def _retrieved(batch: asyncio.Future) -> None:
+    """A batch whose callers were all cancelled is not reported as an exception never retrieved."""
+    if not batch.cancelled():
+        batch.exception()
+
+
+def _due(state: ControllerState, background: bool) -> tuple[bool, bool, bool, bool]:
+    """Which sections `persist(background)` writes: addresses, replicas, journal, host shards."""
+    return (bool(state.dirty_addresses), bool(state.dirty_replicas),
+            bool((background or state.urgent_journal) and state.dirty_journal),
+            bool(state.dirty_host_shards and (background or state.urgent_hosts)))
+
+
+def _foreground_writes(state: ControllerState) -> bool:
+    """Whether `persist()` (not in the background) has anything to write: what must be
+    durable before an answer goes out."""
+    return any(_due(state, background=False))

@@ -34,5 +34,5 @@ def test_turns_are_taken_in_blocks_and_every_system_gets_its_rounds():
 def test_a_real_controller_answers_stream_unary_and_new_id_rounds():
     result = quorum.measure(2, 3, unary=True, new_id=True)
     assert result["replicas"] == 2 and result["rounds"] == 3 and result["store"] == "memory"
-    for prefix in ("", "unary_", "new_id_"):
+    for prefix in ("", "unary_", "new_id_", "report_"):
         assert result[f"{prefix}p50_ms"] > 0 and result[f"{prefix}p99_ms"] >= result[f"{prefix}p50_ms"]

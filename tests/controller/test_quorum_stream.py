@@ -2,6 +2,7 @@
 writes to the store: a real gRPC server in-process, a real client, a clock the test moves."""
 
 import asyncio
+import json
 
 import grpc
 import pytest
@@ -165,3 +166,74 @@ async def test_a_quorum_the_store_cannot_hold_is_refused_not_left_waiting(counti
         replies = await stream_round(leaders, 0)
         assert len({r.quorum_id for r in replies}) == 1
         assert (await store.get("jobs/t/replicas")).value  # what they act on is in the store
+
+
+class HeldStore(CountingStore):
+    """Once `held`, writes of the journal wait until the test lets them through (a slow etcd)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.held = False
+        self.writing, self.release = asyncio.Event(), asyncio.Event()
+
+    async def cas(self, key, value, expected_revision, leadership):
+        if self.held and key.endswith("/journal"):
+            self.writing.set()
+            await self.release.wait()
+        return await super().cas(key, value, expected_revision, leadership)
+
+
+async def test_a_fast_path_answer_waits_for_a_write_under_way(settings, clock):
+    """Rounds that need no write are settled at once, without a task, but not past a write
+    that another caller has started: the answer goes out after it ends."""
+    store = HeldStore()
+    server = ControllerServer(settings, clock=clock, store=store)
+    await server.start()
+    try:
+        await server.wait_leading(10)
+        async with grpc.aio.insecure_channel(server.grpc_address) as channel:
+            stub = pbg.ControllerStub(channel)
+            leaders = [Leader(stub, rid) for rid in REPLICAS]
+            qid = (await stream_round(leaders, 0))[0].quorum_id
+            for rid in REPLICAS:
+                await stub.ReportStep(pb.ReportStepRequest(job_id="t", replica_id=rid, step=0, quorum_id=qid))
+            # An event dirties the journal: the ticker writes it behind, and the write holds.
+            store.held = True
+            server.state._event(clock(), "replica", "r0", "an event for the journal")
+            await asyncio.wait_for(store.writing.wait(), WAIT_S)
+            pending = asyncio.ensure_future(stream_round(leaders, 1))
+            done, _ = await asyncio.wait([pending], timeout=0.3)
+            assert not done, "a fast-path round was answered while a store write was under way"
+            store.release.set()
+            replies = await asyncio.wait_for(pending, WAIT_S)
+            assert {r.quorum_id for r in replies} == {qid} and replies[0].reason.startswith("fast path")
+    finally:
+        store.release.set()
+        await server.stop()
+
+
+async def test_commit_reports_of_one_pass_share_one_write_and_each_returns_after_it(counting):
+    server, store = counting
+    async with grpc.aio.insecure_channel(server.grpc_address) as channel:
+        leaders = [Leader(pbg.ControllerStub(channel), rid) for rid in REPLICAS]
+        qid = (await stream_round(leaders, 0))[0].quorum_id
+    state, before = server.state, store.writes["replicas"]
+
+    async def report(rid: str) -> int:
+        state.report_step(rid, 0, server.clock(), quorum_id=qid)
+        await server.persist_shared()
+        stored = json.loads((await store.get("jobs/t/replicas")).value)
+        return next(r["committed_step"] for r in stored["replicas"] if r["replica_id"] == rid)
+
+    assert await asyncio.wait_for(asyncio.gather(*(report(rid) for rid in REPLICAS)), WAIT_S) == [0, 0, 0]
+    assert store.writes["replicas"] == before + 1  # three reports, one write
+    # A write that fails fails every caller that waited for it; none hears its change is durable.
+    store.fail = "/replicas"
+    state.dirty_replicas = True  # a change to write
+    results = await asyncio.wait_for(asyncio.gather(
+        server.persist_shared(), server.persist_shared(), return_exceptions=True), WAIT_S)
+    assert all(isinstance(r, StoreError) for r in results), results
+    # Not stuck: the next write carries them.
+    store.fail = ""
+    await asyncio.wait_for(server.persist_shared(), WAIT_S)
+    assert store.writes["replicas"] == before + 2
