@@ -15,9 +15,11 @@ $(STAMP): pyproject.toml requirements-test.txt
 demo: $(STAMP)
 	$(BIN)/fthsdp demo $(DEMO_ARGS)
 
+# Two pytest workers: the tests that start torch trainers run on one, in turn (tests/conftest.py).
+PYTEST_WORKERS ?= 2
 test: $(STAMP) tools
 	$(BIN)/lint-imports
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
 # Tools some tests drive, from Debian's packages: chromium (the status-page test), kubectl
 # (rendering the kustomizations the docs apply) and g++ (the CUDA kernels emulated on the CPU). Installed here when missing (as root, as on

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from fnmatch import fnmatch
+
 import pytest
 
 from controller.launch import launch
@@ -32,3 +34,22 @@ def controller_process():
     yield start
     for ctl in started:
         ctl.stop()
+
+
+#: Test files whose tests start torch trainer processes (clusters, demos, chaos, DaemonSets on
+#: loopback): each keeps both cores busy. `make test` runs pytest on 2 xdist workers with
+#: `--dist loadgroup`; these all go to one worker, one at a time, while the other worker runs the
+#: rest (controllers, agents with light trainers, unit tests), which mostly wait on sockets.
+TRAINER_FILES = ("tests/runtime/test_cluster_*.py", "tests/runtime/test_example_gpt.py", "tests/runtime/test_torchrun.py",
+                 "tests/runtime/test_fsdp_shards.py", "tests/runtime/test_gpu_hsdp.py",
+                 "tests/runtime/test_deterministic_mode.py", "tests/runtime/test_compare_checkpoints.py",
+                 "tests/demo/test_demo_*.py", "tests/demo/test_diagnosis_end_to_end.py",
+                 "tests/chaos/test_chaos_run.py", "tests/deploy/test_daemonsets_on_loopback.py")
+
+
+def pytest_collection_modifyitems(config, items):
+    root = config.rootpath
+    for item in items:
+        path = item.path.relative_to(root).as_posix()
+        if any(fnmatch(path, pattern) for pattern in TRAINER_FILES):
+            item.add_marker(pytest.mark.xdist_group("trainers"))
