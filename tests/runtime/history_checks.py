@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 
 from fthsdp import history
-from fthsdp.history import Commit, History  # noqa: F401 - the walk's records, for the callers
+from fthsdp.history import History
 from tests.runtime.cluster import Records
 
 
