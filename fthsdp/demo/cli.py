@@ -169,6 +169,10 @@ def _print_summary(r: dict, out: Path) -> None:
               f"(difference {r['accuracy_difference']})")
         if comparison.get("statement"):
             print(f"demo: {comparison['statement']}")
+    h = r.get("history")
+    if h and h["abandoned_commits"]:  # information: a rollback or a roll-forward, not a problem
+        print(f"demo: committed history: {h['steps']} steps; {h['abandoned_commits']} commit(s) of steps "
+              f"{h['abandoned_steps']} left behind on {h['abandoned_branches']} abandoned branch(es)")
     print(f"demo: checks {json.dumps(r['checks'])}")
     for p in r["problems"]:
         print(f"demo: problem: {p}")

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import json
 import math
-from collections import Counter, defaultdict
+from collections import defaultdict
 from pathlib import Path
 from statistics import fmean
+
+from fthsdp import history
 
 #: The baseline's seed-to-seed spread, measured once with `python -m fthsdp.demo.band`.
 BAND_FILE = Path(__file__).with_name("baseline_band.json")
@@ -20,40 +22,37 @@ def leader_rows(rows: list[dict], event: str) -> list[dict]:
     return [r for r in rows if r.get("event") == event and r.get("rank") == 0]
 
 
-def exactly_once(rows: list[dict], replicas: list[str]) -> list[str]:
-    """Problems with committed history: each batch (replica, position) trained exactly once.
+def history_of(rows: list[dict], replicas: list[str]) -> tuple[dict | None, list[str]]:
+    """The committed history the run ended with, from its leaders' rows (fthsdp/history.py),
+    and its problems: each batch (replica, position) trained exactly once along it.
 
-    Every commit of a step must agree on what it included and from which positions; each
-    included batch must be one that replica really computed at that step ("trained" rows
-    are written before the all-reduce); no batch twice; no position skipped.
+    A rollback or a roll-forward commits some steps again into other states; the commits
+    it left behind are counted here (how many, of which steps), not reported as problems.
+    Each included batch must be one that replica really computed at that step ("trained"
+    rows are written before the all-reduce); no batch twice; no position skipped.
     """
-    problems: list[str] = []
-    trained: dict[tuple[str, int], set[int]] = defaultdict(set)
-    for r in leader_rows(rows, "trained"):
-        trained[(r["replica"], r["step"])].add(r["position"])
-    by_step: dict[int, set] = defaultdict(set)
-    for r in leader_rows(rows, "commit"):
-        by_step[r["step"]].add(tuple((k, r["positions_before"].get(k, 0)) for k in r["included"]))
-    batches: Counter = Counter()
-    for step in sorted(by_step):
-        views = by_step[step]
-        if len(views) != 1:
-            problems.append(f"step {step} was committed with different contents: {sorted(views)}")
-            continue
-        for replica, position in next(iter(views)):
-            batches[(replica, position)] += 1
-            if position not in trained[(replica, step)]:
-                problems.append(f"step {step} included batch {position} of {replica}, which trained "
-                                f"{sorted(trained[(replica, step)])} at that step")
-    problems += [f"batch {p} of {r} was trained {n} times" for (r, p), n in sorted(batches.items()) if n > 1]
-    for replica in replicas:
-        positions = sorted(p for (r, p) in batches if r == replica)
-        if positions != list(range(len(positions))):
-            missing = sorted(set(range(max(positions, default=-1) + 1)) - set(positions))
-            problems.append(f"replica {replica} skipped batches {missing[:10]}")
-    if not by_step:
-        problems.append("no step was committed")
-    return problems
+    leaders = [r for r in rows if r.get("rank") == 0]  # rank k of a sharded model holds shard k
+    walked, problems = history.walk(leaders)
+    if walked is None:
+        return None, problems
+    _, problems = history.exactly_once_along(walked, history.trained_positions(leaders), replicas)
+    return {"steps": len(walked.chain), "abandoned_commits": len(walked.abandoned),
+            "abandoned_branches": walked.branches, "abandoned_steps": walked.abandoned_steps}, problems
+
+
+def exactly_once(rows: list[dict], replicas: list[str]) -> list[str]:
+    """Problems with committed history (`history_of`); none when each batch was trained once."""
+    return history_of(rows, replicas)[1]
+
+
+def committed_rows(rows: list[dict]) -> list[dict]:
+    """The leaders' commit rows of the committed history: what a rollback or a roll-forward
+    abandoned is left out. Every leader commit row when the history cannot be walked (then
+    `history_of` reports why)."""
+    walked, _ = history.walk([r for r in rows if r.get("rank") == 0])
+    if walked is None:
+        return leader_rows(rows, "commit")
+    return [r for c in walked.chain for r in c.rows]
 
 
 def final_states(rows: list[dict], replicas: list[str], ranks: int) -> tuple[bool, list[str]]:
@@ -72,9 +71,10 @@ def final_states(rows: list[dict], replicas: list[str], ranks: int) -> tuple[boo
 
 
 def loss_by_step(rows: list[dict]) -> dict[int, float]:
-    """Mean training loss of the batches each committed step trained (healthy leaders)."""
+    """Mean training loss of the batches each committed step trained (healthy leaders, along
+    the committed history)."""
     losses: dict[int, list[float]] = defaultdict(list)
-    for r in leader_rows(rows, "commit"):
+    for r in committed_rows(rows):
         if not r["behind"]:
             losses[r["step"]].append(r["loss"])
     return {step: fmean(v) for step, v in sorted(losses.items())}
@@ -82,9 +82,10 @@ def loss_by_step(rows: list[dict]) -> dict[int, float]:
 
 def samples_by_step(rows: list[dict], batch_rows: int) -> dict[int, int]:
     """Samples the job had trained on after each committed step: every replica whose batch a
-    step included adds `batch_rows` (the paper's x-axis is tokens; ours is samples)."""
+    step included adds `batch_rows` (the paper's x-axis is tokens; ours is samples). Along the
+    committed history: the batches of the steps a rollback abandoned are not in the model."""
     included: dict[int, int] = {}
-    for r in leader_rows(rows, "commit"):
+    for r in committed_rows(rows):
         included.setdefault(r["step"], len(r["included"]))
     total, out = 0, {}
     for step in sorted(included):
@@ -159,7 +160,7 @@ def summary(rows: list[dict], replicas: list[str], ranks: int, batch_rows: int =
     final = done[-1] if done else {}
     losses = loss_by_step(rows)
     identical, problems = final_states(rows, replicas, ranks)
-    once = exactly_once(rows, replicas)
+    walked, once = history_of(rows, replicas)
     return {
         "steps": final.get("step", 0),
         "final_train_loss": round(losses[max(losses)], 5) if losses else None,
@@ -168,6 +169,7 @@ def summary(rows: list[dict], replicas: list[str], ranks: int, batch_rows: int =
         "commits": len(leader_rows(rows, "commit")), "retries": len(leader_rows(rows, "retry")),
         "exactly_once": not once, "bitwise_identical": identical, "problems": once + problems,
         "samples_seen": max(samples_by_step(rows, batch_rows).values(), default=0),
+        "history": walked,
     }
 
 
@@ -228,7 +230,7 @@ def build(*, settings: dict, main: dict, injections: list[dict], events: list[di
         },
         "diagnoses": list(diagnoses)[:50],
         "problems": main["problems"], "baseline": None, "accuracy_difference": None,
-        "samples_seen": main["samples_seen"], "comparison": None,
+        "samples_seen": main["samples_seen"], "comparison": None, "history": main.get("history"),
     }
     if diagnosed:  # hosts that went bad: found by the diagnosis, and evicted (nobody else)
         report["checks"].update({"faults_found_on_their_host": all(d["found"] for d in diagnosed),

@@ -36,6 +36,7 @@ def test_demo_with_a_dead_host_and_a_killed_trainer(tmp_path):
     assert all(report["checks"].values()), report["checks"]
     assert report["checks"]["exactly_once"] is True and report["checks"]["bitwise_identical"] is True
     assert report["steps"] >= 40 and report["baseline"] is None
+    assert report["history"]["steps"] == report["steps"]  # one committed chain, step 0 to the end
     assert [(f["kind"], f["replica"]) for f in report["failures"]] == [("kill-agent", "r2"), ("kill-trainer", "r1")]
     for f in report["failures"]:
         assert 0 < f["detection_s"] <= f["detection_bound_s"] == HEARTBEAT_TIMEOUT_S + 1.5

@@ -9,9 +9,11 @@ from fthsdp.demo import report
 R = ["r0", "r1"]
 
 
-def step(replica, n, included, positions, t, began, behind=False, loss=1.0, rank=0, event="commit"):
+def step(replica, n, included, positions, t, began, behind=False, loss=1.0, rank=0, event="commit", digest=None,
+         before=""):
     return {"event": event, "replica": replica, "rank": rank, "step": n, "included": included,
-            "positions_before": positions, "t": t, "began": began, "behind": behind, "loss": loss}
+            "positions_before": positions, "t": t, "began": began, "behind": behind, "loss": loss,
+            "position": positions.get(replica, 0), "before": before, "digest": digest or f"d{n}"}
 
 
 def trained(replica, n, position, rank=0):
@@ -24,27 +26,69 @@ def healthy_history():
         trained("r0", 0, 0), trained("r1", 0, 0),
         step("r0", 0, ["r0", "r1"], {}, 1.0, 0.0, loss=2.0), step("r1", 0, ["r0", "r1"], {}, 1.0, 0.0, loss=4.0),
         trained("r0", 1, 1),
-        step("r0", 1, ["r0"], {"r0": 1, "r1": 1}, 2.0, 1.0, loss=1.0),
+        step("r0", 1, ["r0"], {"r0": 1, "r1": 1}, 2.0, 1.0, loss=1.0, before="d0"),
         step("r1", 1, ["r0"], {"r0": 1, "r1": 1}, 2.0, 1.5, event="retry"),
         trained("r0", 2, 2), trained("r1", 2, 1),
-        step("r0", 2, ["r0", "r1"], {"r0": 2, "r1": 1}, 3.0, 2.0, loss=0.5),
+        step("r0", 2, ["r0", "r1"], {"r0": 2, "r1": 1}, 3.0, 2.0, loss=0.5, before="d1"),
         step("r1", 2, ["r0", "r1"], {"r0": 2, "r1": 1}, 3.0, 2.0, loss=0.7),
     ]
 
 
+def both(n, digest, before, t, included=("r0", "r1")):
+    """Step n of `healthy_history`'s sequel: it reads r0 at n, r1 at n - 1 (or 2, when r1 is left out)."""
+    ledger = {"r0": n, "r1": n - 1 if len(included) == 2 else 2}
+    return [trained(r, n, ledger[r]) for r in included] + [
+        step(r, n, list(included), ledger, t, t - 1.0, digest=digest, before=before, loss=t / 10) for r in R]
+
+
+def rolled_back_history():
+    """`healthy_history`, then steps 3 and 4 that included r0 only; the job resumes from step 2's
+    checkpoint and trains steps 3 and 4 again (with both replicas, into other states), then step 5."""
+    return healthy_history() + both(3, "d3", "d2", 4.0, ("r0",)) + both(4, "d4", "d3", 5.0, ("r0",)) + \
+        both(3, "e3", "d2", 7.0) + both(4, "e4", "e3", 8.0) + both(5, "e5", "e4", 9.0)
+
+
 def test_exactly_once_holds_for_a_consistent_history():
     assert report.exactly_once(healthy_history(), R) == []
+    assert report.history_of(healthy_history(), R)[0] == {"steps": 3, "abandoned_commits": 0,
+                                                           "abandoned_branches": 0, "abandoned_steps": []}
+
+
+def test_a_rollback_that_trains_steps_again_is_counted_not_a_problem():
+    view, problems = report.history_of(rolled_back_history(), R)
+    assert problems == []
+    assert view == {"steps": 6, "abandoned_commits": 2, "abandoned_branches": 1, "abandoned_steps": [3, 4]}
+    main = report.summary(rolled_back_history() + [
+        {"event": "done", "replica": r, "rank": 0, "digest": "e5", "step": 6, "test_loss": 0.2, "test_acc": 0.9}
+        for r in R], R, 1, batch_rows=32)
+    assert main["exactly_once"] and main["problems"] == [] and main["history"] == view
+    # what the rolled-back steps trained is not in the loss curve or the samples seen
+    assert report.loss_by_step(rolled_back_history())[3] == pytest.approx(0.7)
+    assert main["samples_seen"] == 32 * (2 + 1 + 2 + 2 + 2 + 2)
+    out = report.build(settings={}, main=main, injections=[], events=[], wall_s=1.0, detection_bound_s=1.0,
+                       baseline=None, baseline_wall_s=None)
+    assert out["checks"]["exactly_once"] and out["history"]["abandoned_steps"] == [3, 4]
+
+
+def test_a_rollback_that_ends_on_two_states_is_a_divergence():
+    rows = rolled_back_history()
+    rows[-1]["digest"] = "f5"  # r1's commit of the last step
+    problems = report.exactly_once(rows, R)
+    assert problems == ["the run ended on 2 different states at step 5: ['e5', 'f5']"]
 
 
 @pytest.mark.parametrize("mutate, problem", [
-    # r1 trains its batch 1 again at step 2 although step 1 already included it
-    (lambda rows: rows[:9] + [step("r0", 2, ["r0", "r1"], {"r0": 2, "r1": 0}, 3.0, 2.0)], "trained 2 times"),
+    # r1 trains its batch 0 again at step 2 although step 0 already included it
+    (lambda rows: rows[:9] + [step("r0", 2, ["r0", "r1"], {"r0": 2, "r1": 0}, 3.0, 2.0)],
+     "step 2 (ledger {'r0': 2}) trained from a state no commit of step 1 produced (they left ledgers "
+     "[{'r0': 2, 'r1': 1}])"),
     # step 2 claims r1's batch 1 but r1 computed batch 3 then
-    (lambda rows: rows[:8] + [trained("r1", 2, 3)] + rows[9:], "which trained [3]"),
+    (lambda rows: rows[:8] + [trained("r1", 2, 3)] + rows[9:-1] + [dict(rows[-1], position=3)], "which trained [3]"),
     # two commits of step 2 disagree on what they included
     (lambda rows: rows[:10] + [step("r1", 2, ["r1"], {"r1": 1}, 3.0, 2.0)], "different contents"),
-    # r1's batch 0 is never committed: positions start at 1
-    (lambda rows: [trained("r1", 2, 1), step("r0", 2, ["r1"], {"r1": 1}, 3.0, 2.0)], "skipped batches [0]"),
+    # a step trained from a state no step 1 committed (r1's batch 0 was never committed)
+    (lambda rows: [trained("r1", 2, 1), step("r0", 2, ["r1"], {"r1": 1}, 3.0, 2.0)],
+     "step 2 (ledger {'r1': 1}) trained from a state no commit of step 1 produced"),
     (lambda rows: [], "no step was committed"),
 ])
 def test_exactly_once_finds_violations(mutate, problem):

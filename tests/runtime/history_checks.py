@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from dataclasses import dataclass
 
+from fthsdp import history
+from fthsdp.history import History
 from tests.runtime.cluster import Records
 
 
@@ -117,115 +118,22 @@ def longest_fault_free_step_s(rec: Records) -> float:
 
 
 # ---------------------------------------------------------------- histories with rollbacks
-
-
-@dataclass
-class Commit:
-    """One committed step of one history: every process that committed it, from its rows."""
-    step: int
-    digest: str                          # the state after the step
-    before: str                          # the state it trained from ("" when only catch-ups recorded it)
-    included: tuple[str, ...]
-    ledger_before: dict[str, int]        # positions the step read (zeros dropped)
-    rows: list[dict]
-
-    @property
-    def ledger_after(self) -> dict[str, int]:
-        after = dict(self.ledger_before)
-        for r in self.included:
-            after[r] = after.get(r, 0) + 1
-        return after
-
-    @property
-    def first_t(self) -> float:
-        return min(r["t"] for r in self.rows)
-
-
-@dataclass
-class History:
-    """The committed history the run ended with (step 0 to the last step, in order), and the
-    commits of the branches it left behind (rolled back, or abandoned by a roll-forward)."""
-    chain: list[Commit]
-    abandoned: list[Commit]
-    branches: int                        # how many abandoned branches there were
-
-
-def _nonzero(positions: dict) -> dict[str, int]:
-    return {k: int(v) for k, v in positions.items() if v}
-
-
-def _commits(rows: list[dict]) -> list[Commit]:
-    nodes: dict[tuple[int, str], list[dict]] = defaultdict(list)
-    for row in rows:
-        if row.get("event") == "commit":
-            nodes[(row["step"], row["digest"])].append(row)
-    out = []
-    for (step, digest), group in sorted(nodes.items()):
-        views = {(tuple(r["included"]), tuple(sorted(_nonzero(r["positions_before"]).items()))) for r in group}
-        assert len(views) == 1, f"step {step} was committed into one state from different contents: {views}"
-        befores = {r["before"] for r in group if r.get("before") and not r["behind"]}
-        assert len(befores) <= 1, f"step {step} was committed into one state from different states: {befores}"
-        included, ledger = next(iter(views))
-        out.append(Commit(step, digest, next(iter(befores), ""), included, dict(ledger), group))
-    return out
-
-
-def _parent(node: Commit, by_step: dict[int, list[Commit]]) -> Commit | None:
-    """The commit of the previous step this one trained from: the same ledger, and the same
-    state where a healthy committer recorded it; the latest such before it when ambiguous."""
-    candidates = [c for c in by_step.get(node.step - 1, []) if c.ledger_after == node.ledger_before
-                  and (not node.before or c.digest == node.before)]
-    earlier = [c for c in candidates if c.first_t <= node.first_t] or candidates
-    return max(earlier, key=lambda c: c.first_t, default=None)
+# The walk is fthsdp/history.py (the demo's report uses it too); these assert what it finds.
 
 
 def committed_history(rec: Records) -> History:
     """Walk back from the newest committed state to step 0. Raises AssertionError when the
     run ended on two different states, or a committed step trained from a state no commit
     (and no fresh start) produced."""
-    commits = _commits(rec.rows)
-    assert commits, "nothing was committed"
-    by_step: dict[int, list[Commit]] = defaultdict(list)
-    for c in commits:
-        by_step[c.step].append(c)
-    last = max(by_step)
-    assert len(by_step[last]) == 1, f"the run ended on {len(by_step[last])} different states at step {last}"
-    chain = [by_step[last][0]]
-    while chain[-1].step > 0:
-        node = chain[-1]
-        parent = _parent(node, by_step)
-        assert parent is not None, (f"step {node.step} (ledger {node.ledger_before}) trained from a state no commit "
-                                    f"of step {node.step - 1} produced (they left ledgers "
-                                    f"{[c.ledger_after for c in by_step.get(node.step - 1, [])]})")
-        chain.append(parent)
-    assert not chain[-1].ledger_before, f"step 0 read the ledger {chain[-1].ledger_before}, not a fresh one"
-    chain.reverse()
-    on_chain = {id(c) for c in chain}
-    abandoned = [c for c in commits if id(c) not in on_chain]
-    off = {id(c) for c in abandoned}
-    roots = [c for c in abandoned if (p := _parent(c, by_step)) is None or id(p) not in off]
-    return History(chain, abandoned, len(roots))
+    walked, problems = history.walk(rec.rows)
+    assert walked is not None, "; ".join(problems)
+    return walked
 
 
-def check_exactly_once_along(history: History, rec: Records, replicas: list[str]) -> Counter:
+def check_exactly_once_along(walked: History, rec: Records, replicas: list[str]) -> Counter:
     """Each batch (replica, position) is in the committed history once, none is skipped, and
     the batch a step included is one that replica trained at that step (rolled-back branches
     are not part of the history and count nothing)."""
-    trained: dict[tuple[str, int], set[int]] = defaultdict(set)
-    for row in rec.rows:
-        if row.get("event") == "trained" or (row.get("event") in ("commit", "retry") and not row["behind"]):
-            trained[(row["replica"], row["step"])].add(row.get("trained_position", row.get("position")))
-    batches: Counter = Counter()
-    for c in history.chain:
-        for replica in c.included:
-            position = c.ledger_before.get(replica, 0)
-            batches[(replica, position)] += 1
-            assert position in trained[(replica, c.step)], (
-                f"step {c.step} included batch {position} of replica {replica}, which trained "
-                f"{sorted(trained[(replica, c.step)])} at that step")
-    twice = sorted(b for b, n in batches.items() if n > 1)
-    assert not twice, f"batches trained twice along the committed history: {twice}"
-    for r in replicas:
-        positions = sorted(p for (rep, p) in batches if rep == r)
-        assert positions == list(range(len(positions))), f"replica {r} skipped batches: {positions}"
+    batches, problems = history.exactly_once_along(walked, history.trained_positions(rec.rows), replicas)
+    assert not problems, "; ".join(problems)
     return batches

@@ -191,7 +191,7 @@ def main(cfg: dict) -> int:
         stop = committed and out.step == cfg.get("stop_after")
         write(event="commit" if committed else "retry", step=out.step, quorum_id=out.quorum_id,
               behind=out.behind, included=list(out.included), positions_before=out.positions_before,
-              trained_position=position, lr=opt.param_groups[0]["lr"], lr_scale=out.lr_scale,
+              trained_position=position, position=position, lr=opt.param_groups[0]["lr"], lr_scale=out.lr_scale,
               reason=out.reason, ckpt_error=manager.last_checkpoint_error, sched=sched.state_dict(),
               source=plan.source_replica if plan is not None else "", fetched_bytes=manager.last_catch_up_bytes,
               epoch=sampler.epoch, rng=rng_digest(), before=before, digest=digest())
