@@ -127,9 +127,10 @@ def band_view(band: dict | None, config: dict) -> dict | None:
 
 
 def effective_training_time(rows: list[dict], replicas: int) -> float:
-    """Fraction of replica-time in committed healthy steps, over the training window
-    (first step begun to last step committed) times the configured replicas."""
-    steps = [r for r in leader_rows(rows, "commit") if not r["behind"]]
+    """Fraction of replica-time in committed healthy steps of the committed history, over the
+    training window (first step begun to last step committed) times the configured replicas.
+    Steps a rollback or a roll-forward abandoned were trained for nothing: they do not count."""
+    steps = [r for r in committed_rows(rows) if not r["behind"]]
     began = [r["began"] for r in rows if r.get("event") in ("commit", "retry") and r.get("rank") == 0]
     if not steps or not began:
         return 0.0

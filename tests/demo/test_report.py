@@ -116,6 +116,12 @@ def test_effective_training_time():
     assert report.effective_training_time([], 2) == 0.0
 
 
+def test_effective_training_time_leaves_out_what_a_rollback_abandoned():
+    # window 0..9 s x 2 replicas = 18; the chain's healthy steps: 5 (steps 0-2) + 6 (steps 3-5 again);
+    # the abandoned first tries of steps 3 and 4 (4 replica-seconds) were trained for nothing
+    assert report.effective_training_time(rolled_back_history(), 2) == pytest.approx(11 / 18)
+
+
 EVENTS = [
     {"at": 99.0, "kind": "death", "subject": "r1", "message": "replica r1 became DEAD: old", "cause": "x"},
     {"at": 100.4, "kind": "death", "subject": "r1", "message": "replica r1 became DEAD: gone", "cause": "trainer_exit"},
