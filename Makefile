@@ -15,11 +15,14 @@ $(STAMP): pyproject.toml requirements-test.txt
 demo: $(STAMP)
 	$(BIN)/fthsdp demo $(DEMO_ARGS)
 
-# Two pytest workers: the tests that start torch trainers run on one, in turn (tests/conftest.py).
+# Two pytest workers: the tests that start torch trainers run on one, in turn; then the `solo`
+# end-to-end runs, one at a time (tests/conftest.py). Exit code 5 is "nothing selected" (a
+# PYTEST_ARGS that names only tests of the other part).
 PYTEST_WORKERS ?= 2
 test: $(STAMP) tools
 	$(BIN)/lint-imports
-	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadgroup -m "not solo" $(PYTEST_ARGS) || [ $$? -eq 5 ]
+	$(BIN)/python -m pytest -m solo $(PYTEST_ARGS) || [ $$? -eq 5 ]
 
 # Tools some tests drive, from Debian's packages: chromium (the status-page test), kubectl
 # (rendering the kustomizations the docs apply) and g++ (the CUDA kernels emulated on the CPU). Installed here when missing (as root, as on

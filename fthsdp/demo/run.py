@@ -189,14 +189,16 @@ class Progress:
             self._last_line, self._last_at = line, now
 
 
-def _inject(f: Failure, job: dict, replicas: dict, hosts: list, agents: dict, records: Path) -> dict | None:
-    """Inject `f` once every replica is HEALTHY (failures never overlap, so some replica always
-    holds the live state); the injection record, or None to try again later."""
-    if not replicas or any(r["state"] != "HEALTHY" for r in replicas.values()):
+def _inject(f: Failure, job: dict, replicas: dict, hosts: list, agents: dict, records: Path,
+            configured: list[str]) -> dict | None:
+    """Inject `f` once every configured replica is HEALTHY (failures never overlap, so some
+    replica always holds the live state; one that has not registered yet counts as not
+    healthy); the injection record, or None to try again later."""
+    if any(replicas.get(rid, {}).get("state") != "HEALTHY" for rid in configured):
         return None
     if f.kind in DIAGNOSED:  # the trainer on that host goes bad once this file exists
         (records / f"fault-{f.replica}.go").write_text(str(job["max_step"]))
-        host = host_of(f.replica, replica_ids(len(replicas)))
+        host = host_of(f.replica, configured)
         return {"kind": f.kind, "replica": f.replica, "scheduled_step": f.at_step, "injected_step": job["max_step"],
                 "injected_at": time.time(), "target": f"host {host} ({f.kind})", "host": host}
     if f.kind in ("kill-trainer", "hang-trainer"):
@@ -300,7 +302,8 @@ def _follow(http: httpx.Client, s: RunSettings, failures: list[Failure], agents:
                           f"{LATE_MARGIN_STEPS} steps of its end (failures wait until every replica is HEALTHY)")
         elif pending and job["max_step"] >= pending[0].at_step:
             hosts = http.get("/api/v1/hosts").json()
-            done = _inject(pending[0], job, {r["replica_id"]: r for r in replicas}, hosts, agents, records)
+            done = _inject(pending[0], job, {r["replica_id"]: r for r in replicas}, hosts, agents, records,
+                           replica_ids(s.replicas))
             if done is not None:
                 pending.pop(0)
                 done["after_s"] = round(done["injected_at"] - result.started_at, 3)
