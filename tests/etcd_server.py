@@ -21,7 +21,6 @@ import os
 import platform
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -32,6 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+from tests.ports import free_port
 
 ETCD_BINARY_ENV = "FTHSDP_ETCD_BINARY"  # overrides the default path below
 DEFAULT_ETCD_BINARY = "/usr/bin/etcd"
@@ -67,12 +68,6 @@ class EtcdTls:
     key_file: Path
     ca_file: Path
     client_ca: bool = False
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class EtcdServer:
@@ -141,7 +136,7 @@ class EtcdServer:
         last_error = ""
         for _ in range(attempts if choose_ports else 1):
             if choose_ports:
-                self.client_port, self.peer_port = _free_port(), _free_port()
+                self.client_port, self.peer_port = free_port(), free_port()
                 if self.client_port == self.peer_port:
                     continue
             self._spawn()

@@ -20,7 +20,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import time
 from dataclasses import asdict, dataclass, field
@@ -36,6 +35,7 @@ from protos import job_secret
 from tests.chaos.schedule import ChaosSettings, Fault, stop_past_the_timeouts
 from tests.etcd_server import EtcdServer
 from tests.ha.cluster import JOB, ControllerProcess
+from tests.ports import free_port
 
 POLL_S = 0.2
 FAST_POLL_S = 0.01   # while waiting for a recovering replica's source to show (read from its records)
@@ -71,12 +71,6 @@ class Recorded:
     def to_json(self) -> dict:
         return {"seed": self.seed, "injections": [asdict(i) for i in self.injections], "skipped": self.skipped,
                 "finished": self.finished, "error": self.error, "wall_s": round(self.ended_at - self.started_at, 2)}
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _signal(pid: int, sig: int) -> bool:
@@ -118,7 +112,7 @@ class ChaosRun:
         # windows are marked disturbed. An eviction of a healthy host would take the spare the
         # schedule's host faults count on, and the job could not end whole.
         settings_file.write_text(json.dumps({"rollback_wait_s": s.rollback_wait_s}))
-        ports = [_free_port() for _ in range(2)]
+        ports = [free_port() for _ in range(2)]
         for i, name in enumerate("ab"):
             self.controllers.append(ControllerProcess(
                 etcd.endpoint, replicas=s.replicas, lease_ttl_s=s.lease_ttl_s, name=name,
@@ -131,7 +125,7 @@ class ChaosRun:
                           lr_policy="sqrt", min_step_s=s.min_step_s, join_timeout_s=s.join_timeout_s,
                           heartbeat_timeout_s=s.heartbeat_timeout_s)
         cfg = run.trainer_config(prepare(self.workdir / "digits.npz", self.seed), self.records,
-                                 {h: {"leader": _free_port(), "gloo": _free_port()} for h in hosts})
+                                 {h: {"leader": free_port(), "gloo": free_port()} for h in hosts})
         cfg["timeouts"]["allreduce_s"] = s.allreduce_timeout_s
         # The run decides when the job ends (steps_file), however long the faults keep it.
         cfg.update(job_id=JOB, ports_by="host", checkpoint_dir=str(self.workdir / "ckpt"),

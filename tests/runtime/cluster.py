@@ -14,7 +14,6 @@ import json
 import os
 import selectors
 import signal
-import socket
 import sys
 import threading
 import time
@@ -23,6 +22,7 @@ from pathlib import Path
 
 from controller.launch import ControllerProcess, launch
 from tests import forked, trainer_secret
+from tests.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 PYTHON = sys.executable
@@ -67,12 +67,6 @@ class Faults:
         changes (the runtime is not told; only digests can notice)."""
         self.items.append({"kind": "corrupt", "replica": str(replica), "step": after_step, "rank": rank})
         return self
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _read_line(proc: forked.Forked, timeout_s: float) -> str:
