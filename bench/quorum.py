@@ -7,16 +7,19 @@ at once; it is timed from the release to the last answer. Membership does not ch
 every round is the fast path (all members present, same quorum id); every answer is checked
 (one quorum id and every leader's step in it), so a broken round cannot pass for a fast one.
 
-Ours: `fthsdp controller` runs as its own process; the N leaders run in this process, each
-with its own gRPC channel and one long-lived `QuorumStream` (what a replica leader keeps
-open). `--unary` adds the unary `Quorum` call per step (kept for compatibility) as
-`unary_p50_ms`/`unary_p99_ms`, on the same controller.
+Ours: `fthsdp controller` runs as its own process; the N leaders run in this process. What
+a replica leader uses (`p50_ms`/`p99_ms`): the controller's quorum port, each leader with the
+runtime's own blocking client (fthsdp/step/quorum_port_client.py) on its own thread, the
+layout torchft's clients are timed in. `stream_p50_ms`/`stream_p99_ms`: the same leaders on
+one long-lived gRPC `QuorumStream` each (the fallback when the port cannot serve; each with
+its own channel, on one event loop). `--unary` adds the unary `Quorum` call per step (kept
+for compatibility) as `unary_p50_ms`/`unary_p99_ms`, on the same controller.
 
 torchft (`--compare-torchft`; `pip install 'fthsdp[bench]'` brings torchft 0.2): see
 `bench.torchft_yardstick`. Compared is its Rust lighthouse called *directly*
 (`LighthouseClient.quorum` from N threads here, the lighthouse binary as its own process):
 the same work as our leaders' (one request to the central service, one answer).
-`ratio_p50`/`ratio_p99` = ours (stream) / torchft's direct lighthouse: below 1, we are faster.
+`ratio_p50`/`ratio_p99` = ours (the port) / torchft's direct lighthouse: below 1, we are faster.
 torchft's own trainers take a longer path, through the replica's ManagerServer (the
 `torchft_manager_*` fields, for reference only).
 
@@ -44,10 +47,12 @@ import statistics
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 
 from controller.launch import launch
+from fthsdp.step.quorum_port_client import QuorumPortClient, resolve
 from protos import controller_pb2 as pb
 from protos import controller_pb2_grpc as pbg
 
@@ -81,13 +86,17 @@ class OurLeaders:
     """N leaders of one controller, on one event loop that this object drives."""
 
     def __init__(self, address: str, replicas: int, job: str) -> None:
-        self.replicas, self.job = replicas, job
+        self.address, self.replicas, self.job = address, replicas, job
         self.step = 0
         self.known = [0] * replicas
         #: how long each burst of commit reports took, from the first sent to the last answered
         self.report_ms: list[float] = []
         self.loop = asyncio.new_event_loop()
         self.loop.run_until_complete(self._open(address))
+        #: the quorum port the last answer named, and its leaders' clients (made at first use)
+        self.port_address = ""
+        self.port_clients: list[QuorumPortClient] | None = None
+        self.pool: ThreadPoolExecutor | None = None
 
     async def _open(self, address: str) -> None:
         # grpc.aio objects belong to the loop they are made on: make them on ours.
@@ -135,13 +144,33 @@ class OurLeaders:
         start = time.perf_counter()
         replies = await asyncio.wait_for(asyncio.gather(*(one(i) for i in range(self.replicas))), ROUND_TIMEOUT_S)
         elapsed = (time.perf_counter() - start) * 1000
+        self._done(replies)
+        return elapsed
+
+    def _done(self, replies) -> None:
         check_answers(replies, self.replicas, self.step)
         self.known = [r.quorum_id for r in replies]
+        self.port_address = resolve(replies[0].quorum_address, self.address)
         self.step += 1
-        return elapsed
 
     def round(self, unary: bool = False) -> float:
         return self.loop.run_until_complete(self._round(unary))
+
+    def port_round(self) -> float:
+        """A round on the quorum port: each leader with the runtime's own blocking client
+        (fthsdp/step/quorum_port_client.py) on its own thread, as torchft's are timed."""
+        if self.step > 0:
+            self.loop.run_until_complete(self._report(False))
+        if self.port_clients is None:
+            self.port_clients = [QuorumPortClient() for _ in range(self.replicas)]
+            self.pool = ThreadPoolExecutor(self.replicas)
+        address = self.port_address
+        ask = lambda i: self.port_clients[i].ask(address, self.request(i), ROUND_TIMEOUT_S)  # noqa: E731
+        start = time.perf_counter()
+        replies = list(self.pool.map(ask, range(self.replicas)))
+        elapsed = (time.perf_counter() - start) * 1000
+        self._done(replies)
+        return elapsed
 
     def round_new_id(self) -> float:
         """A round whose quorum id changes: every leader reported a failed commit of its last
@@ -154,6 +183,11 @@ class OurLeaders:
         return elapsed
 
     def close(self) -> None:
+        for client in self.port_clients or ():
+            client.close()
+        if self.pool is not None:
+            self.pool.shutdown(wait=False)
+
         async def end(stream) -> None:  # a clean end: no more requests, the controller says OK
             try:
                 await stream.done_writing()
@@ -225,7 +259,8 @@ def measure(replicas: int, rounds: int, *, unary: bool = False, torchft: bool = 
     try:
         wait_leading(ctl.grpc)
         ours = OurLeaders(ctl.grpc, replicas, job)
-        systems = {"": ours.round}
+        ours.round()  # the first answer names the quorum port
+        systems = {"": ours.port_round, "stream_": ours.round}
         if unary:
             systems["unary_"] = lambda: ours.round(unary=True)
         if new_id:

@@ -31,6 +31,8 @@ class ControllerProcess:
     grpc: str
     http: str
     candidate: str = ""
+    #: the quorum port's address ("" when it has none)
+    quorum: str = ""
 
     @property
     def pid(self) -> int:
@@ -60,4 +62,4 @@ def launch(*flags: str, stderr=subprocess.DEVNULL, timeout_s: float = 60.0, env:
         proc.kill()
         proc.wait(10.0)
         raise
-    return ControllerProcess(proc, info["grpc"], info["http"], info.get("candidate", ""))
+    return ControllerProcess(proc, info["grpc"], info["http"], info.get("candidate", ""), info.get("quorum", ""))

@@ -28,6 +28,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1; 0.0.0.0 in a pod)")
     p.add_argument("--grpc-port", type=int, default=50051, help="gRPC port; 0 picks a free one")
     p.add_argument("--http-port", type=int, default=8080, help="REST and /metrics port; 0 picks a free one")
+    p.add_argument("--quorum-port", type=int, default=0,
+                   help="the leaders' quorum port (framed joins on TCP, TLS with the gRPC TLS flags); 0 picks a "
+                        "free one (default); leaders learn it from their first answer")
+    p.add_argument("--no-quorum-port", action="store_true", help="no quorum port: leaders use QuorumStream")
     p.add_argument("--settings", help="JSON file with ControllerSettings fields")
     p.add_argument("--job-id")
     p.add_argument("--replicas", type=int, help="configured replica count")
@@ -121,6 +125,20 @@ def _credentials(args):
         root_certificates=ca, require_client_auth=ca is not None)
 
 
+def _quorum_tls(args):
+    """The quorum port's TLS: the gRPC port's certificate and client CA (None without TLS)."""
+    import ssl
+
+    if not args.tls_cert_file:
+        return None
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(args.tls_cert_file, args.tls_key_file)
+    if args.tls_client_ca_file:
+        context.load_verify_locations(args.tls_client_ca_file)
+        context.verify_mode = ssl.CERT_REQUIRED
+    return context
+
+
 def build_server(args):
     from controller.service.server import ControllerServer
 
@@ -142,7 +160,8 @@ def build_server(args):
         settings, host=args.host, grpc_port=args.grpc_port, http_port=args.http_port, store=store,
         admin_token=_secret(args.admin_token_file, ENV_ADMIN_TOKEN),
         read_token=_secret(args.read_token_file, ENV_READ_TOKEN),
-        grpc_credentials=_credentials(args), advertise_address=args.advertise_address, http_tls=_http_tls(args))
+        grpc_credentials=_credentials(args), advertise_address=args.advertise_address, http_tls=_http_tls(args),
+        quorum_port=None if args.no_quorum_port else args.quorum_port, quorum_tls=_quorum_tls(args))
 
 
 async def serve(args) -> int:
@@ -153,7 +172,7 @@ async def serve(args) -> int:
         loop.add_signal_handler(sig, stop.set)
     await server.start()
     print(json.dumps({"event": "serving", "grpc": server.grpc_address, "http": server.http_url,
-                      "pid": os.getpid(), "candidate": server.candidate}), flush=True)
+                      "quorum": server.quorum_address, "pid": os.getpid(), "candidate": server.candidate}), flush=True)
     await stop.wait()
     await server.stop()
     return 0

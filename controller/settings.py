@@ -81,6 +81,9 @@ class ControllerSettings:
     digest_wait_s: float = 30.0
     #: Largest gRPC answer sent (a quorum answer carries every member's addresses).
     max_message_bytes: int = 64 << 20
+    #: A connection to the quorum port (the leaders' fast path beside QuorumStream) must send
+    #: its first join (and finish its TLS handshake) within this long, or it is closed.
+    quorum_port_hello_s: float = 5.0
     #: Grace period for in-flight calls when the server stops.
     stop_grace_s: float = 2.0
     #: The leader's lease in the store (etcd: whole seconds, at least 1): a standby takes over
@@ -135,7 +138,7 @@ class ControllerSettings:
                 f"min_replicas must be between 1 and replicas ({self.replicas}), got {self.min_replicas}."
             )
         for name in ("join_timeout_s", "heartbeat_timeout_s", "stop_grace_s", "digest_wait_s", "lease_ttl_s",
-                     "restart_window_s",
+                     "restart_window_s", "quorum_port_hello_s",
                      "client_backoff_cap_s", "client_call_s", "client_timeout_s", "store_failing_s_to_step_down"):
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):

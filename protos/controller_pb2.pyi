@@ -63,7 +63,7 @@ class RecoverAssignment(_message.Message):
     def __init__(self, replica_id: _Optional[str] = ..., sources_by_shard: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class QuorumResponse(_message.Message):
-    __slots__ = ("quorum_id", "members", "max_step", "recover", "lr_scale", "reason", "addresses_included", "total_replicas", "resume_checkpoint_step")
+    __slots__ = ("quorum_id", "members", "max_step", "recover", "lr_scale", "reason", "addresses_included", "total_replicas", "resume_checkpoint_step", "quorum_address")
     QUORUM_ID_FIELD_NUMBER: _ClassVar[int]
     MEMBERS_FIELD_NUMBER: _ClassVar[int]
     MAX_STEP_FIELD_NUMBER: _ClassVar[int]
@@ -73,6 +73,7 @@ class QuorumResponse(_message.Message):
     ADDRESSES_INCLUDED_FIELD_NUMBER: _ClassVar[int]
     TOTAL_REPLICAS_FIELD_NUMBER: _ClassVar[int]
     RESUME_CHECKPOINT_STEP_FIELD_NUMBER: _ClassVar[int]
+    QUORUM_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     quorum_id: int
     members: _containers.RepeatedCompositeFieldContainer[Member]
     max_step: int
@@ -82,7 +83,18 @@ class QuorumResponse(_message.Message):
     addresses_included: bool
     total_replicas: int
     resume_checkpoint_step: int
-    def __init__(self, quorum_id: _Optional[int] = ..., members: _Optional[_Iterable[_Union[Member, _Mapping]]] = ..., max_step: _Optional[int] = ..., recover: _Optional[_Iterable[_Union[RecoverAssignment, _Mapping]]] = ..., lr_scale: _Optional[float] = ..., reason: _Optional[str] = ..., addresses_included: _Optional[bool] = ..., total_replicas: _Optional[int] = ..., resume_checkpoint_step: _Optional[int] = ...) -> None: ...
+    quorum_address: str
+    def __init__(self, quorum_id: _Optional[int] = ..., members: _Optional[_Iterable[_Union[Member, _Mapping]]] = ..., max_step: _Optional[int] = ..., recover: _Optional[_Iterable[_Union[RecoverAssignment, _Mapping]]] = ..., lr_scale: _Optional[float] = ..., reason: _Optional[str] = ..., addresses_included: _Optional[bool] = ..., total_replicas: _Optional[int] = ..., resume_checkpoint_step: _Optional[int] = ..., quorum_address: _Optional[str] = ...) -> None: ...
+
+class QuorumPortRefusal(_message.Message):
+    __slots__ = ("code", "details", "leader_address")
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    DETAILS_FIELD_NUMBER: _ClassVar[int]
+    LEADER_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    code: str
+    details: str
+    leader_address: str
+    def __init__(self, code: _Optional[str] = ..., details: _Optional[str] = ..., leader_address: _Optional[str] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
     __slots__ = ("host_ids", "replica_ids")

@@ -52,9 +52,11 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
         if request.host_id:
             self.server.check_peer_may_act_as(context, request.host_id)
 
-    async def _join(self, request: pb.QuorumRequest, context, encoded: bool):
-        """Join this round; once it closes, the answer shared by every member: its bytes
-        (`encoded`) or the message."""
+    def begin_join(self, request: pb.QuorumRequest, context, encoded: bool) -> asyncio.Future:
+        """Check a leader's join and enter it in this round; returns the future the settle
+        answers once the round closes: with the answer's bytes (`encoded`) or the message.
+        The quorum port (quorum_port.py) joins through here too; `context` is the call, or
+        the port's connection, which answers `auth_context()` alike."""
         self._check_leader(request, context)
         state = self.server.require_leader()
         state.join(JoinRequest(
@@ -66,8 +68,13 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
         ), self.server.clock())
         fut = asyncio.get_running_loop().create_future()
         self.server.waiters[request.replica_id].append((fut, request.known_quorum_id, encoded))
+        self.server.settle_soon()
+        return fut
+
+    async def _join(self, request: pb.QuorumRequest, context, encoded: bool):
+        """Join this round; once it closes, the answer shared by every member."""
+        fut = self.begin_join(request, context, encoded)
         try:
-            self.server.settle_soon()
             return await fut
         except asyncio.CancelledError:
             # The leader hung up (its process died, or it gave up waiting): its join goes too.

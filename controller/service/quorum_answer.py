@@ -20,11 +20,13 @@ class QuorumAnswers:
     def __init__(self) -> None:
         self._quorum: Quorum | None = None
         self._state = None
+        self._quorum_address = ""
         #: with_addresses -> (message, its bytes)
         self._forms: dict[bool, tuple[pb.QuorumResponse, bytes]] = {}
 
-    def prepare(self, q: Quorum, state) -> None:
+    def prepare(self, q: Quorum, state, quorum_address: str = "") -> None:
         self._quorum, self._state, self._forms = q, state, {}
+        self._quorum_address = quorum_address
         self._form(with_addresses=False)
 
     def get(self, known_quorum_id: int) -> pb.QuorumResponse:
@@ -56,4 +58,4 @@ class QuorumAnswers:
             quorum_id=q.quorum_id, members=members, max_step=q.max_step, lr_scale=q.lr_scale, reason=q.reason,
             recover=[pb.RecoverAssignment(replica_id=b, sources_by_shard=list(src)) for b, src in sorted(q.recover.items())],
             total_replicas=self._state.settings.replicas, addresses_included=with_addresses,
-            resume_checkpoint_step=q.resume_checkpoint_step)
+            resume_checkpoint_step=q.resume_checkpoint_step, quorum_address=self._quorum_address)

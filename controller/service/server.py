@@ -12,6 +12,7 @@ import asyncio
 import json
 import logging
 import socket
+import ssl
 import time
 import uuid
 from collections import defaultdict
@@ -26,6 +27,7 @@ from controller.core.identity import CertBinding
 from controller.core.model import Event, OrderOut
 from controller.core.sizes import encode_section, fit_journal, value_limit
 from controller.core.state import ControllerState
+from controller.core.write_rules import foreground_writes, mark_unwritten, sections_due
 from controller.core.store_health import WriteStreak
 from controller.service import event_log
 from controller.service.errors import NotLeader
@@ -34,6 +36,7 @@ from controller.service.metrics import Metrics
 from controller.service.orders import to_proto_order
 from controller.service.peer import certificate_identities
 from controller.service.quorum_answer import QuorumAnswers
+from controller.service.quorum_port import QuorumPort
 from controller.settings import ControllerSettings
 from controller.store import Leadership, MemoryStore, Store, StoreError
 
@@ -48,8 +51,15 @@ class ControllerServer:
                  http_port: int = 0, store: Store | None = None, admin_token: str | None = None,
                  read_token: str | None = None, grpc_credentials: grpc.ServerCredentials | None = None,
                  candidate: str | None = None, advertise_address: str | None = None, clock=time.time,
-                 http_tls: tuple[str, str] | None = None) -> None:
+                 http_tls: tuple[str, str] | None = None, quorum_port: int | None = 0,
+                 quorum_tls: ssl.SSLContext | None = None) -> None:
         self.settings = settings.validate()
+        #: the quorum port to bind (0: any free one; None: none), and its TLS (quorum_port.py)
+        self.quorum_port, self.quorum_tls = quorum_port, quorum_tls
+        self._quorum: QuorumPort | None = None
+        #: where leaders reach the quorum port (in every answer; ":port" means at the host they
+        #: reach gRPC at); "" when there is none
+        self.quorum_address = ""
         #: (certificate file, key file) for HTTPS on the REST port; None: plain HTTP
         self.http_tls = http_tls
         rule = self.settings.bind_client_cert_to_host
@@ -98,7 +108,8 @@ class ControllerServer:
 
         self._grpc = grpc.aio.server(options=[("grpc.max_receive_message_length", self.settings.max_request_bytes),
                                               ("grpc.max_send_message_length", self.settings.max_message_bytes)])
-        add_to_server(ControllerServicer(self), self._grpc)
+        servicer = ControllerServicer(self)
+        add_to_server(servicer, self._grpc)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._grpc)
         self._set_health(False)
         target = f"{self.host}:{self.grpc_port}"
@@ -108,7 +119,14 @@ class ControllerServer:
             port = self._grpc.add_insecure_port(target)
         await self._grpc.start()
         self.grpc_address = f"{self.host}:{port}"
+        # The quorum port's host is the advertised one; without one, leaders use the host they
+        # reach gRPC at (":port": behind a Service, both ports share its name).
+        quorum_host = self.advertise_address.rsplit(":", 1)[0] if self.advertise_address else ""
         self.advertise_address = self.advertise_address or self.grpc_address
+        # Never a plain quorum port beside a TLS gRPC port: without its SSL context, none.
+        if self.quorum_port is not None and (self.grpc_credentials is None or self.quorum_tls is not None):
+            self._quorum = QuorumPort(self, servicer, self.quorum_tls)
+            self.quorum_address = f"{quorum_host}:{await self._quorum.start(self.host, self.quorum_port)}"
 
         sock = socket.socket(socket.AF_INET6 if ":" in self.host else socket.AF_INET)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -139,6 +157,8 @@ class ControllerServer:
             if task.get_name() != "http":
                 task.cancel()
         self._step_down("server stopping")
+        if self._quorum is not None:
+            await self._quorum.stop(self.settings.stop_grace_s)
         if self._grpc is not None:
             await self._grpc.stop(self.settings.stop_grace_s)
         if self._http is not None:
@@ -314,7 +334,7 @@ class ControllerServer:
         q = state.try_close_round(now)
         answered = []
         if q is not None:
-            self.answers.prepare(q, state)
+            self.answers.prepare(q, state, self.quorum_address)
             for rid in [m.replica_id for m in q.members]:
                 answered.extend(self.waiters.pop(rid, []))
             if first_join is not None:
@@ -367,7 +387,7 @@ class ControllerServer:
             try:
                 answered = self._close_round()
                 state = self.state
-                if not self._persist_lock.locked() and not _foreground_writes(state):
+                if not self._persist_lock.locked() and not foreground_writes(state):
                     self._drain_telemetry(state)
                     self._answer(answered)
                     return
@@ -430,7 +450,7 @@ class ControllerServer:
         self._drain_telemetry(state)
         async with self._persist_lock:
             writes = []
-            addresses, replicas, journal, hosts = _due(state, background)
+            addresses, replicas, journal, hosts = sections_due(state, background)
             if addresses:
                 changed, state.dirty_addresses = sorted(state.dirty_addresses), set()
                 writes += [(f"addresses/{rid}", state.snapshot_addresses(rid)) for rid in changed]
@@ -452,7 +472,7 @@ class ControllerServer:
                     revision = await self.store.cas(self._key(section), value, expected, self.leadership)
                 except StoreError as exc:
                     self._revisions[section] = None
-                    _mark_unwritten(state, [name for name, _ in writes[i:]])
+                    mark_unwritten(state, [name for name, _ in writes[i:]])
                     self.write_streak.failed(f"{section}: {exc}", self.clock())
                     why = self.write_streak.step_down_reason(
                         self.clock(), max_failures=self.settings.store_failed_writes_to_step_down,
@@ -550,35 +570,7 @@ class ControllerServer:
                 log.warning("tick could not settle: %s", exc)
 
 
-def _mark_unwritten(state: ControllerState, sections: list[str]) -> None:
-    """Sections whose write failed are written again at the next chance."""
-    for section in sections:
-        kind, _, name = section.partition("/")
-        if kind == "replicas":
-            state.dirty_replicas = True
-        elif kind == "journal":
-            state.dirty_journal = True
-        elif kind == "addresses":
-            state.dirty_addresses.add(name)
-        elif kind == "hosts":
-            state.dirty_host_shards.add(int(name))
-            state.urgent_hosts = True
-
-
 def _retrieved(batch: asyncio.Future) -> None:
     """A batch whose callers were all cancelled is not reported as an exception never retrieved."""
     if not batch.cancelled():
         batch.exception()
-
-
-def _due(state: ControllerState, background: bool) -> tuple[bool, bool, bool, bool]:
-    """Which sections `persist(background)` writes: addresses, replicas, journal, host shards."""
-    return (bool(state.dirty_addresses), bool(state.dirty_replicas),
-            bool((background or state.urgent_journal) and state.dirty_journal),
-            bool(state.dirty_host_shards and (background or state.urgent_hosts)))
-
-
-def _foreground_writes(state: ControllerState) -> bool:
-    """Whether `persist()` (not in the background) has anything to write: what must be
-    durable before an answer goes out."""
-    return any(_due(state, background=False))

@@ -20,6 +20,6 @@ RUN pip install /wheels/*.whl && rm -rf /wheels \
  && groupadd --gid 10001 fthsdp && useradd --uid 10001 --gid 10001 --no-create-home --shell /usr/sbin/nologin fthsdp
 COPY --chmod=0755 deploy/images/grpc_health_probe.py /usr/local/bin/fthsdp-grpc-health
 USER 10001:10001
-EXPOSE 50051 8080
+EXPOSE 50051 50052 8080
 ENTRYPOINT ["fthsdp"]
 CMD ["--help"]

@@ -9,6 +9,9 @@ without an answer, until the caller's deadline. Errors come out as the runtime's
 kinds (fthsdp/errors.py): ControllerUnavailable (retry later) or ControllerRefused (give
 up), plus JobCompleted when a quorum is refused because the job is COMPLETED.
 TLS comes from FTHSDP_TLS_* (see protos/dial.py), as for the agent that started us.
+Quorums go to the leader's quorum port once an answer named it (fthsdp/step/
+quorum_port_client.py), else on one long-lived QuorumStream; a port that cannot serve is
+left for PORT_RETRY_S, and the stream, with its failover, takes over.
 """
 
 from __future__ import annotations
@@ -24,7 +27,8 @@ import grpc
 
 from fthsdp.errors import ControllerRefused, ControllerUnavailable, JobCompleted
 from fthsdp.step import coordination as co
-from fthsdp.step.quorum_stream import QuorumStream
+from fthsdp.step.quorum_port_client import QuorumPortClient, resolve
+from fthsdp.step.quorum_stream import QuorumStream, StreamFailed
 from protos import controller_pb2 as pb
 from protos import controller_pb2_grpc
 from protos.dial import FAILOVER_CODES, AddressRotation, TlsFiles, leader_hint, parse_addresses, sync_channel
@@ -36,6 +40,11 @@ ENV_HOST_ID = "FTHSDP_HOST_ID"  # the agent's name for it (agent/env.py HOST_ID)
 REPORT_TIMEOUT_S = 5.0
 BACKOFF_BASE_S = 0.05
 MAX_BACKOFF_S = 1.0
+#: A quorum port that failed is not asked again for this long (the stream serves meanwhile).
+PORT_RETRY_S = 60.0
+#: What the quorum port answers when it, not the join, is the problem: unreachable, a
+#: standby's, full (strangers may fill it), or no answer in time.
+PORT_CANNOT_SERVE = FAILOVER_CODES | {grpc.StatusCode.RESOURCE_EXHAUSTED}
 
 
 class ControllerClient:
@@ -49,6 +58,11 @@ class ControllerClient:
         self._tls = tls if tls is not None else TlsFiles.from_env()
         self._lock = threading.Lock()
         self._quorum_stream = QuorumStream()
+        self._port = QuorumPortClient(self._tls)
+        #: the leader's quorum port, as its last answer named it ("" : ask on the stream)
+        self._port_address = ""
+        #: quorum ports that failed -> when: not used again for PORT_RETRY_S
+        self._port_failed_at: dict[str, float] = {}
         self._open()
         self._sent_addresses: tuple[tuple[str, ...], tuple[str, ...]] | None = None
         self._stop = threading.Event()
@@ -109,19 +123,56 @@ class ControllerClient:
         mine = (request.ftar_addresses, request.state_addresses)
 
         def send(attempt_timeout_s: float) -> pb.QuorumResponse:
+            deadline = time.monotonic() + attempt_timeout_s
             addresses = mine if mine != self._sent_addresses else ((), ())
-            # On the one long-lived QuorumStream (about half the controller's cost of a unary
-            # call per step); a failed or unanswered ask closes it, and the next opens a new one
-            # on whichever controller the rotation chose.
-            answer = self._quorum_stream.ask(self._stub, pb.QuorumRequest(
+            join = pb.QuorumRequest(
                 job_id=self.job_id, replica_id=self.replica_id, step=request.step, world_size=world_size,
                 ftar_addresses=list(addresses[0]), state_addresses=list(addresses[1]),
                 known_quorum_id=request.known_quorum_id, leader_address=coordinator_address,
-                incarnation=self.incarnation, host_id=self.host_id), attempt_timeout_s)
+                incarnation=self.incarnation, host_id=self.host_id)
+            # On the leader's quorum port once an answer named it; else (and when the port is
+            # unreachable, full or a standby's) on the one long-lived QuorumStream, whose
+            # failed or unanswered ask closes it, and the next opens a new one on whichever
+            # controller the rotation chose.
+            answer = self._ask_port(join, attempt_timeout_s)
+            if answer is None:
+                answer = self._quorum_stream.ask(self._stub, join, max(deadline - time.monotonic(), 0.01))
+            self._learn_port(answer.quorum_address)
             self._sent_addresses = mine
             return answer
 
         return self._call("Quorum", send, timeout_s)
+
+    def _ask_port(self, join: pb.QuorumRequest, timeout_s: float) -> pb.QuorumResponse | None:
+        """The answer from the quorum port, or None when there is none to ask (or it failed in a
+        way the stream may not: refused as full, unreachable, a standby's)."""
+        address = self._port_address
+        if not address:
+            return None
+        try:
+            answer = self._port.ask(address, join, timeout_s)
+        except StreamFailed as exc:
+            if exc.code() not in PORT_CANNOT_SERVE:
+                raise  # a refusal of the join itself: the stream would refuse it alike
+            log.info("replica %s: quorum port %s: %s: %s; asking on the QuorumStream", self.replica_id, address,
+                     exc.code().name, exc.details())
+            self._port_address = ""
+            self._port_failed_at[address] = time.monotonic()
+            if exc.code() is grpc.StatusCode.DEADLINE_EXCEEDED:
+                raise  # the attempt's time is spent
+            return None
+        self._quorum_stream.close()  # idle from now on
+        return answer
+
+    def _learn_port(self, named: str) -> None:
+        address = resolve(named, self.address) if named else ""
+        failed = self._port_failed_at.get(address)
+        if failed is not None and time.monotonic() - failed < PORT_RETRY_S:
+            return
+        self._port_failed_at.pop(address, None)
+        if address and address != self._port_address:
+            log.info("replica %s: quorums go to the quorum port %s", self.replica_id, address)
+        self._port_address = address
 
     def report_step(self, r: co.ReportStep) -> None:
         request = pb.ReportStepRequest(
@@ -177,6 +228,7 @@ class ControllerClient:
     def close(self) -> None:
         self._stop.set()
         self._quorum_stream.close()
+        self._port.close()
         self._channel.close()
         if self._heartbeat_thread is not None:
             self._heartbeat_thread.join(5.0)

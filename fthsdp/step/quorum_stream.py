@@ -21,16 +21,18 @@ import threading
 import grpc
 
 from protos import controller_pb2 as pb
+from protos.dial import LEADER_METADATA_KEY
 
 _END = None  # what the request iterator yields to end the stream
 
 
 class StreamFailed(grpc.RpcError):
-    """A failure the stream noticed itself: no answer in time, or an end without one."""
+    """A failure the stream (or the quorum port) noticed itself: no answer in time, an end
+    without one, or the port's refusal (its code, message and leader hint)."""
 
-    def __init__(self, code: grpc.StatusCode, details: str) -> None:
+    def __init__(self, code: grpc.StatusCode, details: str, leader_address: str = "") -> None:
         super().__init__(details)
-        self._code, self._details = code, details
+        self._code, self._details, self._leader = code, details, leader_address
 
     def code(self) -> grpc.StatusCode:
         return self._code
@@ -39,7 +41,7 @@ class StreamFailed(grpc.RpcError):
         return self._details
 
     def trailing_metadata(self):
-        return ()
+        return ((LEADER_METADATA_KEY, self._leader),) if self._leader else ()
 
 
 class QuorumStream:

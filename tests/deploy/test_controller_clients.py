@@ -177,6 +177,11 @@ def test_controller_args_parse_and_bind_all_interfaces(rel, tmp_path):
     args = controller_main.parse_args(_localize(_expand(c, docs), tmp_path))
     assert args.host == "0.0.0.0"  # the default, 127.0.0.1, is unreachable from Services and kubelet
     assert args.grpc_port == 50051 and args.http_port == 8080
+    # the leaders' quorum port is fixed, on the container and on the Service they reach gRPC by
+    assert args.quorum_port == 50052 and not args.no_quorum_port
+    assert {"name": "quorum", "containerPort": 50052, "protocol": "TCP"} in c["ports"]
+    service = _by(docs, "Service", "fthsdp-controller-grpc")
+    assert {"name": "quorum", "port": 50052, "targetPort": "quorum", "protocol": "TCP"} in service["spec"]["ports"]
 
 
 # ---------------------------------------------------------------- controller.json

@@ -281,6 +281,7 @@ def test_network_policy_lets_agents_and_trainers_reach_grpc_and_nobody_else(rel)
     docs = render(rel)
     policy = _by(docs, "NetworkPolicy", "fthsdp-controller")
     grpc_rule = next(r for r in policy["spec"]["ingress"] if r["ports"][0]["port"] == 50051)
+    assert [p["port"] for p in grpc_rule["ports"]] == [50051, 50052]  # gRPC and the quorum port
     http_rule = next(r for r in policy["spec"]["ingress"] if r["ports"][0]["port"] == 8080)
     peers = [p["podSelector"] for p in grpc_rule["from"]]
     assert all(set(p) == {"podSelector"} for p in grpc_rule["from"]), "gRPC open to other namespaces"

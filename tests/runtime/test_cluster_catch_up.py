@@ -38,3 +38,8 @@ def test_a_late_replica_catches_up_weights_optimizer_schedule_sampler_and_rng(tm
         rng_by_step[row["step"]].add(row["rng"])
     assert all(len(v) == 1 for v in rng_by_step.values()), dict(rng_by_step)
     hc.check_exactly_once(rec, replicas=2)
+    # Both leaders asked on the controller's quorum port from their second quorum on, and
+    # never had to fall back to the stream.
+    for replica in ("0", "1"):
+        logs = "".join(p.read_text() for p in cluster.workdir.glob(f"worker-{replica}-0-*.log"))
+        assert "quorums go to the quorum port 127.0.0.1:" in logs and "asking on the QuorumStream" not in logs

@@ -92,11 +92,12 @@ def test_reports_name_the_leaders_host_where_an_agent_holds_rank_0(controller, m
 def test_quorums_ride_one_stream_and_a_dead_controllers_stream_is_replaced_on_the_next(controller_process):
     """Rounds reuse one QuorumStream; a SIGKILLed controller breaks it, and the next round opens
     a new stream on the address the rotation moved to (the answer still comes in time)."""
-    first = controller_process("--replicas", "1", "--job-id", "cc")
-    second = controller_process("--replicas", "1", "--job-id", "cc")
+    first = controller_process("--replicas", "1", "--job-id", "cc", "--no-quorum-port")
+    second = controller_process("--replicas", "1", "--job-id", "cc", "--no-quorum-port")
     client = ControllerClient(f"{first.grpc},{second.grpc}", "cc", "r0", "inc-1")
     try:
         answer = client.quorum(REQUEST, 1, "", timeout_s=20)
+        assert answer.quorum_address == "" and first.quorum == ""
         stream = client._quorum_stream._call
         assert stream is not None and answer.addresses_included
         client.report_step(co.ReportStep(answer.quorum_id, 0, 0.1, 1.0, 8, "", False))
@@ -112,6 +113,34 @@ def test_quorums_ride_one_stream_and_a_dead_controllers_stream_is_replaced_on_th
     finally:
         client.close()
     assert not client._quorum_stream.open
+
+
+def test_quorums_move_to_the_quorum_port_and_back_to_the_stream_when_it_is_gone(controller_process):
+    """The first answer (on the stream) names the leader's quorum port; the next rounds go
+    there and the stream is closed. A SIGKILLed controller takes its port along: the round
+    falls back to the stream, which fails over to the next controller, whose port it then uses."""
+    first = controller_process("--replicas", "1", "--job-id", "cc")
+    second = controller_process("--replicas", "1", "--job-id", "cc")
+    client = ControllerClient(f"{first.grpc},{second.grpc}", "cc", "r0", "inc-1")
+    try:
+        answer = client.quorum(REQUEST, 1, "", timeout_s=20)
+        assert answer.quorum_address == first.quorum != "" and client._quorum_stream.open
+        client.report_step(co.ReportStep(answer.quorum_id, 0, 0.1, 1.0, 8, "", False))
+        again = client.quorum(dataclasses.replace(REQUEST, step=1, known_quorum_id=answer.quorum_id), 1, "", timeout_s=20)
+        assert again.quorum_id == answer.quorum_id and not again.addresses_included  # sent once
+        assert client._port.open and not client._quorum_stream.open  # on the port now
+        first.proc.kill()
+        first.proc.wait(10)
+        moved = client.quorum(dataclasses.replace(REQUEST, step=1, known_quorum_id=again.quorum_id), 1, "", timeout_s=20)
+        assert client.address == second.grpc and moved.addresses_included  # sent again to the new one
+        assert moved.quorum_address == second.quorum and client._port_address == f"127.0.0.1{second.quorum}"
+        client.report_step(co.ReportStep(moved.quorum_id, 1, 0.1, 1.0, 8, "", False))
+        last = client.quorum(dataclasses.replace(REQUEST, step=2, known_quorum_id=moved.quorum_id), 1, "", timeout_s=20)
+        assert last.max_step == 2 and client._port.open and not client._quorum_stream.open
+        assert f"127.0.0.1{first.quorum}" in client._port_failed_at  # not asked again for a while
+    finally:
+        client.close()
+    assert not client._port.open
 
 
 def test_a_step_report_names_the_newest_checkpoint_only_when_there_is_one(controller):
