@@ -10,6 +10,10 @@ Definitions (docs/operations.md repeats them for operators):
   previous commit and the quorum it joined (so nothing is counted twice, and waiting in a
   round or being dead is never covered). A catch-up step trains nothing: it covers 0 s.
 - *Wall time* runs from the job's start (its first join) to `now`.
+- A commit that a rollback or a roll forward abandons (its step is off the history the job
+  goes on with) trained for nothing: its covered time is taken back (counted as *abandoned*).
+  The last RECENT_COMMITS trained commits of each replica are kept for that, in memory only:
+  after a takeover only later commits can be taken back.
 - A replica's *effective training ratio* is its covered time over wall time. The job's is the
   sum of every replica's covered time over (configured replicas × wall time): the fraction of
   the job's replica-time that trained, the paper's "effective training time".
@@ -29,6 +33,8 @@ from dataclasses import dataclass, field
 RECENT_FAILURES = 50
 #: Chart samples kept (one per `SAMPLE_EVERY_S` at most, plus every change of healthy count).
 HISTORY_SAMPLES = 720
+#: Trained commits remembered per replica, newest last, so an abandoned branch can be taken back.
+RECENT_COMMITS = 4096
 SAMPLE_EVERY_S = 1.0
 
 
@@ -42,6 +48,10 @@ class ReplicaGoodput:
     #: when the open failure was declared (None: no failure open)
     down_since: float | None = None
     failures: int = 0
+    #: covered time taken back because a rollback or roll forward abandoned its commits
+    abandoned_s: float = 0.0
+    #: (step, covered seconds) of recent trained commits, in the order they came
+    recent: deque = field(default_factory=lambda: deque(maxlen=RECENT_COMMITS))
 
 
 @dataclass(frozen=True)
@@ -109,6 +119,7 @@ class GoodputTracker:
             interval = max(now - g.since, 0.0)
             covered = min(step_time_s, interval) if step_time_s and step_time_s > 0 else interval
             g.covered_s += covered
+            g.recent.append((step, covered))
             self._observations.append(Observation("step", covered))
         g.since = now
         if step > self.committed_step:
@@ -116,6 +127,20 @@ class GoodputTracker:
             self._advances.append(now)
             self._prune(now)
             self._sample(now, changed=False)
+
+    def on_abandoned(self, replica_ids, from_step: int) -> float:
+        """The history goes on without these replicas' commits of `from_step` and later (a
+        rollback below them, or a roll forward past the branch they were on): their covered
+        time is taken back. Returns the seconds taken back."""
+        total = 0.0
+        for rid in replica_ids:
+            g = self.replicas.get(rid)
+            while g is not None and g.recent and g.recent[-1][0] >= from_step:
+                _, covered = g.recent.pop()
+                g.covered_s = max(g.covered_s - covered, 0.0)
+                g.abandoned_s += covered
+                total += covered
+        return total
 
     def on_state(self, replica_id: str, healthy: bool, dead: bool, cause: str, last_seen: float,
                  now: float) -> None:
@@ -160,7 +185,8 @@ class GoodputTracker:
             committed_steps_per_s=round(len(self._advances) / window, 4) if window > 0 else 0.0,
             window_s=self.window_s, healthy=sum(g.healthy for g in self.replicas.values()),
             replicas={rid: {"effective_training_ratio": round(min(g.covered_s / wall, 1.0), 4) if wall > 0 else 0.0,
-                            "covered_s": round(g.covered_s, 3), "commits": g.commits, "failures": g.failures}
+                            "covered_s": round(g.covered_s, 3), "abandoned_s": round(g.abandoned_s, 3),
+                            "commits": g.commits, "failures": g.failures}
                       for rid, g in sorted(self.replicas.items())},
             recent_failures=tuple(dict(f.__dict__) for f in self.failures),
         )
@@ -170,7 +196,7 @@ class GoodputTracker:
     def snapshot(self) -> dict:
         """Small: written with the replicas on every commit."""
         return {"started_at": self.started_at, "committed_step": self.committed_step,
-                "replicas": {rid: [g.covered_s, g.commits, g.failures, g.down_since]
+                "replicas": {rid: [g.covered_s, g.commits, g.failures, g.down_since, g.abandoned_s]
                              for rid, g in self.replicas.items()}}
 
     def snapshot_history(self) -> dict:
@@ -183,8 +209,9 @@ class GoodputTracker:
         if snapshot:
             self.started_at = snapshot["started_at"]
             self.committed_step = snapshot["committed_step"]
-            for rid, (covered, commits, failures, down_since) in snapshot["replicas"].items():
-                self.replicas[rid] = ReplicaGoodput(covered, commits, None, False, down_since, failures)
+            for rid, (covered, commits, failures, down_since, *abandoned) in snapshot["replicas"].items():
+                self.replicas[rid] = ReplicaGoodput(covered, commits, None, False, down_since, failures,
+                                                    abandoned[0] if abandoned else 0.0)
         if history:
             self.history.extend(tuple(s) for s in history["history"])
             self.failures.extend(Failure(*f) for f in history["failures"])
@@ -213,3 +240,4 @@ class NoGoodput(GoodputTracker):
     def on_quorum(self, member_ids, now): pass  # noqa: E704
     def on_commit(self, replica_id, step, step_time_s, trained, now): pass  # noqa: E704
     def on_state(self, replica_id, healthy, dead, cause, last_seen, now): pass  # noqa: E704
+    def on_abandoned(self, replica_ids, from_step): return 0.0  # noqa: E704

@@ -197,6 +197,7 @@ class ReplicaRegistry:
         it forward, abandoning what was committed since the rollback. Both are loud: an event
         with both steps, and the steps counted in `steps_lost`."""
         newest = q.max_step - 1
+        on_branch = [rid for rid, r in self.replicas.items() if r.history_epoch == self.history_epoch]
         if rollback is not None:
             # The history continues from what the members hold; if they load the offered
             # checkpoint instead, their first report moves it up to there.
@@ -206,6 +207,7 @@ class ReplicaRegistry:
                         f"training resumes at step {q.max_step} ({rollback.steps_lost} committed steps lost"
                         + (f"; from the checkpoint of step {q.resume_checkpoint_step}"
                            if q.resume_checkpoint_step is not None else "") + ")", "rollback")
+            self.goodput.on_abandoned(on_branch, q.max_step)  # what they committed past it
             self.history_step, self.branch_start_step = newest, q.max_step
             kind = "rollback"
         elif newest > self.history_step and any(
@@ -213,6 +215,8 @@ class ReplicaRegistry:
             abandoned = max(self.history_step - self.branch_start_step + 1, 0) if self.branch_start_step >= 0 else 0
             back = sorted(m.replica_id for m in q.members if m.healthy)
             self._lose("abandoned", abandoned)
+            if self.branch_start_step >= 0:  # the branch since the rollback, as its committers trained it
+                self.goodput.on_abandoned(on_branch, self.branch_start_step)
             self._event(now, "roll_forward", str(q.quorum_id),
                         f"quorum {q.quorum_id} rolls forward from step {self.history_step} to step {newest}: "
                         f"{', '.join(back)} came back with it; {abandoned} steps committed since the rollback "

@@ -70,7 +70,8 @@ def worst_replica_record_bytes(settings) -> int:
             size += texts.get(f.name, settings.max_id_chars) + 2
         else:
             size += _FLOAT_CHARS
-    return size
+    # its goodput entry (GoodputTracker.snapshot): "id": [covered, commits, failures, down_since, abandoned]
+    return size + settings.max_id_chars + 8 + 5 * (_FLOAT_CHARS + 1)
 
 
 def worst_quorum_bytes(settings) -> int:

@@ -6,6 +6,7 @@ import random
 import pytest
 
 from controller.core.goodput import GoodputTracker
+from controller.core.model import DeathCause
 from controller.core.replicas import JoinRequest
 from controller.core.state import ControllerState
 from controller.settings import ControllerSettings
@@ -121,3 +122,47 @@ def test_random_reports_never_cover_more_than_wall_time():
             assert v.replicas[rid]["covered_s"] == pytest.approx(covered, abs=2e-3)
             assert v.replicas[rid]["covered_s"] <= v.wall_s + 1e-6
         assert 0.0 <= v.effective_training_ratio <= 1.0
+
+
+def test_a_rollback_and_a_roll_forward_take_back_the_time_of_the_steps_they_abandon():
+    """Three replicas train steps 0..3 at one second a step. r2 is lost, and r0 and r1 come
+    back as new processes holding step 0's state: the rollback abandons steps 1..3, whose
+    covered time goes. r0 and r1 train steps 1 and 2 again; then r2 comes back with step 3
+    and rolls the history forward: the retrained steps 1..2 go too."""
+    s = ControllerState(ControllerSettings(replicas=3, min_replicas=1, join_timeout_s=1.0,
+                                           heartbeat_timeout_s=100.0, rollback_wait_s=0.0))
+
+    def rnd(steps, now, incarnation="a"):
+        for rid, step in steps.items():
+            s.join(JoinRequest(rid, step, 1, incarnation=f"{rid}-{incarnation}"), now)
+        return s.try_close_round(now)
+
+    def commit(rids, now):
+        for rid in rids:
+            s.report_step(rid, s.replicas[rid].given_step, now, quorum_id=s.replicas[rid].given_quorum_id,
+                          step_time_s=1.0)
+
+    for step in range(4):
+        rnd({"r0": step, "r1": step, "r2": step}, float(step))
+        commit(("r0", "r1", "r2"), step + 1.0)
+    assert s.goodput.view(4.0).replicas["r0"]["covered_s"] == pytest.approx(4.0)
+    s.kill_replica("r2", DeathCause.HEARTBEAT, "silent", 4.0)
+    q = rnd({"r0": 1, "r1": 1}, 4.0, incarnation="b")
+    assert "ROLLBACK" in q.reason and s.steps_lost == {"rollback": 3}
+    v = s.goodput.view(4.0)
+    for rid in ("r0", "r1", "r2"):
+        assert v.replicas[rid]["covered_s"] == pytest.approx(1.0) and v.replicas[rid]["abandoned_s"] == pytest.approx(3.0)
+    commit(("r0", "r1"), 5.0)
+    rnd({"r0": 2, "r1": 2}, 5.0, incarnation="b")
+    commit(("r0", "r1"), 6.0)
+    assert s.goodput.view(6.0).replicas["r0"]["covered_s"] == pytest.approx(3.0)
+    q = rnd({"r0": 3, "r1": 3, "r2": 4}, 6.0, incarnation="c")  # r2 is back with step 3: roll forward
+    assert q.max_step == 4 and s.steps_lost["abandoned"] == 2
+    v = s.goodput.view(6.0)
+    assert v.replicas["r0"]["covered_s"] == pytest.approx(1.0) and v.replicas["r0"]["abandoned_s"] == pytest.approx(5.0)
+    # r2's steps 1..3 are the history again, but what the rollback took back is not given back
+    assert v.replicas["r2"]["covered_s"] == pytest.approx(1.0)
+    assert v.effective_training_ratio == pytest.approx(3.0 / (3 * 6.0), abs=1e-4)
+    restored = GoodputTracker(3)
+    restored.restore(s.goodput.snapshot(), None, 6.0)
+    assert restored.view(6.0).replicas["r0"]["abandoned_s"] == pytest.approx(5.0)
