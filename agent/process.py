@@ -1,10 +1,11 @@
 """Trainer processes: start, poll, stop, hand over (the supervisor's hooks), on asyncio.
 
 Each trainer runs in its own session, so it and its children form one process group: a stop
-signals the whole group (SIGTERM, then SIGKILL after a grace period, bounded). On Linux a
-trainer is also SIGKILLed by the kernel when its agent dies (see `_with_pdeathsig`). Its stderr is
-copied to the agent's stderr line by line with a `[host replica/rank]` prefix, and the last
-lines are kept for the exit report. A standby's stdin is a pipe that carries the hand-over.
+signals the whole group (SIGTERM, and SIGCONT so that a stopped process acts on it, then
+SIGKILL after a grace period, bounded). On Linux a trainer is also SIGKILLed by the kernel
+when its agent dies (see `_with_pdeathsig`). Its stderr is copied to the agent's stderr line
+by line with a `[host replica/rank]` prefix, and the last lines are kept for the exit report.
+A standby's stdin is a pipe that carries the hand-over.
 """
 
 from __future__ import annotations
@@ -125,6 +126,10 @@ class SubprocessHooks:
         assert isinstance(handle, Trainer)
         if handle.status is None:
             _signal_group(handle.pid, signal.SIGTERM)
+            # A stopped process (SIGSTOP, a debugger) acts on nothing but SIGKILL until it is
+            # continued: without this its SIGTERM would wait out the grace, and every peer
+            # still connected to it (FTAR rings of other replicas) with it. Harmless otherwise.
+            _signal_group(handle.pid, signal.SIGCONT)
             try:
                 await asyncio.wait_for(handle.done.wait(), grace_s)
             except asyncio.TimeoutError:

@@ -13,7 +13,7 @@ from dataclasses import replace
 
 
 from agent.policy import Placement, Role, Want
-from agent.process import SubprocessHooks
+from agent.process import Launch, SubprocessHooks
 from agent.settings import AgentSettings
 from agent.supervisor import Supervisor, TrainerExit
 from tests.agent.helpers import alive, ready_files, standby_files, trainer_command, wait_for
@@ -160,6 +160,23 @@ async def test_stop_escalates_to_sigkill_and_reaches_the_process_group(tmp_path)
         assert rig.exits == []  # a stop we asked for is not an exit to report
         await wait_for(lambda: not alive(info["pid"]) and not alive(info["child_pid"]), 5,
                        "trainer and its child to be gone")
+
+
+def _stopped(pid: int) -> bool:
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0] in ("T", "t")
+
+
+async def test_a_stopped_trainer_acts_on_the_stop_at_once_not_after_the_grace(tmp_path):
+    """A SIGSTOPped (hung) trainer dies of the SIGTERM, not of the SIGKILL after the grace:
+    a SIGTERM alone would stay pending, and so would its peers that wait on its sockets."""
+    hooks = SubprocessHooks(echo_stderr=False)
+    handle = await hooks.start(Launch(list(trainer_command(tmp_path)), dict(os.environ), False, "h1 r0/1"))
+    [info] = await wait_for(lambda: ready_files(tmp_path), 10, "trainer ready")
+    os.kill(info["pid"], signal.SIGSTOP)
+    await wait_for(lambda: _stopped(info["pid"]), 10, "the trainer to be stopped")
+    status = await asyncio.wait_for(hooks.stop(handle, grace_s=60.0), 30.0)
+    assert (status.exit_code, status.signal) == (None, signal.SIGTERM)
 
 
 async def test_restart_order_replaces_the_process(tmp_path):
