@@ -60,9 +60,13 @@ class RunSettings:
                 "digest_every_steps": 1, "faults": list(faults)}
 
 
-#: The controller's diagnosis in the demo: quick to act (a step is ~0.1 s here), below the
+#: The controller's diagnosis in the demo: quick to act (a step is 0.1-0.5 s here), below the
 #: trainers' own timeouts (FTAR 5 s, gather 10 s) so it sees a stuck collective before they give up.
-DIAGNOSIS = {"hang_after_s": 2.5, "startup_grace_s": 20.0, "analysis_interval_s": 0.5, "telemetry_stale_s": 5.0,
+#: A hung rank costs its replica about hang_after_s + one analysis interval + two steps (the
+#: spare's catch-up step, then its first trained one); the survivors about hang_after_s and a
+#: step: 2 s is still 4 of bench.recovery's 0.5 s steps and 20 of the demo's 0.1 s ones, and a
+#: slow host (3x) adds two steps at most.
+DIAGNOSIS = {"hang_after_s": 2.0, "startup_grace_s": 20.0, "analysis_interval_s": 0.25, "telemetry_stale_s": 5.0,
              "straggler_window_wait_s": 5.0, "sdc_evict_after": 2, "max_evictions_per_hour": 10}
 #: How much slower a `slow` host is.
 SLOW_FACTOR = 3.0
