@@ -99,24 +99,36 @@ class RunResult:
     error: str = ""
 
 
-def _ports(replicas: list[str]) -> dict:
+def _ports(owners: list[str]) -> dict:
     import socket
 
     def free() -> int:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             return s.getsockname()[1]
-    return {r: {"leader": free(), "gloo": free()} for r in replicas}
+    return {o: {"leader": free(), "gloo": free()} for o in owners}
 
 
-def _prepare(workdir: Path, s: RunSettings, data: Path, failures: list[Failure] = ()) -> tuple[Path, Path]:
+def host_ids(s: RunSettings) -> list[str]:
+    """The faulty run's agents: one host per replica, then the spares."""
+    return [f"h{i}" for i in range(s.replicas)] + [f"spare{j}" for j in range(s.spares)]
+
+
+def _prepare(workdir: Path, s: RunSettings, data: Path, failures: list[Failure] = (),
+             by_host: bool = False) -> tuple[Path, Path]:
+    """Records folder and trainer config. `by_host`: the coordinator and gloo ports are each
+    host's, as on separate machines: a spare that takes a replica binds its own at once instead
+    of waiting until the replaced host's trainers (a hung one too) have stopped and freed them."""
     if workdir.exists():
         shutil.rmtree(workdir)
     records = workdir / "records"
     records.mkdir(parents=True)
     config = workdir / "trainer.json"
-    config.write_text(json.dumps(s.trainer_config(data, records, _ports(replica_ids(s.replicas)),
-                                                  fault_specs(list(failures), s, records)), indent=1))
+    cfg = s.trainer_config(data, records, _ports(host_ids(s) if by_host else replica_ids(s.replicas)),
+                           fault_specs(list(failures), s, records))
+    if by_host:
+        cfg["ports_by"] = "host"
+    config.write_text(json.dumps(cfg, indent=1))
     return records, config
 
 
@@ -248,7 +260,7 @@ def _with_controller(workdir: Path, s: RunSettings, records: Path, body) -> RunR
 
 def run_job(workdir: Path, data: Path, s: RunSettings, failures: list[Failure], *, tty: bool) -> RunResult:
     """The faulty run: embedded controller, one agent per replica plus spares, failures on schedule."""
-    records, config = _prepare(workdir, s, data, failures)
+    records, config = _prepare(workdir, s, data, failures, by_host=True)
     command = procs.TRAINER + [str(config)]
     secret = job_secret.generate()  # one per run: the trainer ports authenticate with it
     warm = ("--warm-restarts",) if s.warm_restarts else ()

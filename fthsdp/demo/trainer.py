@@ -50,6 +50,10 @@ def _write_atomic(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+#: how often a starting rank looks again for its ports or its leader (a spare's start waits on it)
+PORT_POLL_S = 0.02
+
+
 def _wait_for_ports(*ports: int | None, timeout_s: float = 20.0) -> None:
     """On one machine a spare takes over ports that the replaced host's trainers free only as
     they stop (the agent's grace): wait until this rank can listen on them (bounded)."""
@@ -66,7 +70,7 @@ def _wait_for_ports(*ports: int | None, timeout_s: float = 20.0) -> None:
                 except OSError:
                     if time.monotonic() > deadline:
                         return  # let the real bind report it
-                    time.sleep(0.1)
+                    time.sleep(PORT_POLL_S)
 
 
 def _claim_ports(records: Path, replica: str, host: str) -> None:
@@ -86,7 +90,7 @@ def _wait_for_leader(records: Path, replica: str, host: str, timeout_s: float = 
                 return
         except (OSError, ValueError, KeyError):
             pass  # not claimed yet, or being replaced
-        time.sleep(0.1)
+        time.sleep(PORT_POLL_S)
 
 
 def _alive(pid: int) -> bool:
