@@ -131,7 +131,7 @@ class Supervisor:
         errors: list[str] = []
         async with self._lock:
             for _ in range(_MAX_PASSES):
-                busy = False
+                busy = await self._stop_together()
                 for slot in self.slots:
                     action = self._decide(slot)
                     if action.kind is not ActionKind.WAIT or slot.proc and slot.proc.exited:
@@ -158,6 +158,15 @@ class Supervisor:
                                    for slot in self.slots if slot.reserve is not None))
 
     # ------------------------------------------------------------------ internals
+
+    async def _stop_together(self) -> bool:
+        """Stop at once every running trainer whose slot must stop (a STOP order, a halted
+        replica): one after the other, a hung rank behind its replica-mates would get its
+        signals only once they exited, and its peers in other replicas wait on its sockets."""
+        stopping = [(slot, action) for slot in self.slots
+                    if (action := self._decide(slot)).kind is ActionKind.STOP and not (slot.proc and slot.proc.exited)]
+        await asyncio.gather(*(self._stop(slot, action.reason) for slot, action in stopping))
+        return bool(stopping)
 
     def _decide(self, slot: Slot) -> Action:
         slot.proc, tail = self._poll(slot.handle, slot.proc)

@@ -1,12 +1,12 @@
 """A scripted trainer for agent tests and bench/swap: no model, just the process contract.
 
-    python fake_trainer.py READY_DIR [--exit CODE] [--ignore-term] [--child] [ARGS...]
+    python fake_trainer.py READY_DIR [--exit CODE] [--ignore-term] [--ignore-term-rank RANK] [--child] [ARGS...]
 
 A standby (FTHSDP_STANDBY=1) first writes `standby-<pid>.json`, then blocks in
 `agent.env.wait_for_assignment()`. Every trainer then writes `ready-<replica>-<rank>-<pid>.json`
 (atomically) with its FTHSDP_* and torchrun (RANK, MASTER_ADDR...) environment, argv and whether it started as a standby, prints
 "trainer ready" to stderr, and waits to be killed. `--exit CODE` exits instead (after printing
-"boom" to stderr); `--ignore-term` ignores SIGTERM; `--child` starts a child process that
+"boom" to stderr); `--ignore-term` ignores SIGTERM (`--ignore-term-rank RANK`: only as that rank); `--child` starts a child process that
 waits too (its pid is in the ready file) to check that stops reach the process group.
 `--join` makes rank 0 act as a minimal replica leader: Quorum, then ReportStep of the quorum's
 max_step, every 0.3 s, so the controller sees the replica train (and rejoin after a swap).
@@ -55,6 +55,8 @@ def main():
     values = {"pid": os.getpid(), "env": env, "argv": sys.argv[1:], "warm": standby,
               "child_pid": child.pid if child else None, "time": time.time()}
     replica, rank = env.get("FTHSDP_REPLICA_ID", "?"), env.get("FTHSDP_RANK", "?")
+    if "--ignore-term-rank" in flags and rank == flags[flags.index("--ignore-term-rank") + 1]:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
     write(os.path.join(ready_dir, f"ready-{replica}-{rank}-{os.getpid()}.json"), values)
     print("trainer ready", file=sys.stderr, flush=True)
     if "--exit" in flags:

@@ -179,6 +179,20 @@ async def test_a_stopped_trainer_acts_on_the_stop_at_once_not_after_the_grace(tm
     assert (status.exit_code, status.signal) == (None, signal.SIGTERM)
 
 
+async def test_a_replicas_ranks_are_stopped_together_not_one_after_the_other(tmp_path):
+    """Rank 0 ignores SIGTERM (it is stopped only after a minute's grace); rank 1 goes at once."""
+    async with Rig(tmp_path, "--ignore-term-rank", "0", slots=2, ranks=(0, 1), stop_grace_s=60.0) as rig:
+        rig.sup.set_wants(BOTH)
+        ready = sorted(await rig.ready(2), key=lambda t: t["env"]["FTHSDP_RANK"])
+        rig.sup.set_wants([])
+        stopping = asyncio.create_task(rig.sup.reconcile())
+        await wait_for(lambda: not alive(ready[1]["pid"]), 20, "rank 1 stopped while rank 0 is in its grace")
+        assert alive(ready[0]["pid"]) and not stopping.done()
+        os.kill(ready[0]["pid"], signal.SIGKILL)  # end its grace (we started it)
+        await asyncio.wait_for(stopping, 20)
+        assert all(slot.handle is None for slot in rig.sup.slots) and rig.exits == []
+
+
 async def test_restart_order_replaces_the_process(tmp_path):
     async with Rig(tmp_path) as rig:
         rig.sup.set_wants(TRAIN)
