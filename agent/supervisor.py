@@ -8,7 +8,8 @@ every slot waits, so an order's ack can follow its execution.
 With warm restarts a training slot also holds a reserve standby (`policy.reserve_action`): a
 pre-started process with exactly a standby's environment (`agent.env`), handed the slot's
 placement on stdin when its trainer must be replaced, only after the old trainer was stopped
-(SIGTERM, SIGKILL after stop_grace_s: its ports are free by then).
+(SIGTERM, SIGKILL after stop_grace_s: its ports are free by then). The trainers one pass
+must stop are stopped together, so a hung rank is not stopped only after its replica-mates.
 """
 
 from __future__ import annotations
