@@ -15,11 +15,15 @@ at the failure step, one failure hits replica r1:
 - kill-rank: SIGKILL of r1's rank-0 trainer (its agent sees the exit, the controller restarts
   the replica there: both ranks are handed to the reserves);
 - kill-host: SIGKILL of r1's agent and every trainer under it (the host is gone: the
-  controller notices the silence and gives the warm spare r1's assignment);
+  controller notices the silence and gives the warm spare r1's assignment; often the hang
+  analysis is first, `detected_by` "host": the dead ranks' last telemetry shows them inside a
+  collective that never completes);
 - hang-rank: SIGSTOP of r1's last rank (alive and silent: no exit for an agent to see). The
-  survivors' FTAR fails their step and they go on without r1; the controller's hang analysis
-  (controller/core/diagnosis: r1's rank never joined the collective its peers wait in) evicts
-  r1's host, and the warm spare takes r1's work (`detected_by` "host": the eviction). With the
+  controller's hang analysis (controller/core/diagnosis: r1's rank never joined the collective
+  its peers wait in) evicts r1's host after `hang_after_s`; its agent stops the trainers (a
+  SIGCONT lets the stopped one act on its SIGTERM), which ends the survivors' FTAR step at once:
+  they retry without r1, and the warm spare takes r1's work (`detected_by` "host": the
+  eviction); docs/operations.md says what each part costs. With the
   diagnosis disabled only timeouts would find it, and r1 would not come back (then `found_by`
   says so).
 
