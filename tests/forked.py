@@ -107,7 +107,12 @@ def _run(module: str, argv: list[str], env: dict[str, str], cwd: str, log: str,
     fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     os.dup2(fd, 2)
     os.dup2(fd if stdout is None else stdout.fileno(), 1)
-    os.dup2(os.open(os.devnull, os.O_RDONLY) if stdin is None else stdin.fileno(), 0)
+    if stdin is None:
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        os.close(null)
+    else:
+        os.dup2(stdin.fileno(), 0)
     os.close(fd)
     for end in (stdin, stdout):
         if end is not None:

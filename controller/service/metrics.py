@@ -57,6 +57,14 @@ class StateCollector:
         yield from self._hosts(state, job)
         yield from self._goodput(state, job, srv.clock())
         yield from self._diagnosis(state, job)
+        port = srv.quorum
+        if port is not None:
+            yield _gauge("fthsdp_quorum_port_connections", "Open connections to the quorum port", job,
+                         len(port.connections))
+            yield _gauge("fthsdp_quorum_port_answers", "Quorum answers sent on the quorum port", job, port.answers,
+                         CounterMetricFamily)
+            yield _labelled(CounterMetricFamily, "fthsdp_quorum_port_refusals", "Quorum port connections refused, "
+                            "by the gRPC code of the refusal", job, "code", dict(port.refusals))
 
     def _diagnosis(self, state, job: str):
         log = state.diagnosis.log

@@ -49,6 +49,9 @@ class QuorumPort:
     def __init__(self, server, servicer, ssl_context: ssl.SSLContext | None) -> None:
         self.server, self.servicer, self.ssl_context = server, servicer, ssl_context
         self.connections: set[_Connection] = set()
+        #: answers sent, and refusals by code (the metrics: are leaders on the port, is it under attack?)
+        self.answers = 0
+        self.refusals: dict[str, int] = {}
         self._listener: asyncio.base_events.Server | None = None
 
     async def start(self, host: str, port: int) -> int:
@@ -171,6 +174,7 @@ class _Connection(asyncio.Protocol):
             return
         answer: bytes = fut.result()
         self.transport.write(HEADER.pack(len(answer), ANSWER) + answer)
+        self.port.answers += 1
 
     def _refused(self, exc: BaseException) -> None:
         if not isinstance(exc, (RequestError, NotLeader, StoreError)):
@@ -186,6 +190,8 @@ class _Connection(asyncio.Protocol):
                                           f"connecting")
 
     def _refuse(self, code: str, details: str, leader_address: str = "") -> None:
+        refusals = self.port.refusals
+        refusals[code] = refusals.get(code, 0) + 1
         refusal = pb.QuorumPortRefusal(code=code, details=details[:4096], leader_address=leader_address)
         self.transport.write(frame(REFUSED, refusal.SerializeToString()))
         self.transport.close()

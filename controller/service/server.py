@@ -143,6 +143,11 @@ class ControllerServer:
             await asyncio.sleep(0.01)
         log.info("controller %s serving gRPC on %s and HTTP on %s", self.candidate, self.grpc_address, self.http_url)
 
+    @property
+    def quorum(self) -> QuorumPort | None:
+        """The quorum port (None when there is none)."""
+        return self._quorum
+
     async def wait_leading(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
         while not self.leading:

@@ -9,6 +9,7 @@ import socket
 import ssl
 
 import grpc
+import httpx
 import pytest
 
 from controller.service.quorum_port import peer_certificate_facts
@@ -21,7 +22,7 @@ from protos.dial import TlsFiles
 from protos.quorum_wire import ANSWER, HEADER, JOIN, PREAMBLE, REFUSED, FrameReader, frame
 
 from ..certs import Authority
-from .conftest import quorum_request, wait_for
+from .conftest import quorum_request, samples, wait_for
 from .test_quorum_stream import Leader
 
 WAIT_S = 10
@@ -59,6 +60,11 @@ def raw_exchange(address: str, data: bytes, *, read: bool = True) -> tuple[int, 
         return frames[0] if frames else None
 
 
+async def scrape(server) -> dict:
+    async with httpx.AsyncClient() as http:
+        return samples((await http.get(f"{server.http_url}/metrics", timeout=WAIT_S)).text)
+
+
 def refusal(reply) -> pb.QuorumPortRefusal:
     assert reply is not None and reply[0] == REFUSED, reply
     return pb.QuorumPortRefusal.FromString(reply[1])
@@ -77,6 +83,8 @@ async def test_a_round_on_the_port_is_the_streams_round_with_the_same_bytes(serv
         assert {a.quorum_id for a in again} == {qid} and {a.max_step for a in again} == {step}
         assert not any(a.addresses_included for a in again)  # they hold this quorum id
     assert all(p.client.open for p in on_port)  # one connection per leader, kept
+    seen = await scrape(server)
+    assert seen[("fthsdp_quorum_port_answers_total", ())] == 6 and seen[("fthsdp_quorum_port_connections", ())] == 2
     for p in on_port:
         p.client.close()
 
@@ -168,6 +176,10 @@ async def test_a_silent_connection_is_cut_off_and_a_full_port_refuses_more(impat
     await wait_for(lambda: len(impatient._quorum.connections) == limit, WAIT_S, "the port to hold its limit")
     over = refusal(await asyncio.to_thread(raw_exchange, impatient.quorum_address, b""))
     assert over.code == "RESOURCE_EXHAUSTED" and f"holds {limit} connections" in over.details
+    seen = await scrape(impatient)
+    assert seen[("fthsdp_quorum_port_connections", ())] == limit
+    assert {k[1]: v for k, v in seen.items() if k[0] == "fthsdp_quorum_port_refusals_total"} == {
+        (("code", "DEADLINE_EXCEEDED"),): 1, (("code", "RESOURCE_EXHAUSTED"),): 1}
     for _, writer in held:
         writer.close()
     await wait_for(lambda: not impatient._quorum.connections, WAIT_S, "the held connections to close")
