@@ -25,7 +25,9 @@ torchft's own trainers take a longer path, through the replica's ManagerServer (
 
 Between rounds every leader reports its commit (untimed in the round), as leaders do; how
 long each burst of N reports takes until the last is answered is `report_p50_ms`/`report_p99_ms`
-(a report returns once the store holds it). What HA costs: a round whose quorum id is
+(on each leader's second quorum port connection, between the port's rounds) and
+`stream_report_p50_ms`/`stream_report_p99_ms` (gRPC's ReportStep, between the stream's); a
+report returns once the store holds it. What HA costs: a round whose quorum id is
 unchanged writes nothing to the store before its answer (what it tells follows from what is
 durable); one with a new id must persist it first, since trainers act on it. `--new-id` times
 such rounds (`new_id_*`: every leader reported a failed commit, untimed, and retries its
@@ -91,11 +93,14 @@ class OurLeaders:
         self.known = [0] * replicas
         #: how long each burst of commit reports took, from the first sent to the last answered
         self.report_ms: list[float] = []
+        #: the same, on gRPC's ReportStep (between the stream's rounds)
+        self.stream_report_ms: list[float] = []
         self.loop = asyncio.new_event_loop()
         self.loop.run_until_complete(self._open(address))
         #: the quorum port the last answer named, and its leaders' clients (made at first use)
         self.port_address = ""
         self.port_clients: list[QuorumPortClient] | None = None
+        self.report_clients: list[QuorumPortClient] = []
         self.pool: ThreadPoolExecutor | None = None
 
     async def _open(self, address: str) -> None:
@@ -135,7 +140,7 @@ class OurLeaders:
             await asyncio.gather(*(self.stubs[i].ReportStep(pb.ReportStepRequest(
                 job_id=self.job, replica_id=f"r{i:03d}", quorum_id=self.known[i], step=step, step_time_s=0.1),
                 timeout=ROUND_TIMEOUT_S) for i in range(self.replicas)))
-            self.report_ms.append((time.perf_counter() - start) * 1000)
+            self.stream_report_ms.append((time.perf_counter() - start) * 1000)
 
     async def _round(self, unary: bool, failed: bool = False) -> float:
         if self.step > 0:
@@ -159,12 +164,19 @@ class OurLeaders:
     def port_round(self) -> float:
         """A round on the quorum port: each leader with the runtime's own blocking client
         (fthsdp/step/quorum_port_client.py) on its own thread, as torchft's are timed."""
-        if self.step > 0:
-            self.loop.run_until_complete(self._report(False))
         if self.port_clients is None:
             self.port_clients = [QuorumPortClient() for _ in range(self.replicas)]
+            self.report_clients = [QuorumPortClient() for _ in range(self.replicas)]
             self.pool = ThreadPoolExecutor(self.replicas)
         address = self.port_address
+        if self.step > 0:  # every leader's commit report, on its second port connection
+            step = self.step - 1
+            report = lambda i: self.report_clients[i].report(address, pb.ReportStepRequest(  # noqa: E731
+                job_id=self.job, replica_id=f"r{i:03d}", quorum_id=self.known[i], step=step, step_time_s=0.1),
+                ROUND_TIMEOUT_S)
+            start = time.perf_counter()
+            list(self.pool.map(report, range(self.replicas)))
+            self.report_ms.append((time.perf_counter() - start) * 1000)
         ask = lambda i: self.port_clients[i].ask(address, self.request(i), ROUND_TIMEOUT_S)  # noqa: E731
         start = time.perf_counter()
         replies = list(self.pool.map(ask, range(self.replicas)))
@@ -183,7 +195,7 @@ class OurLeaders:
         return elapsed
 
     def close(self) -> None:
-        for client in self.port_clients or ():
+        for client in [*(self.port_clients or ()), *self.report_clients]:
             client.close()
         if self.pool is not None:
             self.pool.shutdown(wait=False)
@@ -283,6 +295,7 @@ def measure(replicas: int, rounds: int, *, unary: bool = False, torchft: bool = 
         result.update(summary(prefix, values))
     # the commit reports between stream rounds (each durable before its answer), past the warm-up
     result.update(summary("report_", ours.report_ms[WARMUP_ROUNDS:] or ours.report_ms))
+    result.update(summary("stream_report_", ours.stream_report_ms[WARMUP_ROUNDS:] or ours.stream_report_ms))
     if torchft:
         result["ratio_p50"] = round(result["p50_ms"] / result["torchft_lighthouse_p50_ms"], 3)
         result["ratio_p99"] = round(result["p99_ms"] / result["torchft_lighthouse_p99_ms"], 3)

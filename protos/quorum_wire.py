@@ -10,11 +10,13 @@ write and one read.
 A connection starts with the client's PREAMBLE (the protocol and its version), then frames:
 a header -- payload length (uint32, big-endian) and kind (uint8) -- and the payload.
 
-- leader -> controller: JOIN, a serialized QuorumRequest; one at a time (the next only after
-  the answer to the last: a second join sent early is refused).
-- controller -> leader: ANSWER, a serialized QuorumResponse; or REFUSED, a QuorumPortRefusal
-  (the gRPC status code the same refusal has on QuorumStream, its message, a standby's
-  leader hint), after which the controller closes the connection.
+- leader -> controller: JOIN, a serialized QuorumRequest, or REPORT, a serialized
+  ReportStepRequest (a commit report, as Controller.ReportStep takes it); one at a time (the
+  next only after the answer to the last: a message sent early is refused).
+- controller -> leader: ANSWER, a serialized QuorumResponse (to a JOIN), REPORTED, a
+  serialized ReportStepResponse (to a REPORT, once the store holds it); or REFUSED, a
+  QuorumPortRefusal (the gRPC status code the same refusal has on gRPC, its message, a
+  standby's leader hint), after which the controller closes the connection.
 
 Every length is checked against the reader's bound before the payload is read.
 """
@@ -26,8 +28,10 @@ import struct
 PREAMBLE = b"FTHSDPQ1"
 HEADER = struct.Struct(">IB")
 JOIN = 1
+REPORT = 3
 ANSWER = 1
 REFUSED = 2
+REPORTED = 3
 
 
 class FrameError(ValueError):
@@ -76,4 +80,5 @@ class FrameReader:
         return frames
 
 
-__all__ = ["ANSWER", "FrameError", "FrameReader", "HEADER", "JOIN", "PREAMBLE", "REFUSED", "frame"]
+__all__ = ["ANSWER", "FrameError", "FrameReader", "HEADER", "JOIN", "PREAMBLE", "REFUSED", "REPORT", "REPORTED",
+           "frame"]

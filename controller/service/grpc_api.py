@@ -120,6 +120,10 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
 
     @unary
     async def ReportStep(self, request, context):
+        return await self.report_step(request, context)
+
+    async def report_step(self, request: pb.ReportStepRequest, context) -> pb.ReportStepResponse:
+        """A leader's commit report, answered once the store holds it (the quorum port's too)."""
         self._check_leader(request, context)
         self.server.require_leader().report_step(
             request.replica_id, request.step, self.server.clock(), quorum_id=request.quorum_id, loss=request.loss,

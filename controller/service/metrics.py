@@ -63,6 +63,8 @@ class StateCollector:
                          len(port.connections))
             yield _gauge("fthsdp_quorum_port_answers", "Quorum answers sent on the quorum port", job, port.answers,
                          CounterMetricFamily)
+            yield _gauge("fthsdp_quorum_port_reports", "Commit reports answered on the quorum port", job,
+                         port.reports, CounterMetricFamily)
             yield _labelled(CounterMetricFamily, "fthsdp_quorum_port_refusals", "Quorum port connections refused, "
                             "by the gRPC code of the refusal", job, "code", dict(port.refusals))
 

@@ -1,17 +1,20 @@
-"""The quorum port: leaders' joins and their answers on plain TCP or TLS (protos/quorum_wire.py).
+"""The quorum port: leaders' joins, commit reports and their answers on plain TCP or TLS
+(protos/quorum_wire.py).
 
 The same join as `QuorumStream` (`ControllerServicer.begin_join`: the job, the certificate
 binding, every bound and check of the state), the same shared answer bytes, the same
 refusals (by their gRPC code's name, a standby's with the leader's address); a leader that
-hangs up while waiting leaves the round as a cancelled stream does. What differs is the cost:
-one read and one write per message, no HTTP/2.
+hangs up while waiting leaves the round as a cancelled stream does. A commit report takes
+the path of `Controller.ReportStep` (`ControllerServicer.report_step`) and is answered once
+the store holds it. What differs is the cost: one read and one write per message, no HTTP/2.
 
-Every connection is bounded: at most `max_replica_records` at once (one per leader, with
-room for restarts), the preamble and first join within `quorum_port_hello_s` (a stranger
-that connects and says nothing is cut off), frames up to `max_request_bytes`, one join at a
-time. With TLS on gRPC the port speaks TLS with the same server certificate and client CA
-(without an SSL context it is not opened at all, never plain beside a TLS gRPC port). When
-the port is refused, full or unreachable, leaders use QuorumStream: nothing depends on it.
+Every connection is bounded: at most 2 x `max_replica_records` at once (a leader's two,
+with room for restarts), the preamble and first message within `quorum_port_hello_s` (a
+stranger that connects and says nothing is cut off), frames up to `max_request_bytes`, one
+message at a time, one replica. With TLS on gRPC the port speaks TLS with the same server
+certificate and client CA (without an SSL context it is not opened at all, never plain
+beside a TLS gRPC port). When the port is refused, full or unreachable, leaders use gRPC:
+nothing depends on it.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from controller.core.errors import RequestError
 from controller.service.errors import NotLeader, grpc_code
 from controller.store import StoreError
 from protos import controller_pb2 as pb
-from protos.quorum_wire import ANSWER, HEADER, JOIN, REFUSED, FrameError, FrameReader, frame
+from protos.quorum_wire import ANSWER, HEADER, JOIN, REFUSED, REPORT, REPORTED, FrameError, FrameReader, frame
 
 log = logging.getLogger("fthsdp.controller")
 
@@ -50,9 +53,14 @@ class QuorumPort:
         self.server, self.servicer, self.ssl_context = server, servicer, ssl_context
         self.connections: set[_Connection] = set()
         #: answers sent, and refusals by code (the metrics: are leaders on the port, is it under attack?)
-        self.answers = 0
+        self.answers = self.reports = 0
         self.refusals: dict[str, int] = {}
         self._listener: asyncio.base_events.Server | None = None
+
+    @property
+    def max_connections(self) -> int:
+        """Two per replica record: a leader's joins and its commit reports."""
+        return 2 * self.server.settings.max_replica_records
 
     async def start(self, host: str, port: int) -> int:
         """Listen; returns the port bound."""
@@ -80,10 +88,12 @@ class _Connection(asyncio.Protocol):
     def __init__(self, port: QuorumPort) -> None:
         self.port = port
         settings = port.server.settings
-        self.reader = FrameReader(settings.max_request_bytes, frozenset({JOIN}), preamble=True)
+        self.reader = FrameReader(settings.max_request_bytes, frozenset({JOIN, REPORT}), preamble=True)
         self.transport: asyncio.Transport | None = None
         self.replica_id: str | None = None
+        #: the join's future or the report's task this connection waits on, and which it is
         self.pending: asyncio.Future | None = None
+        self.pending_join = False
         self._hello: asyncio.TimerHandle | None = None
         self._facts: dict[str, list[bytes]] = {}
 
@@ -102,10 +112,10 @@ class _Connection(asyncio.Protocol):
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._facts = peer_certificate_facts(transport.get_extra_info("peercert"))
-        limit = self.port.server.settings.max_replica_records
+        limit = self.port.max_connections
         if len(connections) > limit:
             self._refuse("RESOURCE_EXHAUSTED", f"the quorum port holds {limit} connections, its limit "
-                                               f"(max_replica_records); use QuorumStream")
+                                               f"(2 x max_replica_records); use gRPC")
             return
         self._hello = asyncio.get_running_loop().call_later(
             self.port.server.settings.quorum_port_hello_s, self._silent)
@@ -118,10 +128,17 @@ class _Connection(asyncio.Protocol):
         except FrameError as exc:
             self._refuse("INVALID_ARGUMENT", str(exc))
             return
-        for _kind, payload in frames:
+        for kind, payload in frames:
             if self.transport.is_closing():
                 return
-            self._join(payload)
+            if self.pending is not None:
+                self._refuse("FAILED_PRECONDITION", "a message arrived before the answer to the last one: send one "
+                                                    "at a time")
+                return
+            if kind == JOIN:
+                self._join(payload)
+            else:
+                self._report(payload)
 
     def eof_received(self) -> bool:
         return False  # the leader is done: close our side too (connection_lost follows)
@@ -132,34 +149,47 @@ class _Connection(asyncio.Protocol):
             self._hello.cancel()
         fut, self.pending = self.pending, None
         if fut is not None and not fut.done():
-            fut.cancel()
-            self.port.server.forget_waiter(self.replica_id, fut, "its leader's quorum port connection closed")
+            fut.cancel()  # a report's state change stands: its store write goes on, shielded
+            if self.pending_join:
+                self.port.server.forget_waiter(self.replica_id, fut, "its leader's quorum port connection closed")
 
     # -- joins and answers --------------------------------------------------------------------------
 
-    def _join(self, payload: bytes) -> None:
-        if self.pending is not None:
-            self._refuse("FAILED_PRECONDITION", "a join arrived before the answer to the last one: send one at a time")
-            return
+    def _decode(self, message, payload: bytes, what: str):
+        """The message, from a leader of this connection's replica (None: refused)."""
         try:
-            request = pb.QuorumRequest.FromString(payload)
+            request = message.FromString(payload)
         except DecodeError as exc:
-            self._refuse("INVALID_ARGUMENT", f"a join of {len(payload)} bytes is not a QuorumRequest: {exc}")
-            return
+            self._refuse("INVALID_ARGUMENT", f"a {what} of {len(payload)} bytes is not a {message.__name__}: {exc}")
+            return None
         if self._hello is not None:
             self._hello.cancel()
             self._hello = None
         if self.replica_id is not None and request.replica_id != self.replica_id:
-            self._refuse("FAILED_PRECONDITION", f"this connection carries replica {self.replica_id!r}; a join for "
+            self._refuse("FAILED_PRECONDITION", f"this connection carries replica {self.replica_id!r}; a {what} for "
                                                 f"{request.replica_id[:64]!r} needs its own connection")
+            return None
+        return request
+
+    def _join(self, payload: bytes) -> None:
+        request = self._decode(pb.QuorumRequest, payload, "join")
+        if request is None:
             return
         try:
             fut = self.port.servicer.begin_join(request, self, encoded=True)
         except (RequestError, NotLeader, StoreError) as exc:
             self._refused(exc)
             return
-        self.replica_id = request.replica_id
-        self.pending = fut
+        self._wait(request.replica_id, fut, join=True)
+
+    def _report(self, payload: bytes) -> None:
+        request = self._decode(pb.ReportStepRequest, payload, "commit report")
+        if request is not None:
+            self._wait(request.replica_id, asyncio.ensure_future(self.port.servicer.report_step(request, self)),
+                       join=False)
+
+    def _wait(self, replica_id: str, fut: asyncio.Future, join: bool) -> None:
+        self.replica_id, self.pending, self.pending_join = replica_id, fut, join
         fut.add_done_callback(self._answered)
 
     def _answered(self, fut: asyncio.Future) -> None:
@@ -172,9 +202,13 @@ class _Connection(asyncio.Protocol):
         if exc is not None:
             self._refused(exc)
             return
-        answer: bytes = fut.result()
-        self.transport.write(HEADER.pack(len(answer), ANSWER) + answer)
-        self.port.answers += 1
+        if self.pending_join:
+            answer: bytes = fut.result()
+            self.transport.write(HEADER.pack(len(answer), ANSWER) + answer)
+            self.port.answers += 1
+        else:
+            self.transport.write(frame(REPORTED, fut.result().SerializeToString()))
+            self.port.reports += 1
 
     def _refused(self, exc: BaseException) -> None:
         if not isinstance(exc, (RequestError, NotLeader, StoreError)):

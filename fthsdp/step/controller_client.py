@@ -9,9 +9,10 @@ without an answer, until the caller's deadline. Errors come out as the runtime's
 kinds (fthsdp/errors.py): ControllerUnavailable (retry later) or ControllerRefused (give
 up), plus JobCompleted when a quorum is refused because the job is COMPLETED.
 TLS comes from FTHSDP_TLS_* (see protos/dial.py), as for the agent that started us.
-Quorums go to the leader's quorum port once an answer named it (fthsdp/step/
-quorum_port_client.py), else on one long-lived QuorumStream; a port that cannot serve is
-left for PORT_RETRY_S, and the stream, with its failover, takes over.
+Quorums and commit reports go to the leader's quorum port once an answer named it
+(fthsdp/step/quorum_port_client.py; one connection each), else on gRPC (one long-lived
+QuorumStream, unary ReportStep); a port that cannot serve is left for PORT_RETRY_S, and
+gRPC, with its failover, takes over.
 """
 
 from __future__ import annotations
@@ -59,6 +60,7 @@ class ControllerClient:
         self._lock = threading.Lock()
         self._quorum_stream = QuorumStream()
         self._port = QuorumPortClient(self._tls)
+        self._report_port = QuorumPortClient(self._tls)
         #: the leader's quorum port, as its last answer named it ("" : ask on the stream)
         self._port_address = ""
         #: quorum ports that failed -> when: not used again for PORT_RETRY_S
@@ -134,8 +136,10 @@ class ControllerClient:
             # unreachable, full or a standby's) on the one long-lived QuorumStream, whose
             # failed or unanswered ask closes it, and the next opens a new one on whichever
             # controller the rotation chose.
-            answer = self._ask_port(join, attempt_timeout_s)
-            if answer is None:
+            answer = self._on_port("Quorum", lambda port: self._port.ask(port, join, attempt_timeout_s))
+            if answer is not None:
+                self._quorum_stream.close()  # idle from now on
+            else:
                 answer = self._quorum_stream.ask(self._stub, join, max(deadline - time.monotonic(), 0.01))
             self._learn_port(answer.quorum_address)
             self._sent_addresses = mine
@@ -143,26 +147,24 @@ class ControllerClient:
 
         return self._call("Quorum", send, timeout_s)
 
-    def _ask_port(self, join: pb.QuorumRequest, timeout_s: float) -> pb.QuorumResponse | None:
-        """The answer from the quorum port, or None when there is none to ask (or it failed in a
-        way the stream may not: refused as full, unreachable, a standby's)."""
+    def _on_port(self, what: str, call: Callable[[str], T]) -> T | None:
+        """`call(port address)`'s answer, or None when there is no quorum port to ask (or it
+        failed in a way gRPC may not: refused as full, unreachable, a standby's)."""
         address = self._port_address
         if not address:
             return None
         try:
-            answer = self._port.ask(address, join, timeout_s)
+            return call(address)
         except StreamFailed as exc:
             if exc.code() not in PORT_CANNOT_SERVE:
-                raise  # a refusal of the join itself: the stream would refuse it alike
-            log.info("replica %s: quorum port %s: %s: %s; asking on the QuorumStream", self.replica_id, address,
-                     exc.code().name, exc.details())
+                raise  # a refusal of the request itself: gRPC would refuse it alike
+            log.info("replica %s: quorum port %s: %s: %s; sending %s on gRPC", self.replica_id, address,
+                     exc.code().name, exc.details(), what)
             self._port_address = ""
             self._port_failed_at[address] = time.monotonic()
             if exc.code() is grpc.StatusCode.DEADLINE_EXCEEDED:
                 raise  # the attempt's time is spent
             return None
-        self._quorum_stream.close()  # idle from now on
-        return answer
 
     def _learn_port(self, named: str) -> None:
         address = resolve(named, self.address) if named else ""
@@ -179,7 +181,14 @@ class ControllerClient:
             job_id=self.job_id, replica_id=self.replica_id, quorum_id=r.quorum_id, step=r.step,
             step_time_s=r.step_time_s, loss=r.loss, tokens=r.tokens, host_id=self.host_id, digest=r.digest,
             caught_up=r.caught_up, rank_digests=list(r.rank_digests), checkpoint_step=r.checkpoint_step)
-        self._call("ReportStep", lambda t: self._stub.ReportStep(request, timeout=t), REPORT_TIMEOUT_S)
+
+        def send(attempt_timeout_s: float) -> pb.ReportStepResponse:
+            # On the quorum port's second connection (reports come from another thread than
+            # quorums) once an answer named it; else, or when it cannot serve, on gRPC.
+            answer = self._on_port("ReportStep", lambda port: self._report_port.report(port, request, attempt_timeout_s))
+            return answer if answer is not None else self._stub.ReportStep(request, timeout=attempt_timeout_s)
+
+        self._call("ReportStep", send, REPORT_TIMEOUT_S)
 
     def report_failure(self, r: co.ReportFailure) -> None:
         kind = pb.ReportFailureRequest.REPLICA_DEAD if r.dead else pb.ReportFailureRequest.COMMIT_FAILED
@@ -229,6 +238,7 @@ class ControllerClient:
         self._stop.set()
         self._quorum_stream.close()
         self._port.close()
+        self._report_port.close()
         self._channel.close()
         if self._heartbeat_thread is not None:
             self._heartbeat_thread.join(5.0)

@@ -1,7 +1,7 @@
 """A leader's connection to the controller's quorum port (protos/quorum_wire.py), blocking.
 
 `QuorumPortClient.ask(address, request, timeout_s)` keeps the contract of
-`QuorumStream.ask`: one round's join, its answer within `timeout_s`, failures as a
+`QuorumStream.ask` (and `report` that of the unary `ReportStep`): one round's join, its answer within `timeout_s`, failures as a
 `grpc.RpcError` with the code the stream would have given (the port's refusal by its code,
 a standby's with its leader hint; DEADLINE_EXCEEDED when no answer came in time;
 UNAVAILABLE when the connection failed or ended). After any failure the connection is
@@ -21,7 +21,7 @@ import grpc
 from fthsdp.step.quorum_stream import StreamFailed
 from protos import controller_pb2 as pb
 from protos.dial import TlsFiles
-from protos.quorum_wire import ANSWER, JOIN, PREAMBLE, REFUSED, FrameError, FrameReader, frame
+from protos.quorum_wire import ANSWER, JOIN, PREAMBLE, REFUSED, REPORT, REPORTED, FrameError, FrameReader, frame
 
 #: The largest answer accepted: a quorum answer with every member's addresses (the gRPC
 #: channel's bound, protos/dial.py channel_options).
@@ -64,26 +64,38 @@ class QuorumPortClient:
         return self._sock is not None
 
     def ask(self, address: str, request: pb.QuorumRequest, timeout_s: float) -> pb.QuorumResponse:
+        payload = self._exchange(address, JOIN, request, ANSWER, timeout_s, f"quorum answer for step {request.step}")
+        return pb.QuorumResponse.FromString(payload)
+
+    def report(self, address: str, request: pb.ReportStepRequest, timeout_s: float) -> pb.ReportStepResponse:
+        """A commit report, answered once the controller's store holds it (as ReportStep)."""
+        payload = self._exchange(address, REPORT, request, REPORTED, timeout_s,
+                                 f"answer to the commit report of step {request.step}")
+        return pb.ReportStepResponse.FromString(payload)
+
+    def _exchange(self, address: str, kind: int, request, answer_kind: int, timeout_s: float, what: str) -> bytes:
         deadline = time.monotonic() + max(timeout_s, 0.0)
         try:
             if self._sock is None or address != self._address:
                 self._connect(address, deadline)
             self._sock.settimeout(max(deadline - time.monotonic(), 0.001))
-            self._sock.sendall(frame(JOIN, request.SerializeToString()))
-            kind, payload = self._read(deadline)
+            self._sock.sendall(frame(kind, request.SerializeToString()))
+            got, payload = self._read(deadline)
+            if got not in (answer_kind, REFUSED):
+                raise FrameError(f"a frame of kind {got} came where the {what} was due")
         except TimeoutError:
             self.close()
-            raise StreamFailed(grpc.StatusCode.DEADLINE_EXCEEDED, f"no quorum answer for step {request.step} on "
-                                                                  f"the quorum port {address} within {timeout_s:g}s") from None
+            raise StreamFailed(grpc.StatusCode.DEADLINE_EXCEEDED, f"no {what} on the quorum port {address} within "
+                                                                  f"{timeout_s:g}s") from None
         except (OSError, FrameError, ValueError) as exc:
             self.close()
             raise StreamFailed(grpc.StatusCode.UNAVAILABLE, f"the quorum port {address} failed: {exc}") from None
-        if kind == REFUSED:
+        if got == REFUSED:
             self.close()
             refusal = pb.QuorumPortRefusal.FromString(payload)
             code = getattr(grpc.StatusCode, refusal.code, grpc.StatusCode.UNKNOWN)
             raise StreamFailed(code, refusal.details, refusal.leader_address)
-        return pb.QuorumResponse.FromString(payload)
+        return payload
 
     def _connect(self, address: str, deadline: float) -> None:
         self.close()
@@ -99,7 +111,7 @@ class QuorumPortClient:
             sock.close()
             raise
         self._sock, self._address = sock, address
-        self._reader = FrameReader(self._max_answer_bytes, frozenset({ANSWER, REFUSED}), preamble=False)
+        self._reader = FrameReader(self._max_answer_bytes, frozenset({ANSWER, REFUSED, REPORTED}), preamble=False)
 
     def _read(self, deadline: float) -> tuple[int, bytes]:
         while True:

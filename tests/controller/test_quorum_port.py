@@ -104,7 +104,7 @@ async def test_a_refused_join_has_the_streams_code_and_leaves_the_round_alone(se
 @pytest.mark.parametrize("data, named", [
     (b"GET / HTTP/1.1\r\nHost: x\r\n\r\n", "did not start with the quorum port's preamble"),
     (PREAMBLE + HEADER.pack((8 << 20) + 1, JOIN), f"a frame of {(8 << 20) + 1} bytes is over the limit of {8 << 20}"),
-    (PREAMBLE + HEADER.pack(3, 9) + b"abc", "frame kind 9 is not one of [1]"),
+    (PREAMBLE + HEADER.pack(3, 9) + b"abc", "frame kind 9 is not one of [1, 3]"),
     (PREAMBLE + frame(JOIN, b"\xff\xff\xff"), "a join of 3 bytes is not a QuorumRequest"),
 ])
 async def test_strangers_bytes_are_refused_with_what_was_wrong(server, data, named):
@@ -119,7 +119,7 @@ async def test_a_second_join_before_the_answer_is_refused_and_the_first_leaves_t
     join = frame(JOIN, quorum_request("r0", 0).SerializeToString())
     reply = await asyncio.to_thread(raw_exchange, server.quorum_address, PREAMBLE + join + join)
     r = refusal(reply)
-    assert r.code == "FAILED_PRECONDITION" and "before the answer to the last one" in r.details
+    assert r.code == "FAILED_PRECONDITION" and "a message arrived before the answer to the last one" in r.details
     await wait_for(lambda: "r0" not in server.state.round_joined, WAIT_S, "r0's join to leave the round")
 
 
@@ -166,23 +166,39 @@ async def impatient(clock):
     await srv.stop()
 
 
-async def test_a_silent_connection_is_cut_off_and_a_full_port_refuses_more(impatient):
+async def test_a_silent_connection_is_cut_off(impatient):
     reply = await asyncio.to_thread(raw_exchange, impatient.quorum_address, PREAMBLE)
     r = refusal(reply)
     assert r.code == "DEADLINE_EXCEEDED" and "no join within 0.3s" in r.details
-    limit = impatient.settings.max_replica_records
-    host, port = resolve(impatient.quorum_address, "127.0.0.1:0").rsplit(":", 1)
-    held = [await asyncio.open_connection(host, int(port)) for _ in range(limit)]
-    await wait_for(lambda: len(impatient._quorum.connections) == limit, WAIT_S, "the port to hold its limit")
-    over = refusal(await asyncio.to_thread(raw_exchange, impatient.quorum_address, b""))
-    assert over.code == "RESOURCE_EXHAUSTED" and f"holds {limit} connections" in over.details
     seen = await scrape(impatient)
-    assert seen[("fthsdp_quorum_port_connections", ())] == limit
     assert {k[1]: v for k, v in seen.items() if k[0] == "fthsdp_quorum_port_refusals_total"} == {
-        (("code", "DEADLINE_EXCEEDED"),): 1, (("code", "RESOURCE_EXHAUSTED"),): 1}
-    for _, writer in held:
-        writer.close()
-    await wait_for(lambda: not impatient._quorum.connections, WAIT_S, "the held connections to close")
+        (("code", "DEADLINE_EXCEEDED"),): 1}
+    assert seen[("fthsdp_quorum_port_connections", ())] == 0
+
+
+async def test_a_full_port_refuses_more_connections(clock):
+    srv = ControllerServer(ControllerSettings(job_id="t", replicas=3, min_replicas=2, quorum_port_hello_s=120),
+                           clock=clock)
+    await srv.start()
+    held = []
+    try:
+        limit = srv._quorum.max_connections
+        assert limit == 2 * srv.settings.max_replica_records
+        host, port = resolve(srv.quorum_address, "127.0.0.1:0").rsplit(":", 1)
+        held = [await asyncio.open_connection(host, int(port)) for _ in range(limit)]
+        await wait_for(lambda: len(srv._quorum.connections) == limit, WAIT_S, "the port to hold its limit")
+        over = refusal(await asyncio.to_thread(raw_exchange, srv.quorum_address, b""))
+        assert over.code == "RESOURCE_EXHAUSTED" and f"holds {limit} connections" in over.details
+        seen = await scrape(srv)
+        assert seen[("fthsdp_quorum_port_connections", ())] == limit
+        assert seen[("fthsdp_quorum_port_refusals_total", (("code", "RESOURCE_EXHAUSTED"),))] == 1
+        for _, writer in held:
+            writer.close()
+        await wait_for(lambda: not srv._quorum.connections, WAIT_S, "the held connections to close")
+    finally:
+        for _, writer in held:
+            writer.close()
+        await srv.stop()
 
 
 async def test_a_standby_refuses_with_the_leaders_address(server):
@@ -263,3 +279,21 @@ async def test_the_port_is_named_at_the_advertised_host_or_at_the_host_leaders_r
     assert resolve(":50052", "fthsdp-controller-grpc:50051") == "fthsdp-controller-grpc:50052"
     assert resolve(":50052", "[::1]:50051") == "[::1]:50052"
     assert resolve("10.0.0.5:7000", "ctl:50051") == "10.0.0.5:7000"
+
+
+async def test_a_commit_report_on_the_port_commits_once_the_store_holds_it(server, stub):
+    leaders = [PortLeader(server.quorum_address, rid) for rid in ("r0", "r1")]
+    answers = await asyncio.gather(*(p.ask(0) for p in leaders), Leader(stub, "r2").ask(0))
+    qid = answers[0].quorum_id
+    reporter = QuorumPortClient()  # a leader's second connection: reports come from another thread
+    report = pb.ReportStepRequest(job_id="t", replica_id="r0", quorum_id=qid, step=0, step_time_s=0.5)
+    answer = await asyncio.to_thread(reporter.report, leaders[0].address, report, WAIT_S)
+    assert answer == pb.ReportStepResponse() and server.state.replicas["r0"].committed_step == 0
+    assert server._quorum.reports == 1 and (await scrape(server))[("fthsdp_quorum_port_reports_total", ())] == 1
+    with pytest.raises(StreamFailed) as err:  # a commit of a step it was not given: the state refuses it
+        await asyncio.to_thread(reporter.report, leaders[0].address,
+                                pb.ReportStepRequest(job_id="t", replica_id="r0", quorum_id=qid, step=5), WAIT_S)
+    assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION and "step 5" in err.value.details()
+    assert server.state.replicas["r0"].committed_step == 0 and not reporter.open
+    for p in leaders:
+        p.client.close()

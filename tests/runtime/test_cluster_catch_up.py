@@ -42,4 +42,4 @@ def test_a_late_replica_catches_up_weights_optimizer_schedule_sampler_and_rng(tm
     # never had to fall back to the stream.
     for replica in ("0", "1"):
         logs = "".join(p.read_text() for p in cluster.workdir.glob(f"worker-{replica}-0-*.log"))
-        assert "quorums go to the quorum port 127.0.0.1:" in logs and "asking on the QuorumStream" not in logs
+        assert "quorums go to the quorum port 127.0.0.1:" in logs and "on gRPC" not in logs

@@ -85,7 +85,7 @@ async def test_strangers_on_the_quorum_port_are_refused_and_the_leader_keeps_com
         answer = await asyncio.to_thread(leader_step, client, legit.step, legit.quorum_id)
         await legit.stub.ReportStep(legit.report(quorum_id=answer.quorum_id, step=answer.max_step), timeout=10)
         assert client._port_address == port
-        for _ in range(60):  # more than the limit (max_replica_records = 4 × 1 + 16)
+        for _ in range(60):  # more than the limit (2 × max_replica_records = 2 × (4 × 1 + 16))
             reader, writer = await asyncio.open_connection(host, int(number))
             writer.write(PREAMBLE)
             held.append((reader, writer))
