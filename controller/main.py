@@ -31,7 +31,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--quorum-port", type=int, default=0,
                    help="the leaders' quorum port (framed joins on TCP, TLS with the gRPC TLS flags); 0 picks a "
                         "free one (default); leaders learn it from their first answer")
-    p.add_argument("--no-quorum-port", action="store_true", help="no quorum port: leaders use QuorumStream")
+    p.add_argument("--no-quorum-port", action="store_true", help="no quorum port: leaders use gRPC (QuorumStream, ReportStep)")
     p.add_argument("--settings", help="JSON file with ControllerSettings fields")
     p.add_argument("--job-id")
     p.add_argument("--replicas", type=int, help="configured replica count")

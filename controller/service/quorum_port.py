@@ -30,7 +30,7 @@ from controller.core.errors import RequestError
 from controller.service.errors import NotLeader, grpc_code
 from controller.store import StoreError
 from protos import controller_pb2 as pb
-from protos.quorum_wire import ANSWER, HEADER, JOIN, REFUSED, REPORT, REPORTED, FrameError, FrameReader, frame
+from protos.quorum_wire import ANSWER, JOIN, REFUSED, REPORT, REPORTED, FrameError, FrameReader, frame
 
 log = logging.getLogger("fthsdp.controller")
 
@@ -203,19 +203,18 @@ class _Connection(asyncio.Protocol):
             self._refused(exc)
             return
         if self.pending_join:
-            answer: bytes = fut.result()
-            self.transport.write(HEADER.pack(len(answer), ANSWER) + answer)
+            self.transport.write(frame(ANSWER, fut.result()))  # the round's shared bytes
             self.port.answers += 1
         else:
             self.transport.write(frame(REPORTED, fut.result().SerializeToString()))
             self.port.reports += 1
 
     def _refused(self, exc: BaseException) -> None:
-        if not isinstance(exc, (RequestError, NotLeader, StoreError)):
-            log.error("quorum port: unexpected failure of a join: %r", exc)
         code = grpc_code(exc) if isinstance(exc, Exception) else None
-        if isinstance(exc, RequestError):
-            log.info("refused a join on the quorum port: %s", exc)
+        if code is None:
+            log.error("quorum port: unexpected failure of a %s: %r", "join" if self.pending_join else "report", exc)
+        elif isinstance(exc, RequestError):
+            log.info("refused on the quorum port: %s", exc)
         self._refuse(code.name if code is not None else "INTERNAL", str(exc), getattr(exc, "leader_address", ""))
 
     def _silent(self) -> None:

@@ -56,7 +56,8 @@ class ControllerServer:
         self.settings = settings.validate()
         #: the quorum port to bind (0: any free one; None: none), and its TLS (quorum_port.py)
         self.quorum_port, self.quorum_tls = quorum_port, quorum_tls
-        self._quorum: QuorumPort | None = None
+        #: the quorum port once started (None when there is none)
+        self.quorum: QuorumPort | None = None
         #: where leaders reach the quorum port (in every answer; ":port" means at the host they
         #: reach gRPC at); "" when there is none
         self.quorum_address = ""
@@ -125,8 +126,8 @@ class ControllerServer:
         self.advertise_address = self.advertise_address or self.grpc_address
         # Never a plain quorum port beside a TLS gRPC port: without its SSL context, none.
         if self.quorum_port is not None and (self.grpc_credentials is None or self.quorum_tls is not None):
-            self._quorum = QuorumPort(self, servicer, self.quorum_tls)
-            self.quorum_address = f"{quorum_host}:{await self._quorum.start(self.host, self.quorum_port)}"
+            self.quorum = QuorumPort(self, servicer, self.quorum_tls)
+            self.quorum_address = f"{quorum_host}:{await self.quorum.start(self.host, self.quorum_port)}"
 
         sock = socket.socket(socket.AF_INET6 if ":" in self.host else socket.AF_INET)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -143,11 +144,6 @@ class ControllerServer:
             await asyncio.sleep(0.01)
         log.info("controller %s serving gRPC on %s and HTTP on %s", self.candidate, self.grpc_address, self.http_url)
 
-    @property
-    def quorum(self) -> QuorumPort | None:
-        """The quorum port (None when there is none)."""
-        return self._quorum
-
     async def wait_leading(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
         while not self.leading:
@@ -162,8 +158,8 @@ class ControllerServer:
             if task.get_name() != "http":
                 task.cancel()
         self._step_down("server stopping")
-        if self._quorum is not None:
-            await self._quorum.stop(self.settings.stop_grace_s)
+        if self.quorum is not None:
+            await self.quorum.stop(self.settings.stop_grace_s)
         if self._grpc is not None:
             await self._grpc.stop(self.settings.stop_grace_s)
         if self._http is not None:

@@ -20,7 +20,7 @@ import grpc
 
 from fthsdp.step.quorum_stream import StreamFailed
 from protos import controller_pb2 as pb
-from protos.dial import TlsFiles
+from protos.dial import TlsFiles, parse_addresses
 from protos.quorum_wire import ANSWER, JOIN, PREAMBLE, REFUSED, REPORT, REPORTED, FrameError, FrameReader, frame
 
 #: The largest answer accepted: a quorum answer with every member's addresses (the gRPC
@@ -34,13 +34,6 @@ def client_context(tls: TlsFiles) -> ssl.SSLContext:
     if tls.cert_file:
         context.load_cert_chain(tls.cert_file, tls.key_file)
     return context
-
-
-def split_address(address: str) -> tuple[str, int]:
-    host, sep, port = address.rpartition(":")
-    if not sep or not port.isdigit() or not host:
-        raise ValueError(f"a quorum port address must be host:port, got {address!r}")
-    return host.strip("[]"), int(port)
 
 
 def resolve(quorum_address: str, grpc_address: str) -> str:
@@ -99,8 +92,10 @@ class QuorumPortClient:
 
     def _connect(self, address: str, deadline: float) -> None:
         self.close()
-        host, port = split_address(address)
-        sock = socket.create_connection((host, port), timeout=max(deadline - time.monotonic(), 0.001))
+        [address] = parse_addresses(address)  # host:port, or ValueError naming it
+        host, _, port = address.rpartition(":")
+        host = host.strip("[]")
+        sock = socket.create_connection((host, int(port)), timeout=max(deadline - time.monotonic(), 0.001))
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             if self._context is not None:
@@ -137,4 +132,4 @@ class QuorumPortClient:
                 pass
 
 
-__all__ = ["QuorumPortClient", "client_context", "resolve", "split_address"]
+__all__ = ["QuorumPortClient", "client_context", "resolve"]

@@ -36,6 +36,7 @@ from tests.chaos.schedule import ChaosSettings, Fault, stop_past_the_timeouts
 from tests.etcd_server import EtcdServer
 from tests.ha.cluster import JOB, ControllerProcess
 from tests.ports import free_port
+from tests.waiting import wait_until
 
 POLL_S = 0.2
 FAST_POLL_S = 0.01   # while waiting for a recovering replica's source to show (read from its records)
@@ -266,17 +267,16 @@ class ChaosRun:
         active: Injection | None = None
         action = None
         due = self.s.first_fault_step
-        deadline = time.monotonic() + self.s.run_timeout_s
         ending = fast = False
-        while not self._done():
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"the job did not finish within {self.s.run_timeout_s:g}s; logs in {self.workdir}")
+
+        def tick() -> bool:
+            """One look at the job: follow up, settle, inject or end; True once it finished."""
+            nonlocal pending, active, action, due, ending, fast
             if fast and action is not None:  # a follow-up watching closely: nothing else meanwhile
                 action, fast = action(time.time())
                 if action is None:
                     active.done_at = time.time()
-                time.sleep(FAST_POLL_S if fast else POLL_S)
-                continue
+                return self._done()
             fast = False
             if self._refresh():
                 now, step = time.time(), self.view["job"]["max_step"]
@@ -289,7 +289,7 @@ class ChaosRun:
                     due = step + self.s.gap_steps
                 elif active is not None and now > _last_action(active) + self.s.fault_timeout_s:
                     active = action = None  # never settled: the checks say so; no more faults
-                    skipped += [f.describe() for f in pending]
+                    skipped.extend(f.describe() for f in pending)
                     pending = []
                 if active is None and pending and step >= due and self._all_healthy():
                     fault = pending.pop(0)
@@ -301,7 +301,11 @@ class ChaosRun:
                 if active is None and not pending and not ending:
                     self._end_at(max(step, due) + self.s.tail_steps)
                     ending = True
-            time.sleep(FAST_POLL_S if fast else POLL_S)
+            return self._done()
+
+        if not self._done():
+            wait_until(tick, self.s.run_timeout_s, f"the job to finish; logs in {self.workdir}",
+                       every_s=lambda: FAST_POLL_S if fast else POLL_S)
 
     # ------------------------------------------------------------------ faults
 

@@ -71,7 +71,7 @@ def refusal(reply) -> pb.QuorumPortRefusal:
 
 
 async def test_a_round_on_the_port_is_the_streams_round_with_the_same_bytes(server, stub):
-    assert server.quorum_address == f":{server._quorum._listener.sockets[0].getsockname()[1]}"
+    assert server.quorum_address == f":{server.quorum._listener.sockets[0].getsockname()[1]}"
     on_port = [PortLeader(server.quorum_address, rid) for rid in ("r0", "r1")]
     on_stream = Leader(stub, "r2")
     answers = await asyncio.gather(*(p.ask(0) for p in on_port), on_stream.ask(0))
@@ -112,7 +112,7 @@ async def test_strangers_bytes_are_refused_with_what_was_wrong(server, data, nam
     r = refusal(reply)
     assert r.code == "INVALID_ARGUMENT" and named in r.details, r.details
     assert server.state.round_joined == {}
-    assert server._quorum.connections == set()
+    assert server.quorum.connections == set()
 
 
 async def test_a_second_join_before_the_answer_is_refused_and_the_first_leaves_the_round(server):
@@ -182,11 +182,11 @@ async def test_a_full_port_refuses_more_connections(clock):
     await srv.start()
     held = []
     try:
-        limit = srv._quorum.max_connections
+        limit = srv.quorum.max_connections
         assert limit == 2 * srv.settings.max_replica_records
         host, port = resolve(srv.quorum_address, "127.0.0.1:0").rsplit(":", 1)
         held = [await asyncio.open_connection(host, int(port)) for _ in range(limit)]
-        await wait_for(lambda: len(srv._quorum.connections) == limit, WAIT_S, "the port to hold its limit")
+        await wait_for(lambda: len(srv.quorum.connections) == limit, WAIT_S, "the port to hold its limit")
         over = refusal(await asyncio.to_thread(raw_exchange, srv.quorum_address, b""))
         assert over.code == "RESOURCE_EXHAUSTED" and f"holds {limit} connections" in over.details
         seen = await scrape(srv)
@@ -194,7 +194,7 @@ async def test_a_full_port_refuses_more_connections(clock):
         assert seen[("fthsdp_quorum_port_refusals_total", (("code", "RESOURCE_EXHAUSTED"),))] == 1
         for _, writer in held:
             writer.close()
-        await wait_for(lambda: not srv._quorum.connections, WAIT_S, "the held connections to close")
+        await wait_for(lambda: not srv.quorum.connections, WAIT_S, "the held connections to close")
     finally:
         for _, writer in held:
             writer.close()
@@ -239,7 +239,7 @@ async def test_with_mtls_the_port_needs_a_client_certificate_bound_to_the_host(p
     for s in (plain, srv):
         await s.start()
     try:
-        assert plain.quorum_address == "" and plain._quorum is None
+        assert plain.quorum_address == "" and plain.quorum is None
         await srv.wait_leading(10)
         ca_only = TlsFiles(ca_file=str(pki["ca"].pem.cert))
         as_h1 = TlsFiles(ca_file=str(pki["ca"].pem.cert), cert_file=str(pki["h1"].cert), key_file=str(pki["h1"].key))
@@ -272,7 +272,7 @@ async def test_the_port_is_named_at_the_advertised_host_or_at_the_host_leaders_r
     srv = ControllerServer(settings, advertise_address="ctl.example:50051")
     await srv.start()
     try:
-        bound = srv._quorum._listener.sockets[0].getsockname()[1]
+        bound = srv.quorum._listener.sockets[0].getsockname()[1]
         assert srv.quorum_address == f"ctl.example:{bound}"
     finally:
         await srv.stop()
@@ -289,7 +289,7 @@ async def test_a_commit_report_on_the_port_commits_once_the_store_holds_it(serve
     report = pb.ReportStepRequest(job_id="t", replica_id="r0", quorum_id=qid, step=0, step_time_s=0.5)
     answer = await asyncio.to_thread(reporter.report, leaders[0].address, report, WAIT_S)
     assert answer == pb.ReportStepResponse() and server.state.replicas["r0"].committed_step == 0
-    assert server._quorum.reports == 1 and (await scrape(server))[("fthsdp_quorum_port_reports_total", ())] == 1
+    assert server.quorum.reports == 1 and (await scrape(server))[("fthsdp_quorum_port_reports_total", ())] == 1
     with pytest.raises(StreamFailed) as err:  # a commit of a step it was not given: the state refuses it
         await asyncio.to_thread(reporter.report, leaders[0].address,
                                 pb.ReportStepRequest(job_id="t", replica_id="r0", quorum_id=qid, step=5), WAIT_S)

@@ -18,6 +18,8 @@ import threading
 import time
 from pathlib import Path
 
+from tests.waiting import wait_until
+
 CHROMIUM = "chromium"
 MOVE_FDS_AND_EXEC = ("import os, sys; a, b = int(sys.argv[1]), int(sys.argv[2]); os.dup2(a, 3); os.dup2(b, 4); "
                      "os.close(a); os.close(b); os.execv(sys.argv[3], sys.argv[3:])")
@@ -113,14 +115,7 @@ class Browser:
         return result["result"].get("value")
 
     def wait_for(self, expression: str, timeout_s: float, what: str, every_s: float = 0.1):
-        deadline = time.monotonic() + timeout_s
-        while True:
-            value = self.evaluate(expression)
-            if value:
-                return value
-            if time.monotonic() > deadline:
-                raise AssertionError(f"timed out after {timeout_s}s waiting for {what} ({expression})")
-            time.sleep(every_s)
+        return wait_until(lambda: self.evaluate(expression), timeout_s, f"{what} ({expression})", every_s)
 
     def requested_urls(self) -> list[str]:
         """Every URL the pages asked for, except those the page's policy blocked before any
