@@ -25,7 +25,8 @@ Prints one JSON line to stdout once first registered, then logs to stderr:
 Exit status: 0 after SIGTERM/SIGINT (trainers stopped, the host deregistered: its work moves
 to a spare) or once the controller says the job is COMPLETED (trainers stopped; with
 --on-job-complete idle the agent stays instead), 2 for bad arguments, 3 when the controller
-refuses the registration (e.g. a duplicate assignment). While another live agent holds the
+refuses the registration (e.g. a duplicate assignment), 4 once the controller says the job
+is FAILED (trainers stopped; no replica could make progress). While another live agent holds the
 host id, the agent waits and registers again (or takes the host over at once with the secret
 its predecessor kept in --state-dir).
 """
@@ -52,6 +53,8 @@ from agent.settings import AgentSettings  # noqa: E402
 from protos import dial, job_secret  # noqa: E402
 
 log = logging.getLogger("agent")
+#: The agent's exit status once the controller says the job is FAILED.
+EXIT_JOB_FAILED = 4
 
 
 def _csv(text: str) -> list[str]:
@@ -122,8 +125,8 @@ def parse(argv: list[str]) -> AgentSettings:
     p.add_argument("--reserve-delay-s", type=float, default=5.0,
                    help="with --warm-restarts: start a reserve this long after its trainer")
     p.add_argument("--on-job-complete", choices=ON_JOB_COMPLETE, default="exit",
-                   help="when the job is COMPLETED: stop trainers and exit 0 (default), or stop "
-                        "them and idle")
+                   help="when the job is COMPLETED (or FAILED): stop trainers and exit 0 (4 when FAILED; "
+                        "default), or stop them and idle")
     p.add_argument("--heartbeat-interval-s", type=float, default=1.0)
     p.add_argument("--stop-grace-s", type=float, default=5.0)
     p.add_argument("--tls-ca-file", help=f"CA of the controller's certificate: turns TLS on "
@@ -201,6 +204,9 @@ async def _run(settings: AgentSettings) -> int:
         return 3
     finally:
         announcer.cancel()
+    if agent.job_ending == "FAILED":
+        log.error("stopped: the job FAILED")
+        return EXIT_JOB_FAILED
     log.info("stopped")
     return 0
 

@@ -106,8 +106,10 @@ class Agent:
             self._queue_exit, clock, dict(os.environ if base_env is None else base_env))
         self._collector = Collector(settings.host_id, settings.telemetry_window_collectives)
         self.registered = asyncio.Event()
-        #: set once the controller said the job is COMPLETED: no trainer starts again
+        #: set once the controller said the job is COMPLETED or FAILED: no trainer starts again
         self.job_completed = asyncio.Event()
+        #: how the job ended, as the controller said ("COMPLETED", "FAILED"; "" while it runs)
+        self.job_ending = ""
         self._quit = asyncio.Event()
 
     # ------------------------------------------------------------------ top level
@@ -229,7 +231,7 @@ class Agent:
             log.info("host %s registered with %s as %s", s.host_id, address,
                      given or "a spare")
         self.assignment = given
-        self._job_state(response.job_state, f"registration with {address}")
+        self._job_state(response.job_state, f"registration with {address}", response.job_state_reason)
         self.supervisor.set_wants(self._wants(given, Effect.TRAIN))
         self.registered.set()
         await asyncio.shield(self.supervisor.reconcile())
@@ -281,7 +283,7 @@ class Agent:
                 if host_id in response.unknown_ids:
                     raise _Reconnect("the controller does not know this host (or declared it "
                                      "dead)", forgotten=True)
-                self._job_state(response.job_state, "heartbeat")
+                self._job_state(response.job_state, "heartbeat", response.job_state_reason)
         finally:
             call.cancel()
             if read is not None:  # its outcome, whatever it is, is of no interest now
@@ -370,14 +372,16 @@ class Agent:
 
     # ------------------------------------------------------------------ job state
 
-    def _job_state(self, job_state: int, source: str) -> None:
-        """Act on the job state the controller told (once: COMPLETED is final)."""
-        end = after_job_state(job_state == pb.COMPLETED, self.settings.on_job_complete)
+    def _job_state(self, job_state: int, source: str, reason: str = "") -> None:
+        """Act on the job state the controller told (once: COMPLETED and FAILED are final)."""
+        end = after_job_state(job_state in (pb.COMPLETED, pb.FAILED), self.settings.on_job_complete)
         if end is JobEnd.RUN or self.job_completed.is_set():
             return
         self.job_completed.set()
-        log.info("host %s: the job is COMPLETED (%s): stopping trainers%s", self.settings.host_id,
-                 source, " and exiting" if end is JobEnd.EXIT else "; idling")
+        self.job_ending = pb.JobState.Name(job_state)
+        log.log(logging.ERROR if job_state == pb.FAILED else logging.INFO,
+                "host %s: the job is %s (%s%s): stopping trainers%s", self.settings.host_id, self.job_ending,
+                source, f": {reason}" if reason else "", " and exiting" if end is JobEnd.EXIT else "; idling")
         self.supervisor.set_wants([])
         if end is JobEnd.EXIT:
             self._quit.set()

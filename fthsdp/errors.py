@@ -50,6 +50,11 @@ class ControllerRefused(Fatal):
     """The controller refused a request for good (another job, a fenced host, bad input)."""
 
 
+class JobFailed(ControllerRefused):
+    """The controller refused a quorum because the job is FAILED (no replica could make
+    progress for its fail_after_s): final; the trainer ends with this error."""
+
+
 class JobCompleted(RuntimeFailure):
     """The controller refused a quorum because the job is COMPLETED: nothing left to train."""
 

@@ -45,6 +45,7 @@ SETTLED = (ReplicaState.DEAD, ReplicaState.FINISHED)
 class JobState(str, enum.Enum):
     RUNNING = "RUNNING"
     COMPLETED = "COMPLETED"
+    FAILED = "FAILED"
 
 
 class HostState(str, enum.Enum):

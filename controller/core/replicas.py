@@ -101,8 +101,8 @@ class ReplicaRegistry:
     def try_close_round(self, now: float) -> Quorum | None:
         """Close the round if the policy says so; returns the new quorum or None."""
         s = self.settings
-        if self.completed_at is not None:  # final: no quorum forms after it
-            self.round_reason, self.round_wake_at = "the job is COMPLETED", None
+        if self.job_over:  # final: no quorum forms after it
+            self.round_reason, self.round_wake_at = f"the job is {self.job_state.value}", None
             return None
         previous = self.quorum.member_ids if self.quorum else frozenset()
         view = RoundView(

@@ -86,6 +86,7 @@ def replicas_section_problem(settings) -> str | None:
     """Why these settings could let the replicas section outgrow the store, or None."""
     n = settings.max_replica_records
     worst = n * worst_replica_record_bytes(settings) + worst_quorum_bytes(settings) + 1024
+    worst += settings.max_reason_chars * JSON_BYTES_PER_CHAR  # the job's end reason
     limit = value_limit(settings)
     if worst <= limit:
         return None

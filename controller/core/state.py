@@ -99,6 +99,13 @@ class ControllerState(ReplicaRegistry, HostRegistry, ReplicaRestarts, Divergence
         self.digest_mismatches = 0
         #: when the job became COMPLETED (None: it runs); final, and persisted
         self.completed_at: float | None = None
+        #: when the job became FAILED (None: it did not); final, and persisted
+        self.failed_at: float | None = None
+        #: why the job COMPLETED or FAILED (persisted); while it runs, since when no replica
+        #: could make progress and the note that says so (not persisted: a new leader waits anew)
+        self.job_end_reason = ""
+        self.stuck_since: float | None = None
+        self.stuck_note = ""
         #: finished replicas whose trainers' clean exit was already told in an event
         self.finished_exits: set[str] = set()
         #: bytes each host shard may grow to (see controller.core.sizes)
@@ -113,12 +120,13 @@ class ControllerState(ReplicaRegistry, HostRegistry, ReplicaRestarts, Divergence
         """Declare dead whoever has been silent past the heartbeat timeout, compare the digests
         that waited long enough, and run the periodic diagnosis. A completed job's agents leave:
         their silence is no failure (no host deaths, no swaps, no diagnosis)."""
-        if self.completed_at is None:
+        if not self.job_over:
             self.expire_hosts(now)
         self.expire_replicas(now)
         self.compare_digests(now)
-        if self.completed_at is None:
+        if not self.job_over:
             self.diagnose(now)
+        self.check_progress(now)
 
     def silence(self, last_seen: float, now: float) -> str:
         """Why a record last seen at `last_seen` counts as dead now, or "" while it does not.
@@ -200,6 +208,8 @@ class ControllerState(ReplicaRegistry, HostRegistry, ReplicaRestarts, Divergence
             "order_seq": self.order_seq,
             "digest_mismatches": self.digest_mismatches,
             "completed_at": self.completed_at,
+            "failed_at": self.failed_at,
+            "job_end_reason": self.job_end_reason,
             "history": [self.history_step, self.history_epoch, self.branch_start_step, self.newest_checkpoint_step],
             "steps_lost": self.steps_lost,
             "history_changes": self.history_changes,
@@ -259,6 +269,8 @@ class ControllerState(ReplicaRegistry, HostRegistry, ReplicaRestarts, Divergence
             self.deaths = dict(replicas["deaths"])
             self.digest_mismatches = replicas.get("digest_mismatches", 0)
             self.completed_at = replicas.get("completed_at")
+            self.failed_at = replicas.get("failed_at")
+            self.job_end_reason = replicas.get("job_end_reason", "")
             # Order ids must never repeat (agents answer a repeated id from memory), and the
             # counter is written only now and then: continue from the clock if it is ahead.
             self.order_seq = max(replicas["order_seq"], int(now * 1000))

@@ -26,7 +26,7 @@ from typing import Callable, Iterator, TypeVar
 
 import grpc
 
-from fthsdp.errors import ControllerRefused, ControllerUnavailable, JobCompleted
+from fthsdp.errors import ControllerRefused, ControllerUnavailable, JobCompleted, JobFailed
 from fthsdp.step import coordination as co
 from fthsdp.step.quorum_port_client import QuorumPortClient, resolve
 from fthsdp.step.quorum_stream import QuorumStream, StreamFailed
@@ -104,6 +104,9 @@ class ControllerClient:
                 code = exc.code()
                 if code not in FAILOVER_CODES:
                     details = exc.details() or ""
+                    if code is grpc.StatusCode.FAILED_PRECONDITION and " is FAILED: " in details:
+                        raise JobFailed(f"the controller says the job is FAILED, so this replica ends: {details}") \
+                            from None
                     if code is grpc.StatusCode.FAILED_PRECONDITION and "COMPLETED" in details:
                         raise JobCompleted(f"the controller says the job is COMPLETED: {details}") from None
                     raise ControllerRefused(f"{name} was refused: {code.name}: {details}; fix the settings "

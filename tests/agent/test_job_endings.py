@@ -1,0 +1,54 @@
+"""Every path ends clearly (issue 26), with a real controller and real agents (subprocesses on
+loopback) and scripted trainers: a job that can no longer progress FAILS and its agents exit
+non-zero; replicas outside the configured set are refused.
+
+Every wait is a condition with a bound; nothing asserts on wall-clock time."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+
+import pytest
+
+from agent.main import EXIT_JOB_FAILED
+from tests.agent.cluster import CLI, Cluster
+from tests.agent.helpers import trainer_command, wait_for_async
+
+pytestmark = pytest.mark.slow
+BOUND_S = 60
+
+
+async def exit_code(proc, bound_s: float = BOUND_S) -> int:
+    return await asyncio.wait_for(proc.proc.wait(), bound_s)
+
+
+async def test_a_crash_looping_job_without_spares_fails_and_its_agents_exit_non_zero(tmp_path):
+    """Scenario 4: every replica crash-loops, both hosts are cordoned, no spare: the job FAILS
+    (REST, status CLI, metrics, events) and the agents stop and exit EXIT_JOB_FAILED."""
+    c = Cluster(tmp_path)
+    try:
+        await c.start_controller(2, 1, "--fail-after-s", "1")
+        agents = [await c.start_agent(f"h{i}", replica=f"r{i}", extra=("--insecure-trainer-ports",),
+                                      command=trainer_command(c.ready_dir, "--exit", "1")) for i in range(2)]
+        codes = [await exit_code(a) for a in agents]
+        assert codes == [EXIT_JOB_FAILED, EXIT_JOB_FAILED]
+        for a in agents:
+            assert "the job is FAILED" in a.log() and "no replica can make progress" in a.log()
+        job = await c.get("/api/v1/job")
+        assert job["job_state"] == "FAILED" and job["failed_at"] is not None
+        assert job["job_state_reason"].startswith(
+            "no replica can make progress: all 2 are DEAD and wait on hosts that cannot run (r0 on host h0, "
+            "r1 on host h1), and no spare is free for ")
+        [failed] = await c.events("job_failed")
+        assert failed["level"] == "error" and job["job_state_reason"] in failed["message"]
+        assert await c.events("job_stuck")
+        async with __import__("httpx").AsyncClient(base_url=c.http, timeout=10) as client:
+            metrics = (await client.get("/metrics")).text
+        assert 'fthsdp_job_failed{job_id="job"} 1.0' in metrics
+        status = subprocess.run([*CLI, "status", "--url", c.http], capture_output=True, text=True, timeout=30)
+        assert status.returncode == 0, status.stderr
+        assert "job job FAILED" in status.stdout and "FAILED: no replica can make progress" in status.stdout
+    finally:
+        await c.close()
