@@ -11,7 +11,7 @@ as a failed commit does.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from controller.core.model import Member, Quorum
 
@@ -30,6 +30,9 @@ class RoundView:
     unregistered: int = 0
     #: replicas that are DEAD (not waited for, but named among the missing)
     dead: frozenset[str] = frozenset()
+    #: live replicas whose leader's connection closed without goodbye (controller.core.suspects):
+    #: not waited for, not counted in the majority, named among the missing
+    suspect: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -47,13 +50,16 @@ def _names(ids) -> str:
 def _absent(view: RoundView, missing: frozenset[str]) -> str:
     """Everyone a round lacks, by name: live replicas that have not joined, dead ones, and
     how many configured replicas never registered."""
-    parts = sorted(missing) + [f"{r} (dead)" for r in sorted(view.dead - missing)]
+    parts = (sorted(missing) + [f"{r} (dead)" for r in sorted(view.dead - missing)]
+             + [f"{r} (suspect)" for r in sorted(view.suspect - missing)])
     if view.unregistered:
         parts.append(f"{view.unregistered} not registered yet")
     return ", ".join(parts) or "none"
 
 
 def compute_quorum(view: RoundView, now: float, *, min_replicas: int, join_timeout_s: float) -> QuorumDecision:
+    if view.suspect:  # suspects count as gone: the rules below see the live set without them
+        view = replace(view, live=view.live - view.suspect)
     joined = frozenset(view.joined)
     missing = view.live - joined
     # Nobody asked: nothing to decide.
@@ -70,7 +76,8 @@ def compute_quorum(view: RoundView, now: float, *, min_replicas: int, join_timeo
         )
     # Every live replica is here, and no configured one is still to come: close at once.
     if not missing and not view.unregistered:
-        return QuorumDecision(joined, f"all {len(joined)} live replicas joined")
+        return QuorumDecision(joined, f"all {len(joined)} live replicas joined" + (
+            f" ({_names(view.suspect)} suspect: its leader's connection closed)" if view.suspect else ""))
     # Split-brain guard: never close with a minority of the live replicas.
     if 2 * len(joined) <= len(view.live):
         return QuorumDecision(

@@ -93,6 +93,7 @@ class ReplicaRegistry:
         if restarted:
             self.round_renewed.add(rid)
         r.leader_address = req.leader_address or r.leader_address
+        self.suspects.cleared(rid)  # its leader is back
         if not self.round_joined:
             self.round_first_join_at = now
         self.round_joined[rid] = req.step
@@ -112,6 +113,7 @@ class ReplicaRegistry:
             previous=previous,
             unregistered=max(s.replicas - len(self.replicas), 0),
             dead=self.dead_replicas(),
+            suspect=self.suspects.ids() & self.live_replicas() if self.suspects.since else frozenset(),
         )
         decision = compute_quorum(view, now, min_replicas=s.min_replicas, join_timeout_s=s.join_timeout_s)
         self.round_reason, self.round_wake_at = decision.reason, decision.wake_at
@@ -354,6 +356,17 @@ class ReplicaRegistry:
         if not self.round_joined:
             self.round_first_join_at = None
         self._event(now, "replica", replica_id, f"replica {replica_id} left the open round: {why}")
+        return True
+
+    def leader_connection_lost(self, replica_id: str, how: str, now: float) -> bool:
+        """A leader's connection (`how`: which) closed without goodbye: its replica is suspect
+        (controller.core.suspects) while it is live. Returns whether it became suspect."""
+        r = self.replicas.get(replica_id)
+        if r is None or r.state in SETTLED or not self.suspects.lost(replica_id, now):
+            return False
+        self._event(now, "suspect", replica_id,
+                    f"replica {replica_id} is suspect: {how} closed without goodbye; rounds do not wait for it "
+                    f"until it joins again or a heartbeat proves it alive")
         return True
 
     def expire_replicas(self, now: float) -> None:

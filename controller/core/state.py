@@ -23,6 +23,7 @@ from controller.core.model import (
 from controller.core.replicas import ReplicaRegistry
 from controller.core.restarts import ReplicaRestarts
 from controller.core.sizes import ShardBudget
+from controller.core.suspects import Suspects
 from controller.settings import ControllerSettings
 
 SNAPSHOT_VERSION = 1
@@ -108,6 +109,8 @@ class ControllerState(ReplicaRegistry, HostRegistry, ReplicaRestarts, Divergence
         self.stuck_note = ""
         #: finished replicas whose trainers' clean exit was already told in an event
         self.finished_exits: set[str] = set()
+        #: replicas whose leader's connection closed without goodbye (controller.core.suspects)
+        self.suspects = Suspects()
         #: bytes each host shard may grow to (see controller.core.sizes)
         self.shard_budget = ShardBudget()
         #: host ids by shard, and each host's encoded record until it changes (see _touch)
@@ -156,10 +159,23 @@ class ControllerState(ReplicaRegistry, HostRegistry, ReplicaRestarts, Divergence
         return self.assignment_seq
 
     def heartbeat_replicas(self, replica_ids, now: float) -> list[str]:
+        if self.suspects.since:
+            for rid in replica_ids:
+                self._heard(rid, f"its leader's heartbeat", now)
         return _beat(self.replicas, replica_ids, ReplicaState.DEAD, now)
 
     def heartbeat_hosts(self, host_ids, now: float) -> list[str]:
+        if self.suspects.since:
+            holders = {self.rank_holders.get((rid, 0)): rid for rid in self.suspects.since}
+            for hid in host_ids:
+                if hid in holders:
+                    self._heard(holders[hid], f"a heartbeat of host {hid}, which holds its rank 0", now)
         return _beat(self.hosts, host_ids, HostState.DEAD, now)
+
+    def _heard(self, replica_id: str, what: str, now: float) -> None:
+        if self.suspects.heard(replica_id, now):
+            self._event(now, "replica", replica_id, f"replica {replica_id} is no longer suspect: {what} proves it "
+                                                    f"alive")
 
     def take_orders(self) -> list[OrderOut]:
         out, self.outbox = self.outbox, []

@@ -99,7 +99,12 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
                 elif request.replica_id != replica_id:
                     raise FailedPrecondition(f"this stream carries replica {shown(replica_id)}; a request for "
                                              f"{shown(request.replica_id)} needs its own stream.")
-                yield await self._join(request, context, encoded=True)
+                try:
+                    answer = await self._join(request, context, encoded=True)
+                except asyncio.CancelledError:  # the stream ended while its leader waited: no goodbye
+                    self.server.leader_connection_lost(replica_id, "its leader's QuorumStream")
+                    raise
+                yield answer
         except (RequestError, NotLeader, StoreError) as exc:
             refuse(context, "QuorumStream", exc)
 
