@@ -12,6 +12,7 @@ from controller.core.errors import FailedPrecondition, InvalidArgument
 from controller.core.model import SETTLED, DeathCause, Quorum, Replica, ReplicaState
 from controller.core.digests import check_digest
 from controller.core.quorum import RoundView, compute_quorum, form_quorum
+from controller.core.replica_set import join_problem
 from controller.core.rollback import RollbackDecision, check_rollback
 from controller.core.sizes import addresses_problem
 
@@ -56,6 +57,7 @@ class ReplicaRegistry:
             )
         restarted = r is not None and bool(r.incarnation) and req.incarnation != r.incarnation
         self._check_join_allowed(rid, r, restarted)
+        self._check_replica_set(rid, req.world_size)
         if (r is not None and not restarted and r.state != ReplicaState.DEAD
                 and req.step < r.step and not r.failed_commit):
             raise FailedPrecondition(
@@ -357,6 +359,19 @@ class ReplicaRegistry:
             self.round_first_join_at = None
         self._event(now, "replica", replica_id, f"replica {replica_id} left the open round: {why}")
         return True
+
+    def _check_replica_set(self, rid: str, world_size: int) -> None:
+        """Refuse a join outside the replicas the hosts hold (controller.core.replica_set)."""
+        holder = self.hosts.get(self.rank_holders.get((rid, 0), ""))
+        held = holder.assignment.world_size if holder is not None and holder.assignment is not None else None
+        if held == world_size or (held is None and (not self.rank_holders or rid in self.replicas)):
+            return
+        held_ids = {r for (r, k) in self.rank_holders if k == 0}
+        if held is None and len(held_ids | set(self.replicas)) < self.settings.replicas:
+            return  # room left in the configured count: a replica without agents (torchrun) may join
+        problem = join_problem(rid, world_size, held, held_ids)
+        if problem:
+            raise FailedPrecondition(problem)
 
     def leader_connection_lost(self, replica_id: str, how: str, now: float) -> bool:
         """A leader's connection (`how`: which) closed without goodbye: its replica is suspect
