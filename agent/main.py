@@ -26,7 +26,8 @@ Exit status: 0 after SIGTERM/SIGINT (trainers stopped, the host deregistered: it
 to a spare) or once the controller says the job is COMPLETED (trainers stopped; with
 --on-job-complete idle the agent stays instead), 2 for bad arguments, 3 when the controller
 refuses the registration (e.g. a duplicate assignment), 4 once the controller says the job
-is FAILED (trainers stopped; no replica could make progress). While another live agent holds the
+is FAILED (trainers stopped; no replica could make progress), 5 when no controller address
+answered for --connect-timeout-s (every failed attempt is logged with its backoff). While another live agent holds the
 host id, the agent waits and registers again (or takes the host over at once with the secret
 its predecessor kept in --state-dir).
 """
@@ -48,13 +49,15 @@ _TRAINER_BASE_ENV = dict(os.environ)
 os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 
 from agent.policy import ON_JOB_COMPLETE  # noqa: E402
-from agent.runner import Agent, PermanentError  # noqa: E402
+from agent.runner import Agent, ConnectTimeout, PermanentError  # noqa: E402
 from agent.settings import AgentSettings  # noqa: E402
 from protos import dial, job_secret  # noqa: E402
 
 log = logging.getLogger("agent")
 #: The agent's exit status once the controller says the job is FAILED.
 EXIT_JOB_FAILED = 4
+#: The agent's exit status when no controller answered for --connect-timeout-s.
+EXIT_CONNECT_TIMEOUT = 5
 
 
 def _csv(text: str) -> list[str]:
@@ -127,6 +130,8 @@ def parse(argv: list[str]) -> AgentSettings:
     p.add_argument("--on-job-complete", choices=ON_JOB_COMPLETE, default="exit",
                    help="when the job is COMPLETED (or FAILED): stop trainers and exit 0 (4 when FAILED; "
                         "default), or stop them and idle")
+    p.add_argument("--connect-timeout-s", type=float, default=300.0,
+                   help="give up (exit 5) once no controller address answered for this long (default 300)")
     p.add_argument("--heartbeat-interval-s", type=float, default=1.0)
     p.add_argument("--stop-grace-s", type=float, default=5.0)
     p.add_argument("--tls-ca-file", help=f"CA of the controller's certificate: turns TLS on "
@@ -162,7 +167,8 @@ def parse(argv: list[str]) -> AgentSettings:
         job_id=args.job_id, restart_budget=args.restart_budget,
         restart_window_s=args.restart_window_s, standby=args.standby, warm_restarts=args.warm_restarts,
         reserve_delay_s=args.reserve_delay_s,
-        heartbeat_interval_s=args.heartbeat_interval_s, stop_grace_s=args.stop_grace_s, tls=tls,
+        heartbeat_interval_s=args.heartbeat_interval_s, connect_timeout_s=args.connect_timeout_s,
+        stop_grace_s=args.stop_grace_s, tls=tls,
         on_job_complete=args.on_job_complete, job_secret=secret,
         insecure_trainer_ports=args.insecure_trainer_ports or job_secret.insecure_from_env(),
         telemetry_interval_s=args.telemetry_interval_s,
@@ -202,6 +208,9 @@ async def _run(settings: AgentSettings) -> int:
     except PermanentError as exc:
         log.error("%s", exc)
         return 3
+    except ConnectTimeout as exc:
+        log.error("%s", exc)
+        return EXIT_CONNECT_TIMEOUT
     finally:
         announcer.cancel()
     if agent.job_ending == "FAILED":

@@ -51,6 +51,10 @@ class PermanentError(Exception):
     """The controller refused this agent; retrying will not help."""
 
 
+class ConnectTimeout(Exception):
+    """No controller address answered for connect_timeout_s: the agent gives up."""
+
+
 class _Reconnect(Exception):
     """Register again with the same controller: it forgot this host, ended the stream, or
     asked to be asked again later (another live agent holds the host)."""
@@ -74,6 +78,7 @@ class Agent:
                  clock: Callable[[], float] = time.monotonic,
                  base_env: dict[str, str] | None = None) -> None:
         self.settings = settings
+        self._clock = clock
         self.incarnation = uuid.uuid4().hex
         #: Given by the controller when this incarnation registers; presented on the order
         #: stream, acks and exit reports. Never logged.
@@ -156,6 +161,7 @@ class Agent:
         rotation = dial.AddressRotation(s.controller_addresses, base_s=s.reconnect_base_s,
                                         cap_s=s.reconnect_cap_s)
         outage = 0
+        outage_since = self._clock()  # no controller answered since (None: a session works)
         while not stop.is_set():
             address = rotation.current
             try:
@@ -163,7 +169,7 @@ class Agent:
                     stub = pb_grpc.ControllerStub(channel)
                     await self._register(stub, address)
                     rotation.succeeded()
-                    outage = 0
+                    outage, outage_since = 0, None
                     await self._session(stub, stop)
                 continue
             except _Reconnect as exc:
@@ -184,10 +190,16 @@ class Agent:
                     why, hint = str(exc), exc.leader_address
                 delay = rotation.failed(hint, jitter=random.random() * 0.5)
                 outage += 1
-                # One warning per outage; the retries themselves are chatter.
-                log.log(logging.WARNING if outage == 1 else logging.DEBUG,
-                        "host %s: controller %s failed (%s); trying %s in %.2f s",
-                        s.host_id, address, why, rotation.current, delay)
+                now = self._clock()
+                outage_since = now if outage_since is None else outage_since
+                if now - outage_since + delay > s.connect_timeout_s:
+                    raise ConnectTimeout(
+                        f"host {s.host_id}: no controller answered for {now - outage_since:.1f} s ({outage} attempt(s), "
+                        f"last {address}: {why}); giving up (--connect-timeout-s {s.connect_timeout_s:g})") from exc
+                # Every failed attempt, with its backoff: a wrong address shows at once.
+                log.warning("host %s: controller %s failed (%s), attempt %d; trying %s in %.2f s (giving up after "
+                            "%g s without an answer)", s.host_id, address, why, outage, rotation.current, delay,
+                            s.connect_timeout_s)
             try:
                 await asyncio.wait_for(stop.wait(), delay)
             except asyncio.TimeoutError:

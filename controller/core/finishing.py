@@ -79,7 +79,7 @@ class JobLifecycle:
         outlooks = [ReplicaOutlook(rid, True, down.get(rid, "")) for rid in self.replicas]
         # a replica its hosts run but that never joined (its trainers die before their first join)
         outlooks += [ReplicaOutlook(rid, True, host) for rid, host in down.items() if rid not in self.replicas]
-        return stuck_reason(outlooks, free_spares)
+        return stuck_reason(outlooks, free_spares, self.settings.replicas)
 
     def report_finished(self, replica_id: str, step: int, now: float, *, reason: str = "",
                         host_id: str = "") -> JobState:

@@ -25,10 +25,11 @@ class ReplicaOutlook:
     down_host: str = ""
 
 
-def stuck_reason(replicas: list[ReplicaOutlook], free_spares: int) -> str:
-    """Why no replica can make progress now, or "" while one can."""
-    if not replicas:
-        return ""  # nothing registered yet: the job has not started
+def stuck_reason(replicas: list[ReplicaOutlook], free_spares: int, configured: int) -> str:
+    """Why no replica can make progress now, or "" while one can. `configured`: the job's
+    replica count; while fewer replicas are known, more may still come (a job starting up)."""
+    if len(replicas) < max(configured, 1):
+        return ""  # not every configured replica has shown up yet: the job is still starting
     for r in replicas:
         if not r.dead or not r.down_host:
             return ""  # a live replica trains; a dead one whose hosts can run restarts

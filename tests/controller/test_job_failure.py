@@ -24,11 +24,16 @@ SETTINGS = ControllerSettings(replicas=2, min_replicas=1, join_timeout_s=2.0, he
     ([ReplicaOutlook("r0", True, "h0"), ReplicaOutlook("r1", True, "h1")], 0, True),
 ])
 def test_stuck_rule_table(outlooks, spares, stuck):
-    reason = stuck_reason(outlooks, spares)
+    reason = stuck_reason(outlooks, spares, 2)
     assert bool(reason) == stuck
     if stuck:
         assert reason == ("no replica can make progress: all 2 are DEAD and wait on hosts that cannot run "
                           "(r0 on host h0, r1 on host h1), and no spare is free")
+
+
+def test_a_job_still_missing_configured_replicas_is_not_stuck():
+    assert not stuck_reason([ReplicaOutlook("r0", True, "h0")], 0, 2)
+    assert stuck_reason([ReplicaOutlook("r0", True, "h0")], 0, 1)
 
 
 def test_failure_decision_counts_from_the_first_stuck_moment():
