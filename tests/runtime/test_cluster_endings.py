@@ -1,0 +1,77 @@
+"""Every path a user takes ends clearly (issue 26), with examples/train_gpt.py as users run it.
+
+Scenario 1: README's warm-spare line (`fthsdp agent ... --spare --standby -- python train.py`)
+with a script that never calls wait_for_assignment: the standby waits for its assignment
+inside the runtime (RuntimeSettings.from_env), the job's two replicas train and COMPLETE
+alike, and no third replica ever appears.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests import trainer_secret
+from tests.runtime.cluster import FTHSDP, PYTHON, REPO
+from tests.runtime.test_torchrun import two_free_ports
+from tests.waiting import wait_until
+
+pytestmark = pytest.mark.slow
+STEPS = 5
+BOUND_S = 240
+
+
+def base_env(ctl) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FTHSDP_")
+           and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
+    env.update({"FTHSDP_JOB_ID": "gpt", "PYTHONPATH": str(REPO), **trainer_secret.ENV})
+    return env
+
+
+def agent(ctl, host: str, log: Path, script: list[str], *flags: str) -> subprocess.Popen:
+    with open(log, "w") as out:
+        return subprocess.Popen(
+            [FTHSDP, "agent", "--controller", ctl.grpc, "--host-id", host, "--job-id", "gpt",
+             "--heartbeat-interval-s", "0.5", *flags, "--", PYTHON, *script], cwd=REPO,
+            stdout=subprocess.DEVNULL, stderr=out,
+            env={**base_env(ctl), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(two_free_ports())})
+
+
+def wait_for_text(path: Path, text: str, bound_s: float, proc: subprocess.Popen) -> None:
+    def seen() -> bool:
+        assert proc.poll() is None, path.read_text()[-3000:]
+        return text in path.read_text()
+    wait_until(seen, bound_s, f"{text!r} in {path}")
+
+
+@pytest.mark.timeout(400)
+def test_a_warm_spare_with_a_script_that_does_not_wait_is_a_correct_standby(tmp_path, controller_process):
+    ctl = controller_process("--replicas", "2", "--min-replicas", "1", "--join-timeout-s", "60", "--job-id", "gpt")
+    script = ["examples/train_gpt.py", "--steps", str(STEPS), "--out", str(tmp_path)]
+    procs = []
+    try:
+        procs.append(agent(ctl, "spare", tmp_path / "spare.log", script, "--spare", "--standby"))
+        wait_for_text(tmp_path / "spare.log", "standby: set up; waiting for the agent to hand over an assignment",
+                      BOUND_S, procs[0])
+        for i in range(2):
+            procs.append(agent(ctl, f"h{i}", tmp_path / f"h{i}.log", script, "--replica-id", f"r{i}", "--ranks", "0",
+                               "--world-size", "1"))
+        for proc, name in zip(procs, ("spare", "h0", "h1")):  # COMPLETED: every agent ends, 0
+            assert proc.wait(timeout=BOUND_S) == 0, (tmp_path / f"{name}.log").read_text()[-3000:]
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    ends = {r["replica"]: r for r in (json.loads(p.read_text()) for p in tmp_path.glob("r*-*.json"))}
+    assert sorted(ends) == ["r0", "r1"] and {r["step"] for r in ends.values()} == {STEPS}
+    assert ends["r0"]["digest"] == ends["r1"]["digest"]
+    assert not list(tmp_path.glob("0-*.json"))  # the standby never trained as a replica of its own
+    replicas = httpx.get(f"{ctl.http}/api/v1/replicas", timeout=5.0).json()
+    assert sorted(r["replica_id"] for r in replicas) == ["r0", "r1"]
+    assert httpx.get(f"{ctl.http}/api/v1/job", timeout=5.0).json()["job_state"] == "COMPLETED"
