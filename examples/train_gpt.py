@@ -15,6 +15,10 @@ the agent sets FTHSDP_REPLICA_ID, FTHSDP_RANK, FTHSDP_WORLD_SIZE and FTHSDP_CONT
 host and a free port pair come from MASTER_ADDR and MASTER_PORT, as under torchrun. Start as
 many replicas (distinct FTHSDP_REPLICA_IDs) as the controller's --replicas. The text is Python's
 own documentation (`pydoc_data`), so nothing is downloaded.
+
+Exit status: 0 once trained (the replica finished), 3 when this replica started after the job
+had COMPLETED (JobAlreadyCompleted: nothing trained, nothing written), non-zero with the
+runtime's error otherwise (a Fatal error, e.g. JobFailed when the job FAILED).
 """
 
 from __future__ import annotations
@@ -32,8 +36,11 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
-from fthsdp import FaultTolerantOptimizer, Manager, RuntimeSettings, state_digest
+from fthsdp import FaultTolerantOptimizer, JobAlreadyCompleted, Manager, RuntimeSettings, state_digest
 from fthsdp.demo.gpt import Corpus, GptConfig, TinyGPT, evaluate, parameter_count, shard
+
+#: The exit status of a replica that started after the job COMPLETED.
+EXIT_JOB_ALREADY_COMPLETED = 3
 
 
 def _args(argv: list[str]) -> argparse.Namespace:
@@ -98,18 +105,24 @@ def main(argv: list[str]) -> int:
         return corpus.batch(stream, position, args.rows * settings.world_size, config.seq_len, args.seed)
 
     committed = []
-    for x, y in manager.batches(batch_at):
-        ft_opt.zero_grad()
-        loss = model.loss(x[rows].to(device), y[rows].to(device))
-        loss.backward()
-        if ft_opt.step(loss, tokens=x.numel()):
-            schedule.step()  # registered state changes only between steps, after a commit
-            committed.append(manager.last_outcome.step)
-            if settings.rank == 0 and manager.step % 20 == 0:
-                logging.info("step %d loss %.3f lr %.2e", manager.step, loss.item(), opt.param_groups[0]["lr"])
+    try:
+        for x, y in manager.batches(batch_at):  # JobAlreadyCompleted: it started after the job COMPLETED
+            ft_opt.zero_grad()
+            loss = model.loss(x[rows].to(device), y[rows].to(device))
+            loss.backward()
+            if ft_opt.step(loss, tokens=x.numel()):
+                schedule.step()  # registered state changes only between steps, after a commit
+                committed.append(manager.last_outcome.step)
+                if settings.rank == 0 and manager.step % 20 == 0:
+                    logging.info("step %d loss %.3f lr %.2e", manager.step, loss.item(), opt.param_groups[0]["lr"])
+    except JobAlreadyCompleted as exc:  # started after the job ended: nothing trained, nothing written
+        logging.error("%s", exc)
+        return EXIT_JOB_ALREADY_COMPLETED
     held_out_loss, accuracy = evaluate(model, corpus)  # every rank: a sharded forward is collective
     if settings.rank == 0:
-        logging.info("finished at step %d: held-out loss %.3f, next-byte accuracy %.3f", manager.step,
+        # manager.step is the next step to train: the last one trained is the one before (the
+        # controller's "finished after step N" names the same)
+        logging.info("finished after step %d: held-out loss %.3f, next-byte accuracy %.3f", manager.step - 1,
                      held_out_loss, accuracy)
     if args.out is not None:
         (args.out / f"{settings.replica_id}-{settings.rank}.json").write_text(json.dumps({

@@ -59,6 +59,12 @@ class JobCompleted(RuntimeFailure):
     """The controller refused a quorum because the job is COMPLETED: nothing left to train."""
 
 
+class JobAlreadyCompleted(Fatal):
+    """This replica started after the job COMPLETED: its first quorum was refused before it
+    trained anything. There is nothing to train; a script should write no results and exit
+    non-zero (examples/train_gpt.py: exit status 3)."""
+
+
 class CheckpointError(Recoverable):
     """A checkpoint could not be written or read; the message says where and why.
     A failed write is logged and training goes on; a failed restore is raised as Fatal."""

@@ -31,7 +31,9 @@ import torch.distributed as dist
 from ftar_kernels import FtarEndpoint, FtarSettings
 from fthsdp import determinism
 from fthsdp.data_ledger import DataLedger, LedgerBatches
-from fthsdp.errors import ChannelError, CheckpointError, Fatal, ReplicaFinished, RetryLimitExceeded
+from fthsdp.errors import (
+    ChannelError, CheckpointError, Fatal, JobAlreadyCompleted, ReplicaFinished, RetryLimitExceeded,
+)
 from fthsdp.settings import RuntimeSettings
 from fthsdp.state.checkpoint import CheckpointStore
 from fthsdp.state.digest import rank_digest
@@ -42,7 +44,7 @@ from fthsdp.state.serve import StateServer
 from fthsdp.step import events as ev
 from fthsdp.step import messages as msg
 from fthsdp.step.client import CoordinatorClient
-from fthsdp.step.controller_client import ControllerClient
+from fthsdp.step.controller_client import COMPLETED_PREFIX, ControllerClient
 from fthsdp.step.coordinator import CoordinatorService
 from fthsdp.step.plan import AddressBook, PlanError, RankPlan, plan_for_rank
 from fthsdp.step.protocol import INF, Phase, ProtocolError, advance, initial_state, next_deadline
@@ -292,15 +294,25 @@ class Manager:
         while self._state.phase not in (Phase.TRAINING, Phase.VOTING):
             if self._state.phase is Phase.ENDED:
                 self._feed(ev.Begin())  # re-states why (Ended), changes nothing
+                self._check_not_too_late()
                 raise ReplicaFinished(self._state.reason)
             self._feed(ev.Begin())
             self._wait_while(Phase.PLANNING)
             if self._state.phase is Phase.ENDED:
+                self._check_not_too_late()
                 raise ReplicaFinished(self._state.reason)
             # IDLE again: the begin was refused for now (counted; fatal past max_retries), or the
             # replica resumed from a checkpoint and begins the checkpoint's step next
         self._in_step = True
         return self._state.plan
+
+    def _check_not_too_late(self) -> None:
+        """A replica whose first quorum is refused because the job is COMPLETED started too late:
+        it must not end as if it had trained (JobAlreadyCompleted, not the end of its loop)."""
+        if self.last_outcome is None and COMPLETED_PREFIX in self._state.reason:
+            raise JobAlreadyCompleted(
+                f"replica {self.settings.replica_id} started after the job COMPLETED and trained nothing "
+                f"({self._state.reason}); write no results and exit non-zero")
 
     def _begin_for_batch(self) -> bool:
         try:

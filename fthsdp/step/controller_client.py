@@ -35,6 +35,8 @@ from protos import controller_pb2_grpc
 from protos.dial import FAILOVER_CODES, AddressRotation, TlsFiles, leader_hint, parse_addresses, sync_channel
 
 log = logging.getLogger(__name__)
+#: How a refusal because the job is COMPLETED begins (the Manager tells it apart by this).
+COMPLETED_PREFIX = "the controller says the job is COMPLETED: "
 T = TypeVar("T")
 
 ENV_HOST_ID = "FTHSDP_HOST_ID"  # the agent's name for it (agent/env.py HOST_ID)
@@ -108,7 +110,7 @@ class ControllerClient:
                         raise JobFailed(f"the controller says the job is FAILED, so this replica ends: {details}") \
                             from None
                     if code is grpc.StatusCode.FAILED_PRECONDITION and "COMPLETED" in details:
-                        raise JobCompleted(f"the controller says the job is COMPLETED: {details}") from None
+                        raise JobCompleted(f"{COMPLETED_PREFIX}{details}") from None
                     raise ControllerRefused(f"{name} was refused: {code.name}: {details}; fix the settings "
                                             f"or the controller's flags, then restart this replica") from None
                 self._sent_addresses = None  # the next controller may not know our addresses

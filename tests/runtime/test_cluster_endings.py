@@ -75,3 +75,26 @@ def test_a_warm_spare_with_a_script_that_does_not_wait_is_a_correct_standby(tmp_
     replicas = httpx.get(f"{ctl.http}/api/v1/replicas", timeout=5.0).json()
     assert sorted(r["replica_id"] for r in replicas) == ["r0", "r1"]
     assert httpx.get(f"{ctl.http}/api/v1/job", timeout=5.0).json()["job_state"] == "COMPLETED"
+
+
+@pytest.mark.timeout(400)
+def test_a_replica_started_after_completed_ends_with_its_exit_code_and_writes_nothing(tmp_path, controller_process):
+    """Scenario 6: the job COMPLETED; a replica started afterwards learns it at its first quorum
+    (before training), ends with JobAlreadyCompleted and exit status 3, and writes no results."""
+    from examples.train_gpt import EXIT_JOB_ALREADY_COMPLETED
+
+    ctl = controller_process("--replicas", "1", "--min-replicas", "1", "--join-timeout-s", "1", "--job-id", "gpt")
+    env = {**base_env(ctl), "FTHSDP_CONTROLLER": ctl.grpc}
+    script = [PYTHON, "examples/train_gpt.py", "--steps", "2", "--cpu"]
+    first = subprocess.run([*script, "--out", str(tmp_path)], cwd=REPO, env={**env, "FTHSDP_REPLICA_ID": "r0"},
+                           capture_output=True, text=True, timeout=BOUND_S)
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert "finished after step 1" in first.stderr and (tmp_path / "r0-0.json").exists()
+    assert httpx.get(f"{ctl.http}/api/v1/job", timeout=5.0).json()["job_state"] == "COMPLETED"
+    late_out = tmp_path / "late"
+    late_out.mkdir()
+    late = subprocess.run([*script, "--out", str(late_out)], cwd=REPO, env={**env, "FTHSDP_REPLICA_ID": "r0"},
+                          capture_output=True, text=True, timeout=BOUND_S)
+    assert late.returncode == EXIT_JOB_ALREADY_COMPLETED, late.stderr[-3000:]
+    assert "replica r0 started after the job COMPLETED and trained nothing" in late.stderr
+    assert "finished after" not in late.stderr and not list(late_out.iterdir())
