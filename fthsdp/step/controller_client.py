@@ -230,7 +230,8 @@ class ControllerClient:
                     if answer.job_state:
                         self.job_state = pb.JobState.Name(answer.job_state)
                     if self.replica_id in answer.unknown_ids:
-                        log.info("replica %s: controller does not know this replica yet", self.replica_id)
+                        # normal before its first join (every start): not worth a line
+                        log.debug("replica %s: controller does not know this replica yet", self.replica_id)
             except grpc.RpcError as exc:
                 if not self._stop.is_set():
                     log.info("replica %s: heartbeat stream broke (%s); reconnecting", self.replica_id,

@@ -98,3 +98,29 @@ def test_a_replica_started_after_completed_ends_with_its_exit_code_and_writes_no
     assert late.returncode == EXIT_JOB_ALREADY_COMPLETED, late.stderr[-3000:]
     assert "replica r0 started after the job COMPLETED and trained nothing" in late.stderr
     assert "finished after" not in late.stderr and not list(late_out.iterdir())
+
+
+@pytest.mark.timeout(400)
+def test_a_trainer_whose_join_is_refused_because_the_job_failed_ends_with_that_error(tmp_path, controller_process):
+    """Scenario 4, the trainer's side: once the job is FAILED a trainer's first join is refused
+    naming the state (JobFailed on rank 0), and every rank ends non-zero with that Fatal error
+    (not a retry loop)."""
+    from agent.main import EXIT_JOB_FAILED
+    from tests.agent.helpers import trainer_command
+
+    ctl = controller_process("--replicas", "1", "--min-replicas", "1", "--restart-budget", "0", "--fail-after-s", "1",
+                             "--job-id", "gpt")
+    crashing = subprocess.run(
+        [FTHSDP, "agent", "--controller", ctl.grpc, "--host-id", "h0", "--replica-id", "r0", "--ranks", "0",
+         "--world-size", "1", "--heartbeat-interval-s", "0.3", "--", *trainer_command(tmp_path, "--exit", "1")],
+        cwd=REPO, env=base_env(ctl), capture_output=True, text=True, timeout=BOUND_S)
+    assert crashing.returncode == EXIT_JOB_FAILED, crashing.stderr[-3000:]
+    assert httpx.get(f"{ctl.http}/api/v1/job", timeout=5.0).json()["job_state"] == "FAILED"
+    late = subprocess.run([PYTHON, "examples/train_gpt.py", "--steps", "2", "--cpu", "--out", str(tmp_path)],
+                          cwd=REPO, env={**base_env(ctl), "FTHSDP_CONTROLLER": ctl.grpc, "FTHSDP_REPLICA_ID": "x"},
+                          capture_output=True, text=True, timeout=BOUND_S)
+    assert late.returncode != 0
+    assert "fthsdp.errors.Fatal: the controller says the job is FAILED, so this replica ends" in late.stderr, \
+        late.stderr
+    assert "job gpt is FAILED: no replica can make progress" in late.stderr
+    assert not list(tmp_path.glob("x-*.json"))
