@@ -5,7 +5,7 @@
         [--advertise-address IP] [--rendezvous-port P --coordinator-port P]
         [--state-dir DIR] [--restart-budget N --restart-window-s S] [--standby] [--warm-restarts]
         [--job-id J]
-        [--on-job-complete exit|idle] [--job-secret-file PATH | --insecure-trainer-ports]
+        [--on-job-complete exit|idle] [--job-secret-file PATH | --insecure]
         -- COMMAND TEMPLATE...
 
 Without --spare and without --replica-id the host is available: the controller picks the
@@ -17,7 +17,8 @@ The command template may use {replica_id} {rank} {world_size} {host_id} {job_id}
 (other braces are left alone); the trainer's environment is described in `agent.env`.
 The job secret that authenticates the trainers' ports comes from --job-secret-file, else
 FTHSDP_JOB_SECRET_FILE, else FTHSDP_JOB_SECRET (protos/job_secret.py); the agent checks it
-at start and hands it to every trainer in its environment.
+at start and hands it to every trainer in its environment. Without one it refuses to start
+(exit 2) unless --insecure is given (trainers' ports then run without authentication).
 Prints one JSON line to stdout once first registered, then logs to stderr:
 
     {"event": "registered", "host_id": "h1", "assignment": {...} | null, "pid": PID}
@@ -144,9 +145,11 @@ def parse(argv: list[str]) -> AgentSettings:
     p.add_argument("--job-secret-file", metavar="PATH",
                    help=f"file holding the job secret (a mounted Kubernetes Secret), handed to every trainer; "
                         f"or env {job_secret.ENV_JOB_SECRET_FILE} / {job_secret.ENV_JOB_SECRET} (the flag wins)")
-    p.add_argument("--insecure-trainer-ports", action="store_true",
-                   help=f"with no job secret, let trainers run their ports without authentication "
-                        f"({job_secret.ENV_INSECURE_TRAINER_PORTS}=1 in their environment)")
+    p.add_argument("--insecure", action="store_true",
+                   help=f"run without a job secret: trainers' ports without authentication "
+                        f"({job_secret.ENV_INSECURE_TRAINER_PORTS}=1 in their environment); without a secret and "
+                        f"without this flag the agent refuses to start")
+    p.add_argument("--insecure-trainer-ports", action="store_true", help="the older name of --insecure")
     p.add_argument("--telemetry-interval-s", type=float, default=5.0,
                    help="send trainers' collective telemetry every this many seconds (0: off)")
     p.add_argument("--telemetry-dir", default="",
@@ -156,6 +159,7 @@ def parse(argv: list[str]) -> AgentSettings:
     p.add_argument("--log-level", default="INFO")
     args = p.parse_args(argv)
     secret = job_secret.from_env(file=args.job_secret_file)
+    insecure = args.insecure or args.insecure_trainer_ports or job_secret.insecure_from_env()
     tls = dial.TlsFiles.from_env(args.tls_ca_file, args.tls_cert_file, args.tls_key_file,
                                  args.tls_server_name)
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
@@ -170,7 +174,7 @@ def parse(argv: list[str]) -> AgentSettings:
         heartbeat_interval_s=args.heartbeat_interval_s, connect_timeout_s=args.connect_timeout_s,
         stop_grace_s=args.stop_grace_s, tls=tls,
         on_job_complete=args.on_job_complete, job_secret=secret,
-        insecure_trainer_ports=args.insecure_trainer_ports or job_secret.insecure_from_env(),
+        insecure_trainer_ports=insecure,
         telemetry_interval_s=args.telemetry_interval_s,
         telemetry_dir=args.telemetry_dir, telemetry_window_collectives=args.telemetry_window_collectives,
         advertise_address=args.advertise_address, rendezvous_port=args.rendezvous_port,
@@ -180,9 +184,8 @@ def parse(argv: list[str]) -> AgentSettings:
 
 async def _run(settings: AgentSettings) -> int:
     if settings.job_secret is None:
-        log.warning("no job secret (--job-secret-file, %s or %s): trainers %s", job_secret.ENV_JOB_SECRET_FILE,
-                    job_secret.ENV_JOB_SECRET, "run their ports WITHOUT authentication (--insecure-trainer-ports)"
-                    if settings.insecure_trainer_ports else "will refuse to open their ports")
+        log.warning("no job secret (--job-secret-file, %s or %s): trainers run their ports WITHOUT "
+                    "authentication (--insecure)", job_secret.ENV_JOB_SECRET_FILE, job_secret.ENV_JOB_SECRET)
     agent = Agent(settings, base_env=_TRAINER_BASE_ENV)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -225,5 +228,10 @@ def main(argv: list[str]) -> int:
         settings = parse(argv)
     except ValueError as exc:
         print(f"fthsdp agent: {exc}", file=sys.stderr)
+        return 2
+    if settings.job_secret is None and not settings.insecure_trainer_ports:
+        print(f"fthsdp agent: no job secret: give --job-secret-file PATH (or {job_secret.ENV_JOB_SECRET_FILE} / "
+              f"{job_secret.ENV_JOB_SECRET}), the same on every agent of the job; or --insecure to run trainers' "
+              f"ports without authentication", file=sys.stderr)
         return 2
     return asyncio.run(_run(settings))

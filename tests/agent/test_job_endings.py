@@ -7,6 +7,7 @@ Every wait is a condition with a bound; nothing asserts on wall-clock time."""
 from __future__ import annotations
 
 import asyncio
+import os
 import subprocess
 import sys
 
@@ -30,7 +31,7 @@ async def test_a_crash_looping_job_without_spares_fails_and_its_agents_exit_non_
     c = Cluster(tmp_path)
     try:
         await c.start_controller(2, 1, "--fail-after-s", "1")
-        agents = [await c.start_agent(f"h{i}", replica=f"r{i}", extra=("--insecure-trainer-ports",),
+        agents = [await c.start_agent(f"h{i}", replica=f"r{i}", 
                                       command=trainer_command(c.ready_dir, "--exit", "1")) for i in range(2)]
         codes = [await exit_code(a) for a in agents]
         assert codes == [EXIT_JOB_FAILED, EXIT_JOB_FAILED]
@@ -65,9 +66,21 @@ def test_a_wrong_controller_address_is_retried_visibly_then_the_agent_gives_up(t
         closed.bind(("127.0.0.1", 0))
         address = f"127.0.0.1:{closed.getsockname()[1]}"
         run = subprocess.run([*CLI, "agent", "--controller", address, "--host-id", "h1", "--spare",
-                              "--connect-timeout-s", "2", "--", *trainer_command(tmp_path)],
+                              "--connect-timeout-s", "2", "--insecure", "--", *trainer_command(tmp_path)],
                              capture_output=True, text=True, timeout=BOUND_S)
     assert run.returncode == EXIT_CONNECT_TIMEOUT, run.stderr
     attempts = [line for line in run.stderr.splitlines() if f"controller {address} failed" in line]
     assert len(attempts) >= 2 and "attempt 1; trying" in attempts[0] and "attempt 2; trying" in attempts[1]
     assert "giving up (--connect-timeout-s 2)" in run.stderr and "no controller answered for" in run.stderr
+
+
+def test_an_agent_without_a_job_secret_refuses_to_start_naming_the_flags(tmp_path):
+    """Scenario 5: no job secret and no --insecure: the agent stops at once (exit 2) and says
+    which flags fix it, instead of starting trainers that crash and get the host cordoned."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FTHSDP_JOB_SECRET")
+           and k != "FTHSDP_INSECURE_TRAINER_PORTS"}
+    run = subprocess.run([*CLI, "agent", "--controller", "127.0.0.1:1", "--host-id", "h1", "--spare", "--",
+                          *trainer_command(tmp_path)], capture_output=True, text=True, timeout=BOUND_S, env=env)
+    assert run.returncode == 2
+    assert "no job secret: give --job-secret-file PATH" in run.stderr and "or --insecure to run" in run.stderr
+    assert not list(tmp_path.iterdir())  # no trainer started

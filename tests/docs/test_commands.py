@@ -23,6 +23,7 @@ import httpx
 import pytest
 
 from controller.launch import read_json_line
+from protos import job_secret
 from tests.waiting import wait_for_blocking
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -196,6 +197,9 @@ def run_controller_command(argv: list[str]) -> None:
 async def run_agent_command(argv: list[str], live: Live, workdir: Path) -> None:
     argv = live.rewrite(argv)
     host = argv[argv.index("--host-id") + 1]
+    secret = workdir / "job-secret"  # what the docs' --job-secret-file names (`openssl rand -hex 32 > FILE`)
+    if not secret.exists():
+        secret.write_text(job_secret.generate() + "\n")
     proc = subprocess.Popen([str(BIN / "fthsdp"), *argv[1:]], cwd=workdir, stdout=subprocess.PIPE,
                             stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL, text=True)
     try:
@@ -234,7 +238,8 @@ async def test_commands_against_a_live_controller(doc, tmp_path):
             elif argv[0] == "curl":
                 if "HOST" in " ".join(argv):  # the admin example acts on a host that exists
                     await run_agent_command(["fthsdp", "agent", "--controller", live.grpc, "--host-id", "HOST",
-                                             "--spare", "--", "true"], live, tmp_path)
+                                             "--spare", "--job-secret-file", "job-secret", "--", "true"], live,
+                                            tmp_path)
                 argv = [a.replace("$TOKEN", ADMIN_TOKEN) for a in live.rewrite(argv)]  # as the shell would
                 proc = run([*argv, "-w", "\n%{http_code}"])
                 assert proc.returncode == 0 and proc.stdout.rsplit("\n", 1)[1] == "200", (argv, proc.stdout[-500:])
