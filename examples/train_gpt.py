@@ -5,10 +5,15 @@ Each replica is a group of ranks (one process each) that shards the model with F
 across replicas over FTAR, rank k with rank k of the other replicas, and keeps training when
 a replica dies: the dead one restarts and catches up from the live ones, shard by shard.
 
-One replica of 2 ranks, launched by torchrun (MASTER_ADDR:MASTER_PORT+1 is the coordinator):
+One replica of 2 ranks, launched by torchrun (MASTER_ADDR:MASTER_PORT+1 is the coordinator,
+so replicas on one machine need master ports at least 2 apart):
 
     FTHSDP_CONTROLLER=127.0.0.1:50051 FTHSDP_REPLICA_ID=r0 \\
-        torchrun --nproc-per-node 2 --master-port 29500 examples/train_gpt.py --steps 200
+        torchrun --nproc-per-node 2 --master-port 29500 --max-restarts 3 examples/train_gpt.py --steps 200
+
+`--max-restarts` lets torchrun restart the replica's ranks when one dies (without it a killed
+rank's replica stays dead): the restarted ranks rejoin as a new incarnation and catch up from
+the live replicas (fthsdp.process_group keeps each attempt's rendezvous apart).
 
 or as the command of an agent (`fthsdp agent ... -- python examples/train_gpt.py --steps 200`):
 the agent sets FTHSDP_REPLICA_ID, FTHSDP_RANK, FTHSDP_WORLD_SIZE and FTHSDP_CONTROLLER; rank 0's
@@ -37,6 +42,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
 from fthsdp import FaultTolerantOptimizer, JobAlreadyCompleted, Manager, RuntimeSettings, state_digest
+from fthsdp.process_group import init_replica_group
 from fthsdp.demo.gpt import Corpus, GptConfig, TinyGPT, evaluate, parameter_count, shard
 
 #: The exit status of a replica that started after the job COMPLETED.
@@ -75,8 +81,8 @@ def main(argv: list[str]) -> int:
         torch.cuda.set_device(device)
     group = None
     if settings.world_size > 1 or cuda:  # the replica's own ranks: FSDP2 shards over them
-        dist.init_process_group("nccl" if cuda else "gloo", init_method="env://", rank=settings.rank,
-                                world_size=settings.world_size, timeout=timedelta(seconds=60))
+        # env://, and under torchrun --max-restarts a rendezvous of this attempt's ranks only
+        init_replica_group("nccl" if cuda else "gloo", settings.rank, settings.world_size, timedelta(seconds=60))
         group = dist.group.WORLD
 
     torch.manual_seed(args.seed)  # every replica starts from the same weights

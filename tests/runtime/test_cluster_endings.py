@@ -124,3 +124,68 @@ def test_a_trainer_whose_join_is_refused_because_the_job_failed_ends_with_that_e
         late.stderr
     assert "job gpt is FAILED: no replica can make progress" in late.stderr
     assert not list(tmp_path.glob("x-*.json"))
+
+
+def worker_pid(launcher: subprocess.Popen, rank: int) -> int | None:
+    """The pid of torchrun's worker of `rank` (None until it runs)."""
+    try:
+        children = Path(f"/proc/{launcher.pid}/task/{launcher.pid}/children").read_text().split()
+    except OSError:
+        return None
+    for pid in map(int, children):
+        try:
+            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if f"RANK={rank}".encode() in env and b"TORCHELASTIC_RESTART_COUNT=0" in env:
+            return pid
+    return None
+
+
+@pytest.mark.timeout(500)
+def test_torchrun_max_restarts_brings_a_killed_ranks_replica_back_to_equal_digests(tmp_path, controller_process):
+    """Scenario 3: two replicas of 2 ranks under `torchrun --max-restarts 3`; rank 1 of r0 is
+    SIGKILLed: torchrun restarts r0's ranks, their rendezvous succeeds on the first try (no
+    "connectFullMesh failed"), r0 rejoins as a new incarnation, catches up from r1, and both
+    end at the same step with equal digests, rank by rank."""
+    import signal
+
+    from tests.runtime.test_torchrun import TORCHRUN
+
+    steps = 150
+    ctl = controller_process("--replicas", "2", "--min-replicas", "1", "--join-timeout-s", "2", "--job-id", "gpt")
+    env = {**base_env(ctl), "FTHSDP_CONTROLLER": ctl.grpc}
+    script = ["examples/train_gpt.py", "--steps", str(steps), "--out", str(tmp_path), "--cpu"]
+    launchers, logs = {}, {}
+    try:
+        for rid in ("r0", "r1"):
+            logs[rid] = tmp_path / f"{rid}.log"
+            with open(logs[rid], "w") as log:
+                launchers[rid] = subprocess.Popen(
+                    [TORCHRUN, "--nproc-per-node", "2", "--master-port", str(two_free_ports()), "--max-restarts", "3",
+                     *script], cwd=REPO, env={**env, "FTHSDP_REPLICA_ID": rid}, stdout=log, stderr=subprocess.STDOUT)
+
+        def r0_trains():
+            r0 = {r["replica_id"]: r for r in httpx.get(f"{ctl.http}/api/v1/replicas", timeout=5.0).json()}.get("r0")
+            return r0 is not None and r0["committed_step"] >= 3
+        wait_until(r0_trains, BOUND_S, "r0 committing steps")
+        victim = worker_pid(launchers["r0"], 1)
+        assert victim is not None
+        os.kill(victim, signal.SIGKILL)
+        for rid, launcher in launchers.items():
+            assert launcher.wait(timeout=BOUND_S) == 0, logs[rid].read_text()[-3000:]
+    finally:
+        for launcher in launchers.values():
+            if launcher.poll() is None:
+                launcher.kill()
+                launcher.wait()
+    r0_log = logs["r0"].read_text()
+    assert "connectFullMesh failed" not in r0_log and "failed to connect" not in r0_log, r0_log[-3000:]
+    events = httpx.get(f"{ctl.http}/api/v1/events?limit=1000", timeout=5.0).json()
+    assert any(e["subject"] == "r0" and "became DEAD" in e["message"] for e in events)
+    assert any(e["subject"] == "r0" and "BEHIND" in e["message"] for e in events)  # it caught up
+    ends = {(r["replica"], r["rank"]): r for r in (json.loads(p.read_text()) for p in tmp_path.glob("r*-*.json"))}
+    assert sorted(ends) == [("r0", 0), ("r0", 1), ("r1", 0), ("r1", 1)]
+    assert {r["step"] for r in ends.values()} == {steps}
+    for rank in (0, 1):
+        assert ends[("r0", rank)]["digest"] == ends[("r1", rank)]["digest"]
