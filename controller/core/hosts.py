@@ -182,7 +182,9 @@ class HostRegistry:
                 f"host {host_id} does not run replica {replica_id!r} rank {rank}; "
                 f"it runs {h.assignment.describe() if h.assignment else 'nothing'}."
             )
-        tail = stderr_tail.strip().splitlines()[-1:] if stderr_tail else []
+        # A process killed outright (SIGKILL 9, SIGTERM 15) wrote no last words: its last line is
+        # whatever it logged before, unrelated to the death, so it is not quoted as the reason.
+        tail = stderr_tail.strip().splitlines()[-1:] if stderr_tail and signal not in (9, 15) else []
         why = f"trainer rank {rank} on host {host_id} died ({how})" + (f": {clip_text(tail[0], 200)}" if tail else "")
         h.last_seen = now
         if not self._trainer_exited(host_id, replica_id, rank, exit_code, signal, why, now):

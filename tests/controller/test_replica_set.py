@@ -44,3 +44,15 @@ def test_without_agents_replicas_join_freely_and_room_is_left_for_one_without_ag
     t.join(JoinRequest("x", 0, 1), 1.0)  # the second of two: a replica without an agent may be it
     with pytest.raises(FailedPrecondition, match=r"configured replicas \(r0\)"):
         t.join(JoinRequest("y", 0, 1), 1.0)
+
+
+def test_a_sigkill_death_reason_quotes_no_unrelated_last_line():
+    s = ControllerState(ControllerSettings(replicas=1, min_replicas=1))
+    s.register_agent("h0", "i0", 0.0, assignment=Assignment("r0", (0,), 1))
+    s.join(JoinRequest("r0", 0, 1, host_id="h0"), 0.0)
+    s.trainer_exit("h0", "r0", 0, 1.0, signal=9, stderr_tail="step 40 loss 2.1\n")
+    assert s.replicas["r0"].reason == "trainer rank 0 on host h0 died (signal 9)"
+    s.join(JoinRequest("r0", 0, 1, host_id="h0", incarnation="two"), 2.0)
+    s.trainer_exit("h0", "r0", 0, 3.0, exit_code=1, stderr_tail="step 1\nRuntimeError: CUDA error\n",
+                   version=s.hosts["h0"].assignment_version)
+    assert s.replicas["r0"].reason == "trainer rank 0 on host h0 died (exit code 1): RuntimeError: CUDA error"

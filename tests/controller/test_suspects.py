@@ -2,11 +2,15 @@
 in the pure core; then on a real quorum port: the kernel's reset of a dead leader's socket)."""
 
 import asyncio
+import json
+
+import httpx
 
 from controller.core.model import Assignment, ReplicaState
 from controller.core.quorum import RoundView, compute_quorum
 from controller.core.replicas import JoinRequest
 from controller.core.state import ControllerState
+from controller.service.event_log import event_line
 from controller.settings import ControllerSettings
 from fthsdp.step.quorum_port_client import resolve
 from protos.quorum_wire import JOIN, PREAMBLE, frame
@@ -102,3 +106,13 @@ async def test_a_dead_leaders_port_connection_makes_the_round_close_without_it(s
     answers = await asyncio.gather(*(p.ask(1) for p in leaders[:2]))
     assert [m.replica_id for m in answers[0].members] == ["r0", "r1"]
     assert "r2 suspect" in s.quorum.reason and server.clock.now == 1000.0
+
+
+async def test_rest_events_carry_the_event_logs_ts_beside_at(server):
+    """REST's events and the JSON event log name an event's time alike (`ts`), `at` kept."""
+    async with httpx.AsyncClient(base_url=server.http_url, timeout=10) as http:
+        events = (await http.get("/api/v1/events")).json()
+    by_seq = {e.seq: e for e in server.state.events}
+    assert events
+    for e in events:
+        assert e["ts"] == json.loads(event_line("t", by_seq[e["seq"]]))["ts"] and isinstance(e["at"], float)
