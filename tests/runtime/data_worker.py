@@ -21,14 +21,17 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Callable
 
-import torch
-from torch.utils.data import Dataset, get_worker_info
+from torch.utils.data import get_worker_info
 
 from tests.waiting import wait_until
 
 # README: begin
+from typing import Callable
+
+import torch
+from torch.utils.data import Dataset
+
 from fthsdp import FaultTolerantOptimizer, Manager, RuntimeSettings
 from fthsdp.data import ReplicaShard, ShuffledLoader
 
