@@ -2,6 +2,7 @@
 
     loader = StatefulDataLoader(stream, batch_size=32, num_workers=4)   # torchdata (pip install 'fthsdp[data]')
     stream_batches = StreamBatches(loader, settings.replica_id, state_dir="/ckpt/streams", save_every=100)
+    manager = Manager(model, opt, settings, pre_init=stream_batches.start)
     for batch in manager.batches(stream_batches.batch_at):
         ...
 
@@ -74,6 +75,12 @@ class StreamBatches:
         self._next = 0  # the position the running iterator yields next
         #: batches read and dropped to reach an asked position, and how many times a kept state was loaded
         self.skipped = self.restored = 0
+
+    def start(self) -> None:
+        """Start the loader's workers at the stream's start (give it to the Manager as `pre_init`:
+        they fork before the trainer's ports and threads start). Idempotent."""
+        if self._iter is None:
+            self._iter, self._next = iter(self.loader), 0
 
     def batch_at(self, replica_id: str, position: int) -> Any:
         """The batch at `position` of this replica's stream (what `Manager.batches` calls)."""

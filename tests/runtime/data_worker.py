@@ -80,7 +80,8 @@ def build_model() -> torch.nn.Module:
     return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
 
 
-def main(cfg: dict) -> int:
+def main(cfg: dict, run: Callable[..., None] = train, dataset: Dataset | None = None) -> int:
+    """This test's part around `run` (README's `train` unless another trainer reuses it)."""
     replica, incarnation = cfg["replica_id"], cfg["incarnation"]
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s r{replica} %(name)s: %(message)s")
     record = open(cfg["record"], "a", buffering=1)  # noqa: SIM115 - the process's record, for its lifetime
@@ -110,7 +111,7 @@ def main(cfg: dict) -> int:
     model.register_forward_pre_hook(kill_in_forward)
     last = {"digest": ""}
 
-    def log_step(manager: Manager, batch: dict) -> None:
+    def log_step(manager: Manager, batch: dict, **more) -> None:
         out = manager.last_outcome
         digest = manager.digest()
         before = "" if out.behind else last["digest"]  # the state this attempt trained from
@@ -119,7 +120,7 @@ def main(cfg: dict) -> int:
               behind=out.behind, included=list(out.included), positions_before=out.positions_before,
               position=out.positions_before.get(replica, 0), samples=batch["index"].tolist(),
               workers=sorted(set(batch["worker"].tolist())), lr=manager.optimizer.param_groups[0]["lr"],
-              before=before, digest=digest)
+              before=before, digest=digest, **more)
         if replica == victim and incarnation == 0 and out.committed and out.step == cfg["kill_after"]:
             armed.update(kill=True, step=out.step + 1)
         elif replica != victim and victim is not None and victim_killed() and not victim_back():
@@ -137,7 +138,7 @@ def main(cfg: dict) -> int:
     print("ready", flush=True)  # the cluster answers "go" once every first-incarnation worker is ready
     if sys.stdin.readline().strip() != "go":
         raise SystemExit("no go from the cluster")
-    train(model, Samples(cfg["samples"]), settings, cfg["replicas"], log_step)
+    run(model, Samples(cfg["samples"]) if dataset is None else dataset, settings, cfg["replicas"], log_step)
     write(event="done")
     return 0
 
