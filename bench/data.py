@@ -1,6 +1,6 @@
 """Data throughput through fthsdp.data against a plain DataLoader, and the resume time.
 
-    python -m bench.data [--json] [--workers 4] [--batch-size 64] [--batches 200] [--rounds 3]
+    python -m bench.data [--json] [--workers 4] [--batch-size 64] [--batches 200] [--rounds 5]
 
 One map-style Dataset whose items cost CPU to make (a seeded tensor per sample and a little
 arithmetic, as a decode would), read two ways with the same number of worker processes:
@@ -8,13 +8,14 @@ arithmetic, as a decode would), read two ways with the same number of worker pro
   p = 0, 1, 2, ... (what `Manager.batches` asks for), persistent workers, default prefetch;
 - `samples_per_s_plain`: `torch.utils.data.DataLoader(shuffle=True, persistent_workers=True)`,
   the same batch size, workers and prefetch.
-Both loaders are built and warmed first; then `--rounds` rounds each time `--batches` batches
-of each, alternating which goes first, so both see the same machine. The numbers are medians
+Both loaders are built and warmed first; then `--rounds` rounds of `--batches` batches of each,
+taken in turns of 20 batches (who goes first alternates), so both see the same machine. The numbers are medians
 over rounds; `ratio` = fthsdp / plain (the goal is >= 0.95: the position protocol costs the
 DataLoader nothing). `resume_s` is what a restarted replica pays to get its first batch at
 its ledger position (`--resume-at`): a new ShuffledLoader, its workers forked, the batch
 served (median over rounds); `seek_s` the cost of a position jump in a running loader (a
-retried step, a catch-up): the prefetched batches dropped, the asked one served.
+retried step, a catch-up): the prefetched batches dropped, the asked one served (its prefetch
+is refilled, untimed, before the next round: the rates are steady-state ones).
 """
 
 from __future__ import annotations
@@ -29,6 +30,9 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from fthsdp.data import ReplicaShard, ShuffledLoader
+
+#: batches read from one loader before the other has its turn
+CHUNK_BATCHES = 20
 
 
 class Synthetic(Dataset):
@@ -80,12 +84,19 @@ def measure(workers: int, batch_size: int, batches: int, rounds: int, samples: i
     seeks, resumes = [], []
     for r in range(rounds):
         pair = [("fthsdp", next_ours), ("plain", next_plain)]
-        for name, fn in pair if r % 2 == 0 else pair[::-1]:
-            rates[name].append(_rate(fn, batches, batch_size))
+        spent = {"fthsdp": 0.0, "plain": 0.0}
+        chunk = min(CHUNK_BATCHES, batches)
+        chunks = batches // chunk
+        for c in range(chunks):  # alternate in chunks, so that both see the same moments of the machine
+            for name, fn in pair if (r + c) % 2 == 0 else pair[::-1]:
+                spent[name] += chunk * batch_size / _rate(fn, chunk, batch_size)
+        for name in rates:
+            rates[name].append(chunks * chunk * batch_size / spent[name])
         t0 = time.perf_counter()
         ours.batch_at("0", state["position"] + 3)  # a jump: three prefetched batches dropped
         seeks.append(time.perf_counter() - t0)
         state["position"] += 4
+        _rate(next_ours, 2 * max(workers, 1), batch_size)  # refill its prefetch before the next timed round
         t0 = time.perf_counter()
         with ShuffledLoader(dataset, batch_size, shard, seed=0, num_workers=workers) as restarted:
             restarted.start()
@@ -107,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workers", type=int, default=4, help="DataLoader worker processes (both loaders)")
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--batches", type=int, default=200, help="batches per loader and round")
-    p.add_argument("--rounds", type=int, default=3, help="alternating rounds (medians are reported)")
+    p.add_argument("--rounds", type=int, default=5, help="alternating rounds (medians are reported)")
     p.add_argument("--samples", type=int, default=50_000, help="dataset length")
     p.add_argument("--features", type=int, default=2048, help="values per sample")
     p.add_argument("--resume-at", type=int, default=10_000, help="the ledger position a restarted replica resumes at")
