@@ -84,18 +84,17 @@ def host_view(h, now: float, reasons: dict | None = None) -> dict:
     }
 
 
-#: Event kinds about a host (its subject), and those that say why a host is DEAD.
-HOST_EVENT_KINDS = ("host", "host_death", "host_left", "cordon", "swap", "no_spare", "order_failed")
+#: Event kinds that say why a host is DEAD (their subject is the host).
 HOST_GONE_KINDS = ("host_death", "host_left")
 
 
 def host_reasons(state) -> dict:
-    """host id -> why it is in its state: the message of its newest recent event that says so
-    (for a DEAD host, how it died or left; else any host event). Hosts with none are absent."""
+    """host id -> why it is DEAD: the message of its newest recent event saying how it died
+    or left. Hosts that are not DEAD, or whose event is no longer recent, are absent."""
     out = {}
     for e in state.events:
-        h = state.hosts.get(e.subject) if e.kind in HOST_EVENT_KINDS else None
-        if h is not None and (h.state != HostState.DEAD or e.kind in HOST_GONE_KINDS):
+        h = state.hosts.get(e.subject) if e.kind in HOST_GONE_KINDS else None
+        if h is not None and h.state == HostState.DEAD:
             out[e.subject] = e.message
     return out
 

@@ -67,3 +67,4 @@ async def test_hosts_say_why_they_are_dead_or_cordoned(server, clock):
     assert hosts["h1"]["state_reason"] == "host h1 left: its agent stopped: node drained for a kernel upgrade"
     assert hosts["h2"]["cordoned"] and hosts["h2"]["cordoned_by"] == "admin" and hosts["h2"]["cordon_reason"] == "flaky NIC"
     assert hosts["h0"]["state"] == "SPARE" and not hosts["h0"]["cordoned"] and hosts["h0"]["seconds_since_seen"] == 2.5
+    assert hosts["h0"]["state_reason"] == hosts["h2"]["state_reason"] == ""  # only a DEAD host has one
