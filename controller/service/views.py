@@ -74,7 +74,7 @@ def replica_view(r, now: float) -> dict:
 
 def host_view(h, now: float, reasons: dict | None = None) -> dict:
     return {
-        "host_id": h.host_id, "state": h.state.value, "spare": h.state == HostState.SPARE,
+        "host_id": h.host_id, "state": h.state.value, "spare": h.state == HostState.SPARE, "standby": h.standby,
         "assignment": asdict(h.assignment) if h.assignment else None, "labels": h.labels, "slots": h.slots,
         "cordoned": h.cordoned, "cordon_reason": h.cordon_reason, "cordoned_by": h.cordon_by,
         "incarnation": h.incarnation,

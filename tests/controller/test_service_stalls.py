@@ -5,6 +5,7 @@ import httpx
 import pytest
 
 from controller.core.replicas import JoinRequest
+from protos import controller_pb2 as pb
 
 
 def train(state, replicas, steps, clock, every_s=0.1):
@@ -54,10 +55,11 @@ async def test_a_stall_is_ongoing_while_the_job_stands_still(server, clock):
     assert stall["ongoing"] and stall["seconds"] == pytest.approx(5.0)
 
 
-async def test_hosts_say_why_they_are_dead_or_cordoned(server, clock):
+async def test_hosts_say_why_they_are_dead_or_cordoned(server, stub, clock):
     s = server.state
     for host in ("h0", "h1", "h2"):
         s.register_agent(host, f"{host}-1", clock.now, spare=True)
+    await stub.RegisterAgent(pb.RegisterAgentRequest(host_id="h3", incarnation="h3-1", spare=True, standby=True))
     s.deregister_agent("h1", "h1-1", "node drained for a kernel upgrade", clock.now)
     s.cordon("h2", "flaky NIC", clock.now)
     clock.advance(2.5)
@@ -68,3 +70,4 @@ async def test_hosts_say_why_they_are_dead_or_cordoned(server, clock):
     assert hosts["h2"]["cordoned"] and hosts["h2"]["cordoned_by"] == "admin" and hosts["h2"]["cordon_reason"] == "flaky NIC"
     assert hosts["h0"]["state"] == "SPARE" and not hosts["h0"]["cordoned"] and hosts["h0"]["seconds_since_seen"] == 2.5
     assert hosts["h0"]["state_reason"] == hosts["h2"]["state_reason"] == ""  # only a DEAD host has one
+    assert hosts["h3"]["standby"] and hosts["h3"]["spare"] and not hosts["h0"]["standby"]  # as its agent said

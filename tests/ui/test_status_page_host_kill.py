@@ -58,8 +58,12 @@ async def test_the_page_shows_a_killed_host_the_job_and_the_stall(cluster, brows
     c = cluster
     for i, replica in enumerate(("r0", "r1", "r2"), start=1):
         await c.start_agent(f"h{i}", replica=replica)
-    await c.start_agent("h4", spare=True)
+    await c.start_agent("h4", spare=True, standby=True)
     step = await committed_past(c, 3, "r0", "r1", "r2")
+    await in_browser(browser.open, f"{c.http}/ui")
+    await in_browser(browser.wait_for, """(() => { const r = document.querySelector('#hosts tr[data-host="h4"]');
+        return r && r.dataset.state === 'SPARE' && r.cells[2].textContent === 'spare, standby trainers'; })()""",
+                     BOUND_S, "h4 a spare with standby trainers")
 
     # Kill host h1: its agent and its trainer, with SIGKILL (nothing says goodbye).
     agent = next(p for p in c.procs if p.name == "h1")
@@ -74,8 +78,7 @@ async def test_the_page_shows_a_killed_host_the_job_and_the_stall(cluster, brows
     stalls = await c.get("/api/v1/stalls")
     assert stalls["stalls"], stalls
 
-    await in_browser(browser.open, f"{c.http}/ui")
-    # the hosts table: h1 dead (and why), h4 took r0 over
+    # the page refreshes by itself: the hosts table shows h1 dead (and why), h4 took r0 over
     hosts = await in_browser(browser.wait_for, """(() => {
         const rows = [...document.querySelectorAll('#hosts tbody tr')];
         const h = Object.fromEntries(rows.map(r => [r.dataset.host, [...r.cells].map(c => c.textContent)]));
@@ -130,7 +133,7 @@ async def test_the_job_card_says_how_a_completed_job_ended(cluster, browser):
     assert job["job_state"] == "COMPLETED" and job["replicas_healthy"] == 0
 
     await in_browser(browser.open, f"{c.http}/ui")
-    await in_browser(browser.wait_for, "document.getElementById('job-card').dataset.state === 'COMPLETED'", BOUND_S,
+    await in_browser(browser.wait_for, "document.getElementById('job-card')?.dataset.state === 'COMPLETED'", BOUND_S,
                      "the job card to say COMPLETED")
     card = json.loads(await in_browser(browser.evaluate, """JSON.stringify(['job-state', 'job-reason', 'healthy-label', 'healthy']
         .map(id => document.getElementById(id).textContent))"""))
