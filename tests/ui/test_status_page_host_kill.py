@@ -95,7 +95,7 @@ async def test_the_page_shows_a_killed_host_the_job_and_the_stall(cluster, brows
     assert reason.startswith("training: ") and "replicas healthy" in reason
     # the stall: in the stalls table with the failure in it, and beside the failure's recovery
     stall = json.loads(await in_browser(browser.wait_for, """(() => {
-        const s = [...document.querySelectorAll('#stalls tbody tr')].find(r => r.cells[3].textContent.includes('r0'));
+        const s = [...document.querySelectorAll('#stalls tbody tr')].find(r => (r.cells[3]?.textContent || '').includes('r0'));
         const f = document.querySelector('#failures tbody tr[data-replica="r0"]');
         return s && f && JSON.stringify({stall: [...s.cells].map(c => c.textContent), seconds: Number(s.dataset.seconds),
                                           failure: [...f.cells].map(c => c.textContent), beside: Number(f.dataset.stall)}); })()""",

@@ -71,6 +71,27 @@ function cell(content, className) {
 
 function badge(state) { return el("span", state, "state state-" + state); }
 
+// A table's rows, or one row saying there are none.
+function fill(table, rows, none) {
+  if (rows.length === 0) {
+    const td = el("td", none, "muted none");
+    td.colSpan = table.tHead.rows[0].cells.length;
+    const row = el("tr");
+    row.append(td);
+    rows = [row];
+  }
+  table.tBodies[0].replaceChildren(...rows);
+}
+
+// "host h1 died: ..." in the row of host h1 reads "died: ...".
+function withoutSubject(message, noun, subject) {
+  const named = noun + " " + subject;
+  if (message.startsWith(named + " ") || message.startsWith(named + ":")) {
+    return message.slice(named.length).replace(/^:?\s*/, "");
+  }
+  return message;
+}
+
 function jobReason(job) {
   if (job.job_state_reason) return job.job_state_reason;
   const total = job.replicas_total;
@@ -109,18 +130,18 @@ function renderJob(job) {
 function renderStalls(report) {
   $("stall-rule").textContent = "A stall is a pause of the committed step of at least " + fmt(report.threshold_s, 1) +
     " s (3 typical steps" + (report.typical_step_s === null ? "" : " of " + fmt(report.typical_step_s, 2) + " s") +
-    ", at least 1 s). " + (report.stalls.length ? "" : "None in the recent timeline.");
-  $("stalls").tBodies[0].replaceChildren(...report.stalls.slice(-10).reverse().map((s) => {
+    ", at least 1 s).";
+  fill($("stalls"), report.stalls.slice(-10).reverse().map((s) => {
     const row = el("tr");
     row.dataset.seconds = s.seconds;
     row.dataset.ongoing = s.ongoing;
     const went = s.quorum_id ? [document.createTextNode("quorum "), shortId(s.quorum_id),
-                                document.createTextNode(": " + s.quorum_reason)] : (s.ongoing ? "still standing still" : "–");
+                                ...withShortIds(": " + s.quorum_reason)] : (s.ongoing ? "still standing still" : "–");
     row.append(cell(time(s.start)), cell(fmt(s.seconds, 1) + (s.ongoing ? " and counting" : ""), "num"),
                cell(s.step, "num"), cell(s.failures.map((f) => f.replica).join(", ") || "none recorded"), cell(went));
     return row;
-  }));
-  $("failures").tBodies[0].replaceChildren(...report.failures.slice(-10).reverse().map((f) => {
+  }), "no stall in the recent timeline");
+  fill($("failures"), report.failures.slice(-10).reverse().map((f) => {
     const row = el("tr");
     row.dataset.replica = f.replica;
     row.dataset.stall = f.stall ? f.stall.seconds : "";
@@ -128,11 +149,11 @@ function renderStalls(report) {
     row.append(cell(f.replica), cell(f.cause), cell(time(f.died_at)), cell(fmt(f.detect_s, 2), "num"),
                cell(f.recover_s === null ? "recovering" : fmt(f.recover_s, 2), "num"), cell(stood, "num stall"));
     return row;
-  }));
+  }), "no failure recorded");
 }
 
 function renderHosts(hosts) {
-  $("hosts").tBodies[0].replaceChildren(...hosts.map((h) => {
+  fill($("hosts"), hosts.map((h) => {
     const row = el("tr");
     row.dataset.host = h.host_id;
     row.dataset.state = h.state;
@@ -142,9 +163,9 @@ function renderHosts(hosts) {
                                       " of " + h.assignment.world_size : "–";
     const cordon = h.cordoned ? "yes (" + (h.cordoned_by || "?") + ")" + (h.cordon_reason ? ": " + h.cordon_reason : "") : "no";
     row.append(cell(h.host_id), cell(badge(h.state)), cell(role), cell(assignment), cell(cordon, h.cordoned ? "cordoned" : ""),
-               cell(fmt(h.seconds_since_seen, 1), "num"), cell(h.state_reason || ""));
+               cell(fmt(h.seconds_since_seen, 1), "num"), cell(withoutSubject(h.state_reason || "", "host", h.host_id)));
     return row;
-  }));
+  }), "no host registered");
 }
 
 function renderReplicas(replicas, goodput) {
@@ -178,10 +199,8 @@ const SUBJECT_NOUNS = ["replica", "host", "job", "quorum"];
 
 function eventWhat(e) {
   for (const noun of SUBJECT_NOUNS) {
-    const named = noun + " " + e.subject;
-    if (e.message.startsWith(named + " ") || e.message.startsWith(named + ":")) {
-      return e.message.slice(named.length).replace(/^:?\s*/, "");
-    }
+    const what = withoutSubject(e.message, noun, e.subject);
+    if (what !== e.message) return what;
   }
   return e.message;
 }
