@@ -110,9 +110,10 @@ def stalls_view(state, now: float) -> dict:
     running = state.job_state == JobState.RUNNING
     timeline = state.goodput.timeline()
     ended = state.completed_at if state.completed_at is not None else (timeline[-1][0] if timeline else now)
-    # A quorum id's first formation: later rounds of the same id (the fast path) re-form it.
-    quorums = {q.quorum_id: (q.formed_at, q.quorum_id, q.reason) for q in reversed(state.quorum_history)}
-    report = find_stalls(timeline, [dict(f.__dict__) for f in state.goodput.failures], quorums.values(),
+    # The history holds each quorum id as it first formed (`state.quorum` is the current one as
+    # its latest round re-formed it, on the fast path with the same id and a later time).
+    quorums = [(q.formed_at, q.quorum_id, q.reason) for q in state.quorum_history]
+    report = find_stalls(timeline, [dict(f.__dict__) for f in state.goodput.failures], quorums,
                          now if running else ended, running)
     return {
         "typical_step_s": report.typical_step_s, "threshold_s": report.threshold_s,
