@@ -46,15 +46,7 @@ def test_sigkill_mid_epoch_trains_every_sample_once_along_the_committed_history(
     assert first["positions_before"]["1"] == 13  # the batch it was training when killed was never committed
 
     # The data each included batch held was the documented batch at the ledger's position.
-    trained = {}
-    for row in rec.rows:
-        if row.get("event") in ("commit", "retry") and not row["behind"]:
-            trained.setdefault((row["replica"], row["step"]), []).append(row["samples"])
-    for commit in walked.chain:
-        for replica in commit.included:
-            position = commit.ledger_before.get(replica, 0)
-            assert all(s == reference(int(replica), position) for s in trained[(replica, commit.step)]), \
-                (commit.step, replica, position, trained[(replica, commit.step)])
+    assert hc.check_included_samples(walked, rec, lambda replica, p: reference(int(replica), p)) == len(batches)
     # So each complete epoch of each replica held its part once, and the parts do not overlap.
     for epoch in range(min(n for n in (sum(1 for (r, _) in batches if r == str(i)) // PER_EPOCH
                                        for i in range(REPLICAS)))):

@@ -41,15 +41,7 @@ def test_a_stream_killed_mid_epoch_resumes_from_its_saved_state_exactly_once(tmp
         stream = StreamBatches(stream_loader(spec, ReplicaShard(str(r), r, REPLICAS)), str(r))
         last = max(p for (replica, p) in batches if replica == str(r))
         straight[str(r)] = [stream.batch_at(str(r), p)["index"].tolist() for p in range(last + 1)]
-    trained = {}
-    for row in rec.rows:
-        if row.get("event") in ("commit", "retry") and not row["behind"]:
-            trained.setdefault((row["replica"], row["step"]), []).append(row["samples"])
-    for commit in walked.chain:
-        for replica in commit.included:
-            position = commit.ledger_before.get(replica, 0)
-            assert all(s == straight[replica][position] for s in trained[(replica, commit.step)]), \
-                (commit.step, replica, position)
+    assert hc.check_included_samples(walked, rec, lambda replica, p: straight[replica][p]) == len(batches)
     # The restarted trainer loaded the state saved before position 12 and read one batch forward,
     # instead of reading its stream again from the start.
     restarted = [r for r in rec.where(event="commit", replica="1") if r["incarnation"] == 1]
