@@ -111,7 +111,8 @@ def stalls_view(state, now: float) -> dict:
     """When the job stood still and the failures behind it (controller.core.stalls)."""
     running = state.job_state == JobState.RUNNING
     timeline = state.goodput.timeline()
-    ended = state.completed_at if state.completed_at is not None else (timeline[-1][0] if timeline else now)
+    ended = next((at for at in (state.completed_at, state.failed_at) if at is not None),
+                 timeline[-1][0] if timeline else now)
     # The history holds each quorum id as it first formed (`state.quorum` is the current one as
     # its latest round re-formed it, on the fast path with the same id and a later time).
     quorums = [(q.formed_at, q.quorum_id, q.reason) for q in state.quorum_history]
