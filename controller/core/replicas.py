@@ -123,7 +123,9 @@ class ReplicaRegistry:
                    and r.state != ReplicaState.FINISHED}  # a finished replica does not come back
         rollback = check_rollback(members, history_step=self.history_step, holders=holders,
                                   newest_checkpoint_step=self.newest_checkpoint_step,
-                                  waiting_since=self.rollback_wait_since, now=now, wait_s=s.rollback_wait_s)
+                                  waiting_since=self.rollback_wait_since, now=now, wait_s=s.rollback_wait_s,
+                                  alive_until={rid: self.replicas[rid].last_seen + s.heartbeat_timeout_s
+                                               for rid in holders if self.replicas[rid].state != ReplicaState.DEAD})
         if rollback is not None and rollback.wait:
             if self.rollback_wait_since is None:
                 self._event(now, "rollback_wait", "round", rollback.reason)
