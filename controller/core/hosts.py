@@ -11,8 +11,8 @@ from controller.core.checks import (
 from controller.core.errors import FailedPrecondition, InvalidArgument, NotFound, PermissionDenied, RetryLater
 from controller.core.identity import secret_matches
 from controller.core.model import Assignment, DeathCause, Host, HostState, OrderOut
-from controller.core.roles import reconcile_spare_claim
 from controller.core.rendezvous import Endpoints, check_host_address, endpoints
+from controller.core.roles import reconcile_spare_claim
 from controller.core.sizes import encode_section, host_reservation_bytes
 from controller.core.spares import pick_spare
 

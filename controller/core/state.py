@@ -22,6 +22,7 @@ from controller.core.model import (
 )
 from controller.core.replicas import ReplicaRegistry
 from controller.core.restarts import ReplicaRestarts
+from controller.core import retention
 from controller.core.sizes import ShardBudget
 from controller.settings import ControllerSettings
 
@@ -54,6 +55,7 @@ class ControllerState(ReplicaRegistry, HostRegistry, ReplicaRestarts, Divergence
         self.round_reason = "no replica has joined this round"
         self.round_wake_at: float | None = None
         self.events: list[Event] = []
+        self.event_tiers: list[int] = []  # how many events of each retention tier the ring holds
         #: events not yet handed to the service's event log (drained by `take_events`)
         self.fresh_events: list[Event] = []
         self.event_seq = 0
@@ -175,12 +177,12 @@ class ControllerState(ReplicaRegistry, HostRegistry, ReplicaRestarts, Divergence
         self.event_seq += 1
         message = clip_text(message, 2 * self.settings.max_reason_chars)  # a template around a reason
         event = Event(now, kind, subject, message, cause, level or level_of(kind), self.event_seq)
-        self.events.append(event)
+        if len(self.event_tiers) != retention.TIERS:  # the ring was set anew (restored): count it
+            self.event_tiers = retention.counts(self.events)
+        retention.admit(self.events, self.event_tiers, event, self.settings.recent_events)  # kept by level
         self.fresh_events.append(event)
         self.dirty_journal = True
         self.urgent_journal = self.urgent_journal or event.level != "info"
-        if len(self.events) > self.settings.recent_events:
-            del self.events[: len(self.events) - self.settings.recent_events]
 
     # -- durable snapshot --------------------------------------------------------------------
 
@@ -271,6 +273,7 @@ class ControllerState(ReplicaRegistry, HostRegistry, ReplicaRestarts, Divergence
         if journal:
             self.quorum_history = [_quorum_from_dict(q) for q in journal["history"]]
             self.events = [Event(*e) for e in journal["events"]]
+            self.event_tiers = []  # counted again on the next event (controller.core.retention)
             self.event_seq = max(journal.get("event_seq", 0), max((e.seq for e in self.events), default=0))
         self.goodput.restore((replicas or {}).get("goodput"), (journal or {}).get("goodput"), now)
         for r in self.replicas.values():
