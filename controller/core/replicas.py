@@ -387,6 +387,8 @@ class ReplicaRegistry:
             return
         changed = r.state != state
         r.state, r.reason = state, reason
+        if state in (ReplicaState.DIVERGED, ReplicaState.HEALTHY):
+            r.must_resync = state == ReplicaState.DIVERGED  # cleared only by becoming HEALTHY
         self._live = None
         self.dirty_replicas = True
         if changed:

@@ -23,7 +23,7 @@ from controller.core.model import (
 from controller.core.replicas import ReplicaRegistry
 from controller.core.restarts import ReplicaRestarts
 from controller.core import retention
-from controller.core.sizes import ShardBudget
+from controller.core.sizes import ShardBudget, digest_ledger_budget
 from controller.settings import ControllerSettings
 
 SNAPSHOT_VERSION = 1
@@ -208,6 +208,7 @@ class ControllerState(ReplicaRegistry, HostRegistry, ReplicaRestarts, Divergence
             "version_ceiling": self.version_ceiling,
             "replica_versions": self.replica_versions,
             "goodput": self.goodput.snapshot(),
+            "digests": self.digest_ledger.snapshot(digest_ledger_budget(self.settings)),
         }
 
     def snapshot_journal(self) -> dict:
@@ -270,6 +271,7 @@ class ControllerState(ReplicaRegistry, HostRegistry, ReplicaRestarts, Divergence
             self.history_changes = dict(replicas.get("history_changes", {}))
             self.version_ceiling = replicas.get("version_ceiling", 0)
             self.replica_versions = dict(replicas.get("replica_versions", {}))
+            self.digest_ledger.restore(replicas.get("digests"), now)
         if journal:
             self.quorum_history = [_quorum_from_dict(q) for q in journal["history"]]
             self.events = [Event(*e) for e in journal["events"]]
