@@ -33,6 +33,7 @@ from fthsdp.errors import ChannelError
 from fthsdp.settings import RuntimeSettings
 from fthsdp.step import messages as msg
 from fthsdp.step import relay_messages as rm
+from fthsdp.step.incarnations import stale_hello
 from fthsdp.step.messages import FRAME, MAX_COORDINATOR_FRAME_BYTES, MAX_RANK_FRAME_BYTES, FrameReader, MessageError
 from fthsdp.step.peer_connection import PeerConnection
 from fthsdp.step.relay_tree import FLUSH_FRACTION, BeginGather, DigestGather, VoteGather
@@ -174,6 +175,9 @@ class RelayService:
                         conn.transport.get_extra_info("peername"))
             return conn.refuse("hello not authenticated: its tag does not match this connection's challenge "
                                "under the job secret (a stranger, another job's secret, or a replayed hello)")
+        stale = stale_hello(s.replica_version, h.replica_version, h.rank)
+        if stale is not None:  # a rank of another restart of the replica (fthsdp/step/incarnations.py)
+            return conn.refuse(stale[0], retry=stale[1])
         if (h.job_id, h.replica_id, h.world_size) != (s.job_id, s.replica_id, s.world_size):
             return conn.refuse(f"hello for job {h.job_id!r} replica {h.replica_id!r} of world_size {h.world_size}; "
                                f"this relay serves job {s.job_id!r} replica {s.replica_id!r} of {s.world_size}")

@@ -275,3 +275,11 @@ async def test_mtls_to_the_controller_and_the_same_files_for_trainers(start_agen
         assert info["env"]["FTHSDP_TLS_KEY_FILE"] == str(client.key)
     finally:
         await fake.stop()
+
+
+async def test_a_trainer_knows_the_replica_version_it_was_started_under(controller, start_agent, tmp_path):
+    """Its hello carries it (fthsdp/step/incarnations.py): race 3 of issue 28."""
+    controller.version = 7
+    start_agent([controller.address])
+    [info] = await wait_for(lambda: ready_files(tmp_path), 10, "trainer ready")
+    assert info["env"]["FTHSDP_REPLICA_VERSION"] == "7"
