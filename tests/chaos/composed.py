@@ -78,9 +78,8 @@ def kill_controller_catching_up(run: "ChaosRun", f: Fault, inj: "Injection"):
     run._kill(inj, rid, 0)
 
     def catching_up(now: float):  # polled closely: the catch-up step takes about min_step_s
-        rows = run._rows_of(rid, f.rank, killed[f.rank])
-        row = next((r for r in rows if r.get("event") == "catching_up"), None)
-        if row is None and not any(r.get("event") == "commit" for r in rows):
+        row, committed = run._catch_up(rid, f.rank, killed[f.rank])
+        if row is None and not committed:
             return catching_up, True
         inj.detail.append(f"{rid} rank {f.rank} " + (f"catching up at step {row['step']} from {row['source']}"
                                                       if row else "committed without catching up first"))

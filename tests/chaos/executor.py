@@ -405,8 +405,7 @@ class ChaosRun:
         self._kill(inj, rid, 0)
 
         def source(now: float):  # polled closely: the catch-up step takes about min_step_s
-            rows = self._rows_of(rid, f.rank, killed[f.rank])
-            catching_up = next((r for r in rows if r.get("event") == "catching_up"), None)
+            catching_up, committed = self._catch_up(rid, f.rank, killed[f.rank])
             if catching_up is not None:
                 src = catching_up["source"]
                 try:
@@ -416,8 +415,15 @@ class ChaosRun:
                 except RuntimeError as exc:
                     inj.detail.append(f"the source {src} of {rid} had no live rank {f.rank}: {exc}")
                 return None, False
-            if any(r.get("event") == "commit" for r in rows):
+            if committed:
                 inj.detail.append(f"{rid} rank {f.rank} committed without catching up first")
                 return None, False
             return source, True
         return source
+
+    def _catch_up(self, rid: str, rank: int, killed_pid: int) -> tuple[dict | None, bool]:
+        """What the trainer that replaced pid `killed_pid` as `rid` rank `rank` recorded so far:
+        its "catching_up" row (or None), and whether it committed a step."""
+        rows = self._rows_of(rid, rank, killed_pid)
+        return (next((r for r in rows if r.get("event") == "catching_up"), None),
+                any(r.get("event") == "commit" for r in rows))
