@@ -19,6 +19,7 @@ sign of trouble, so every section is kept below the limit up front:
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import fields
 
@@ -82,6 +83,7 @@ def worst_quorum_bytes(settings) -> int:
     return 200 + n * member + recover + settings.max_reason_chars * JSON_BYTES_PER_CHAR + 3 * _FLOAT_CHARS
 
 
+@functools.lru_cache(maxsize=8)
 def digest_ledger_budget(settings) -> int:
     """What the replicas section can give the pending digest comparisons (DigestLedger.snapshot)
     beyond the worst case of everything else in it: they are written newest step first, as

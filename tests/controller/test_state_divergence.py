@@ -221,5 +221,6 @@ def test_the_ledger_snapshot_keeps_the_newest_steps_that_fit():
         ledger.record("r0", step, A, 0.0)
     whole = ledger.snapshot(1 << 20)
     assert [item[0] for item in whole] == list(range(10))
-    part = ledger.snapshot(len(json.dumps(whole[-3:])) + 2)
+    part = ledger.snapshot(3 * (80 + len("r0") + len(A) + 12) + 2)
     assert [item[0] for item in part] == [7, 8, 9] and ledger.snapshot(0) == []
+    assert len(json.dumps(part)) <= 3 * (80 + len("r0") + len(A) + 12) + 2  # the count is from above
