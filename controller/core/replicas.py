@@ -11,7 +11,7 @@ from controller.core.diagnosis.sdc import check_rank_digests
 from controller.core.errors import FailedPrecondition, InvalidArgument
 from controller.core.model import SETTLED, DeathCause, Quorum, Replica, ReplicaState
 from controller.core.digests import check_digest
-from controller.core.quorum import RoundView, compute_quorum, form_quorum
+from controller.core.quorum import RoundView, compute_quorum, form_quorum, quorate_since
 from controller.core.rollback import RollbackDecision, check_rollback
 from controller.core.sizes import addresses_problem
 
@@ -112,8 +112,12 @@ class ReplicaRegistry:
             previous=previous,
             unregistered=max(s.replicas - len(self.replicas), 0),
             dead=self.dead_replicas(),
+            # if the round is quorate now and was not before, it became so now
+            quorate_at=_or(quorate_since(self.round_quorate, self.round_first_join_at), now),
         )
         decision = compute_quorum(view, now, min_replicas=s.min_replicas, join_timeout_s=s.join_timeout_s)
+        if decision.quorate and quorate_since(self.round_quorate, self.round_first_join_at) is None:
+            self.round_quorate = (self.round_first_join_at, now)  # this round's, by its first join
         self.round_reason, self.round_wake_at = decision.reason, decision.wake_at
         if decision.members is None:
             return None
@@ -398,3 +402,7 @@ class ReplicaRegistry:
                                   cause, r.last_seen, now)
             if state in SETTLED:
                 self._check_completed(now)
+
+
+def _or(value: float | None, default: float) -> float:
+    return default if value is None else value

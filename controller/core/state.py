@@ -52,6 +52,8 @@ class ControllerState(ReplicaRegistry, HostRegistry, ReplicaRestarts, Divergence
         #: joiners this round with a new process or new addresses: the quorum id must change
         self.round_renewed: set[str] = set()
         self.round_first_join_at: float | None = None
+        #: (the round's first join time, when it first had a majority): see quorum.quorate_since
+        self.round_quorate: tuple[float | None, float] | None = None
         self.round_reason = "no replica has joined this round"
         self.round_wake_at: float | None = None
         self.events: list[Event] = []

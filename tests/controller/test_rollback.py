@@ -182,3 +182,21 @@ def test_a_holder_that_falls_silent_is_waited_for_its_heartbeat_timeout_from_its
     assert s.try_close_round(39.9) is None
     q = s.try_close_round(40.0)  # 30 + the 10 s heartbeat timeout; the wait itself ended at 24.5
     assert q is not None and "ROLLBACK" in q.reason
+
+
+def test_survivors_a_few_ms_apart_close_together_after_a_lone_waiter():
+    """Race 7 of issue 28: r1 restarted and waits alone in the round (1 of 3 is no majority);
+    r0 and r2, the survivors, come 10 s later and 5 ms apart. The round used to close the
+    moment r0 arrived (its join timeout counted from r1), leaving r2 to catch up a step."""
+    s = ControllerState(ControllerSettings(replicas=3, min_replicas=1, join_timeout_s=1.0, heartbeat_timeout_s=30.0))
+    round_(s, {"r0": 0, "r1": 0, "r2": 0}, 0.0)
+    for rid in ("r0", "r1", "r2"):
+        commit(s, rid, 0.5)
+    s.join(JoinRequest("r1", 1, 1, incarnation="r1-new"), 1.0)  # restarted: it waits alone
+    assert s.try_close_round(1.0) is None
+    s.heartbeat_replicas(["r0", "r2"], 11.0)
+    s.join(JoinRequest("r0", 1, 1, incarnation="r0-a"), 11.0)
+    assert s.try_close_round(11.0) is None  # a majority, but it just became one: a moment for r2
+    s.join(JoinRequest("r2", 1, 1, incarnation="r2-a"), 11.005)
+    q = s.try_close_round(11.005)
+    assert q is not None and q.member_ids == {"r0", "r1", "r2"}
