@@ -6,7 +6,8 @@ heartbeat + order stream + exit reports together until something breaks. A broke
 moves on as AddressRotation says: to the leader a standby named, else the next address, at
 once; a pause only after a whole pass of failures. A controller that stops answering
 heartbeats for rpc_timeout_s counts as failed (a frozen process keeps its connections
-open). A refused registration is permanent and ends the agent (`PermanentError`). When the controller
+open). A refused registration ends the agent (`PermanentError`) only when `refusals.after_refusal`
+says the host may not take part; a refused claim of work it runs is asked again without it. When the controller
 says the job is COMPLETED (in a heartbeat or registration answer), trainers stop and the agent
 ends (or idles, `on_job_complete`), as `policy.after_job_state` decides.
 """
@@ -26,7 +27,7 @@ from typing import AsyncIterator, Callable
 
 import grpc
 
-from agent import orders, state_file
+from agent import orders, refusals, state_file
 from agent.orders import Assignment, Effect
 from agent.policy import JobEnd, Want, after_job_state
 from agent.ports import pick_ports
@@ -220,9 +221,16 @@ class Agent:
         except grpc.aio.AioRpcError as exc:
             if exc.code() == grpc.StatusCode.ABORTED:  # another live agent holds the host: wait
                 raise _Reconnect(f"controller {address}: {exc.details()}", delay_s=s.reconnect_cap_s) from exc
-            if exc.code() in _PERMANENT:
+            verdict = refusals.after_refusal(exc.code().name, request.HasField("assignment"),
+                                             self.registered.is_set())
+            if verdict is not None and verdict.drop_claim:
+                log.warning("host %s: controller %s refused its claim of %s (%s: %s): %s", s.host_id, address,
+                            self.assignment, exc.code().name, exc.details(), verdict.why)
+                self.assignment = None
+                raise _Reconnect(f"controller {address} refused the claim") from exc
+            if verdict is not None:
                 raise PermanentError(f"controller {address} refused host {s.host_id}: "
-                                     f"{exc.code().name}: {exc.details()}") from exc
+                                     f"{exc.code().name}: {exc.details()} ({verdict.why})") from exc
             raise
         self._address, self._retry_logged = address, False
         if response.agent_secret:  # a repeated registration of this incarnation keeps the one it has

@@ -205,7 +205,7 @@ class Manager:
                 address = self.coordinator.address
                 controller.start_heartbeats(s.heartbeat_interval_s)
             hello = msg.hello(s.rank, s.world_size, s.job_id, s.replica_id, self.endpoint.address,
-                              self.state_server.address, self.incarnation)
+                              self.state_server.address, self.incarnation, s.replica_version)
             self.client = self._seams.channel(CoordinatorClient.for_rank(s, address, self.incarnation)).connect(
                 s.quorum_timeout_s, hello, s.port_key(job_secret.PURPOSE_COORDINATOR))
         except ChannelError as exc:

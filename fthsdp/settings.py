@@ -47,6 +47,7 @@ ENV_COORDINATOR_ADDRESS = "FTHSDP_COORDINATOR_ADDRESS"
 ENV_CHECKPOINT_DIR = "FTHSDP_CHECKPOINT_DIR"
 ENV_MAX_STEPS = "FTHSDP_MAX_STEPS"
 ENV_RELAY_FANOUT = "FTHSDP_RELAY_FANOUT"
+ENV_REPLICA_VERSION = "FTHSDP_REPLICA_VERSION"
 ENV_JOB_SECRET_FILE = job_secret.ENV_JOB_SECRET_FILE
 ENV_JOB_SECRET = job_secret.ENV_JOB_SECRET
 ENV_INSECURE_TRAINER_PORTS = job_secret.ENV_INSECURE_TRAINER_PORTS
@@ -117,6 +118,9 @@ class RuntimeSettings:
         the coordinator up to 64 ranks and makes groups of about sqrt(world_size) above; a
         value >= world_size means no relays at any size. At most 1,024 when there are relays.
         The same on every rank of the replica (FTHSDP_RELAY_FANOUT).
+    replica_version: the controller's version of the replica's restart this process was started
+        under (FTHSDP_REPLICA_VERSION, set by the agent; 0: unknown). Carried in the rank's
+        hello: a coordinator or relay of another restart refuses it (fthsdp/step/incarnations.py).
     """
 
     job_id: str = "job"
@@ -150,9 +154,12 @@ class RuntimeSettings:
     deterministic: bool = False
     deterministic_seed: int = 0
     relay_fanout: int = 0
+    replica_version: int = 0
 
     def validate(self) -> "RuntimeSettings":
         problems = []
+        if not isinstance(self.replica_version, int) or self.replica_version < 0:
+            problems.append(f"replica_version must be 0 (unknown) or positive, got {self.replica_version!r}.")
         if not self.job_id:
             problems.append("job_id must not be empty.")
         if not self.replica_id:
@@ -294,6 +301,7 @@ _ENV_FIELDS: tuple[tuple[str, Callable[[str], object], tuple[str, ...]], ...] = 
     ("max_steps", _int, (ENV_MAX_STEPS,)),
     ("deterministic", lambda text: _flag(ENV_DETERMINISTIC, text), (ENV_DETERMINISTIC,)),
     ("relay_fanout", _int, (ENV_RELAY_FANOUT,)),
+    ("replica_version", _int, (ENV_REPLICA_VERSION,)),
 )
 
 

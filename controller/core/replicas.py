@@ -11,7 +11,7 @@ from controller.core.diagnosis.sdc import check_rank_digests
 from controller.core.errors import FailedPrecondition, InvalidArgument
 from controller.core.model import SETTLED, DeathCause, Quorum, Replica, ReplicaState
 from controller.core.digests import check_digest
-from controller.core.quorum import RoundView, compute_quorum, form_quorum
+from controller.core.quorum import RoundView, compute_quorum, form_quorum, quorate_since
 from controller.core.replica_set import join_problem
 from controller.core.rollback import RollbackDecision, check_rollback
 from controller.core.sizes import addresses_problem
@@ -116,8 +116,12 @@ class ReplicaRegistry:
             unregistered=max(s.replicas - len(self.replicas), 0),
             dead=self.dead_replicas(),
             suspect=self.suspects.ids() & self.live_replicas() if self.suspects.since else frozenset(),
+            # if the round is quorate now and was not before, it became so now
+            quorate_at=_or(quorate_since(self.round_quorate, self.round_first_join_at), now),
         )
         decision = compute_quorum(view, now, min_replicas=s.min_replicas, join_timeout_s=s.join_timeout_s)
+        if decision.quorate and quorate_since(self.round_quorate, self.round_first_join_at) is None:
+            self.round_quorate = (self.round_first_join_at, now)  # this round's, by its first join
         self.round_reason, self.round_wake_at = decision.reason, decision.wake_at
         if decision.members is None:
             return None
@@ -127,7 +131,9 @@ class ReplicaRegistry:
                    and r.state != ReplicaState.FINISHED}  # a finished replica does not come back
         rollback = check_rollback(members, history_step=self.history_step, holders=holders,
                                   newest_checkpoint_step=self.newest_checkpoint_step,
-                                  waiting_since=self.rollback_wait_since, now=now, wait_s=s.rollback_wait_s)
+                                  waiting_since=self.rollback_wait_since, now=now, wait_s=s.rollback_wait_s,
+                                  alive_until={rid: self.replicas[rid].last_seen + s.heartbeat_timeout_s
+                                               for rid in holders if self.replicas[rid].state != ReplicaState.DEAD})
         if rollback is not None and rollback.wait:
             if self.rollback_wait_since is None:
                 self._event(now, "rollback_wait", "round", rollback.reason)
@@ -413,6 +419,8 @@ class ReplicaRegistry:
             return
         changed = r.state != state
         r.state, r.reason = state, reason
+        if state in (ReplicaState.DIVERGED, ReplicaState.HEALTHY):
+            r.must_resync = state == ReplicaState.DIVERGED  # cleared only by becoming HEALTHY
         self._live = None
         self.dirty_replicas = True
         if changed:
@@ -422,3 +430,7 @@ class ReplicaRegistry:
                                   cause, r.last_seen, now)
             if state in SETTLED:
                 self._check_completed(now)
+
+
+def _or(value: float | None, default: float) -> float:
+    return default if value is None else value

@@ -22,8 +22,9 @@ from controller.core.model import (
 )
 from controller.core.replicas import ReplicaRegistry
 from controller.core.restarts import ReplicaRestarts
-from controller.core.sizes import ShardBudget
+from controller.core.sizes import ShardBudget, digest_ledger_budget
 from controller.core.suspects import Suspects
+from controller.core import retention
 from controller.settings import ControllerSettings
 
 SNAPSHOT_VERSION = 1
@@ -52,9 +53,12 @@ class ControllerState(ReplicaRegistry, HostRegistry, ReplicaRestarts, Divergence
         #: joiners this round with a new process or new addresses: the quorum id must change
         self.round_renewed: set[str] = set()
         self.round_first_join_at: float | None = None
+        #: (the round's first join time, when it first had a majority): see quorum.quorate_since
+        self.round_quorate: tuple[float | None, float] | None = None
         self.round_reason = "no replica has joined this round"
         self.round_wake_at: float | None = None
         self.events: list[Event] = []
+        self.event_tiers: list[int] = []  # how many events of each retention tier the ring holds
         #: events not yet handed to the service's event log (drained by `take_events`)
         self.fresh_events: list[Event] = []
         self.event_seq = 0
@@ -199,12 +203,12 @@ class ControllerState(ReplicaRegistry, HostRegistry, ReplicaRestarts, Divergence
         self.event_seq += 1
         message = clip_text(message, 2 * self.settings.max_reason_chars)  # a template around a reason
         event = Event(now, kind, subject, message, cause, level or level_of(kind), self.event_seq)
-        self.events.append(event)
+        if len(self.event_tiers) != retention.TIERS:  # the ring was set anew (restored): count it
+            self.event_tiers = retention.counts(self.events)
+        retention.admit(self.events, self.event_tiers, event, self.settings.recent_events)  # kept by level
         self.fresh_events.append(event)
         self.dirty_journal = True
         self.urgent_journal = self.urgent_journal or event.level != "info"
-        if len(self.events) > self.settings.recent_events:
-            del self.events[: len(self.events) - self.settings.recent_events]
 
     # -- durable snapshot --------------------------------------------------------------------
 
@@ -232,6 +236,7 @@ class ControllerState(ReplicaRegistry, HostRegistry, ReplicaRestarts, Divergence
             "version_ceiling": self.version_ceiling,
             "replica_versions": self.replica_versions,
             "goodput": self.goodput.snapshot(),
+            "digests": self.digest_ledger.snapshot(digest_ledger_budget(self.settings)),
         }
 
     def snapshot_journal(self) -> dict:
@@ -296,9 +301,11 @@ class ControllerState(ReplicaRegistry, HostRegistry, ReplicaRestarts, Divergence
             self.history_changes = dict(replicas.get("history_changes", {}))
             self.version_ceiling = replicas.get("version_ceiling", 0)
             self.replica_versions = dict(replicas.get("replica_versions", {}))
+            self.digest_ledger.restore(replicas.get("digests"), now)
         if journal:
             self.quorum_history = [_quorum_from_dict(q) for q in journal["history"]]
             self.events = [Event(*e) for e in journal["events"]]
+            self.event_tiers = []  # counted again on the next event (controller.core.retention)
             self.event_seq = max(journal.get("event_seq", 0), max((e.seq for e in self.events), default=0))
         self.goodput.restore((replicas or {}).get("goodput"), (journal or {}).get("goodput"), now)
         for r in self.replicas.values():

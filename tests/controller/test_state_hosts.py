@@ -102,8 +102,8 @@ def test_duplicate_registration_and_duplicate_assignment_refused():
         s.register_agent("h7", "i7", 1.0, assignment=a("r1", 1, world=2))
     with pytest.raises(InvalidArgument, match="ranks \\[5\\] are outside 0..1"):
         s.register_agent("h8", "i8", 1.0, assignment=a("r1", 5, world=2))
-    with pytest.raises(InvalidArgument, match="registered as a spare but also claims"):
-        s.register_agent("h9", "i9", 1.0, spare=True, assignment=a("r2", 0, world=1))
+    with pytest.raises(FailedPrecondition, match="duplicate assignment: host h1 already runs replica r1"):
+        s.register_agent("h9", "i9", 1.0, spare=True, assignment=a("r1", 0, 1))  # a spare's claim is a claim
     assert ([s.snapshot_hosts(i) for i in range(HOST_SHARDS)], list(s.outbox)) == before
 
 
