@@ -136,12 +136,14 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--total", default="1GiB", help="bytes per stream")
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--chunk-bytes", default="1MiB", help="the add_ chunk (FTAR's default chunk_bytes)")
+    ap.add_argument("--chunk-bytes", default="", help="the add_ chunk (default: FTAR's chunk_bytes)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     import torch
     torch.set_num_threads(1)
-    total, chunk = parse_size(args.total), parse_size(args.chunk_bytes)
+    from ftar_kernels import FtarSettings
+    total = parse_size(args.total)
+    chunk = parse_size(args.chunk_bytes) if args.chunk_bytes else FtarSettings().chunk_bytes
     row = {"tcp_one_stream_gbs": round(measure_tcp(1, total, args.repeats), 3),
            "tcp_two_stream_gbs": round(measure_tcp(2, total, args.repeats), 3),
            "memcpy_gbs": round(measure_memcpy(), 3),
