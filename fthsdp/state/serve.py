@@ -52,7 +52,7 @@ MAX_ACKS = 4096
 #: authenticated connections served at once (fetchers of one rank are a few replicas; one
 #: connection each)
 MAX_CONNECTIONS = 16
-#: connections not authenticated yet, held apart; a newcomer shuts the oldest when full
+#: connections not authenticated yet, held apart; when full, a newcomer shuts the oldest idle one
 MAX_UNAUTHENTICATED = 8
 #: the longest a connection may take to authenticate (a fetcher sends its signed request at once)
 MAX_HELLO_S = 2.0
