@@ -141,9 +141,11 @@ class Manager:
         return self._state.phase in (Phase.ENDED, Phase.FINISHING, Phase.FINISHED)
 
     def register_state(self, name: str, obj: Stateful) -> None:
-        """Make `obj` (anything with state_dict()/load_state_dict(): an LR scheduler, a sampler)
-        part of the replicated training state: it travels with catch-up and checkpoints and is
-        digested. Change it only between steps (see fthsdp/state/registry.py). Before start()."""
+        """Make `obj` (anything with state_dict()/load_state_dict() that is the same on every
+        replica: an LR scheduler) part of the replicated training state: it travels with catch-up
+        and checkpoints and is digested. Change it only between steps (see
+        fthsdp/state/registry.py). Data positions are per replica: samplers and DataLoaders are
+        refused (TypeError), the ledger keeps them (fthsdp/data.py). Before start()."""
         self._require_not_started("register_state")
         self.registry.register(name, obj)
 
@@ -152,6 +154,14 @@ class Manager:
         chain that travels; default seed: torch.initial_seed()). Before start()."""
         self._require_not_started("register_rng")
         self.registry.register_rng(seed)
+
+    def digest(self) -> str:
+        """SHA-256 (hex) of this rank's committed state at the start of `step`: the step, the
+        ledger, the model, the optimizer and every registered object (fthsdp/state/digest.py).
+        The digest the controller compares: equal on every replica that committed the same step
+        (rank by rank when sharded). Call it between steps."""
+        st = self._state
+        return rank_digest(st.step, st.ledger.to_json(), self.model, self.optimizer, self.registry.state_dicts()).hex()
 
     def batches(self, batch_at: Callable[[str, int], T]) -> Iterator[T]:
         """This replica's batches at its ledger position, one per step attempt (exactly once);
