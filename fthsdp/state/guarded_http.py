@@ -47,8 +47,9 @@ class GuardedHTTPServer(ThreadingHTTPServer):
         self._authenticated: set[socket.socket] = set()
         self._streams: set[socket.socket] = set()
         self._spoke: set[socket.socket] = set()   # unauthenticated ones that have sent a byte
-        #: connections admitted / shut down unauthenticated to make room / answered busy, so far
-        self.admitted = self.turned_away = self.busy = 0
+        #: connections admitted / shut down unauthenticated to make room / at their deadline /
+        #: answered busy, so far
+        self.admitted = self.turned_away = self.timed_out = self.busy = 0
         super().__init__(address, handler)
 
     @property
@@ -133,6 +134,7 @@ class GuardedHTTPServer(ThreadingHTTPServer):
             for s in overdue:
                 del self._due[s]  # shut down once; its thread ends on the closed socket
                 self._spoke.discard(s)
+            self.timed_out += len(overdue)
         for s in overdue:
             _shut(s)
 

@@ -78,7 +78,7 @@ def _state(cfg: dict):
         return {"threads": threading.active_count(), "connections": server.connections,
                 "refused": server.refused_requests, "accepted": server.fetches_accepted,
                 "acks": sorted(server._acks.get(served[0], ())), "admitted": server._httpd.admitted,
-                "turned_away": server._httpd.turned_away, "busy": server._httpd.busy,
+                "turned_away": server._httpd.turned_away, "busy": server._httpd.busy, "timed_out": server._httpd.timed_out,
                 "unauthenticated": server._httpd.unauthenticated_connections}
 
     def serve(args: list[str]) -> dict:

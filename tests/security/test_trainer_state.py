@@ -196,8 +196,9 @@ async def test_idle_strangers_never_take_the_fetchers_place(tmp_path):
             assert torch.equal(fetch(source), expected_state())
             stats = source.ask("stats")
             assert (stats["accepted"], stats["busy"]) == (1, 0) and stats["unauthenticated"] <= MAX_UNAUTHENTICATED
-            assert stats["turned_away"] >= len(silent) - MAX_UNAUTHENTICATED
-            assert all(closed_by_peer(s) for s in silent)  # pushed out, or shut at their deadline
+            # each pushed out by a newer one, or (on a slow machine) shut at its deadline first
+            assert stats["turned_away"] + stats["timed_out"] >= len(silent) - MAX_UNAUTHENTICATED
+            assert all(closed_by_peer(s) for s in silent)
         finally:
             for s in silent:
                 s.close()
