@@ -9,7 +9,12 @@ Reported: the median of --iters iterations after
 --warmup ones, as bus bandwidth = bytes x 2(n-1)/n / time (GB/s, 1e9 bytes). `ratio` is Gloo's
 median time over FTAR's; `paired_ratio` is the median of per-iteration ratios (each pair ran back to
 back, so it is steadier when other processes load the machine). `results_match`: FTAR's sum equals
-Gloo's (float32, to rounding).
+Gloo's (float32, to rounding). The ceiling is measured by the same processes in the same
+alternation: a third contender per iteration, a plain TCP ring (each rank `sendall`s the bytes
+FTAR sends per direction, 2(n-1)/n x size, to its right neighbour while it `recv_into`s as many
+from its left, preallocated buffers, no reduce): at 2 ranks exactly bench.limits'
+two-stream loopback. `tcp_busbw_gbs` is its bus bandwidth, `ftar_busbw_of_limit` FTAR's over it
+(medians), `paired_of_limit` the median of per-iteration ratios.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import os
 import socket
 import statistics
 import sys
+import threading
 import time
 
 UNITS = {"KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "B": 1}
@@ -50,9 +56,22 @@ def _worker(rank, world, nbytes, iters, warmup, gloo_port, addr_q, members_q, ou
     settings = FtarSettings(chunk_bytes=chunk_bytes, chunks_in_flight=chunks, timeout_s=60.0, connect_timeout_s=30.0,
                             socket_buffer_bytes=sockbuf, auth_key=b"bench ftar key, the same on every rank")
     ep = FtarEndpoint("127.0.0.1", 0, settings)
-    addr_q.put((rank, ep.address))
+    ceiling = socket.create_server(("127.0.0.1", 0))
+    addr_q.put((rank, (ep.address, ceiling.getsockname()[1])))
     members = members_q.get()
-    ep.configure("bench", 1, members)
+    ep.configure("bench", 1, [a for a, _ in members])
+    right = socket.create_connection(("127.0.0.1", members[(rank + 1) % world][1]))
+    left, _ = ceiling.accept()
+    per_direction = nbytes * 2 * (world - 1) // world
+    out_buf, in_buf = memoryview(bytearray(per_direction)), memoryview(bytearray(per_direction))
+
+    def tcp_ring() -> None:
+        sender = threading.Thread(target=right.sendall, args=(out_buf,))
+        sender.start()
+        got = 0
+        while got < per_direction:
+            got += left.recv_into(in_buf[got:])
+        sender.join()
     n = nbytes // 4
     src = torch.randn(n, generator=torch.Generator().manual_seed(rank))
     buf = torch.empty_like(src)
@@ -60,11 +79,13 @@ def _worker(rank, world, nbytes, iters, warmup, gloo_port, addr_q, members_q, ou
 
     ftar_times: list[float] = []
     gloo_times: list[float] = []
+    tcp_times: list[float] = []
     ftar_result = None
-    # Interleave FTAR and Gloo iterations so that load from other processes hits both alike.
+    # Interleave FTAR, Gloo and the TCP ceiling so that load from other processes hits all alike.
     for i in range(warmup + iters):
         for name, run, times in (("ftar", lambda: ep.allreduce(buf).wait(), ftar_times),
-                                 ("gloo", lambda: dist.all_reduce(buf), gloo_times)):
+                                 ("gloo", lambda: dist.all_reduce(buf), gloo_times),
+                                 ("tcp", tcp_ring, tcp_times)):
             buf.copy_(src)
             dist.barrier()
             t0 = time.perf_counter()
@@ -80,7 +101,10 @@ def _worker(rank, world, nbytes, iters, warmup, gloo_port, addr_q, members_q, ou
     ftar, gloo = ftar_times, gloo_times
     same = torch.allclose(ftar_result, gloo_result, rtol=1e-5, atol=1e-4)
     if rank == 0:
-        out_q.put({"ftar": ftar, "gloo": gloo, "same": bool(same)})
+        out_q.put({"ftar": ftar, "gloo": gloo, "tcp": tcp_times, "same": bool(same)})
+    right.close()
+    left.close()
+    ceiling.close()
     dist.barrier()
     ep.close()
     dist.destroy_process_group()
@@ -105,10 +129,13 @@ def measure(world: int, nbytes: int, iters: int, warmup: int, chunk_bytes: int, 
         p.join(60)
     factor = nbytes * 2 * (world - 1) / world / 1e9
     ftar_s, gloo_s = statistics.median(result["ftar"]), statistics.median(result["gloo"])
+    tcp_s = statistics.median(result["tcp"])
     return {"world": world, "bytes": nbytes, "ftar_busbw_gbs": round(factor / ftar_s, 3),
             "gloo_busbw_gbs": round(factor / gloo_s, 3), "ratio": round(gloo_s / ftar_s, 3),
             "ftar_median_s": round(ftar_s, 4), "gloo_median_s": round(gloo_s, 4),
             "paired_ratio": round(statistics.median(g / f for f, g in zip(result["ftar"], result["gloo"])), 3),
+            "tcp_busbw_gbs": round(factor / tcp_s, 3), "ftar_busbw_of_limit": round(tcp_s / ftar_s, 3),
+            "paired_of_limit": round(statistics.median(t / f for f, t in zip(result["ftar"], result["tcp"])), 3),
             "iters": len(result["ftar"]), "results_match": result["same"],
             "chunk_bytes": chunk_bytes, "chunks_in_flight": chunks}
 

@@ -14,7 +14,13 @@ Reported (one JSON line): state_bytes_per_rank_fsdp (parameters + AdamW state th
 really holds, from storage sizes) and state_bytes_per_rank_replicated (the same unsharded);
 median step times (the slowest rank's per step) and overhead_pct = (ft - torch) / torch;
 catchup_shard_gbs: rank k of replica 1 fetches rank k of replica 0's shards (its snapshot, over
-loopback HTTP, checksum verified), both ranks at once: shard bytes / seconds / 1e9 (the slower).
+loopback HTTP, checksum verified), both ranks at once: shard bytes / seconds / 1e9 (the slower);
+catchup_replica_gbs: both ranks' bytes over the slower one's time (the replica's catch-up);
+tcp_one_stream_gbs: one loopback TCP stream (bench/limits.py), the best of a measurement just
+before the workers start and one just after they end; catchup_shard_of_limit =
+catchup_replica_gbs / tcp_one_stream_gbs: the two ranks fetch at once on this machine's cores,
+which one stream already keeps busy (its sender and its receiver), so together they have what
+one stream has (on real hosts each rank has its own).
 """
 
 from __future__ import annotations
@@ -162,7 +168,10 @@ def _replicated_bytes(args: argparse.Namespace) -> int:
 
 
 def measure(args: argparse.Namespace) -> dict:
+    from bench.limits import measure_tcp
+
     env = {**os.environ, "PYTHONPATH": str(REPO)}
+    limits = [measure_tcp(1, 256 << 20, 2)]
     ctl = launch("--replicas", str(REPLICAS), "--min-replicas", "1", "--join-timeout-s", "30",
                  "--heartbeat-timeout-s", "60", "--job-id", "bench", env=env)
     try:
@@ -179,17 +188,21 @@ def measure(args: argparse.Namespace) -> dict:
             raise RuntimeError(f"a worker failed: exit codes {[w.returncode for w in workers]}")
     finally:
         ctl.stop()
+    limits.append(measure_tcp(1, 256 << 20, 2))
     torch_s = [max(v) for v in zip(*(r["torch"] for r in results))]
     ft_s = [max(v) for v in zip(*(r["ft"] for r in results))]
     torch_ms, ft_ms = statistics.median(torch_s) * 1e3, statistics.median(ft_s) * 1e3
     fetches = [r["fetch"] for r in results if r["fetch"]]
+    replica_gbs = sum(f["bytes"] for f in fetches) / max(f["seconds"] for f in fetches) / 1e9
     return {"replicas": REPLICAS, "ranks_per_replica": RANKS, "params": results[0]["params"], "steps": args.steps,
             "state_bytes_per_rank_fsdp": max(r["held_bytes"] for r in results),
             "state_bytes_per_rank_replicated": _replicated_bytes(args),
             "step_ms_torch_hsdp": round(torch_ms, 1), "step_ms_ft_hsdp": round(ft_ms, 1),
             "overhead_pct": round((ft_ms - torch_ms) / torch_ms * 100, 2),
             "catchup_shard_bytes": max(f["bytes"] for f in fetches),
-            "catchup_shard_gbs": round(min(f["bytes"] / f["seconds"] for f in fetches) / 1e9, 3)}
+            "catchup_shard_gbs": round(min(f["bytes"] / f["seconds"] for f in fetches) / 1e9, 3),
+            "catchup_replica_gbs": round(replica_gbs, 3), "tcp_one_stream_gbs": round(max(limits), 3),
+            "catchup_shard_of_limit": round(replica_gbs / max(limits), 3)}
 
 
 def main(argv: list[str] | None = None) -> int:

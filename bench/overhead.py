@@ -15,7 +15,8 @@ AdamW moments, ledger); digest_pct_at_default is its share of a step at the defa
 interval (one digest every RuntimeSettings.digest_every_steps steps).
 Catch-up: a source process serves a `--catchup-bytes` state from CPU memory and this
 process fetches it over loopback HTTP into its own tensors (checksum verified);
-catchup_gbs = bytes / seconds / 1e9 (best of --catchup-repeats).
+catchup_gbs = bytes / seconds / 1e9 (best of --catchup-repeats); catchup_of_limit is it over
+one-stream loopback TCP measured in the same run (bench/limits.py: tcp_one_stream_gbs).
 Fan-out: one plan broadcast + commit vote + decision round of the real leader channel
 against --fanout-ranks simulated ranks (all on this machine, so the ranks' own work counts).
 """
@@ -226,6 +227,7 @@ def _catchup_source(args: argparse.Namespace) -> None:
 def measure_catchup(args: argparse.Namespace) -> dict:
     import torch
 
+    from bench.limits import measure_tcp
     from fthsdp.state.fetch import fetch_once
     from fthsdp.state.stream import StateTarget
 
@@ -237,18 +239,20 @@ def measure_catchup(args: argparse.Namespace) -> dict:
         model = torch.nn.Module()
         model.weight = torch.nn.Parameter(torch.zeros(args.catchup_bytes // 4))
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
-        times = []
-        for _ in range(args.catchup_repeats):
+        times, limits = [], []
+        for _ in range(args.catchup_repeats):  # in alternation with the ceiling: load hits both alike
             t0 = time.perf_counter()
             fetch_once(address, 0, "bench", lambda: StateTarget(model, opt), 120.0,
                        key=job_secret.from_env().key(job_secret.PURPOSE_STATE))
             times.append(time.perf_counter() - t0)
+            limits.append(measure_tcp(1, args.catchup_bytes, 1))
     finally:
         src.stdin.close()
         src.wait(30)
-    best = min(times)
-    return {"catchup_bytes": args.catchup_bytes, "catchup_s": round(best, 3),
-            "catchup_gbs": round(args.catchup_bytes / best / 1e9, 3)}
+    best, limit = min(times), max(limits)
+    gbs = args.catchup_bytes / best / 1e9
+    return {"catchup_bytes": args.catchup_bytes, "catchup_s": round(best, 3), "catchup_gbs": round(gbs, 3),
+            "tcp_one_stream_gbs": round(limit, 3), "catchup_of_limit": round(gbs / limit, 3)}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,8 +1,11 @@
 """Fetches a peer's live state over HTTP straight into this rank's tensors.
 
-The body is streamed into its destination tensors as it arrives (never buffered whole),
-the checksum trailer is checked (see fthsdp/state/stream.py), and only then is the fetch
-acknowledged to the source and handed back, staged (`Fetched`), for the Manager to load.
+The body is streamed into its destination tensors as it arrives (never buffered whole).
+Its manifest tag is checked before the manifest is parsed and before one byte of state is
+written, its stream tag before the fetch is acknowledged to the source and handed back,
+staged (`Fetched`), for the Manager to load: both are MACs under the state key over this
+request's nonce (see fthsdp/state/stream.py), so only a source that holds the job secret
+can answer, and only this request.
 A short, damaged or refused transfer raises TransferError; `fetch_state` tries again up
 to `attempts` times. Every request is signed with the state key of the job secret
 (fthsdp/state/request_auth.py; `key` None: the source serves without authentication).
@@ -17,8 +20,8 @@ from typing import Callable
 
 from ftar_kernels import auth
 from fthsdp.state import request_auth
-from fthsdp.state.stream import (HEADER, MAX_MANIFEST_BYTES, PIECE_BYTES, TRAILER, Fetched, Manifest,
-                                 PipelinedChecksum, StateTarget, TransferError, tensor_bytes)
+from fthsdp.state.stream import (HEADER, MAX_MANIFEST_BYTES, PIECE_BYTES, TAG_BYTES, Fetched, Manifest,
+                                 PipelinedTag, StateTarget, TransferError, tags_match, tensor_bytes)
 
 log = logging.getLogger(__name__)
 
@@ -32,8 +35,13 @@ def _read_exact(resp: http.client.HTTPResponse, view: memoryview) -> None:
         got += n
 
 
-def _signed(key: bytes | None, method: str, target: str) -> dict[str, str]:
-    return {request_auth.HEADER: request_auth.sign(key, method, target, time.time(), auth.nonce())} if key else {}
+def _signed(key: bytes | None, method: str, target: str, nonce: bytes) -> dict[str, str]:
+    return {request_auth.HEADER: request_auth.sign(key, method, target, time.time(), nonce)} if key else {}
+
+
+def _unauthentic(address: str, what: str) -> TransferError:
+    return TransferError(f"the state {what} from {address} does not verify under the job secret: damaged in "
+                         f"transit (its checksum tag differs), or its source does not hold the job secret")
 
 
 def fetch_once(address: str, step: int, replica_id: str, target_of: Callable[[], StateTarget],
@@ -44,7 +52,8 @@ def fetch_once(address: str, step: int, replica_id: str, target_of: Callable[[],
     conn = http.client.HTTPConnection(host, int(port), timeout=timeout_s)
     try:
         path = f"/state?step={step}&replica={replica_id}"
-        conn.request("GET", path, headers=_signed(key, "GET", path))
+        nonce = auth.nonce() if key else b""
+        conn.request("GET", path, headers=_signed(key, "GET", path, nonce))
         resp = conn.getresponse()
         if resp.status != 200:
             raise TransferError(f"{address} refused step {step}: {resp.status} {resp.read(200)!r}")
@@ -53,17 +62,19 @@ def fetch_once(address: str, step: int, replica_id: str, target_of: Callable[[],
         (length,) = HEADER.unpack(head)
         if length > MAX_MANIFEST_BYTES:
             raise TransferError(f"state manifest claims {length} bytes, more than {MAX_MANIFEST_BYTES}")
-        body = bytearray(length)
+        body = bytearray(length + TAG_BYTES)
         _read_exact(resp, memoryview(body))
-        manifest = Manifest.from_json(bytes(body))
-        if manifest.step != step:
-            raise TransferError(f"{address} sent step {manifest.step}, asked for {step}")
-        target = target_of()
-        target.check(manifest)  # every entry fits this rank, before one byte of state is written
-        destinations = [tensor_bytes(target.destination(entry)) for entry in manifest.entries]
-        with PipelinedChecksum() as checksum:
+        with PipelinedTag(key, nonce) as checksum:
             checksum.update_bytes(head)
-            checksum.update_bytes(body)
+            checksum.update_bytes(body[:length])
+            if not tags_match(body[length:], checksum.value()):  # before the manifest is even parsed
+                raise _unauthentic(address, "manifest")
+            manifest = Manifest.from_json(bytes(body[:length]))
+            if manifest.step != step:
+                raise TransferError(f"{address} sent step {manifest.step}, asked for {step}")
+            target = target_of()
+            target.check(manifest)  # every entry fits this rank, before one byte of state is written
+            destinations = [tensor_bytes(target.destination(entry)) for entry in manifest.entries]
             for view in destinations:
                 for off in range(0, len(view), PIECE_BYTES):
                     if cancelled():
@@ -71,13 +82,10 @@ def fetch_once(address: str, step: int, replica_id: str, target_of: Callable[[],
                     piece = view[off:off + PIECE_BYTES]
                     _read_exact(resp, piece)
                     checksum.update_piece(piece)
-            trailer = bytearray(TRAILER.size)
+            trailer = bytearray(TAG_BYTES)
             _read_exact(resp, memoryview(trailer))
-            digest = checksum.value()
-        (sent_digest,) = TRAILER.unpack(trailer)
-        if sent_digest != digest:
-            raise TransferError(f"state from {address} failed its checksum (sent {sent_digest:#x}, "
-                                f"got {digest:#x})")
+            if not tags_match(trailer, checksum.value()):
+                raise _unauthentic(address, "stream")
         return target.finish(manifest)
     except (OSError, http.client.HTTPException) as exc:
         raise TransferError(f"state fetch from {address} failed: {exc!r}") from exc
@@ -91,7 +99,7 @@ def acknowledge(address: str, step: int, replica_id: str, timeout_s: float, *, k
     conn = http.client.HTTPConnection(host, int(port), timeout=timeout_s)
     try:
         path = f"/ack?step={step}&replica={replica_id}"
-        conn.request("POST", path, headers=_signed(key, "POST", path))
+        conn.request("POST", path, headers=_signed(key, "POST", path, auth.nonce()))
         resp = conn.getresponse()
         answer = resp.read(1000)
         if resp.status != 200:

@@ -1,10 +1,17 @@
 """A threading HTTP server whose every connection is bounded: count, time to authenticate, I/O.
 
-- At most `max_connections` connections are served at once (one thread each); one more is
-  closed at once, unanswered, so a flood costs no thread.
+- Connections that have not authenticated yet have a budget of their own,
+  `max_unauthenticated`: when it is full, a newcomer takes the place of the oldest of them
+  that has sent nothing yet (of the oldest of all when every one has spoken), which is shut
+  down unanswered. So strangers who open connections and send nothing never keep a fetcher
+  out, however many they open and however fast: a real fetcher sends its signed request in
+  the same breath as it connects, so it has spoken before a newer connection could push it
+  out, and only a stranger that speaks competes with it (each try costing it a connection).
 - A connection that has not authenticated (`authenticated(sock)`, called by the handler once
   its request passed) within `hello_timeout_s` of its arrival is shut down, however slowly its
   bytes trickle in: the server's loop looks every poll interval (`service_actions`).
+- At most `max_connections` authenticated connections are served at once (one thread each):
+  `authenticated` says False for one more, and the handler answers it "busy".
 - Every socket read and write is bounded by `io_timeout_s`, so a peer that stops reading
   fails the write blocked on it.
 - `cut_off(sock)`-marked streams can be shut down at once (`cut_streams`): a transfer whose
@@ -14,6 +21,7 @@
 from __future__ import annotations
 
 import logging
+import select
 import socket
 import threading
 import time
@@ -29,38 +37,64 @@ class GuardedHTTPServer(ThreadingHTTPServer):
     #: short queue that makes a real fetcher wait for its SYN to be sent again
     request_queue_size = 128
 
-    def __init__(self, address: tuple[str, int], handler, max_connections: int, hello_timeout_s: float,
-                 io_timeout_s: float) -> None:
-        self.max_connections, self.hello_timeout_s, self.io_timeout_s = max_connections, hello_timeout_s, io_timeout_s
+    def __init__(self, address: tuple[str, int], handler, max_connections: int, max_unauthenticated: int,
+                 hello_timeout_s: float, io_timeout_s: float) -> None:
+        self.max_connections, self.max_unauthenticated = max_connections, max_unauthenticated
+        self.hello_timeout_s, self.io_timeout_s = hello_timeout_s, io_timeout_s
         self._lock = threading.Lock()
-        self._due: dict[socket.socket, float] = {}   # live connection -> when it must have authenticated
+        #: not yet authenticated -> when it must have (in arrival order, so the first is the oldest)
+        self._due: dict[socket.socket, float] = {}
+        self._authenticated: set[socket.socket] = set()
         self._streams: set[socket.socket] = set()
-        self.admitted = self.turned_away = 0  # connections served / closed unanswered, so far
+        self._spoke: set[socket.socket] = set()   # unauthenticated ones that have sent a byte
+        #: connections admitted / shut down unauthenticated to make room / at their deadline /
+        #: answered busy, so far
+        self.admitted = self.turned_away = self.timed_out = self.busy = 0
         super().__init__(address, handler)
 
     @property
     def live_connections(self) -> int:
+        """Connections being served now, authenticated or not."""
+        with self._lock:
+            return len(self._due) + len(self._authenticated)
+
+    @property
+    def unauthenticated_connections(self) -> int:
         with self._lock:
             return len(self._due)
 
     def process_request(self, request, client_address) -> None:
         with self._lock:
-            full = len(self._due) >= self.max_connections
-            if not full:
-                self._due[request] = time.monotonic() + self.hello_timeout_s
-                self.admitted += 1
-            else:
+            oldest = self._make_room() if len(self._due) >= self.max_unauthenticated else None
+            if oldest is not None:
+                del self._due[oldest]
+                self._spoke.discard(oldest)
                 self.turned_away += 1
-        if full:
-            log.info("%s: %d connections already; closed the one from %s", self.server_address, self.max_connections,
-                     client_address)
-            self.shutdown_request(request)
-            return
+            self._due[request] = time.monotonic() + self.hello_timeout_s
+            self.admitted += 1
+        if oldest is not None:
+            log.debug("%s: %d unauthenticated connections already; shut the oldest", self.server_address,
+                      self.max_unauthenticated)
+            _shut(oldest)  # its thread ends on the closed socket and forgets it
         try:
             super().process_request(request, client_address)
         except BaseException:
             self._forget(request)
             raise
+
+    def _make_room(self) -> socket.socket:
+        """The unauthenticated connection to shut for a newcomer (called under the lock): the
+        oldest that has not spoken (no byte taken, none waiting), else the oldest."""
+        for sock in self._due:
+            if sock not in self._spoke and not _has_bytes(sock):
+                return sock
+        return next(iter(self._due))
+
+    def spoke(self, request) -> None:
+        """`request` sent its first byte (the handler saw it before reading it)."""
+        with self._lock:
+            if request in self._due:
+                self._spoke.add(request)
 
     def process_request_thread(self, request, client_address) -> None:
         request.settimeout(self.io_timeout_s)
@@ -72,12 +106,22 @@ class GuardedHTTPServer(ThreadingHTTPServer):
     def _forget(self, request) -> None:
         with self._lock:
             self._due.pop(request, None)
+            self._spoke.discard(request)
+            self._authenticated.discard(request)
             self._streams.discard(request)
 
-    def authenticated(self, request) -> None:
+    def authenticated(self, request) -> bool:
+        """Move `request` to the authenticated connections; False when they are full (or it
+        was shut down meanwhile), and it must be answered busy."""
         with self._lock:
-            if request in self._due:
-                self._due[request] = float("inf")
+            self._spoke.discard(request)
+            if self._due.pop(request, None) is None:
+                return False
+            if len(self._authenticated) >= self.max_connections:
+                self.busy += 1
+                return False
+            self._authenticated.add(request)
+            return True
 
     def streaming(self, request, on: bool) -> None:
         with self._lock:
@@ -88,7 +132,9 @@ class GuardedHTTPServer(ThreadingHTTPServer):
         with self._lock:
             overdue = [s for s, due in self._due.items() if now > due]
             for s in overdue:
-                self._due[s] = float("inf")  # shut down once
+                del self._due[s]  # shut down once; its thread ends on the closed socket
+                self._spoke.discard(s)
+            self.timed_out += len(overdue)
         for s in overdue:
             _shut(s)
 
@@ -99,6 +145,16 @@ class GuardedHTTPServer(ThreadingHTTPServer):
         for s in streams:
             _shut(s)
         return len(streams)
+
+
+def _has_bytes(sock: socket.socket) -> bool:
+    """Whether `sock` is readable now (bytes wait, or it closed), without reading or blocking."""
+    poller = select.poll()
+    try:
+        poller.register(sock, select.POLLIN)
+    except (OSError, ValueError):
+        return True  # closed already: its thread ends anyway
+    return bool(poller.poll(0))
 
 
 def _shut(sock: socket.socket) -> None:

@@ -60,8 +60,9 @@ class SeenNonces:
         self._until[nonce] = until
 
 
-def check(key: bytes, method: str, target: str, header: str | None, now: float, seen: SeenNonces) -> None:
-    """Raise Refused (saying why, never echoing the header at length) unless the request is authentic."""
+def check(key: bytes, method: str, target: str, header: str | None, now: float, seen: SeenNonces) -> bytes:
+    """The request's nonce (the server tags its answer over it: fthsdp/state/stream.py); raise
+    Refused (saying why, never echoing the header at length) unless the request is authentic."""
     if not header:
         raise Refused(f"no {HEADER} header: every request must be signed with the job secret")
     if len(header) > MAX_HEADER_CHARS:
@@ -82,3 +83,4 @@ def check(key: bytes, method: str, target: str, header: str | None, now: float, 
         raise Refused("the request is not authenticated: its tag does not match under the job secret (a "
                       "stranger, or another job's secret)")
     seen.add(nonce, at + MAX_SKEW_S, now)
+    return nonce

@@ -8,8 +8,11 @@ Every request is signed with the job secret (fthsdp/state/request_auth.py) and r
 (401) otherwise, before anything else is looked at. Once the plan named this rank's
 fetchers for the step (`serve(step, fetchers)`), only they may fetch (403 for any other
 replica), and an ack counts only from a fetcher that was sent the whole stream. Connections
-are bounded (fthsdp/state/guarded_http.py): MAX_CONNECTIONS at once, hello_timeout_s to
-authenticate, io_timeout_s per socket read or write, one request each.
+are bounded (fthsdp/state/guarded_http.py): MAX_CONNECTIONS authenticated at once, and
+apart from them MAX_UNAUTHENTICATED not yet authenticated, each shut down after
+hello_timeout_s (at most MAX_HELLO_S) or when a newer connection needs its place, so
+strangers' connections never take a fetcher's; io_timeout_s per socket read or write, one
+request each.
 
 Two calls drive it, each the execution of one protocol effect (fthsdp/step/protocol.py):
 `serve(step)` -- the state now is the state at the start of `step`, and stays so until
@@ -27,6 +30,7 @@ same rules hold for it: only those fetchers, an ack only after the whole stream)
 from __future__ import annotations
 
 import logging
+import socket
 import threading
 import time
 from dataclasses import dataclass, field
@@ -39,14 +43,19 @@ import torch
 
 from fthsdp.state import request_auth
 from fthsdp.state.guarded_http import GuardedHTTPServer
-from fthsdp.state.stream import PIECE_BYTES, TRAILER, Manifest, PipelinedChecksum, tensor_bytes
+from fthsdp.state.stream import PIECE_BYTES, Manifest, PipelinedTag, tensor_bytes
 
 log = logging.getLogger(__name__)
 
 MAX_REPLICA_CHARS = 128
 MAX_ACKS = 4096
-#: connections served at once (fetchers of one rank are a few replicas; one connection each)
+#: authenticated connections served at once (fetchers of one rank are a few replicas; one
+#: connection each)
 MAX_CONNECTIONS = 16
+#: connections not authenticated yet, held apart; when full, a newcomer shuts the oldest idle one
+MAX_UNAUTHENTICATED = 8
+#: the longest a connection may take to authenticate (a fetcher sends its signed request at once)
+MAX_HELLO_S = 2.0
 #: after the hold: how long running transfers get to notice the cut-off, and again after
 #: their connections were shut down
 CUT_OFF_GRACE_S = 1.0
@@ -59,7 +68,8 @@ Snapshot = tuple[Manifest, list[torch.Tensor]]
 
 class StateServer:
     """`key`: the state key of the job secret; None serves without authentication (only when
-    the caller was told to run the trainer ports that way)."""
+    the caller was told to run the trainer ports that way). `hello_timeout_s` is capped at
+    MAX_HELLO_S (a trainer's hello timeout is also the coordinator's, which may be longer)."""
 
     def __init__(self, host: str, port: int, snapshot: Callable[[], Snapshot], label: str = "", *,
                  key: bytes | None, hello_timeout_s: float = 10.0, io_timeout_s: float = 10.0) -> None:
@@ -80,7 +90,8 @@ class StateServer:
         #: always sees its own request counted)
         self.fetches_accepted = 0
         self.refused_requests = 0
-        self._httpd = _Server((host, port), _Handler, MAX_CONNECTIONS, hello_timeout_s, io_timeout_s)
+        self._httpd = _Server((host, port), _Handler, MAX_CONNECTIONS, MAX_UNAUTHENTICATED,
+                              min(hello_timeout_s, MAX_HELLO_S), io_timeout_s)
         self._httpd.owner = self
         if key is None:
             log.warning("state server %s serves WITHOUT authentication (insecure trainer ports)", label)
@@ -156,13 +167,13 @@ class StateServer:
 
     # -- called by the handler threads
 
-    def _authenticate(self, method: str, target: str, header: str | None) -> None:
-        """Raise request_auth.Refused unless the request is signed with the job secret."""
+    def _authenticate(self, method: str, target: str, header: str | None) -> bytes:
+        """The request's nonce; raise request_auth.Refused unless it is signed with the job secret."""
         if self._key is None:
-            return
+            return b""
         with self._cond:
             try:
-                request_auth.check(self._key, method, target, header, time.time(), self._seen)
+                return request_auth.check(self._key, method, target, header, time.time(), self._seen)
             except request_auth.Refused:
                 self.refused_requests += 1
                 raise
@@ -230,13 +241,14 @@ class StateServer:
             self._cond.notify_all()
             return HTTPStatus.OK, "ok"
 
-    def _stream(self, snapshot: Snapshot, write: Callable[[bytes | memoryview], object],
+    def _stream(self, snapshot: Snapshot, write: Callable[[bytes | memoryview], object], nonce: bytes,
                 kept: _Kept | None = None) -> None:
+        """Write the transfer body (fthsdp/state/stream.py), tagged over the request's `nonce`."""
         manifest, tensors = snapshot
         head = manifest.to_bytes()
-        with PipelinedChecksum() as checksum:
+        with PipelinedTag(self._key, nonce) as checksum:
             checksum.update_bytes(head)
-            write(head)
+            write(head + checksum.value())
             for t in tensors:
                 view = tensor_bytes(t)
                 for off in range(0, len(view), PIECE_BYTES):
@@ -245,7 +257,7 @@ class StateServer:
                     piece = view[off:off + PIECE_BYTES]
                     checksum.update_piece(piece)
                     write(piece)
-            write(TRAILER.pack(checksum.value()))
+            write(checksum.value())
 
 
 @dataclass
@@ -284,6 +296,14 @@ class _Handler(BaseHTTPRequestHandler):
     def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - stdlib signature
         log.debug("state server: " + format, *args)
 
+    def setup(self) -> None:
+        super().setup()
+        try:  # wait (bounded by the hello deadline) for the first byte, and say so before it is read
+            if self.request.recv(1, socket.MSG_PEEK):
+                self.server.spoke(self.request)
+        except OSError:
+            pass  # shut down or timed out: reading the request ends the handler
+
     def _query(self) -> tuple[str, int, str]:
         """(path, step, replica); step -1 and replica "" when missing or out of bounds."""
         url = urlparse(self.path)
@@ -302,20 +322,23 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
 
-    def _authentic(self, method: str) -> bool:
-        """Whether the request is signed with the job secret; answers 401/503 when not."""
+    def _authentic(self, method: str) -> bytes | None:
+        """The request's nonce when it is signed with the job secret; None (answered 401/503) when not."""
         self.close_connection = True  # one request per connection: each is authenticated alone
         try:
-            self.server.owner._authenticate(method, self.path, self.headers.get(request_auth.HEADER))
+            nonce = self.server.owner._authenticate(method, self.path, self.headers.get(request_auth.HEADER))
         except request_auth.Refused as exc:
             log.info("state server: refused a %s from %s: %s", method, self.client_address[0], exc)
             self._reply(HTTPStatus.SERVICE_UNAVAILABLE if exc.busy else HTTPStatus.UNAUTHORIZED, str(exc))
-            return False
-        self.server.authenticated(self.request)
-        return True
+            return None
+        if not self.server.authenticated(self.request):
+            self._reply(HTTPStatus.SERVICE_UNAVAILABLE, f"{MAX_CONNECTIONS} authenticated connections are being "
+                                                        f"served; try again later")
+            return None
+        return nonce
 
     def do_POST(self) -> None:  # noqa: N802 - stdlib naming
-        if not self._authentic("POST"):
+        if self._authentic("POST") is None:
             return
         path, step, replica = self._query()
         if path != "/ack" or step < 0 or not replica:
@@ -323,7 +346,8 @@ class _Handler(BaseHTTPRequestHandler):
         self._reply(*self.server.owner._ack(step, replica))
 
     def do_GET(self) -> None:  # noqa: N802 - stdlib naming
-        if not self._authentic("GET"):
+        nonce = self._authentic("GET")
+        if nonce is None:
             return
         path, step, replica = self._query()
         owner = self.server.owner
@@ -342,7 +366,7 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_header("Content-Type", "application/octet-stream")
             self.send_header("Content-Length", str(manifest.total_bytes))
             self.end_headers()
-            owner._stream(snapshot, self.wfile.write, kept)
+            owner._stream(snapshot, self.wfile.write, nonce, kept)
             complete = True
         except (ConnectionError, OSError) as exc:
             log.info("state transfer of step %s ended early: %s", step, exc)

@@ -50,14 +50,15 @@ def _coordinator(cfg: dict):
 
 
 def _state(cfg: dict):
-    """A state server of one tensor of `state_bytes`, serving a step to the fetcher "b"; `serve N`
-    serves step N (the state does not change: only its step number)."""
+    """A state server of one tensor of `state_bytes` (torch.randn under `seed`, 0 unless given),
+    serving a step to the fetcher "b"; `serve N` serves step N (the state does not change: only
+    its step number). `"insecure": true`: a stranger's server, without the job secret."""
     import torch
 
     from fthsdp.state.serve import StateServer
     from fthsdp.state.stream import build_manifest, live_entries
 
-    torch.manual_seed(0)
+    torch.manual_seed(cfg.get("seed", 0))
     model = torch.nn.Module()
     model.weight = torch.nn.Parameter(torch.randn(cfg["state_bytes"] // 4))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -68,7 +69,8 @@ def _state(cfg: dict):
         return build_manifest(served[0], '{"positions": {"b": 3}}', entries, scalars,
                               opt.state_dict()["param_groups"]), [t for _, t in entries]
 
-    server = StateServer("127.0.0.1", 0, snapshot, "attacked", key=job_secret.from_env().key(job_secret.PURPOSE_STATE),
+    key = None if cfg.get("insecure") else job_secret.from_env().key(job_secret.PURPOSE_STATE)
+    server = StateServer("127.0.0.1", 0, snapshot, "attacked", key=key,
                          hello_timeout_s=cfg["hello_timeout_s"], io_timeout_s=cfg["hello_timeout_s"]).start()
     server.serve(served[0], ("b",))
 
@@ -76,7 +78,8 @@ def _state(cfg: dict):
         return {"threads": threading.active_count(), "connections": server.connections,
                 "refused": server.refused_requests, "accepted": server.fetches_accepted,
                 "acks": sorted(server._acks.get(served[0], ())), "admitted": server._httpd.admitted,
-                "turned_away": server._httpd.turned_away}
+                "turned_away": server._httpd.turned_away, "busy": server._httpd.busy, "timed_out": server._httpd.timed_out,
+                "unauthenticated": server._httpd.unauthenticated_connections}
 
     def serve(args: list[str]) -> dict:
         served[0] = int(args[0])

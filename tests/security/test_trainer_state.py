@@ -1,13 +1,16 @@
 """Attacks on a rank's state server: it runs in its own process (tests/security/port_server.py),
 serving 16 MiB of state to its one assigned fetcher "b"; strangers send raw HTTP on loopback.
 Strangers get no state and release no hold, only "b" may fetch and acknowledge, readers that stop
-reading cannot hold the source past its bound, and connections and threads stay capped."""
+reading cannot hold the source past its bound, connections and threads stay capped, and
+strangers' idle connections never keep "b" out. And attacks on the fetcher: a stranger's state
+server, or one replaying a real source's recorded answer, is refused before one byte is written."""
 
 from __future__ import annotations
 
 import http.client
 import itertools
 import socket
+import threading
 import time
 
 import pytest
@@ -15,8 +18,9 @@ import torch
 
 from ftar_kernels import auth
 from fthsdp.state import request_auth
+from fthsdp.errors import TransferError
 from fthsdp.state.fetch import fetch_state
-from fthsdp.state.serve import MAX_CONNECTIONS
+from fthsdp.state.serve import MAX_CONNECTIONS, MAX_UNAUTHENTICATED
 from fthsdp.state.stream import StateTarget
 from protos import job_secret
 from tests.security.trainer_ports import STRANGER, PortProcess, closed_by_peer, dial
@@ -57,17 +61,24 @@ def request(source: PortProcess, method: str, path: str, key: bytes | None = KEY
         conn.close()
 
 
-def fetch(source: PortProcess) -> torch.Tensor:
-    """The real fetcher "b": the whole state, verified, then acknowledged."""
+def fetch(source: PortProcess, address: str | None = None, key: bytes | None = KEY, attempts: int = 1) -> torch.Tensor:
+    """The real fetcher "b" (holding the job secret unless `key` None): the whole state of the
+    source's step from `address` (the source's unless given), verified, then acknowledged; the
+    model it fetched into (zeros before) comes back, also when the fetch raises (as `.model`)."""
     model = torch.nn.Module()
     model.weight = torch.nn.Parameter(torch.zeros(STATE_BYTES // 4))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    fetch_state(source.address, source.step, "b", lambda: StateTarget(model, opt), 20.0, 1, key=KEY)
+    try:
+        fetch_state(address or source.address, source.step, "b", lambda: StateTarget(model, opt), 20.0, attempts,
+                    key=key)
+    except TransferError as exc:
+        exc.model = model.weight.detach()
+        raise
     return model.weight.detach()
 
 
-def expected_state() -> torch.Tensor:
-    torch.manual_seed(0)
+def expected_state(seed: int = 0) -> torch.Tensor:
+    torch.manual_seed(seed)
     return torch.randn(STATE_BYTES // 4)
 
 
@@ -128,11 +139,14 @@ async def test_connections_are_capped_and_unauthenticated_ones_closed_at_their_d
     try:
         def counted():
             s = source.ask("stats")
-            return s["admitted"] + s["turned_away"] - before["admitted"] - before["turned_away"] == len(silent) and s
-        stats = await wait_for(counted, 20.0, "every connection admitted or turned away")
-        assert stats["turned_away"] - before["turned_away"] >= len(silent) - MAX_CONNECTIONS
-        assert stats["connections"] <= MAX_CONNECTIONS and source.threads() <= threads + MAX_CONNECTIONS
-        assert all(closed_by_peer(s) for s in silent)  # turned away at once, or shut at their deadline
+            return s["admitted"] - before["admitted"] == len(silent) and s
+        stats = await wait_for(counted, 20.0, "every connection admitted")
+        assert stats["turned_away"] - before["turned_away"] >= len(silent) - MAX_UNAUTHENTICATED
+        assert stats["connections"] <= MAX_UNAUTHENTICATED
+        # a connection pushed out ends its thread on the closed socket
+        await wait_for(lambda: source.threads() <= threads + MAX_UNAUTHENTICATED, 10.0,
+                       f"at most {threads} + {MAX_UNAUTHENTICATED} threads")
+        assert all(closed_by_peer(s) for s in silent)  # pushed out at once, or shut at their deadline
     finally:
         for s in silent:
             s.close()
@@ -165,4 +179,95 @@ def test_a_stranger_speaking_no_http_is_cut_off(source):
     with socket.create_connection(source.host_port, timeout=20) as s:
         s.sendall(b"GET /" + b"a" * 70_000 + b" HTTP/1.1\r\n\r\n")  # a request line past the stdlib's bound
         assert closed_by_peer(s)
+    assert torch.equal(fetch(source), expected_state())
+
+
+async def test_idle_strangers_never_take_the_fetchers_place(tmp_path):
+    """300 connections that send nothing, then the real fetch: before, 16 of them held every
+    slot for the hello timeout (10 s by default) and the fetch was turned away at once; now
+    they only push each other out of their own small budget, and the fetch goes through in
+    one attempt while they are still connected."""
+    source = PortProcess("state", tmp_path / "state.log", state_bytes=STATE_BYTES, hello_timeout_s=10.0)
+    try:
+        source.step = 5
+        silent = [dial(source.host_port) for _ in range(300)]
+        try:
+            await wait_for(lambda: source.ask("stats")["admitted"] == len(silent), 20.0, "every connection admitted")
+            assert torch.equal(fetch(source), expected_state())
+            stats = source.ask("stats")
+            assert (stats["accepted"], stats["busy"]) == (1, 0) and stats["unauthenticated"] <= MAX_UNAUTHENTICATED
+            # each pushed out by a newer one, or (on a slow machine) shut at its deadline first
+            assert stats["turned_away"] + stats["timed_out"] >= len(silent) - MAX_UNAUTHENTICATED
+            assert all(closed_by_peer(s) for s in silent)
+        finally:
+            for s in silent:
+                s.close()
+        await wait_for(lambda: source.ask("stats")["connections"] == 0, 10.0, "no connection left")
+    finally:
+        source.close()
+
+
+@pytest.fixture(scope="module")
+def stranger(tmp_path_factory):
+    """A stranger's state server: it holds no job secret (it serves without one), and state of its own."""
+    server = PortProcess("state", tmp_path_factory.mktemp("stranger") / "state.log", state_bytes=STATE_BYTES,
+                         hello_timeout_s=HELLO_TIMEOUT_S, insecure=True, seed=1)
+    yield server
+    server.close()
+
+
+def test_state_from_a_source_without_the_job_secret_is_refused_before_anything_is_written(source, stranger):
+    stranger.step = stranger.ask(f"serve {source.step}")["step"]  # the step the plan told "b" to fetch
+    with pytest.raises(TransferError, match="does not verify under the job secret") as refused:
+        fetch(source, stranger.address, attempts=2)
+    assert not refused.value.model.any()  # the manifest tag failed first: not one byte was written
+    assert stranger.ask("stats")["accepted"] == 2  # it did answer, both attempts
+    assert torch.equal(fetch(source), expected_state())  # the real source is unaffected
+    # the protection is what refused it: a fetcher without the secret takes the stranger's weights
+    assert torch.equal(fetch(stranger, key=None), expected_state(seed=1))
+
+
+def _replaying(answer: bytes) -> tuple[socket.socket, threading.Thread]:
+    """A stranger's server that answers the next request with `answer` (a real source's, recorded)."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.settimeout(20)
+
+    def serve():  # one request: the fetch it is there for
+        try:
+            conn, _ = listener.accept()
+        except OSError:
+            return
+        with conn:
+            conn.settimeout(20)
+            try:
+                request = b""
+                while b"\r\n\r\n" not in request and (chunk := conn.recv(4096)):
+                    request += chunk
+                conn.sendall(answer)
+            except OSError:
+                pass  # the fetcher hung up on it
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    return listener, thread
+
+
+def test_a_recorded_answer_of_the_real_source_does_not_pass_for_a_new_request(source):
+    path = f"/state?step={source.step}&replica=b"
+    with dial(source.host_port) as s:  # what an eavesdropper records of a real fetch
+        header = request_auth.sign(KEY, "GET", path, time.time(), auth.nonce())
+        s.sendall(f"GET {path} HTTP/1.1\r\nHost: x\r\n{request_auth.HEADER}: {header}\r\n\r\n".encode())
+        recorded = bytearray()
+        while chunk := s.recv(1 << 20):
+            recorded += chunk
+    assert recorded.startswith(b"HTTP/1.1 200") and len(recorded) > STATE_BYTES
+    listener, thread = _replaying(bytes(recorded))
+    try:
+        host, port = listener.getsockname()[:2]
+        with pytest.raises(TransferError, match="manifest .* does not verify under the job secret") as refused:
+            fetch(source, f"{host}:{port}")
+        assert not refused.value.model.any()
+    finally:
+        listener.close()
+        thread.join(10)
     assert torch.equal(fetch(source), expected_state())

@@ -1,0 +1,160 @@
+"""The data plane's ceilings on this machine: what loopback TCP, memcpy and torch's add_ move.
+
+    python -m bench.limits --json
+
+- `tcp_one_stream_gbs`: one loopback TCP connection, `sendall` from and `recv_into` a
+  preallocated buffer, --total bytes (1 GiB) -- the ceiling of one catch-up stream.
+- `tcp_two_stream_gbs`: two connections at once in opposite directions (what a 2-rank ring
+  does), GB/s per direction -- the ceiling of FTAR's bus bandwidth at 2 ranks.
+- `memcpy_gbs`: torch copy_ between two 256 MiB tensors (bytes copied per second).
+- `add_gbs`: torch add_ of a chunk-sized float32 staging tensor into a large destination,
+  chunk by chunk (bytes of destination reduced per second), at --chunk-bytes (FTAR's chunk).
+
+Each socket figure is the best of --repeats runs (the machine is shared: the best run is the
+one least disturbed). Every data-plane benchmark measures the ceiling it is compared with in
+its own run (`measure_tcp`), and prints its figure as a fraction of it (`*_of_limit`).
+GB/s are 1e9 bytes per second.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import sys
+import threading
+import time
+
+GB = 1e9
+BUFFER_BYTES = 4 << 20
+
+
+def _pair() -> tuple[socket.socket, socket.socket]:
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        a = socket.create_connection(listener.getsockname()[:2])
+        b, _ = listener.accept()
+    for s in (a, b):
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return a, b
+
+
+def _send(sock: socket.socket, total: int, buf: memoryview) -> None:
+    left = total
+    while left:
+        n = min(left, len(buf))
+        sock.sendall(buf[:n])
+        left -= n
+
+
+def _recv(sock: socket.socket, total: int, buf: memoryview) -> None:
+    left = total
+    while left:
+        k = sock.recv_into(buf, min(left, len(buf)))
+        if not k:
+            raise ConnectionError("loopback peer closed early")
+        left -= k
+
+
+def _side(jobs: list[tuple[str, socket.socket]], total: int, buffer_bytes: int, start, out) -> None:
+    """One endpoint process: a thread per (direction, socket) job, timed from a shared start."""
+    threads = [threading.Thread(target=_send if kind == "send" else _recv,
+                                args=(sock, total, memoryview(bytearray(buffer_bytes)))) for kind, sock in jobs]
+    start.wait()
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    out.put(time.perf_counter() - t0)
+
+
+def _streams_once(streams: int, total: int, buffer_bytes: int) -> float:
+    """Seconds for `streams` connections between two processes (alternating directions, as the
+    two ranks of a ring, each with a thread per connection) to move `total` bytes each."""
+    import multiprocessing as mp
+    ctx = mp.get_context("fork")
+    pairs = [_pair() for _ in range(streams)]
+    sides: list[list[tuple[str, socket.socket]]] = [[], []]
+    for i, (a, b) in enumerate(pairs):
+        sides[i % 2].append(("send", a))
+        sides[1 - i % 2].append(("recv", b))
+    start, out = ctx.Barrier(3), ctx.Queue()
+    procs = [ctx.Process(target=_side, args=(jobs, total, buffer_bytes, start, out)) for jobs in sides]
+    try:
+        for p in procs:
+            p.start()
+        start.wait()
+        return max(out.get(timeout=600) for _ in procs)
+    finally:
+        for p in procs:
+            p.join(60)
+        for a, b in pairs:
+            a.close()
+            b.close()
+
+
+def measure_tcp(streams: int, total: int = 1 << 30, repeats: int = 3, buffer_bytes: int = BUFFER_BYTES) -> float:
+    """GB/s per stream: the best of `repeats` runs of `streams` loopback connections at once."""
+    return max(total / _streams_once(streams, total, buffer_bytes) / GB for _ in range(repeats))
+
+
+def measure_memcpy(nbytes: int = 256 << 20, repeats: int = 5) -> float:
+    import torch
+    a, b = torch.empty(nbytes, dtype=torch.uint8), torch.ones(nbytes, dtype=torch.uint8)
+    a.copy_(b)
+    best = min(_timed(lambda: a.copy_(b)) for _ in range(repeats))
+    return nbytes / best / GB
+
+
+def measure_add(chunk_bytes: int, total: int = 256 << 20, repeats: int = 5) -> float:
+    import torch
+    n, c = total // 4, chunk_bytes // 4
+    dst, staging = torch.ones(n), torch.ones(c)
+
+    def run() -> None:
+        for lo in range(0, n, c):
+            hi = min(n, lo + c)
+            dst[lo:hi].add_(staging[:hi - lo])
+    run()
+    return total / min(_timed(run) for _ in range(repeats)) / GB
+
+
+def _timed(fn) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def load() -> list[float]:
+    """The machine's 1/5/15-minute load averages (what else ran during the measurement)."""
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+def main(argv: list[str] | None = None) -> int:
+    from bench.ftar import parse_size
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--total", default="1GiB", help="bytes per stream")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--chunk-bytes", default="", help="the add_ chunk (default: FTAR's chunk_bytes)")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args(argv)
+    import torch
+    torch.set_num_threads(1)
+    from ftar_kernels import FtarSettings
+    total = parse_size(args.total)
+    chunk = parse_size(args.chunk_bytes) if args.chunk_bytes else FtarSettings().chunk_bytes
+    row = {"tcp_one_stream_gbs": round(measure_tcp(1, total, args.repeats), 3),
+           "tcp_two_stream_gbs": round(measure_tcp(2, total, args.repeats), 3),
+           "memcpy_gbs": round(measure_memcpy(), 3),
+           "add_gbs": round(measure_add(chunk), 3), "add_chunk_bytes": chunk,
+           "bytes_per_stream": total, "cpus": os.cpu_count(), "load": load()}
+    if args.json:
+        print(json.dumps(row), flush=True)
+    else:
+        print(", ".join(f"{k} {v}" for k, v in row.items()), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
