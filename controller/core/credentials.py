@@ -24,6 +24,9 @@ from controller.core.errors import PermissionDenied
 from protos import credentials as wire
 from protos.job_secret import JobSecret
 
+#: Tokens kept per kind (ids are bounded, a stranger's too; past this the cache starts over).
+CACHED = 4096
+
 
 class Credentials:
     def __init__(self, secret: JobSecret | None) -> None:
@@ -39,15 +42,15 @@ class Credentials:
     def trainer_token(self, host_id: str) -> str:
         token = self._hosts.get(host_id)
         if token is None:
-            if len(self._hosts) > 65536:
-                self._hosts.clear()  # a cache, bounded: ids are bounded, a stranger's too
+            if len(self._hosts) >= CACHED:
+                self._hosts.clear()
             token = self._hosts[host_id] = wire.trainer_token(self.secret, host_id)
         return token
 
     def _replica_token(self, replica_id: str) -> str:
         token = self._replicas.get(replica_id)
         if token is None:
-            if len(self._replicas) > 65536:
+            if len(self._replicas) >= CACHED:
                 self._replicas.clear()
             token = self._replicas[replica_id] = wire.replica_token(self.secret, replica_id)
         return token

@@ -163,11 +163,11 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
     async def RegisterAgent(self, request, context):
         state = self.server.require_leader()
         self.server.check_peer_may_act_as(context, request.host_id)
-        callers.check_registration(self.server, request)
         limit = self.server.settings.max_slots_per_host
         if len(request.assignment.ranks) > limit:  # counted before the ranks are copied
             raise InvalidArgument(f"assignment names {len(request.assignment.ranks)} ranks; one host runs at most "
                                   f"{limit}.")
+        callers.check_registration(self.server, request)
         claimed = from_proto_assignment(request.assignment) if request.HasField("assignment") else None
         secret = new_agent_secret()
         assignment, reason = state.register_agent(
