@@ -8,7 +8,7 @@ import logging
 import grpc
 
 from controller.core.checks import check_id, shown
-from controller.service import callers
+from controller.service import callers, decoding
 from controller.core.errors import FailedPrecondition, InvalidArgument, RequestError
 from controller.core.identity import hash_secret
 from controller.core.model import JobState
@@ -275,6 +275,7 @@ def add_to_server(servicer: ControllerServicer, server) -> None:
             handlers.update(method_handlers)
 
     controller_pb2_grpc.add_ControllerServicer_to_server(servicer, Collect())
+    handlers = decoding.guard(SERVICE_NAME, handlers)  # undecodable requests: INVALID_ARGUMENT
     for name in PRE_ENCODED:
         h = handlers[name]
         make = grpc.unary_unary_rpc_method_handler if not h.request_streaming else grpc.stream_stream_rpc_method_handler
