@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -24,9 +26,10 @@ from fthsdp.step.quorum_stream import StreamFailed
 from protos import controller_pb2 as pb
 from protos import controller_pb2_grpc as pbg
 from protos import credentials, job_secret
+from protos.quorum_wire import ANSWER, HEADER, JOIN, PREAMBLE, REFUSED, FrameReader, frame
 
 from .harness import (HOST, JOB, LEADER_CREDENTIAL, REPLICA, SECRET, Legit, expect_refused, open_channel, picture, proof,
-                      start_controller)
+                      rss, start_controller)
 
 pytestmark = pytest.mark.slow
 DENIED = grpc.StatusCode.PERMISSION_DENIED
@@ -296,3 +299,89 @@ def test_the_controller_refuses_to_start_without_a_job_secret():
                           env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 2
     assert "no job secret" in done.stderr and "--job-secret-file" in done.stderr and "--insecure" in done.stderr
+
+
+# -- 8a. exhausting the quorum port's memory ------------------------------------------------------------
+
+SLOW_FRAME = 7 << 20  # a frame this long is announced...
+SENT = 6 << 20        # ...and this much of it sent, then nothing
+
+
+def _strangers(port: str, count: int, joined: bytes = b"") -> list:
+    """`count` connections that each send `joined` (a whole join, or nothing), then begin a
+    7 MiB frame, send 6 MiB of it and stop."""
+    host, number = port.rsplit(":", 1)
+    out = []
+    for _ in range(count):
+        sock = socket.create_connection((host, int(number)), timeout=BOUND_S)
+        sock.sendall(PREAMBLE + joined)
+        if joined:  # the join's answer first
+            reader = FrameReader(1 << 20, frozenset({ANSWER, REFUSED}), preamble=False)
+            while not (got := reader.feed(sock.recv(65536))):
+                pass
+            assert [k for k, _ in got] == [ANSWER], got
+        try:
+            sock.sendall(HEADER.pack(SLOW_FRAME, JOIN) + b"\x0a" * SENT)
+        except OSError:
+            pass  # refused (and closed) before all of it was sent
+        out.append(sock)
+    return out
+
+
+def _refusal(sock) -> str:
+    """The code of the refusal the port sent this connection before it closed it; "reset" when
+    it closed it with our unread bytes (the kernel resets it), "open" when it is still open."""
+    sock.settimeout(BOUND_S)
+    reader, frames = FrameReader(1 << 20, frozenset({ANSWER, REFUSED}), preamble=False), []
+    try:
+        while chunk := sock.recv(65536):
+            frames += reader.feed(chunk)
+    except TimeoutError:
+        return "open"
+    except OSError:
+        return "reset"
+    return pb.QuorumPortRefusal.FromString(frames[-1][1]).code if frames else "closed"
+
+
+@pytest.mark.parametrize("mode", ("bounded", "unbounded"))
+async def test_8a_slow_frames_cannot_exhaust_the_quorum_ports_memory(mode, tmp_path):
+    """Twenty strangers each begin a 7 MiB frame, send 6 MiB and stop; one leader that joined
+    does the same after its join. With the bounds (16 MiB over all connections, 1 s per frame)
+    the controller holds at most the bound and cuts them off; with bounds as loose as the job's
+    size allowed before (`unbounded`), it holds all of it."""
+    settings = tmp_path / "settings.json"
+    loose = mode == "unbounded"
+    settings.write_text(json.dumps({"quorum_port_buffer_bytes": (1 << 30) if loose else 16 << 20,
+                                    "quorum_port_frame_s": 60.0 if loose else 1.0,
+                                    "quorum_port_hello_s": 60.0 if loose else 5.0}))
+    async with job("secure", "--settings", str(settings)) as (ctl, legit, _, _beating):
+        port = resolve(ctl.quorum, ctl.grpc)
+        base = rss(ctl)
+        strangers = await asyncio.to_thread(_strangers, port, 20)
+        joined = legit.quorum_request(step=legit.step, incarnation="lead-1")
+        [insider] = await asyncio.to_thread(_strangers, port, 1, frame(JOIN, joined.SerializeToString()))
+        grown = rss(ctl) - base
+        try:
+            if loose:
+                assert grown > 90, grown  # 21 × 6 MiB held
+                return
+            assert grown < 48, grown
+            codes = await asyncio.gather(*(asyncio.to_thread(_refusal, s) for s in strangers + [insider]))
+            # every one cut off (the insider too): over the bound, or past its frame's (or, before
+            # a join, its hello's) deadline
+            assert "open" not in codes and "RESOURCE_EXHAUSTED" in codes, codes
+            assert set(codes) <= {"RESOURCE_EXHAUSTED", "DEADLINE_EXCEEDED", "reset", "closed"}, codes
+        finally:
+            for s in strangers + [insider]:
+                s.close()
+        # Alone, with room in the buffer, a leader that trickles a frame after its join is cut
+        # off by the frame's deadline.
+        await legit.resume(ctl.http)
+        [alone] = await asyncio.to_thread(_strangers, port, 1, frame(JOIN, legit.quorum_request(
+            incarnation="lead-1").SerializeToString()))
+        try:
+            assert await asyncio.to_thread(_refusal, alone) == "DEADLINE_EXCEEDED"
+        finally:
+            alone.close()
+        await legit.resume(ctl.http)
+        await legit.still_served(ctl.http)
