@@ -169,7 +169,6 @@ def _job_secret(args) -> job_secret.JobSecret | None:
 def build_server(args):
     from controller.service.server import ControllerServer
 
-    secret = _job_secret(args)
     settings = ControllerSettings.from_file(
         args.settings, job_id=args.job_id, replicas=args.replicas, min_replicas=args.min_replicas,
         join_timeout_s=args.join_timeout_s, heartbeat_timeout_s=args.heartbeat_timeout_s, lr_policy=args.lr_policy,
@@ -183,6 +182,7 @@ def build_server(args):
         raise ValueError("--bind-client-cert-to-host needs mTLS: give --tls-client-ca-file too.")
     if not args.etcd and (args.etcd_ca_file or args.etcd_cert_file or args.etcd_user):
         raise ValueError("the --etcd-* TLS and auth flags need --etcd.")
+    secret = _job_secret(args)  # after the settings: their errors come first
     store = _etcd_store(args, settings.job_id) if args.etcd else None
     return ControllerServer(
         settings, host=args.host, grpc_port=args.grpc_port, http_port=args.http_port, store=store,
