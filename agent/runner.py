@@ -201,7 +201,7 @@ class Agent:
             assignment=self.assignment.to_proto() if self.assignment else None,
             address=s.advertise_address, rendezvous_port=self.ports[0] if address_given else 0,
             coordinator_port=self.ports[1] if address_given else 0,
-            previous_secret="" if self._secret else self._previous_secret,
+            previous_secret="" if self._secret else self._previous_secret, standby=s.standby,
             proof=registration_proof(s, self.incarnation))
         try:
             response = await stub.RegisterAgent(request, timeout=s.rpc_timeout_s)

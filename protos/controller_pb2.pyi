@@ -231,7 +231,7 @@ class Assignment(_message.Message):
     def __init__(self, replica_id: _Optional[str] = ..., ranks: _Optional[_Iterable[int]] = ..., world_size: _Optional[int] = ..., version: _Optional[int] = ..., replica_version: _Optional[int] = ..., rendezvous_address: _Optional[str] = ..., coordinator_address: _Optional[str] = ...) -> None: ...
 
 class RegisterAgentRequest(_message.Message):
-    __slots__ = ("host_id", "spare", "slots", "labels", "assignment", "incarnation", "address", "rendezvous_port", "coordinator_port", "previous_secret", "proof")
+    __slots__ = ("host_id", "spare", "slots", "labels", "assignment", "incarnation", "address", "rendezvous_port", "coordinator_port", "previous_secret", "proof", "standby")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -250,6 +250,7 @@ class RegisterAgentRequest(_message.Message):
     COORDINATOR_PORT_FIELD_NUMBER: _ClassVar[int]
     PREVIOUS_SECRET_FIELD_NUMBER: _ClassVar[int]
     PROOF_FIELD_NUMBER: _ClassVar[int]
+    STANDBY_FIELD_NUMBER: _ClassVar[int]
     host_id: str
     spare: bool
     slots: int
@@ -261,7 +262,8 @@ class RegisterAgentRequest(_message.Message):
     coordinator_port: int
     previous_secret: str
     proof: str
-    def __init__(self, host_id: _Optional[str] = ..., spare: _Optional[bool] = ..., slots: _Optional[int] = ..., labels: _Optional[_Mapping[str, str]] = ..., assignment: _Optional[_Union[Assignment, _Mapping]] = ..., incarnation: _Optional[str] = ..., address: _Optional[str] = ..., rendezvous_port: _Optional[int] = ..., coordinator_port: _Optional[int] = ..., previous_secret: _Optional[str] = ..., proof: _Optional[str] = ...) -> None: ...
+    standby: bool
+    def __init__(self, host_id: _Optional[str] = ..., spare: _Optional[bool] = ..., slots: _Optional[int] = ..., labels: _Optional[_Mapping[str, str]] = ..., assignment: _Optional[_Union[Assignment, _Mapping]] = ..., incarnation: _Optional[str] = ..., address: _Optional[str] = ..., rendezvous_port: _Optional[int] = ..., coordinator_port: _Optional[int] = ..., previous_secret: _Optional[str] = ..., proof: _Optional[str] = ..., standby: _Optional[bool] = ...) -> None: ...
 
 class RegisterAgentResponse(_message.Message):
     __slots__ = ("assignment", "reason", "job_id", "job_state", "agent_secret")

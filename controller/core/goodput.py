@@ -31,11 +31,15 @@ from dataclasses import dataclass, field
 
 #: How many finished or open failures are kept for the status API.
 RECENT_FAILURES = 50
-#: Chart samples kept (one per `SAMPLE_EVERY_S` at most, plus every change of healthy count).
+#: Chart samples kept (one per `SAMPLE_EVERY_S` at most, plus every change of healthy count and
+#: both edges of every pause of `PAUSE_EDGE_S` or more).
 HISTORY_SAMPLES = 720
 #: Trained commits remembered per replica, newest last, so an abandoned branch can be taken back.
 RECENT_COMMITS = 4096
 SAMPLE_EVERY_S = 1.0
+#: A pause of the committed step this long or longer has both its edges in the chart samples
+#: (the last advance before it and the first after), so controller.core.stalls measures it exactly.
+PAUSE_EDGE_S = SAMPLE_EVERY_S
 
 
 @dataclass
@@ -96,6 +100,8 @@ class GoodputTracker:
         self.failures: deque[Failure] = deque(maxlen=RECENT_FAILURES)
         self.history: deque[tuple[float, int, int]] = deque(maxlen=HISTORY_SAMPLES)
         self._advances: deque[float] = deque()
+        #: when the committed step last advanced (None: not since this tracker started)
+        self._last_advance_at: float | None = None
         self._observations: list[Observation] = []
 
     # -- what happened -------------------------------------------------------------------
@@ -123,10 +129,14 @@ class GoodputTracker:
             self._observations.append(Observation("step", covered))
         g.since = now
         if step > self.committed_step:
+            paused = self._last_advance_at is not None and now - self._last_advance_at >= PAUSE_EDGE_S
+            if paused:
+                self._sample_last_advance()
             self.committed_step = step
+            self._last_advance_at = now
             self._advances.append(now)
             self._prune(now)
-            self._sample(now, changed=False)
+            self._sample(now, changed=paused)
 
     def on_abandoned(self, replica_ids, from_step: int) -> float:
         """The history goes on without these replicas' commits of `from_step` and later (a
@@ -165,7 +175,14 @@ class GoodputTracker:
                     break
             self._observations.append(Observation("recover", recover))
         if healthy != was_healthy:
+            self._sample_last_advance()
             self._sample(now, changed=True)
+
+    def timeline(self) -> list[tuple[float, int, int]]:
+        """The chart samples, with the last advance of the committed step appended when no
+        sample holds it yet: what controller.core.stalls reads."""
+        last = self._unsampled_advance()
+        return list(self.history) + ([last] if last else [])
 
     def take_observations(self) -> list[Observation]:
         out, self._observations = self._observations, []
@@ -227,6 +244,20 @@ class GoodputTracker:
     def _prune(self, now: float) -> None:
         while self._advances and self._advances[0] <= now - self.window_s:
             self._advances.popleft()
+
+    def _unsampled_advance(self) -> tuple[float, int, int] | None:
+        """The last advance of the committed step as a sample, if no sample holds it yet (the
+        healthy count then is the last sample's: every change of it is sampled at once)."""
+        t = self._last_advance_at
+        if t is not None and self.history and self.history[-1][0] < t:
+            return (t, self.committed_step, self.history[-1][2])
+        return None
+
+    def _sample_last_advance(self) -> None:
+        """Before a sample that may follow a pause: keep the pause's start."""
+        last = self._unsampled_advance()
+        if last:
+            self.history.append(last)
 
     def _sample(self, now: float, changed: bool) -> None:
         if changed or not self.history or now - self.history[-1][0] >= SAMPLE_EVERY_S:

@@ -42,7 +42,7 @@ class HostRegistry:
                        slots: int = 1, labels: dict[str, str] | None = None,
                        assignment: Assignment | None = None, secret_hash: str = "", address: str = "",
                        rendezvous_port: int = 0, coordinator_port: int = 0,
-                       previous_secret: str = "") -> tuple[Assignment | None, str]:
+                       previous_secret: str = "", standby: bool = False) -> tuple[Assignment | None, str]:
         """Register (or re-register) a host. `secret_hash` is the hash of a fresh agent secret:
         kept when this registration starts a new incarnation (or the host has none yet), so
         the caller hands the secret out only when `hosts[host_id].secret_hash` equals it.
@@ -133,6 +133,7 @@ class HostRegistry:
         h.incarnation, h.slots, h.labels, h.last_seen = incarnation, max(slots, 1), labels, now
         h.secret_hash = secret_hash
         h.address, h.rendezvous_port, h.coordinator_port = address, rendezvous_port, coordinator_port
+        h.standby = standby
         new_rank0 = h.assignment is None and assignment is not None and 0 in assignment.ranks
         if h.assignment is None and assignment is not None:
             self._assign(h, assignment)

@@ -174,7 +174,8 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
             request.host_id, request.incarnation, self.server.clock(), spare=request.spare,
             slots=request.slots, labels=request.labels, assignment=claimed, secret_hash=hash_secret(secret),
             address=request.address, rendezvous_port=request.rendezvous_port,
-            coordinator_port=request.coordinator_port, previous_secret=request.previous_secret)
+            coordinator_port=request.coordinator_port, previous_secret=request.previous_secret,
+            standby=request.standby)
         await self.server.settle()
         host = state.hosts[request.host_id]
         issued = host.secret_hash == hash_secret(secret)

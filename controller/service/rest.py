@@ -21,8 +21,9 @@ from controller.core.errors import RequestError
 from controller.core.state import ControllerState
 from controller.service.errors import NotLeader, http_status
 from controller.service.paging import PAGE_MAX, SortedIds, event_page, host_page, next_link
+from controller.service.stall_schema import StallsView
 from controller.service.telemetry_wire import entry_view
-from controller.service.views import host_view, job_view, quorum_view, replica_view
+from controller.service.views import host_reasons, host_view, job_view, quorum_view, replica_view, stalls_view
 from controller.store import StoreError
 
 PROBLEM = "application/problem+json"
@@ -169,7 +170,14 @@ def make_app(server) -> FastAPI:
         page, cursor = host_page(host_index.of(state), after, limit)
         if cursor is not None:
             response.headers["Link"] = next_link("/api/v1/hosts", limit=limit, after=cursor)
-        return [host_view(state.hosts[h], now) for h in page]
+        reasons = host_reasons(state)
+        return [host_view(state.hosts[h], now, reasons) for h in page]
+
+    @app.get("/api/v1/stalls", responses=READ_PROBLEMS, response_model=StallsView,
+             summary="When the job stood still (its committed step did not advance), and the failures behind it")
+    async def stalls(v: View):
+        state, srv = v
+        return stalls_view(state, srv.clock())
 
     @app.get("/api/v1/quorums", responses=READ_PROBLEMS, summary="The current quorum and recent ones, each with its reason")
     async def quorums(v: View):

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from dataclasses import asdict
 
-from controller.core.model import HostState, Quorum, ReplicaState
+from controller.core.model import HostState, JobState, Quorum, ReplicaState
+from controller.core.stalls import Pause, find_stalls
 
 
 def quorum_view(q: Quorum | None) -> dict | None:
@@ -71,11 +72,52 @@ def replica_view(r, now: float) -> dict:
     }
 
 
-def host_view(h, now: float) -> dict:
+def host_view(h, now: float, reasons: dict | None = None) -> dict:
     return {
-        "host_id": h.host_id, "state": h.state.value, "spare": h.state == HostState.SPARE,
+        "host_id": h.host_id, "state": h.state.value, "spare": h.state == HostState.SPARE, "standby": h.standby,
         "assignment": asdict(h.assignment) if h.assignment else None, "labels": h.labels, "slots": h.slots,
-        "cordoned": h.cordoned, "cordon_reason": h.cordon_reason, "incarnation": h.incarnation,
+        "cordoned": h.cordoned, "cordon_reason": h.cordon_reason, "cordoned_by": h.cordon_by,
+        "incarnation": h.incarnation,
         "assignment_version": h.assignment_version, "address": h.address,
         "seconds_since_seen": round(max(now - h.last_seen, 0.0), 3),
+        "state_reason": (reasons or {}).get(h.host_id, ""),
+    }
+
+
+#: Event kinds that say why a host is DEAD (their subject is the host).
+HOST_GONE_KINDS = ("host_death", "host_left")
+
+
+def host_reasons(state) -> dict:
+    """host id -> why it is DEAD: the message of its newest recent event saying how it died
+    or left. Hosts that are not DEAD, or whose event is no longer recent, are absent."""
+    out = {}
+    for e in state.events:
+        h = state.hosts.get(e.subject) if e.kind in HOST_GONE_KINDS else None
+        if h is not None and h.state == HostState.DEAD:
+            out[e.subject] = e.message
+    return out
+
+
+def _pause_view(p: Pause | None) -> dict | None:
+    if p is None:
+        return None
+    return {"start": p.start, "end": p.end, "seconds": round(p.seconds, 3), "step": p.step, "ongoing": p.ongoing}
+
+
+def stalls_view(state, now: float) -> dict:
+    """When the job stood still and the failures behind it (controller.core.stalls)."""
+    running = state.job_state == JobState.RUNNING
+    timeline = state.goodput.timeline()
+    ended = state.completed_at if state.completed_at is not None else (timeline[-1][0] if timeline else now)
+    # The history holds each quorum id as it first formed (`state.quorum` is the current one as
+    # its latest round re-formed it, on the fast path with the same id and a later time).
+    quorums = [(q.formed_at, q.quorum_id, q.reason) for q in state.quorum_history]
+    report = find_stalls(timeline, [dict(f.__dict__) for f in state.goodput.failures], quorums,
+                         now if running else ended, running)
+    return {
+        "typical_step_s": report.typical_step_s, "threshold_s": report.threshold_s,
+        "stalls": [{**_pause_view(s.pause), "failures": [{"replica": r, "died_at": at} for r, at in s.failures],
+                    "quorum_id": s.quorum_id, "quorum_reason": s.quorum_reason} for s in report.stalls],
+        "failures": [{**f.failure, "stall": _pause_view(f.pause)} for f in report.failures],
     }

@@ -37,23 +37,135 @@ function percent(ratio) { return (100 * ratio).toFixed(1) + " %"; }
 
 function time(at) { return at ? new Date(at * 1000).toLocaleTimeString() : "–"; }
 
+// Quorum ids are 13-digit numbers (the first one is the time in ms): shown by their last
+// digits, the whole id in the title.
+const LONG_ID = /\b\d{10,}\b/g;
+const SHORT_DIGITS = 5;
+
+function shortId(id) {
+  const text = String(id);
+  const node = el("span", text.length > SHORT_DIGITS + 1 ? "…" + text.slice(-SHORT_DIGITS) : text, "qid");
+  node.title = text;
+  return node;
+}
+
+// Text with every long number in it shown short (as text nodes and spans, never as HTML).
+function withShortIds(text) {
+  const out = [];
+  let last = 0;
+  for (const m of String(text).matchAll(LONG_ID)) {
+    out.push(document.createTextNode(text.slice(last, m.index)), shortId(m[0]));
+    last = m.index + m[0].length;
+  }
+  out.push(document.createTextNode(String(text).slice(last)));
+  return out;
+}
+
+function cell(content, className) {
+  const td = el("td", undefined, className);
+  if (Array.isArray(content)) td.append(...content);
+  else if (content instanceof Node) td.append(content);
+  else td.textContent = content === null || content === undefined ? "–" : String(content);
+  return td;
+}
+
+function badge(state) { return el("span", state, "state state-" + state); }
+
+// A table's rows, or one row saying there are none.
+function fill(table, rows, none) {
+  if (rows.length === 0) {
+    const td = el("td", none, "muted none");
+    td.colSpan = table.tHead.rows[0].cells.length;
+    const row = el("tr");
+    row.append(td);
+    rows = [row];
+  }
+  table.tBodies[0].replaceChildren(...rows);
+}
+
+// "host h1 died: ..." in the row of host h1 reads "died: ...".
+function withoutSubject(message, noun, subject) {
+  const named = noun + " " + subject;
+  if (message.startsWith(named + " ") || message.startsWith(named + ":")) {
+    return message.slice(named.length).replace(/^:?\s*/, "");
+  }
+  return message;
+}
+
+function jobReason(job) {
+  if (job.job_state_reason) return job.job_state_reason;
+  const total = job.replicas_total;
+  if (job.job_state === "COMPLETED") {
+    return "completed at " + time(job.completed_at) + ": " + job.replicas_finished + " of " + total +
+           " replicas finished, " + job.replicas_dead + " dead";
+  }
+  if (job.job_state === "RUNNING") {
+    const parts = [job.replicas_healthy + " of " + total + " replicas healthy"];
+    if (job.replicas_behind) parts.push(job.replicas_behind + " catching up");
+    if (job.replicas_dead) parts.push(job.replicas_dead + " dead");
+    if (job.replicas_diverged) parts.push(job.replicas_diverged + " diverged");
+    return "training: " + parts.join(", ");
+  }
+  return "";
+}
+
 function renderJob(job) {
   $("job-id").textContent = job.job_id;
+  $("job-card").dataset.state = job.job_state;
+  $("job-state").textContent = job.job_state;
+  $("job-state").className = "state state-" + job.job_state;
+  $("job-reason").replaceChildren(...withShortIds(jobReason(job)));
   $("committed-step").textContent = job.committed_step;
-  $("healthy").textContent = job.replicas_healthy + " / " + job.replicas_total;
+  const running = job.job_state === "RUNNING";
+  $("healthy-label").textContent = running ? "healthy replicas" : "finished replicas";
+  $("healthy").textContent = (running ? job.replicas_healthy : job.replicas_finished) + " / " + job.replicas_total;
   $("ett").textContent = job.telemetry ? percent(job.goodput.effective_training_ratio) : "off";
   $("step-rate").textContent = job.telemetry ? fmt(job.goodput.committed_steps_per_s, 2) : "off";
-  $("quorum-id").textContent = job.quorum_id;
+  $("quorum-id").replaceChildren(job.quorum_id ? shortId(job.quorum_id) : "–");
   $("spares").textContent = job.spares_free;
   $("leader").textContent = job.leader || "?";
-  $("round-reason").textContent = job.round.reason;
-  const body = $("failures").tBodies[0];
-  body.replaceChildren(...job.goodput.recent_failures.slice(-10).reverse().map((f) => {
+  $("round-reason").replaceChildren(...withShortIds(job.round.reason));
+}
+
+function renderStalls(report) {
+  $("stall-rule").textContent = "A stall is a pause of the committed step of at least " + fmt(report.threshold_s, 1) +
+    " s (3 typical steps" + (report.typical_step_s === null ? "" : " of " + fmt(report.typical_step_s, 2) + " s") +
+    ", at least 1 s).";
+  fill($("stalls"), report.stalls.slice(-10).reverse().map((s) => {
     const row = el("tr");
-    row.append(el("td", f.replica), el("td", f.cause), el("td", time(f.died_at)),
-               el("td", fmt(f.detect_s, 2), "num"), el("td", f.recover_s === null ? "recovering" : fmt(f.recover_s, 2), "num"));
+    row.dataset.seconds = s.seconds;
+    row.dataset.ongoing = s.ongoing;
+    const went = s.quorum_id ? [document.createTextNode("quorum "), shortId(s.quorum_id),
+                                ...withShortIds(": " + s.quorum_reason)] : (s.ongoing ? "still standing still" : "–");
+    row.append(cell(time(s.start)), cell(fmt(s.seconds, 1) + (s.ongoing ? " and counting" : ""), "num"),
+               cell(s.step, "num"), cell(s.failures.map((f) => f.replica).join(", ") || "none recorded"), cell(went));
     return row;
-  }));
+  }), "no stall in the recent timeline");
+  fill($("failures"), report.failures.slice(-10).reverse().map((f) => {
+    const row = el("tr");
+    row.dataset.replica = f.replica;
+    row.dataset.stall = f.stall ? f.stall.seconds : "";
+    const stood = f.stall ? fmt(f.stall.seconds, 1) + (f.stall.ongoing ? " and counting" : "") : "–";
+    row.append(cell(f.replica), cell(f.cause), cell(time(f.died_at)), cell(fmt(f.detect_s, 2), "num"),
+               cell(f.recover_s === null ? "recovering" : fmt(f.recover_s, 2), "num"), cell(stood, "num stall"));
+    return row;
+  }), "no failure recorded");
+}
+
+function renderHosts(hosts) {
+  fill($("hosts"), hosts.map((h) => {
+    const row = el("tr");
+    row.dataset.host = h.host_id;
+    row.dataset.state = h.state;
+    row.dataset.cordoned = h.cordoned;
+    const role = h.assignment ? "active" : h.spare ? (h.standby ? "spare, standby trainers" : "spare") : "–";
+    const assignment = h.assignment ? "replica " + h.assignment.replica_id + ", ranks " + h.assignment.ranks.join(",") +
+                                      " of " + h.assignment.world_size : "–";
+    const cordon = h.cordoned ? "yes (" + (h.cordoned_by || "?") + ")" + (h.cordon_reason ? ": " + h.cordon_reason : "") : "no";
+    row.append(cell(h.host_id), cell(badge(h.state)), cell(role), cell(assignment), cell(cordon, h.cordoned ? "cordoned" : ""),
+               cell(fmt(h.seconds_since_seen, 1), "num"), cell(withoutSubject(h.state_reason || "", "host", h.host_id)));
+    return row;
+  }), "no host registered");
 }
 
 function renderReplicas(replicas, goodput) {
@@ -62,13 +174,12 @@ function renderReplicas(replicas, goodput) {
     const row = el("tr");
     row.dataset.replica = r.replica_id;
     row.dataset.state = r.state;
-    const state = el("td");
-    state.append(el("span", r.state, "state state-" + r.state));
+    const state = cell(badge(r.state));
     const mine = goodput.replicas[r.replica_id];
     row.append(el("td", r.replica_id), state, el("td", r.step, "num"), el("td", r.committed_step, "num"),
                el("td", r.last_loss === null ? "–" : r.last_loss.toPrecision(4), "num"),
                el("td", mine ? percent(mine.effective_training_ratio) : "–", "num"),
-               el("td", fmt(r.seconds_since_seen, 1), "num"), el("td", r.reason));
+               el("td", fmt(r.seconds_since_seen, 1), "num"), cell(withShortIds(r.reason)));
     return row;
   }));
 }
@@ -78,16 +189,29 @@ function renderQuorum(quorums) {
   const p = $("quorum");
   if (!q) { p.textContent = "no quorum yet"; return; }
   const members = q.members.map((m) => m.replica_id + (m.healthy ? "" : " (behind)")).join(", ");
-  p.textContent = "quorum " + q.quorum_id + " at step " + q.max_step + ", lr scale " + q.lr_scale.toFixed(3) +
-                  ": " + members + " — " + q.reason;
+  p.replaceChildren("quorum ", shortId(q.quorum_id), " at step " + q.max_step + ", lr scale " + q.lr_scale.toFixed(3) +
+                    ": " + members + " — ", ...withShortIds(q.reason));
+}
+
+// An event's message usually starts by naming its subject ("replica r1 registered", "job job
+// COMPLETED" for a job named "job"): the subject has its own column, so that is not repeated.
+const SUBJECT_NOUNS = ["replica", "host", "job", "quorum"];
+
+function eventWhat(e) {
+  for (const noun of SUBJECT_NOUNS) {
+    const what = withoutSubject(e.message, noun, e.subject);
+    if (what !== e.message) return what;
+  }
+  return e.message;
 }
 
 function renderEvents(events) {
-  $("events").replaceChildren(...events.slice().reverse().map((e) => {
-    const item = el("li", time(e.at) + "  " + e.level.toUpperCase() + "  " + e.kind + "  " + e.message,
-                    "level-" + e.level);
-    item.dataset.kind = e.kind;
-    return item;
+  $("events").tBodies[0].replaceChildren(...events.slice().reverse().map((e) => {
+    const row = el("tr", undefined, "level-" + e.level);
+    row.dataset.kind = e.kind;
+    row.title = e.kind + (e.cause ? " (" + e.cause + ")" : "");
+    row.append(cell(time(e.at)), cell(e.level), cell(withShortIds(e.subject)), cell(withShortIds(eventWhat(e))));
+    return row;
   }));
 }
 
@@ -97,7 +221,7 @@ function svg(tag, attrs) {
   return node;
 }
 
-function renderChart(history, total) {
+function renderChart(history, total, stalls) {
   const chart = $("chart");
   const W = 800, H = 220, L = 50, R = 40, T = 10, B = 25;
   const nodes = [svg("line", { x1: L, y1: H - B, x2: W - R, y2: H - B, class: "axis" }),
@@ -115,6 +239,10 @@ function renderChart(history, total) {
       if (i > 0) healthyPoints += x(s[0]) + "," + yHealthy(history[i - 1][2]) + " ";
       healthyPoints += x(s[0]) + "," + yHealthy(s[2]) + " ";
     });
+    for (const s of stalls) {
+      const a = Math.max(s.start, t0), b = Math.min(s.end, t1);
+      if (b > a) nodes.push(svg("rect", { x: x(a), y: T, width: Math.max(x(b) - x(a), 1), height: H - B - T, class: "stall" }));
+    }
     nodes.push(svg("polyline", { points: stepPoints, class: "step" }),
                svg("polyline", { points: healthyPoints.trim(), class: "healthy" }));
     const labels = [[4, T + 10, "step " + maxStep], [4, H - B, "0"], [W - R + 4, T + 10, maxHealthy + " rep."],
@@ -131,14 +259,16 @@ function renderChart(history, total) {
 
 async function refresh() {
   try {
-    const [job, replicas, quorums, events, history] = await Promise.all([
-      get("/api/v1/job"), get("/api/v1/replicas"), get("/api/v1/quorums"), get("/api/v1/events?limit=20"),
-      get("/api/v1/history")]);
+    const [job, replicas, hosts, quorums, events, history, stalls] = await Promise.all([
+      get("/api/v1/job"), get("/api/v1/replicas"), get("/api/v1/hosts"), get("/api/v1/quorums"),
+      get("/api/v1/events?limit=20"), get("/api/v1/history"), get("/api/v1/stalls")]);
     renderJob(job);
     renderReplicas(replicas, job.goodput);
+    renderHosts(hosts);
     renderQuorum(quorums);
+    renderStalls(stalls);
     renderEvents(events);
-    renderChart(history, job.replicas_total);
+    renderChart(history, job.replicas_total, stalls.stalls);
     $("problem").hidden = true;
     $("updated").textContent = "updated " + new Date().toLocaleTimeString();
     document.body.dataset.refreshed = String(Number(document.body.dataset.refreshed || 0) + 1);
