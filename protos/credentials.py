@@ -79,5 +79,4 @@ def split_credential(credential: str) -> tuple[str, str]:
 
 
 __all__ = ["ENV_TRAINER_TOKEN", "MAX_CHARS", "REGISTRATION_WINDOW_S", "host_credential", "registration_mac",
-           "registration_proof",
-           "replica_credential", "replica_token", "split_credential", "trainer_token"]
+           "registration_proof", "replica_credential", "replica_token", "split_credential", "trainer_token"]

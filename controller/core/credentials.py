@@ -40,20 +40,10 @@ class Credentials:
         return self.secret is not None
 
     def trainer_token(self, host_id: str) -> str:
-        token = self._hosts.get(host_id)
-        if token is None:
-            if len(self._hosts) >= CACHED:
-                self._hosts.clear()
-            token = self._hosts[host_id] = wire.trainer_token(self.secret, host_id)
-        return token
+        return _cached(self._hosts, host_id, lambda: wire.trainer_token(self.secret, host_id))
 
     def _replica_token(self, replica_id: str) -> str:
-        token = self._replicas.get(replica_id)
-        if token is None:
-            if len(self._replicas) >= CACHED:
-                self._replicas.clear()
-            token = self._replicas[replica_id] = wire.replica_token(self.secret, replica_id)
-        return token
+        return _cached(self._replicas, replica_id, lambda: wire.replica_token(self.secret, replica_id))
 
     def check_registration(self, host_id: str, incarnation: str, proof: str, now_unix_s: float) -> None:
         """PermissionDenied unless `proof` is a fresh registration proof for this host and
@@ -94,6 +84,16 @@ class Credentials:
                 return "its credential is not that replica's token"
             return ""
         return f"its credential is of no known kind ({kind[:16]!r}; want {wire.HOST_KIND} or {wire.REPLICA_KIND})"
+
+
+def _cached(cache: dict[str, str], key: str, make) -> str:
+    """A token from `cache`, made on a miss; past CACHED entries the cache starts over."""
+    token = cache.get(key)
+    if token is None:
+        if len(cache) >= CACHED:
+            cache.clear()
+        token = cache[key] = make()
+    return token
 
 
 def _registration_problem(secret: JobSecret, host_id: str, incarnation: str, proof: str, now_unix_s: float) -> str:
