@@ -15,6 +15,9 @@ written for torchrun (`init_process_group(init_method="env://")`) runs unchanged
 | MASTER_ADDR, MASTER_PORT    | the torch.distributed rendezvous: the replica's rank-0 host |
 |                             | (its registered pod IP), as the controller says             |
 | FTHSDP_COORDINATOR_ADDRESS  | host:port where rank 0 hosts the replica's coordinator      |
+| FTHSDP_REPLICA_VERSION      | the replica version (the controller's, of its last restart) |
+|                             | it was started under; its hello carries it, so a coordinator |
+|                             | of another restart of the replica refuses it (unset: 0)     |
 | FTHSDP_CONTROLLER           | controller gRPC address(es), comma-separated, in HA order   |
 | FTHSDP_HOST_ID              | the host (agent) that runs it                               |
 | FTHSDP_JOB_ID               | the job                                                     |
@@ -70,6 +73,7 @@ REPLICA_ID = "FTHSDP_REPLICA_ID"
 RANK = "FTHSDP_RANK"
 WORLD_SIZE = "FTHSDP_WORLD_SIZE"
 COORDINATOR_ADDRESS = "FTHSDP_COORDINATOR_ADDRESS"
+REPLICA_VERSION = "FTHSDP_REPLICA_VERSION"
 CONTROLLER = dial.ENV_CONTROLLER  # "FTHSDP_CONTROLLER"
 HOST_ID = "FTHSDP_HOST_ID"
 JOB_ID = "FTHSDP_JOB_ID"
@@ -90,7 +94,7 @@ MASTER_PORT = "MASTER_PORT"
 
 #: What an assignment sets (and a standby starts without).
 ASSIGNMENT_VARIABLES = (REPLICA_ID, RANK, WORLD_SIZE, COORDINATOR_ADDRESS, TORCH_RANK,
-                        TORCH_WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT)
+                        TORCH_WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, REPLICA_VERSION)
 
 
 def split_host_port(address: str) -> tuple[str, str]:
@@ -99,11 +103,14 @@ def split_host_port(address: str) -> tuple[str, str]:
     return host.strip("[]"), port
 
 
-def assignment_environment(p: Placement, *, host_id: str, job_id: str, controller: str) -> dict[str, str]:
+def assignment_environment(p: Placement, *, host_id: str, job_id: str, controller: str,
+                           replica_version: int = 0) -> dict[str, str]:
     """The variables one placement gives its trainer (a cold start and a hand-over alike)."""
     env = {REPLICA_ID: p.replica_id, RANK: str(p.rank), WORLD_SIZE: str(p.world_size),
            TORCH_RANK: str(p.rank), TORCH_WORLD_SIZE: str(p.world_size), LOCAL_RANK: str(p.local_rank),
            LOCAL_WORLD_SIZE: str(p.local_world_size), HOST_ID: host_id, JOB_ID: job_id, CONTROLLER: controller}
+    if replica_version:
+        env[REPLICA_VERSION] = str(replica_version)
     if p.rendezvous:
         env[MASTER_ADDR], env[MASTER_PORT] = split_host_port(p.rendezvous)
     if p.coordinator:
@@ -122,6 +129,7 @@ def trainer_environment(
     secret: JobSecret | None = None,
     insecure_trainer_ports: bool = False,
     telemetry_file: str = "",
+    replica_version: int = 0,
 ) -> dict[str, str]:
     """The environment of one trainer: `base` plus our variables (ours win).
 
@@ -148,13 +156,16 @@ def trainer_environment(
     if placement is None:
         env[STANDBY] = "1"
     else:
-        env.update(assignment_environment(placement, host_id=host_id, job_id=job_id, controller=controller))
+        env.update(assignment_environment(placement, host_id=host_id, job_id=job_id, controller=controller,
+                                          replica_version=replica_version))
     return env
 
 
-def handover_line(placement: Placement, *, host_id: str, job_id: str, controller: str) -> bytes:
+def handover_line(placement: Placement, *, host_id: str, job_id: str, controller: str,
+                  replica_version: int = 0) -> bytes:
     """The one JSON line the agent writes to a standby trainer's stdin."""
-    values = assignment_environment(placement, host_id=host_id, job_id=job_id, controller=controller)
+    values = assignment_environment(placement, host_id=host_id, job_id=job_id, controller=controller,
+                                    replica_version=replica_version)
     return (json.dumps(values, sort_keys=True) + "\n").encode()
 
 

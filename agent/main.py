@@ -5,7 +5,7 @@
         [--advertise-address IP] [--rendezvous-port P --coordinator-port P]
         [--state-dir DIR] [--restart-budget N --restart-window-s S] [--standby] [--warm-restarts]
         [--job-id J]
-        [--on-job-complete exit|idle] [--job-secret-file PATH | --insecure-trainer-ports]
+        [--on-job-complete exit|idle] [--job-secret-file PATH | --insecure]
         -- COMMAND TEMPLATE...
 
 Without --spare and without --replica-id the host is available: the controller picks the
@@ -17,7 +17,8 @@ The command template may use {replica_id} {rank} {world_size} {host_id} {job_id}
 (other braces are left alone); the trainer's environment is described in `agent.env`.
 The job secret that authenticates the trainers' ports comes from --job-secret-file, else
 FTHSDP_JOB_SECRET_FILE, else FTHSDP_JOB_SECRET (protos/job_secret.py); the agent checks it
-at start and hands it to every trainer in its environment.
+at start and hands it to every trainer in its environment. Without one it refuses to start
+(exit 2) unless --insecure is given (trainers' ports then run without authentication).
 Prints one JSON line to stdout once first registered, then logs to stderr:
 
     {"event": "registered", "host_id": "h1", "assignment": {...} | null, "pid": PID}
@@ -25,7 +26,9 @@ Prints one JSON line to stdout once first registered, then logs to stderr:
 Exit status: 0 after SIGTERM/SIGINT (trainers stopped, the host deregistered: its work moves
 to a spare) or once the controller says the job is COMPLETED (trainers stopped; with
 --on-job-complete idle the agent stays instead), 2 for bad arguments, 3 when the controller
-refuses the registration (e.g. a duplicate assignment). While another live agent holds the
+refuses the registration (e.g. a duplicate assignment), 4 once the controller says the job
+is FAILED (trainers stopped; no replica could make progress), 5 when no controller address
+answered for --connect-timeout-s (every failed attempt is logged with its backoff). While another live agent holds the
 host id, the agent waits and registers again (or takes the host over at once with the secret
 its predecessor kept in --state-dir).
 """
@@ -47,11 +50,15 @@ _TRAINER_BASE_ENV = dict(os.environ)
 os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 
 from agent.policy import ON_JOB_COMPLETE  # noqa: E402
-from agent.runner import Agent, PermanentError  # noqa: E402
+from agent.runner import Agent, ConnectTimeout, PermanentError  # noqa: E402
 from agent.settings import AgentSettings  # noqa: E402
 from protos import dial, job_secret  # noqa: E402
 
 log = logging.getLogger("agent")
+#: The agent's exit status once the controller says the job is FAILED.
+EXIT_JOB_FAILED = 4
+#: The agent's exit status when no controller answered for --connect-timeout-s.
+EXIT_CONNECT_TIMEOUT = 5
 
 
 def _csv(text: str) -> list[str]:
@@ -122,8 +129,10 @@ def parse(argv: list[str]) -> AgentSettings:
     p.add_argument("--reserve-delay-s", type=float, default=5.0,
                    help="with --warm-restarts: start a reserve this long after its trainer")
     p.add_argument("--on-job-complete", choices=ON_JOB_COMPLETE, default="exit",
-                   help="when the job is COMPLETED: stop trainers and exit 0 (default), or stop "
-                        "them and idle")
+                   help="when the job is COMPLETED (or FAILED): stop trainers and exit 0 (4 when FAILED; "
+                        "default), or stop them and idle")
+    p.add_argument("--connect-timeout-s", type=float, default=300.0,
+                   help="give up (exit 5) once no controller address answered for this long (default 300)")
     p.add_argument("--heartbeat-interval-s", type=float, default=1.0)
     p.add_argument("--stop-grace-s", type=float, default=5.0)
     p.add_argument("--tls-ca-file", help=f"CA of the controller's certificate: turns TLS on "
@@ -136,9 +145,11 @@ def parse(argv: list[str]) -> AgentSettings:
     p.add_argument("--job-secret-file", metavar="PATH",
                    help=f"file holding the job secret (a mounted Kubernetes Secret), handed to every trainer; "
                         f"or env {job_secret.ENV_JOB_SECRET_FILE} / {job_secret.ENV_JOB_SECRET} (the flag wins)")
-    p.add_argument("--insecure-trainer-ports", action="store_true",
-                   help=f"with no job secret, let trainers run their ports without authentication "
-                        f"({job_secret.ENV_INSECURE_TRAINER_PORTS}=1 in their environment)")
+    p.add_argument("--insecure", action="store_true",
+                   help=f"run without a job secret: trainers' ports without authentication "
+                        f"({job_secret.ENV_INSECURE_TRAINER_PORTS}=1 in their environment); without a secret and "
+                        f"without this flag the agent refuses to start")
+    p.add_argument("--insecure-trainer-ports", action="store_true", help="the older name of --insecure")
     p.add_argument("--telemetry-interval-s", type=float, default=5.0,
                    help="send trainers' collective telemetry every this many seconds (0: off)")
     p.add_argument("--telemetry-dir", default="",
@@ -148,6 +159,7 @@ def parse(argv: list[str]) -> AgentSettings:
     p.add_argument("--log-level", default="INFO")
     args = p.parse_args(argv)
     secret = job_secret.from_env(file=args.job_secret_file)
+    insecure = args.insecure or args.insecure_trainer_ports or job_secret.insecure_from_env()
     tls = dial.TlsFiles.from_env(args.tls_ca_file, args.tls_cert_file, args.tls_key_file,
                                  args.tls_server_name)
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
@@ -159,9 +171,10 @@ def parse(argv: list[str]) -> AgentSettings:
         job_id=args.job_id, restart_budget=args.restart_budget,
         restart_window_s=args.restart_window_s, standby=args.standby, warm_restarts=args.warm_restarts,
         reserve_delay_s=args.reserve_delay_s,
-        heartbeat_interval_s=args.heartbeat_interval_s, stop_grace_s=args.stop_grace_s, tls=tls,
+        heartbeat_interval_s=args.heartbeat_interval_s, connect_timeout_s=args.connect_timeout_s,
+        stop_grace_s=args.stop_grace_s, tls=tls,
         on_job_complete=args.on_job_complete, job_secret=secret,
-        insecure_trainer_ports=args.insecure_trainer_ports or job_secret.insecure_from_env(),
+        insecure_trainer_ports=insecure,
         telemetry_interval_s=args.telemetry_interval_s,
         telemetry_dir=args.telemetry_dir, telemetry_window_collectives=args.telemetry_window_collectives,
         advertise_address=args.advertise_address, rendezvous_port=args.rendezvous_port,
@@ -171,9 +184,8 @@ def parse(argv: list[str]) -> AgentSettings:
 
 async def _run(settings: AgentSettings) -> int:
     if settings.job_secret is None:
-        log.warning("no job secret (--job-secret-file, %s or %s): trainers %s", job_secret.ENV_JOB_SECRET_FILE,
-                    job_secret.ENV_JOB_SECRET, "run their ports WITHOUT authentication (--insecure-trainer-ports)"
-                    if settings.insecure_trainer_ports else "will refuse to open their ports")
+        log.warning("no job secret (--job-secret-file, %s or %s): trainers run their ports WITHOUT "
+                    "authentication (--insecure)", job_secret.ENV_JOB_SECRET_FILE, job_secret.ENV_JOB_SECRET)
     agent = Agent(settings, base_env=_TRAINER_BASE_ENV)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -199,8 +211,14 @@ async def _run(settings: AgentSettings) -> int:
     except PermanentError as exc:
         log.error("%s", exc)
         return 3
+    except ConnectTimeout as exc:
+        log.error("%s", exc)
+        return EXIT_CONNECT_TIMEOUT
     finally:
         announcer.cancel()
+    if agent.job_ending == "FAILED":
+        log.error("stopped: the job FAILED")
+        return EXIT_JOB_FAILED
     log.info("stopped")
     return 0
 
@@ -210,5 +228,10 @@ def main(argv: list[str]) -> int:
         settings = parse(argv)
     except ValueError as exc:
         print(f"fthsdp agent: {exc}", file=sys.stderr)
+        return 2
+    if settings.job_secret is None and not settings.insecure_trainer_ports:
+        print(f"fthsdp agent: no job secret: give --job-secret-file PATH (or {job_secret.ENV_JOB_SECRET_FILE} / "
+              f"{job_secret.ENV_JOB_SECRET}), the same on every agent of the job; or --insecure to run trainers' "
+              f"ports without authentication", file=sys.stderr)
         return 2
     return asyncio.run(_run(settings))

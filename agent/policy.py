@@ -261,7 +261,7 @@ def reserve_action(observed: Observed, spec: Spec) -> Action:
 
 class JobEnd(enum.Enum):
     RUN = "run"      # the job runs: slots do what orders want
-    EXIT = "exit"    # the job COMPLETED: stop every trainer gracefully, then the agent exits 0
+    EXIT = "exit"    # the job COMPLETED (FAILED): stop every trainer gracefully, then the agent exits 0 (4)
     IDLE = "idle"    # the job COMPLETED: stop every trainer, stay registered, start nothing
 
 

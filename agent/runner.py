@@ -6,7 +6,8 @@ heartbeat + order stream + exit reports together until something breaks. A broke
 moves on as AddressRotation says: to the leader a standby named, else the next address, at
 once; a pause only after a whole pass of failures. A controller that stops answering
 heartbeats for rpc_timeout_s counts as failed (a frozen process keeps its connections
-open). A refused registration is permanent and ends the agent (`PermanentError`). When the controller
+open). A refused registration ends the agent (`PermanentError`) only when `refusals.after_refusal`
+says the host may not take part; a refused claim of work it runs is asked again without it. When the controller
 says the job is COMPLETED (in a heartbeat or registration answer), trainers stop and the agent
 ends (or idles, `on_job_complete`), as `policy.after_job_state` decides.
 """
@@ -26,7 +27,7 @@ from typing import AsyncIterator, Callable
 
 import grpc
 
-from agent import orders, state_file
+from agent import orders, refusals, state_file
 from agent.orders import Assignment, Effect
 from agent.policy import JobEnd, Want, after_job_state
 from agent.ports import pick_ports
@@ -52,6 +53,10 @@ class PermanentError(Exception):
     """The controller refused this agent; retrying will not help."""
 
 
+class ConnectTimeout(Exception):
+    """No controller address answered for connect_timeout_s: the agent gives up."""
+
+
 class _Reconnect(Exception):
     """Register again with the same controller: it forgot this host, ended the stream, or
     asked to be asked again later (another live agent holds the host)."""
@@ -75,6 +80,7 @@ class Agent:
                  clock: Callable[[], float] = time.monotonic,
                  base_env: dict[str, str] | None = None) -> None:
         self.settings = settings
+        self._clock = clock
         self.incarnation = uuid.uuid4().hex
         #: Given by the controller when this incarnation registers; presented on the order
         #: stream, acks and exit reports. Never logged.
@@ -107,8 +113,10 @@ class Agent:
             self._queue_exit, clock, dict(os.environ if base_env is None else base_env))
         self._collector = Collector(settings.host_id, settings.telemetry_window_collectives)
         self.registered = asyncio.Event()
-        #: set once the controller said the job is COMPLETED: no trainer starts again
+        #: set once the controller said the job is COMPLETED or FAILED: no trainer starts again
         self.job_completed = asyncio.Event()
+        #: how the job ended, as the controller said ("COMPLETED", "FAILED"; "" while it runs)
+        self.job_ending = ""
         self._quit = asyncio.Event()
 
     # ------------------------------------------------------------------ top level
@@ -155,6 +163,7 @@ class Agent:
         rotation = dial.AddressRotation(s.controller_addresses, base_s=s.reconnect_base_s,
                                         cap_s=s.reconnect_cap_s)
         outage = 0
+        outage_since = self._clock()  # no controller answered since (None: a session works)
         while not stop.is_set():
             address = rotation.current
             try:
@@ -162,7 +171,7 @@ class Agent:
                     stub = pb_grpc.ControllerStub(channel)
                     await self._register(stub, address)
                     rotation.succeeded()
-                    outage = 0
+                    outage, outage_since = 0, None
                     await self._session(stub, stop)
                 continue
             except _Reconnect as exc:
@@ -183,10 +192,16 @@ class Agent:
                     why, hint = str(exc), exc.leader_address
                 delay = rotation.failed(hint, jitter=random.random() * 0.5)
                 outage += 1
-                # One warning per outage; the retries themselves are chatter.
-                log.log(logging.WARNING if outage == 1 else logging.DEBUG,
-                        "host %s: controller %s failed (%s); trying %s in %.2f s",
-                        s.host_id, address, why, rotation.current, delay)
+                now = self._clock()
+                outage_since = now if outage_since is None else outage_since
+                if now - outage_since + delay > s.connect_timeout_s:
+                    raise ConnectTimeout(
+                        f"host {s.host_id}: no controller answered for {now - outage_since:.1f} s ({outage} attempt(s), "
+                        f"last {address}: {why}); giving up (--connect-timeout-s {s.connect_timeout_s:g})") from exc
+                # Every failed attempt, with its backoff: a wrong address shows at once.
+                log.warning("host %s: controller %s failed (%s), attempt %d; trying %s in %.2f s (giving up after "
+                            "%g s without an answer)", s.host_id, address, why, outage, rotation.current, delay,
+                            s.connect_timeout_s)
             try:
                 await asyncio.wait_for(stop.wait(), delay)
             except asyncio.TimeoutError:
@@ -208,9 +223,16 @@ class Agent:
         except grpc.aio.AioRpcError as exc:
             if exc.code() == grpc.StatusCode.ABORTED:  # another live agent holds the host: wait
                 raise _Reconnect(f"controller {address}: {exc.details()}", delay_s=s.reconnect_cap_s) from exc
-            if exc.code() in _PERMANENT:
+            verdict = refusals.after_refusal(exc.code().name, request.HasField("assignment"),
+                                             self.registered.is_set())
+            if verdict is not None and verdict.drop_claim:
+                log.warning("host %s: controller %s refused its claim of %s (%s: %s): %s", s.host_id, address,
+                            self.assignment, exc.code().name, exc.details(), verdict.why)
+                self.assignment = None
+                raise _Reconnect(f"controller {address} refused the claim") from exc
+            if verdict is not None:
                 raise PermanentError(f"controller {address} refused host {s.host_id}: "
-                                     f"{exc.code().name}: {exc.details()}") from exc
+                                     f"{exc.code().name}: {exc.details()} ({verdict.why})") from exc
             raise
         self._address, self._retry_logged = address, False
         if response.agent_secret:  # a repeated registration of this incarnation keeps the one it has
@@ -231,7 +253,7 @@ class Agent:
             log.info("host %s registered with %s as %s", s.host_id, address,
                      given or "a spare")
         self.assignment = given
-        self._job_state(response.job_state, f"registration with {address}")
+        self._job_state(response.job_state, f"registration with {address}", response.job_state_reason)
         self.supervisor.set_wants(self._wants(given, Effect.TRAIN))
         self.registered.set()
         await asyncio.shield(self.supervisor.reconcile())
@@ -283,7 +305,7 @@ class Agent:
                 if host_id in response.unknown_ids:
                     raise _Reconnect("the controller does not know this host (or declared it "
                                      "dead)", forgotten=True)
-                self._job_state(response.job_state, "heartbeat")
+                self._job_state(response.job_state, "heartbeat", response.job_state_reason)
         finally:
             call.cancel()
             if read is not None:  # its outcome, whatever it is, is of no interest now
@@ -372,14 +394,16 @@ class Agent:
 
     # ------------------------------------------------------------------ job state
 
-    def _job_state(self, job_state: int, source: str) -> None:
-        """Act on the job state the controller told (once: COMPLETED is final)."""
-        end = after_job_state(job_state == pb.COMPLETED, self.settings.on_job_complete)
+    def _job_state(self, job_state: int, source: str, reason: str = "") -> None:
+        """Act on the job state the controller told (once: COMPLETED and FAILED are final)."""
+        end = after_job_state(job_state in (pb.COMPLETED, pb.FAILED), self.settings.on_job_complete)
         if end is JobEnd.RUN or self.job_completed.is_set():
             return
         self.job_completed.set()
-        log.info("host %s: the job is COMPLETED (%s): stopping trainers%s", self.settings.host_id,
-                 source, " and exiting" if end is JobEnd.EXIT else "; idling")
+        self.job_ending = pb.JobState.Name(job_state)
+        log.log(logging.ERROR if job_state == pb.FAILED else logging.INFO,
+                "host %s: the job is %s (%s%s): stopping trainers%s", self.settings.host_id, self.job_ending,
+                source, f": {reason}" if reason else "", " and exiting" if end is JobEnd.EXIT else "; idling")
         self.supervisor.set_wants([])
         if end is JobEnd.EXIT:
             self._quit.set()

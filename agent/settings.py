@@ -81,6 +81,9 @@ class AgentSettings:
     # stream without an answer for this long counts as a failed controller too
     # (ControllerSettings.client_timeout_s).
     rpc_timeout_s: float = 5.0
+    # The agent gives up (exit status 5, so a DaemonSet restarts it visibly) once no controller
+    # address answered for this long: from its start, or since its last working session.
+    connect_timeout_s: float = 300.0
     # The supervisor looks at its processes at least this often (exits wake it at once).
     poll_interval_s: float = 0.5
     # Once the controller says the job is COMPLETED: "exit" (stop trainers gracefully, exit 0)
@@ -149,7 +152,7 @@ class AgentSettings:
         if self.restart_budget < 0:
             raise ValueError(f"restart_budget must be >= 0, got {self.restart_budget}.")
         for name in ("restart_window_s", "heartbeat_interval_s", "reconnect_base_s",
-                     "reconnect_cap_s", "rpc_timeout_s", "poll_interval_s"):
+                     "reconnect_cap_s", "rpc_timeout_s", "poll_interval_s", "connect_timeout_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}.")
         if self.reconnect_base_s > self.reconnect_cap_s:

@@ -264,7 +264,8 @@ class Supervisor:
             env=trainer_env.trainer_environment(self._base_env, p, host_id=s.host_id, job_id=self.job_id,
                                                 controller=",".join(s.controller_addresses), tls=s.tls,
                                                 secret=s.job_secret, insecure_trainer_ports=s.insecure_trainer_ports,
-                                                telemetry_file=self.telemetry_file(slot.index)),
+                                                telemetry_file=self.telemetry_file(slot.index),
+                                                replica_version=slot.want.version if p else 0),
             standby=p is None,
             label=f"{s.host_id} {p.replica_id}/{p.rank}" if p else f"{s.host_id} {label}{slot.index}")
 
@@ -329,7 +330,7 @@ class Supervisor:
         assert slot.handle is not None and slot.proc is not None
         want, s = slot.want, self.settings
         line = trainer_env.handover_line(want.placement, host_id=s.host_id, job_id=self.job_id,
-                                         controller=",".join(s.controller_addresses))
+                                         controller=",".join(s.controller_addresses), replica_version=want.version)
         try:
             await self._hooks.hand_over(slot.handle, line)
         except (OSError, RuntimeError) as exc:

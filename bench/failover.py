@@ -81,7 +81,8 @@ class Leader:
 def start_agent(addresses: str, host_id: str, *extra: str) -> subprocess.Popen:
     """A real agent process (its trainer is `sleep`); stopped by PID in `run`."""
     return subprocess.Popen([sys.executable, "-m", "fthsdp.cli", "agent", "--controller", addresses,
-                             "--host-id", host_id, "--heartbeat-interval-s", "0.5", *extra, "--", "sleep", "600"],
+                             "--host-id", host_id, "--heartbeat-interval-s", "0.5", "--insecure", *extra, "--",
+                             "sleep", "600"],
                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 

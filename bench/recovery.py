@@ -1,6 +1,7 @@
 """Downtime per failure on real processes: what the paper's headline is about, measured.
 
     python -m bench.recovery --json [--step-s 0.5] [--cases kill-rank kill-host hang-rank] [--cold-restarts]
+        [--production-timeouts]
 
 Each case is one job of the demo (fthsdp/demo): a real controller, one agent per replica host
 and one warm spare (its trainer pre-started in standby), 3 replicas x 2 ranks of the demo's
@@ -39,6 +40,12 @@ From the trainers' own commit records and the controller's events (one machine, 
   the step period, summed over replicas;
 - `detected_by`/`detection_s`: the cause and time of the controller's DEAD event for r1.
 
+`--production-timeouts` runs the controller at its own defaults (ControllerSettings: join
+timeout 5 s, heartbeat timeout 10 s, the diagnosis' defaults) instead of the demo's quick ones
+(1 s, 3 s, hang_after_s 2 s): what a job gets without tuning. A kill-host there shows detection
+from connections (controller/core/suspects.py): the dead leader's reset connection makes r1
+suspect at once, so the survivors' round closes in a step, not after the heartbeat timeout.
+
 The paper's figures for comparison (`paper_downtime_s`): 180 s per failure with FT-HSDP, 90 s
 after its fixes (the synchronous baseline restarts the whole job: about 600 s).
 """
@@ -51,7 +58,10 @@ import json
 import statistics
 import sys
 import tempfile
+from dataclasses import replace
 from pathlib import Path
+
+from controller.settings import ControllerSettings
 
 from fthsdp.demo import data, report, run
 from fthsdp.demo.schedule import Failure
@@ -63,9 +73,15 @@ FAILED = "r1"
 AFTER_FAILURE_S = 40.0
 
 
-def settings(step_s: float, steps: int, timeout_s: float, warm_restarts: bool = True) -> run.RunSettings:
-    return run.RunSettings(replicas=3, ranks_per_replica=2, steps=steps, seed=0, lr_policy="sqrt", spares=1,
-                           standby=True, warm_restarts=warm_restarts, min_step_s=step_s, timeout_s=timeout_s)
+def settings(step_s: float, steps: int, timeout_s: float, warm_restarts: bool = True,
+             production: bool = False) -> run.RunSettings:
+    s = run.RunSettings(replicas=3, ranks_per_replica=2, steps=steps, seed=0, lr_policy="sqrt", spares=1,
+                        standby=True, warm_restarts=warm_restarts, min_step_s=step_s, timeout_s=timeout_s)
+    if production:
+        defaults = ControllerSettings()
+        s = replace(s, join_timeout_s=defaults.join_timeout_s, heartbeat_timeout_s=defaults.heartbeat_timeout_s,
+                    demo_diagnosis=False)
+    return s
 
 
 def commits(rows: list[dict], replica: str) -> list[dict]:
@@ -123,13 +139,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", action="store_true", help="one JSON line per case (the default output)")
     p.add_argument("--cold-restarts", action="store_true",
                    help="agents without warm restarts: a restarted rank is a fresh process")
+    p.add_argument("--production-timeouts", action="store_true",
+                   help="the controller at its default join/heartbeat timeouts and diagnosis, not the demo's quick ones")
     args = p.parse_args(argv)
     if not 0.05 <= args.step_s <= 30:
         p.error(f"--step-s must be 0.05..30, got {args.step_s}")
     if not 10 <= args.steps <= 10_000:
         p.error(f"--steps must be 10..10000, got {args.steps}")
     s = settings(args.step_s, args.steps, timeout_s=60.0 + args.steps * args.step_s + AFTER_FAILURE_S,
-                 warm_restarts=not args.cold_restarts)
+                 warm_restarts=not args.cold_restarts, production=args.production_timeouts)
     with tempfile.TemporaryDirectory(prefix="fthsdp-recovery-") as tmp:
         workdir = Path(args.workdir or tmp)
         workdir.mkdir(parents=True, exist_ok=True)
@@ -138,7 +156,8 @@ def main(argv: list[str] | None = None) -> int:
             line = run_case(case, s, workdir, dataset)
             line.update({"replicas": s.replicas, "ranks_per_replica": s.ranks_per_replica, "step_s": s.min_step_s,
                          "warm_spare": s.standby,
-                         "warm_restarts": s.warm_restarts, "paper_downtime_s": list(PAPER_DOWNTIME_S)})
+                         "warm_restarts": s.warm_restarts, "paper_downtime_s": list(PAPER_DOWNTIME_S),
+                         "join_timeout_s": s.join_timeout_s, "heartbeat_timeout_s": s.heartbeat_timeout_s})
             print(json.dumps(line), flush=True)
     return 0
 

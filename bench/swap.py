@@ -164,7 +164,7 @@ def trial(root: Path, warm: bool, weights_mb: int) -> float:
     try:
         # restart budget 0: the first death replaces the host
         grpc_address = run.controller("--replicas", "1", "--restart-budget", "0")
-        agent = CLI + ["agent", "--controller", grpc_address, "--heartbeat-interval-s", "0.5"]
+        agent = CLI + ["agent", "--controller", grpc_address, "--heartbeat-interval-s", "0.5", "--insecure"]
         command = run.trainer_command(weights_mb)
         run.spawn("h1", agent + ["--host-id", "h1", "--replica-id", "r0", "--ranks", "0",
                                  "--world-size", "1"] + command)
@@ -192,7 +192,7 @@ def replica_restart_trial(root: Path, weights_mb: int) -> float:
         for i in range(4):  # in this order: h1, h2 hold r0; h3, h4 hold r1
             run.spawn(f"h{i + 1}", CLI + ["agent", "--controller", grpc_address, "--host-id", f"h{i + 1}",
                                           "--advertise-address", f"127.0.0.{i + 2}", "--heartbeat-interval-s",
-                                          "0.5"] + command)
+                                          "0.5", "--insecure"] + command)
             _wait(f"h{i + 1} registered", lambda: run.first_line(f"h{i + 1}"))
         leaders = {_wait(f"{host}'s trainer", lambda: _ready(run.ready_dir, host))["pid"] for host in ("h1", "h3")}
         _wait("both replicas commit", lambda: all(run.ready_dir.joinpath(f"commit-{p}.json").exists() for p in leaders))

@@ -52,6 +52,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="replica restarts one host's trainer deaths may cause per --restart-window-s; "
                         "the next death replaces the host by a spare (default 3)")
     p.add_argument("--restart-window-s", type=float, help="the restart budget's window (default 300)")
+    p.add_argument("--fail-after-s", type=float,
+                   help="the job becomes FAILED once no replica could make progress for this long (all DEAD on "
+                        "hosts that cannot run, no free spare; default 300)")
     p.add_argument("--etcd", help="comma-separated etcd endpoints (host:port, http(s)://host:port); "
                                    "default: in-memory store")
     p.add_argument("--lease-ttl-s", type=float, help="leader lease in etcd (default 5)")
@@ -174,6 +177,7 @@ def build_server(args):
         join_timeout_s=args.join_timeout_s, heartbeat_timeout_s=args.heartbeat_timeout_s, lr_policy=args.lr_policy,
         hosts_per_replica=args.hosts_per_replica, ranks_per_host=args.ranks_per_host,
         restart_budget=args.restart_budget, restart_window_s=args.restart_window_s,
+        fail_after_s=args.fail_after_s,
         lease_ttl_s=args.lease_ttl_s, telemetry=False if args.no_telemetry else None,
         store_max_request_bytes=args.store_max_request_bytes, bind_client_cert_to_host=args.bind_client_cert_to_host)
     if args.diagnosis_dry_run:

@@ -45,6 +45,10 @@ class ControllerSettings:
     #: the next death cordons that host and moves its work to a spare instead.
     restart_budget: int = 3
     restart_window_s: float = 300.0
+    #: The job becomes FAILED (final) once no replica could make progress for this long: every
+    #: replica DEAD, each waiting on a host that cannot run (dead, or cordoned after a crash
+    #: loop spent its restart budget), and no spare free (controller.core.job_failure).
+    fail_after_s: float = 300.0
     #: Largest accepted replica world size (ranks per replica).
     max_world_size: int = 65536
     #: Longest accepted identifier (replica, host, job) and address, in characters.
@@ -145,7 +149,7 @@ class ControllerSettings:
                 f"min_replicas must be between 1 and replicas ({self.replicas}), got {self.min_replicas}."
             )
         for name in ("join_timeout_s", "heartbeat_timeout_s", "stop_grace_s", "digest_wait_s", "lease_ttl_s",
-                     "restart_window_s", "quorum_port_hello_s", "quorum_port_frame_s",
+                     "restart_window_s", "quorum_port_hello_s", "quorum_port_frame_s", "fail_after_s",
                      "client_backoff_cap_s", "client_call_s", "client_timeout_s", "store_failing_s_to_step_down"):
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):

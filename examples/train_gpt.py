@@ -5,16 +5,25 @@ Each replica is a group of ranks (one process each) that shards the model with F
 across replicas over FTAR, rank k with rank k of the other replicas, and keeps training when
 a replica dies: the dead one restarts and catches up from the live ones, shard by shard.
 
-One replica of 2 ranks, launched by torchrun (MASTER_ADDR:MASTER_PORT+1 is the coordinator):
+One replica of 2 ranks, launched by torchrun (MASTER_ADDR:MASTER_PORT+1 is the coordinator,
+so replicas on one machine need master ports at least 2 apart):
 
     FTHSDP_CONTROLLER=127.0.0.1:50051 FTHSDP_REPLICA_ID=r0 \\
-        torchrun --nproc-per-node 2 --master-port 29500 examples/train_gpt.py --steps 200
+        torchrun --nproc-per-node 2 --master-port 29500 --max-restarts 3 examples/train_gpt.py --steps 200
+
+`--max-restarts` lets torchrun restart the replica's ranks when one dies (without it a killed
+rank's replica stays dead): the restarted ranks rejoin as a new incarnation and catch up from
+the live replicas (fthsdp.process_group keeps each attempt's rendezvous apart).
 
 or as the command of an agent (`fthsdp agent ... -- python examples/train_gpt.py --steps 200`):
 the agent sets FTHSDP_REPLICA_ID, FTHSDP_RANK, FTHSDP_WORLD_SIZE and FTHSDP_CONTROLLER; rank 0's
 host and a free port pair come from MASTER_ADDR and MASTER_PORT, as under torchrun. Start as
 many replicas (distinct FTHSDP_REPLICA_IDs) as the controller's --replicas. The text is Python's
 own documentation (`pydoc_data`), so nothing is downloaded.
+
+Exit status: 0 once trained (the replica finished), 3 when this replica started after the job
+had COMPLETED (JobAlreadyCompleted: nothing trained, nothing written), non-zero with the
+runtime's error otherwise (a Fatal error, e.g. JobFailed when the job FAILED).
 """
 
 from __future__ import annotations
@@ -32,8 +41,12 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
-from fthsdp import FaultTolerantOptimizer, Manager, RuntimeSettings, state_digest
+from fthsdp import FaultTolerantOptimizer, JobAlreadyCompleted, Manager, RuntimeSettings, state_digest
+from fthsdp.process_group import init_replica_group
 from fthsdp.demo.gpt import Corpus, GptConfig, TinyGPT, evaluate, parameter_count, shard
+
+#: The exit status of a replica that started after the job COMPLETED.
+EXIT_JOB_ALREADY_COMPLETED = 3
 
 
 def _args(argv: list[str]) -> argparse.Namespace:
@@ -68,8 +81,8 @@ def main(argv: list[str]) -> int:
         torch.cuda.set_device(device)
     group = None
     if settings.world_size > 1 or cuda:  # the replica's own ranks: FSDP2 shards over them
-        dist.init_process_group("nccl" if cuda else "gloo", init_method="env://", rank=settings.rank,
-                                world_size=settings.world_size, timeout=timedelta(seconds=60))
+        # env://, and under torchrun --max-restarts a rendezvous of this attempt's ranks only
+        init_replica_group("nccl" if cuda else "gloo", settings.rank, settings.world_size, timedelta(seconds=60))
         group = dist.group.WORLD
 
     torch.manual_seed(args.seed)  # every replica starts from the same weights
@@ -98,18 +111,24 @@ def main(argv: list[str]) -> int:
         return corpus.batch(stream, position, args.rows * settings.world_size, config.seq_len, args.seed)
 
     committed = []
-    for x, y in manager.batches(batch_at):
-        ft_opt.zero_grad()
-        loss = model.loss(x[rows].to(device), y[rows].to(device))
-        loss.backward()
-        if ft_opt.step(loss, tokens=x.numel()):
-            schedule.step()  # registered state changes only between steps, after a commit
-            committed.append(manager.last_outcome.step)
-            if settings.rank == 0 and manager.step % 20 == 0:
-                logging.info("step %d loss %.3f lr %.2e", manager.step, loss.item(), opt.param_groups[0]["lr"])
+    try:
+        for x, y in manager.batches(batch_at):  # JobAlreadyCompleted: it started after the job COMPLETED
+            ft_opt.zero_grad()
+            loss = model.loss(x[rows].to(device), y[rows].to(device))
+            loss.backward()
+            if ft_opt.step(loss, tokens=x.numel()):
+                schedule.step()  # registered state changes only between steps, after a commit
+                committed.append(manager.last_outcome.step)
+                if settings.rank == 0 and manager.step % 20 == 0:
+                    logging.info("step %d loss %.3f lr %.2e", manager.step, loss.item(), opt.param_groups[0]["lr"])
+    except JobAlreadyCompleted as exc:  # started after the job ended: nothing trained, nothing written
+        logging.error("%s", exc)
+        return EXIT_JOB_ALREADY_COMPLETED
     held_out_loss, accuracy = evaluate(model, corpus)  # every rank: a sharded forward is collective
     if settings.rank == 0:
-        logging.info("finished at step %d: held-out loss %.3f, next-byte accuracy %.3f", manager.step,
+        # manager.step is the next step to train: the last one trained is the one before (the
+        # controller's "finished after step N" names the same)
+        logging.info("finished after step %d: held-out loss %.3f, next-byte accuracy %.3f", manager.step - 1,
                      held_out_loss, accuracy)
     if args.out is not None:
         (args.out / f"{settings.replica_id}-{settings.rank}.json").write_text(json.dumps({

@@ -23,6 +23,8 @@ _EXPORTS = {
     "Fatal": "fthsdp.errors",
     "RetryLimitExceeded": "fthsdp.errors",
     "ReplicaFinished": "fthsdp.errors",
+    "JobAlreadyCompleted": "fthsdp.errors",
+    "JobFailed": "fthsdp.errors",
     "CheckpointStore": "fthsdp.state.checkpoint",
     "CheckpointError": "fthsdp.errors",
     "state_digest": "fthsdp.state.digest",

@@ -50,8 +50,19 @@ class ControllerRefused(Fatal):
     """The controller refused a request for good (another job, a fenced host, bad input)."""
 
 
+class JobFailed(ControllerRefused):
+    """The controller refused a quorum because the job is FAILED (no replica could make
+    progress for its fail_after_s): final; the trainer ends with this error."""
+
+
 class JobCompleted(RuntimeFailure):
     """The controller refused a quorum because the job is COMPLETED: nothing left to train."""
+
+
+class JobAlreadyCompleted(Fatal):
+    """This replica started after the job COMPLETED: its first quorum was refused before it
+    trained anything. There is nothing to train; a script should write no results and exit
+    non-zero (examples/train_gpt.py: exit status 3)."""
 
 
 class CheckpointError(Recoverable):

@@ -31,7 +31,9 @@ import torch.distributed as dist
 from ftar_kernels import FtarEndpoint, FtarSettings
 from fthsdp import determinism
 from fthsdp.data_ledger import DataLedger, LedgerBatches
-from fthsdp.errors import ChannelError, CheckpointError, Fatal, ReplicaFinished, RetryLimitExceeded
+from fthsdp.errors import (
+    ChannelError, CheckpointError, Fatal, JobAlreadyCompleted, ReplicaFinished, RetryLimitExceeded,
+)
 from fthsdp.settings import RuntimeSettings
 from fthsdp.state.checkpoint import CheckpointStore
 from fthsdp.state.digest import rank_digest
@@ -42,7 +44,7 @@ from fthsdp.state.serve import StateServer
 from fthsdp.step import events as ev
 from fthsdp.step import messages as msg
 from fthsdp.step.client import CoordinatorClient
-from fthsdp.step.controller_client import ControllerClient
+from fthsdp.step.controller_client import COMPLETED_PREFIX, ControllerClient
 from fthsdp.step.coordinator import CoordinatorService
 from fthsdp.step.plan import AddressBook, PlanError, RankPlan, plan_for_rank
 from fthsdp.step.protocol import INF, Phase, ProtocolError, advance, initial_state, next_deadline
@@ -141,9 +143,11 @@ class Manager:
         return self._state.phase in (Phase.ENDED, Phase.FINISHING, Phase.FINISHED)
 
     def register_state(self, name: str, obj: Stateful) -> None:
-        """Make `obj` (anything with state_dict()/load_state_dict(): an LR scheduler, a sampler)
-        part of the replicated training state: it travels with catch-up and checkpoints and is
-        digested. Change it only between steps (see fthsdp/state/registry.py). Before start()."""
+        """Make `obj` (anything with state_dict()/load_state_dict() that is the same on every
+        replica: an LR scheduler) part of the replicated training state: it travels with catch-up
+        and checkpoints and is digested. Change it only between steps (see
+        fthsdp/state/registry.py). Data positions are per replica: samplers and DataLoaders are
+        refused (TypeError), the ledger keeps them (fthsdp/data.py). Before start()."""
         self._require_not_started("register_state")
         self.registry.register(name, obj)
 
@@ -152,6 +156,14 @@ class Manager:
         chain that travels; default seed: torch.initial_seed()). Before start()."""
         self._require_not_started("register_rng")
         self.registry.register_rng(seed)
+
+    def digest(self) -> str:
+        """SHA-256 (hex) of this rank's committed state at the start of `step`: the step, the
+        ledger, the model, the optimizer and every registered object (fthsdp/state/digest.py).
+        The digest the controller compares: equal on every replica that committed the same step
+        (rank by rank when sharded). Call it between steps."""
+        st = self._state
+        return rank_digest(st.step, st.ledger.to_json(), self.model, self.optimizer, self.registry.state_dicts()).hex()
 
     def batches(self, batch_at: Callable[[str, int], T]) -> Iterator[T]:
         """This replica's batches at its ledger position, one per step attempt (exactly once);
@@ -193,7 +205,7 @@ class Manager:
                 address = self.coordinator.address
                 controller.start_heartbeats(s.heartbeat_interval_s)
             hello = msg.hello(s.rank, s.world_size, s.job_id, s.replica_id, self.endpoint.address,
-                              self.state_server.address, self.incarnation)
+                              self.state_server.address, self.incarnation, s.replica_version)
             self.client = self._seams.channel(CoordinatorClient.for_rank(s, address, self.incarnation)).connect(
                 s.quorum_timeout_s, hello, s.port_key(job_secret.PURPOSE_COORDINATOR))
         except ChannelError as exc:
@@ -292,15 +304,25 @@ class Manager:
         while self._state.phase not in (Phase.TRAINING, Phase.VOTING):
             if self._state.phase is Phase.ENDED:
                 self._feed(ev.Begin())  # re-states why (Ended), changes nothing
+                self._check_not_too_late()
                 raise ReplicaFinished(self._state.reason)
             self._feed(ev.Begin())
             self._wait_while(Phase.PLANNING)
             if self._state.phase is Phase.ENDED:
+                self._check_not_too_late()
                 raise ReplicaFinished(self._state.reason)
             # IDLE again: the begin was refused for now (counted; fatal past max_retries), or the
             # replica resumed from a checkpoint and begins the checkpoint's step next
         self._in_step = True
         return self._state.plan
+
+    def _check_not_too_late(self) -> None:
+        """A replica whose first quorum is refused because the job is COMPLETED started too late:
+        it must not end as if it had trained (JobAlreadyCompleted, not the end of its loop)."""
+        if self.last_outcome is None and COMPLETED_PREFIX in self._state.reason:
+            raise JobAlreadyCompleted(
+                f"replica {self.settings.replica_id} started after the job COMPLETED and trained nothing "
+                f"({self._state.reason}); write no results and exit non-zero")
 
     def _begin_for_batch(self) -> bool:
         try:

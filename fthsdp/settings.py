@@ -14,6 +14,14 @@ The job secret that authenticates this trainer's ports comes from FTHSDP_JOB_SEC
 file, e.g. a mounted Kubernetes Secret) or FTHSDP_JOB_SECRET (the value; how the agent passes
 it), the file winning; a `job_secret` keyword wins over both (see protos/job_secret.py).
 Without one the ports refuse to start unless FTHSDP_INSECURE_TRAINER_PORTS=1.
+
+A warm spare's standby (FTHSDP_STANDBY=1 in the process's own environment: an agent started
+with --standby pre-starts it while the host is a spare) waits inside `from_env()` for the
+agent's hand-over (agent.env.wait_for_assignment), so every script is a correct warm spare:
+what it did before `from_env()` (imports, data set-up) is the warm part, and it reads the
+assignment's variables as a cold start would. A script that calls `wait_for_assignment()`
+itself first is not asked again (the hand-over clears FTHSDP_STANDBY). An explicit `environ`
+mapping is read as given (no wait).
 """
 
 from __future__ import annotations
@@ -21,6 +29,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import sys
 from dataclasses import dataclass
 from typing import Callable, Mapping
 
@@ -38,6 +47,7 @@ ENV_COORDINATOR_ADDRESS = "FTHSDP_COORDINATOR_ADDRESS"
 ENV_CHECKPOINT_DIR = "FTHSDP_CHECKPOINT_DIR"
 ENV_MAX_STEPS = "FTHSDP_MAX_STEPS"
 ENV_RELAY_FANOUT = "FTHSDP_RELAY_FANOUT"
+ENV_REPLICA_VERSION = "FTHSDP_REPLICA_VERSION"
 ENV_JOB_SECRET_FILE = job_secret.ENV_JOB_SECRET_FILE
 ENV_JOB_SECRET = job_secret.ENV_JOB_SECRET
 ENV_INSECURE_TRAINER_PORTS = job_secret.ENV_INSECURE_TRAINER_PORTS
@@ -108,6 +118,9 @@ class RuntimeSettings:
         the coordinator up to 64 ranks and makes groups of about sqrt(world_size) above; a
         value >= world_size means no relays at any size. At most 1,024 when there are relays.
         The same on every rank of the replica (FTHSDP_RELAY_FANOUT).
+    replica_version: the controller's version of the replica's restart this process was started
+        under (FTHSDP_REPLICA_VERSION, set by the agent; 0: unknown). Carried in the rank's
+        hello: a coordinator or relay of another restart refuses it (fthsdp/step/incarnations.py).
     """
 
     job_id: str = "job"
@@ -141,9 +154,12 @@ class RuntimeSettings:
     deterministic: bool = False
     deterministic_seed: int = 0
     relay_fanout: int = 0
+    replica_version: int = 0
 
     def validate(self) -> "RuntimeSettings":
         problems = []
+        if not isinstance(self.replica_version, int) or self.replica_version < 0:
+            problems.append(f"replica_version must be 0 (unknown) or positive, got {self.replica_version!r}.")
         if not self.job_id:
             problems.append("job_id must not be empty.")
         if not self.replica_id:
@@ -239,6 +255,8 @@ class RuntimeSettings:
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: object) -> "RuntimeSettings":
         """Defaults, then torchrun's variables, then FTHSDP_*, then `overrides` (which win)."""
         env = os.environ if environ is None else environ
+        if environ is None:
+            _wait_if_standby()
         values: dict[str, object] = {}
         for field, conv, names in _ENV_FIELDS:
             for name in names:  # later names win
@@ -254,6 +272,17 @@ class RuntimeSettings:
             raise ValueError(f"Invalid RuntimeSettings: {exc}.") from None
         values.update(overrides)
         return dataclasses.replace(cls(), **values).validate()
+
+
+def _wait_if_standby() -> None:
+    """A standby of this process's environment blocks here until its agent hands it an
+    assignment (which sets the assignment's variables in os.environ)."""
+    from agent import env as agent_env
+
+    if agent_env.is_standby():
+        # stderr itself: the script may not have configured logging yet (the agent echoes this)
+        print("fthsdp: standby: set up; waiting for the agent to hand over an assignment", file=sys.stderr, flush=True)
+        agent_env.wait_for_assignment()
 
 
 def _int(text: str) -> int:
@@ -272,6 +301,7 @@ _ENV_FIELDS: tuple[tuple[str, Callable[[str], object], tuple[str, ...]], ...] = 
     ("max_steps", _int, (ENV_MAX_STEPS,)),
     ("deterministic", lambda text: _flag(ENV_DETERMINISTIC, text), (ENV_DETERMINISTIC,)),
     ("relay_fanout", _int, (ENV_RELAY_FANOUT,)),
+    ("replica_version", _int, (ENV_REPLICA_VERSION,)),
 )
 
 

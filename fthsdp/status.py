@@ -35,6 +35,7 @@ def render(job: dict, replicas: list, hosts: list, quorums: dict, events: list) 
         f"of {job['replicas_total']}  spares free {job['spares_free']}  swaps {job['swaps']}  "
         f"steps committed {job['steps_committed']}  digest mismatches {job['digest_mismatches']}",
         *_goodput_line(job),
+        *([f"{job['job_state']}: {job['job_state_reason']}"] if job.get("job_state_reason") else []),
         f"round: {job['round']['reason']}",
         "",
         table(["REPLICA", "STATE", "STEP", "COMMITTED", "LOSS", "DIGEST", "SEEN(s)", "REASON"],

@@ -12,9 +12,11 @@ class JobState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     JOB_STATE_UNSPECIFIED: _ClassVar[JobState]
     RUNNING: _ClassVar[JobState]
     COMPLETED: _ClassVar[JobState]
+    FAILED: _ClassVar[JobState]
 JOB_STATE_UNSPECIFIED: JobState
 RUNNING: JobState
 COMPLETED: JobState
+FAILED: JobState
 
 class QuorumRequest(_message.Message):
     __slots__ = ("job_id", "replica_id", "step", "world_size", "ftar_addresses", "state_addresses", "known_quorum_id", "leader_address", "incarnation", "host_id", "credential")
@@ -113,16 +115,18 @@ class HeartbeatRequest(_message.Message):
     def __init__(self, host_ids: _Optional[_Iterable[str]] = ..., replica_ids: _Optional[_Iterable[str]] = ..., agent_secret: _Optional[str] = ..., credential: _Optional[str] = ..., host_id: _Optional[str] = ...) -> None: ...
 
 class HeartbeatResponse(_message.Message):
-    __slots__ = ("unknown_ids", "not_leader", "job_state", "leader_address")
+    __slots__ = ("unknown_ids", "not_leader", "job_state", "leader_address", "job_state_reason")
     UNKNOWN_IDS_FIELD_NUMBER: _ClassVar[int]
     NOT_LEADER_FIELD_NUMBER: _ClassVar[int]
     JOB_STATE_FIELD_NUMBER: _ClassVar[int]
     LEADER_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    JOB_STATE_REASON_FIELD_NUMBER: _ClassVar[int]
     unknown_ids: _containers.RepeatedScalarFieldContainer[str]
     not_leader: bool
     job_state: JobState
     leader_address: str
-    def __init__(self, unknown_ids: _Optional[_Iterable[str]] = ..., not_leader: _Optional[bool] = ..., job_state: _Optional[_Union[JobState, str]] = ..., leader_address: _Optional[str] = ...) -> None: ...
+    job_state_reason: str
+    def __init__(self, unknown_ids: _Optional[_Iterable[str]] = ..., not_leader: _Optional[bool] = ..., job_state: _Optional[_Union[JobState, str]] = ..., leader_address: _Optional[str] = ..., job_state_reason: _Optional[str] = ...) -> None: ...
 
 class ReportStepRequest(_message.Message):
     __slots__ = ("job_id", "replica_id", "quorum_id", "step", "step_time_s", "loss", "tokens", "host_id", "digest", "caught_up", "checkpoint_step", "rank_digests", "credential")
@@ -266,18 +270,20 @@ class RegisterAgentRequest(_message.Message):
     def __init__(self, host_id: _Optional[str] = ..., spare: _Optional[bool] = ..., slots: _Optional[int] = ..., labels: _Optional[_Mapping[str, str]] = ..., assignment: _Optional[_Union[Assignment, _Mapping]] = ..., incarnation: _Optional[str] = ..., address: _Optional[str] = ..., rendezvous_port: _Optional[int] = ..., coordinator_port: _Optional[int] = ..., previous_secret: _Optional[str] = ..., proof: _Optional[str] = ..., standby: _Optional[bool] = ...) -> None: ...
 
 class RegisterAgentResponse(_message.Message):
-    __slots__ = ("assignment", "reason", "job_id", "job_state", "agent_secret")
+    __slots__ = ("assignment", "reason", "job_id", "job_state", "agent_secret", "job_state_reason")
     ASSIGNMENT_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     JOB_STATE_FIELD_NUMBER: _ClassVar[int]
     AGENT_SECRET_FIELD_NUMBER: _ClassVar[int]
+    JOB_STATE_REASON_FIELD_NUMBER: _ClassVar[int]
     assignment: Assignment
     reason: str
     job_id: str
     job_state: JobState
     agent_secret: str
-    def __init__(self, assignment: _Optional[_Union[Assignment, _Mapping]] = ..., reason: _Optional[str] = ..., job_id: _Optional[str] = ..., job_state: _Optional[_Union[JobState, str]] = ..., agent_secret: _Optional[str] = ...) -> None: ...
+    job_state_reason: str
+    def __init__(self, assignment: _Optional[_Union[Assignment, _Mapping]] = ..., reason: _Optional[str] = ..., job_id: _Optional[str] = ..., job_state: _Optional[_Union[JobState, str]] = ..., agent_secret: _Optional[str] = ..., job_state_reason: _Optional[str] = ...) -> None: ...
 
 class DeregisterAgentRequest(_message.Message):
     __slots__ = ("host_id", "incarnation", "agent_secret", "reason")

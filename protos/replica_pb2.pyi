@@ -9,7 +9,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class RankHello(_message.Message):
-    __slots__ = ("rank", "world_size", "job_id", "replica_id", "ftar_address", "state_address", "incarnation", "auth", "nonce")
+    __slots__ = ("rank", "world_size", "job_id", "replica_id", "ftar_address", "state_address", "incarnation", "auth", "nonce", "replica_version")
     RANK_FIELD_NUMBER: _ClassVar[int]
     WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
@@ -19,6 +19,7 @@ class RankHello(_message.Message):
     INCARNATION_FIELD_NUMBER: _ClassVar[int]
     AUTH_FIELD_NUMBER: _ClassVar[int]
     NONCE_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_VERSION_FIELD_NUMBER: _ClassVar[int]
     rank: int
     world_size: int
     job_id: str
@@ -28,7 +29,8 @@ class RankHello(_message.Message):
     incarnation: str
     auth: bytes
     nonce: bytes
-    def __init__(self, rank: _Optional[int] = ..., world_size: _Optional[int] = ..., job_id: _Optional[str] = ..., replica_id: _Optional[str] = ..., ftar_address: _Optional[str] = ..., state_address: _Optional[str] = ..., incarnation: _Optional[str] = ..., auth: _Optional[bytes] = ..., nonce: _Optional[bytes] = ...) -> None: ...
+    replica_version: int
+    def __init__(self, rank: _Optional[int] = ..., world_size: _Optional[int] = ..., job_id: _Optional[str] = ..., replica_id: _Optional[str] = ..., ftar_address: _Optional[str] = ..., state_address: _Optional[str] = ..., incarnation: _Optional[str] = ..., auth: _Optional[bytes] = ..., nonce: _Optional[bytes] = ..., replica_version: _Optional[int] = ...) -> None: ...
 
 class BeginStep(_message.Message):
     __slots__ = ("step",)

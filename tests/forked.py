@@ -120,6 +120,11 @@ def _run(module: str, argv: list[str], env: dict[str, str], cwd: str, log: str,
     sys.stdin = open(0, closefd=False)  # noqa: SIM115 - the process's own streams, for its lifetime
     sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115
     sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
+    # The server marks its children daemonic (they end with the test session) and hands them its
+    # start method; a trainer may still start processes of its own as a real one does (DataLoader
+    # workers): inside, it is not daemonic and starts them the platform's default way.
+    multiprocessing.current_process().daemon = False
+    multiprocessing.set_start_method(None, force=True)
     sys.argv = [module, *argv]
     sys.path.insert(0, cwd)
     runpy.run_module(module, run_name="__main__", alter_sys=True)

@@ -191,6 +191,34 @@ class DigestLedger:
             return None
         return _ranked(_group(reports))[0][0]
 
+    def snapshot(self, max_bytes: int) -> list:
+        """What a successor needs to decide the steps kept: per step, its reports, whether it
+        was decided and the verdict's groups, reference and tie (its reason was given once);
+        the newest steps, as many as fit in `max_bytes` of JSON (counted from above: ids and
+        digests are plain ASCII, check_digest and check_id see to it)."""
+        out: list = []
+        size = 2
+        for step in sorted(self._steps, reverse=True):
+            e = self._steps[step]
+            v = e.verdict
+            size += 80 + sum(len(r) + len(d) + 12 for r, d in e.reports.items()) * (1 if v is None else 2)
+            if size > max_bytes:
+                break
+            out.append([step, dict(e.reports), e.decided, None if v is None else
+                        [[[d, list(ids)] for d, ids in v.groups], v.reference, v.tie]])
+        return out[::-1]
+
+    def restore(self, snapshot: list | None, now: float) -> None:
+        """Load `snapshot()`'s output; a pending step waits `wait_s` anew from `now` (the old
+        leader's clock is not this one's)."""
+        self._steps = {}
+        for step, reports, decided, verdict in (snapshot or [])[-self.max_steps:]:
+            entry = self._steps[step] = _Step(first_at=now, reports=dict(reports), decided=decided)
+            if verdict is not None:
+                groups, reference, tie = verdict
+                entry.verdict = Verdict(step, tuple((d, tuple(ids)) for d, ids in groups), reference, frozenset(),
+                                        tie, "")
+
     def _decide(self, step: int) -> list[Verdict]:
         entry = self._steps[step]
         entry.decided = True

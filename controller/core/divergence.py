@@ -7,7 +7,9 @@ holding it; the replicas outside the reference group become DIVERGED. A DIVERGED
 a member of rounds but is never healthy in a quorum while a replica holding the reference is,
 so it gets recovery sources like a behind replica (and new rings: a new quorum id). Its next
 commit with `caught_up` makes it HEALTHY again, unless its digest for that step already
-disagrees with the reference.
+disagrees with the reference. What decides DIVERGED is durable: the ledger's pending
+comparisons (with the replicas section) and each replica's `must_resync`, which a restart with
+a new incarnation does not clear (only re-syncing does).
 """
 
 from __future__ import annotations
@@ -25,7 +27,8 @@ class DivergenceTracker:
         if digest:
             r.digest, r.digest_step = digest, step
             verdicts += self.digest_ledger.record(r.replica_id, step, digest, now)
-        if r.state == ReplicaState.DIVERGED and caught_up:
+            self.dirty_replicas = True  # the pending comparison is durable (DigestLedger.snapshot)
+        if (r.state == ReplicaState.DIVERGED or r.must_resync) and caught_up:
             self._resync(r, step, digest, now)
         self._apply_verdicts(verdicts, now)
         self.compare_digests(now)
@@ -37,7 +40,8 @@ class DivergenceTracker:
 
     def diverged_members(self, members) -> frozenset[str]:
         """Members of a forming quorum that must re-sync from the reference state."""
-        return frozenset(rid for rid in members if self.replicas[rid].state == ReplicaState.DIVERGED)
+        return frozenset(rid for rid in members if self.replicas[rid].state == ReplicaState.DIVERGED
+                         or self.replicas[rid].must_resync)  # diverged, then restarted or failed over
 
     # -- internals ---------------------------------------------------------------------------
 

@@ -15,6 +15,11 @@ KINDS: dict[str, tuple[str, str]] = {
     "replica": ("info", "a replica registered, or changed state (JOINING, HEALTHY, BEHIND) with a reason"),
     "finished": ("info", "a replica trained all its steps and its trainer exited cleanly"),
     "job": ("info", "the job COMPLETED: every replica finished or is dead"),
+    "job_stuck": ("warning", "no replica can make progress (all DEAD, waiting on hosts that cannot run, no free "
+                             "spare): the job FAILS after fail_after_s unless one can train again"),
+    "job_failed": ("error", "the job FAILED: no replica could make progress for fail_after_s; final"),
+    "suspect": ("warning", "a replica's leader connection closed without goodbye: rounds stop waiting for it until "
+                           "it joins again or a heartbeat proves it alive"),
     "death": ("warning", "a replica became DEAD; `cause` says how it was detected"),
     "quorum": ("info", "a new quorum formed: its members, max step, lr scale and the reason it closed"),
     "rollback": ("error", "a quorum's members all lack the newest committed step: training goes back"),

@@ -12,6 +12,7 @@ from controller.core.errors import FailedPrecondition, InvalidArgument, NotFound
 from controller.core.identity import secret_matches
 from controller.core.model import Assignment, DeathCause, Host, HostState, OrderOut
 from controller.core.rendezvous import Endpoints, check_host_address, endpoints
+from controller.core.roles import reconcile_spare_claim
 from controller.core.sizes import encode_section, host_reservation_bytes
 from controller.core.spares import pick_spare
 
@@ -71,12 +72,12 @@ class HostRegistry:
                 raise InvalidArgument(f"label {k}={v[:40]!r} must be at most {s.max_id_chars} printable "
                                       f"characters, got {len(v)}.")
         if assignment is not None:
-            if spare:
-                raise InvalidArgument(f"host {host_id} registered as a spare but also claims {assignment.describe()}.")
             check_id("assignment replica_id", assignment.replica_id, s.max_id_chars)
             assignment = Assignment(assignment.replica_id, check_ranks(
                 assignment.ranks, assignment.world_size, s.max_world_size, s.max_slots_per_host),
                 assignment.world_size)
+            if spare:  # a spare that was given work: the durable record decides (controller.core.roles)
+                assignment, spare = reconcile_spare_claim(assignment, self.hosts.get(host_id))
         h = self.hosts.get(host_id)
         if h is not None and h.incarnation == incarnation and h.state != HostState.DEAD:
             h.last_seen = now
@@ -183,7 +184,9 @@ class HostRegistry:
                 f"host {host_id} does not run replica {replica_id!r} rank {rank}; "
                 f"it runs {h.assignment.describe() if h.assignment else 'nothing'}."
             )
-        tail = stderr_tail.strip().splitlines()[-1:] if stderr_tail else []
+        # A process killed outright (SIGKILL 9, SIGTERM 15) wrote no last words: its last line is
+        # whatever it logged before, unrelated to the death, so it is not quoted as the reason.
+        tail = stderr_tail.strip().splitlines()[-1:] if stderr_tail and signal not in (9, 15) else []
         why = f"trainer rank {rank} on host {host_id} died ({how})" + (f": {clip_text(tail[0], 200)}" if tail else "")
         h.last_seen = now
         if not self._trainer_exited(host_id, replica_id, rank, exit_code, signal, why, now):

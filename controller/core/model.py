@@ -45,6 +45,7 @@ SETTLED = (ReplicaState.DEAD, ReplicaState.FINISHED)
 class JobState(str, enum.Enum):
     RUNNING = "RUNNING"
     COMPLETED = "COMPLETED"
+    FAILED = "FAILED"
 
 
 class HostState(str, enum.Enum):
@@ -84,6 +85,9 @@ class Replica:
     #: The last digest of its committed state it reported, and the step it was taken after.
     digest: str = ""
     digest_step: int = -1
+    #: Its digest diverged and it has not re-synced since: it stays marked through a restart
+    #: with a new incarnation (and a failover), so it re-syncs before it counts as healthy.
+    must_resync: bool = False
     #: The history (see controller.core.rollback) this replica last trained on as a quorum
     #: member: its commits extend the job's history only while this is the current one.
     history_epoch: int = 0

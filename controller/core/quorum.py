@@ -11,9 +11,13 @@ as a failed commit does.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from controller.core.model import Member, Quorum
+
+#: A round closes on its join timeout no sooner than this after it first had a majority (at
+#: most the join timeout itself): survivors of a failure rejoin about at once, a few ms apart.
+QUORATE_SETTLE_S = 0.25
 
 
 @dataclass(frozen=True)
@@ -30,6 +34,11 @@ class RoundView:
     unregistered: int = 0
     #: replicas that are DEAD (not waited for, but named among the missing)
     dead: frozenset[str] = frozenset()
+    #: live replicas whose leader's connection closed without goodbye (controller.core.suspects):
+    #: not waited for, not counted in the majority, named among the missing
+    suspect: frozenset[str] = frozenset()
+    #: when this round first had a majority of the live replicas (None: take its first join)
+    quorate_at: float | None = None
 
 
 @dataclass(frozen=True)
@@ -38,6 +47,8 @@ class QuorumDecision:
     reason: str
     #: when to look again if nothing changes (None: only on the next event)
     wake_at: float | None = None
+    #: the round has a majority of the live replicas (it may close on the join timeout)
+    quorate: bool = False
 
 
 def _names(ids) -> str:
@@ -47,13 +58,16 @@ def _names(ids) -> str:
 def _absent(view: RoundView, missing: frozenset[str]) -> str:
     """Everyone a round lacks, by name: live replicas that have not joined, dead ones, and
     how many configured replicas never registered."""
-    parts = sorted(missing) + [f"{r} (dead)" for r in sorted(view.dead - missing)]
+    parts = (sorted(missing) + [f"{r} (dead)" for r in sorted(view.dead - missing)]
+             + [f"{r} (suspect)" for r in sorted(view.suspect - missing)])
     if view.unregistered:
         parts.append(f"{view.unregistered} not registered yet")
     return ", ".join(parts) or "none"
 
 
 def compute_quorum(view: RoundView, now: float, *, min_replicas: int, join_timeout_s: float) -> QuorumDecision:
+    if view.suspect:  # suspects count as gone: the rules below see the live set without them
+        view = replace(view, live=view.live - view.suspect)
     joined = frozenset(view.joined)
     missing = view.live - joined
     # Nobody asked: nothing to decide.
@@ -70,7 +84,8 @@ def compute_quorum(view: RoundView, now: float, *, min_replicas: int, join_timeo
         )
     # Every live replica is here, and no configured one is still to come: close at once.
     if not missing and not view.unregistered:
-        return QuorumDecision(joined, f"all {len(joined)} live replicas joined")
+        return QuorumDecision(joined, f"all {len(joined)} live replicas joined" + (
+            f" ({_names(view.suspect)} suspect: its leader's connection closed)" if view.suspect else ""))
     # Split-brain guard: never close with a minority of the live replicas.
     if 2 * len(joined) <= len(view.live):
         return QuorumDecision(
@@ -78,19 +93,34 @@ def compute_quorum(view: RoundView, now: float, *, min_replicas: int, join_timeo
             f"waiting: {len(joined)} joined ({_names(joined)}) is not a majority of {len(view.live)} live "
             f"replicas; missing {_absent(view, missing)}",
         )
-    # Join timeout, counted from the round's first joiner.
+    # Join timeout, counted from the round's first joiner; but never sooner than
+    # QUORATE_SETTLE_S after the round first had a majority: a first joiner that waited alone
+    # (a restarted replica) must not make survivors a few milliseconds apart close without
+    # each other, one of them left to catch up a step.
     deadline = (now if view.first_join_at is None else view.first_join_at) + join_timeout_s
-    if now >= deadline:
+    quorate_at = view.quorate_at if view.quorate_at is not None else view.first_join_at
+    settled = (now if quorate_at is None else quorate_at) + min(join_timeout_s, QUORATE_SETTLE_S)
+    if now >= deadline and now >= settled:
         return QuorumDecision(
             joined,
             f"join timeout after {join_timeout_s:g}s: {len(joined)} of {len(view.live)} live joined; "
-            f"left out {_absent(view, missing)}",
+            f"left out {_absent(view, missing)}", quorate=True,
         )
+    deadline = max(deadline, settled)
     awaited = _names(missing) if missing else ""
     if view.unregistered:
         awaited += f"{', ' if missing else ''}{view.unregistered} replica(s) not registered yet"
     gone = f" ({_names(view.dead)} dead)" if view.dead else ""
-    return QuorumDecision(None, f"waiting up to {deadline - now:.3g}s more for {awaited}{gone}", wake_at=deadline)
+    return QuorumDecision(None, f"waiting up to {deadline - now:.3g}s more for {awaited}{gone}", wake_at=deadline,
+                          quorate=True)
+
+
+def quorate_since(recorded: tuple[float | None, float] | None, first_join_at: float | None) -> float | None:
+    """When the round that began at `first_join_at` first had a majority, from what was
+    recorded as (first_join_at, then): a record of an earlier round does not count."""
+    if recorded is None or first_join_at is None or recorded[0] != first_join_at:
+        return None
+    return recorded[1]
 
 
 def lr_scale(policy: str, healthy: int, total: int) -> float:

@@ -12,7 +12,8 @@ from controller.core.errors import FailedPrecondition, InvalidArgument
 from controller.core.model import SETTLED, DeathCause, Quorum, Replica, ReplicaState
 from controller.core.digests import check_digest
 from controller.core.plausible import step_problem
-from controller.core.quorum import RoundView, compute_quorum, form_quorum
+from controller.core.quorum import RoundView, compute_quorum, form_quorum, quorate_since
+from controller.core.replica_set import join_problem
 from controller.core.rollback import RollbackDecision, check_rollback
 from controller.core.sizes import addresses_problem
 
@@ -57,6 +58,7 @@ class ReplicaRegistry:
             )
         restarted = r is not None and bool(r.incarnation) and req.incarnation != r.incarnation
         self._check_join_allowed(rid, r, restarted)
+        self._check_replica_set(rid, req.world_size)
         beyond = step_problem(rid, req.step, self.quorum.max_step if self.quorum else None, self.max_committed_step)
         if beyond:
             raise FailedPrecondition(beyond)
@@ -97,6 +99,7 @@ class ReplicaRegistry:
         if restarted:
             self.round_renewed.add(rid)
         r.leader_address = req.leader_address or r.leader_address
+        self.suspects.cleared(rid)  # its leader is back
         if not self.round_joined:
             self.round_first_join_at = now
         self.round_joined[rid] = req.step
@@ -105,8 +108,8 @@ class ReplicaRegistry:
     def try_close_round(self, now: float) -> Quorum | None:
         """Close the round if the policy says so; returns the new quorum or None."""
         s = self.settings
-        if self.completed_at is not None:  # final: no quorum forms after it
-            self.round_reason, self.round_wake_at = "the job is COMPLETED", None
+        if self.job_over:  # final: no quorum forms after it
+            self.round_reason, self.round_wake_at = f"the job is {self.job_state.value}", None
             return None
         previous = self.quorum.member_ids if self.quorum else frozenset()
         view = RoundView(
@@ -116,8 +119,13 @@ class ReplicaRegistry:
             previous=previous,
             unregistered=max(s.replicas - len(self.replicas), 0),
             dead=self.dead_replicas(),
+            suspect=self.suspects.ids() & self.live_replicas() if self.suspects.since else frozenset(),
+            # if the round is quorate now and was not before, it became so now
+            quorate_at=_or(quorate_since(self.round_quorate, self.round_first_join_at), now),
         )
         decision = compute_quorum(view, now, min_replicas=s.min_replicas, join_timeout_s=s.join_timeout_s)
+        if decision.quorate and quorate_since(self.round_quorate, self.round_first_join_at) is None:
+            self.round_quorate = (self.round_first_join_at, now)  # this round's, by its first join
         self.round_reason, self.round_wake_at = decision.reason, decision.wake_at
         if decision.members is None:
             return None
@@ -127,7 +135,9 @@ class ReplicaRegistry:
                    and r.state != ReplicaState.FINISHED}  # a finished replica does not come back
         rollback = check_rollback(members, history_step=self.history_step, holders=holders,
                                   newest_checkpoint_step=self.newest_checkpoint_step,
-                                  waiting_since=self.rollback_wait_since, now=now, wait_s=s.rollback_wait_s)
+                                  waiting_since=self.rollback_wait_since, now=now, wait_s=s.rollback_wait_s,
+                                  alive_until={rid: self.replicas[rid].last_seen + s.heartbeat_timeout_s
+                                               for rid in holders if self.replicas[rid].state != ReplicaState.DEAD})
         if rollback is not None and rollback.wait:
             if self.rollback_wait_since is None:
                 self._event(now, "rollback_wait", "round", rollback.reason)
@@ -360,6 +370,30 @@ class ReplicaRegistry:
         self._event(now, "replica", replica_id, f"replica {replica_id} left the open round: {why}")
         return True
 
+    def _check_replica_set(self, rid: str, world_size: int) -> None:
+        """Refuse a join outside the replicas the hosts hold (controller.core.replica_set)."""
+        holder = self.hosts.get(self.rank_holders.get((rid, 0), ""))
+        held = holder.assignment.world_size if holder is not None and holder.assignment is not None else None
+        if held == world_size or (held is None and (not self.rank_holders or rid in self.replicas)):
+            return
+        held_ids = {r for (r, k) in self.rank_holders if k == 0}
+        if held is None and len(held_ids | set(self.replicas)) < self.settings.replicas:
+            return  # room left in the configured count: a replica without agents (torchrun) may join
+        problem = join_problem(rid, world_size, held, held_ids)
+        if problem:
+            raise FailedPrecondition(problem)
+
+    def leader_connection_lost(self, replica_id: str, how: str, now: float) -> bool:
+        """A leader's connection (`how`: which) closed without goodbye: its replica is suspect
+        (controller.core.suspects) while it is live. Returns whether it became suspect."""
+        r = self.replicas.get(replica_id)
+        if r is None or r.state in SETTLED or not self.suspects.lost(replica_id, now):
+            return False
+        self._event(now, "suspect", replica_id,
+                    f"replica {replica_id} is suspect: {how} closed without goodbye; rounds do not wait for it "
+                    f"until it joins again or a heartbeat proves it alive")
+        return True
+
     def expire_replicas(self, now: float) -> None:
         for r in list(self.replicas.values()):
             if r.state not in SETTLED:
@@ -389,6 +423,8 @@ class ReplicaRegistry:
             return
         changed = r.state != state
         r.state, r.reason = state, reason
+        if state in (ReplicaState.DIVERGED, ReplicaState.HEALTHY):
+            r.must_resync = state == ReplicaState.DIVERGED  # cleared only by becoming HEALTHY
         self._live = None
         self.dirty_replicas = True
         if changed:
@@ -398,3 +434,7 @@ class ReplicaRegistry:
                                   cause, r.last_seen, now)
             if state in SETTLED:
                 self._check_completed(now)
+
+
+def _or(value: float | None, default: float) -> float:
+    return default if value is None else value

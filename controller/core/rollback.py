@@ -12,6 +12,9 @@ members hold.
 Rules, first match wins:
   1. Some member asks for a step past `history_step`: no rollback.
   2. A replica that holds the newest step may still come back, and the wait is not over: wait.
+     A holder that is alive (it heartbeats) is waited for as long as it shows signs of life,
+     beyond `wait_s`: until its heartbeat timeout has passed since its last beat. A slow but
+     live replica is never rolled back past.
   3. Otherwise: roll back, to the newest checkpoint if it is newer than the members' state.
 """
 
@@ -39,19 +42,24 @@ def _names(ids) -> str:
 
 def check_rollback(members: dict[str, int], *, history_step: int, holders: dict[str, int],
                    newest_checkpoint_step: int, waiting_since: float | None, now: float,
-                   wait_s: float) -> RollbackDecision | None:
+                   wait_s: float, alive_until: dict[str, float] | None = None) -> RollbackDecision | None:
     """`members`: replica -> the step it asks to train; `holders`: replicas outside the
-    round that committed `history_step` (dead or late), with that step. None: no rollback."""
+    round that committed `history_step` (dead or late), with that step; `alive_until`: for
+    the holders that are not dead, until when they count as alive (their last heartbeat plus
+    the heartbeat timeout). None: no rollback."""
     resume_step = max(members.values())
     # 1. Someone continues the history: nothing goes back.
     if resume_step > history_step:
         return None
     # 2. The newest state may come back with a replica that holds it.
     since = now if waiting_since is None else waiting_since
-    if holders and now < since + wait_s:
+    alive = {rid: t for rid, t in (alive_until or {}).items() if rid in holders and now < t}
+    if holders and (now < since + wait_s or alive):
+        until = max([since + wait_s, *alive.values()])
+        live = f" ({_names(alive)} still heartbeat{'s' if len(alive) == 1 else ''})" if alive else ""
         return RollbackDecision(
-            True, f"waiting up to {since + wait_s - now:.3g}s more for {_names(holders)} (which committed step "
-                  f"{history_step}) before rolling back to step {resume_step}", wake_at=since + wait_s)
+            True, f"waiting up to {until - now:.3g}s more for {_names(holders)} (which committed step "
+                  f"{history_step}){live} before rolling back to step {resume_step}", wake_at=until)
     # 3. Roll back: from the newest durable checkpoint when the members hold less than it.
     why = (f"{_names(holders)} did not come back within {wait_s:g}s" if holders
            else "no replica that committed it is left")

@@ -19,6 +19,7 @@ sign of trouble, so every section is kept below the limit up front:
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import fields
 
@@ -82,10 +83,21 @@ def worst_quorum_bytes(settings) -> int:
     return 200 + n * member + recover + settings.max_reason_chars * JSON_BYTES_PER_CHAR + 3 * _FLOAT_CHARS
 
 
+@functools.lru_cache(maxsize=8)
+def digest_ledger_budget(settings) -> int:
+    """What the replicas section can give the pending digest comparisons (DigestLedger.snapshot)
+    beyond the worst case of everything else in it: they are written newest step first, as
+    many as fit (0: none)."""
+    n = settings.max_replica_records
+    return max(value_limit(settings) - n * worst_replica_record_bytes(settings) - worst_quorum_bytes(settings)
+               - 2048, 0)
+
+
 def replicas_section_problem(settings) -> str | None:
     """Why these settings could let the replicas section outgrow the store, or None."""
     n = settings.max_replica_records
     worst = n * worst_replica_record_bytes(settings) + worst_quorum_bytes(settings) + 1024
+    worst += settings.max_reason_chars * JSON_BYTES_PER_CHAR  # the job's end reason
     limit = value_limit(settings)
     if worst <= limit:
         return None

@@ -22,7 +22,9 @@ from controller.core.model import (
 )
 from controller.core.replicas import ReplicaRegistry
 from controller.core.restarts import ReplicaRestarts
-from controller.core.sizes import ShardBudget
+from controller.core.sizes import ShardBudget, digest_ledger_budget
+from controller.core.suspects import Suspects
+from controller.core import retention
 from controller.settings import ControllerSettings
 
 SNAPSHOT_VERSION = 1
@@ -51,9 +53,12 @@ class ControllerState(ReplicaRegistry, HostRegistry, ReplicaRestarts, Divergence
         #: joiners this round with a new process or new addresses: the quorum id must change
         self.round_renewed: set[str] = set()
         self.round_first_join_at: float | None = None
+        #: (the round's first join time, when it first had a majority): see quorum.quorate_since
+        self.round_quorate: tuple[float | None, float] | None = None
         self.round_reason = "no replica has joined this round"
         self.round_wake_at: float | None = None
         self.events: list[Event] = []
+        self.event_tiers: list[int] = []  # how many events of each retention tier the ring holds
         #: events not yet handed to the service's event log (drained by `take_events`)
         self.fresh_events: list[Event] = []
         self.event_seq = 0
@@ -99,8 +104,17 @@ class ControllerState(ReplicaRegistry, HostRegistry, ReplicaRestarts, Divergence
         self.digest_mismatches = 0
         #: when the job became COMPLETED (None: it runs); final, and persisted
         self.completed_at: float | None = None
+        #: when the job became FAILED (None: it did not); final, and persisted
+        self.failed_at: float | None = None
+        #: why the job COMPLETED or FAILED (persisted); while it runs, since when no replica
+        #: could make progress and the note that says so (not persisted: a new leader waits anew)
+        self.job_end_reason = ""
+        self.stuck_since: float | None = None
+        self.stuck_note = ""
         #: finished replicas whose trainers' clean exit was already told in an event
         self.finished_exits: set[str] = set()
+        #: replicas whose leader's connection closed without goodbye (controller.core.suspects)
+        self.suspects = Suspects()
         #: bytes each host shard may grow to (see controller.core.sizes)
         self.shard_budget = ShardBudget()
         #: host ids by shard, and each host's encoded record until it changes (see _touch)
@@ -113,12 +127,13 @@ class ControllerState(ReplicaRegistry, HostRegistry, ReplicaRestarts, Divergence
         """Declare dead whoever has been silent past the heartbeat timeout, compare the digests
         that waited long enough, and run the periodic diagnosis. A completed job's agents leave:
         their silence is no failure (no host deaths, no swaps, no diagnosis)."""
-        if self.completed_at is None:
+        if not self.job_over:
             self.expire_hosts(now)
         self.expire_replicas(now)
         self.compare_digests(now)
-        if self.completed_at is None:
+        if not self.job_over:
             self.diagnose(now)
+        self.check_progress(now)
 
     def silence(self, last_seen: float, now: float) -> str:
         """Why a record last seen at `last_seen` counts as dead now, or "" while it does not.
@@ -148,10 +163,23 @@ class ControllerState(ReplicaRegistry, HostRegistry, ReplicaRestarts, Divergence
         return self.assignment_seq
 
     def heartbeat_replicas(self, replica_ids, now: float) -> list[str]:
+        if self.suspects.since:
+            for rid in replica_ids:
+                self._heard(rid, f"its leader's heartbeat", now)
         return _beat(self.replicas, replica_ids, ReplicaState.DEAD, now)
 
     def heartbeat_hosts(self, host_ids, now: float) -> list[str]:
+        if self.suspects.since:
+            holders = {self.rank_holders.get((rid, 0)): rid for rid in self.suspects.since}
+            for hid in host_ids:
+                if hid in holders:
+                    self._heard(holders[hid], f"a heartbeat of host {hid}, which holds its rank 0", now)
         return _beat(self.hosts, host_ids, HostState.DEAD, now)
+
+    def _heard(self, replica_id: str, what: str, now: float) -> None:
+        if self.suspects.heard(replica_id, now):
+            self._event(now, "replica", replica_id, f"replica {replica_id} is no longer suspect: {what} proves it "
+                                                    f"alive")
 
     def take_orders(self) -> list[OrderOut]:
         out, self.outbox = self.outbox, []
@@ -175,12 +203,12 @@ class ControllerState(ReplicaRegistry, HostRegistry, ReplicaRestarts, Divergence
         self.event_seq += 1
         message = clip_text(message, 2 * self.settings.max_reason_chars)  # a template around a reason
         event = Event(now, kind, subject, message, cause, level or level_of(kind), self.event_seq)
-        self.events.append(event)
+        if len(self.event_tiers) != retention.TIERS:  # the ring was set anew (restored): count it
+            self.event_tiers = retention.counts(self.events)
+        retention.admit(self.events, self.event_tiers, event, self.settings.recent_events)  # kept by level
         self.fresh_events.append(event)
         self.dirty_journal = True
         self.urgent_journal = self.urgent_journal or event.level != "info"
-        if len(self.events) > self.settings.recent_events:
-            del self.events[: len(self.events) - self.settings.recent_events]
 
     # -- durable snapshot --------------------------------------------------------------------
 
@@ -200,12 +228,15 @@ class ControllerState(ReplicaRegistry, HostRegistry, ReplicaRestarts, Divergence
             "order_seq": self.order_seq,
             "digest_mismatches": self.digest_mismatches,
             "completed_at": self.completed_at,
+            "failed_at": self.failed_at,
+            "job_end_reason": self.job_end_reason,
             "history": [self.history_step, self.history_epoch, self.branch_start_step, self.newest_checkpoint_step],
             "steps_lost": self.steps_lost,
             "history_changes": self.history_changes,
             "version_ceiling": self.version_ceiling,
             "replica_versions": self.replica_versions,
             "goodput": self.goodput.snapshot(),
+            "digests": self.digest_ledger.snapshot(digest_ledger_budget(self.settings)),
         }
 
     def snapshot_journal(self) -> dict:
@@ -259,6 +290,8 @@ class ControllerState(ReplicaRegistry, HostRegistry, ReplicaRestarts, Divergence
             self.deaths = dict(replicas["deaths"])
             self.digest_mismatches = replicas.get("digest_mismatches", 0)
             self.completed_at = replicas.get("completed_at")
+            self.failed_at = replicas.get("failed_at")
+            self.job_end_reason = replicas.get("job_end_reason", "")
             # Order ids must never repeat (agents answer a repeated id from memory), and the
             # counter is written only now and then: continue from the clock if it is ahead.
             self.order_seq = max(replicas["order_seq"], int(now * 1000))
@@ -268,9 +301,11 @@ class ControllerState(ReplicaRegistry, HostRegistry, ReplicaRestarts, Divergence
             self.history_changes = dict(replicas.get("history_changes", {}))
             self.version_ceiling = replicas.get("version_ceiling", 0)
             self.replica_versions = dict(replicas.get("replica_versions", {}))
+            self.digest_ledger.restore(replicas.get("digests"), now)
         if journal:
             self.quorum_history = [_quorum_from_dict(q) for q in journal["history"]]
             self.events = [Event(*e) for e in journal["events"]]
+            self.event_tiers = []  # counted again on the next event (controller.core.retention)
             self.event_seq = max(journal.get("event_seq", 0), max((e.seq for e in self.events), default=0))
         self.goodput.restore((replicas or {}).get("goodput"), (journal or {}).get("goodput"), now)
         for r in self.replicas.values():

@@ -23,8 +23,13 @@ log = logging.getLogger(LOGGER)
 _LEVELS = {"info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
 
 
+def iso_time(at: float) -> str:
+    """An event's time as the log writes it (`ts`; the REST events carry it beside `at`)."""
+    return datetime.fromtimestamp(at, timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
 def event_line(job_id: str, e: Event) -> str:
-    ts = datetime.fromtimestamp(e.at, timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    ts = iso_time(e.at)
     return json.dumps({"ts": ts, "level": e.level, "job_id": job_id, "seq": e.seq, "kind": e.kind,
                        "subject": e.subject, "cause": e.cause, "message": e.message}, ensure_ascii=False)
 

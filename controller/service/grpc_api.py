@@ -24,7 +24,7 @@ from protos import controller_pb2_grpc
 log = logging.getLogger("fthsdp.controller")
 
 SERVICE_NAME = "fthsdp.v1.Controller"
-JOB_STATES = {JobState.RUNNING: pb.RUNNING, JobState.COMPLETED: pb.COMPLETED}
+JOB_STATES = {JobState.RUNNING: pb.RUNNING, JobState.COMPLETED: pb.COMPLETED, JobState.FAILED: pb.FAILED}
 
 
 class ControllerServicer(controller_pb2_grpc.ControllerServicer):
@@ -102,7 +102,12 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
                 elif request.replica_id != replica_id:
                     raise FailedPrecondition(f"this stream carries replica {shown(replica_id)}; a request for "
                                              f"{shown(request.replica_id)} needs its own stream.")
-                yield await self._join(request, context, encoded=True)
+                try:
+                    answer = await self._join(request, context, encoded=True)
+                except asyncio.CancelledError:  # the stream ended while its leader waited: no goodbye
+                    self.server.leader_connection_lost(replica_id, "its leader's QuorumStream")
+                    raise
+                yield answer
         except (RequestError, NotLeader, StoreError) as exc:
             refuse(context, "QuorumStream", exc)
 
@@ -119,7 +124,8 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
             now = self.server.clock()
             state = self.server.state
             unknown = state.heartbeat_hosts(beat.host_ids, now) + state.heartbeat_replicas(beat.replica_ids, now)
-            yield pb.HeartbeatResponse(unknown_ids=unknown, job_state=JOB_STATES[state.job_state])
+            yield pb.HeartbeatResponse(unknown_ids=unknown, job_state=JOB_STATES[state.job_state],
+                                       job_state_reason=state.job_end_reason if state.job_over else "")
 
     @unary
     async def ReportStep(self, request, context):
@@ -184,7 +190,7 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
             assignment=to_proto_assignment(assignment, host.assignment_version, state.replica_versions.get(rid, 0),
                                            state.replica_endpoints(rid)),
             reason=reason, job_id=self.server.settings.job_id, job_state=JOB_STATES[state.job_state],
-            agent_secret=secret if issued else "")
+            agent_secret=secret if issued else "", job_state_reason=state.job_end_reason if state.job_over else "")
 
     async def Orders(self, request, context):
         server = self.server

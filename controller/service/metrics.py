@@ -102,6 +102,8 @@ class StateCollector:
                      state.digest_mismatches, CounterMetricFamily)
         yield _gauge("fthsdp_job_completed", "1 once every replica finished or died (COMPLETED)", job,
                      1.0 if state.completed_at is not None else 0.0)
+        yield _gauge("fthsdp_job_failed", "1 once the job FAILED: no replica could make progress for fail_after_s",
+                     job, 1.0 if state.failed_at is not None else 0.0)
         yield _labelled(CounterMetricFamily, "fthsdp_steps_lost", "Committed steps given up, by how: rolled back "
                         "past, or abandoned when a returning replica's newer state won", job, "kind",
                         {kind: state.steps_lost.get(kind, 0) for kind in ("rollback", "abandoned")})

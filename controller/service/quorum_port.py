@@ -105,6 +105,8 @@ class _Connection(asyncio.Protocol):
         #: this connection's share of port.buffered
         self._held = 0
         self._facts: dict[str, list[bytes]] = {}
+        #: this side closed the connection (a refusal): its end is no sign of the leader's death
+        self.closed_here = False
 
     # -- what begin_join asks of a gRPC call ----------------------------------------------------
 
@@ -171,6 +173,8 @@ class _Connection(asyncio.Protocol):
             fut.cancel()  # a report's state change stands: its store write goes on, shielded
             if self.pending_join:
                 self.port.server.forget_waiter(self.replica_id, fut, "its leader's quorum port connection closed")
+        if self.replica_id is not None and not self.closed_here:
+            self.port.server.leader_connection_lost(self.replica_id, "its leader's quorum port connection")
 
     # -- joins and answers --------------------------------------------------------------------------
 
@@ -266,6 +270,7 @@ class _Connection(asyncio.Protocol):
         refusals[code] = refusals.get(code, 0) + 1
         refusal = pb.QuorumPortRefusal(code=code, details=details[:4096], leader_address=leader_address)
         self.transport.write(frame(REFUSED, refusal.SerializeToString()))
+        self.closed_here = True
         self.transport.close()
 
 

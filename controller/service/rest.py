@@ -20,6 +20,7 @@ from controller.core.diagnosis.findings import FindingKind
 from controller.core.errors import RequestError
 from controller.core.state import ControllerState
 from controller.service.errors import NotLeader, http_status
+from controller.service.event_log import iso_time
 from controller.service.paging import PAGE_MAX, SortedIds, event_page, host_page, next_link
 from controller.service.stall_schema import StallsView
 from controller.service.telemetry_wire import entry_view
@@ -194,7 +195,7 @@ def make_app(server) -> FastAPI:
         page, cursor = event_page(state.events, after, limit)
         if cursor is not None:
             response.headers["Link"] = next_link("/api/v1/events", limit=min(limit, PAGE_MAX), after=cursor)
-        return [e.__dict__ for e in page]
+        return [{**e.__dict__, "ts": iso_time(e.at)} for e in page]  # ts: as the JSON event log writes it
 
     @app.get("/api/v1/history", responses=READ_PROBLEMS,
              summary="Chart samples of the job: [time, committed step, healthy replicas], oldest first")

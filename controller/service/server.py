@@ -436,6 +436,12 @@ class ControllerServer:
         if self.leading and self.state is not None and self.state.leave_round(replica_id, why, self.clock()):
             self._poke.set()
 
+    def leader_connection_lost(self, replica_id: str, how: str) -> None:
+        """A leader's connection (`how`) closed without goodbye: the core decides (its replica
+        becomes suspect), the next settle closes the round without it if it may."""
+        if self.leading and self.state is not None and self.state.leader_connection_lost(replica_id, how, self.clock()):
+            self._poke.set()
+
     def deliver_orders(self) -> None:
         for order in self.state.take_orders():
             stream = self.order_streams.get(order.host_id)

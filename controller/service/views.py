@@ -40,7 +40,9 @@ def job_view(state, leader: str, leading: bool, now: float) -> dict:
         "replicas_diverged": sum(r.state == ReplicaState.DIVERGED for r in replicas),
         "replicas_finished": sum(r.state == ReplicaState.FINISHED for r in replicas),
         "job_state": state.job_state.value,
+        "job_state_reason": state.job_state_reason,
         "completed_at": state.completed_at,
+        "failed_at": state.failed_at,
         "digest_mismatches": state.digest_mismatches,
         "min_replicas": state.settings.min_replicas,
         "quorum_id": state.quorum.quorum_id if state.quorum else 0,
@@ -109,7 +111,8 @@ def stalls_view(state, now: float) -> dict:
     """When the job stood still and the failures behind it (controller.core.stalls)."""
     running = state.job_state == JobState.RUNNING
     timeline = state.goodput.timeline()
-    ended = state.completed_at if state.completed_at is not None else (timeline[-1][0] if timeline else now)
+    ended = next((at for at in (state.completed_at, state.failed_at) if at is not None),
+                 timeline[-1][0] if timeline else now)
     # The history holds each quorum id as it first formed (`state.quorum` is the current one as
     # its latest round re-formed it, on the fast path with the same id and a later time).
     quorums = [(q.formed_at, q.quorum_id, q.reason) for q in state.quorum_history]

@@ -49,6 +49,8 @@ class RunSettings:
     heartbeat_timeout_s: float = 3.0
     timeout_s: float = 150.0
     diagnosis_dry_run: bool = False
+    #: False: the controller's own diagnosis defaults instead of the demo's quick DIAGNOSIS
+    demo_diagnosis: bool = True
 
     def trainer_config(self, data: Path, records: Path, ports: dict, faults: list[dict] = ()) -> dict:
         return {"job_id": JOB_ID, "model": self.model, "data": str(data), "records": str(records),
@@ -134,7 +136,8 @@ def _prepare(workdir: Path, s: RunSettings, data: Path, failures: list[Failure] 
 
 def _controller(workdir: Path, s: RunSettings, secret: str) -> procs.ControllerProcess:
     settings = workdir / "controller.json"
-    settings.write_text(json.dumps({"diagnosis": {**DIAGNOSIS, "dry_run": s.diagnosis_dry_run}}))
+    diagnosis = DIAGNOSIS if s.demo_diagnosis else {}
+    settings.write_text(json.dumps({"diagnosis": {**diagnosis, "dry_run": s.diagnosis_dry_run}}))
     return procs.start_controller(workdir / "controller.log", job_id=JOB_ID, replicas=s.replicas,
                                   join_timeout_s=s.join_timeout_s, heartbeat_timeout_s=s.heartbeat_timeout_s,
                                   lr_policy=s.lr_policy, settings=settings, secret=secret)

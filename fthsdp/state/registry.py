@@ -33,6 +33,11 @@ NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 RNG_NAME = "rng"
 MAX_PAYLOAD_BYTES = 64 << 20
 _SEED_MASK = (1 << 63) - 1
+ACCEPTED = ("register_state accepts objects with state_dict() and load_state_dict() whose state is the same on "
+            "every replica after a commit (an LR scheduler, a loss scaler, a counter).")
+DATA_INSTEAD = ("For data, the ledger keeps each replica's position: pass fthsdp.data.ShuffledLoader(...).batch_at "
+                "(a map-style Dataset) or fthsdp.data_stream.StreamBatches(...).batch_at (a torchdata "
+                "StatefulDataLoader) to manager.batches(); see docs/architecture.md, 'Data'.")
 
 
 class Stateful(Protocol):
@@ -80,9 +85,13 @@ class StateRegistry:
             raise ValueError(f"state name {name!r} must be 1-64 letters, digits, '_', '.' or '-'")
         if name in self._objects:
             raise ValueError(f"state {name!r} is registered already")
+        if isinstance(obj, (torch.utils.data.DataLoader, torch.utils.data.Sampler)):
+            raise TypeError(f"state {name!r} ({type(obj).__name__}) is a data position, which differs from replica "
+                            f"to replica; registered state is the same on every replica. {ACCEPTED} {DATA_INSTEAD}")
         for method in ("state_dict", "load_state_dict"):
             if not callable(getattr(obj, method, None)):
-                raise TypeError(f"state {name!r} ({type(obj).__name__}) has no {method}() method")
+                raise TypeError(f"state {name!r} ({type(obj).__name__}) has no {method}() method. {ACCEPTED} "
+                                f"{DATA_INSTEAD}")
         self._objects[name] = obj
 
     def register_rng(self, seed: int | None = None) -> RngStreams:

@@ -26,7 +26,7 @@ from typing import Callable, Iterator, TypeVar
 
 import grpc
 
-from fthsdp.errors import ControllerRefused, ControllerUnavailable, JobCompleted
+from fthsdp.errors import ControllerRefused, ControllerUnavailable, JobCompleted, JobFailed
 from fthsdp.step import coordination as co
 from fthsdp.step.leader_credential import leader_credential
 from fthsdp.step.quorum_port_client import QuorumPortClient, resolve
@@ -37,6 +37,8 @@ from protos.dial import FAILOVER_CODES, AddressRotation, TlsFiles, leader_hint, 
 from protos.job_secret import JobSecret
 
 log = logging.getLogger(__name__)
+#: How a refusal because the job is COMPLETED begins (the Manager tells it apart by this).
+COMPLETED_PREFIX = "the controller says the job is COMPLETED: "
 T = TypeVar("T")
 
 ENV_HOST_ID = "FTHSDP_HOST_ID"  # the agent's name for it (agent/env.py HOST_ID)
@@ -108,8 +110,11 @@ class ControllerClient:
                 code = exc.code()
                 if code not in FAILOVER_CODES:
                     details = exc.details() or ""
+                    if code is grpc.StatusCode.FAILED_PRECONDITION and " is FAILED: " in details:
+                        raise JobFailed(f"the controller says the job is FAILED, so this replica ends: {details}") \
+                            from None
                     if code is grpc.StatusCode.FAILED_PRECONDITION and "COMPLETED" in details:
-                        raise JobCompleted(f"the controller says the job is COMPLETED: {details}") from None
+                        raise JobCompleted(f"{COMPLETED_PREFIX}{details}") from None
                     raise ControllerRefused(f"{name} was refused: {code.name}: {details}; fix the settings "
                                             f"or the controller's flags, then restart this replica") from None
                 self._sent_addresses = None  # the next controller may not know our addresses
@@ -232,7 +237,8 @@ class ControllerClient:
                     if answer.job_state:
                         self.job_state = pb.JobState.Name(answer.job_state)
                     if self.replica_id in answer.unknown_ids:
-                        log.info("replica %s: controller does not know this replica yet", self.replica_id)
+                        # normal before its first join (every start): not worth a line
+                        log.debug("replica %s: controller does not know this replica yet", self.replica_id)
             except grpc.RpcError as exc:
                 if not self._stop.is_set():
                     log.info("replica %s: heartbeat stream broke (%s); reconnecting", self.replica_id,

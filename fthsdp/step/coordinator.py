@@ -37,6 +37,7 @@ from typing import Protocol
 from fthsdp.errors import ControllerRefused, JobCompleted, RuntimeFailure
 from fthsdp.settings import RuntimeSettings
 from fthsdp.step import coordination as co
+from fthsdp.step.incarnations import stale_hello
 from fthsdp.step.messages import MAX_RANK_FRAME_BYTES, decode_rank_frame, frame, hello_is_authentic, welcome
 from fthsdp.step.peer_connection import MAX_PENDING_WRITE_BYTES, PeerConnection  # noqa: F401 - the bound, re-exported
 from fthsdp.step.relay_messages import (MAX_RELAY_FRAME_BYTES, decode_first_frame, decode_relay_frame,
@@ -170,6 +171,9 @@ class CoordinatorService:
                         self.settings.replica_id, message.rank, conn.transport.get_extra_info("peername"))
             return conn.refuse("hello not authenticated: its tag does not match this connection's challenge "
                                "under the job secret (a stranger, another job's secret, or a replayed hello)")
+        stale = stale_hello(self.settings.replica_version, message.replica_version, message.rank)
+        if stale is not None:  # a rank of another restart of the replica (fthsdp/step/incarnations.py)
+            return conn.refuse(stale[0], retry=stale[1])
         core = self._core
         assert core is not None
         relay = core.relay_address(message.rank) if 0 <= message.rank < core.world else ""

@@ -57,15 +57,15 @@ def clip(reason: str) -> str:
 
 
 def hello(rank: int, world_size: int, job_id: str, replica_id: str, ftar_address: str, state_address: str,
-          incarnation: str) -> rpb.RankFrame:
+          incarnation: str, replica_version: int = 0) -> rpb.RankFrame:
     return rpb.RankFrame(hello=rpb.RankHello(
         rank=rank, world_size=world_size, job_id=job_id, replica_id=replica_id, ftar_address=ftar_address,
-        state_address=state_address, incarnation=incarnation))
+        state_address=state_address, incarnation=incarnation, replica_version=replica_version))
 
 
 def _hello_fields(h: rpb.RankHello) -> tuple:
     return (h.job_id, h.replica_id, h.rank, h.world_size, h.ftar_address, h.state_address, h.incarnation,
-            h.nonce)
+            h.nonce, h.replica_version)
 
 
 def sign_hello(key: bytes | None, hello_frame: rpb.RankFrame, challenge_nonce: bytes) -> rpb.RankFrame:

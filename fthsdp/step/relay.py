@@ -11,7 +11,9 @@ connections saying hello at once). The relay rank's own Manager is one of those 
   to_ranks frame's parts each to its one rank (a refusal among them closes that rank);
 - up: a rank's hello and close go up one by one (`relayed`); begins, votes and digests
   aggregated (a group begin, the first no at once or one yes, a group's digests); a rank's
-  broken connection as a `rank_left`.
+  broken connection as a `rank_left`. A gather still incomplete FLUSH_FRACTION of
+  gather_timeout_s after its first message sends up what the members that answered said
+  (relay_tree's `flush`): one silent rank never silences its group.
 
 When the connection up breaks, the relay closes every rank's connection: its ranks see their
 coordinator gone, as they would without a relay, and the coordinator counts them absent.
@@ -31,9 +33,10 @@ from fthsdp.errors import ChannelError
 from fthsdp.settings import RuntimeSettings
 from fthsdp.step import messages as msg
 from fthsdp.step import relay_messages as rm
+from fthsdp.step.incarnations import stale_hello
 from fthsdp.step.messages import FRAME, MAX_COORDINATOR_FRAME_BYTES, MAX_RANK_FRAME_BYTES, FrameReader, MessageError
 from fthsdp.step.peer_connection import PeerConnection
-from fthsdp.step.relay_tree import BeginGather, DigestGather, VoteGather
+from fthsdp.step.relay_tree import FLUSH_FRACTION, BeginGather, DigestGather, VoteGather
 from protos import job_secret
 from protos import replica_pb2 as rpb
 
@@ -69,6 +72,8 @@ class RelayService:
         self._votes: VoteGather | None = None
         self._digests: DigestGather | None = None
         self._all_gone: asyncio.Event | None = None
+        #: gather kind -> the pending flush of its current gather
+        self._flushes: dict[str, asyncio.TimerHandle] = {}
         self.address = ""
 
     # ------------------------------------------------------------ life
@@ -131,6 +136,8 @@ class RelayService:
                 log.info("%s: %d rank(s) still connected at shutdown", self.name, len(self._connections))
         if self._server is not None:
             self._server.close()
+        for kind in list(self._flushes):
+            self._disarm(kind)
         for conn in list(self._connections.values()):
             conn.transport.close()
         if self._up is not None and self._up.transport is not None:
@@ -168,6 +175,9 @@ class RelayService:
                         conn.transport.get_extra_info("peername"))
             return conn.refuse("hello not authenticated: its tag does not match this connection's challenge "
                                "under the job secret (a stranger, another job's secret, or a replayed hello)")
+        stale = stale_hello(s.replica_version, h.replica_version, h.rank)
+        if stale is not None:  # a rank of another restart of the replica (fthsdp/step/incarnations.py)
+            return conn.refuse(stale[0], retry=stale[1])
         if (h.job_id, h.replica_id, h.world_size) != (s.job_id, s.replica_id, s.world_size):
             return conn.refuse(f"hello for job {h.job_id!r} replica {h.replica_id!r} of world_size {h.world_size}; "
                                f"this relay serves job {s.job_id!r} replica {s.replica_id!r} of {s.world_size}")
@@ -185,22 +195,62 @@ class RelayService:
     def _received(self, conn: PeerConnection, kind: str, m) -> None:
         rank = conn.bound
         if kind == "begin":
-            for b in self._begins.begin(rank, m.step):
-                self._send_up(rm.group_begin(b.step, b.ranks))
+            begins = self._begins.begin(rank, m.step)
+            self._send_begins(begins)
+            if begins and not self._begins.steps:
+                self._disarm("begin")  # the group's begin went up whole
+            elif self._begins.steps:
+                self._arm("begin")
         elif kind == "vote":
             if self._votes is None or m.attempt > self._votes.attempt:
                 self._votes = VoteGather(self.members, m.attempt)
-            for v in self._votes.vote(rank, m.attempt, m.ok, m.reason, m.loss, m.tokens):
-                self._send_up(rm.group_vote(v.attempt, v.ok, v.ranks, v.reason, v.loss_sum, v.tokens))
+                self._disarm("vote")
+            self._send_votes(self._votes.vote(rank, m.attempt, m.ok, m.reason, m.loss, m.tokens))
+            self._arm("vote")
         elif kind == "digest":
             if self._digests is None or (m.attempt, m.step) > (self._digests.attempt, self._digests.step):
                 self._digests = DigestGather(self.members, m.attempt, m.step)
-            for d in self._digests.digest(rank, m.attempt, m.step, m.sha256):
-                self._send_up(rm.group_digests(d.attempt, d.step, d.digests))
+                self._disarm("digest")
+            self._send_digests(self._digests.digest(rank, m.attempt, m.step, m.sha256))
+            self._arm("digest")
         elif kind == "close":
             self._send_up(rm.relayed(rank, rpb.RankFrame(close=m)))
         else:
             conn.refuse(f"rank {rank} sent a {kind} after its hello")
+
+    def _send_begins(self, begins) -> None:
+        for b in begins:
+            self._send_up(rm.group_begin(b.step, b.ranks))
+
+    def _send_votes(self, votes) -> None:
+        for v in votes:
+            self._send_up(rm.group_vote(v.attempt, v.ok, v.ranks, v.reason, v.loss_sum, v.tokens))
+
+    def _send_digests(self, digests) -> None:
+        for d in digests:
+            self._send_up(rm.group_digests(d.attempt, d.step, d.digests))
+
+    def _arm(self, kind: str) -> None:
+        """Flush the current `kind` gather FLUSH_FRACTION of gather_timeout_s from now, unless one is due."""
+        pending = self._flushes.get(kind)
+        if (pending is None or pending.cancelled()) and self._loop is not None:
+            self._flushes[kind] = self._loop.call_later(self.settings.gather_timeout_s * FLUSH_FRACTION,
+                                                        self._flush, kind)
+
+    def _disarm(self, kind: str) -> None:
+        pending = self._flushes.pop(kind, None)
+        if pending is not None:
+            pending.cancel()
+
+    def _flush(self, kind: str) -> None:
+        """Up with what the members that answered said (a silent one's goes up when it comes)."""
+        self._flushes.pop(kind, None)
+        if kind == "begin":
+            self._send_begins(self._begins.flush())
+        elif kind == "vote" and self._votes is not None:
+            self._send_votes(self._votes.flush())
+        elif kind == "digest" and self._digests is not None:
+            self._send_digests(self._digests.flush())
 
     def _disconnected(self, conn: PeerConnection, reason: str) -> None:
         self._connections.pop(conn.conn_id, None)

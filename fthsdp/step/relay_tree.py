@@ -18,10 +18,15 @@ On the way up a relay sends one message for its group where its ranks would send
   they agree, one per step when they do not: the coordinator names the disagreement);
 - `VoteGather`: the first "no" at once, with its rank and reason (the attempt is lost
   anyway); otherwise one "all yes" with the summed loss and tokens once every rank voted. A
-  rank that stays silent makes the group silent: the coordinator's vote timeout decides
-  RETRY, and a relay that died (its connection to the coordinator broke) takes its whole
-  group with it -- those ranks vote "no" by absence, as a dead rank does without relays;
+  relay that died (its connection to the coordinator broke) takes its whole group with it --
+  those ranks vote "no" by absence, as a dead rank does without relays;
 - `DigestGather`: the group's state digests in rank order, once all arrived.
+
+One silent rank must not silence its group: each gather's `flush()` (the relay calls it
+FLUSH_FRACTION of gather_timeout_s after the gather's first message, well before the
+coordinator's own timeout) sends up what the members that did answer said, and from then on
+each late member's message goes up on its own. So the coordinator's timeout names only the
+rank that stayed silent.
 
 Nothing here touches a socket, a clock or a frame format: inputs in, what to send out.
 How a hello is authenticated is not the tree's business either: a relay forwards what its
@@ -40,6 +45,8 @@ from dataclasses import dataclass, field
 
 #: Below this many ranks a tree only adds a hop: every rank talks to the coordinator.
 DIRECT_UP_TO_RANKS = 64
+#: A relay sends up what its answering members said this far into gather_timeout_s.
+FLUSH_FRACTION = 0.5
 
 
 @dataclass(frozen=True)
@@ -140,9 +147,14 @@ class BeginGather(_Gather):
 
     ranks: range
     steps: dict[int, int] = field(default_factory=dict)
+    #: members left out of the last flush: each one's begin goes up on its own when it comes
+    late: set[int] = field(default_factory=set)
 
     def begin(self, rank: int, step: int) -> list[GroupBegin]:
         self._check(rank)
+        if rank in self.late:
+            self.late.discard(rank)
+            return [GroupBegin(step, (rank,))]
         if self.steps.get(rank) == step:
             return []  # said again: nothing new
         self.steps[rank] = step
@@ -151,6 +163,17 @@ class BeginGather(_Gather):
         by_step: dict[int, list[int]] = {}
         for r in self.ranks:
             by_step.setdefault(self.steps[r], []).append(r)
+        self.steps = {}
+        return [GroupBegin(s, tuple(rs)) for s, rs in sorted(by_step.items())]
+
+    def flush(self) -> list[GroupBegin]:
+        """The begins so far, of the members that began (the others' go up when they come)."""
+        if not self.steps:
+            return []
+        by_step: dict[int, list[int]] = {}
+        for r in sorted(self.steps):
+            by_step.setdefault(self.steps[r], []).append(r)
+        self.late = set(self.ranks) - set(self.steps)
         self.steps = {}
         return [GroupBegin(s, tuple(rs)) for s, rs in sorted(by_step.items())]
 
@@ -165,6 +188,8 @@ class VoteGather(_Gather):
     loss_sum: float = 0.0
     tokens: int = 0
     sent: bool = False
+    #: flushed: the yes votes so far went up; each later one goes up on its own
+    flushed: bool = False
 
     def vote(self, rank: int, attempt: int, ok: bool, reason: str = "", loss: float = 0.0,
              tokens: int = 0) -> list[GroupVote]:
@@ -174,6 +199,10 @@ class VoteGather(_Gather):
         if not ok:
             self.sent = True
             return [GroupVote(attempt, False, (rank,), f"rank {rank} voted no: {reason or 'no reason given'}")]
+        if self.flushed:
+            self.yes.add(rank)
+            self.sent = len(self.yes) == len(self.ranks)
+            return [GroupVote(attempt, True, (rank,), "", loss, tokens)]
         self.yes.add(rank)
         self.loss_sum += loss
         self.tokens += tokens
@@ -193,6 +222,15 @@ class VoteGather(_Gather):
     def missing(self) -> tuple[int, ...]:
         return tuple(r for r in self.ranks if r not in self.yes)
 
+    def flush(self) -> list[GroupVote]:
+        """The yes votes so far, of the members that voted (the others' go up when they come)."""
+        if self.sent or self.flushed:
+            return []
+        self.flushed = True
+        if not self.yes:
+            return []
+        return [GroupVote(self.attempt, True, tuple(sorted(self.yes)), "", self.loss_sum, self.tokens)]
+
 
 @dataclass
 class DigestGather(_Gather):
@@ -202,12 +240,24 @@ class DigestGather(_Gather):
     attempt: int
     step: int
     got: dict[int, bytes] = field(default_factory=dict)
+    flushed: bool = False
 
     def digest(self, rank: int, attempt: int, step: int, sha256: bytes) -> list[GroupDigests]:
         self._check(rank)
         if (attempt, step) != (self.attempt, self.step) or rank in self.got:
             return []
         self.got[rank] = sha256
+        if self.flushed:
+            return [GroupDigests(attempt, step, ((rank, sha256),))]
         if len(self.got) < len(self.ranks):
             return []
         return [GroupDigests(attempt, step, tuple((r, self.got[r]) for r in self.ranks))]
+
+    def flush(self) -> list[GroupDigests]:
+        """The digests so far, of the members that sent theirs (the others' go up when they come)."""
+        if self.flushed or len(self.got) == len(self.ranks):
+            return []
+        self.flushed = True
+        if not self.got:
+            return []
+        return [GroupDigests(self.attempt, self.step, tuple((r, self.got[r]) for r in sorted(self.got)))]

@@ -82,7 +82,7 @@ class Cluster:
         its output files when the host had an agent before; `ranks` ("0,1") runs several of the
         replica's ranks here instead of `rank`."""
         args = [*CLI, "agent", "--controller", self.grpc, "--host-id", host_id,
-                "--heartbeat-interval-s", "0.3", "--stop-grace-s", "2", *extra]
+                "--heartbeat-interval-s", "0.3", "--stop-grace-s", "2", "--insecure", *extra]
         if spare:
             args.append("--spare")
         elif replica:

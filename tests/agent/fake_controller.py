@@ -1,7 +1,8 @@
 """An in-process stand-in for the controller's agent-facing RPCs, for agent tests.
 
 It records registrations, heartbeats, acks and exit reports, and lets a test push orders
-to a host's order stream. `refuse` makes RegisterAgent answer FAILED_PRECONDITION, `busy`
+to a host's order stream. `refuse` makes RegisterAgent answer `refuse_code` (FAILED_PRECONDITION),
+`refuse_claims` refuses registrations that claim an assignment with INVALID_ARGUMENT, `busy`
 makes it answer ABORTED (another live agent holds the host) that many times; `job_state` is
 what heartbeat and registration answers say about the job; registration answers carry
 assignment version `version`. Deregistrations are recorded in `deregistrations`. Like the real
@@ -29,6 +30,8 @@ class FakeController(pb_grpc.ControllerServicer):
         self.queues: defaultdict[str, asyncio.Queue] = defaultdict(asyncio.Queue)
         self.streams: defaultdict[str, int] = defaultdict(int)
         self.refuse = ""
+        self.refuse_code = grpc.StatusCode.FAILED_PRECONDITION  # the status `refuse` answers with
+        self.refuse_claims = ""  # refuse registrations that claim an assignment (INVALID_ARGUMENT)
         self.answer: pb.Assignment | None = None  # overrides the registered assignment
         self.not_leader = False
         self.leader_address = ""  # named in not_leader answers
@@ -68,8 +71,10 @@ class FakeController(pb_grpc.ControllerServicer):
 
     async def RegisterAgent(self, request, context):
         if self.refuse:
-            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, self.refuse)
+            await context.abort(self.refuse_code, self.refuse)
         self.registrations.append(request)
+        if self.refuse_claims and request.HasField("assignment"):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, self.refuse_claims)
         if self.busy > 0:
             self.busy -= 1
             await context.abort(grpc.StatusCode.ABORTED, "host is held by a live agent; Retry later.")

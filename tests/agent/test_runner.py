@@ -125,6 +125,33 @@ async def test_refused_registration_is_permanent(controller, start_agent):
         await asyncio.wait_for(run.task, 10)
 
 
+async def test_a_credential_refusal_ends_the_agent_saying_so(controller, start_agent):
+    controller.refuse, controller.refuse_code = "agent secret is wrong", grpc.StatusCode.PERMISSION_DENIED
+    run = start_agent([controller.address])
+    with pytest.raises(PermanentError, match="does not accept this host's credential: it may not take part"):
+        await asyncio.wait_for(run.task, 10)
+
+
+async def test_a_refused_claim_on_reregistration_keeps_the_trainers_and_asks_without_it(
+        controller, start_agent, tmp_path):
+    """The chaos finding of issue 28: a registration again (after a failover, after being
+    forgotten) whose claim the controller refuses is no reason to stop: the agent asks again
+    without the claim and runs what the controller's record says, its trainer untouched."""
+    run = start_agent([controller.address])
+    [info] = await wait_for(lambda: ready_files(tmp_path), 10, "trainer ready")
+    controller.refuse_claims = "host h1 registered as a spare but also claims replica r0 ranks 0."
+    controller.answer = pb.Assignment(replica_id="r0", ranks=[0], world_size=2)  # the durable record
+    first = len(controller.registrations)
+    controller.forget = 1  # the controller lost track of it: it registers again, claiming r0
+    await wait_for(lambda: [r for r in controller.registrations[first:] if not r.HasField("assignment")], 10,
+                   "a registration without the claim")
+    await wait_for(lambda: controller.heartbeats["h1"] >= 3 and run.agent.registered.is_set(), 10, "heartbeats")
+    assert not run.task.done()
+    assert [r.HasField("assignment") for r in controller.registrations[first:]][:2] == [True, False]
+    assert run.agent.assignment is not None and run.agent.assignment.replica_id == "r0"
+    assert ready_files(tmp_path) == [info] and alive(info["pid"])  # the same trainer, never stopped
+
+
 async def test_next_address_is_tried_when_the_first_is_down(controller, start_agent, tmp_path):
     with socket.socket() as s:  # a port nobody listens on
         s.bind(("127.0.0.1", 0))
@@ -248,3 +275,11 @@ async def test_mtls_to_the_controller_and_the_same_files_for_trainers(start_agen
         assert info["env"]["FTHSDP_TLS_KEY_FILE"] == str(client.key)
     finally:
         await fake.stop()
+
+
+async def test_a_trainer_knows_the_replica_version_it_was_started_under(controller, start_agent, tmp_path):
+    """Its hello carries it (fthsdp/step/incarnations.py): race 3 of issue 28."""
+    controller.version = 7
+    start_agent([controller.address])
+    [info] = await wait_for(lambda: ready_files(tmp_path), 10, "trainer ready")
+    assert info["env"]["FTHSDP_REPLICA_VERSION"] == "7"

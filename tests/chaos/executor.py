@@ -32,6 +32,7 @@ from fthsdp.demo import procs
 from fthsdp.demo.data import prepare
 from fthsdp.demo.run import RunSettings, load_rows
 from protos import job_secret
+from tests.chaos import composed
 from tests.chaos.schedule import ChaosSettings, Fault, stop_past_the_timeouts
 from tests.etcd_server import EtcdServer
 from tests.ha.cluster import JOB, ControllerProcess
@@ -55,6 +56,8 @@ class Injection:
     done_at: float | None = None           # its last action (SIGCONT, the controller back, the source killed)
     settled_at: float | None = None        # every replica HEALTHY again after it (None: never)
     hit_at: dict[str, float] = field(default_factory=dict)  # replica -> when it was hit (a source: later)
+    controller_killed_at: float | None = None  # when it SIGKILLed the active controller (CONTROLLER_KINDS)
+    quiet_after: float | None = None       # no death of what it touched may follow this (swap_then_kill_controller)
 
 
 @dataclass
@@ -246,14 +249,17 @@ class ChaosRun:
         if inj.done_at is None or not self._all_healthy():
             return False
         events = list(self.events.values())
-        if inj.kind == "kill_controller":
-            return any(e["kind"] == "leader" and e["at"] >= inj.at for e in events)
-        for rid in inj.replicas:
-            deaths = [e["at"] for e in events if e["kind"] == "death" and e["subject"] == rid and e["at"] >= inj.at - 1]
-            if not deaths or not any(e["kind"] == "replica" and e["subject"] == rid and "became HEALTHY" in e["message"]
-                                     and e["at"] >= min(deaths) for e in events):
-                return False
-        return True
+        if inj.controller_killed_at is not None and not any(
+                e["kind"] == "leader" and e["at"] >= inj.controller_killed_at for e in events):
+            return False
+        return all(self._settled_replica(inj, rid) for rid in inj.replicas)
+
+    def _settled_replica(self, inj: Injection, rid: str) -> bool:
+        """`rid`, which `inj` touched, died and became HEALTHY after it."""
+        events = list(self.events.values())
+        deaths = [e["at"] for e in events if e["kind"] == "death" and e["subject"] == rid and e["at"] >= inj.at - 1]
+        return bool(deaths) and any(e["kind"] == "replica" and e["subject"] == rid and "became HEALTHY" in e["message"]
+                                    and e["at"] >= min(deaths) for e in events)
 
     def _end_at(self, step: int) -> None:
         tmp = self.steps_file.with_name(".steps.tmp")
@@ -340,12 +346,7 @@ class ChaosRun:
             for rid in f.replicas:
                 self._kill(inj, rid, 0)
         elif f.kind == "kill_host":
-            rid = f.replicas[0]
-            host = self._host_of(rid)
-            under = procs.kill_host(self.agents.pop(host))
-            self._touch(inj, rid)
-            inj.hosts.append(host)
-            inj.detail.append(f"SIGKILL host {host}: its agent and {len(under)} process(es) under it")
+            composed.kill_host(self, inj, f.replicas[0])
         elif f.kind == "stop_replica":
             rid = f.replicas[0]
             pids = [self._pid(rid, k) for k in range(self.s.ranks)]
@@ -368,7 +369,9 @@ class ChaosRun:
         elif f.kind == "kill_source":
             return self._kill_source(f, inj)
         elif f.kind == "kill_controller":
-            return self._kill_controller(f, inj)
+            return composed.kill_active_controller(self, inj, f.down_s)
+        elif f.kind in ("swap_then_kill_controller", "kill_controller_catching_up", "kill_host_in_grace"):
+            return getattr(composed, f.kind)(self, f, inj)
         else:
             raise ValueError(f"unknown fault kind {f.kind!r}")
         return None
@@ -402,8 +405,7 @@ class ChaosRun:
         self._kill(inj, rid, 0)
 
         def source(now: float):  # polled closely: the catch-up step takes about min_step_s
-            rows = self._rows_of(rid, f.rank, killed[f.rank])
-            catching_up = next((r for r in rows if r.get("event") == "catching_up"), None)
+            catching_up, committed = self._catch_up(rid, f.rank, killed[f.rank])
             if catching_up is not None:
                 src = catching_up["source"]
                 try:
@@ -413,25 +415,15 @@ class ChaosRun:
                 except RuntimeError as exc:
                     inj.detail.append(f"the source {src} of {rid} had no live rank {f.rank}: {exc}")
                 return None, False
-            if any(r.get("event") == "commit" for r in rows):
+            if committed:
                 inj.detail.append(f"{rid} rank {f.rank} committed without catching up first")
                 return None, False
             return source, True
         return source
 
-    def _kill_controller(self, f: Fault, inj: Injection):
-        leader, _ = self._leader()
-        if leader is None:
-            raise RuntimeError("no controller leads: cannot kill the active one")
-        leader.signal(signal.SIGKILL)
-        leader.proc.wait(10)
-        inj.detail.append(f"SIGKILL controller {leader.name} (pid {leader.proc.pid}), back in {f.down_s:g}s")
-
-        def restart(now: float):
-            if now < inj.at + f.down_s:
-                return restart, False
-            leader.start()
-            inj.detail.append(f"controller {leader.name} restarted (pid {leader.proc.pid})")
-            return None, False
-        return restart
-
+    def _catch_up(self, rid: str, rank: int, killed_pid: int) -> tuple[dict | None, bool]:
+        """What the trainer that replaced pid `killed_pid` as `rid` rank `rank` recorded so far:
+        its "catching_up" row (or None), and whether it committed a step."""
+        rows = self._rows_of(rid, rank, killed_pid)
+        return (next((r for r in rows if r.get("event") == "catching_up"), None),
+                any(r.get("event") == "commit" for r in rows))

@@ -11,9 +11,11 @@ Data (the trainers' rows, tests/runtime/history_checks.py):
   roll-forward event of the controller.
 Faults (the controller's events against the executor's injections):
 - no death is reported for a replica or host that no fault touched then (a fault's window
-  runs from its injection until the job was whole again, plus `SLACK_S`);
+  runs from its injection until the job was whole again, plus `SLACK_S`); after the controller
+  kill of a swap_then_kill_controller none is reported for what it touched either (the
+  takeover keeps the spare's new work: issue 28);
 - every fault was detected: a death of each replica it touched, a host death of each host
-  it killed, a new leader after a controller kill;
+  it killed, a new leader after a controller kill (a composed one's too);
 - every faulted replica rejoined (HEALTHY after its death), the job became whole after
   every fault, and every trainer finished;
 - bounded stalls: a replica a fault did not touch went at most `settings.stall_bound_s`
@@ -43,6 +45,12 @@ class Verdict:
 def _window(inj: Injection, rec: Recorded) -> tuple[float, float]:
     end = inj.settled_at if inj.settled_at is not None else rec.ended_at
     return inj.at - BEFORE_S, end + SLACK_S
+
+
+def _death_window(inj: Injection, rec: Recorded) -> tuple[float, float]:
+    """When a death of what `inj` touched is its doing: its window, up to its quiet point."""
+    lo, hi = _window(inj, rec)
+    return lo, hi if inj.quiet_after is None else min(hi, inj.quiet_after + BEFORE_S)
 
 
 def _when(rec: Recorded, t: float) -> str:
@@ -92,16 +100,19 @@ def _check_deaths(rec: Recorded, v: Verdict) -> None:
     """Every death the controller recorded falls in the window of a fault that touched it."""
     for e in rec.events:
         if e["kind"] == "death":
-            windows = [_window(i, rec) for i in rec.injections if e["subject"] in i.replicas]
+            windows = [_death_window(i, rec) for i in rec.injections if e["subject"] in i.replicas]
             what = f"replica {e['subject']}"
         elif e["kind"] == "host_death":
-            windows = [_window(i, rec) for i in rec.injections if e["subject"] in i.hosts]
+            windows = [_death_window(i, rec) for i in rec.injections if e["subject"] in i.hosts]
             what = f"host {e['subject']}"
         else:
             continue
         if not any(lo <= e["at"] <= hi for lo, hi in windows):
             v.violations.append(f"{what} was declared dead at {_when(rec, e['at'])} ({e.get('cause') or 'no cause'}: "
-                                f"{e['message']}) but no fault touched it then")
+                                f"{e['message']}) but no fault touched it then" + (
+                                    " (a controller kill after a swap must not cost a death)" if any(
+                                        i.quiet_after is not None and i.quiet_after <= e["at"] for i in rec.injections)
+                                    else ""))
 
 
 def _check_detected_and_rejoined(rec: Recorded, s: ChaosSettings, v: Verdict) -> None:
@@ -113,10 +124,12 @@ def _check_detected_and_rejoined(rec: Recorded, s: ChaosSettings, v: Verdict) ->
         if inj.settled_at is None:
             v.violations.append(f"{name}: the job was not whole again (every replica HEALTHY) within "
                                 f"{s.fault_timeout_s:g}s of its last action; {'; '.join(inj.detail)}")
-        if inj.kind == "kill_controller":
-            if not any(e["kind"] == "leader" and e["at"] >= inj.at - BEFORE_S for e in inside):
+        if inj.kind == "kill_controller" or inj.controller_killed_at is not None:
+            if not any(e["kind"] == "leader" and e["at"] >= (inj.controller_killed_at or inj.at) - BEFORE_S
+                       for e in inside):
                 v.violations.append(f"{name}: no controller took over after the active one was killed")
-            continue
+            if inj.kind == "kill_controller":
+                continue
         for host in inj.hosts:
             if not any(e["kind"] == "host_death" and e["subject"] == host for e in inside):
                 v.violations.append(f"{name}: host {host} was killed, but no host death was recorded")

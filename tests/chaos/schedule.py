@@ -17,13 +17,26 @@ Kinds of fault (the executor, tests/chaos/executor.py, carries them out on real 
 |                 | SIGKILL the source's rank `rank` (the catch-up loses its source)         | its source       |
 | kill_controller | SIGKILL the active controller; it comes back as a standby on its port    | nothing else     |
 
+Composed kinds: two faults in an order that matters, the second timed by what the first did.
+
+| kind                      | what is done                                                   | touches          |
+|---------------------------|----------------------------------------------------------------|------------------|
+| swap_then_kill_controller | kill_host; once the spare holds the replica and it is HEALTHY, | replica, host,   |
+|                           | kill_controller (the spare registers again with its new work:  | controller; no   |
+|                           | it must keep it, nobody may die after the controller kill)     | death after it   |
+| kill_controller_catching_up | kill_leader; once its restarted rank `rank` catches up from  | replica and      |
+|                           | a source, kill_controller                                      | controller       |
+| kill_host_in_grace        | kill_controller; once another one took over (its grace runs),  | controller,      |
+|                           | kill_host (its silence counts only once the grace is over)     | replica and host |
+
 Kinds are drawn as a seeded permutation of KINDS, taken in turn (cycling when there are more
 faults than kinds), so a schedule of len(KINDS) faults has one of each; targets, ranks and
-durations are drawn from the same seed. The executor injects the first fault at step
+durations are drawn from the same seed. A composed kind counts as one fault. The executor injects the first fault at step
 `first_fault_step`, each next one `gap_steps` commits after the job was whole again (every
 replica HEALTHY) after the previous one, so faults do not pile up beyond what the kind itself
 does (double kill, kill_source); the job ends `tail_steps` after the last one. At most
-`spares` faults kill a host: each one uses up a spare.
+`spares` faults kill a host (HOST_KINDS): each one uses up a spare; one drawn with none left
+becomes kill_leader.
 """
 
 from __future__ import annotations
@@ -31,7 +44,12 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-KINDS = ("kill_leader", "kill_rank", "kill_host", "stop_replica", "double_kill", "kill_source", "kill_controller")
+KINDS = ("kill_leader", "kill_rank", "kill_host", "stop_replica", "double_kill", "kill_source", "kill_controller",
+         "swap_then_kill_controller", "kill_controller_catching_up", "kill_host_in_grace")
+#: the kinds that kill a host (each uses up a spare) and those that kill the controller
+HOST_KINDS = ("kill_host", "swap_then_kill_controller", "kill_host_in_grace")
+CONTROLLER_KINDS = ("kill_controller", "swap_then_kill_controller", "kill_controller_catching_up",
+                    "kill_host_in_grace")
 
 
 @dataclass(frozen=True)
@@ -109,13 +127,14 @@ class ChaosSettings:
 class Fault:
     kind: str                        # one of KINDS
     replicas: tuple[str, ...] = ()   # the replicas it hits (kill_source: the first one; its source is found live)
-    rank: int = 0                    # kill_rank, kill_source: the rank killed (of the replica, of the source)
+    rank: int = 0                    # kill_rank, kill_source: the rank killed (of the replica, of the source);
+    #                                  kill_controller_catching_up: the rank whose catch-up is watched
     stop_s: float = 0.0              # stop_replica: how long the trainers stay stopped
-    down_s: float = 0.0              # kill_controller: how long the killed controller stays down
+    down_s: float = 0.0              # a controller kill (CONTROLLER_KINDS): how long the killed one stays down
 
     def describe(self) -> str:
         target = "+".join(self.replicas) or "controller"
-        extra = f" rank {self.rank}" if self.kind in ("kill_rank", "kill_source") else ""
+        extra = f" rank {self.rank}" if self.kind in ("kill_rank", "kill_source", "kill_controller_catching_up") else ""
         extra += f" for {self.stop_s:.1f}s" if self.stop_s else ""
         return f"{self.kind}:{target}{extra}"
 
@@ -130,7 +149,7 @@ def make_schedule(seed: int, settings: ChaosSettings) -> tuple[Fault, ...]:
     faults = []
     for i in range(s.faults):
         kind = kinds[i % len(kinds)]
-        if kind == "kill_host":
+        if kind in HOST_KINDS:
             if hosts_left == 0:
                 kind = "kill_leader"  # no spare left to take the host's work
             else:
@@ -138,6 +157,11 @@ def make_schedule(seed: int, settings: ChaosSettings) -> tuple[Fault, ...]:
         ids = s.replica_ids
         if kind == "kill_controller":
             faults.append(Fault(kind, down_s=round(rng.uniform(*s.controller_down_s), 2)))
+        elif kind in ("swap_then_kill_controller", "kill_host_in_grace"):
+            faults.append(Fault(kind, (rng.choice(ids),), down_s=round(rng.uniform(*s.controller_down_s), 2)))
+        elif kind == "kill_controller_catching_up":
+            faults.append(Fault(kind, (rng.choice(ids),), rank=rng.randrange(s.ranks),
+                                down_s=round(rng.uniform(*s.controller_down_s), 2)))
         elif kind == "double_kill":
             faults.append(Fault(kind, tuple(sorted(rng.sample(ids, 2)))))
         elif kind == "stop_replica":

@@ -2,11 +2,13 @@
 real etcd, agents supervising the demo's trainers; each seed's faults carried out for real,
 then every invariant checked over what was recorded (tests/chaos/invariants.py).
 
-One fixed seed runs here (the suite's time is bounded: about a minute on 2 idle cores), chosen
-for the faults that need the most machinery: a SIGSTOP past the timeouts, a controller kill, a
-recovering replica losing its source, a host swapped for the warm spare. Its kill_source starts
-with a leader kill, and the runtime tests kill ranks and replicas on their own (tests/runtime/);
-`python -m bench.chaos --seeds 1-20 --json` carries out every kind, as many seeds as you like.
+One fixed seed runs here (the suite's time is bounded: a minute or two on 2 idle cores), chosen
+for the faults that need the most machinery: a host swapped for the warm spare and then the
+active controller killed (a composed fault: the spare must keep its new work through the
+takeover), a SIGSTOP past the timeouts, a recovering replica losing its source. Its kill_source
+starts with a leader kill, and the runtime tests kill ranks and replicas on their own
+(tests/runtime/); `python -m bench.chaos --seeds 1-20 --json` carries out every kind, as many
+seeds as you like.
 """
 
 from __future__ import annotations
@@ -20,19 +22,24 @@ from tests.chaos.executor import ChaosRun
 from tests.chaos.invariants import check
 from tests.chaos.schedule import KINDS, ChaosSettings, make_schedule
 
+COMPOSED = ("swap_then_kill_controller", "kill_controller_catching_up", "kill_host_in_grace")
+
 SETTINGS = ChaosSettings()
-SEEDS = (1,)
+SEEDS = (17,)
 BENCH_SEEDS = range(1, 21)
 
 
 def test_the_fixed_seed_carries_out_the_faults_that_need_the_most_machinery():
     kinds = {f.kind for seed in SEEDS for f in make_schedule(seed, SETTINGS)}
-    assert kinds == {"stop_replica", "kill_controller", "kill_source", "kill_host"}, kinds
+    assert kinds == {"swap_then_kill_controller", "stop_replica", "kill_leader", "kill_source"}, kinds
 
 
 def test_the_benchmark_seeds_carry_out_every_kind_of_fault_several_times():
     kinds = Counter(f.kind for seed in BENCH_SEEDS for f in make_schedule(seed, SETTINGS))
-    assert set(kinds) == set(KINDS) and min(kinds.values()) >= 5, kinds
+    assert set(kinds) == set(KINDS), kinds
+    # the composed kinds share the one spare with kill_host: fewer of them in 20 seeds
+    assert min(n for k, n in kinds.items() if k not in COMPOSED) >= 5, kinds
+    assert min(kinds[k] for k in COMPOSED) >= 3, kinds
 
 
 @pytest.mark.slow

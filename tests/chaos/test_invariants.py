@@ -154,3 +154,35 @@ def test_a_broken_or_unfinished_run_is_a_violation():
     rec = replace(run_with_a_leader_kill(), error="RuntimeError: boom", finished=False)
     found = problems(rec)
     assert "the run broke: RuntimeError: boom" in found and "not every trainer of every replica finished" in found
+
+
+def run_with_a_swap_then_a_controller_kill() -> Recorded:
+    """kill_leader's run, read as swap_then_kill_controller: r1's host h1 killed at T0 + 2.2, r1
+    HEALTHY on the spare at T0 + 3.8, the controller killed at T0 + 4.5, a new leader at T0 + 6."""
+    rec = run_with_a_leader_kill()
+    inj = rec.injections[0]
+    inj.kind, inj.scheduled, inj.hosts = "swap_then_kill_controller", "swap_then_kill_controller:r1", ["h1"]
+    inj.controller_killed_at = inj.quiet_after = T0 + 4.5
+    inj.settled_at = T0 + 6.5
+    rec.events += [{"at": T0 + 2.25, "kind": "host_death", "subject": "h1", "cause": "heartbeat", "message": "h1"},
+                   {"at": T0 + 6.0, "kind": "leader", "subject": "controller", "cause": "", "message": "leads"}]
+    return rec
+
+
+def test_a_swap_then_a_controller_kill_passes_when_the_takeover_keeps_the_spare_s_work():
+    assert problems(run_with_a_swap_then_a_controller_kill()) == []
+
+
+def test_a_death_after_the_controller_kill_of_a_swap_is_a_violation():
+    """Issue 28's chaos finding: the new leader refused the spare, then declared it dead."""
+    rec = run_with_a_swap_then_a_controller_kill()
+    rec.events.append({"at": T0 + 6.2, "kind": "death", "subject": "r1", "cause": "heartbeat",
+                       "message": "r1 became DEAD: host spare0 died"})
+    [found] = problems(rec)
+    assert found.startswith("replica r1 was declared dead at +6.2s") and "a controller kill after a swap" in found
+
+
+def test_a_composed_controller_kill_without_a_new_leader_is_found():
+    rec = run_with_a_swap_then_a_controller_kill()
+    rec.events = [e for e in rec.events if e["kind"] != "leader"]
+    assert any("no controller took over after the active one was killed" in p for p in problems(rec))

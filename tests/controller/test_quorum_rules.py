@@ -90,3 +90,15 @@ def test_a_member_that_must_resync_is_behind_and_renews_the_rings():
                     must_resync=frozenset({B}), **base)
     assert q.quorum_id == 9 and [m.healthy for m in q.members] == [False, True] and q.recover == {A: (B,)}
     assert "no member holds the reference state, so training goes on from the state of b" in q.reason
+
+
+def test_a_round_that_just_became_quorate_waits_a_moment_for_the_other_survivor():
+    """Race 7 of issue 28: c waited alone since t=0; a arrives at t=10, long past the deadline."""
+    from controller.core.quorum import QUORATE_SETTLE_S
+    v = RoundView(joined={C: 3, A: 5}, first_join_at=0.0, live=frozenset({A, B, C, D}), previous=frozenset())
+    assert compute_quorum(v, 10.0, min_replicas=2, join_timeout_s=2.0).quorate is False  # 2 of 4: no majority
+    v = RoundView(joined={C: 3, A: 5, B: 5}, first_join_at=0.0, live=frozenset({A, B, C, D}), previous=frozenset(),
+                  quorate_at=10.0)
+    d = compute_quorum(v, 10.0, min_replicas=2, join_timeout_s=2.0)
+    assert d.members is None and d.quorate and d.wake_at == 10.0 + QUORATE_SETTLE_S
+    assert compute_quorum(v, 10.0 + QUORATE_SETTLE_S, min_replicas=2, join_timeout_s=2.0).members == {A, B, C}

@@ -13,9 +13,9 @@ from controller.settings import ControllerSettings
 WAIT = 20.0
 
 
-def rule(members, history=51, holders=None, checkpoint=-1, since=None, now=100.0):
+def rule(members, history=51, holders=None, checkpoint=-1, since=None, now=100.0, alive_until=None):
     return check_rollback(members, history_step=history, holders=holders or {}, newest_checkpoint_step=checkpoint,
-                          waiting_since=since, now=now, wait_s=WAIT)
+                          waiting_since=since, now=now, wait_s=WAIT, alive_until=alive_until)
 
 
 def test_the_rule_in_order():
@@ -142,3 +142,61 @@ def test_history_survives_a_takeover():
     t.restore(s.snapshot_replicas(), [], 40.0)
     assert (t.history_step, t.history_epoch, t.branch_start_step, t.newest_checkpoint_step, t.steps_lost) == \
         (s.history_step, s.history_epoch, s.branch_start_step, 40, {"rollback": 11})
+
+
+def test_the_rule_waits_for_a_live_holder_past_the_wait_until_its_heartbeat_timeout():
+    # r2 beat last at 125 with a 10 s timeout: alive until 135, past the wait's end at 120.
+    d = rule({"r0": 0}, holders={"r2": 51}, since=100.0, now=121.0, alive_until={"r2": 135.0})
+    assert d.wait and d.wake_at == 135.0 and "r2 still heartbeats" in d.reason
+    d = rule({"r0": 0}, holders={"r2": 51}, since=100.0, now=135.0, alive_until={"r2": 135.0})
+    assert not d.wait and "ROLLBACK" in d.reason  # silent for its whole timeout: no sign of life left
+    assert rule({"r0": 0}, holders={"r2": 51}, since=100.0, now=121.0, alive_until={"r9": 200.0}).wait is False  # not a holder
+
+
+def slow_live_holder(s):
+    """The demo's failure under load: r0 and r1 come back as new processes at step 0 while r2,
+    which holds step 51, is slow (it does not join in time) but alive: it heartbeats."""
+    s.heartbeat_replicas(["r2"], 2.0)
+    assert round_(s, {"r0": 0, "r1": 0}, 3.0, incarnation="b") is None  # the join timeout: r2 is live
+    return s.try_close_round(4.5)  # the round would close without r2 now: the rollback wait starts
+
+
+def test_a_slow_but_live_holder_of_the_newest_step_is_never_rolled_back_past():
+    s = job()
+    assert slow_live_holder(s) is None
+    assert s.round_wake_at == 4.5 + WAIT
+    for now in (4.5 + WAIT, 30.0, 45.0):  # past rollback_wait_s: r2 keeps heartbeating
+        s.heartbeat_replicas(["r2"], now - 1.0)
+        assert s.try_close_round(now) is None, s.round_reason
+        assert "r2 still heartbeats" in s.round_reason and s.round_wake_at == now - 1.0 + 10.0
+    assert not [e for e in s.events if e.kind == "rollback"]
+    s.join(JoinRequest("r2", 52, 1, incarnation="r2-a"), 46.0)  # it was only slow
+    q = s.try_close_round(46.0)
+    assert q.max_step == 52 and "ROLLBACK" not in q.reason and s.steps_lost == {}
+
+
+def test_a_holder_that_falls_silent_is_waited_for_its_heartbeat_timeout_from_its_last_beat():
+    s = job()
+    assert slow_live_holder(s) is None
+    s.heartbeat_replicas(["r2"], 30.0)  # its last sign of life
+    assert s.try_close_round(39.9) is None
+    q = s.try_close_round(40.0)  # 30 + the 10 s heartbeat timeout; the wait itself ended at 24.5
+    assert q is not None and "ROLLBACK" in q.reason
+
+
+def test_survivors_a_few_ms_apart_close_together_after_a_lone_waiter():
+    """Race 7 of issue 28: r1 restarted and waits alone in the round (1 of 3 is no majority);
+    r0 and r2, the survivors, come 10 s later and 5 ms apart. The round used to close the
+    moment r0 arrived (its join timeout counted from r1), leaving r2 to catch up a step."""
+    s = ControllerState(ControllerSettings(replicas=3, min_replicas=1, join_timeout_s=1.0, heartbeat_timeout_s=30.0))
+    round_(s, {"r0": 0, "r1": 0, "r2": 0}, 0.0)
+    for rid in ("r0", "r1", "r2"):
+        commit(s, rid, 0.5)
+    s.join(JoinRequest("r1", 1, 1, incarnation="r1-new"), 1.0)  # restarted: it waits alone
+    assert s.try_close_round(1.0) is None
+    s.heartbeat_replicas(["r0", "r2"], 11.0)
+    s.join(JoinRequest("r0", 1, 1, incarnation="r0-a"), 11.0)
+    assert s.try_close_round(11.0) is None  # a majority, but it just became one: a moment for r2
+    s.join(JoinRequest("r2", 1, 1, incarnation="r2-a"), 11.005)
+    q = s.try_close_round(11.005)
+    assert q is not None and q.member_ids == {"r0", "r1", "r2"}

@@ -1,6 +1,7 @@
 """Digests in ControllerState on a fake clock: mismatch → DIVERGED → re-sync → HEALTHY."""
 
 import copy
+import json
 
 import pytest
 
@@ -161,3 +162,65 @@ def test_bad_digest_is_refused_and_changes_nothing(digest, message):
     with pytest.raises(InvalidArgument, match=message):
         s.report_step("r0", 0, 1.0, quorum_id=s.replicas["r0"].given_quorum_id, digest=digest)
     assert copy.deepcopy((s.snapshot_replicas(), len(s.digest_ledger), len(s.events))) == before
+
+
+def failed_over(s, now):
+    t = ControllerState(SETTINGS)
+    t.restore(s.snapshot_replicas(), [s.snapshot_hosts(i) for i in range(HOST_SHARDS)], now)
+    return t
+
+
+def test_a_digest_comparison_pending_at_a_failover_is_decided_by_the_successor():
+    """Race 4 of issue 28: r0 and r1 reported step 0 (they differ), r2 had not; the leader dies."""
+    s = ControllerState(SETTINGS)
+    form(s, {"r0": 0, "r1": 0, "r2": 0}, 0.0)
+    commit(s, {"r0": A, "r1": B}, 0, 1.0)
+    assert not mismatches(s)
+    t = failed_over(s, 50.0)
+    commit(t, {"r2": A}, 0, 50.5)  # the last report reaches the new leader
+    [event] = mismatches(t)
+    assert f"r0, r2 hold {A}" in event.message and f"r1 holds {B}" in event.message
+    assert t.replicas["r1"].state == ReplicaState.DIVERGED
+
+
+def test_a_pending_comparison_waits_its_bound_anew_after_a_failover():
+    s = ControllerState(SETTINGS)
+    form(s, {"r0": 0, "r1": 0, "r2": 0}, 0.0)
+    commit(s, {"r0": A, "r1": B}, 0, 1.0)
+    t = failed_over(s, 50.0)
+    t.compare_digests(54.9)  # r2 may still report step 0: it is waited for, digest_wait_s from the takeover
+    assert not mismatches(t)
+    t.compare_digests(55.0)
+    assert len(mismatches(t)) == 1 and "no majority" in mismatches(t)[0].message
+
+
+def test_a_decided_reference_survives_a_failover_for_late_reports():
+    s, _ = diverged_r1()
+    t = failed_over(s, 50.0)
+    assert t.digest_ledger.expected(0, []) == A
+
+
+def test_a_diverged_replica_that_restarts_with_a_new_incarnation_still_re_syncs():
+    """Race 4 of issue 28: the restart used to forget the divergence (DEAD, then JOINING)."""
+    s, _ = diverged_r1()
+    s.join(JoinRequest("r1", 1, 2, incarnation="r1-a"), 2.0)
+    s.join(JoinRequest("r1", 1, 2, incarnation="r1-new"), 2.1)  # r1's leader restarted, its state at step 1
+    assert s.replicas["r1"].state != ReplicaState.DIVERGED and s.replicas["r1"].must_resync
+    t = failed_over(s, 3.0)  # and a failover on top: the mark is durable
+    q = form(t, {"r0": 1, "r1": 1, "r2": 1}, 4.0)
+    assert q.recover == {"r1": ("r0", "r2")} and t.replicas["r1"].state == ReplicaState.DIVERGED
+    commit(t, {"r0": A, "r2": A}, 1, 5.0)
+    commit(t, {"r1": A}, 1, 5.0, caught_up=True)
+    assert t.replicas["r1"].state == ReplicaState.HEALTHY and not t.replicas["r1"].must_resync
+
+
+def test_the_ledger_snapshot_keeps_the_newest_steps_that_fit():
+    from controller.core.digests import DigestLedger
+    ledger = DigestLedger(16, 5.0)
+    for step in range(10):
+        ledger.record("r0", step, A, 0.0)
+    whole = ledger.snapshot(1 << 20)
+    assert [item[0] for item in whole] == list(range(10))
+    part = ledger.snapshot(3 * (80 + len("r0") + len(A) + 12) + 2)
+    assert [item[0] for item in part] == [7, 8, 9] and ledger.snapshot(0) == []
+    assert len(json.dumps(part)) <= 3 * (80 + len("r0") + len(A) + 12) + 2  # the count is from above

@@ -102,8 +102,8 @@ def test_duplicate_registration_and_duplicate_assignment_refused():
         s.register_agent("h7", "i7", 1.0, assignment=a("r1", 1, world=2))
     with pytest.raises(InvalidArgument, match="ranks \\[5\\] are outside 0..1"):
         s.register_agent("h8", "i8", 1.0, assignment=a("r1", 5, world=2))
-    with pytest.raises(InvalidArgument, match="registered as a spare but also claims"):
-        s.register_agent("h9", "i9", 1.0, spare=True, assignment=a("r2", 0, world=1))
+    with pytest.raises(FailedPrecondition, match="duplicate assignment: host h1 already runs replica r1"):
+        s.register_agent("h9", "i9", 1.0, spare=True, assignment=a("r1", 0, 1))  # a spare's claim is a claim
     assert ([s.snapshot_hosts(i) for i in range(HOST_SHARDS)], list(s.outbox)) == before
 
 
@@ -208,5 +208,7 @@ def test_only_the_host_holding_rank_0_may_lead_its_replica():
         s.report_step("r0", 0, 2.0, host_id="h0", quorum_id=s.quorum.quorum_id)
     assert s.snapshot_replicas() == before and "r0" not in s.round_joined
     s.join(JoinRequest("r0", 1, 2, host_id="s0"), 3.0)  # the replacement leads
-    s.join(JoinRequest("r9", 0, 1, host_id="anywhere"), 3.0)  # no agent holds r9: nothing to fence
-    assert {"r0", "r9"} <= set(s.round_joined)
+    # no agent holds r9, and the job has its 2 replicas: a third is refused (issue 26), naming them
+    with pytest.raises(FailedPrecondition, match=r"replica 'r9' is not one of this job's configured replicas \(r0, r1\)"):
+        s.join(JoinRequest("r9", 0, 1, host_id="anywhere"), 3.0)
+    assert "r0" in set(s.round_joined) and "r9" not in s.replicas

@@ -1,6 +1,9 @@
 """A takeover does no damage of its own: two controller processes on a real etcd, real agent
 processes with fake trainers that lead their replicas, the demo's 3 s heartbeat timeout.
-SIGKILL the leader: nobody is declared dead, nothing is swapped, no trainer restarts."""
+SIGKILL the leader: nobody is declared dead, nothing is swapped, no trainer restarts. And a
+spare that took a dead host's replica keeps it through the takeover: it registers again with
+the standby carrying the assignment the store gave it, and is taken as what the store says it
+is (not refused for its --spare flag)."""
 
 import asyncio
 import signal
@@ -110,3 +113,54 @@ async def test_sigkill_of_the_leader_declares_nobody_dead_and_swaps_nothing(ha):
     for rid in REPLICAS:  # no trainer was stopped or restarted
         assert [t["pid"] for t in c.trainers(rid)] == pids[rid] and alive(pids[rid][0])
     assert not await asyncio.to_thread(leader.leads)
+
+
+async def test_a_spare_holding_a_swapped_replica_keeps_it_through_a_failover(ha):
+    controllers, c = ha
+    await wait_for_blocking(lambda: any(x.leads() for x in controllers), 20, "a leader")
+    leader, standby = sorted(controllers, key=lambda x: not x.leads())
+    c.http = leader.http
+    victim = None
+    for i, rid in enumerate(REPLICAS, start=1):
+        p = await c.start_agent(f"h{i}", replica=rid)
+        victim = victim or p
+    spare = await c.start_agent("spare0", spare=True)
+
+    async def trained_past(steps=None):
+        done = await committed(c)
+        return all(done.get(r, -1) > (steps or {}).get(r, 2) for r in REPLICAS) and done
+    await wait_for_async(trained_past, 60, "every replica training", every_s=0.2)
+
+    victim.proc.send_signal(signal.SIGKILL)  # host h1: its agent, and its trainer with it
+
+    async def swapped():
+        host = await c.host("spare0")
+        return host["state"] == "ACTIVE" and host["assignment"] and host["assignment"]["replica_id"] == "r0"
+    await wait_for_async(swapped, 40, "r0 moved onto spare0", every_s=0.2)
+    swapped_at = await committed(c)
+    await wait_for_async(lambda: trained_past({"r0": swapped_at["r0"] + 2}), 60, "r0 training on spare0",
+                         every_s=0.2)
+    on_spare = [t["pid"] for t in c.trainers("r0") if alive(t["pid"])]
+    assert len(on_spare) == 1, c.trainers("r0")
+    before = await committed(c)
+    deaths_before = len(await c.events("host_death"))
+
+    leader.signal(signal.SIGKILL)
+    await wait_for_blocking(standby.leads, 30, "the standby to take over")
+    c.http = standby.http
+    [grace] = await c.events("grace")
+    danger_over_at = grace["at"] + GRACE + HB + 1.0
+
+    async def safely_past():
+        return time.time() > danger_over_at and await trained_past({r: s + 2 for r, s in before.items()})
+    await wait_for_async(safely_past, GRACE + HB + 60, "training past the takeover's danger window", every_s=0.3)
+
+    host = await c.host("spare0")
+    assert host["state"] == "ACTIVE" and host["assignment"]["replica_id"] == "r0", host
+    assert not host["cordoned"], host
+    assert spare.proc.returncode is None, spare.log()[-2000:]
+    assert "agent is shutting down" not in spare.log() and "refused host spare0" not in spare.log(), spare.log()[-3000:]
+    late = [e for e in await c.events() if e["at"] >= grace["at"] and e["kind"] in ("host_death", "swap", "cordon")]
+    assert not late, late  # the new leader declared nobody dead and moved nothing back
+    assert len(await c.events("host_death")) == deaths_before
+    assert [t for t in on_spare if alive(t)] == on_spare  # the spare's trainers were never stopped

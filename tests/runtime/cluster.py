@@ -116,6 +116,7 @@ class Cluster:
     no_restart: frozenset[int] = frozenset()  # replicas left dead when they fail (the run goes on without them)
     controller_settings: dict = field(default_factory=dict)  # more ControllerSettings fields
     kill_all_after: int | None = None  # every worker stops after committing this step; then all get SIGKILL
+    module: str = "tests.runtime.train_worker"  # the trainer each worker runs (python -m MODULE CONFIG_JSON)
 
     def __post_init__(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -138,7 +139,7 @@ class Cluster:
                    "checkpoint_dir": str(self.checkpoint_dir) if self.checkpoint_every else "",
                    "checkpoint_every": self.checkpoint_every, "ddp": self.ddp, "stop_after": self.kill_all_after,
                    **self.worker, **self.overrides.get(replica, {})}
-            procs.append(forked.start("tests.runtime.train_worker", [json.dumps(cfg)], cwd=REPO,
+            procs.append(forked.start(self.module, [json.dumps(cfg)], cwd=REPO,
                                       log=self.workdir / f"worker-{replica}-{rank}-{inc}.log",
                                       env={**os.environ, **trainer_secret.ENV}))
         self._procs[replica] = procs

@@ -137,3 +137,22 @@ def check_exactly_once_along(walked: History, rec: Records, replicas: list[str])
     batches, problems = history.exactly_once_along(walked, history.trained_positions(rec.rows), replicas)
     assert not problems, "; ".join(problems)
     return batches
+
+
+def check_included_samples(walked: History, rec: Records, expected) -> int:
+    """Every batch the committed history included held the samples `expected(replica, position)`
+    names, in every attempt that replica trained at that step (rows with "samples": the ids of the
+    batch the step computed). Returns how many included batches were checked."""
+    trained: dict[tuple[str, int], list[list[int]]] = defaultdict(list)
+    for row in rec.rows:
+        if row.get("event") in ("commit", "retry") and not row["behind"]:
+            trained[(row["replica"], row["step"])].append(row["samples"])
+    checked = 0
+    for commit in walked.chain:
+        for replica in commit.included:
+            position = commit.ledger_before.get(replica, 0)
+            want, got = expected(replica, position), trained[(replica, commit.step)]
+            assert got and all(s == want for s in got), (f"step {commit.step} included batch {position} of replica "
+                                                         f"{replica}: it held {got}, not {want}")
+            checked += 1
+    return checked

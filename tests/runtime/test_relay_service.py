@@ -44,7 +44,8 @@ def coordinator(controller_process) -> CoordinatorService:
 def start_relays(svc: CoordinatorService, procs: dict) -> dict[int, str]:
     """Start a relay process for every relay rank (into `procs`); their addresses once they reached `svc`."""
     for rank in svc.settings.relay_tree().relays:
-        cfg = {"rank": rank, "world_size": WORLD, "relay_fanout": FANOUT, "coordinator": svc.address}
+        cfg = {"rank": rank, "world_size": WORLD, "relay_fanout": FANOUT, "coordinator": svc.address,
+               "gather_timeout_s": svc.settings.gather_timeout_s}
         procs[rank] = subprocess.Popen([sys.executable, "-m", "tests.runtime.relay_worker", json.dumps(cfg)],
                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                                        env={**os.environ, **trainer_secret.ENV})
@@ -124,6 +125,26 @@ def test_steps_commit_through_relays_and_a_killed_relay_retries_the_attempt_with
     ranks[0].send(msg.begin(2))
     fatal = expect(ranks[0], "no_plan")
     assert fatal.kind == rpb.NoPlan.FATAL and "ranks 6..8 left the replica" in fatal.reason
+    for c in ranks:
+        c.close()
+
+
+def test_one_silent_rank_leaves_only_itself_out_not_its_relay_group(replica):
+    """Race 8 of issue 28: rank 7 (behind relay 6) never votes; its group's other ranks did.
+    The relay sends up what they said before the coordinator's timeout: only rank 7 is named."""
+    svc, procs, addresses = replica
+    ranks = [connect(svc, r) for r in range(WORLD)]
+    assert {d.outcome for d in train_step(ranks, 0)} == {rpb.StepDecision.COMMIT}
+    for c in ranks:
+        c.send(msg.begin(1))
+    plans = [expect(c, "plan") for c in ranks]
+    for k, (c, p) in enumerate(zip(ranks, plans)):
+        if k != 7:
+            c.send(msg.vote(p.attempt, True, "", 0.5, 8))
+    decisions = [expect(c, "decision") for c in ranks]
+    assert {d.outcome for d in decisions} == {rpb.StepDecision.RETRY}
+    assert "1 rank(s) did not vote" in decisions[0].reason and decisions[0].reason.endswith(": 7"), \
+        decisions[0].reason
     for c in ranks:
         c.close()
 

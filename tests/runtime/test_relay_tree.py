@@ -116,3 +116,27 @@ def test_digests_go_up_in_rank_order_once_all_arrived():
     assert d.digest(4, 3, 7, b"c") == [] and d.digest(2, 3, 7, b"a") == []
     assert d.digest(2, 3, 7, b"again") == [] and d.digest(3, 3, 6, b"old step") == []
     assert d.digest(3, 3, 7, b"b") == [GroupDigests(3, 7, ((2, b"a"), (3, b"b"), (4, b"c")))]
+
+
+def test_a_flush_sends_up_what_the_members_that_answered_said_and_late_ones_go_alone():
+    """Race 8 of issue 28: one silent rank must not silence its relay group."""
+    v = VoteGather(range(4, 7), attempt=9)
+    assert v.vote(4, 9, True, loss=1.0, tokens=10) == [] and v.vote(6, 9, True, loss=3.0, tokens=30) == []
+    assert v.flush() == [GroupVote(9, True, (4, 6), "", 4.0, 40)]
+    assert v.flush() == []  # once
+    assert v.vote(5, 9, True, loss=2.0, tokens=20) == [GroupVote(9, True, (5,), "", 2.0, 20)]
+    assert v.vote(5, 9, False, "late") == [] and v.flush() == []
+    n = VoteGather(range(4, 7), attempt=10)
+    assert n.vote(4, 10, True) == [] and n.flush() == [GroupVote(10, True, (4,), "", 0.0, 0)]
+    assert n.vote(5, 10, False, "reset") == [GroupVote(10, False, (5,), "rank 5 voted no: reset")]
+    assert VoteGather(range(4, 7), attempt=1).flush() == []  # nobody voted: nothing to say
+    d = DigestGather(range(2, 5), attempt=3, step=7)
+    assert d.digest(4, 3, 7, b"c") == [] and d.digest(2, 3, 7, b"a") == []
+    assert d.flush() == [GroupDigests(3, 7, ((2, b"a"), (4, b"c")))]
+    assert d.digest(3, 3, 7, b"b") == [GroupDigests(3, 7, ((3, b"b"),))] and d.flush() == []
+    g = BeginGather(range(4, 8))
+    assert [g.begin(r, s) for r, s in ((4, 3), (5, 3), (7, 4))] == [[], [], []]
+    assert g.flush() == [GroupBegin(3, (4, 5)), GroupBegin(4, (7,))] and g.flush() == []
+    assert g.begin(6, 3) == [GroupBegin(3, (6,))]  # the silent one, late: on its own
+    assert [g.begin(r, 5) for r in (4, 5, 6)] == [[], [], []]  # the next round gathers again
+    assert g.begin(7, 5) == [GroupBegin(5, (4, 5, 6, 7))]

@@ -38,7 +38,8 @@ async def health(address: str) -> int:
 
 async def test_writes_too_large_for_etcd_are_refused_up_front_and_the_store_stays_writable(etcd):
     # The job id is the key prefix: a fresh one keeps this test's keys apart.
-    ctl = start_controller("--etcd", etcd.endpoint, "--job-id", "poison", "--lease-ttl-s", "2")
+    # two replicas: r1 is the second (a third replica id would be refused as outside the set)
+    ctl = start_controller("--etcd", etcd.endpoint, "--job-id", "poison", "--lease-ttl-s", "2", "--replicas", "2")
     try:
         await wait_for_blocking(lambda: leads(ctl.http), BOUND_S, "the controller to lead")
         channel = await open_channel(ctl.grpc)
@@ -88,7 +89,8 @@ async def test_a_leader_whose_writes_keep_failing_steps_down_for_a_standby(tmp_p
     store_failed_writes_to_step_down failures, and the standby, which starts from what etcd
     holds, takes over and serves the legitimate leader."""
     with EtcdServer.start_new(extra_args=("--max-request-bytes", "65536")) as small:
-        flags = ("--etcd", small.endpoint, "--job-id", JOB, "--lease-ttl-s", "2")
+        # two replicas: the poisoned r5 is the second (a third would be refused as outside the set)
+        flags = ("--etcd", small.endpoint, "--job-id", JOB, "--lease-ttl-s", "2", "--replicas", "2")
         logs = {name: tmp_path / f"{name}.log" for name in "ab"}
         with open(logs["a"], "w") as err_a, open(logs["b"], "w") as err_b:
             a = start_controller(*flags, stderr=err_a)

@@ -1,0 +1,146 @@
+"""The FAILED job: no replica can make progress for fail_after_s. Pure rule + ControllerState, fake clock."""
+
+import copy
+
+import pytest
+
+from controller.core.errors import FailedPrecondition
+from controller.core.hosts import HOST_SHARDS
+from controller.core.job_failure import ReplicaOutlook, failure_decision, stuck_reason
+from controller.core.model import Assignment, JobState, ReplicaState
+from controller.core.replicas import JoinRequest
+from controller.core.state import ControllerState
+from controller.settings import ControllerSettings
+
+SETTINGS = ControllerSettings(replicas=2, min_replicas=1, join_timeout_s=2.0, heartbeat_timeout_s=10.0,
+                              restart_budget=1, restart_window_s=100.0, fail_after_s=5.0)
+
+
+@pytest.mark.parametrize("outlooks, spares, stuck", [
+    ([], 0, False),                                                                     # nothing yet
+    ([ReplicaOutlook("r0", True, "h0"), ReplicaOutlook("r1", False, "")], 0, False),   # r1 lives
+    ([ReplicaOutlook("r0", True, "h0"), ReplicaOutlook("r1", True, "")], 0, False),    # r1 restarts
+    ([ReplicaOutlook("r0", True, "h0"), ReplicaOutlook("r1", True, "h1")], 1, False),  # a spare is free
+    ([ReplicaOutlook("r0", True, "h0"), ReplicaOutlook("r1", True, "h1")], 0, True),
+])
+def test_stuck_rule_table(outlooks, spares, stuck):
+    reason = stuck_reason(outlooks, spares, 2)
+    assert bool(reason) == stuck
+    if stuck:
+        assert reason == ("no replica can make progress: all 2 are DEAD and wait on hosts that cannot run "
+                          "(r0 on host h0, r1 on host h1), and no spare is free")
+
+
+def test_a_job_still_missing_configured_replicas_is_not_stuck():
+    assert not stuck_reason([ReplicaOutlook("r0", True, "h0")], 0, 2)
+    assert stuck_reason([ReplicaOutlook("r0", True, "h0")], 0, 1)
+
+
+def test_failure_decision_counts_from_the_first_stuck_moment():
+    assert failure_decision("", 3.0, 10.0, 5.0) == (failure_decision("", None, 0.0, 5.0))
+    first = failure_decision("x", None, 10.0, 5.0)
+    assert (first.stuck_since, first.fail) == (10.0, False) and "FAILS in 5.0s" in first.reason
+    assert not failure_decision("x", 10.0, 14.9, 5.0).fail
+    done = failure_decision("x", 10.0, 15.0, 5.0)
+    assert done.fail and done.reason == "x for 5.0s (fail_after_s 5)"
+
+
+def test_fail_after_s_is_validated():
+    with pytest.raises(ValueError, match="fail_after_s must be a positive number of seconds, got 0"):
+        ControllerSettings(fail_after_s=0).validate()
+
+
+def crash_looping(settings=SETTINGS):
+    """Hosts h0, h1 run r0, r1; both replicas joined, then every trainer death crash-loops
+    until the restart budget is spent and both hosts are cordoned without a spare."""
+    s = ControllerState(settings)
+    for i in range(2):
+        s.register_agent(f"h{i}", f"i{i}", 0.0, assignment=Assignment(f"r{i}", (0,), 1))
+        s.join(JoinRequest(f"r{i}", 0, 1, incarnation="one", host_id=f"h{i}"), 0.0)
+    s.try_close_round(0.0)
+    for t in (1.0, 2.0):
+        for i in range(2):
+            s.trainer_exit(f"h{i}", f"r{i}", 0, t, exit_code=1, stderr_tail="RuntimeError: CUDA error",
+                           version=s.hosts[f"h{i}"].assignment_version)
+    return s
+
+
+def beat(s, now):
+    s.heartbeat_hosts(list(s.hosts), now)
+
+
+def test_a_crash_looping_job_without_spares_fails_after_fail_after_s():
+    s = crash_looping()
+    assert {r.state for r in s.replicas.values()} == {ReplicaState.DEAD}
+    assert all(h.cordoned for h in s.hosts.values())
+    beat(s, 3.0)
+    s.expire(3.0)
+    assert s.job_state == JobState.RUNNING and s.stuck_since == 3.0
+    [stuck] = [e for e in s.events if e.kind == "job_stuck"]
+    assert "no replica can make progress" in stuck.message and "FAILS in 5.0s" in stuck.message
+    assert s.job_state_reason.startswith("no replica can make progress")
+    beat(s, 7.9)
+    s.expire(7.9)
+    assert s.job_state == JobState.RUNNING
+    beat(s, 8.0)
+    s.expire(8.0)
+    assert s.job_state == JobState.FAILED and s.failed_at == 8.0
+    assert s.job_state_reason == ("no replica can make progress: all 2 are DEAD and wait on hosts that cannot run "
+                                  "(r0 on host h0, r1 on host h1), and no spare is free for 5.0s (fail_after_s 5)")
+    [failed] = [e for e in s.events if e.kind == "job_failed"]
+    assert failed.level == "error" and failed.message == f"job job FAILED: {s.job_state_reason}"
+    assert s.round_reason == "the job is FAILED" and s.try_close_round(9.0) is None
+    # final: a join is refused, naming the state and the reason; nothing changes
+    before = copy.deepcopy(s.snapshot_replicas())
+    with pytest.raises(FailedPrecondition, match=r"job job is FAILED: no replica can make progress.*may not join"):
+        s.join(JoinRequest("r0", 0, 1, incarnation="two", host_id="h0"), 9.0)
+    assert s.snapshot_replicas() == before
+    # a spare arriving now changes nothing: FAILED is final
+    s.register_agent("h9", "i9", 9.5, spare=True)
+    s.expire(10.0)
+    assert s.job_state == JobState.FAILED and s.failed_at == 8.0
+
+
+def test_a_spare_in_time_lifts_the_stuck_job():
+    s = crash_looping()
+    beat(s, 3.0)
+    s.expire(3.0)
+    assert s.stuck_since == 3.0
+    s.register_agent("h9", "i9", 4.0, spare=True)  # takes one cordoned host's work
+    beat(s, 9.0)
+    s.expire(9.0)
+    assert s.job_state == JobState.RUNNING and s.stuck_since is None and s.job_state_reason == ""
+
+
+def test_a_dead_replica_whose_hosts_can_run_is_not_stuck():
+    s = crash_looping(ControllerSettings(**{**SETTINGS.__dict__, "restart_budget": 10}))
+    for now in (3.0, 12.0, 20.0):
+        beat(s, now)
+        s.expire(now)
+    assert s.job_state == JobState.RUNNING and s.stuck_since is None
+
+
+def test_failed_survives_a_failover_with_its_reason():
+    s = crash_looping()
+    beat(s, 3.0)
+    s.expire(3.0)
+    beat(s, 8.0)
+    s.expire(8.0)
+    t = ControllerState(SETTINGS)
+    t.restore(s.snapshot_replicas(), [s.snapshot_hosts(i) for i in range(HOST_SHARDS)], 50.0)
+    assert t.job_state == JobState.FAILED and t.failed_at == 8.0 and t.job_state_reason == s.job_state_reason
+    t.expire(100.0)  # the failed job's silent agents are no failure
+    assert not [e for e in t.events if e.kind == "host_death"] and t.job_state == JobState.FAILED
+
+
+def test_completed_has_a_reason_too():
+    s = ControllerState(SETTINGS)
+    for i in range(2):
+        s.register_agent(f"h{i}", f"i{i}", 0.0, assignment=Assignment(f"r{i}", (0,), 1))
+        s.join(JoinRequest(f"r{i}", 0, 1, incarnation="one", host_id=f"h{i}"), 0.0)
+    s.try_close_round(0.0)
+    s.report_finished("r0", -1, 1.0, host_id="h0")
+    s.report_replica_dead("r1", "gone", 1.0, host_id="h1")
+    assert s.job_state == JobState.COMPLETED and s.job_state_reason == "1 replica(s) finished, 1 dead"
+    s.expire(100.0)
+    assert s.job_state == JobState.COMPLETED and s.failed_at is None
