@@ -213,9 +213,9 @@ async def test_3_a_stranger_cannot_take_a_replicas_place_on_the_quorum_port(mode
 async def test_4_a_stranger_cannot_join_far_ahead_and_become_the_catch_up_source(mode):
     """Refused twice over: a stranger proves nothing, and a step beyond the job's history is
     refused even to a holder of the job secret (controller/core/plausible.py)."""
-    async with job(mode) as (ctl, legit, stranger, _):
+    async with job(mode, "--replicas", "5") as (ctl, legit, stranger, _):  # r1..r4 configured, not running
         before = await picture(ctl.http)
-        ahead = stranger.Quorum(pb.QuorumRequest(job_id=JOB, replica_id="zz", step=10**9, world_size=1,
+        ahead = stranger.Quorum(pb.QuorumRequest(job_id=JOB, replica_id="r4", step=10**9, world_size=1,
                                                  incarnation="z", ftar_addresses=["10.9.9.9:1"],
                                                  state_addresses=["10.9.9.9:2"]), timeout=10)
         if mode == "insecure":
@@ -223,10 +223,10 @@ async def test_4_a_stranger_cannot_join_far_ahead_and_become_the_catch_up_source
             await expect_refused(ahead, grpc.StatusCode.FAILED_PRECONDITION, "beyond the job's history")
             # ...but a stranger joins as a new replica with no proof at all.
             pending = asyncio.ensure_future(stranger.Quorum(pb.QuorumRequest(
-                job_id=JOB, replica_id="zz", step=legit.step, world_size=1, incarnation="z"), timeout=10))
+                job_id=JOB, replica_id="r4", step=legit.step, world_size=1, incarnation="z"), timeout=10))
             deadline = time.monotonic() + BOUND_S
-            while "zz" not in await replicas(ctl):
-                assert time.monotonic() < deadline, "zz never joined"
+            while "r4" not in await replicas(ctl):
+                assert time.monotonic() < deadline, "r4 never joined"
                 await asyncio.sleep(0.02)
             pending.cancel()
             await asyncio.gather(pending, return_exceptions=True)
@@ -235,8 +235,8 @@ async def test_4_a_stranger_cannot_join_far_ahead_and_become_the_catch_up_source
         # Not even with the job secret (a leader without an agent, new to the job): a step far
         # beyond the history is no step any quorum handed out.
         await expect_refused(stranger.Quorum(pb.QuorumRequest(
-            job_id=JOB, replica_id="zz", step=10**9, world_size=1, incarnation="z", ftar_addresses=["10.9.9.9:1"],
-            state_addresses=["10.9.9.9:2"], credential=credentials.replica_credential(SECRET, "zz")), timeout=10),
+            job_id=JOB, replica_id="r4", step=10**9, world_size=1, incarnation="z", ftar_addresses=["10.9.9.9:1"],
+            state_addresses=["10.9.9.9:2"], credential=credentials.replica_credential(SECRET, "r4")), timeout=10),
             grpc.StatusCode.FAILED_PRECONDITION, "beyond the job's history", f"at most step {legit.step}")
         assert await picture(ctl.http) == before
         await legit.still_served(ctl.http)
@@ -247,9 +247,9 @@ async def test_4_a_stranger_cannot_join_far_ahead_and_become_the_catch_up_source
 
 @pytest.mark.parametrize("mode", MODES)
 async def test_5_phantom_replicas_cannot_stall_the_job(mode):
-    async with job(mode) as (ctl, legit, stranger, _):
+    async with job(mode, "--replicas", "5") as (ctl, legit, stranger, _):  # r1..r4 configured, not running
         before = await picture(ctl.http)
-        phantoms = [f"p{i}" for i in range(4)]
+        phantoms = [f"r{i}" for i in range(1, 5)]
         joins = [asyncio.ensure_future(stranger.Quorum(pb.QuorumRequest(
             job_id=JOB, replica_id=p, step=0, world_size=1, incarnation=p), timeout=10)) for p in phantoms]
         if mode == "insecure":
