@@ -26,6 +26,8 @@ written for torchrun (`init_process_group(init_method="env://")`) runs unchanged
 |                             | set only when the agent dials with TLS                      |
 | FTHSDP_JOB_SECRET           | the job secret (hex) that authenticates the trainer ports   |
 |                             | (`protos.job_secret`), when the agent has one               |
+| FTHSDP_TRAINER_TOKEN        | with the job secret: this host's trainer token, the leader's |
+|                             | credential toward the controller (`protos.credentials`)     |
 | FTHSDP_INSECURE_TRAINER_PORTS | "1" when the agent runs with --insecure-trainer-ports     |
 |                             | and no secret                                               |
 | FTHSDP_TELEMETRY_FILE       | where the trainer keeps its collective telemetry ring       |
@@ -62,7 +64,7 @@ import sys
 from typing import IO, Mapping
 
 from agent.policy import Placement
-from protos import dial, job_secret
+from protos import credentials, dial, job_secret
 from protos.dial import TlsFiles
 from protos.job_secret import JobSecret
 from protos.telemetry_ring import ENV_FILE as TELEMETRY_FILE
@@ -79,7 +81,9 @@ STANDBY = "FTHSDP_STANDBY"
 JOB_SECRET = job_secret.ENV_JOB_SECRET
 INSECURE_TRAINER_PORTS = job_secret.ENV_INSECURE_TRAINER_PORTS
 #: what the agent decides for its trainers, whatever its own environment says
-_REPLACED = (STANDBY, JOB_SECRET, job_secret.ENV_JOB_SECRET_FILE, INSECURE_TRAINER_PORTS, TELEMETRY_FILE)
+TRAINER_TOKEN = credentials.ENV_TRAINER_TOKEN
+_REPLACED = (STANDBY, JOB_SECRET, job_secret.ENV_JOB_SECRET_FILE, INSECURE_TRAINER_PORTS, TELEMETRY_FILE,
+             TRAINER_TOKEN)
 # torchrun's
 TORCH_RANK = "RANK"
 TORCH_WORLD_SIZE = "WORLD_SIZE"
@@ -136,6 +140,7 @@ def trainer_environment(
     env = {k: v for k, v in base.items() if k not in drop and k not in _REPLACED}
     if secret is not None:
         env[JOB_SECRET] = secret.hex()
+        env[TRAINER_TOKEN] = credentials.trainer_token(secret, host_id)
     elif insecure_trainer_ports:
         env[INSECURE_TRAINER_PORTS] = "1"
     env.update({HOST_ID: host_id, JOB_ID: job_id, CONTROLLER: controller})

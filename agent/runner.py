@@ -31,6 +31,7 @@ from agent import orders, refusals, state_file
 from agent.orders import Assignment, Effect
 from agent.policy import JobEnd, Want, after_job_state
 from agent.ports import pick_ports
+from agent.proofs import registration_proof
 from agent.process import ProcessHooks, SubprocessHooks
 from agent.settings import AgentSettings
 from agent.supervisor import Supervisor, TrainerExit
@@ -215,7 +216,8 @@ class Agent:
             assignment=self.assignment.to_proto() if self.assignment else None,
             address=s.advertise_address, rendezvous_port=self.ports[0] if address_given else 0,
             coordinator_port=self.ports[1] if address_given else 0,
-            previous_secret="" if self._secret else self._previous_secret, standby=s.standby)
+            previous_secret="" if self._secret else self._previous_secret, standby=s.standby,
+            proof=registration_proof(s, self.incarnation))
         try:
             response = await stub.RegisterAgent(request, timeout=s.rpc_timeout_s)
         except grpc.aio.AioRpcError as exc:
@@ -282,7 +284,7 @@ class Agent:
 
         async def beats() -> AsyncIterator[pb.HeartbeatRequest]:
             while True:
-                yield pb.HeartbeatRequest(host_ids=[host_id])
+                yield pb.HeartbeatRequest(host_ids=[host_id], agent_secret=self._secret)
                 await asyncio.sleep(interval_s)
 
         call = stub.Heartbeat(beats())

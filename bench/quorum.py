@@ -57,6 +57,10 @@ from controller.launch import launch
 from fthsdp.step.quorum_port_client import QuorumPortClient, resolve
 from protos import controller_pb2 as pb
 from protos import controller_pb2_grpc as pbg
+from protos import credentials, job_secret
+
+#: The controller's job secret: every measurement runs with authentication on.
+SECRET = job_secret.parse(job_secret.generate(), "bench.quorum")
 
 WARMUP_ROUNDS = 5
 #: rounds one system runs before the next takes its turn
@@ -89,6 +93,8 @@ class OurLeaders:
 
     def __init__(self, address: str, replicas: int, job: str) -> None:
         self.address, self.replicas, self.job = address, replicas, job
+        #: each leader proves the job secret as a leader without an agent does (protos/credentials.py)
+        self.credentials = [credentials.replica_credential(SECRET, f"r{i:03d}") for i in range(replicas)]
         self.step = 0
         self.known = [0] * replicas
         #: how long each burst of commit reports took, from the first sent to the last answered
@@ -112,7 +118,7 @@ class OurLeaders:
     def request(self, i: int) -> pb.QuorumRequest:
         first = self.known[i] == 0
         return pb.QuorumRequest(
-            job_id=self.job, replica_id=f"r{i:03d}", step=self.step, world_size=1, known_quorum_id=self.known[i],
+            job_id=self.job, replica_id=f"r{i:03d}", credential=self.credentials[i], step=self.step, world_size=1, known_quorum_id=self.known[i],
             ftar_addresses=[f"10.0.{i}.1:29500"] if first else [], state_addresses=[f"10.0.{i}.1:29600"] if first else [])
 
     async def _stream(self, i: int):
@@ -131,14 +137,14 @@ class OurLeaders:
         step = self.step - 1
         if failed:
             await asyncio.gather(*(self.stubs[i].ReportFailure(pb.ReportFailureRequest(
-                job_id=self.job, replica_id=f"r{i:03d}", quorum_id=self.known[i], step=step,
+                job_id=self.job, replica_id=f"r{i:03d}", credential=self.credentials[i], quorum_id=self.known[i], step=step,
                 kind=pb.ReportFailureRequest.COMMIT_FAILED, reason="bench: the step is retried in a new quorum"),
                 timeout=ROUND_TIMEOUT_S) for i in range(self.replicas)))
             self.step = step
         else:
             start = time.perf_counter()
             await asyncio.gather(*(self.stubs[i].ReportStep(pb.ReportStepRequest(
-                job_id=self.job, replica_id=f"r{i:03d}", quorum_id=self.known[i], step=step, step_time_s=0.1),
+                job_id=self.job, replica_id=f"r{i:03d}", credential=self.credentials[i], quorum_id=self.known[i], step=step, step_time_s=0.1),
                 timeout=ROUND_TIMEOUT_S) for i in range(self.replicas)))
             self.stream_report_ms.append((time.perf_counter() - start) * 1000)
 
@@ -172,7 +178,7 @@ class OurLeaders:
         if self.step > 0:  # every leader's commit report, on its second port connection
             step = self.step - 1
             report = lambda i: self.report_clients[i].report(address, pb.ReportStepRequest(  # noqa: E731
-                job_id=self.job, replica_id=f"r{i:03d}", quorum_id=self.known[i], step=step, step_time_s=0.1),
+                job_id=self.job, replica_id=f"r{i:03d}", credential=self.credentials[i], quorum_id=self.known[i], step=step, step_time_s=0.1),
                 ROUND_TIMEOUT_S)
             start = time.perf_counter()
             list(self.pool.map(report, range(self.replicas)))
@@ -264,7 +270,8 @@ def measure(replicas: int, rounds: int, *, unary: bool = False, torchft: bool = 
     try:
         ctl = launch("--replicas", str(replicas), "--min-replicas", str(replicas), "--heartbeat-timeout-s", "600",
                      "--join-timeout-s", "60", "--job-id", job, "--log-level", "WARNING", "--settings", f.name,
-                     *(("--etcd", etcd) if etcd else ()), *(() if telemetry else ("--no-telemetry",)))
+                     *(("--etcd", etcd) if etcd else ()), *(() if telemetry else ("--no-telemetry",)),
+                     env={**os.environ, job_secret.ENV_JOB_SECRET: SECRET.hex()})
     finally:
         os.unlink(f.name)
     ours = yardstick = None

@@ -7,6 +7,7 @@ on OS-chosen ports and waits, bounded, for the one JSON "serving" line it prints
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -52,7 +53,14 @@ class ControllerProcess:
 
 def launch(*flags: str, stderr=subprocess.DEVNULL, timeout_s: float = 60.0, env: dict | None = None,
            cwd: str | None = None) -> ControllerProcess:
-    """Run `fthsdp controller --grpc-port 0 --http-port 0 FLAGS...` (later flags win)."""
+    """Run `fthsdp controller --grpc-port 0 --http-port 0 FLAGS...` (later flags win).
+
+    A helper of tests and benchmarks on one machine: when neither FLAGS (--job-secret-file,
+    --insecure) nor the environment (FTHSDP_JOB_SECRET_FILE, FTHSDP_JOB_SECRET) gives a job
+    secret, it adds --insecure (the CLI itself refuses to start without one). The demo, the
+    benchmarks that measure with authentication and the identity tests pass a secret."""
+    if not _has_secret(flags, os.environ if env is None else env):
+        flags = (*flags, "--insecure")
     proc = subprocess.Popen([sys.executable, "-m", "controller.main", "--grpc-port", "0", "--http-port", "0", *flags],
                             stdout=subprocess.PIPE, stderr=stderr, stdin=subprocess.DEVNULL, text=True, env=env,
                             cwd=cwd)
@@ -63,3 +71,8 @@ def launch(*flags: str, stderr=subprocess.DEVNULL, timeout_s: float = 60.0, env:
         proc.wait(10.0)
         raise
     return ControllerProcess(proc, info["grpc"], info["http"], info.get("candidate", ""), info.get("quorum", ""))
+
+
+def _has_secret(flags: tuple[str, ...], env) -> bool:
+    return ("--job-secret-file" in flags or "--insecure" in flags
+            or bool(env.get("FTHSDP_JOB_SECRET_FILE") or env.get("FTHSDP_JOB_SECRET")))

@@ -2,6 +2,11 @@
 
 Flags win over the --settings JSON file, which wins over defaults. Secrets (tokens, keys)
 come from files or the environment, never from the command line.
+
+The job secret (--job-secret-file, else FTHSDP_JOB_SECRET_FILE, else FTHSDP_JOB_SECRET: the
+same secret the agents and trainers hold) is what every caller proves (protos/credentials.py).
+Without one the controller refuses to start, unless --insecure says that every claimed host
+and replica id is to be believed (tests on one machine only).
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from controller.settings import LR_POLICIES, ControllerSettings
+from protos import job_secret
 
 ENV_ADMIN_TOKEN = "FTHSDP_ADMIN_TOKEN"
 ENV_READ_TOKEN = "FTHSDP_READ_TOKEN"
@@ -64,6 +70,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="largest store write: etcd's --max-request-bytes (default 1572864)")
     p.add_argument("--admin-token-file", help=f"file holding the admin bearer token (or env {ENV_ADMIN_TOKEN})")
     p.add_argument("--read-token-file", help=f"file holding a token required for reads (or env {ENV_READ_TOKEN})")
+    p.add_argument("--job-secret-file", metavar="PATH",
+                   help=f"file holding the job secret that agents and leaders prove (or env "
+                        f"{job_secret.ENV_JOB_SECRET_FILE} / {job_secret.ENV_JOB_SECRET}; the flag wins)")
+    p.add_argument("--insecure", action="store_true",
+                   help="run without a job secret: any caller may act for any host or replica it names")
     p.add_argument("--tls-cert-file", help="PEM server certificate: enables TLS on gRPC")
     p.add_argument("--tls-key-file", help="PEM server private key")
     p.add_argument("--tls-client-ca-file", help="PEM CA for client certificates: enables mTLS")
@@ -142,6 +153,22 @@ def _quorum_tls(args):
     return context
 
 
+def _job_secret(args) -> job_secret.JobSecret | None:
+    """The job secret; None only with --insecure (ValueError says what is missing)."""
+    if args.insecure:
+        logging.getLogger("fthsdp.controller").warning(
+            "--insecure: no caller proves the job secret; anyone who reaches this controller may act for any "
+            "host or replica")
+        return None
+    secret = job_secret.from_env(file=args.job_secret_file)
+    if secret is None:
+        raise ValueError(f"no job secret: give --job-secret-file PATH (or {job_secret.ENV_JOB_SECRET_FILE} / "
+                         f"{job_secret.ENV_JOB_SECRET}), the secret the agents and trainers hold, so that only "
+                         f"they may register hosts and lead replicas; or --insecure to believe every caller "
+                         f"(tests on one machine only)")
+    return secret
+
+
 def build_server(args):
     from controller.service.server import ControllerServer
 
@@ -159,13 +186,15 @@ def build_server(args):
         raise ValueError("--bind-client-cert-to-host needs mTLS: give --tls-client-ca-file too.")
     if not args.etcd and (args.etcd_ca_file or args.etcd_cert_file or args.etcd_user):
         raise ValueError("the --etcd-* TLS and auth flags need --etcd.")
+    secret = _job_secret(args)  # after the settings: their errors come first
     store = _etcd_store(args, settings.job_id) if args.etcd else None
     return ControllerServer(
         settings, host=args.host, grpc_port=args.grpc_port, http_port=args.http_port, store=store,
         admin_token=_secret(args.admin_token_file, ENV_ADMIN_TOKEN),
         read_token=_secret(args.read_token_file, ENV_READ_TOKEN),
         grpc_credentials=_credentials(args), advertise_address=args.advertise_address, http_tls=_http_tls(args),
-        quorum_port=None if args.no_quorum_port else args.quorum_port, quorum_tls=_quorum_tls(args))
+        quorum_port=None if args.no_quorum_port else args.quorum_port, quorum_tls=_quorum_tls(args),
+        job_secret=secret)
 
 
 async def serve(args) -> int:

@@ -88,6 +88,13 @@ class ControllerSettings:
     #: A connection to the quorum port (the leaders' fast path beside QuorumStream) must send
     #: its first join (and finish its TLS handshake) within this long, or it is closed.
     quorum_port_hello_s: float = 5.0
+    #: Once a frame has begun on a quorum port connection, the rest of it must arrive within
+    #: this long (a leader's 8 MiB join takes milliseconds), or the connection is closed...
+    quorum_port_frame_s: float = 5.0
+    #: ...and the bytes of unfinished frames held over all its connections together stay under
+    #: this (whatever the job's size): a connection that would pass it is refused
+    #: (RESOURCE_EXHAUSTED; its leader uses gRPC). At least one largest frame.
+    quorum_port_buffer_bytes: int = 32 << 20
     #: Grace period for in-flight calls when the server stops.
     stop_grace_s: float = 2.0
     #: The leader's lease in the store (etcd: whole seconds, at least 1): a standby takes over
@@ -142,11 +149,14 @@ class ControllerSettings:
                 f"min_replicas must be between 1 and replicas ({self.replicas}), got {self.min_replicas}."
             )
         for name in ("join_timeout_s", "heartbeat_timeout_s", "stop_grace_s", "digest_wait_s", "lease_ttl_s",
-                     "restart_window_s", "quorum_port_hello_s", "fail_after_s",
+                     "restart_window_s", "quorum_port_hello_s", "quorum_port_frame_s", "fail_after_s",
                      "client_backoff_cap_s", "client_call_s", "client_timeout_s", "store_failing_s_to_step_down"):
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
                 problems.append(f"{name} must be a positive number of seconds, got {value}.")
+        if self.quorum_port_buffer_bytes < self.max_request_bytes + 8:
+            problems.append(f"quorum_port_buffer_bytes must hold at least one largest frame (max_request_bytes + "
+                            f"8 = {self.max_request_bytes + 8}), got {self.quorum_port_buffer_bytes}.")
         if self.restart_budget < 0:
             problems.append(f"restart_budget must not be negative, got {self.restart_budget}.")
         if self.rollback_wait_s < 0:

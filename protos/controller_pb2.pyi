@@ -19,7 +19,7 @@ COMPLETED: JobState
 FAILED: JobState
 
 class QuorumRequest(_message.Message):
-    __slots__ = ("job_id", "replica_id", "step", "world_size", "ftar_addresses", "state_addresses", "known_quorum_id", "leader_address", "incarnation", "host_id")
+    __slots__ = ("job_id", "replica_id", "step", "world_size", "ftar_addresses", "state_addresses", "known_quorum_id", "leader_address", "incarnation", "host_id", "credential")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
@@ -30,6 +30,7 @@ class QuorumRequest(_message.Message):
     LEADER_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     INCARNATION_FIELD_NUMBER: _ClassVar[int]
     HOST_ID_FIELD_NUMBER: _ClassVar[int]
+    CREDENTIAL_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     replica_id: str
     step: int
@@ -40,7 +41,8 @@ class QuorumRequest(_message.Message):
     leader_address: str
     incarnation: str
     host_id: str
-    def __init__(self, job_id: _Optional[str] = ..., replica_id: _Optional[str] = ..., step: _Optional[int] = ..., world_size: _Optional[int] = ..., ftar_addresses: _Optional[_Iterable[str]] = ..., state_addresses: _Optional[_Iterable[str]] = ..., known_quorum_id: _Optional[int] = ..., leader_address: _Optional[str] = ..., incarnation: _Optional[str] = ..., host_id: _Optional[str] = ...) -> None: ...
+    credential: str
+    def __init__(self, job_id: _Optional[str] = ..., replica_id: _Optional[str] = ..., step: _Optional[int] = ..., world_size: _Optional[int] = ..., ftar_addresses: _Optional[_Iterable[str]] = ..., state_addresses: _Optional[_Iterable[str]] = ..., known_quorum_id: _Optional[int] = ..., leader_address: _Optional[str] = ..., incarnation: _Optional[str] = ..., host_id: _Optional[str] = ..., credential: _Optional[str] = ...) -> None: ...
 
 class Member(_message.Message):
     __slots__ = ("replica_id", "step", "healthy", "ftar_addresses", "state_addresses")
@@ -99,12 +101,18 @@ class QuorumPortRefusal(_message.Message):
     def __init__(self, code: _Optional[str] = ..., details: _Optional[str] = ..., leader_address: _Optional[str] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
-    __slots__ = ("host_ids", "replica_ids")
+    __slots__ = ("host_ids", "replica_ids", "agent_secret", "credential", "host_id")
     HOST_IDS_FIELD_NUMBER: _ClassVar[int]
     REPLICA_IDS_FIELD_NUMBER: _ClassVar[int]
+    AGENT_SECRET_FIELD_NUMBER: _ClassVar[int]
+    CREDENTIAL_FIELD_NUMBER: _ClassVar[int]
+    HOST_ID_FIELD_NUMBER: _ClassVar[int]
     host_ids: _containers.RepeatedScalarFieldContainer[str]
     replica_ids: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, host_ids: _Optional[_Iterable[str]] = ..., replica_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+    agent_secret: str
+    credential: str
+    host_id: str
+    def __init__(self, host_ids: _Optional[_Iterable[str]] = ..., replica_ids: _Optional[_Iterable[str]] = ..., agent_secret: _Optional[str] = ..., credential: _Optional[str] = ..., host_id: _Optional[str] = ...) -> None: ...
 
 class HeartbeatResponse(_message.Message):
     __slots__ = ("unknown_ids", "not_leader", "job_state", "leader_address", "job_state_reason")
@@ -121,7 +129,7 @@ class HeartbeatResponse(_message.Message):
     def __init__(self, unknown_ids: _Optional[_Iterable[str]] = ..., not_leader: _Optional[bool] = ..., job_state: _Optional[_Union[JobState, str]] = ..., leader_address: _Optional[str] = ..., job_state_reason: _Optional[str] = ...) -> None: ...
 
 class ReportStepRequest(_message.Message):
-    __slots__ = ("job_id", "replica_id", "quorum_id", "step", "step_time_s", "loss", "tokens", "host_id", "digest", "caught_up", "checkpoint_step", "rank_digests")
+    __slots__ = ("job_id", "replica_id", "quorum_id", "step", "step_time_s", "loss", "tokens", "host_id", "digest", "caught_up", "checkpoint_step", "rank_digests", "credential")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     QUORUM_ID_FIELD_NUMBER: _ClassVar[int]
@@ -134,6 +142,7 @@ class ReportStepRequest(_message.Message):
     CAUGHT_UP_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINT_STEP_FIELD_NUMBER: _ClassVar[int]
     RANK_DIGESTS_FIELD_NUMBER: _ClassVar[int]
+    CREDENTIAL_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     replica_id: str
     quorum_id: int
@@ -146,25 +155,28 @@ class ReportStepRequest(_message.Message):
     caught_up: bool
     checkpoint_step: int
     rank_digests: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, job_id: _Optional[str] = ..., replica_id: _Optional[str] = ..., quorum_id: _Optional[int] = ..., step: _Optional[int] = ..., step_time_s: _Optional[float] = ..., loss: _Optional[float] = ..., tokens: _Optional[int] = ..., host_id: _Optional[str] = ..., digest: _Optional[str] = ..., caught_up: _Optional[bool] = ..., checkpoint_step: _Optional[int] = ..., rank_digests: _Optional[_Iterable[str]] = ...) -> None: ...
+    credential: str
+    def __init__(self, job_id: _Optional[str] = ..., replica_id: _Optional[str] = ..., quorum_id: _Optional[int] = ..., step: _Optional[int] = ..., step_time_s: _Optional[float] = ..., loss: _Optional[float] = ..., tokens: _Optional[int] = ..., host_id: _Optional[str] = ..., digest: _Optional[str] = ..., caught_up: _Optional[bool] = ..., checkpoint_step: _Optional[int] = ..., rank_digests: _Optional[_Iterable[str]] = ..., credential: _Optional[str] = ...) -> None: ...
 
 class ReportStepResponse(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
 class ReportFinishedRequest(_message.Message):
-    __slots__ = ("job_id", "replica_id", "step", "host_id", "reason")
+    __slots__ = ("job_id", "replica_id", "step", "host_id", "reason", "credential")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
     HOST_ID_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
+    CREDENTIAL_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     replica_id: str
     step: int
     host_id: str
     reason: str
-    def __init__(self, job_id: _Optional[str] = ..., replica_id: _Optional[str] = ..., step: _Optional[int] = ..., host_id: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+    credential: str
+    def __init__(self, job_id: _Optional[str] = ..., replica_id: _Optional[str] = ..., step: _Optional[int] = ..., host_id: _Optional[str] = ..., reason: _Optional[str] = ..., credential: _Optional[str] = ...) -> None: ...
 
 class ReportFinishedResponse(_message.Message):
     __slots__ = ("job_state",)
@@ -173,7 +185,7 @@ class ReportFinishedResponse(_message.Message):
     def __init__(self, job_state: _Optional[_Union[JobState, str]] = ...) -> None: ...
 
 class ReportFailureRequest(_message.Message):
-    __slots__ = ("job_id", "replica_id", "quorum_id", "step", "kind", "reason", "host_id")
+    __slots__ = ("job_id", "replica_id", "quorum_id", "step", "kind", "reason", "host_id", "credential")
     class Kind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         KIND_UNSPECIFIED: _ClassVar[ReportFailureRequest.Kind]
@@ -189,6 +201,7 @@ class ReportFailureRequest(_message.Message):
     KIND_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     HOST_ID_FIELD_NUMBER: _ClassVar[int]
+    CREDENTIAL_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     replica_id: str
     quorum_id: int
@@ -196,7 +209,8 @@ class ReportFailureRequest(_message.Message):
     kind: ReportFailureRequest.Kind
     reason: str
     host_id: str
-    def __init__(self, job_id: _Optional[str] = ..., replica_id: _Optional[str] = ..., quorum_id: _Optional[int] = ..., step: _Optional[int] = ..., kind: _Optional[_Union[ReportFailureRequest.Kind, str]] = ..., reason: _Optional[str] = ..., host_id: _Optional[str] = ...) -> None: ...
+    credential: str
+    def __init__(self, job_id: _Optional[str] = ..., replica_id: _Optional[str] = ..., quorum_id: _Optional[int] = ..., step: _Optional[int] = ..., kind: _Optional[_Union[ReportFailureRequest.Kind, str]] = ..., reason: _Optional[str] = ..., host_id: _Optional[str] = ..., credential: _Optional[str] = ...) -> None: ...
 
 class ReportFailureResponse(_message.Message):
     __slots__ = ()
@@ -221,7 +235,7 @@ class Assignment(_message.Message):
     def __init__(self, replica_id: _Optional[str] = ..., ranks: _Optional[_Iterable[int]] = ..., world_size: _Optional[int] = ..., version: _Optional[int] = ..., replica_version: _Optional[int] = ..., rendezvous_address: _Optional[str] = ..., coordinator_address: _Optional[str] = ...) -> None: ...
 
 class RegisterAgentRequest(_message.Message):
-    __slots__ = ("host_id", "spare", "slots", "labels", "assignment", "incarnation", "address", "rendezvous_port", "coordinator_port", "previous_secret", "standby")
+    __slots__ = ("host_id", "spare", "slots", "labels", "assignment", "incarnation", "address", "rendezvous_port", "coordinator_port", "previous_secret", "proof", "standby")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -239,6 +253,7 @@ class RegisterAgentRequest(_message.Message):
     RENDEZVOUS_PORT_FIELD_NUMBER: _ClassVar[int]
     COORDINATOR_PORT_FIELD_NUMBER: _ClassVar[int]
     PREVIOUS_SECRET_FIELD_NUMBER: _ClassVar[int]
+    PROOF_FIELD_NUMBER: _ClassVar[int]
     STANDBY_FIELD_NUMBER: _ClassVar[int]
     host_id: str
     spare: bool
@@ -250,8 +265,9 @@ class RegisterAgentRequest(_message.Message):
     rendezvous_port: int
     coordinator_port: int
     previous_secret: str
+    proof: str
     standby: bool
-    def __init__(self, host_id: _Optional[str] = ..., spare: _Optional[bool] = ..., slots: _Optional[int] = ..., labels: _Optional[_Mapping[str, str]] = ..., assignment: _Optional[_Union[Assignment, _Mapping]] = ..., incarnation: _Optional[str] = ..., address: _Optional[str] = ..., rendezvous_port: _Optional[int] = ..., coordinator_port: _Optional[int] = ..., previous_secret: _Optional[str] = ..., standby: _Optional[bool] = ...) -> None: ...
+    def __init__(self, host_id: _Optional[str] = ..., spare: _Optional[bool] = ..., slots: _Optional[int] = ..., labels: _Optional[_Mapping[str, str]] = ..., assignment: _Optional[_Union[Assignment, _Mapping]] = ..., incarnation: _Optional[str] = ..., address: _Optional[str] = ..., rendezvous_port: _Optional[int] = ..., coordinator_port: _Optional[int] = ..., previous_secret: _Optional[str] = ..., proof: _Optional[str] = ..., standby: _Optional[bool] = ...) -> None: ...
 
 class RegisterAgentResponse(_message.Message):
     __slots__ = ("assignment", "reason", "job_id", "job_state", "agent_secret", "job_state_reason")

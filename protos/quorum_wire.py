@@ -51,6 +51,11 @@ class FrameReader:
         self._want_preamble = preamble
         self._buffer = bytearray()
 
+    @property
+    def buffered(self) -> int:
+        """Bytes held of a frame not yet complete (0 between frames)."""
+        return len(self._buffer)
+
     def feed(self, data: bytes) -> list[tuple[int, bytes]]:
         """The frames `data` completes, in order. Raises FrameError naming the bad value."""
         self._buffer += data

@@ -11,6 +11,7 @@ from controller.core.diagnosis.sdc import check_rank_digests
 from controller.core.errors import FailedPrecondition, InvalidArgument
 from controller.core.model import SETTLED, DeathCause, Quorum, Replica, ReplicaState
 from controller.core.digests import check_digest
+from controller.core.plausible import step_problem
 from controller.core.quorum import RoundView, compute_quorum, form_quorum, quorate_since
 from controller.core.replica_set import join_problem
 from controller.core.rollback import RollbackDecision, check_rollback
@@ -58,6 +59,9 @@ class ReplicaRegistry:
         restarted = r is not None and bool(r.incarnation) and req.incarnation != r.incarnation
         self._check_join_allowed(rid, r, restarted)
         self._check_replica_set(rid, req.world_size)
+        beyond = step_problem(rid, req.step, self.quorum.max_step if self.quorum else None, self.max_committed_step)
+        if beyond:
+            raise FailedPrecondition(beyond)
         if (r is not None and not restarted and r.state != ReplicaState.DEAD
                 and req.step < r.step and not r.failed_commit):
             raise FailedPrecondition(

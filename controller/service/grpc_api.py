@@ -8,6 +8,7 @@ import logging
 import grpc
 
 from controller.core.checks import check_id, shown
+from controller.service import callers, decoding
 from controller.core.errors import FailedPrecondition, InvalidArgument, RequestError
 from controller.core.identity import hash_secret
 from controller.core.model import JobState
@@ -45,12 +46,14 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
                 check_id(f"{kind}[{i}]", key, s.max_id_chars)
         for host_id in beat.host_ids:
             self.server.check_peer_may_act_as(context, host_id)
+        callers.check_beat(self.server, self.server.state, beat)
 
     def _check_leader(self, request, context) -> None:
         """A leader's job, and (with a certificate binding) the host it says it runs on."""
         self._check_job(request.job_id)
         if request.host_id:
             self.server.check_peer_may_act_as(context, request.host_id)
+        callers.check_leader(self.server, self.server.require_leader(), request)
 
     def begin_join(self, request: pb.QuorumRequest, context, encoded: bool) -> asyncio.Future:
         """Check a leader's join and enter it in this round; returns the future the settle
@@ -170,6 +173,7 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
         if len(request.assignment.ranks) > limit:  # counted before the ranks are copied
             raise InvalidArgument(f"assignment names {len(request.assignment.ranks)} ranks; one host runs at most "
                                   f"{limit}.")
+        callers.check_registration(self.server, request)
         claimed = from_proto_assignment(request.assignment) if request.HasField("assignment") else None
         secret = new_agent_secret()
         assignment, reason = state.register_agent(
@@ -278,6 +282,7 @@ def add_to_server(servicer: ControllerServicer, server) -> None:
             handlers.update(method_handlers)
 
     controller_pb2_grpc.add_ControllerServicer_to_server(servicer, Collect())
+    handlers = decoding.guard(SERVICE_NAME, handlers)  # undecodable requests: INVALID_ARGUMENT
     for name in PRE_ENCODED:
         h = handlers[name]
         make = grpc.unary_unary_rpc_method_handler if not h.request_streaming else grpc.stream_stream_rpc_method_handler

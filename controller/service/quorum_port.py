@@ -11,7 +11,10 @@ the store holds it. What differs is the cost: one read and one write per message
 Every connection is bounded: at most 2 x `max_replica_records` at once (a leader's two,
 with room for restarts), the preamble and first message within `quorum_port_hello_s` (a
 stranger that connects and says nothing is cut off), frames up to `max_request_bytes`, one
-message at a time, one replica. With TLS on gRPC the port speaks TLS with the same server
+message at a time, one replica; once a frame has begun, the rest of it within
+`quorum_port_frame_s` (a connection that joined cannot then trickle a frame forever), and the
+bytes of unfinished frames over all connections under `quorum_port_buffer_bytes`, whatever the
+job's size (a connection that would pass it is refused with RESOURCE_EXHAUSTED). With TLS on gRPC the port speaks TLS with the same server
 certificate and client CA (without an SSL context it is not opened at all, never plain
 beside a TLS gRPC port). When the port is refused, full or unreachable, leaders use gRPC:
 nothing depends on it.
@@ -55,6 +58,8 @@ class QuorumPort:
         #: answers sent, and refusals by code (the metrics: are leaders on the port, is it under attack?)
         self.answers = self.reports = 0
         self.refusals: dict[str, int] = {}
+        #: bytes of unfinished frames held by all connections (bounded: quorum_port_buffer_bytes)
+        self.buffered = 0
         self._listener: asyncio.base_events.Server | None = None
 
     @property
@@ -95,6 +100,10 @@ class _Connection(asyncio.Protocol):
         self.pending: asyncio.Future | None = None
         self.pending_join = False
         self._hello: asyncio.TimerHandle | None = None
+        #: the deadline of the frame begun and not yet complete (None between frames)
+        self._frame: asyncio.TimerHandle | None = None
+        #: this connection's share of port.buffered
+        self._held = 0
         self._facts: dict[str, list[bytes]] = {}
         #: this side closed the connection (a refusal): its end is no sign of the leader's death
         self.closed_here = False
@@ -125,11 +134,18 @@ class _Connection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self.transport.is_closing():
             return
+        limit = self.port.server.settings.quorum_port_buffer_bytes
+        if self.port.buffered + len(data) > limit:  # (this connection's own bytes are in port.buffered)
+            self._refuse("RESOURCE_EXHAUSTED", f"the quorum port holds {self.port.buffered} bytes of unfinished frames; "
+                                               f"{len(data)} more would pass its limit of {limit} "
+                                               f"(quorum_port_buffer_bytes); use gRPC")
+            return
         try:
             frames = self.reader.feed(data)
         except FrameError as exc:
             self._refuse("INVALID_ARGUMENT", str(exc))
             return
+        self._hold(self.reader.buffered)
         for kind, payload in frames:
             if self.transport.is_closing():
                 return
@@ -141,6 +157,7 @@ class _Connection(asyncio.Protocol):
                 self._join(payload)
             else:
                 self._report(payload)
+        self._arm(bool(frames))
 
     def eof_received(self) -> bool:
         return False  # the leader is done: close our side too (connection_lost follows)
@@ -149,6 +166,8 @@ class _Connection(asyncio.Protocol):
         self.port.connections.discard(self)
         if self._hello is not None:
             self._hello.cancel()
+        self._hold(0)
+        self._arm(True)
         fut, self.pending = self.pending, None
         if fut is not None and not fut.done():
             fut.cancel()  # a report's state change stands: its store write goes on, shielded
@@ -220,6 +239,26 @@ class _Connection(asyncio.Protocol):
         elif isinstance(exc, RequestError):
             log.info("refused on the quorum port: %s", exc)
         self._refuse(code.name if code is not None else "INTERNAL", str(exc), getattr(exc, "leader_address", ""))
+
+    def _hold(self, buffered: int) -> None:
+        """Account for the bytes of unfinished frames this connection now holds."""
+        self.port.buffered += buffered - self._held
+        self._held = buffered
+
+    def _arm(self, completed: bool) -> None:
+        """A frame begun gets its deadline, from its first byte (a completed frame ends the
+        last one's); before the first message the hello deadline bounds it instead."""
+        if self._frame is not None and (completed or not self._held):
+            self._frame.cancel()
+            self._frame = None
+        if self._held and self._frame is None and self._hello is None and not self.transport.is_closing():
+            self._frame = asyncio.get_running_loop().call_later(self.port.server.settings.quorum_port_frame_s,
+                                                                self._slow)
+
+    def _slow(self) -> None:
+        self._frame = None
+        self._refuse("DEADLINE_EXCEEDED", f"a frame begun {self.port.server.settings.quorum_port_frame_s:g}s ago is "
+                                          f"not complete ({self.reader.buffered} bytes so far)")
 
     def _silent(self) -> None:
         self._hello = None

@@ -235,7 +235,7 @@ def make_app(server) -> FastAPI:
         return {"host_id": host_id, "cordoned": False}
 
     @app.get("/metrics", include_in_schema=False)
-    async def metrics():
+    async def metrics(_: Annotated[object, Depends(read_access)]):  # the read token, when one is set
         return Response(generate_latest(server.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/healthz", summary="Liveness of this controller process")

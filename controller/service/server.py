@@ -21,6 +21,7 @@ import grpc
 import uvicorn
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from controller.core.credentials import Credentials
 from controller.core.errors import PermissionDenied
 from controller.core.hosts import HOST_SHARDS
 from controller.core.identity import CertBinding
@@ -39,6 +40,7 @@ from controller.service.quorum_answer import QuorumAnswers
 from controller.service.quorum_port import QuorumPort
 from controller.settings import ControllerSettings
 from controller.store import Leadership, MemoryStore, Store, StoreError
+from protos.job_secret import JobSecret
 
 log = logging.getLogger("fthsdp.controller")
 
@@ -52,8 +54,11 @@ class ControllerServer:
                  read_token: str | None = None, grpc_credentials: grpc.ServerCredentials | None = None,
                  candidate: str | None = None, advertise_address: str | None = None, clock=time.time,
                  http_tls: tuple[str, str] | None = None, quorum_port: int | None = 0,
-                 quorum_tls: ssl.SSLContext | None = None) -> None:
+                 quorum_tls: ssl.SSLContext | None = None, job_secret: JobSecret | None = None) -> None:
         self.settings = settings.validate()
+        #: what callers must prove (controller/core/credentials.py); without a job secret
+        #: (`--insecure`) a claimed name is believed
+        self.credentials = Credentials(job_secret)
         #: the quorum port to bind (0: any free one; None: none), and its TLS (quorum_port.py)
         self.quorum_port, self.quorum_tls = quorum_port, quorum_tls
         #: the quorum port once started (None when there is none)

@@ -1,8 +1,9 @@
 """Processes of the demo: the controller and agent CLIs, trainers, and how they are killed.
 
 Only processes this demo started are signalled, by pid. "Killing a host" SIGKILLs an agent
-and every process under it (its trainers), read from /proc before the agent dies. Agents
-and trainers get the run's job secret in their environment (never on a command line).
+and every process under it (its trainers), read from /proc before the agent dies. Agents,
+trainers and the controller get the run's job secret in their environment (never on a command
+line).
 """
 
 from __future__ import annotations
@@ -24,12 +25,14 @@ TRAINER = [PYTHON, "-m", "fthsdp.demo.trainer"]
 
 
 def start_controller(log: Path, *, job_id: str, replicas: int, join_timeout_s: float,
-                     heartbeat_timeout_s: float, lr_policy: str, settings: Path | None = None) -> ControllerProcess:
+                     heartbeat_timeout_s: float, lr_policy: str, settings: Path | None = None,
+                     secret: str) -> ControllerProcess:
+    """The controller, holding the run's job secret (agents and leaders prove it)."""
     extra = ("--settings", str(settings)) if settings else ()
     with open(log, "w") as err:
         return launch("--job-id", job_id, "--replicas", str(replicas), "--min-replicas", "1",
                       "--join-timeout-s", str(join_timeout_s), "--heartbeat-timeout-s", str(heartbeat_timeout_s),
-                      "--lr-policy", lr_policy, *extra, stderr=err)
+                      "--lr-policy", lr_policy, *extra, stderr=err, env=environment(secret))
 
 
 def environment(secret: str, extra: dict[str, str] | None = None) -> dict[str, str]:

@@ -134,13 +134,13 @@ def _prepare(workdir: Path, s: RunSettings, data: Path, failures: list[Failure] 
     return records, config
 
 
-def _controller(workdir: Path, s: RunSettings) -> procs.ControllerProcess:
+def _controller(workdir: Path, s: RunSettings, secret: str) -> procs.ControllerProcess:
     settings = workdir / "controller.json"
     diagnosis = DIAGNOSIS if s.demo_diagnosis else {}
     settings.write_text(json.dumps({"diagnosis": {**diagnosis, "dry_run": s.diagnosis_dry_run}}))
     return procs.start_controller(workdir / "controller.log", job_id=JOB_ID, replicas=s.replicas,
                                   join_timeout_s=s.join_timeout_s, heartbeat_timeout_s=s.heartbeat_timeout_s,
-                                  lr_policy=s.lr_policy, settings=settings)
+                                  lr_policy=s.lr_policy, settings=settings, secret=secret)
 
 
 def _done(records: Path, s: RunSettings) -> bool:
@@ -239,12 +239,12 @@ def _inject(f: Failure, job: dict, replicas: dict, hosts: list, agents: dict, re
             "injected_at": time.time(), "target": target, "signal": "SIGSTOP" if f.kind == "hang-trainer" else "SIGKILL"}
 
 
-def _with_controller(workdir: Path, s: RunSettings, records: Path, body) -> RunResult:
+def _with_controller(workdir: Path, s: RunSettings, records: Path, body, secret: str) -> RunResult:
     """Start the controller, run `body(controller, result, children)`, then stop every child
     process it started and the controller (whatever happened), and collect the records."""
     result = RunResult([], started_at=time.time())
     try:
-        controller = _controller(workdir, s)
+        controller = _controller(workdir, s, secret)
     except (RuntimeError, OSError) as exc:
         return RunResult([], error=str(exc), started_at=result.started_at, ended_at=time.time())
     children: list[subprocess.Popen] = []
@@ -290,7 +290,7 @@ def run_job(workdir: Path, data: Path, s: RunSettings, failures: list[Failure], 
                 result.events = http.get("/api/v1/events", params={"limit": 100_000}).json()
                 result.diagnoses = http.get("/api/v1/diagnoses", params={"limit": 500}).json()["findings"]
 
-    return _with_controller(workdir, s, records, body)
+    return _with_controller(workdir, s, records, body, secret)
 
 
 def _watch(http: httpx.Client, s: RunSettings, failures: list[Failure], agents: dict, records: Path,
@@ -352,4 +352,4 @@ def run_baseline(workdir: Path, data: Path, s: RunSettings) -> RunResult:
             if t.wait(max(left, 0.1)) != 0:
                 raise RuntimeError(f"baseline trainer {t.args[-1]} exited with {t.returncode}; logs in {workdir}")
 
-    return _with_controller(workdir, s, records, body)
+    return _with_controller(workdir, s, records, body, secret)

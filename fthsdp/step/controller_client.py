@@ -28,11 +28,13 @@ import grpc
 
 from fthsdp.errors import ControllerRefused, ControllerUnavailable, JobCompleted, JobFailed
 from fthsdp.step import coordination as co
+from fthsdp.step.leader_credential import leader_credential
 from fthsdp.step.quorum_port_client import QuorumPortClient, resolve
 from fthsdp.step.quorum_stream import QuorumStream, StreamFailed
 from protos import controller_pb2 as pb
 from protos import controller_pb2_grpc
 from protos.dial import FAILOVER_CODES, AddressRotation, TlsFiles, leader_hint, parse_addresses, sync_channel
+from protos.job_secret import JobSecret
 
 log = logging.getLogger(__name__)
 #: How a refusal because the job is COMPLETED begins (the Manager tells it apart by this).
@@ -52,10 +54,12 @@ PORT_CANNOT_SERVE = FAILOVER_CODES | {grpc.StatusCode.RESOURCE_EXHAUSTED}
 
 class ControllerClient:
     def __init__(self, address: str, job_id: str, replica_id: str, incarnation: str,
-                 tls: TlsFiles | None = None) -> None:
+                 tls: TlsFiles | None = None, job_secret: JobSecret | None = None) -> None:
         self.job_id, self.replica_id, self.incarnation = job_id, replica_id, incarnation
         #: set by the agent that started us; the controller fences leaders on replaced hosts
         self.host_id = os.environ.get(ENV_HOST_ID, "")
+        #: what every call shows the controller (fthsdp/step/leader_credential.py)
+        self.credential = leader_credential(replica_id, self.host_id, job_secret)
         self._controllers = parse_addresses(address)
         self._rotation = AddressRotation(self._controllers, base_s=BACKOFF_BASE_S, cap_s=MAX_BACKOFF_S)
         self._tls = tls if tls is not None else TlsFiles.from_env()
@@ -136,7 +140,7 @@ class ControllerClient:
                 job_id=self.job_id, replica_id=self.replica_id, step=request.step, world_size=world_size,
                 ftar_addresses=list(addresses[0]), state_addresses=list(addresses[1]),
                 known_quorum_id=request.known_quorum_id, leader_address=coordinator_address,
-                incarnation=self.incarnation, host_id=self.host_id)
+                incarnation=self.incarnation, host_id=self.host_id, credential=self.credential)
             # On the leader's quorum port once an answer named it; else (and when the port is
             # unreachable, full or a standby's) on the one long-lived QuorumStream, whose
             # failed or unanswered ask closes it, and the next opens a new one on whichever
@@ -185,6 +189,7 @@ class ControllerClient:
         request = pb.ReportStepRequest(
             job_id=self.job_id, replica_id=self.replica_id, quorum_id=r.quorum_id, step=r.step,
             step_time_s=r.step_time_s, loss=r.loss, tokens=r.tokens, host_id=self.host_id, digest=r.digest,
+            credential=self.credential,
             caught_up=r.caught_up, rank_digests=list(r.rank_digests), checkpoint_step=r.checkpoint_step)
 
         def send(attempt_timeout_s: float) -> pb.ReportStepResponse:
@@ -198,13 +203,14 @@ class ControllerClient:
     def report_failure(self, r: co.ReportFailure) -> None:
         kind = pb.ReportFailureRequest.REPLICA_DEAD if r.dead else pb.ReportFailureRequest.COMMIT_FAILED
         request = pb.ReportFailureRequest(job_id=self.job_id, replica_id=self.replica_id, quorum_id=r.quorum_id,
-                                          step=r.step, kind=kind, reason=r.reason[:1000], host_id=self.host_id)
+                                          step=r.step, kind=kind, reason=r.reason[:1000], host_id=self.host_id,
+                                          credential=self.credential)
         self._call("ReportFailure", lambda t: self._stub.ReportFailure(request, timeout=t), REPORT_TIMEOUT_S)
 
     def report_finished(self, r: co.ReportFinished) -> str:
         """Returns the job state the controller answered with."""
         request = pb.ReportFinishedRequest(job_id=self.job_id, replica_id=self.replica_id, step=r.step,
-                                           host_id=self.host_id, reason=r.reason[:1000])
+                                           host_id=self.host_id, reason=r.reason[:1000], credential=self.credential)
         answer = self._call("ReportFinished", lambda t: self._stub.ReportFinished(request, timeout=t),
                             REPORT_TIMEOUT_S)
         self.job_state = pb.JobState.Name(answer.job_state)
@@ -218,7 +224,8 @@ class ControllerClient:
 
     def _beats(self, interval_s: float) -> Iterator[pb.HeartbeatRequest]:
         while not self._stop.is_set():
-            yield pb.HeartbeatRequest(replica_ids=[self.replica_id])
+            yield pb.HeartbeatRequest(replica_ids=[self.replica_id], credential=self.credential,
+                                      host_id=self.host_id)
             self._stop.wait(interval_s)
 
     def _heartbeat_loop(self, interval_s: float) -> None:

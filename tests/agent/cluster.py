@@ -13,6 +13,7 @@ from pathlib import Path
 
 import httpx
 
+from protos import job_secret
 from tests.agent.helpers import alive, ready_files, trainer_command, wait_for
 
 CLI = (sys.executable, "-m", "fthsdp.cli")
@@ -42,6 +43,11 @@ class Cluster:
         self.token_file = root / "admin-token"
         self.token_file.write_text("s3cret\n")
         self.heartbeat_timeout_s = heartbeat_timeout_s
+        #: the job secret the controller and every agent hold (in their environment), so that
+        #: agents prove it at registration and their trainers show their host's token
+        self.secret = job_secret.generate()
+        self.env = {**{k: v for k, v in os.environ.items() if k != job_secret.ENV_JOB_SECRET_FILE},
+                    job_secret.ENV_JOB_SECRET: self.secret}
         self.procs: list[Proc] = []
         self.grpc = self.http = ""
 
@@ -49,7 +55,7 @@ class Cluster:
         out, err = self.root / f"{name}.out", self.root / f"{name}.err"
         with open(out, "wb") as fo, open(err, "wb") as fe:
             proc = await asyncio.create_subprocess_exec(*args, stdout=fo, stderr=fe,
-                                                        stdin=asyncio.subprocess.DEVNULL)
+                                                        stdin=asyncio.subprocess.DEVNULL, env=self.env)
         self.procs.append(Proc(name, proc, out, err))
         return self.procs[-1]
 

@@ -99,6 +99,7 @@ def train(env):
 
     from protos import controller_pb2 as pb
     from protos import controller_pb2_grpc as pb_grpc
+    from protos import credentials
     from protos.dial import FAILOVER_CODES, AddressRotation, leader_hint
 
     replica, world = env["FTHSDP_REPLICA_ID"], int(env["FTHSDP_WORLD_SIZE"])
@@ -109,20 +110,24 @@ def train(env):
     finish_after = int(flags[flags.index("--finish-after") + 1]) if "--finish-after" in flags else None
     counted = 0
     job, host = env.get("FTHSDP_JOB_ID", ""), env.get("FTHSDP_HOST_ID", "")
+    # the leader's credential, as the runtime shows it: its agent's trainer token, when it has one
+    token = env.get(credentials.ENV_TRAINER_TOKEN, "")
+    credential = credentials.host_credential(token) if token else ""
     while True:
         stub, pause = stubs[rotation.current], 0.3
         try:
             q = stub.Quorum(pb.QuorumRequest(
                 replica_id=replica, step=step, world_size=world, known_quorum_id=known,
-                incarnation=incarnation, job_id=job, host_id=host), timeout=30)
-            stub.ReportStep(pb.ReportStepRequest(replica_id=replica, quorum_id=q.quorum_id,
-                                                 step=q.max_step, job_id=job, host_id=host), timeout=30)
+                incarnation=incarnation, job_id=job, host_id=host, credential=credential), timeout=30)
+            stub.ReportStep(pb.ReportStepRequest(replica_id=replica, quorum_id=q.quorum_id, step=q.max_step,
+                                                 job_id=job, host_id=host, credential=credential), timeout=30)
             step, known = q.max_step + 1, q.quorum_id
             rotation.succeeded()
             counted += bool(counted) or len(q.members) == q.total_replicas
             if finish_after is not None and counted >= finish_after:
                 stub.ReportFinished(pb.ReportFinishedRequest(replica_id=replica, step=q.max_step, job_id=job,
-                                                             host_id=host, reason="fake trainer done"), timeout=30)
+                                                             host_id=host, reason="fake trainer done",
+                                                             credential=credential), timeout=30)
                 print("replica finished", file=sys.stderr, flush=True)
                 DONE.set()
                 sys.exit(0)

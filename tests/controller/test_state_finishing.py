@@ -165,6 +165,10 @@ def test_a_long_finish_reason_is_cut_with_a_marker():
 ])
 def test_bad_finish_reports_are_refused_and_change_nothing(rid, step, host, reason, error, message):
     s = started()
+    for k in (1, 2):  # the history a quorum for step 3 needs (controller.core.plausible)
+        advance(s, k, 0.6)
+        for i, rid_ in enumerate(("r0", "r1", "r2")):
+            s.report_step(rid_, k, 0.6, quorum_id=s.quorum.quorum_id, host_id=f"h{i}")
     advance(s, 3, 0.6)
     s.report_step("r0", 3, 0.7, quorum_id=s.quorum.quorum_id, host_id="h0")
     before = picture(s)

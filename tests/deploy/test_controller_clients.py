@@ -18,6 +18,7 @@ from __future__ import annotations
 import datetime
 import os
 import re
+import time
 from pathlib import Path
 
 import pytest
@@ -296,6 +297,7 @@ async def test_production_controller_agent_and_probe_talk_mtls(tmp_path):
     from controller import main as controller_main
     from protos import controller_pb2 as pb
     from protos import controller_pb2_grpc as pbg
+    from protos import credentials, job_secret
     from protos.dial import aio_channel
 
     spec = importlib_probe()
@@ -307,7 +309,12 @@ async def test_production_controller_agent_and_probe_talk_mtls(tmp_path):
     settings.write_text(_by(docs, "ConfigMap", "fthsdp-controller")["data"]["controller.json"])
 
     c = _container(_by(docs, "Deployment", "fthsdp-controller"), "controller")
+    secret_dir = tmp_path / "job-secret"
+    secret_dir.mkdir()
+    secret = job_secret.generate()
+    (secret_dir / "secret").write_text(secret)
     args = [a.replace("/etc/fthsdp/tls/", f"{server_dir}/").replace("/etc/fthsdp/controller.json", str(settings))
+            .replace("/etc/fthsdp/job-secret/", f"{secret_dir}/")
             for a in _expand(c, docs) if not a.startswith(("--etcd", "--admin-token-file="))]
     args = [a for a in args if not a.startswith(("--grpc-port=", "--http-port=", "--host="))]
     server = controller_main.build_server(controller_main.parse_args(
@@ -327,7 +334,8 @@ async def test_production_controller_agent_and_probe_talk_mtls(tmp_path):
         async with aio_channel(f"127.0.0.1:{port}", tls) as channel:
             reply = await pbg.ControllerStub(channel).RegisterAgent(pb.RegisterAgentRequest(
                 host_id="node-1", incarnation="i1", spare=s.spare, address=s.advertise_address,
-                rendezvous_port=29500, coordinator_port=29501), timeout=5)
+                rendezvous_port=29500, coordinator_port=29501, proof=credentials.registration_proof(
+                    job_secret.parse(secret, "the test"), "node-1", "i1", time.time())), timeout=5)
         assert "spare" in reply.reason
 
         probe_cmd = c["readinessProbe"]["exec"]["command"]

@@ -123,7 +123,9 @@ class Job:
         with open(self.root / "controller.err", "wb") as err:
             self.ctl = launch("--job-id", "dev", "--replicas", self.configmap["replicas"], "--min-replicas", "2",
                               "--hosts-per-replica", "2", "--ranks-per-host", "1", "--join-timeout-s", "2",
-                              "--heartbeat-timeout-s", "4", "--event-log", "off", stderr=err)
+                              "--heartbeat-timeout-s", "4", "--event-log", "off", stderr=err,
+                              # the job's Secret, as the Deployment mounts it (agents prove it)
+                              env={**os.environ, "FTHSDP_JOB_SECRET": SECRETS["fthsdp-job-secret"]["secret"]})
 
     def start_agent(self, daemonset: str, node: str, pod_ip: str) -> None:
         argv, env = pod_command(_by(self.docs, "DaemonSet", daemonset), self.configmap, node, pod_ip,

@@ -411,3 +411,49 @@ def test_etcd_speaks_tls_exactly_when_the_controller_dials_it_with_tls(rel):
     else:
         assert not client and not any(e.startswith("https://") for e in endpoints)
     assert (rel == "kustomize/overlays/production") == bool(client)
+
+
+#: The Secrets each component may mount, and those it must: what it needs and nothing more.
+SECRETS_ALLOWED = {
+    "controller": {"fthsdp-admin-token", "fthsdp-job-secret", "fthsdp-read-token", "fthsdp-controller-tls",
+                   "fthsdp-etcd-client-tls"},
+    "agent": {"fthsdp-job-secret", "fthsdp-client-tls"},
+    "etcd": {"fthsdp-etcd-tls"},
+}
+SECRETS_REQUIRED = {"controller": {"fthsdp-admin-token", "fthsdp-job-secret"}, "agent": {"fthsdp-job-secret"}}
+
+
+def _component(obj: dict) -> str:
+    labels = obj["metadata"].get("labels", {})
+    component = labels.get("app.kubernetes.io/component", "")
+    return "agent" if component.startswith("agent") else component or obj["metadata"]["name"]
+
+
+@pytest.mark.parametrize("rel", OVERLAYS)
+def test_every_pod_mounts_the_secrets_it_uses_and_no_others(rel):
+    """Each workload mounts only the Secrets its component may hold (an agent never the admin
+    token or a server key, the controller never a client certificate), each mounted Secret is
+    named by one of its container's flags or variables (nothing mounted unused), and the
+    controller and the agents get the job secret."""
+    for obj in render(rel):
+        spec = _pod_spec(obj)
+        if spec is None:
+            continue
+        component = next((c for c in SECRETS_ALLOWED if _component(obj).startswith(c)), _component(obj))
+        secret_volumes = {v["name"]: v["secret"]["secretName"] for v in spec.get("volumes", []) if "secret" in v}
+        mounted = set()
+        for _, c in _containers(obj):
+            said = " ".join(c.get("args", []) + c.get("command", []) +
+                            [e.get("value", "") for e in c.get("env", [])] +
+                            [" ".join(p.get("exec", {}).get("command", [])) for p in
+                             (c.get("readinessProbe", {}), c.get("livenessProbe", {}))])
+            for m in c.get("volumeMounts", []):
+                if m["name"] in secret_volumes:
+                    mounted.add(secret_volumes[m["name"]])
+                    assert m.get("readOnly"), (rel, obj["metadata"]["name"], m)
+                    assert m["mountPath"] in said, (f"{rel}: {obj['metadata']['name']} mounts "
+                                                    f"{secret_volumes[m['name']]} at {m['mountPath']} but no flag "
+                                                    f"or variable names it")
+        assert mounted <= SECRETS_ALLOWED.get(component, set()), (rel, obj["metadata"]["name"], mounted)
+        assert SECRETS_REQUIRED.get(component, set()) <= mounted, (rel, obj["metadata"]["name"], mounted)
+        assert set(secret_volumes.values()) == mounted, (rel, obj["metadata"]["name"], "a volume nobody mounts")

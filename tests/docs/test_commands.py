@@ -31,6 +31,8 @@ SHELL_DOCS = ["README.md", "deploy/README.md", "docs/operations.md"]
 ALL_DOCS = SHELL_DOCS + ["docs/architecture.md"]
 BIN = Path(sys.executable).parent
 ADMIN_TOKEN = "docs-test-token"
+#: the job secret file the docs' controller and agent commands name (in the test's directory)
+JOB_SECRET = "job-secret"
 #: top-level names a repository path in the docs may start with
 TOP = ("protos", "controller", "agent", "fthsdp", "ftar_kernels", "deploy", "bench", "tests", "docs", ".ci")
 TOP_FILES = ("Makefile", "pyproject.toml", "requirements-test.txt", "README.md")
@@ -158,9 +160,10 @@ class Live:
     def __init__(self, workdir: Path) -> None:
         token = workdir / "admin-token"
         token.write_text(ADMIN_TOKEN)
+        write_job_secret(workdir)
         self.proc = subprocess.Popen(
             [str(BIN / "fthsdp"), "controller", "--grpc-port", "0", "--http-port", "0", "--replicas", "4",
-             "--admin-token-file", str(token), "--event-log", "off"],
+             "--admin-token-file", str(token), "--event-log", "off", "--job-secret-file", str(workdir / JOB_SECRET)],
             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL, text=True)
         info = read_json_line(self.proc, 60, "the docs' controller")
         self.grpc, self.http = info["grpc"], info["http"]
@@ -180,11 +183,16 @@ class Live:
         self.proc.wait(10)
 
 
-def run_controller_command(argv: list[str]) -> None:
+def write_job_secret(workdir: Path) -> None:
+    """The `job-secret` file the docs' commands name, made as the docs say (openssl rand -hex 32)."""
+    (workdir / JOB_SECRET).write_text(job_secret.generate() + "\n")
+
+
+def run_controller_command(argv: list[str], workdir: Path) -> None:
     """The docs' own controller command, on free ports (later flags win), until it serves."""
     proc = subprocess.Popen([str(BIN / "fthsdp"), *argv[1:], "--grpc-port", "0", "--http-port", "0",
                              "--event-log", "off"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            stdin=subprocess.DEVNULL, text=True)
+                            stdin=subprocess.DEVNULL, text=True, cwd=workdir)
     try:
         info = read_json_line(proc, 60, shlex.join(argv))
         assert httpx.get(f"{info['http']}/healthz", timeout=5).json()["ok"]
@@ -197,9 +205,6 @@ def run_controller_command(argv: list[str]) -> None:
 async def run_agent_command(argv: list[str], live: Live, workdir: Path) -> None:
     argv = live.rewrite(argv)
     host = argv[argv.index("--host-id") + 1]
-    secret = workdir / "job-secret"  # what the docs' --job-secret-file names (`openssl rand -hex 32 > FILE`)
-    if not secret.exists():
-        secret.write_text(job_secret.generate() + "\n")
     proc = subprocess.Popen([str(BIN / "fthsdp"), *argv[1:]], cwd=workdir, stdout=subprocess.PIPE,
                             stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL, text=True)
     try:
@@ -229,7 +234,7 @@ async def test_commands_against_a_live_controller(doc, tmp_path):
     try:
         for argv in shell_commands(doc):
             if argv[:2] == ["fthsdp", "controller"]:
-                run_controller_command(argv)
+                run_controller_command(argv, tmp_path)
             elif argv[:2] == ["fthsdp", "agent"]:
                 await run_agent_command(argv, live, tmp_path)
             elif argv[:2] == ["fthsdp", "status"]:
@@ -238,8 +243,7 @@ async def test_commands_against_a_live_controller(doc, tmp_path):
             elif argv[0] == "curl":
                 if "HOST" in " ".join(argv):  # the admin example acts on a host that exists
                     await run_agent_command(["fthsdp", "agent", "--controller", live.grpc, "--host-id", "HOST",
-                                             "--spare", "--job-secret-file", "job-secret", "--", "true"], live,
-                                            tmp_path)
+                                             "--spare", "--job-secret-file", JOB_SECRET, "--", "true"], live, tmp_path)
                 argv = [a.replace("$TOKEN", ADMIN_TOKEN) for a in live.rewrite(argv)]  # as the shell would
                 proc = run([*argv, "-w", "\n%{http_code}"])
                 assert proc.returncode == 0 and proc.stdout.rsplit("\n", 1)[1] == "200", (argv, proc.stdout[-500:])

@@ -8,10 +8,9 @@ import grpc
 import pytest
 
 from controller.launch import ControllerProcess
-from protos import controller_pb2 as pb
 from protos import controller_pb2_grpc as pbg
 
-from .harness import HOST, INCARNATION, REPLICA, Legit, open_channel, start_controller
+from .harness import Legit, open_channel, register_request, start_controller
 
 ADMIN_TOKEN = "s3cret-admin"
 
@@ -32,9 +31,7 @@ def target(tmp_path_factory):
     ctl = start_controller("--admin-token-file", str(token))
     try:
         with grpc.insecure_channel(ctl.grpc) as channel:
-            reply = pbg.ControllerStub(channel).RegisterAgent(pb.RegisterAgentRequest(
-                host_id=HOST, incarnation=INCARNATION, slots=1,
-                assignment=pb.Assignment(replica_id=REPLICA, ranks=[0], world_size=1)), timeout=10)
+            reply = pbg.ControllerStub(channel).RegisterAgent(register_request(), timeout=10)
         yield Target(ctl, reply.agent_secret)
     finally:
         ctl.stop()

@@ -8,6 +8,8 @@ stream open) and r0's leader on that host. Attacks come over the same loopback g
 from __future__ import annotations
 
 import asyncio
+import os
+import time
 from dataclasses import dataclass
 
 import grpc
@@ -17,6 +19,10 @@ from bench.procstat import rss_mib
 from controller.launch import ControllerProcess, launch
 from protos import controller_pb2 as pb
 from protos import controller_pb2_grpc as pbg
+from protos import credentials, job_secret
+
+#: The job secret of every controller started here (unless started with --insecure).
+SECRET = job_secret.parse(job_secret.generate(), "the security tests")
 
 JOB = "sec"
 HOST, REPLICA, INCARNATION = "h0", "r0", "h0-incarnation"
@@ -35,8 +41,29 @@ def controller_flags(*extra: str) -> tuple[str, ...]:
             "--heartbeat-timeout-s", "60", "--log-level", "WARNING", *extra)
 
 
-def start_controller(*extra: str, **kw) -> ControllerProcess:
-    return launch(*controller_flags(*extra), **kw)
+def start_controller(*extra: str, insecure: bool = False, **kw) -> ControllerProcess:
+    """A controller holding SECRET (given in its environment), or one started with --insecure."""
+    if insecure:
+        return launch(*controller_flags(*extra, "--insecure"), **kw)
+    env = {**os.environ, job_secret.ENV_JOB_SECRET: SECRET.hex()}
+    env.pop(job_secret.ENV_JOB_SECRET_FILE, None)
+    return launch(*controller_flags(*extra), env=env, **kw)
+
+
+def proof(host_id: str, incarnation: str, secret=SECRET) -> str:
+    """What a real agent holding `secret` sends with its registration."""
+    return credentials.registration_proof(secret, host_id, incarnation, time.time())
+
+
+def register_request(host_id: str = HOST, incarnation: str = INCARNATION, **kw) -> pb.RegisterAgentRequest:
+    """h0's registration as its real agent sends it (r0's only rank), with its proof."""
+    fields = dict(host_id=host_id, incarnation=incarnation, slots=1, proof=proof(host_id, incarnation),
+                  assignment=pb.Assignment(replica_id=REPLICA, ranks=[0], world_size=1))
+    return pb.RegisterAgentRequest(**{**fields, **kw})
+
+
+#: What r0's leader on h0 shows: h0's trainer token, as h0's agent hands it.
+LEADER_CREDENTIAL = credentials.host_credential(credentials.trainer_token(SECRET, HOST))
 
 
 def _strip(value):
@@ -85,9 +112,7 @@ class Legit:
         return self
 
     async def register(self) -> None:
-        reply = await self.stub.RegisterAgent(pb.RegisterAgentRequest(
-            host_id=HOST, incarnation=INCARNATION, slots=1,
-            assignment=pb.Assignment(replica_id=REPLICA, ranks=[0], world_size=1)), timeout=10)
+        reply = await self.stub.RegisterAgent(register_request(), timeout=10)
         assert reply.agent_secret and reply.assignment.replica_id == REPLICA
         self.secret = reply.agent_secret
         self.orders = self.stub.Orders(pb.OrdersRequest(host_id=HOST, incarnation=INCARNATION,
@@ -96,7 +121,7 @@ class Legit:
     def quorum_request(self, **kw) -> pb.QuorumRequest:
         fields = dict(job_id=JOB, replica_id=REPLICA, step=self.step, world_size=1, incarnation="lead-1",
                       ftar_addresses=["127.0.0.1:7001"], state_addresses=["127.0.0.1:7002"], host_id=HOST,
-                      known_quorum_id=self.quorum_id)
+                      known_quorum_id=self.quorum_id, credential=LEADER_CREDENTIAL)
         return pb.QuorumRequest(**{**fields, **kw})
 
     async def join(self) -> pb.QuorumResponse:
@@ -106,14 +131,14 @@ class Legit:
 
     def report(self, **kw) -> pb.ReportStepRequest:
         fields = dict(job_id=JOB, replica_id=REPLICA, quorum_id=self.quorum_id, step=self.step, host_id=HOST,
-                      step_time_s=0.5, loss=1.0, tokens=10)
+                      step_time_s=0.5, loss=1.0, tokens=10, credential=LEADER_CREDENTIAL)
         return pb.ReportStepRequest(**{**fields, **kw})
 
     async def beat(self) -> None:
         """A heartbeat for h0, as its real agent sends every second (a long module must not
         outlast the heartbeat timeout; r0's joins keep r0 alive)."""
         async def beats():
-            yield pb.HeartbeatRequest(host_ids=[HOST])
+            yield pb.HeartbeatRequest(host_ids=[HOST], agent_secret=self.secret)
         [reply] = [r async for r in self.stub.Heartbeat(beats(), timeout=10)]
         assert not reply.unknown_ids, reply
 

@@ -12,11 +12,13 @@ from controller.service.server import ControllerServer
 from controller.settings import ControllerSettings
 from protos import controller_pb2 as pb
 from protos import controller_pb2_grpc as pbg
+from protos import credentials
 from tests.agent.cluster import Cluster
 from tests.agent.helpers import alive, wait_for
 from tests.certs import Authority
 
-from .harness import HOST, JOB, REPLICA, Legit, expect_refused, open_channel, picture, start_controller
+from .harness import (HOST, JOB, REPLICA, SECRET, Legit, expect_refused, open_channel, picture, proof, register_request,
+                      start_controller)
 
 pytestmark = pytest.mark.slow
 PRECONDITION, DENIED = grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.PERMISSION_DENIED
@@ -26,14 +28,18 @@ BOUND_S = 30
 @pytest.mark.parametrize("host_id, named", [("", "named no host_id, but host h0 holds its rank 0"),
                                             ("h7", "host h7 does not hold rank 0 of replica r0")])
 async def test_a_leader_must_name_the_host_holding_rank_0(target, legit, host_id, named):
+    """Even with the job secret (a replica credential, as a leader without an agent shows), a
+    trainer on another host (one left on a replaced host) cannot lead r0."""
     await legit.join()
     before = await picture(target.ctl.http)
-    await expect_refused(legit.stub.Quorum(legit.quorum_request(step=legit.step + 1, host_id=host_id), timeout=10),
+    other = credentials.replica_credential(SECRET, REPLICA)
+    await expect_refused(legit.stub.Quorum(legit.quorum_request(step=legit.step + 1, host_id=host_id,
+                                                                credential=other), timeout=10), PRECONDITION, named)
+    await expect_refused(legit.stub.ReportStep(legit.report(host_id=host_id, credential=other), timeout=10),
                          PRECONDITION, named)
-    await expect_refused(legit.stub.ReportStep(legit.report(host_id=host_id), timeout=10), PRECONDITION, named)
     await expect_refused(legit.stub.ReportFailure(pb.ReportFailureRequest(
-        job_id=JOB, replica_id=REPLICA, kind=pb.ReportFailureRequest.REPLICA_DEAD, reason="x", host_id=host_id),
-        timeout=10), PRECONDITION, named)
+        job_id=JOB, replica_id=REPLICA, kind=pb.ReportFailureRequest.REPLICA_DEAD, reason="x", host_id=host_id,
+        credential=other), timeout=10), PRECONDITION, named)
     assert await picture(target.ctl.http) == before  # r0 neither joined, committed nor died
     await legit.stub.ReportStep(legit.report(), timeout=10)
     legit.step += 1
@@ -82,9 +88,7 @@ async def test_the_agent_secret_is_never_shown_logged_or_stored(tmp_path):
         legit = Legit(pbg.ControllerStub(channel))
         await legit.register()
         await legit.step_once()
-        again = await legit.stub.RegisterAgent(pb.RegisterAgentRequest(
-            host_id=HOST, incarnation="h0-incarnation", slots=1,
-            assignment=pb.Assignment(replica_id=REPLICA, ranks=[0], world_size=1)), timeout=10)
+        again = await legit.stub.RegisterAgent(register_request(), timeout=10)
         assert again.agent_secret == ""  # a repeated registration does not hand out a new one
         shown = str(await picture(ctl.http))
         assert legit.secret not in shown and hash_secret(legit.secret) not in shown
@@ -133,10 +137,12 @@ async def test_a_certificate_acts_only_as_the_host_it_is_bound_to(pki):
     try:
         async with await open_channel(ctl.grpc, creds(pki, "h1")) as channel:
             stub = pbg.ControllerStub(channel)
-            h1 = await stub.RegisterAgent(pb.RegisterAgentRequest(host_id="h1", incarnation="i1", spare=True), timeout=10)
+            h1 = await stub.RegisterAgent(pb.RegisterAgentRequest(host_id="h1", incarnation="i1", spare=True,
+                                                                      proof=proof("h1", "i1")), timeout=10)
             assert h1.agent_secret
             wants = "wants an identity 'spiffe://fthsdp.test/agent/h2'"
-            await expect_refused(stub.RegisterAgent(pb.RegisterAgentRequest(host_id="h2", incarnation="i2", spare=True),
+            await expect_refused(stub.RegisterAgent(pb.RegisterAgentRequest(host_id="h2", incarnation="i2", spare=True,
+                                                                          proof=proof("h2", "i2")),
                                                     timeout=10), DENIED, "may not act as host 'h2'", wants)
 
             async def beat():

@@ -15,8 +15,9 @@ import httpx
 import pytest
 
 from protos import controller_pb2 as pb
+from protos import credentials
 
-from .harness import HOST, HUGE, JOB, REPLICA, expect_refused, picture, rss
+from .harness import HOST, HUGE, JOB, LEADER_CREDENTIAL, REPLICA, SECRET, expect_refused, picture, proof, rss
 
 pytestmark = pytest.mark.slow
 INVALID, PRECONDITION, DENIED = (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION,
@@ -28,7 +29,8 @@ def agent_requests(secret: str) -> dict:
     """Legitimate requests of h0's agent and of a newcomer, by RPC name."""
     return {
         "RegisterAgent": pb.RegisterAgentRequest(host_id="h1", incarnation="h1-1", slots=1, labels={"zone": "a"},
-                                                 assignment=pb.Assignment(replica_id="r1", ranks=[0], world_size=1)),
+                                                 assignment=pb.Assignment(replica_id="r1", ranks=[0], world_size=1),
+                                                 proof=proof("h1", "h1-1")),
         "Orders": pb.OrdersRequest(host_id=HOST, incarnation="h0-incarnation", agent_secret=secret),
         "AckOrder": pb.AckOrderRequest(host_id=HOST, order_id="o1", ok=True, agent_secret=secret),
         "ReportTrainerExit": pb.TrainerExitRequest(host_id=HOST, replica_id=REPLICA, rank=0, exit_code=1,
@@ -44,7 +46,7 @@ def leader_requests(legit) -> dict:
         "ReportStep": legit.report(),
         "ReportFailure": pb.ReportFailureRequest(job_id=JOB, replica_id=REPLICA, quorum_id=legit.quorum_id,
                                                  step=legit.step, kind=pb.ReportFailureRequest.COMMIT_FAILED,
-                                                 host_id=HOST),
+                                                 host_id=HOST, credential=LEADER_CREDENTIAL),
     }
 
 
@@ -138,15 +140,15 @@ def huge_lists(secret: str, legit) -> list[tuple[str, str, object, grpc.StatusCo
     fat = ["f" * 217] * 8192
     return [
         ("RegisterAgent", "a million ranks of a world of a million", pb.RegisterAgentRequest(
-            host_id="h9", incarnation="i", assignment=pb.Assignment(replica_id="r9", ranks=million, world_size=1_000_000)),
+            host_id="h9", incarnation="i", proof=proof("h9", "i"), assignment=pb.Assignment(replica_id="r9", ranks=million, world_size=1_000_000)),
          INVALID, "names 1000000 ranks"),
         ("RegisterAgent", "a million ranks on one host", pb.RegisterAgentRequest(
-            host_id="h9", incarnation="i", assignment=pb.Assignment(replica_id="r9", ranks=million, world_size=65536)),
+            host_id="h9", incarnation="i", proof=proof("h9", "i"), assignment=pb.Assignment(replica_id="r9", ranks=million, world_size=65536)),
          INVALID, "names 1000000 ranks; one host runs at most 1024"),
         ("RegisterAgent", "ten thousand labels", pb.RegisterAgentRequest(
-            host_id="h9", incarnation="i", spare=True, labels={f"k{i}": "v" for i in range(10_000)}),
+            host_id="h9", incarnation="i", proof=proof("h9", "i"), spare=True, labels={f"k{i}": "v" for i in range(10_000)}),
          INVALID, "sent 10000 labels; the limit is 32"),
-        ("RegisterAgent", "a million slots", pb.RegisterAgentRequest(host_id="h9", incarnation="i", spare=True,
+        ("RegisterAgent", "a million slots", pb.RegisterAgentRequest(host_id="h9", incarnation="i", proof=proof("h9", "i"), spare=True,
                                                                    slots=1_000_000),
          INVALID, "slots must be 0..1024, got 1000000"),
         ("Quorum", "a million addresses for one rank", legit.quorum_request(ftar_addresses=["a:1"] * 1_000_000),
@@ -155,17 +157,18 @@ def huge_lists(secret: str, legit) -> list[tuple[str, str, object, grpc.StatusCo
                                                                state_addresses=[]),
          INVALID, "world_size must be 1..65536, got 1000000"),
         ("Quorum", "8192 × 2 addresses of 217 characters (too big for one store write)", pb.QuorumRequest(
-            job_id=JOB, replica_id="r7", step=0, world_size=8192, ftar_addresses=fat, state_addresses=fat),
+            job_id=JOB, replica_id="r7", step=0, world_size=8192, ftar_addresses=fat, state_addresses=fat,
+            credential=credentials.replica_credential(SECRET, "r7")),
          INVALID, "the addresses of replica r7 take"),
         ("Heartbeat", "two hundred thousand ids", pb.HeartbeatRequest(host_ids=[f"h{i}" for i in range(200_000)]),
          INVALID, "a heartbeat names 200000 ids"),
         ("ReportStep", "a request over the 8 MiB limit", legit.report(host_id="h" * (9 << 20)),
          grpc.StatusCode.RESOURCE_EXHAUSTED, ""),
         ("RegisterAgent", "a port past 65535", pb.RegisterAgentRequest(
-            host_id="h9", incarnation="i", spare=True, address="10.0.0.9", rendezvous_port=70_000, coordinator_port=1),
+            host_id="h9", incarnation="i", proof=proof("h9", "i"), spare=True, address="10.0.0.9", rendezvous_port=70_000, coordinator_port=1),
          INVALID, "rendezvous_port must be 1..65535, got 70000"),
         ("RegisterAgent", "an address with a port", pb.RegisterAgentRequest(
-            host_id="h9", incarnation="i", spare=True, address="10.0.0.9:80", rendezvous_port=1, coordinator_port=2),
+            host_id="h9", incarnation="i", proof=proof("h9", "i"), spare=True, address="10.0.0.9:80", rendezvous_port=1, coordinator_port=2),
          INVALID, "without a port"),
         ("ReportTrainerExit", "a version past 2^53", pb.TrainerExitRequest(
             host_id=HOST, replica_id=REPLICA, rank=0, exit_code=1, agent_secret=secret, version=2**60),
@@ -218,7 +221,7 @@ def impossible(legit) -> list[tuple[str, object, grpc.StatusCode, str]]:
         ("negative tokens", legit.report(tokens=-5), INVALID, "tokens must not be negative, got -5"),
         ("a commit failure of another quorum", pb.ReportFailureRequest(
             job_id=JOB, replica_id=REPLICA, quorum_id=q + 1, step=s, kind=pb.ReportFailureRequest.COMMIT_FAILED,
-            host_id=HOST), PRECONDITION, "failed commit of step"),
+            host_id=HOST, credential=LEADER_CREDENTIAL), PRECONDITION, "failed commit of step"),
         ("a quorum at int64 max", legit.quorum_request(step=2**63 - 1), INVALID, "is larger than the limit"),
         ("a quorum at a negative step", legit.quorum_request(step=-5), INVALID, "step must not be negative"),
     ]
@@ -255,7 +258,7 @@ async def test_free_text_is_cut_with_a_marker(target, legit):
     await legit.join()
     await legit.stub.ReportFailure(pb.ReportFailureRequest(
         job_id=JOB, replica_id=REPLICA, quorum_id=legit.quorum_id, step=legit.step, host_id=HOST,
-        kind=pb.ReportFailureRequest.COMMIT_FAILED, reason="why " + X + "\nsecond line"), timeout=10)
+        credential=LEADER_CREDENTIAL, kind=pb.ReportFailureRequest.COMMIT_FAILED, reason="why " + X + "\nsecond line"), timeout=10)
     await legit.stub.AckOrder(pb.AckOrderRequest(host_id=HOST, order_id="o-cut", ok=False, error="e" * HUGE,
                                                  agent_secret=target.secret), timeout=10)
     async with httpx.AsyncClient(base_url=target.ctl.http) as http:

@@ -14,9 +14,10 @@ from fthsdp.step import coordination as co
 from fthsdp.step.controller_client import ControllerClient
 from fthsdp.step.quorum_port_client import resolve
 from protos import controller_pb2 as pb
+from protos.credentials import ENV_TRAINER_TOKEN, replica_credential, trainer_token
 from protos.quorum_wire import ANSWER, HEADER, JOIN, PREAMBLE, REFUSED, FrameReader, frame
 
-from .harness import HOST, JOB, REPLICA, picture, rss
+from .harness import HOST, JOB, LEADER_CREDENTIAL, REPLICA, SECRET, picture, rss
 
 pytestmark = pytest.mark.slow
 WAIT_S = 10
@@ -37,7 +38,7 @@ def exchange(address: str, data: bytes) -> pb.QuorumPortRefusal:
 
 
 def join(**kw) -> bytes:
-    fields = dict(job_id=JOB, replica_id=REPLICA, step=0, world_size=1, host_id=HOST)
+    fields = dict(job_id=JOB, replica_id=REPLICA, step=0, world_size=1, host_id=HOST, credential=LEADER_CREDENTIAL)
     return PREAMBLE + frame(JOIN, pb.QuorumRequest(**{**fields, **kw}).SerializeToString())
 
 
@@ -47,7 +48,11 @@ VOLLEY = [
     (PREAMBLE + HEADER.pack(0xFFFFFFFF, JOIN), "INVALID_ARGUMENT", f"a frame of {0xFFFFFFFF} bytes is over"),
     (PREAMBLE + frame(JOIN, b"\x0a" + b"\xff" * BIG), "INVALID_ARGUMENT", "is not a QuorumRequest"),
     (join(job_id="someone-else"), "FAILED_PRECONDITION", "'someone-else'"),
-    (join(host_id="h9"), "FAILED_PRECONDITION", "host h9 does not hold rank 0"),
+    (join(credential=""), "PERMISSION_DENIED", "it shows no credential"),
+    (join(credential="host:" + "0" * 64), "PERMISSION_DENIED", "not the trainer token of host 'h0'"),
+    # with the job secret (a leader without an agent), but on the wrong host: fenced all the same
+    (join(host_id="h9", credential=replica_credential(SECRET, REPLICA)), "FAILED_PRECONDITION",
+     "host h9 does not hold rank 0"),
     (join(replica_id="r" * (2 << 20)), "INVALID_ARGUMENT", "replica_id"),
     (join(world_size=1 << 30), "INVALID_ARGUMENT", "world_size"),
 ]
@@ -78,6 +83,7 @@ async def test_strangers_on_the_quorum_port_are_refused_and_the_leader_keeps_com
     # Every slot taken by a silent stranger (renewed as the hello deadline cuts them off): the
     # real leader's port ask is refused as full, and it commits on the stream instead.
     monkeypatch.setenv("FTHSDP_HOST_ID", HOST)
+    monkeypatch.setenv(ENV_TRAINER_TOKEN, trainer_token(SECRET, HOST))  # as h0's agent hands it
     client = ControllerClient(target.ctl.grpc, JOB, REPLICA, "lead-2")
     host, number = port.rsplit(":", 1)
     held = []

@@ -15,7 +15,9 @@ from protos import controller_pb2_grpc as pbg
 from tests.etcd_server import EtcdServer
 from tests.waiting import wait_for_blocking
 
-from .harness import HUGE, JOB, Legit, expect_refused, open_channel, picture, start_controller
+from protos.credentials import replica_credential
+
+from .harness import HUGE, JOB, SECRET, Legit, expect_refused, open_channel, picture, start_controller
 
 pytestmark = [pytest.mark.etcd, pytest.mark.slow]
 BOUND_S = 30
@@ -53,17 +55,19 @@ async def test_writes_too_large_for_etcd_are_refused_up_front_and_the_store_stay
         # one etcd write: refused before anything changes.
         fat = ["f" * 217] * 8192
         await expect_refused(stub.Quorum(pb.QuorumRequest(
-            job_id=legit_job, replica_id="r9", step=0, world_size=8192, ftar_addresses=fat, state_addresses=fat),
-            timeout=10), grpc.StatusCode.INVALID_ARGUMENT, "the addresses of replica r9 take", "store_max_request_bytes")
+            job_id=legit_job, replica_id="r9", step=0, world_size=8192, ftar_addresses=fat, state_addresses=fat,
+            credential=replica_credential(SECRET, "r9")), timeout=10), grpc.StatusCode.INVALID_ARGUMENT, "the addresses of replica r9 take", "store_max_request_bytes")
         assert await picture(ctl.http) == before
         # A 2 MiB reason for a replica's death is cut, so the write that records it fits. (r1
         # waits in a round that cannot close without r0; its death drops it from the round.)
         joining = asyncio.ensure_future(stub.Quorum(pb.QuorumRequest(
-            job_id=legit_job, replica_id="r1", step=1, world_size=1), timeout=10))
+            job_id=legit_job, replica_id="r1", step=1, world_size=1, credential=replica_credential(SECRET, "r1")),
+            timeout=10))
         await wait_for_blocking(lambda: "r1" in str(httpx.get(f"{ctl.http}/api/v1/replicas", timeout=5).json()),
                                 BOUND_S, "r1 to join")
         await stub.ReportFailure(pb.ReportFailureRequest(job_id=legit_job, replica_id="r1", reason="x" * HUGE,
-                                                         kind=pb.ReportFailureRequest.REPLICA_DEAD), timeout=10)
+                                                         kind=pb.ReportFailureRequest.REPLICA_DEAD,
+                                                         credential=replica_credential(SECRET, "r1")), timeout=10)
         await expect_refused(joining, grpc.StatusCode.UNAVAILABLE, "r1 was dropped from the round")
         # Every later write still works: r0 commits its next step, and it is durable.
         q = await stub.Quorum(legit.quorum_request(job_id=legit_job, step=q.max_step + 1, known_quorum_id=q.quorum_id),
@@ -103,8 +107,8 @@ async def test_a_leader_whose_writes_keep_failing_steps_down_for_a_standby(tmp_p
             # limit, too large for this etcd.
             wide = ["w" * 200] * 256
             await expect_refused(stub.Quorum(pb.QuorumRequest(
-                job_id=JOB, replica_id="r5", step=0, world_size=256, ftar_addresses=wide, state_addresses=wide),
-                timeout=10), grpc.StatusCode.UNAVAILABLE, "too large")
+                job_id=JOB, replica_id="r5", step=0, world_size=256, ftar_addresses=wide, state_addresses=wide,
+                credential=replica_credential(SECRET, "r5")), timeout=10), grpc.StatusCode.UNAVAILABLE, "too large")
             await wait_for_blocking(lambda: leads(standby.http), BOUND_S, "the standby to take over")
             assert await health(leader.grpc) == health_pb2.HealthCheckResponse.NOT_SERVING
             assert not leads(leader.http)

@@ -13,6 +13,7 @@ from collections import deque
 from typing import Callable
 
 from controller.core.digests import Verdict
+from controller.core.diagnosis.ages import plausible
 from controller.core.diagnosis.findings import Finding, FindingLog
 from controller.core.diagnosis.hang import Excused, HostOf, MembersOf, find_hangs
 from controller.core.diagnosis.sdc import SdcTracker, attribute
@@ -72,6 +73,8 @@ class Diagnosis:
             if not accept(rk):
                 ignored.append(f"rank {rank_name(rk)}: host {report.host_id} does not run it")
                 continue
+            r, cut = plausible(r, self.ranks.get(rk), report.host_id, now)
+            ignored += cut
             self.ranks[rk] = RankView(report.host_id, now, r)
             if windows_ok:
                 for g in r.groups:

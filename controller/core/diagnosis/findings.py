@@ -39,6 +39,11 @@ class Finding:
     ranks: tuple[str, ...] = ()
     #: straggler: windows flagged; sdc: the first host's incidents in the SDC window
     count: int = 1
+    #: whether the first host's own telemetry shows the problem (a hang: its rank joined the
+    #: stuck collective, or it reported itself idle that long); when not, the hosts whose
+    #: telemetry it rests on (`witnesses`) must be more than one other (policy.decide)
+    own_evidence: bool = True
+    witnesses: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

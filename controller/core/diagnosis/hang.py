@@ -97,7 +97,8 @@ def find_hangs(ranks: Mapping[RankKey, RankView], now: float, settings: Diagnosi
         elif not s.waits_on:
             leaves.append((c, list(_progress_suspects(s.in_flight))))
     clusters = _by_host(leaves, host)
-    out = [_finding(cs, suspects_of, stuck, ranks, host, now) for cs, suspects_of in clusters[:MAX_FINDINGS]]
+    out = [_finding(cs, suspects_of, stuck, ranks, host, now, settings.hang_after_s)
+           for cs, suspects_of in clusters[:MAX_FINDINGS]]
     if not out and not any(s.explained for s in stuck.values()):
         out.append(_cycle(stuck, now, host))
     return out
@@ -262,7 +263,7 @@ def _hosts(suspects: Iterable[RankKey], host: HostOf, by_count: bool = True) -> 
 
 
 def _finding(leaves: list[Collective], suspects_of: dict[Collective, list[RankKey]], stuck: dict[Collective, _Stuck],
-             ranks: Mapping[RankKey, RankView], host: HostOf, now: float) -> Finding:
+             ranks: Mapping[RankKey, RankView], host: HostOf, now: float, hang_after_s: float) -> Finding:
     suspects = _merged(leaves, suspects_of, stuck, ranks, now)
     joining = [c for c in leaves if stuck[c].waits_on]
     leaf = joining[0] if joining else leaves[0]
@@ -298,9 +299,27 @@ def _finding(leaves: list[Collective], suspects_of: dict[Collective, list[RankKe
         evidence.append(f"{waiting} other stuck collective(s) wait on ranks that wait here (the wait-for graph)")
     names = ", ".join(rank_name(rk) for rk in suspects[:4]) + ("…" if len(suspects) > 4 else "")
     where = f" on host {hosts[0]}" if len(hosts) == 1 else (f" on hosts {', '.join(hosts[:4])}" if hosts else "")
+    own, witnesses = _evidence(leaves, stuck, ranks, suspects, host, hosts[0] if hosts else None, hang_after_s)
     return Finding(FindingKind.HANG, f"hang:{leaf.describe()}", now, tuple(hosts), round(min(confidence, 1.0), 3),
                    f"rank(s) {names}{where} {what} {leaf.describe()}, which has waited {waited:.0f} s",
-                   tuple(evidence), tuple(rank_name(rk) for rk in suspects[:64]))
+                   tuple(evidence), tuple(rank_name(rk) for rk in suspects[:64]), own_evidence=own,
+                   witnesses=witnesses)
+
+
+def _evidence(leaves: list[Collective], stuck: dict[Collective, _Stuck], ranks: Mapping[RankKey, RankView],
+              suspects: list[RankKey], host: HostOf, first: str | None, hang_after_s: float):
+    """(whether `first`'s own telemetry shows the hang, the hosts whose ranks are stuck in the
+    leaves): its own rank is stuck in one of them, or its own report since the first join says
+    it has been idle for hang_after_s."""
+    members = {rk for c in leaves for rk, _ in (stuck[c].in_flight or ())}
+    witnesses = tuple(sorted({h for rk in members if (h := host(rk))}))
+    if first is None:
+        return False, witnesses
+    start = min(stuck[c].first_join for c in leaves)
+    own = any(host(rk) == first for rk in members) or any(
+        host(rk) == first and (v := ranks.get(rk)) is not None and v.received_at >= start
+        and v.report.idle_s >= hang_after_s for rk in suspects)
+    return own, witnesses
 
 
 def _not_joined(rk: RankKey, leaf: Collective, ranks: Mapping[RankKey, RankView], host: HostOf, now: float,

@@ -57,6 +57,14 @@ def decide(finding: Finding, host: HostFacts, view: PolicyView, settings: Diagno
         return Decision(ActionKind.REPORT, h, f"confidence {finding.confidence:.2f} is below "
                                               f"{settings.min_confidence:.2f}: {len(finding.hosts)} candidate "
                                               f"host(s) {', '.join(finding.hosts[:5])}")
+    # 1b. One host's word about another is not enough: the suspect's own telemetry, or more
+    # than one other host's.
+    others = sorted(set(finding.witnesses) - {h})
+    if not finding.own_evidence and len(others) < 2:
+        return Decision(ActionKind.REPORT, h, f"host {h}'s own telemetry does not show it, and only "
+                                              f"{len(others)} other host(s) ({', '.join(others[:3]) or 'none'}) "
+                                              f"say so: a host is evicted on its own evidence or on that of more "
+                                              f"than one other host")
     # 2. Nothing left to evict.
     if not host.known or not host.active:
         return Decision(ActionKind.REPORT, h, f"host {h} runs nothing now")

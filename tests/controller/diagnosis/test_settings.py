@@ -37,6 +37,6 @@ def test_bad_values_are_named(field, value, text):
 
 
 def test_the_dry_run_flag(tmp_path):
-    server = build_server(parse_args(["--grpc-port", "0", "--http-port", "0", "--diagnosis-dry-run"]))
+    server = build_server(parse_args(["--grpc-port", "0", "--http-port", "0", "--diagnosis-dry-run", "--insecure"]))
     assert server.settings.diagnosis.dry_run
-    assert not build_server(parse_args(["--grpc-port", "0", "--http-port", "0"])).settings.diagnosis.dry_run
+    assert not build_server(parse_args(["--grpc-port", "0", "--http-port", "0", "--insecure"])).settings.diagnosis.dry_run
