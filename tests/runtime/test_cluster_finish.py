@@ -1,6 +1,6 @@
 """Real processes against the controller's half of the contract: digests that disagree are
-noticed and healed by a catch-up; a job whose replicas finished is COMPLETED and ends
-replicas that ask for more cleanly."""
+noticed and healed by a catch-up; a job whose replicas finished is COMPLETED, and a
+replica that starts after it learns so before training (JobAlreadyCompleted)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from fthsdp import Manager, RuntimeSettings
-from fthsdp.errors import JobCompleted
+from fthsdp.errors import JobAlreadyCompleted, JobCompleted
 from fthsdp.step import coordination as co
 from fthsdp.step.controller_client import ControllerClient
 from tests.runtime import history_checks as hc
@@ -40,22 +40,29 @@ def test_a_corrupted_replica_is_found_by_its_digest_and_healed_by_catch_up(tmp_p
     assert len({r["step"] for r in done}) == 1
 
 
-def test_a_finished_job_is_completed_and_a_late_replica_ends_cleanly(tmp_path):
+def test_a_finished_job_is_completed_and_a_late_replica_ends_without_training(tmp_path):
     ctl = start_controller(tmp_path / "controller.log", replicas=1, join_timeout_s=0.2, heartbeat_timeout_s=3.0)
     try:
         settings = RuntimeSettings(job_id="t", replica_id="0", controller_address=ctl.grpc, max_steps=2,
                                    quorum_timeout_s=20.0, job_secret=SECRET)
-        for replica, expect_steps in (("0", 2), ("1", 0)):  # "1" comes after the job completed
+        for replica in ("0", "1"):  # "1" comes after the job completed
             torch.manual_seed(0)
             model = torch.nn.Linear(4, 1)
             opt = torch.optim.SGD(model.parameters(), lr=0.1)
             manager = Manager(model, opt, dataclasses.replace(settings, replica_id=replica)).start()
             trained = 0
-            for x in manager.batches(lambda r, p: torch.ones(2, 4)):
-                model(x).sum().backward()
-                trained += manager.end_step()
-            manager.close()
-            assert trained == expect_steps and manager.finished
+            if replica == "0":
+                for x in manager.batches(lambda r, p: torch.ones(2, 4)):
+                    model(x).sum().backward()
+                    trained += manager.end_step()
+                manager.close()
+                assert trained == 2 and manager.finished
+            else:  # it learns so before training, and does not end as if it had trained
+                with pytest.raises(JobAlreadyCompleted, match="started after the job COMPLETED"):
+                    for x in manager.batches(lambda r, p: torch.ones(2, 4)):
+                        trained += 1
+                manager.close()
+                assert trained == 0 and manager.last_outcome is None
             job = httpx.get(f"{ctl.http}/api/v1/job", timeout=5.0).json()
             assert job["job_state"] == "COMPLETED", job
             replicas = {r["replica_id"]: r["state"] for r in httpx.get(f"{ctl.http}/api/v1/replicas").json()}

@@ -9,6 +9,7 @@ FTHSDP_TEST_ARTIFACTS moves the folder)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -70,7 +71,8 @@ async def test_the_page_shows_a_killed_host_the_job_and_the_stall(cluster, brows
     trainers = c.trainers("r0")
     os.kill(agent.pid, signal.SIGKILL)
     for t in trainers:
-        os.kill(t["pid"], signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):  # it may have gone with its agent already
+            os.kill(t["pid"], signal.SIGKILL)
     await wait_for(lambda: not any(alive(t["pid"]) for t in trainers), BOUND_S, "h1's trainer gone")
     await wait_for_async(lambda: c.events("host_death"), BOUND_S, "h1 declared dead")
     # r0 comes back on the spare h4 and the job trains on with all three
