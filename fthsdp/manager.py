@@ -32,14 +32,15 @@ from ftar_kernels import FtarEndpoint, FtarSettings
 from fthsdp import determinism
 from fthsdp.data_ledger import DataLedger, LedgerBatches
 from fthsdp.errors import (
-    ChannelError, CheckpointError, Fatal, JobAlreadyCompleted, ReplicaFinished, RetryLimitExceeded,
+    ChannelError, Fatal, JobAlreadyCompleted, ReplicaFinished, RetryLimitExceeded,
 )
 from fthsdp.settings import RuntimeSettings
 from fthsdp.state.checkpoint import CheckpointStore
+from fthsdp.state.replica_checkpoints import LOAD_ERRORS, ReplicaCheckpoints
 from fthsdp.state.digest import rank_digest
 from fthsdp.state.fetch_job import FetchJob
 from fthsdp.state.registry import StateRegistry, Stateful
-from fthsdp.state import shards, snapshot
+from fthsdp.state import snapshot
 from fthsdp.state.serve import StateServer
 from fthsdp.step import events as ev
 from fthsdp.step import messages as msg
@@ -86,7 +87,6 @@ class Manager:
         self.registry = StateRegistry()
         self.incarnation = uuid.uuid4().hex[:12]
         self.last_outcome: StepOutcome | None = None
-        self.last_checkpoint_error = ""
         #: bytes of the last catch-up transfer this rank adopted (its shards only, when sharded)
         self.last_catch_up_bytes = 0
         #: time spent inside the pure protocol, and how many events it took
@@ -104,9 +104,10 @@ class Manager:
         self._started = self._in_step = False
         # with a job secret, checkpoints are signed with it and only signed ones are resumed from
         key = settings.job_secret.key(job_secret.PURPOSE_CHECKPOINT) if settings.job_secret is not None else None
-        self.checkpoints = seams.checkpoints(CheckpointStore(
-            settings.checkpoint_dir, key=key, keep_last=settings.checkpoint_keep_last)) if settings.checkpoint_dir \
-            else None
+        self.checkpoints = ReplicaCheckpoints(
+            seams.checkpoints(CheckpointStore(settings.checkpoint_dir, key=key, keep_last=settings.checkpoint_keep_last)),
+            self.settings, model, optimizer, self.registry, sharded=self.sharded, process_group=process_group,
+        ) if settings.checkpoint_dir else None
         self.coordinator: CoordinatorService | None = None
         self.client: CoordinatorClient | None = None
         self.state_server: StateServer | None = None
@@ -137,6 +138,11 @@ class Manager:
     def is_behind(self) -> bool:
         """True while this step only catches up (its forward/backward will be discarded)."""
         return self.plan is not None and self.plan.behind
+
+    @property
+    def last_checkpoint_error(self) -> str:
+        """Why this rank's last checkpoint write failed ("" after a good one, or none)."""
+        return self.checkpoints.last_error if self.checkpoints is not None else ""
 
     @property
     def finished(self) -> bool:
@@ -258,41 +264,10 @@ class Manager:
         if self.collectives.telemetry is not None:
             self.collectives.telemetry.close()
 
-    def _checkpoint_group(self) -> dist.ProcessGroup | None:
-        """Who writes and reads a checkpoint together: a sharded model's ranks (DCP is
-        collective over them); a replicated model's state is whole on each rank (None)."""
-        return shards.process_group_of(self.model) if self.sharded else None
-
     def _restore_checkpoint(self) -> None:
-        if self.checkpoints is None:
-            return
-        # every rank of the replica resumes from the same step (one may see a newer checkpoint)
-        group = self._checkpoint_group() if self.sharded else self.process_group
-        mine = self.checkpoints.latest_complete()
-        passed_over = [step for step in self.checkpoints.steps() if mine is None or step > mine]
-        if passed_over:
-            log.warning("checkpoints of steps %s in %s are incomplete, damaged or not signed with this job's "
-                        "secret: not resumed from", passed_over, self.settings.checkpoint_dir)
-        latest = shards.agree_on_min(mine, group if self.settings.world_size > 1 else None)
-        if latest is None:
-            return
-        try:
-            step, ledger = self._load_checkpoint(latest)
-        except (CheckpointError, ValueError, RuntimeError, KeyError) as exc:
-            raise Fatal(f"cannot resume from checkpoint step {latest} in {self.settings.checkpoint_dir}: {exc}; "
-                        f"move that step's folder away (an older one is used) or fix the script") from None
-        self._state = initial_state(self.settings, step, ledger)
-
-    def _load_checkpoint(self, step: int) -> tuple[int, DataLedger]:
-        """Load the checkpoint of the state at the start of `step` into the model, the optimizer
-        and the registered state; returns the step it starts and its ledger."""
-        assert self.checkpoints is not None
-        restored = self.checkpoints.load(step, self.model, self.optimizer, self._checkpoint_group())
-        self.registry.load_state_dicts(restored.user_states, f"checkpoint {restored.path}")
-        ledger = DataLedger.from_json(restored.ledger_json)
-        log.info("replica %s rank %s loaded checkpoint %s: at step %s", self.settings.replica_id,
-                 self.settings.rank, restored.path, restored.step)
-        return restored.step, ledger
+        resumed = self.checkpoints.resume_point() if self.checkpoints is not None else None
+        if resumed is not None:
+            self._state = initial_state(self.settings, *resumed)
 
     # ------------------------------------------------------------------ the step
 
@@ -540,8 +515,8 @@ class Manager:
         log.warning("replica %s rank %s: the quorum rolls back; loading the durable checkpoint of step %s instead "
                     "of training from step %s", s.replica_id, s.rank, e.step - 1, self._state.step)
         try:
-            step, ledger = self._load_checkpoint(e.step)
-        except (CheckpointError, ValueError, RuntimeError, KeyError) as exc:
+            step, ledger = self.checkpoints.load(e.step)
+        except LOAD_ERRORS as exc:
             self._queue.append(ev.CheckpointLoaded(-1, None, f"{exc}"))
             return
         self._queue.append(ev.CheckpointLoaded(step, ledger))
@@ -567,25 +542,13 @@ class Manager:
             self.registry.rng.apply()  # the retry draws the same numbers again
 
     def _do_Checkpoint(self, e: ev.Checkpoint) -> None:  # noqa: N802
-        """Every rank gets this effect: a sharded model's ranks all write their shards; rank 0
-        alone writes a replicated model's state and the replica's ledger entry."""
-        if self.checkpoints is None or (self.settings.rank != 0 and not self.sharded):
+        """Every rank gets this effect; fthsdp/state/replica_checkpoints.py says who writes what."""
+        if self.checkpoints is None or not self.checkpoints.writes():
             return
         self.collectives.disturb()  # a write its peers may not do (in the next plan's own time)
-        s = self.settings
-        try:
-            if e.write_state:
-                self.checkpoints.save_state(e.step, self._state.ledger.to_json(), self.model, self.optimizer,
-                                            self.registry.state_dicts(), process_group=self._checkpoint_group(),
-                                            rank=s.rank)
-                if self.coordinator is not None:  # its next step reports carry it to the controller
-                    self.coordinator.checkpoint_saved(e.step - 1)
-            if s.rank == 0:
-                self.checkpoints.save_ledger_entry(e.step, s.replica_id, self._state.ledger.position(s.replica_id))
-            self.last_checkpoint_error = ""
-        except CheckpointError as exc:
-            self.last_checkpoint_error = str(exc)
-            log.error("replica %s: %s; training continues without this checkpoint", s.replica_id, exc)
+        # a written state goes to the controller with the coordinator's next step reports
+        saved = self.coordinator.checkpoint_saved if self.coordinator is not None else None
+        self.checkpoints.save(e.step, e.write_state, self._state.ledger, saved)
 
     def _do_Concluded(self, e: ev.Concluded) -> None:  # noqa: N802
         o = self.last_outcome = e.outcome
