@@ -191,8 +191,11 @@ def diagnosis_of(injection: dict, diagnoses: list[dict], dry_run: bool = False) 
                   key=lambda d: d["at"])
     acted = next((d for d in mine if d["action"] in ("evict", "dry_run") and d["action_host"] == host), None)
     first = mine[0] if mine else None
+    # the first finding says when it was found; the acting one how sure the eviction was (an
+    # earlier one may have been a two-replica tie, reported only, while a replica rejoined)
     return {"found": first is not None, "found_s": first and round(first["at"] - t0, 3),
-            "finding": first and first["summary"], "confidence": first and first["confidence"],
+            "finding": first and first["summary"], "confidence": (acted or first or {}).get("confidence"),
+            "first_confidence": first and first["confidence"],
             "action": (acted or first or {}).get("action"), "action_reason": (acted or first or {}).get("action_reason"),
             "evicted": acted is not None and acted["action"] == ("dry_run" if dry_run else "evict")}
 

@@ -180,6 +180,18 @@ def test_a_host_evicted_before_its_fault_went_live_was_a_healthy_host():
     assert not checks(evict(101.0), evict(102.0, "h0"))["no_healthy_host_evicted"]
 
 
+def test_the_diagnosis_names_the_first_finding_and_the_confidence_it_was_evicted_with():
+    sdc = {"injected_at": 100.0, "replica": "r2", "kind": "sdc", "injected_step": 1, "host": "h2"}
+    tie = {"kind": "sdc", "at": 101.0, "hosts": ["h2"], "action": "report", "action_host": "h2",
+           "summary": "host h2 holds differing state (tie)", "confidence": 0.475, "action_reason": "below"}
+    acted = dict(tie, at=102.0, action="evict", confidence=0.95, summary="host h2 holds differing state")
+    d = report.diagnosis_of(sdc, [acted, tie])
+    assert d["found_s"] == 1.0 and d["finding"].endswith("(tie)") and d["first_confidence"] == 0.475
+    assert d["evicted"] and d["action"] == "evict" and d["confidence"] == 0.95
+    only_reported = report.diagnosis_of(sdc, [tie])
+    assert not only_reported["evicted"] and only_reported["confidence"] == 0.475
+
+
 def test_samples_seen_and_the_equal_samples_baseline():
     rows = healthy_history()
     assert report.samples_by_step(rows, 32) == {0: 64, 1: 96, 2: 160}  # 2, 1, 2 replicas included
