@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from controller.core.digests import Verdict, short
 from controller.core.model import SETTLED, Replica, ReplicaState
+from controller.core.pending_writes import REPLICAS
 
 
 class DivergenceTracker:
@@ -27,7 +28,7 @@ class DivergenceTracker:
         if digest:
             r.digest, r.digest_step = digest, step
             verdicts += self.digest_ledger.record(r.replica_id, step, digest, now)
-            self.dirty_replicas = True  # the pending comparison is durable (DigestLedger.snapshot)
+            self.writes.mark(REPLICAS)  # the pending comparison is durable (DigestLedger.snapshot)
         if (r.state == ReplicaState.DIVERGED or r.must_resync) and caught_up:
             self._resync(r, step, digest, now)
         self._apply_verdicts(verdicts, now)
@@ -76,7 +77,7 @@ class DivergenceTracker:
             if not v.mismatch:
                 continue
             self.digest_mismatches += 1
-            self.dirty_replicas = True
+            self.writes.mark(REPLICAS)
             self._event(now, "digest_mismatch", ",".join(sorted(v.diverged)),
                         f"digest mismatch at step {v.step}: {v.holders()}. {v.reason}")
             keep = dict(v.groups)[v.reference]

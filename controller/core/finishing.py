@@ -24,6 +24,7 @@ from controller.core.checks import check_id, clip_text
 from controller.core.errors import FailedPrecondition, InvalidArgument
 from controller.core.job_failure import ReplicaOutlook, failure_decision, stuck_reason
 from controller.core.model import DeathCause, HostState, JobState, Replica, ReplicaState
+from controller.core.pending_writes import REPLICAS
 from controller.core.restarts import host_can_run
 
 
@@ -57,7 +58,7 @@ class JobLifecycle:
         if not decision.fail:
             return
         self.failed_at, self.job_end_reason = now, clip_text(decision.reason, self.settings.max_reason_chars)
-        self.dirty_replicas = True
+        self.writes.mark(REPLICAS)
         self.round_reason, self.round_wake_at = "the job is FAILED", None
         self._event(now, "job_failed", self.settings.job_id, f"job {self.settings.job_id} FAILED: {decision.reason}")
 
@@ -138,7 +139,7 @@ class JobLifecycle:
             return
         self.completed_at = now
         self.job_end_reason = f"{finished} replica(s) finished, {len(states) - finished} dead"
-        self.dirty_replicas = True
+        self.writes.mark(REPLICAS)
         self.round_reason = "the job is COMPLETED"
         self._event(now, "job", self.settings.job_id, f"job {self.settings.job_id} COMPLETED: {self.job_end_reason}")
 

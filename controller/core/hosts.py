@@ -11,6 +11,7 @@ from controller.core.checks import (
 from controller.core.errors import FailedPrecondition, InvalidArgument, NotFound, PermissionDenied, RetryLater
 from controller.core.identity import secret_matches
 from controller.core.model import Assignment, DeathCause, Host, HostState, OrderOut
+from controller.core.pending_writes import REPLICAS, host_section
 from controller.core.rendezvous import Endpoints, check_host_address, endpoints
 from controller.core.roles import reconcile_spare_claim
 from controller.core.sizes import encode_section, host_reservation_bytes
@@ -359,9 +360,8 @@ class HostRegistry:
     def _touch(self, h: Host, urgent: bool = False) -> None:
         """Mark the host's snapshot shard for writing; urgent changes are written before
         the request that made them is answered, the rest within a tick."""
-        self.dirty_host_shards.add(host_shard(h.host_id))
+        self.writes.mark(host_section(host_shard(h.host_id)), urgent)
         self.encoded_hosts.pop(h.host_id, None)
-        self.urgent_hosts = self.urgent_hosts or urgent
 
     def _cordon(self, h: Host, by: str, reason: str, now: float) -> None:
         h.cordoned, h.cordon_reason, h.cordon_by = True, clip_text(reason, MAX_CORDON_REASON_CHARS), by
@@ -406,7 +406,7 @@ class HostRegistry:
         self.restart_replica(a.replica_id, f"rebuilds after host {failed.host_id} failed", skip=spare,
                              version=spare.assignment_version)
         self.swaps += 1
-        self.dirty_replicas = True
+        self.writes.mark(REPLICAS)
         why = f"host {spare.host_id} takes {a.describe()} from host {failed.host_id} ({choice.reason})"
         self._event(now, "swap", failed.host_id, why)
         self._orders_event(first, now)

@@ -10,6 +10,7 @@ from controller.core.checks import (
 from controller.core.diagnosis.sdc import check_rank_digests
 from controller.core.errors import FailedPrecondition, InvalidArgument
 from controller.core.model import SETTLED, DeathCause, Quorum, Replica, ReplicaState
+from controller.core.pending_writes import REPLICAS, addresses_section
 from controller.core.digests import check_digest
 from controller.core.plausible import step_problem
 from controller.core.quorum import RoundView, compute_quorum, form_quorum, quorate_since
@@ -90,11 +91,11 @@ class ReplicaRegistry:
         r.last_seen = now
         if ftar and ftar != r.ftar_addresses:
             r.ftar_addresses = ftar
-            self.dirty_addresses.add(rid)
+            self.writes.mark(addresses_section(rid))
             self.round_renewed.add(rid)
         if state and state != r.state_addresses:
             r.state_addresses = state
-            self.dirty_addresses.add(rid)
+            self.writes.mark(addresses_section(rid))
             self.round_renewed.add(rid)
         if restarted:
             self.round_renewed.add(rid)
@@ -175,7 +176,7 @@ class ReplicaRegistry:
             derivable = q.quorum_id == r.given_quorum_id and q.max_step == r.committed_step + 1
             r.given_quorum_id, r.given_step, r.given_restored = q.quorum_id, q.max_step, False
             if not derivable:
-                self.dirty_replicas = True
+                self.writes.mark(REPLICAS)
             if m.healthy:
                 self._transition(r, ReplicaState.HEALTHY, f"in quorum {q.quorum_id}" + (
                     f": no member holds the reference state, so training goes on from {r.replica_id}'s state"
@@ -197,7 +198,7 @@ class ReplicaRegistry:
                         f"{q.max_step}, lr_scale {q.lr_scale:.3f} ({q.reason})")
             self.quorum_history.append(q)
             del self.quorum_history[: -s.recent_quorums]
-            self.dirty_replicas = True
+            self.writes.mark(REPLICAS)
         self.quorum = q
         self.round_joined = {}
         self.round_renewed = set()
@@ -241,7 +242,7 @@ class ReplicaRegistry:
             return
         self.history_changes[kind] = self.history_changes.get(kind, 0) + 1
         self.history_epoch += 1
-        self.dirty_replicas = True
+        self.writes.mark(REPLICAS)
 
     def _lose(self, kind: str, steps: int) -> None:
         self.steps_lost[kind] = self.steps_lost.get(kind, 0) + max(steps, 0)
@@ -318,7 +319,7 @@ class ReplicaRegistry:
         r.last_loss, r.last_step_time_s = loss, step_time_s
         r.tokens += tokens
         self.steps_committed += 1
-        self.dirty_replicas = True
+        self.writes.mark(REPLICAS)
         if r.state == ReplicaState.BEHIND and self.quorum and step >= self.quorum.max_step:
             self._transition(r, ReplicaState.HEALTHY, f"caught up and committed step {step}", now)
         if digest:
@@ -334,6 +335,7 @@ class ReplicaRegistry:
         reason = clip_text(reason, self.settings.max_reason_chars)
         r.failed_commit = True
         r.last_seen = now
+        self.writes.mark(REPLICAS)  # the retry it allows (a new quorum id) must survive a failover
         self._event(now, "commit_failed", replica_id,
                     f"replica {replica_id} failed to commit step {step}: {reason or 'no reason given'}")
 
@@ -426,7 +428,7 @@ class ReplicaRegistry:
         if state in (ReplicaState.DIVERGED, ReplicaState.HEALTHY):
             r.must_resync = state == ReplicaState.DIVERGED  # cleared only by becoming HEALTHY
         self._live = None
-        self.dirty_replicas = True
+        self.writes.mark(REPLICAS)
         if changed:
             self._event(now, "death" if state == ReplicaState.DEAD else "replica", r.replica_id,
                         f"replica {r.replica_id} became {state.value}: {reason}", cause)

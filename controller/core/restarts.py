@@ -24,6 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from controller.core.model import Host, HostState
+from controller.core.pending_writes import REPLICAS
 
 
 @dataclass(frozen=True)
@@ -72,7 +73,7 @@ class ReplicaRestarts:
             r = self.replicas.get(rid)
             if r is not None:
                 r.restarts += 1
-                self.dirty_replicas = True
+                self.writes.mark(REPLICAS)
             self._event(now, "replica_restart", rid,
                         f"replica {rid} restarts its ranks on {restarted} host(s) together: {why} ({decision.reason})")
         self._orders_event(first, now)

@@ -1,8 +1,10 @@
 """ControllerState: the whole picture the controller decides on, and its durable snapshot.
 
 Every method takes `now` (seconds) from the caller; nothing here reads a clock, opens a
-socket or touches the store. The service applies a request, then drains `outbox` (orders
-for agents) and persists the snapshot when `dirty_*` is set.
+socket or touches the store. The service changes it only through `ControllerCore.step`
+(controller/core/core.py), which hands back what a change asks for: the store sections it
+left unwritten (`writes`, controller/core/pending_writes.py), the orders for agents
+(`outbox`) and the events.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from controller.core.model import (
     Assignment, Event, Host, HostState, Member, OrderOut, Quorum, Replica, ReplicaState,
 )
 from controller.core.replicas import ReplicaRegistry
+from controller.core.pending_writes import JOURNAL, REPLICAS, PendingWrites
 from controller.core.restarts import ReplicaRestarts
 from controller.core.sizes import ShardBudget, digest_ledger_budget
 from controller.core.suspects import Suspects
@@ -91,14 +94,8 @@ class ControllerState(ReplicaRegistry, HostRegistry, ReplicaRestarts, Divergence
         self.swaps = 0
         self.deaths: dict[str, int] = {}
         self.rank_holders: dict[tuple[str, int], str] = {}
-        self.dirty_replicas = False
-        #: replicas whose rank addresses changed (persisted apart: they are large and rarely change)
-        self.dirty_addresses: set[str] = set()
-        self.dirty_journal = False
-        #: the journal holds a warning or error not yet written: write it before answering
-        self.urgent_journal = False
-        self.dirty_host_shards: set[int] = set()
-        self.urgent_hosts = False
+        #: the store sections changed and not yet handed out for writing (pending_writes.py)
+        self.writes = PendingWrites()
         #: recent steps' replica digests, compared per step (bounded; not persisted)
         self.digest_ledger = DigestLedger(settings.digest_steps_kept, settings.digest_wait_s)
         self.digest_mismatches = 0
@@ -159,7 +156,7 @@ class ControllerState(ReplicaRegistry, HostRegistry, ReplicaRestarts, Divergence
         self.assignment_seq += 1
         if self.assignment_seq > self.version_ceiling:
             self.version_ceiling = self.assignment_seq + VERSION_BLOCK
-            self.dirty_replicas = True
+            self.writes.mark(REPLICAS)
         return self.assignment_seq
 
     def heartbeat_replicas(self, replica_ids, now: float) -> list[str]:
@@ -185,6 +182,11 @@ class ControllerState(ReplicaRegistry, HostRegistry, ReplicaRestarts, Divergence
         out, self.outbox = self.outbox, []
         return out
 
+    def undelivered(self, orders) -> None:
+        """Orders taken but not delivered (their decisions' write failed): they go out with the
+        next write that succeeds, before any newer ones."""
+        self.outbox[:0] = list(orders)
+
     def take_events(self) -> list[Event]:
         out, self.fresh_events = self.fresh_events, []
         return out
@@ -207,10 +209,22 @@ class ControllerState(ReplicaRegistry, HostRegistry, ReplicaRestarts, Divergence
             self.event_tiers = retention.counts(self.events)
         retention.admit(self.events, self.event_tiers, event, self.settings.recent_events)  # kept by level
         self.fresh_events.append(event)
-        self.dirty_journal = True
-        self.urgent_journal = self.urgent_journal or event.level != "info"
+        self.writes.mark(JOURNAL, urgent=event.level != "info")
 
     # -- durable snapshot --------------------------------------------------------------------
+
+    def snapshot_section(self, section: str) -> dict | bytes:
+        """What the store section `section` (controller.core.pending_writes) holds now."""
+        kind, _, name = section.partition("/")
+        if kind == REPLICAS:
+            return self.snapshot_replicas()
+        if kind == JOURNAL:
+            return self.snapshot_journal()
+        if kind == "addresses":
+            return self.snapshot_addresses(name)
+        if kind == "hosts":
+            return self.encoded_host_shard(int(name))
+        raise ValueError(f"unknown store section {section!r}")
 
     def snapshot_replicas(self) -> dict:
         """Written before answering: small, and on the hot path of every committed step."""
@@ -324,8 +338,7 @@ class ControllerState(ReplicaRegistry, HostRegistry, ReplicaRestarts, Divergence
         # Every version given before this point is at most the ceiling: continue above it.
         self.assignment_seq = self.version_ceiling
         self.reserve_restored_hosts()
-        self.dirty_replicas, self.dirty_host_shards, self.urgent_hosts = False, set(), False
-        self.dirty_addresses, self.dirty_journal, self.urgent_journal = set(), False, False
+        self.writes.clear()  # what was loaded is what the store holds
 
 
 def _beat(records: dict, ids, dead, now: float) -> list[str]:

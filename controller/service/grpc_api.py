@@ -1,4 +1,5 @@
-"""gRPC handlers: validate, call the state, convert the answer. Refusals map in errors.py."""
+"""gRPC handlers: validate, step the core with the request's command, convert the answer.
+Refusals map in errors.py."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import logging
 import grpc
 
 from controller.core.checks import check_id, shown
+from controller.core import commands as c
 from controller.service import callers, decoding
 from controller.core.errors import FailedPrecondition, InvalidArgument, RequestError
 from controller.core.identity import hash_secret
@@ -61,17 +63,14 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
         The quorum port (quorum_port.py) joins through here too; `context` is the call, or
         the port's connection, which answers `auth_context()` alike."""
         self._check_leader(request, context)
-        state = self.server.require_leader()
-        state.join(JoinRequest(
+        fut = asyncio.get_running_loop().create_future()
+        self.server.join(JoinRequest(
             replica_id=request.replica_id, step=request.step, world_size=request.world_size,
             # the lists are counted before they are copied (a million entries cost nothing)
             incarnation=request.incarnation, ftar_addresses=request.ftar_addresses,
             state_addresses=request.state_addresses, leader_address=request.leader_address,
             host_id=request.host_id,
-        ), self.server.clock())
-        fut = asyncio.get_running_loop().create_future()
-        self.server.waiters[request.replica_id].append((fut, request.known_quorum_id, encoded))
-        self.server.settle_soon()
+        ), (fut, request.known_quorum_id, encoded))
         return fut
 
     async def _join(self, request: pb.QuorumRequest, context, encoded: bool):
@@ -121,9 +120,8 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
             except RequestError as exc:
                 refuse(context, "Heartbeat", exc)
                 return
-            now = self.server.clock()
             state = self.server.state
-            unknown = state.heartbeat_hosts(beat.host_ids, now) + state.heartbeat_replicas(beat.replica_ids, now)
+            unknown = self.server.step_now(c.Heartbeat(tuple(beat.host_ids), tuple(beat.replica_ids)))
             yield pb.HeartbeatResponse(unknown_ids=unknown, job_state=JOB_STATES[state.job_state],
                                        job_state_reason=state.job_end_reason if state.job_over else "")
 
@@ -134,35 +132,31 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
     async def report_step(self, request: pb.ReportStepRequest, context) -> pb.ReportStepResponse:
         """A leader's commit report, answered once the store holds it (the quorum port's too)."""
         self._check_leader(request, context)
-        self.server.require_leader().report_step(
-            request.replica_id, request.step, self.server.clock(), quorum_id=request.quorum_id, loss=request.loss,
+        await self.server.apply(c.ReportStep(
+            request.replica_id, request.step, quorum_id=request.quorum_id, loss=request.loss,
             step_time_s=request.step_time_s, tokens=request.tokens, host_id=request.host_id,
             digest=request.digest, caught_up=request.caught_up, rank_digests=tuple(request.rank_digests),
-            checkpoint_step=request.checkpoint_step if request.HasField("checkpoint_step") else None)
-        await self.server.persist_shared()
+            checkpoint_step=request.checkpoint_step if request.HasField("checkpoint_step") else None), shared=True)
         return pb.ReportStepResponse()
 
     @unary
     async def ReportFinished(self, request, context):
         self._check_leader(request, context)
-        job_state = self.server.require_leader().report_finished(
-            request.replica_id, request.step, self.server.clock(), reason=request.reason, host_id=request.host_id)
-        await self.server.settle()
+        job_state = await self.server.apply(c.ReportFinished(request.replica_id, request.step, reason=request.reason,
+                                                             host_id=request.host_id))
         return pb.ReportFinishedResponse(job_state=JOB_STATES[job_state])
 
     @unary
     async def ReportFailure(self, request, context):
         self._check_leader(request, context)
-        state = self.server.require_leader()
-        now = self.server.clock()
         if request.kind == pb.ReportFailureRequest.COMMIT_FAILED:
-            state.report_commit_failed(request.replica_id, request.step, request.reason, now,
-                                       quorum_id=request.quorum_id, host_id=request.host_id)
+            command = c.ReportCommitFailed(request.replica_id, request.step, request.reason,
+                                           quorum_id=request.quorum_id, host_id=request.host_id)
         elif request.kind == pb.ReportFailureRequest.REPLICA_DEAD:
-            state.report_replica_dead(request.replica_id, request.reason, now, host_id=request.host_id)
+            command = c.ReportReplicaDead(request.replica_id, request.reason, host_id=request.host_id)
         else:
             raise InvalidArgument(f"failure kind {request.kind} is not COMMIT_FAILED or REPLICA_DEAD.")
-        await self.server.settle()
+        await self.server.apply(command)
         return pb.ReportFailureResponse()
 
     @unary
@@ -176,13 +170,12 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
         callers.check_registration(self.server, request)
         claimed = from_proto_assignment(request.assignment) if request.HasField("assignment") else None
         secret = new_agent_secret()
-        assignment, reason = state.register_agent(
-            request.host_id, request.incarnation, self.server.clock(), spare=request.spare,
-            slots=request.slots, labels=request.labels, assignment=claimed, secret_hash=hash_secret(secret),
+        assignment, reason = await self.server.apply(c.RegisterAgent(
+            request.host_id, request.incarnation, spare=request.spare, slots=request.slots,
+            labels=request.labels, assignment=claimed, secret_hash=hash_secret(secret),
             address=request.address, rendezvous_port=request.rendezvous_port,
             coordinator_port=request.coordinator_port, previous_secret=request.previous_secret,
-            standby=request.standby)
-        await self.server.settle()
+            standby=request.standby))
         host = state.hosts[request.host_id]
         issued = host.secret_hash == hash_secret(secret)
         rid = assignment.replica_id if assignment else ""
@@ -211,7 +204,7 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
             old.put_nowait(None)
         server.order_streams[request.host_id] = queue
         pending = server.pending_orders.pop(request.host_id, None)
-        first = state.orders_on_connect(request.host_id, pending)
+        first = server.step_now(c.ConnectOrders(request.host_id, pending))
         if pending is not None and pending not in first:
             log.info("host %s: dropped order %s %s, superseded by its current assignment", request.host_id,
                      pending.order_id, pending.kind)
@@ -232,15 +225,14 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
         state = self.server.require_leader()
         self.server.check_peer_may_act_as(context, request.host_id)
         state.authenticate_agent(request.host_id, request.agent_secret)
-        state.ack_order(request.host_id, request.order_id, request.ok, request.error, self.server.clock())
+        await self.server.apply(c.AckOrder(request.host_id, request.order_id, request.ok, request.error))
         return pb.AckOrderResponse()
 
     @unary
     async def ReportTelemetry(self, request, context):
         state = self.server.require_leader()
         self.server.check_peer_may_act_as(context, request.host_id)
-        ignored = state.report_telemetry(from_proto_report(request), request.agent_secret, self.server.clock())
-        await self.server.settle()
+        ignored = await self.server.apply(c.Telemetry(from_proto_report(request), request.agent_secret))
         return pb.TelemetryResponse(ignored=ignored[:64])
 
     @unary
@@ -248,11 +240,9 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
         state = self.server.require_leader()
         self.server.check_peer_may_act_as(context, request.host_id)
         state.authenticate_agent(request.host_id, request.agent_secret)
-        state.trainer_exit(
-            request.host_id, request.replica_id, request.rank, self.server.clock(),
-            exit_code=request.exit_code, signal=request.signal, stderr_tail=request.stderr_tail,
-            gave_up=request.gave_up, version=request.version)
-        await self.server.settle()
+        await self.server.apply(c.TrainerExit(
+            request.host_id, request.replica_id, request.rank, exit_code=request.exit_code, signal=request.signal,
+            stderr_tail=request.stderr_tail, gave_up=request.gave_up, version=request.version))
         return pb.TrainerExitResponse()
 
     @unary
@@ -260,8 +250,7 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
         state = self.server.require_leader()
         self.server.check_peer_may_act_as(context, request.host_id)
         state.authenticate_agent(request.host_id, request.agent_secret)
-        state.deregister_agent(request.host_id, request.incarnation, request.reason, self.server.clock())
-        await self.server.settle()
+        await self.server.apply(c.DeregisterAgent(request.host_id, request.incarnation, request.reason))
         return pb.DeregisterAgentResponse()
 
 

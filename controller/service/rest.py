@@ -16,6 +16,7 @@ from pydantic import BaseModel
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from controller.core.checks import ID_PATTERN
+from controller.core.commands import Cordon, Drain, Uncordon
 from controller.core.diagnosis.findings import FindingKind
 from controller.core.errors import RequestError
 from controller.core.state import ControllerState
@@ -218,20 +219,17 @@ def make_app(server) -> FastAPI:
 
     @app.post("/api/v1/hosts/{host_id}/drain", responses=ADMIN_PROBLEMS, summary="Move a host's work to a spare, then stop it (admin)")
     async def drain(host_id: HostId, state: Admin):
-        message = state.drain(host_id, server.clock())
-        await server.settle()
+        message = await server.apply(Drain(host_id))
         return {"host_id": host_id, "result": message}
 
     @app.post("/api/v1/hosts/{host_id}/cordon", responses=ADMIN_PROBLEMS, summary="Keep a host out of the spare pool (admin)")
     async def cordon(host_id: HostId, state: Admin, reason: Annotated[str, Query(max_length=512)] = ""):
-        state.cordon(host_id, reason, server.clock())
-        await server.settle()
+        await server.apply(Cordon(host_id, reason))
         return {"host_id": host_id, "cordoned": True}
 
     @app.post("/api/v1/hosts/{host_id}/uncordon", responses=ADMIN_PROBLEMS, summary="Return a host to service (admin)")
     async def uncordon(host_id: HostId, state: Admin):
-        state.uncordon(host_id, server.clock())
-        await server.settle()
+        await server.apply(Uncordon(host_id))
         return {"host_id": host_id, "cordoned": False}
 
     @app.get("/metrics", include_in_schema=False)

@@ -16,6 +16,7 @@ import ssl
 import time
 import uuid
 from collections import defaultdict
+from dataclasses import replace
 
 import grpc
 import uvicorn
@@ -26,10 +27,12 @@ from controller.core.errors import PermissionDenied
 from controller.core.hosts import HOST_SHARDS
 from controller.core.identity import CertBinding
 from controller.core.model import Event, OrderOut
-from controller.core.sizes import encode_section, fit_journal, value_limit
+from controller.core.commands import CloseRound, ConnectionLost, Join, LeaveRound, Takeover, Tick, WriteFailed
+from controller.core.core import ControllerCore
+from controller.core.pending_writes import write_order
+from controller.core.ready import Ready
+from controller.core.replicas import JoinRequest
 from controller.core.state import ControllerState
-from controller.core.write_rules import foreground_writes, mark_unwritten, sections_due
-from controller.core.store_health import WriteStreak
 from controller.service import event_log
 from controller.service.errors import NotLeader
 from controller.service.grpc_api import SERVICE_NAME, ControllerServicer, add_to_server
@@ -38,6 +41,7 @@ from controller.service.orders import to_proto_order
 from controller.service.peer import certificate_identities
 from controller.service.quorum_answer import QuorumAnswers
 from controller.service.quorum_port import QuorumPort
+from controller.service.section_writer import SectionsUnwritten, SectionWriter
 from controller.settings import ControllerSettings
 from controller.store import Leadership, MemoryStore, Store, StoreError
 from protos.job_secret import JobSecret
@@ -70,7 +74,6 @@ class ControllerServer:
         self.http_tls = http_tls
         rule = self.settings.bind_client_cert_to_host
         self.cert_binding = CertBinding(rule).validate() if rule else None
-        self.write_streak = WriteStreak()
         self._abdication: str | None = None
         self.host, self.grpc_port, self.http_port = host, grpc_port, http_port
         self.store: Store = store or MemoryStore()
@@ -82,7 +85,8 @@ class ControllerServer:
         #: while a standby: the leader's advertised address, as the store last said
         self.leader_address = ""
         self.clock = clock
-        self.state: ControllerState | None = None
+        #: the core this controller decides with while it leads (None: a standby)
+        self.core: ControllerCore | None = None
         self.leading = False
         self.leadership: Leadership | None = None
         self.metrics = Metrics(self)
@@ -94,13 +98,12 @@ class ControllerServer:
         #: host is told its current assignment; see HostRegistry.orders_on_connect)
         self.pending_orders: dict[str, OrderOut] = {}
         self.grpc_address = self.http_url = ""
-        self._revisions: dict[str, int | None] = {}
-        self._persist_lock = asyncio.Lock()
+        self.writer = SectionWriter(self)
         self._poke = asyncio.Event()
         self._settle_scheduled = False
         self._settling: set[asyncio.Task] = set()
-        #: the shared write the callers of persist_shared in this pass of the loop wait for
-        self._persist_batch: asyncio.Future | None = None
+        #: joins of this pass of the loop, whose Readys the next settle carries out
+        self._joins_pending: list[Ready] = []
         self._last_wake: float | None = None
         self._tasks: list[asyncio.Task] = []
         self._grpc: grpc.aio.Server | None = None
@@ -159,6 +162,7 @@ class ControllerServer:
     async def stop(self) -> None:
         for task in list(self._settling):
             task.cancel()
+        self.writer.cancel()
         for task in self._tasks:
             if task.get_name() != "http":
                 task.cancel()
@@ -198,17 +202,12 @@ class ControllerServer:
                     await self._let_go(leadership)
                 await asyncio.sleep(0.5)
                 continue
-            # Clients lost the old leader and back off; give them a reconnect cycle to find us
-            # before silence counts (an empty store means a first start: nobody to wait for).
-            if state.hosts or state.replicas:
-                state.forgive_silence(self.clock(), self.settings.takeover_grace_s,
-                                      f"controller {self.candidate} took over")
-            self.state, self.leadership, self.leading = state, leadership, True
+            self.core, self.leadership, self.leading = ControllerCore(state), leadership, True
             self.leader_address = self.advertise_address
             await self._announce(leadership)
-            state.leader_elected(self.candidate, self.clock())
-            self._drain_telemetry(state)
-            self.write_streak = WriteStreak()
+            # Clients lost the old leader and back off: they get a reconnect cycle to find us
+            # before silence counts.
+            self.step_now(Takeover(self.candidate, self.settings.takeover_grace_s))
             self._set_health(True)
             log.info("controller %s became leader (quorum id %s)", self.candidate,
                      state.quorum.quorum_id if state.quorum else 0)
@@ -229,13 +228,18 @@ class ControllerServer:
         self.leadership = None
         await asyncio.sleep(self.settings.lease_ttl_s)
 
-    def _abdicate(self, why: str) -> None:
+    def abdicate(self, why: str) -> None:
         """Step down because the store keeps refusing writes (see WriteStreak)."""
         if self._abdication is None and self.leadership is not None:
             self._abdication = why
             log.error("controller %s steps down: %s", self.candidate, why)
             self._step_down(why)
             self.leadership.lost.set()
+
+    def deposed(self, why: str) -> None:
+        """Another controller leads: a write was refused."""
+        self.leadership.lost.set()
+        self._step_down(why)
 
     def _step_down(self, why: str) -> None:
         if not self.leading:
@@ -262,16 +266,16 @@ class ControllerServer:
         standby shows."""
         state = ControllerState(self.settings)
         sections = ["replicas", "journal"] + [f"hosts/{i}" for i in range(HOST_SHARDS)]
-        found = {section: await self.store.get(self._key(section)) for section in sections}
+        found = {section: await self.store.get(self.key(section)) for section in sections}
         loaded = {section: json.loads(v.value) if v.value else None for section, v in found.items()}
         for rid in [d["replica_id"] for d in (loaded["replicas"] or {}).get("replicas", ())]:
             section = f"addresses/{rid}"
-            found[section] = await self.store.get(self._key(section))
+            found[section] = await self.store.get(self.key(section))
             loaded[section] = json.loads(found[section].value) if found[section].value else None
         addresses = {k.split("/", 1)[1]: v for k, v in loaded.items() if k.startswith("addresses/") and v}
         state.restore(loaded["replicas"], [loaded[s] for s in sections[2:]], self.clock(), addresses, loaded["journal"])
         if for_writing:
-            self._revisions = {section: v.revision for section, v in found.items()}
+            self.writer.start_leading({section: v.revision for section, v in found.items()})
         return state
 
     async def _let_go(self, leadership: Leadership) -> None:
@@ -283,7 +287,7 @@ class ControllerServer:
     async def _announce(self, leadership: Leadership) -> None:
         """Write where clients reach the new leader, so standbys can point them there. Best
         effort: without it standbys only say "not leader"; a refused write means we lost."""
-        key = self._key("leader")
+        key = self.key("leader")
         record = json.dumps({"candidate": self.candidate, "address": self.advertise_address}).encode()
         try:
             revision = (await self.store.get(key)).revision
@@ -298,7 +302,7 @@ class ControllerServer:
         while True:
             if not self.leading:
                 try:
-                    found = await self.store.get(self._key("leader"))
+                    found = await self.store.get(self.key("leader"))
                     record = json.loads(found.value) if found.value else {}
                     current = await self.store.leader()
                     self.leader_address = record.get("address", "") if current and current == record.get(
@@ -307,6 +311,11 @@ class ControllerServer:
                     log.debug("could not read the leader's address: %s", exc)
                     self.leader_address = ""
             await asyncio.sleep(LEADER_WATCH_S)
+
+    @property
+    def state(self) -> ControllerState | None:
+        """The state the core decides on (read-only outside the core's steps)."""
+        return self.core.state if self.core is not None else None
 
     def require_leader(self) -> ControllerState:
         if not self.leading or self.state is None:
@@ -320,61 +329,115 @@ class ControllerServer:
         for name in ("", SERVICE_NAME):
             self._health.set(name, status)
 
-    def _key(self, section: str) -> str:
+    def key(self, section: str) -> str:
         return f"jobs/{self.settings.job_id}/{section}"
 
-    # -- after every change ------------------------------------------------------------------
+    # -- the core's steps, carried out -------------------------------------------------------
+
+    def step(self, command) -> Ready:
+        """One step of the core (as the leader); its events and observations leave at once,
+        and the ticker is moved when the core wants to be woken at another time."""
+        self.require_leader()
+        ready = self.core.step(command, self.clock())
+        self._telemetry(ready)
+        if ready.wake_at != self._last_wake:
+            self._last_wake = ready.wake_at
+            self._poke.set()
+        return ready
+
+    async def apply(self, command, *, shared: bool = False):
+        """Step, then carry out what the step asks (writes first, then orders and answers);
+        returns the command's answer. `shared`: the write is shared by every caller of this
+        pass of the event loop (commit reports)."""
+        ready = self.step(command)
+        await self._carry_out(ready, self._round_outcome(ready), shared)
+        return ready.answer
+
+    def step_now(self, command):
+        """A step whose answer may leave before its writes (it claims nothing durable:
+        heartbeats, a join that left, an order stream opened): they follow in a task."""
+        ready = self.step(command)
+        if ready.writes or ready.orders:
+            self._spawn(self._carry_out_logged(ready, []))
+        return ready.answer
 
     async def settle(self) -> None:
-        """Close the round if due, answer or fail waiters, deliver orders, persist."""
-        answered = self._close_round()
-        await self._persist_then_answer(answered)
+        """Look at the round (it closes if due), and carry out what is pending."""
+        await self.apply(CloseRound())
 
-    def _close_round(self) -> list[tuple[asyncio.Future, int, bool]]:
-        """The decision part of a settle: close the round if due (returning the waiters its
-        quorum answers, not yet answered), fail waiters dropped from the round, and move the
-        ticker's wake-up. No I/O, no await."""
-        state = self.require_leader()
-        now = self.clock()
-        first_join = state.round_first_join_at
-        q = state.try_close_round(now)
+    def _round_outcome(self, ready: Ready) -> list[tuple[asyncio.Future, int, bool]]:
+        """The waiting joins `ready`'s quorum answers (not yet answered), after failing the
+        waiters dropped from the round. No I/O, no await."""
         answered = []
+        q = ready.quorum
         if q is not None:
-            self.answers.prepare(q, state, self.quorum_address)
+            self.answers.prepare(q, self.state, self.quorum_address)
             for rid in [m.replica_id for m in q.members]:
                 answered.extend(self.waiters.pop(rid, []))
-            if first_join is not None:
-                self.metrics.quorum_latency.observe(max(now - first_join, 0.0))
-        for rid in [rid for rid in self.waiters if rid not in state.round_joined]:
-            reason = state.replicas[rid].reason if rid in state.replicas else "unknown replica"
-            for fut, *_ in self.waiters.pop(rid):
-                if not fut.done():
-                    fut.set_exception(NotLeader(f"replica {rid} was dropped from the round: {reason}"))
-        if state.round_wake_at != self._last_wake:
-            self._last_wake = state.round_wake_at
-            self._poke.set()
+            if ready.quorum_wait_s is not None:
+                self.metrics.quorum_latency.observe(ready.quorum_wait_s)
+        if ready.round_members is not None:
+            for rid in [rid for rid in self.waiters if rid not in ready.round_members]:
+                r = self.state.replicas.get(rid)
+                reason = r.reason if r is not None else "unknown replica"
+                for fut, *_ in self.waiters.pop(rid):
+                    if not fut.done():
+                        fut.set_exception(NotLeader(f"replica {rid} was dropped from the round: {reason}"))
         return answered
 
-    async def _persist_then_answer(self, answered: list[tuple[asyncio.Future, int, bool]]) -> None:
+    async def _carry_out(self, ready: Ready, answered: list[tuple[asyncio.Future, int, bool]],
+                         shared: bool = False) -> None:
+        """Ready's rule: write, then deliver and answer, then write behind. A failed write
+        goes back to the core; the quorum's members hear the refusal instead of an answer that
+        is not durable (they join again)."""
         try:
-            await self.persist()
+            # an answer may follow from a write under way, or from one this pass of the loop shares
+            if ready.writes or self.writer.busy or (shared and self.writer.batch_open):
+                await (self.writer.write_shared if shared else self.writer.write)(ready.writes)
         except BaseException as exc:
-            # A quorum that is not durable must not be acted on: its members hear the refusal
-            # (and join again) instead of waiting for an answer that will not come.
+            if isinstance(exc, SectionsUnwritten) and self.leading:
+                self.core.step(WriteFailed(exc.unwritten, ready.orders), self.clock())
             refusal = exc if isinstance(exc, (NotLeader, StoreError)) else NotLeader(f"could not settle: {exc!r}")
             for fut, *_ in answered:
                 if not fut.done():
                     fut.set_exception(refusal)
             raise
+        self._deliver(ready.orders)
         self._answer(answered)
+        if ready.writes_behind:
+            try:
+                await self.writer.write(ready.writes_behind)
+            except SectionsUnwritten as exc:
+                if self.leading:
+                    self.core.step(WriteFailed(exc.unwritten), self.clock())
+                raise
 
     def _answer(self, answered: list[tuple[asyncio.Future, int, bool]]) -> None:
-        # Orders leave only once the decisions behind them are durable: a successor never
-        # finds an agent running an assignment it has no record of.
-        self.deliver_orders()
         for fut, known, encoded in answered:
             if not fut.done():
                 fut.set_result(self.answers.encoded(known) if encoded else self.answers.get(known))
+
+    async def _carry_out_logged(self, ready: Ready, answered) -> None:
+        try:
+            await self._carry_out(ready, answered)
+        except (NotLeader, StoreError) as exc:  # the joiners' futures carry it
+            log.warning("could not carry out a step: %s", exc)
+        except Exception as exc:  # noqa: BLE001 - a bug must not leave leaders waiting for ever
+            self._settle_failed(exc)
+
+    def _spawn(self, coro) -> None:
+        task = asyncio.ensure_future(coro)
+        self._settling.add(task)
+        task.add_done_callback(self._settling.discard)
+
+    def join(self, request: JoinRequest, waiter: tuple[asyncio.Future, int, bool]) -> None:
+        """Enter a join in the open round; `waiter` (future, the quorum id it knows, whether it
+        wants the answer's bytes) is answered by the settle that closes it (`settle_soon`),
+        which also carries out what the join asked."""
+        ready = self.step(Join(request))
+        self.waiters[request.replica_id].append(waiter)
+        self._joins_pending.append(ready)
+        self.settle_soon()
 
     def settle_soon(self) -> None:
         """Settle once for every join that arrived in this pass of the event loop: a burst of
@@ -390,32 +453,26 @@ class ControllerServer:
 
         def start() -> None:
             self._settle_scheduled = False
+            joins, self._joins_pending = self._joins_pending, []
             try:
-                answered = self._close_round()
-                state = self.state
-                if not self._persist_lock.locked() and not foreground_writes(state):
-                    self._drain_telemetry(state)
-                    self._answer(answered)
-                    return
+                ready = self.step(CloseRound())
+                answered = self._round_outcome(ready)
             except NotLeader as exc:  # stepped down: _step_down failed the waiters
                 log.warning("could not settle the round: %s", exc)
                 return
             except Exception as exc:  # noqa: BLE001 - a bug must not leave leaders waiting for ever
                 self._settle_failed(exc)
                 return
-            task = asyncio.ensure_future(self._settle_for_joiners(answered))
-            self._settling.add(task)
-            task.add_done_callback(self._settling.discard)
+            if joins:  # what the joins asked goes with the round's answer (a leader's new addresses)
+                ready = replace(ready, writes=write_order({w: None for j in joins for w in j.writes} | dict.fromkeys(
+                    ready.writes)), orders=tuple(o for j in joins for o in j.orders) + ready.orders)
+            if not ready.writes and not self.writer.busy:
+                self._deliver(ready.orders)
+                self._answer(answered)
+                return
+            self._spawn(self._carry_out_logged(ready, answered))
 
         asyncio.get_running_loop().call_soon(start)
-
-    async def _settle_for_joiners(self, answered: list[tuple[asyncio.Future, int, bool]]) -> None:
-        try:
-            await self._persist_then_answer(answered)
-        except (NotLeader, StoreError) as exc:  # the joiners' futures carry it
-            log.warning("could not settle the round: %s", exc)
-        except Exception as exc:  # noqa: BLE001 - a bug must not leave leaders waiting for ever
-            self._settle_failed(exc)
 
     def _settle_failed(self, exc: Exception) -> None:
         log.exception("settling the round failed")
@@ -433,121 +490,28 @@ class ControllerServer:
         if waiting:
             return
         self.waiters.pop(replica_id, None)
-        if self.leading and self.state is not None and self.state.leave_round(replica_id, why, self.clock()):
+        if self.leading and self.state is not None and self.step_now(LeaveRound(replica_id, why)):
             self._poke.set()
 
     def leader_connection_lost(self, replica_id: str, how: str) -> None:
         """A leader's connection (`how`) closed without goodbye: the core decides (its replica
         becomes suspect), the next settle closes the round without it if it may."""
-        if self.leading and self.state is not None and self.state.leader_connection_lost(replica_id, how, self.clock()):
+        if self.leading and self.state is not None and self.step_now(ConnectionLost(replica_id, how)):
             self._poke.set()
 
-    def deliver_orders(self) -> None:
-        for order in self.state.take_orders():
+    def _deliver(self, orders) -> None:
+        for order in orders:
             stream = self.order_streams.get(order.host_id)
             if stream is not None:
                 stream.put_nowait(to_proto_order(order))
             else:
                 self.pending_orders[order.host_id] = order  # supersedes any older one
 
-    async def persist(self, background: bool = False) -> None:
-        """Write dirty snapshot sections with compare-and-set; a refused write means this
-        controller no longer leads. Replicas (quorum ids, committed steps) and urgent host
-        changes (new registrations with their agent secret, swaps, cordons, deaths) are written
-        before the caller answers; repeated registrations and the journal (recent quorums,
-        events) are written behind, by the ticker (`background=True`). Every value is checked
-        against what one store write may hold first (`_encode`); failures count towards
-        stepping down (`WriteStreak`)."""
-        state = self.require_leader()
-        self._drain_telemetry(state)
-        async with self._persist_lock:
-            writes = []
-            addresses, replicas, journal, hosts = sections_due(state, background)
-            if addresses:
-                changed, state.dirty_addresses = sorted(state.dirty_addresses), set()
-                writes += [(f"addresses/{rid}", state.snapshot_addresses(rid)) for rid in changed]
-            if replicas:
-                state.dirty_replicas = False
-                writes.append(("replicas", state.snapshot_replicas()))
-            if journal:
-                state.dirty_journal = state.urgent_journal = False
-                writes.append(("journal", state.snapshot_journal()))
-            if hosts:
-                shards, state.dirty_host_shards, state.urgent_hosts = sorted(state.dirty_host_shards), set(), False
-                writes += [(f"hosts/{i}", state.encoded_host_shard(i)) for i in shards]
-            for i, (section, snapshot) in enumerate(writes):
-                try:
-                    value = self._encode(section, snapshot)
-                    expected = self._revisions.get(section, 0)
-                    if expected is None:  # an earlier write's outcome is unknown: look
-                        expected = (await self.store.get(self._key(section))).revision
-                    revision = await self.store.cas(self._key(section), value, expected, self.leadership)
-                except StoreError as exc:
-                    self._revisions[section] = None
-                    mark_unwritten(state, [name for name, _ in writes[i:]])
-                    self.write_streak.failed(f"{section}: {exc}", self.clock())
-                    why = self.write_streak.step_down_reason(
-                        self.clock(), max_failures=self.settings.store_failed_writes_to_step_down,
-                        max_failing_s=self.settings.store_failing_s_to_step_down)
-                    if why:
-                        self._abdicate(why)
-                    raise
-                self.write_streak.succeeded()
-                if revision is None:
-                    self.leadership.lost.set()
-                    self._step_down(f"the store refused a write to {section}")
-                    raise NotLeader(f"controller {self.candidate} was deposed; its write was refused")
-                self._revisions[section] = revision
-
-    async def persist_shared(self) -> None:
-        """persist(), one for all its callers in the same pass of the event loop: N leaders'
-        commit reports that arrive together cost one write of the replicas section, not N
-        (each write encodes every replica). A caller returns once a write that began after
-        its change has ended, or raises what that write raised."""
-        batch = self._persist_batch
-        if batch is None:
-            batch = self._persist_batch = asyncio.get_running_loop().create_future()
-            batch.add_done_callback(_retrieved)
-            task = asyncio.ensure_future(self._write_batch(batch))
-            self._settling.add(task)
-            task.add_done_callback(self._settling.discard)
-        await asyncio.shield(batch)
-
-    async def _write_batch(self, batch: asyncio.Future) -> None:
-        self._persist_batch = None  # a change from here on needs a later write
-        try:
-            await self.persist()
-        except asyncio.CancelledError:  # the server is stopping
-            batch.cancel()
-            raise
-        except Exception as exc:  # noqa: BLE001 - every caller hears it, as from its own persist()
-            batch.set_exception(exc)
-            return
-        batch.set_result(None)
-
-    def _drain_telemetry(self, state: ControllerState) -> None:
+    def _telemetry(self, ready: Ready) -> None:
         """Hand new events to the JSON event log and new observations to the histograms."""
-        events, observations = state.take_events(), state.goodput.take_observations()
         if self.settings.telemetry:
-            event_log.emit(self.settings.job_id, events)
-            self.metrics.observe(observations)
-
-    def _encode(self, section: str, snapshot: dict | bytes) -> bytes:
-        """A section's bytes, checked against what one store write may hold. The journal
-        (display only) loses its oldest entries instead; any other section that does not fit
-        is a bug in the up-front checks (controller.core.sizes): it is not sent, and counts
-        as a failed write."""
-        limit = value_limit(self.settings)
-        if section == "journal":
-            snapshot, dropped = fit_journal(snapshot, limit)
-            if dropped:
-                log.warning("the journal is over the store's limit: %d oldest entries left out of its durable copy",
-                            dropped)
-        value = snapshot if isinstance(snapshot, bytes) else encode_section(snapshot)
-        if len(value) > limit:
-            raise StoreError(f"section {section} is {len(value)} bytes, more than the {limit} a store write may "
-                             f"hold; not written")
-        return value
+            event_log.emit(self.settings.job_id, ready.events)
+            self.metrics.observe(ready.observations)
 
     def peer_problem(self, context, host_id: str) -> str | None:
         """Why the caller's client certificate may not act as `host_id` (None: it may, or no
@@ -564,8 +528,7 @@ class ControllerServer:
     async def _tick(self) -> None:
         tick_s = min(0.25, self.settings.heartbeat_timeout_s / 10)
         while True:
-            state = self.state
-            wake = state.round_wake_at
+            wake = self.state.round_wake_at
             delay = tick_s if wake is None else min(tick_s, max(wake - self.clock(), 0.001))
             self._poke.clear()
             try:
@@ -574,15 +537,8 @@ class ControllerServer:
                 pass
             if not self.leading:
                 return
-            state.expire(self.clock())
             try:
-                await self.settle()
-                await self.persist(background=True)
+                ready = self.step(Tick())
+                await self._carry_out(ready, self._round_outcome(ready))
             except (NotLeader, StoreError) as exc:
                 log.warning("tick could not settle: %s", exc)
-
-
-def _retrieved(batch: asyncio.Future) -> None:
-    """A batch whose callers were all cancelled is not reported as an exception never retrieved."""
-    if not batch.cancelled():
-        batch.exception()

@@ -7,6 +7,7 @@ import json
 import grpc
 import pytest
 
+from controller.core.commands import CloseRound, ReportStep
 from controller.service.server import ControllerServer
 from controller.store import MemoryStore, StoreError
 from protos import controller_pb2 as pb
@@ -220,8 +221,7 @@ async def test_commit_reports_of_one_pass_share_one_write_and_each_returns_after
     state, before = server.state, store.writes["replicas"]
 
     async def report(rid: str) -> int:
-        state.report_step(rid, 0, server.clock(), quorum_id=qid)
-        await server.persist_shared()
+        await server.apply(ReportStep(rid, 0, quorum_id=qid), shared=True)
         stored = json.loads((await store.get("jobs/t/replicas")).value)
         return next(r["committed_step"] for r in stored["replicas"] if r["replica_id"] == rid)
 
@@ -229,11 +229,12 @@ async def test_commit_reports_of_one_pass_share_one_write_and_each_returns_after
     assert store.writes["replicas"] == before + 1  # three reports, one write
     # A write that fails fails every caller that waited for it; none hears its change is durable.
     store.fail = "/replicas"
-    state.dirty_replicas = True  # a change to write
+    state.writes.mark("replicas")  # a change to write
     results = await asyncio.wait_for(asyncio.gather(
-        server.persist_shared(), server.persist_shared(), return_exceptions=True), WAIT_S)
+        server.apply(CloseRound(), shared=True), server.apply(CloseRound(), shared=True), return_exceptions=True),
+        WAIT_S)
     assert all(isinstance(r, StoreError) for r in results), results
     # Not stuck: the next write carries them.
     store.fail = ""
-    await asyncio.wait_for(server.persist_shared(), WAIT_S)
+    await asyncio.wait_for(server.apply(CloseRound(), shared=True), WAIT_S)
     assert store.writes["replicas"] == before + 2

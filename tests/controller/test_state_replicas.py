@@ -193,11 +193,11 @@ def test_snapshot_round_trip():
 def test_addresses_are_persisted_apart_and_only_on_change():
     s = fresh()
     join(s, "r0", 0, 0.0, world_size=1, ftar_addresses=("f:1",), state_addresses=("s:1",))
-    assert s.dirty_addresses == {"r0"}
-    s.dirty_addresses.clear()
+    assert "addresses/r0" in s.writes.pending()
+    s.writes.clear()
     join(s, "r0", 0, 1.0, world_size=1)  # empty means unchanged
     join(s, "r0", 0, 2.0, world_size=1, ftar_addresses=("f:1",), state_addresses=("s:1",))
-    assert s.dirty_addresses == set()
+    assert "addresses/r0" not in s.writes.pending()
     t = fresh()
     t.restore(s.snapshot_replicas(), [], 3.0, {"r0": s.snapshot_addresses("r0")})
     assert t.replicas["r0"].ftar_addresses == ("f:1",) and t.replicas["r0"].state_addresses == ("s:1",)
@@ -268,11 +268,11 @@ def test_fast_path_answers_are_not_written_down_and_a_successor_still_takes_thei
     q = form(s, {"r0": 0, "r1": 0, "r2": 0}, 0.0)
     for rid in ("r0", "r1", "r2"):
         s.report_step(rid, 0, 1.0, quorum_id=q.quorum_id)
-    s.dirty_replicas = False
+    s.writes.clear()
     snapshot = s.snapshot_replicas()  # what is durable: committed step 0, given step 0
     again = form(s, {"r0": 1, "r1": 1, "r2": 1}, 2.0)
     assert again.quorum_id == q.quorum_id and again.reason.startswith("fast path")
-    assert not s.dirty_replicas  # the answers (step 1) follow from what is durable
+    assert "replicas" not in s.writes.pending()  # the answers (step 1) follow from what is durable
     # The leader itself still wants exactly what it gave: one step ahead is refused.
     with pytest.raises(FailedPrecondition, match="last quorum answer was quorum .* at step 1"):
         s.report_step("r0", 2, 3.0, quorum_id=q.quorum_id)
