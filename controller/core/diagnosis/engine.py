@@ -9,11 +9,12 @@ per rank a live host runs, a few open windows per group, rank digests of the las
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from typing import Callable, NamedTuple
 
 from controller.core.digests import Verdict
-from controller.core.diagnosis.ages import plausible
+from controller.core.diagnosis.ages import AGE_SLACK_S, plausible
 from controller.core.diagnosis.findings import ActionKind, Entry, Finding, FindingKind, FindingLog
 from controller.core.diagnosis.hang import Excused, HostOf, MembersOf, find_hangs
 from controller.core.diagnosis.sdc import SdcTracker, attribute
@@ -70,6 +71,10 @@ class Diagnosis:
         self.digest_hosts: dict[int, dict[str, tuple[str | None, ...]]] = {}
         #: replica -> when the controller last declared it dead (its ranks' holders since are new)
         self.died_at: dict[str, float] = {}
+        #: rank -> when the process the controller forgot at its replica's death began (on the
+        #: controller's clock): a later report of that process (one in flight at the death, or
+        #: read while it stopped) is its predecessor's word, never the new process's
+        self.gone_began: dict[RankKey, float] = {}
         #: hang findings now in force, by key, as last decided
         self.active_hangs: dict[str, Reported] = {}
         self.next_analysis_at: float | None = None
@@ -99,6 +104,10 @@ class Diagnosis:
             if not accept(rk):
                 ignored.append(f"rank {rank_name(rk)}: host {report.host_id} does not run it")
                 continue
+            if self._predecessor(rk, now - r.recording_s):
+                ignored.append(f"rank {rank_name(rk)}: this telemetry is of the process that ran it before replica "
+                               f"{rk[0]} died or restarted (its recording began {r.recording_s:.1f} s ago); ignored")
+                continue
             r, cut = plausible(r, self.ranks.get(rk), report.host_id, now)
             ignored += cut
             self.ranks[rk] = RankView(report.host_id, now, r)
@@ -116,6 +125,17 @@ class Diagnosis:
                         verdicts += self.windows.add(key, w.index, size, rk, report.host_id, w.own_s, now,
                                                      w.disturbed)
         return self._stragglers(verdicts, now), ignored
+
+    def _predecessor(self, rk: RankKey, began: float) -> bool:
+        """Whether a report whose process began at `began` is of the process forgotten at its
+        replica's death (or an older one); a younger process's report clears the mark."""
+        gone = self.gone_began.get(rk)
+        if gone is None:
+            return False
+        if began <= gone + AGE_SLACK_S:
+            return True
+        del self.gone_began[rk]
+        return False
 
     def due(self, now: float) -> bool:
         if self.next_analysis_at is not None and now < self.next_analysis_at:
@@ -196,7 +216,8 @@ class Diagnosis:
         groups form anew), and a collective that began before its death waits on nobody there."""
         self.died_at[replica_id] = now
         for rk in [rk for rk in self.ranks if rk[0] == replica_id]:
-            del self.ranks[rk]
+            v = self.ranks.pop(rk)
+            self.gone_began[rk] = max(self.gone_began.get(rk, -math.inf), v.received_at - v.report.recording_s)
         for members in self._pools.values():
             members.difference_update([rk for rk in members if rk[0] == replica_id])
         self.windows.forget(lambda key: key.replica_id == replica_id)
