@@ -51,7 +51,9 @@ class Diagnosing:
                 continue
             decision = self._decide(entry.finding, now)
             if decision.action != ActionKind.HOLD or decision.reason != entry.decision.reason:
-                self._apply(d.log.redecide(entry_id, decision, now), now, again=True)
+                entry = d.log.redecide(entry_id, decision, now)
+                d.logged(entry.finding, entry)
+                self._apply(entry, now, again=True)
 
     def diagnose_verdicts(self, verdicts: list[Verdict], now: float) -> None:
         """Digest mismatches become SDC findings (hosts named by rank digests)."""
@@ -64,8 +66,17 @@ class Diagnosing:
     # -- internals ---------------------------------------------------------------------------
 
     def _decide_findings(self, findings: list[Finding], now: float) -> None:
+        """Each finding decided and logged; a hang decided before on less evidence (its suspect's
+        own telemetry read late) is decided again in its entry, with the evidence it has now."""
+        d = self.diagnosis
         for f in findings:
-            self._apply(self.diagnosis.log.add(f, self._decide(f, now), now), now)
+            decision = self._decide(f, now)
+            entry_id = d.redecides(f)
+            entry = d.log.redecide(entry_id, decision, now, f) if entry_id is not None else None
+            if entry is None:
+                entry = d.log.add(f, decision, now)
+            d.logged(f, entry)
+            self._apply(entry, now, again=entry_id is not None and entry.id == entry_id)
 
     def _decide(self, f: Finding, now: float):
         h = self.hosts.get(f.hosts[0]) if f.hosts else None

@@ -9,12 +9,13 @@ per rank a live host runs, a few open windows per group, rank digests of the las
 
 from __future__ import annotations
 
+import math
 from collections import deque
-from typing import Callable
+from typing import Callable, NamedTuple
 
 from controller.core.digests import Verdict
-from controller.core.diagnosis.ages import plausible
-from controller.core.diagnosis.findings import Finding, FindingLog
+from controller.core.diagnosis.ages import AGE_SLACK_S, plausible
+from controller.core.diagnosis.findings import ActionKind, Entry, Finding, FindingKind, FindingLog
 from controller.core.diagnosis.hang import Excused, HostOf, MembersOf, find_hangs
 from controller.core.diagnosis.sdc import SdcTracker, attribute
 from controller.core.diagnosis.settings import DiagnosisSettings
@@ -25,6 +26,32 @@ from controller.core.diagnosis.telemetry import HostReport, RankKey, RankView, g
 MAX_EVICTIONS_KEPT = 256
 #: A hang already reported is reported again when its confidence grew by this much.
 REPORT_AGAIN_CONFIDENCE = 0.2
+#: Decisions a hang's later evidence may change (not logged yet, reported only, held by a limit).
+UNDECIDED = (None, ActionKind.REPORT, ActionKind.HOLD)
+
+
+class Reported(NamedTuple):
+    """A hang finding in force, as it was last decided."""
+
+    #: its first host (the suspect)
+    host: tuple[str, ...]
+    confidence: float
+    #: what the evidence rule (policy rule 1b) weighed: the suspect's own telemetry, and how
+    #: many other hosts' telemetry shows it
+    support: tuple[bool, int]
+    #: the log entry it was decided in, and how (None until the caller logs it)
+    entry_id: int | None = None
+    action: ActionKind | None = None
+
+
+def support(f: Finding) -> tuple[bool, int]:
+    """The evidence a finding rests on: (its suspect's own telemetry shows it, other witnesses)."""
+    return f.own_evidence, len(set(f.witnesses) - set(f.hosts[:1]))
+
+
+def stronger(now: tuple[bool, int], before: tuple[bool, int]) -> bool:
+    """More evidence than before: own telemetry where there was none, or more other witnesses."""
+    return (now[0] and not before[0]) or now[1] > before[1]
 
 
 class Diagnosis:
@@ -44,8 +71,12 @@ class Diagnosis:
         self.digest_hosts: dict[int, dict[str, tuple[str | None, ...]]] = {}
         #: replica -> when the controller last declared it dead (its ranks' holders since are new)
         self.died_at: dict[str, float] = {}
-        #: hang findings now in force: key -> (first host, confidence) as last reported
-        self.active_hangs: dict[str, tuple[tuple[str, ...], float]] = {}
+        #: rank -> when the process the controller forgot at its replica's death began (on the
+        #: controller's clock): a later report of that process (one in flight at the death, or
+        #: read while it stopped) is its predecessor's word, never the new process's
+        self.gone_began: dict[RankKey, float] = {}
+        #: hang findings now in force, by key, as last decided
+        self.active_hangs: dict[str, Reported] = {}
         self.next_analysis_at: float | None = None
         self.evictions_at: deque[float] = deque(maxlen=MAX_EVICTIONS_KEPT)
         #: held findings (log entry id -> when first held), decided again until hold_s passed
@@ -73,6 +104,10 @@ class Diagnosis:
             if not accept(rk):
                 ignored.append(f"rank {rank_name(rk)}: host {report.host_id} does not run it")
                 continue
+            if self._predecessor(rk, now - r.recording_s):
+                ignored.append(f"rank {rank_name(rk)}: this telemetry is of the process that ran it before replica "
+                               f"{rk[0]} died or restarted (its recording began {r.recording_s:.1f} s ago); ignored")
+                continue
             r, cut = plausible(r, self.ranks.get(rk), report.host_id, now)
             ignored += cut
             self.ranks[rk] = RankView(report.host_id, now, r)
@@ -91,6 +126,17 @@ class Diagnosis:
                                                      w.disturbed)
         return self._stragglers(verdicts, now), ignored
 
+    def _predecessor(self, rk: RankKey, began: float) -> bool:
+        """Whether a report whose process began at `began` is of the process forgotten at its
+        replica's death (or an older one); a younger process's report clears the mark."""
+        gone = self.gone_began.get(rk)
+        if gone is None:
+            return False
+        if began <= gone + AGE_SLACK_S:
+            return True
+        del self.gone_began[rk]
+        return False
+
     def due(self, now: float) -> bool:
         if self.next_analysis_at is not None and now < self.next_analysis_at:
             return False
@@ -98,18 +144,46 @@ class Diagnosis:
         return True
 
     def analyze(self, now: float, members_of: MembersOf, host_of: HostOf, excused: Excused) -> list[Finding]:
-        """New findings: windows that waited long enough, and hangs not reported yet."""
+        """New findings: windows that waited long enough, hangs not reported yet, and hangs
+        whose evidence grew since they were decided (`redecides` names the entry to decide again)."""
         out = self._stragglers(self.windows.due(now), now)
         hangs = find_hangs(self.ranks, now, self.settings, members_of, host_of, excused, self.died_at)
-        out += [f for f in hangs if self._news(f)]
-        self.active_hangs = {f.key: (f.hosts[:1], f.confidence) for f in hangs}
+        active: dict[str, Reported] = {}
+        for f in hangs:
+            before = self.active_hangs.get(f.key)
+            if self._news(f, before):
+                out.append(f)
+                # the same suspect with more evidence is decided again in its entry; a new
+                # suspect (or a much surer one) is a new entry
+                same = before is not None and before.host == f.hosts[:1] and \
+                    f.confidence < before.confidence + REPORT_AGAIN_CONFIDENCE
+                active[f.key] = Reported(f.hosts[:1], f.confidence, support(f),
+                                         *((before.entry_id, before.action) if same else ()))
+            else:
+                active[f.key] = before._replace(confidence=f.confidence)
+        self.active_hangs = active
         return out
 
-    def _news(self, f: Finding) -> bool:
-        """A hang not reported yet, or one whose suspect changed or became much surer (peers
-        that timed out of a stuck collective leave the rank that never progresses alone)."""
-        before = self.active_hangs.get(f.key)
-        return before is None or before[0] != f.hosts[:1] or f.confidence >= before[1] + REPORT_AGAIN_CONFIDENCE
+    @staticmethod
+    def _news(f: Finding, before: Reported | None) -> bool:
+        """A hang not reported yet, one whose suspect changed or became much surer (peers that
+        timed out of a stuck collective leave the rank that never progresses alone), or one
+        with more evidence than it was decided with (the suspect's own telemetry, read late)."""
+        return before is None or before.host != f.hosts[:1] or \
+            f.confidence >= before.confidence + REPORT_AGAIN_CONFIDENCE or \
+            (before.action in UNDECIDED and stronger(support(f), before.support))
+
+    def redecides(self, f: Finding) -> int | None:
+        """The log entry `f` decides again (a hang decided before on less evidence), if any."""
+        seen = self.active_hangs.get(f.key) if f.kind == FindingKind.HANG else None
+        return seen.entry_id if seen is not None and seen.host == f.hosts[:1] else None
+
+    def logged(self, f: Finding, entry: Entry) -> None:
+        """`f` was decided in `entry` (a hang reported or held there is decided there again on
+        more evidence; one evicted, or dry-run, is done)."""
+        seen = self.active_hangs.get(f.key) if f.kind == FindingKind.HANG else None
+        if seen is not None and seen.host == f.hosts[:1]:
+            self.active_hangs[f.key] = seen._replace(entry_id=entry.id, action=entry.decision.action)
 
     def keep_rank_digests(self, replica_id: str, step: int, digests: tuple[str, ...],
                           hosts: tuple[str | None, ...] = ()) -> None:
@@ -142,7 +216,8 @@ class Diagnosis:
         groups form anew), and a collective that began before its death waits on nobody there."""
         self.died_at[replica_id] = now
         for rk in [rk for rk in self.ranks if rk[0] == replica_id]:
-            del self.ranks[rk]
+            v = self.ranks.pop(rk)
+            self.gone_began[rk] = max(self.gone_began.get(rk, -math.inf), v.received_at - v.report.recording_s)
         for members in self._pools.values():
             members.difference_update([rk for rk in members if rk[0] == replica_id])
         self.windows.forget(lambda key: key.replica_id == replica_id)

@@ -80,13 +80,14 @@ class FindingLog:
         del self.entries[: max(len(self.entries) - self.keep, 0)]
         return entry
 
-    def redecide(self, entry_id: int, decision: Decision, now: float) -> Entry | None:
-        """A held finding decided again; counted only when its action changes."""
+    def redecide(self, entry_id: int, decision: Decision, now: float, finding: Finding | None = None) -> Entry | None:
+        """A finding decided again (held, or with more evidence: `finding` replaces the entry's);
+        counted only when its action changes. None when the entry left the log."""
         for i, e in enumerate(self.entries):
             if e.id == entry_id:
                 if e.decision.action != decision.action:
                     self.actions_by_kind[decision.action.value] += 1
-                self.entries[i] = replace(e, decision=decision, decided_at=now)
+                self.entries[i] = replace(e, finding=finding or e.finding, decision=decision, decided_at=now)
                 return self.entries[i]
         return None
 

@@ -26,7 +26,9 @@ nobody; so is one whose missing members nobody can name (the group's size says s
 missing, but not who: heartbeats find dead hosts), and one with a member still *starting* (it
 has completed no collective since its telemetry began less than `startup_grace_s` ago: its
 first collective waits on connections and a loaded host's start-up; past the grace a rank that
-hangs while starting is judged like any other).
+hangs while starting is judged like any other), and one awaiting a rank not heard from since
+its replica died or restarted less than `startup_grace_s` ago (its new process has not been
+read yet; what its predecessor said was forgotten at the death and is never taken again).
 
 Times: a report's ages are measured on its host's clock and anchored at the controller's
 receive time, so only differences measured on one host are ever compared.
@@ -84,7 +86,9 @@ def find_hangs(ranks: Mapping[RankKey, RankView], now: float, settings: Diagnosi
     stuck, blocked = _stuck(ranks, now, settings.hang_after_s, starting)
     if not stuck:
         return []
-    _members(stuck, ranks, now, members_of, excused or (lambda rk: False), died_at or {}, starting)
+    died_at = died_at or {}
+    restarting = frozenset(rid for rid, t in died_at.items() if now - t < settings.startup_grace_s)
+    _members(stuck, ranks, now, members_of, excused or (lambda rk: False), died_at, starting, restarting)
     host = _host_lookup(ranks, host_of)
     leaves: list[tuple[Collective, list[RankKey]]] = []
     for c in sorted(stuck, key=lambda c: stuck[c].first_join):
@@ -173,10 +177,12 @@ def _stuck(ranks: Mapping[RankKey, RankView], now: float, hang_s: float, startin
 
 def _members(stuck: dict[Collective, _Stuck], ranks: Mapping[RankKey, RankView], now: float,
              members_of: MembersOf | None, excused: Excused, died_at: Mapping[str, float],
-             starting: frozenset[RankKey]) -> None:
+             starting: frozenset[RankKey], restarting: frozenset[str] = frozenset()) -> None:
     """Fill, for each stuck collective, who joined, who is in flight and whom it waits on.
     Members the controller can name are looked up directly; other groups cost one scan. A
-    collective with a starting member, in flight or awaited, is explained (not judged yet)."""
+    collective with a starting member, in flight or awaited, is explained (not judged yet);
+    so is one awaiting a member not heard from since its replica died or restarted less than
+    startup_grace_s ago (`restarting`: its new process is starting, its ring not read yet)."""
     def waived(rk: RankKey, since: float) -> bool:
         return rk in starting or excused(rk) or died_at.get(rk[0], -math.inf) >= since
     scanned: dict[GroupKey, list] | None = None
@@ -210,8 +216,9 @@ def _members(stuck: dict[Collective, _Stuck], ranks: Mapping[RankKey, RankView],
             if rk in seen:
                 continue
             v = ranks.get(rk)
-            if waived(rk, s.first_join) or (v is not None and v.received_at - v.report.recording_s > s.first_join):
-                s.explained = True  # down, or a process younger than the collective
+            if waived(rk, s.first_join) or (v is not None and v.received_at - v.report.recording_s > s.first_join) \
+                    or (v is None and rk[0] in restarting):
+                s.explained = True  # down, a process younger than the collective, or one not heard from yet
             else:
                 s.waits_on.append((rk, False))  # never reported this group: silent
 
