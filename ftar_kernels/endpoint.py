@@ -168,7 +168,7 @@ class FtarEndpoint:
                 try:
                     links = self._membership.connect_ring(
                         group_id, generation, members[(rank - 1) % world], members[(rank + 1) % world])
-                except FtarError:
+                except BaseException:  # any failure leaves CONNECTING, so the next configure may run
                     self.protocol.apply(RankEvent.FAIL)
                     raise
             session = _Session(self, links, rank, world, generation)

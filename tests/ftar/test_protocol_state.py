@@ -105,3 +105,17 @@ def test_configure_after_close_is_an_illegal_transition_and_close_is_idempotent(
         ep.configure("g", 1, [ep.address])
     ep.close()
     assert ep.state is S.CLOSED
+
+
+def test_any_failure_while_connecting_aborts_so_the_next_configure_runs():
+    # A neighbour address that is not HOST:PORT fails inside the dial with ValueError (not an
+    # FtarError); the endpoint must leave CONNECTING (the table has no configure from there).
+    ep = _endpoint(connect_timeout_s=0.3)
+    try:
+        with pytest.raises(ValueError, match="HOST:PORT"):
+            ep.configure("g", 1, [ep.address, "no-port-here"])
+        assert ep.state is S.ABORTED
+        ep.configure("g", 2, [ep.address])
+        assert ep.state is S.CONFIGURED
+    finally:
+        ep.close()
