@@ -12,7 +12,7 @@ from typing import Any
 
 _EXPORTS = {
     "FtarEndpoint": ".endpoint",
-    "FatalError": ".errors", "FtarError": ".errors", "RecoverableError": ".errors",
+    "FatalError": ".errors", "FtarError": ".errors", "NotReady": ".errors", "RecoverableError": ".errors",
     "Faults": ".fault_injection", "FaultyTransport": ".fault_injection",
     "AllReduceHandle": ".op_handle", "OpStats": ".op_handle",
     "IllegalTransition": ".protocol_state", "RankEvent": ".protocol_state", "RankProtocol": ".protocol_state",

@@ -25,11 +25,11 @@ from dataclasses import dataclass
 import torch
 
 from .data_plane_cpu import CpuDataPlane
-from .errors import FatalError, FtarError, RecoverableError
+from .errors import FatalError, FtarError, NotReady, RecoverableError
 from .handshake import DTYPE_CODES, OpHeader
 from .membership import Membership
 from .op_handle import AllReduceHandle, OpStats
-from .protocol_state import TRANSITIONS, RankEvent, RankProtocol, RankState
+from .protocol_state import IllegalTransition, RankEvent, RankProtocol, RankState
 from .ring_run import RingLinks, agree_on_header, classify, run_ring
 from .settings import FtarSettings
 from .transport import TcpTransport, Transport
@@ -131,7 +131,7 @@ class FtarEndpoint:
         self._lock = threading.RLock()  # serialises configure / close
         self._session: _Session | None = None
         self._generation: int | None = None
-        self._closed = False
+        self._submit_lock = threading.Lock()  # a submit sees the table and the session together
         self._planes: dict[object, object] = {}
 
     @classmethod
@@ -156,9 +156,9 @@ class FtarEndpoint:
         members = list(members)
         self._check_membership(group_id, generation, members)
         with self._lock:
-            if self._closed:
-                raise FatalError("configure() called on a closed FTAR endpoint.")
-            self._drop_session(f"reconfiguring to generation {generation}")
+            with self._submit_lock:  # no all-reduce reaches the old session once it is dropped
+                self._drop_session(f"reconfiguring to generation {generation}")
+                self.protocol.apply(RankEvent.CONFIGURE)  # IllegalTransition once closed
             self._generation = generation
             self._membership.start()
             self._membership.advance(group_id, generation)
@@ -168,12 +168,14 @@ class FtarEndpoint:
                 try:
                     links = self._membership.connect_ring(
                         group_id, generation, members[(rank - 1) % world], members[(rank + 1) % world])
-                except FtarError:
-                    self._apply_if_allowed(RankEvent.FAIL)
+                except BaseException:  # any failure leaves CONNECTING, so the next configure may run
+                    self.protocol.apply(RankEvent.FAIL)
                     raise
-            self._session = _Session(self, links, rank, world, generation)
-            self._session.start()
-            self.protocol.apply(RankEvent.CONFIGURE)
+            session = _Session(self, links, rank, world, generation)
+            session.start()
+            with self._submit_lock:
+                self.protocol.apply(RankEvent.CONNECTED)
+                self._session = session
             log.info("%s configured %r generation %d as ring position %d of %d",
                      self.address, group_id, generation, rank, world)
 
@@ -200,29 +202,30 @@ class FtarEndpoint:
             raise FatalError(f"allreduce supports float32, bfloat16 and float16, got {tensor.dtype}.")
         if tensor.device.type not in ("cpu", "cuda"):
             raise FatalError(f"allreduce supports CPU and CUDA tensors, got device {tensor.device}.")
-        session = self._session
-        if session is None or self._closed:
-            return AllReduceHandle.failed(RecoverableError(
-                f"FTAR endpoint {self.address} is not configured; call configure() first"))
         ready = None
         if tensor.is_cuda:
             ready = torch.cuda.Event()
             ready.record(torch.cuda.current_stream(tensor.device))
-        return session.submit(tensor.detach(), ready)
+        with self._submit_lock:
+            try:
+                self.protocol.apply(RankEvent.SUBMIT)
+            except IllegalTransition as exc:
+                return AllReduceHandle.failed(NotReady(self.address, exc.state, self._generation))
+            return self._session.submit(tensor.detach(), ready)
 
     def _execute(self, session: _Session, op: _Op) -> OpStats:
         """Run one queued operation on the session's runner thread."""
         started = time.perf_counter()
         tensor = op.tensor
         nbytes = tensor.numel() * tensor.element_size()
-        self.protocol.apply(RankEvent.START)
+        self.protocol.apply(RankEvent.START)  # only CONFIGURED or DONE start; a bug otherwise
         if session.world > 1:
             header = OpHeader(session.generation, op.sequence, tensor.numel(),
                               DTYPE_CODES[str(tensor.dtype).removeprefix("torch.")])
             try:
                 agree_on_header(session.links, header, session.rank, session.world, self.settings.timeout_s)
             except BaseException:
-                self._apply_if_allowed(RankEvent.FAIL)
+                self.protocol.apply(RankEvent.FAIL)
                 raise
         if session.world == 1 or tensor.numel() == 0:
             self.protocol.apply(RankEvent.SCATTERED)
@@ -248,7 +251,7 @@ class FtarEndpoint:
                 if tensor.is_cuda:
                     torch.cuda.current_stream(tensor.device).synchronize()
         except BaseException:
-            self._apply_if_allowed(RankEvent.FAIL)
+            self.protocol.apply(RankEvent.FAIL)
             raise
         wire = nbytes * 2 * (session.world - 1) // session.world
         return OpStats(bytes=nbytes, seconds=time.perf_counter() - started, wire_bytes=wire,
@@ -268,10 +271,6 @@ class FtarEndpoint:
             self._planes[key] = plane
         return plane
 
-    def _apply_if_allowed(self, event: RankEvent) -> None:
-        if (self.protocol.state, event) in TRANSITIONS:
-            self.protocol.apply(event)
-
     def _drop_session(self, reason: str) -> None:
         session, self._session = self._session, None
         if session is not None:
@@ -284,13 +283,13 @@ class FtarEndpoint:
     def close(self) -> None:
         """Idempotent: cancel queued work, join every thread, close every socket."""
         with self._lock:
-            if self._closed:
-                return
-            self._closed = True
-            self._drop_session("endpoint closed")
+            with self._submit_lock:
+                if self.protocol.state is RankState.CLOSED:
+                    return
+                self._drop_session("endpoint closed")
+                self.protocol.apply(RankEvent.CLOSE)
             self._membership.stop()
             self._planes.clear()
-            self.protocol.apply(RankEvent.CLOSE)
 
     def __enter__(self) -> "FtarEndpoint":
         return self

@@ -1,14 +1,21 @@
 """The per-rank FTAR protocol state as a transition table (pure: no sockets, no clock).
 
-    IDLE --configure--> CONFIGURED --start--> REDUCE_SCATTER --scattered--> ALL_GATHER
-    ALL_GATHER --next_partition--> REDUCE_SCATTER      (a tensor larger than one partition)
-    ALL_GATHER --gathered--> DONE --start--> REDUCE_SCATTER (the next operation)
-    CONFIGURED | DONE --configure--> CONFIGURED         (a new generation)
-    CONFIGURED | REDUCE_SCATTER | ALL_GATHER | DONE --fail--> ABORTED --configure--> CONFIGURED
+This table is the endpoint's decision, not a picture of it: `FtarEndpoint` applies an event
+before it acts (configure, submit, run, close) and acts only when the table accepts it.
+
+    IDLE | CONFIGURED | DONE | ABORTED --configure--> CONNECTING  (the old generation is joined first)
+    CONNECTING --connected--> CONFIGURED                          (the new ring is up)
+    CONFIGURED | REDUCE_SCATTER | ALL_GATHER | DONE --submit--> (unchanged)   (queue an all-reduce)
+    CONFIGURED | DONE --start--> REDUCE_SCATTER --scattered--> ALL_GATHER
+    ALL_GATHER --next_partition--> REDUCE_SCATTER                 (a tensor larger than one partition)
+    ALL_GATHER --gathered--> DONE
+    CONNECTING | CONFIGURED | REDUCE_SCATTER | ALL_GATHER | DONE | ABORTED --fail--> ABORTED
     every state but CLOSED --close--> CLOSED
 
-An event that the table does not list for the current state raises IllegalTransition and leaves
-the state unchanged.
+An event that the table does not list for the current state raises IllegalTransition (a
+FatalError: our own code asked for something the protocol forbids) and leaves the state unchanged.
+The endpoint turns an illegal `submit` into the RecoverableError its caller handles (not
+configured, connecting, aborted or closed), because that one is the caller's timing, not a bug.
 """
 
 from __future__ import annotations
@@ -16,9 +23,12 @@ from __future__ import annotations
 import enum
 import threading
 
+from .errors import FatalError
+
 
 class RankState(enum.Enum):
     IDLE = "idle"
+    CONNECTING = "connecting"
     CONFIGURED = "configured"
     REDUCE_SCATTER = "reduce-scatter"
     ALL_GATHER = "all-gather"
@@ -29,6 +39,8 @@ class RankState(enum.Enum):
 
 class RankEvent(enum.Enum):
     CONFIGURE = "configure"
+    CONNECTED = "connected"
+    SUBMIT = "submit"
     START = "start"
     SCATTERED = "scattered"
     NEXT_PARTITION = "next_partition"
@@ -40,26 +52,26 @@ class RankEvent(enum.Enum):
 S, E = RankState, RankEvent
 
 TRANSITIONS: dict[tuple[RankState, RankEvent], RankState] = {
-    (S.IDLE, E.CONFIGURE): S.CONFIGURED,
-    (S.CONFIGURED, E.CONFIGURE): S.CONFIGURED,
-    (S.DONE, E.CONFIGURE): S.CONFIGURED,
-    (S.ABORTED, E.CONFIGURE): S.CONFIGURED,
+    **{(state, E.CONFIGURE): S.CONNECTING for state in (S.IDLE, S.CONFIGURED, S.DONE, S.ABORTED)},
+    (S.CONNECTING, E.CONNECTED): S.CONFIGURED,
+    **{(state, E.SUBMIT): state for state in (S.CONFIGURED, S.REDUCE_SCATTER, S.ALL_GATHER, S.DONE)},
     (S.CONFIGURED, E.START): S.REDUCE_SCATTER,
     (S.DONE, E.START): S.REDUCE_SCATTER,
     (S.REDUCE_SCATTER, E.SCATTERED): S.ALL_GATHER,
     (S.ALL_GATHER, E.NEXT_PARTITION): S.REDUCE_SCATTER,
     (S.ALL_GATHER, E.GATHERED): S.DONE,
-    (S.CONFIGURED, E.FAIL): S.ABORTED,
-    (S.REDUCE_SCATTER, E.FAIL): S.ABORTED,
-    (S.ALL_GATHER, E.FAIL): S.ABORTED,
-    (S.DONE, E.FAIL): S.ABORTED,
-    (S.ABORTED, E.FAIL): S.ABORTED,
+    **{(state, E.FAIL): S.ABORTED
+       for state in (S.CONNECTING, S.CONFIGURED, S.REDUCE_SCATTER, S.ALL_GATHER, S.DONE, S.ABORTED)},
     **{(state, E.CLOSE): S.CLOSED for state in RankState if state is not S.CLOSED},
 }
 
 
-class IllegalTransition(RuntimeError):
+class IllegalTransition(FatalError):
     """An event arrived that the current state does not accept; nothing changed."""
+
+    def __init__(self, state: RankState, event: RankEvent) -> None:
+        super().__init__(f"event {event.value!r} is not allowed in state {state.value!r}")
+        self.state, self.event = state, event
 
 
 def next_state(state: RankState, event: RankEvent) -> RankState:
@@ -67,7 +79,7 @@ def next_state(state: RankState, event: RankEvent) -> RankState:
     try:
         return TRANSITIONS[(state, event)]
     except KeyError:
-        raise IllegalTransition(f"event {event.value!r} is not allowed in state {state.value!r}") from None
+        raise IllegalTransition(state, event) from None
 
 
 class RankProtocol:
