@@ -30,6 +30,7 @@ from controller.core.sizes import encode_section, fit_journal, value_limit
 from controller.core.state import ControllerState
 from controller.core.write_rules import foreground_writes, mark_unwritten, sections_due
 from controller.core.store_health import WriteStreak
+from controller.freed_memory import trim_freed_memory
 from controller.service import event_log
 from controller.service.errors import NotLeader
 from controller.service.grpc_api import SERVICE_NAME, ControllerServicer, add_to_server
@@ -144,6 +145,7 @@ class ControllerServer:
         self.http_url = f"{'https' if self.http_tls else 'http'}://{self.host}:{sock.getsockname()[1]}"
         self._tasks.append(asyncio.create_task(self._lead(), name="leadership"))
         self._tasks.append(asyncio.create_task(self._watch_leader(), name="leader-watch"))
+        self._tasks.append(asyncio.create_task(trim_freed_memory(), name="freed-memory"))  # issue 28, race 6
         deadline = time.monotonic() + 10
         while not self._http.started and time.monotonic() < deadline:
             await asyncio.sleep(0.01)
