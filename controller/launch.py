@@ -7,11 +7,20 @@ on OS-chosen ports and waits, bounded, for the one JSON "serving" line it prints
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
 import threading
 from dataclasses import dataclass
+
+log = logging.getLogger("fthsdp.launch")
+
+#: What a controller started with --insecure does not check (the warning names it).
+UNCHECKED = ("registration proofs (any caller may claim any host id, a dead one included)",
+             "agent secrets on heartbeats, orders and reports",
+             "leader credentials on Quorum, QuorumStream, the quorum port, ReportStep, ReportFailure and "
+             "ReportFinished")
 
 
 def read_json_line(proc: subprocess.Popen, timeout_s: float, what: str) -> dict:
@@ -52,14 +61,32 @@ class ControllerProcess:
 
 
 def launch(*flags: str, stderr=subprocess.DEVNULL, timeout_s: float = 60.0, env: dict | None = None,
-           cwd: str | None = None) -> ControllerProcess:
+           cwd: str | None = None, insecure: bool | None = None) -> ControllerProcess:
     """Run `fthsdp controller --grpc-port 0 --http-port 0 FLAGS...` (later flags win).
 
-    A helper of tests and benchmarks on one machine: when neither FLAGS (--job-secret-file,
-    --insecure) nor the environment (FTHSDP_JOB_SECRET_FILE, FTHSDP_JOB_SECRET) gives a job
-    secret, it adds --insecure (the CLI itself refuses to start without one). The demo, the
-    benchmarks that measure with authentication and the identity tests pass a secret."""
-    if not _has_secret(flags, os.environ if env is None else env):
+    A helper of tests and benchmarks on one machine. The job secret comes from FLAGS
+    (--job-secret-file) or the environment (FTHSDP_JOB_SECRET_FILE, FTHSDP_JOB_SECRET), as
+    for the CLI. Without one:
+      * `insecure=True` (or --insecure among FLAGS) asks for a controller that believes every
+        caller: --insecure is passed, and one INFO line says so;
+      * `insecure=None` (not said) does the same for the callers written before the CLI
+        required a secret, with a WARNING line naming what such a controller does not check;
+      * `insecure=False` refuses: ValueError naming the missing secret.
+    With a secret, `insecure=True` is a contradiction (ValueError)."""
+    has_secret = _has_secret(flags, os.environ if env is None else env)
+    asked = insecure is True or "--insecure" in flags
+    if has_secret and insecure is True:
+        raise ValueError("launch(insecure=True) with a job secret (--job-secret-file or FTHSDP_JOB_SECRET[_FILE]): "
+                         "give one or the other")
+    if not has_secret and not asked:
+        if insecure is False:
+            raise ValueError("launch(insecure=False) without a job secret: give --job-secret-file PATH, or "
+                             "FTHSDP_JOB_SECRET_FILE / FTHSDP_JOB_SECRET in env")
+        log.warning("launch: no job secret given, so the controller is started with --insecure and does not "
+                    "check %s; pass insecure=True to say so, or a job secret to check them", "; ".join(UNCHECKED))
+    elif not has_secret:
+        log.info("launch: an --insecure controller (no job secret): callers are believed on their word")
+    if not has_secret and "--insecure" not in flags:
         flags = (*flags, "--insecure")
     proc = subprocess.Popen([sys.executable, "-m", "controller.main", "--grpc-port", "0", "--http-port", "0", *flags],
                             stdout=subprocess.PIPE, stderr=stderr, stdin=subprocess.DEVNULL, text=True, env=env,
@@ -74,5 +101,4 @@ def launch(*flags: str, stderr=subprocess.DEVNULL, timeout_s: float = 60.0, env:
 
 
 def _has_secret(flags: tuple[str, ...], env) -> bool:
-    return ("--job-secret-file" in flags or "--insecure" in flags
-            or bool(env.get("FTHSDP_JOB_SECRET_FILE") or env.get("FTHSDP_JOB_SECRET")))
+    return "--job-secret-file" in flags or bool(env.get("FTHSDP_JOB_SECRET_FILE") or env.get("FTHSDP_JOB_SECRET"))

@@ -33,6 +33,7 @@ from controller.core.pending_writes import write_order
 from controller.core.ready import Ready
 from controller.core.replicas import JoinRequest
 from controller.core.state import ControllerState
+from controller.freed_memory import trim_freed_memory
 from controller.service import event_log
 from controller.service.errors import NotLeader
 from controller.service.grpc_api import SERVICE_NAME, ControllerServicer, add_to_server
@@ -147,6 +148,7 @@ class ControllerServer:
         self.http_url = f"{'https' if self.http_tls else 'http'}://{self.host}:{sock.getsockname()[1]}"
         self._tasks.append(asyncio.create_task(self._lead(), name="leadership"))
         self._tasks.append(asyncio.create_task(self._watch_leader(), name="leader-watch"))
+        self._tasks.append(asyncio.create_task(trim_freed_memory(), name="freed-memory"))  # issue 28, race 6
         deadline = time.monotonic() + 10
         while not self._http.started and time.monotonic() < deadline:
             await asyncio.sleep(0.01)

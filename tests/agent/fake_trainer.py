@@ -15,6 +15,8 @@ first step every configured replica trained together, then exits 0.
 `--telemetry HOST:REPLICA` records a collective on its replica's group every 0.1 s in the ring
 the agent asked for (fthsdp.telemetry); in REPLICA, the trainer on host HOST never joins
 collective #5 (it hangs outside collectives), so its replica-mates wait in it forever.
+`--ftar GROUP:SIZE` (with --telemetry) also records, after each of those, one FTAR all-reduce of
+SIZE members on the cross-replica group GROUP (e.g. ftar.q1:2), as a replica's FTAR ring would.
 """
 
 import json
@@ -76,6 +78,8 @@ def collectives(env, fault):
     hung = env["FTHSDP_REPLICA_ID"] == hang_replica
     ring = Telemetry.from_env(env["FTHSDP_REPLICA_ID"], int(env["FTHSDP_RANK"]), time.monotonic())
     size = int(env["FTHSDP_WORLD_SIZE"])
+    flags = sys.argv[2:]
+    ftar = flags[flags.index("--ftar") + 1].rsplit(":", 1) if "--ftar" in flags else None
     for seq in range(10 ** 9):
         if DONE.is_set():
             return
@@ -87,6 +91,11 @@ def collectives(env, fault):
         DONE.wait(0.05)  # the collective's work
         ring.record_progress(token, 1024, time.monotonic())
         ring.record_done(token, time.monotonic())
+        if ftar is not None:
+            token = ring.record_join(seq, Kind.FTAR_ALL_REDUCE, ftar[0], 1024, time.monotonic(),
+                                     group_size=int(ftar[1]))
+            ring.record_progress(token, 1024, time.monotonic())
+            ring.record_done(token, time.monotonic())
         DONE.wait(0.05)  # own work before the next one
 
 

@@ -159,6 +159,18 @@ class Legit:
         assert reps[REPLICA]["committed_step"] == before and reps[REPLICA]["state"] == "HEALTHY"
 
 
+async def beat_forever(stub, host_id: str, secret: str, replica_id: str = "", credential: str = "") -> None:
+    """What a live agent (and a leader) send: a beat every 0.3 s on one stream."""
+    async def beats():
+        while True:
+            yield pb.HeartbeatRequest(host_ids=[host_id], agent_secret=secret,
+                                      replica_ids=[replica_id] if replica_id else [], credential=credential,
+                                      host_id=host_id)
+            await asyncio.sleep(0.3)
+    async for reply in stub.Heartbeat(beats()):
+        assert not reply.unknown_ids, reply
+
+
 async def expect_refused(call, code: grpc.StatusCode, *fragments: str) -> str:
     """Await `call`; it must fail with `code`, and its message must hold every fragment and
     stay short (a refusal never echoes a huge value back)."""

@@ -28,8 +28,8 @@ from protos import controller_pb2_grpc as pbg
 from protos import credentials, job_secret
 from protos.quorum_wire import ANSWER, HEADER, JOIN, PREAMBLE, REFUSED, FrameReader, frame
 
-from .harness import (HOST, JOB, LEADER_CREDENTIAL, REPLICA, SECRET, Legit, expect_refused, open_channel, picture, proof,
-                      rss, start_controller)
+from .harness import (HOST, JOB, LEADER_CREDENTIAL, REPLICA, SECRET, Legit, beat_forever, expect_refused, open_channel,
+                      picture, proof, rss, start_controller)
 
 pytestmark = pytest.mark.slow
 DENIED = grpc.StatusCode.PERMISSION_DENIED
@@ -61,18 +61,6 @@ async def job(mode: str, *flags: str, h0_beats: bool = True):
         await channel.close()
         await stranger_channel.close()
         ctl.stop()
-
-
-async def beat_forever(stub, host_id: str, secret: str, replica_id: str = "", credential: str = "") -> None:
-    """What a live agent (and a leader) send: a beat every 0.3 s on one stream."""
-    async def beats():
-        while True:
-            yield pb.HeartbeatRequest(host_ids=[host_id], agent_secret=secret,
-                                      replica_ids=[replica_id] if replica_id else [], credential=credential,
-                                      host_id=host_id)
-            await asyncio.sleep(0.3)
-    async for reply in stub.Heartbeat(beats()):
-        assert not reply.unknown_ids, reply
 
 
 async def register(stub, host_id: str, incarnation: str, secret=SECRET, made_at: float | None = None,
