@@ -1,4 +1,5 @@
-"""The runtime's one error model: every error it raises on purpose is one of two kinds.
+"""The runtime's one error model: every error it raises on purpose is one of two kinds, or
+one of two endings that are not errors of the run (below).
 
 - `Recoverable`: this step cannot commit. Inside the runtime it becomes this rank's "no"
   vote (or a refused plan); the step is retried, and only after `max_retries` failed steps
@@ -7,8 +8,12 @@
   that says what to do (usually: exit non-zero, so the agent restarts the replica and it
   catches up from a healthy one).
 
-`ReplicaFinished` is neither: the replica has no more steps (`max_steps` reached, a rank
-closed, or the job is COMPLETED). `Manager.batches()` turns it into the end of the loop.
+The two endings are neither kind:
+- `ReplicaFinished`: the replica has no more steps (`max_steps` reached, a rank closed, or
+  the job is COMPLETED). `Manager.batches()` turns it into the end of the loop.
+- `JobCompleted`: the controller refused a quorum because the job is COMPLETED; the replica's
+  coordinator turns it into the replica's end (every rank then sees `ReplicaFinished`) (a replica that started after the end gets the `Fatal`
+  `JobAlreadyCompleted` instead: it trained nothing).
 """
 
 from __future__ import annotations

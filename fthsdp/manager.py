@@ -6,8 +6,9 @@
         manager.end_step(loss)                # average, vote, then commit or retry -> bool
     manager.close()                           # the replica is FINISHED once every rank got here
 
-Every decision is made by the pure protocol (fthsdp/step/protocol.py); this class feeds it
-events -- what the training script called, what the coordinator said, what the catch-up
+Every step decision is made by the pure protocol (fthsdp/step/protocol.py), and which rank
+reads and writes durable checkpoints by fthsdp/state/replica_checkpoints.py; this class feeds
+the protocol events -- what the training script called, what the coordinator said, what the catch-up
 fetch reported, time passing -- and executes the effects it returns, nothing else. Rank 0
 also hosts the replica's coordinator (fthsdp/step/coordinator.py) and is its client over
 TCP like every other rank. `start()` does the expensive set-up (the pre-init hook first)

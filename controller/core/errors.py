@@ -1,4 +1,5 @@
-"""The two kinds of bad request the core refuses. Both leave state unchanged.
+"""The bad requests the core refuses: `RequestError` and its five kinds. Every one leaves
+state unchanged.
 
 The service maps them in one place: InvalidArgument → gRPC INVALID_ARGUMENT / HTTP 400,
 FailedPrecondition → gRPC FAILED_PRECONDITION / HTTP 409, NotFound → NOT_FOUND / 404
