@@ -7,7 +7,7 @@ names only what the core needs; the time comes with the step.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 
 from controller.core.diagnosis.telemetry import HostReport
 from controller.core.model import Assignment, OrderOut
@@ -193,7 +193,7 @@ class Takeover:
 class WriteFailed:
     """The store did not take these sections: they are written again at the next chance, and
     the orders that waited for them go out after that write."""
-    sections: tuple[str, ...] = field(default_factory=tuple)
+    sections: tuple[str, ...] = ()
     orders: tuple[OrderOut, ...] = ()
 
 

@@ -192,7 +192,7 @@ def test_each_command_writes_what_it_changed_before_its_answer(row: Row):
         assert section in ready.writes, f"{row.name}: {section} changed but is not written before the answer"
     assert set(row.writes) <= set(ready.writes), (row.name, ready.writes)
     assert row.check(core, ready), (row.name, ready)
-    assert list(ready.writes) == sorted(ready.writes, key=list(ready.writes).index)  # no section twice
+    assert len(set(ready.writes)) == len(ready.writes), ready.writes  # no section twice
 
 
 def test_a_failed_write_goes_back_to_the_core_with_its_orders_and_comes_out_again():
