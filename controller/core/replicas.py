@@ -36,39 +36,7 @@ class ReplicaRegistry:
     # -- joining a round ---------------------------------------------------------------
 
     def join(self, req: JoinRequest, now: float) -> None:
-        s = self.settings
-        rid = check_id("replica_id", req.replica_id, s.max_id_chars)
-        check_non_negative("step", req.step)
-        if not 1 <= req.world_size <= s.max_world_size:
-            raise InvalidArgument(f"world_size must be 1..{s.max_world_size}, got {req.world_size}.")
-        ftar = check_addresses("ftar_addresses", req.ftar_addresses, req.world_size, s.max_address_chars)
-        state = check_addresses("state_addresses", req.state_addresses, req.world_size, s.max_address_chars)
-        if req.leader_address:
-            check_address("leader_address", req.leader_address, s.max_address_chars)
-        check_optional_id("incarnation", req.incarnation, s.max_id_chars)
-        self._check_leader_host(rid, req.host_id)
-        r = self.replicas.get(rid)
-        if (ftar or state) and (r is None or ftar != r.ftar_addresses or state != r.state_addresses):
-            new = (ftar or (r.ftar_addresses if r else ()), state or (r.state_addresses if r else ()))
-            problem = addresses_problem(rid, self.addresses_snapshot(*new), s)
-            if problem:
-                raise InvalidArgument(problem)
-        if r is None and len(self.replicas) >= s.max_replica_records:
-            raise FailedPrecondition(
-                f"replica {rid!r} is one too many: the job is configured for {s.replicas} replicas."
-            )
-        restarted = r is not None and bool(r.incarnation) and req.incarnation != r.incarnation
-        self._check_join_allowed(rid, r, restarted)
-        self._check_replica_set(rid, req.world_size)
-        beyond = step_problem(rid, req.step, self.quorum.max_step if self.quorum else None, self.max_committed_step)
-        if beyond:
-            raise FailedPrecondition(beyond)
-        if (r is not None and not restarted and r.state != ReplicaState.DEAD
-                and req.step < r.step and not r.failed_commit):
-            raise FailedPrecondition(
-                f"replica {rid} asked to train step {req.step}, but it already committed step "
-                f"{r.committed_step}; a step may go back only after a failed-commit report."
-            )
+        rid, r, ftar, state, restarted = self._checked_join(req)
         # Validated: from here on the request changes state.
         if r is None:
             r = self.replicas[rid] = Replica(replica_id=rid, incarnation=req.incarnation, step=req.step)
@@ -106,12 +74,58 @@ class ReplicaRegistry:
         self.round_joined[rid] = req.step
         self.goodput.on_join(rid, now)
 
+    def _checked_join(self, req: JoinRequest):
+        """A join's fields and its right to join checked (RequestError says why not); returns
+        the replica id, its record (None: new), its addresses and whether it restarted."""
+        s = self.settings
+        rid = check_id("replica_id", req.replica_id, s.max_id_chars)
+        check_non_negative("step", req.step)
+        if not 1 <= req.world_size <= s.max_world_size:
+            raise InvalidArgument(f"world_size must be 1..{s.max_world_size}, got {req.world_size}.")
+        ftar = check_addresses("ftar_addresses", req.ftar_addresses, req.world_size, s.max_address_chars)
+        state = check_addresses("state_addresses", req.state_addresses, req.world_size, s.max_address_chars)
+        if req.leader_address:
+            check_address("leader_address", req.leader_address, s.max_address_chars)
+        check_optional_id("incarnation", req.incarnation, s.max_id_chars)
+        self._check_leader_host(rid, req.host_id)
+        r = self.replicas.get(rid)
+        if (ftar or state) and (r is None or ftar != r.ftar_addresses or state != r.state_addresses):
+            new = (ftar or (r.ftar_addresses if r else ()), state or (r.state_addresses if r else ()))
+            problem = addresses_problem(rid, self.addresses_snapshot(*new), s)
+            if problem:
+                raise InvalidArgument(problem)
+        if r is None and len(self.replicas) >= s.max_replica_records:
+            raise FailedPrecondition(
+                f"replica {rid!r} is one too many: the job is configured for {s.replicas} replicas."
+            )
+        restarted = r is not None and bool(r.incarnation) and req.incarnation != r.incarnation
+        self._check_join_allowed(rid, r, restarted)
+        self._check_replica_set(rid, req.world_size)
+        beyond = step_problem(rid, req.step, self.quorum.max_step if self.quorum else None, self.max_committed_step)
+        if beyond:
+            raise FailedPrecondition(beyond)
+        if (r is not None and not restarted and r.state != ReplicaState.DEAD
+                and req.step < r.step and not r.failed_commit):
+            raise FailedPrecondition(
+                f"replica {rid} asked to train step {req.step}, but it already committed step "
+                f"{r.committed_step}; a step may go back only after a failed-commit report."
+            )
+        return rid, r, ftar, state, restarted
+
     def try_close_round(self, now: float) -> Quorum | None:
         """Close the round if the policy says so; returns the new quorum or None."""
-        s = self.settings
         if self.job_over:  # final: no quorum forms after it
             self.round_reason, self.round_wake_at = f"the job is {self.job_state.value}", None
             return None
+        decided = self._decide_round(now)
+        if decided is None:
+            return None
+        return self._form_quorum(*decided, now)
+
+    def _decide_round(self, now: float) -> tuple[dict[str, int], RollbackDecision | None, str] | None:
+        """The quorum policy and the rollback rule on the open round: the members (with their
+        steps), the rollback (None: none) and the reason; None while the round stays open."""
+        s = self.settings
         previous = self.quorum.member_ids if self.quorum else frozenset()
         view = RoundView(
             joined=dict(self.round_joined),
@@ -147,6 +161,12 @@ class ReplicaRegistry:
             return None
         self.rollback_wait_since = None
         reason = clip_text(decision.reason + (f"; {rollback.reason}" if rollback else ""), s.max_reason_chars)
+        return members, rollback, reason
+
+    def _form_quorum(self, members: dict[str, int], rollback: RollbackDecision | None, reason: str,
+                     now: float) -> Quorum:
+        s = self.settings
+        previous = self.quorum.member_ids if self.quorum else frozenset()
         self.goodput.on_quorum(members, now)
         diverged = self.diverged_members(members)
         q = form_quorum(
@@ -164,6 +184,26 @@ class ReplicaRegistry:
         if rollback is not None:
             q = replace(q, resume_checkpoint_step=rollback.resume_checkpoint_step)
         self._switch_history(q, rollback, now)
+        self._seat_members(q, diverged, now)
+        for r in self.replicas.values():
+            if r.state in (ReplicaState.HEALTHY, ReplicaState.BEHIND) and r.replica_id not in members:
+                self._transition(r, ReplicaState.JOINING, f"left out of quorum {q.quorum_id}: {q.reason}", now)
+        if not self.quorum or q.quorum_id != self.quorum.quorum_id:
+            self._event(now, "quorum", str(q.quorum_id),
+                        f"quorum {q.quorum_id}: {', '.join(m.replica_id for m in q.members)} at step "
+                        f"{q.max_step}, lr_scale {q.lr_scale:.3f} ({q.reason})")
+            self.quorum_history.append(q)
+            del self.quorum_history[: -s.recent_quorums]
+            self.writes.mark(REPLICAS)
+        self.quorum = q
+        self.round_joined = {}
+        self.round_renewed = set()
+        self.round_first_join_at = None
+        self.round_wake_at = None
+        return q
+
+    def _seat_members(self, q: Quorum, diverged: frozenset[str], now: float) -> None:
+        """Each member of the new quorum `q` told what it was given, in its new state."""
         for m in q.members:
             r = self.replicas[m.replica_id]
             r.failed_commit = False
@@ -189,22 +229,6 @@ class ReplicaRegistry:
                 self._transition(r, ReplicaState.BEHIND,
                                  f"in quorum {q.quorum_id} at step {m.step}, behind max step {q.max_step}; "
                                  f"recovering from {', '.join(q.recover.get(m.replica_id, ()))}", now)
-        for r in self.replicas.values():
-            if r.state in (ReplicaState.HEALTHY, ReplicaState.BEHIND) and r.replica_id not in members:
-                self._transition(r, ReplicaState.JOINING, f"left out of quorum {q.quorum_id}: {q.reason}", now)
-        if not self.quorum or q.quorum_id != self.quorum.quorum_id:
-            self._event(now, "quorum", str(q.quorum_id),
-                        f"quorum {q.quorum_id}: {', '.join(m.replica_id for m in q.members)} at step "
-                        f"{q.max_step}, lr_scale {q.lr_scale:.3f} ({q.reason})")
-            self.quorum_history.append(q)
-            del self.quorum_history[: -s.recent_quorums]
-            self.writes.mark(REPLICAS)
-        self.quorum = q
-        self.round_joined = {}
-        self.round_renewed = set()
-        self.round_first_join_at = None
-        self.round_wake_at = None
-        return q
 
     def _switch_history(self, q: Quorum, rollback: RollbackDecision | None, now: float) -> None:
         """A rollback starts a new history below the newest committed step; a member that
