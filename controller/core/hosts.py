@@ -221,7 +221,10 @@ class HostRegistry:
         tail = stderr_tail.strip().splitlines()[-1:] if stderr_tail and signal not in (9, 15) else []
         why = f"trainer rank {rank} on host {host_id} died ({how})" + (f": {clip_text(tail[0], 200)}" if tail else "")
         h.last_seen = now
-        if not self._trainer_exited(host_id, replica_id, rank, exit_code, signal, why, now):
+        death, intents = self.lifecycle.trainer_exited(self.replicas.get(replica_id), host_id, replica_id, rank,
+                                                       exit_code, signal, why)
+        self.act(intents, now)
+        if not death:
             return  # a clean finish, or the job is over
         if gave_up:
             self._cordon(h, "failure", f"its agent gave up: {why}", now)

@@ -147,6 +147,11 @@ class Host:
     standby: bool = False
 
 
+def host_can_run(h: Host) -> bool:
+    """Not DEAD, and not cordoned after a failure (a host that waits to be replaced)."""
+    return h.state != HostState.DEAD and not (h.cordoned and h.cordon_by == "failure")
+
+
 @dataclass(frozen=True)
 class Member:
     replica_id: str

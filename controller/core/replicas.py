@@ -9,7 +9,7 @@ from controller.core.checks import (
 )
 from controller.core.diagnosis.sdc import check_rank_digests
 from controller.core.errors import FailedPrecondition, InvalidArgument
-from controller.core.model import SETTLED, DeathCause, Quorum, Replica, ReplicaState
+from controller.core.model import SETTLED, DeathCause, JobState, Quorum, Replica, ReplicaState
 from controller.core.pending_writes import REPLICAS, addresses_section
 from controller.core.digests import check_digest
 from controller.core.plausible import step_problem
@@ -43,7 +43,7 @@ class ReplicaRegistry:
             self._live = None
             self._event(now, "replica", rid, f"replica {rid} registered at step {req.step}")
         elif restarted and r.state == ReplicaState.FINISHED:
-            self.finished_exits.discard(rid)
+            self.lifecycle.trains_again(rid)
             self._transition(r, ReplicaState.JOINING, f"trains again after it finished (incarnation "
                                                       f"{r.incarnation} → {req.incarnation})", now)
         elif restarted and r.state != ReplicaState.DEAD:
@@ -99,7 +99,7 @@ class ReplicaRegistry:
                 f"replica {rid!r} is one too many: the job is configured for {s.replicas} replicas."
             )
         restarted = r is not None and bool(r.incarnation) and req.incarnation != r.incarnation
-        self._check_join_allowed(rid, r, restarted)
+        self.lifecycle.check_join_allowed(rid, r, restarted)
         self._check_replica_set(rid, req.world_size)
         beyond = step_problem(rid, req.step, self.quorum.max_step if self.quorum else None, self.max_committed_step)
         if beyond:
@@ -114,8 +114,8 @@ class ReplicaRegistry:
 
     def try_close_round(self, now: float) -> Quorum | None:
         """Close the round if the policy says so; returns the new quorum or None."""
-        if self.job_over:  # final: no quorum forms after it
-            self.round_reason, self.round_wake_at = f"the job is {self.job_state.value}", None
+        if self.lifecycle.job_over:  # final: no quorum forms after it
+            self.round_reason, self.round_wake_at = f"the job is {self.lifecycle.job_state.value}", None
             return None
         decided = self._decide_round(now)
         if decided is None:
@@ -363,6 +363,36 @@ class ReplicaRegistry:
         self._event(now, "commit_failed", replica_id,
                     f"replica {replica_id} failed to commit step {step}: {reason or 'no reason given'}")
 
+    def report_finished(self, replica_id: str, step: int, now: float, *, reason: str = "",
+                        host_id: str = "") -> JobState:
+        """Its leader says the replica trained to the end: FINISHED (controller.core.finishing)."""
+        r = self._known_replica(replica_id)
+        self._check_leader_host(replica_id, host_id)
+        if step < -1:
+            raise InvalidArgument(f"step must be -1 (nothing committed) or more, got {step}.")
+        reason = clip_text(reason, self.settings.max_reason_chars)
+        if step > max(r.given_step, r.committed_step):
+            raise FailedPrecondition(
+                f"replica {replica_id} reports it finished at step {step}, but no quorum gave it a step after "
+                f"{max(r.given_step, r.committed_step)}; a replica cannot have committed a step it was not given.")
+        if step < r.committed_step and r.state != ReplicaState.FINISHED:
+            raise FailedPrecondition(
+                f"replica {replica_id} reports it finished at step {step}, but it already committed step "
+                f"{r.committed_step}; steps never go backwards.")
+        # Validated: from here on the request changes state.
+        r.last_seen = now
+        if r.state == ReplicaState.FINISHED:
+            return self.lifecycle.job_state  # said again (a retried call): nothing new
+        if step > r.committed_step:  # its last step report was lost: the replica knows best
+            r.committed_step, r.step = step, step + 1
+            self.max_committed_step = max(self.max_committed_step, step)
+        self.round_joined.pop(replica_id, None)
+        if not self.round_joined:
+            self.round_first_join_at = None
+        self._transition(r, ReplicaState.FINISHED,
+                         f"finished after step {step}" + (f": {clip_text(reason, 200)}" if reason else ""), now)
+        return self.lifecycle.job_state
+
     def report_replica_dead(self, replica_id: str, reason: str, now: float, *, host_id: str = "") -> None:
         self._known_replica(replica_id)
         self._check_leader_host(replica_id, host_id)
@@ -459,7 +489,7 @@ class ReplicaRegistry:
             self.goodput.on_state(r.replica_id, state == ReplicaState.HEALTHY, state == ReplicaState.DEAD,
                                   cause, r.last_seen, now)
             if state in SETTLED:
-                self._check_completed(now)
+                self.act(self.lifecycle.replica_settled(self.replicas, now), now)
 
 
 def _or(value: float | None, default: float) -> float:

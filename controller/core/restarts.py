@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from controller.core.model import Host, HostState
+from controller.core.model import Host, host_can_run
 from controller.core.pending_writes import REPLICAS
 
 
@@ -42,10 +42,6 @@ def restart_decision(restart_times_s: list[float], now: float, budget: int, wind
         return RestartDecision(True, f"restart budget exhausted: {used} replica restart(s) in the last "
                                      f"{window_s:g} s, budget {budget}")
     return RestartDecision(False, f"replica restart {used + 1} of {budget} allowed per {window_s:g} s")
-
-
-def host_can_run(h: Host) -> bool:
-    return h.state != HostState.DEAD and not (h.cordoned and h.cordon_by == "failure")
 
 
 class ReplicaRestarts:

@@ -19,6 +19,7 @@ from controller.core.events import level_of
 from controller.core.finishing import JobLifecycle
 from controller.core.goodput import GoodputTracker, NoGoodput
 from controller.core.hosts import HostRegistry
+from controller.core.intents import Announce, EndRounds, KillReplica, MoveReplica, Persist
 from controller.core.model import (
     Assignment, Event, Host, HostState, Member, OrderOut, Quorum, Replica, ReplicaState,
 )
@@ -39,7 +40,7 @@ REPLICA_DURABLE_FIELDS = tuple(
 )
 
 
-class ControllerState(ReplicaRegistry, HostRegistry, ReplicaRestarts, DivergenceTracker, JobLifecycle, Diagnosing):
+class ControllerState(ReplicaRegistry, HostRegistry, ReplicaRestarts, DivergenceTracker, Diagnosing):
     def __init__(self, settings: ControllerSettings) -> None:
         self.settings = settings.validate()
         self.replicas: dict[str, Replica] = {}
@@ -99,17 +100,8 @@ class ControllerState(ReplicaRegistry, HostRegistry, ReplicaRestarts, Divergence
         #: recent steps' replica digests, compared per step (bounded; not persisted)
         self.digest_ledger = DigestLedger(settings.digest_steps_kept, settings.digest_wait_s)
         self.digest_mismatches = 0
-        #: when the job became COMPLETED (None: it runs); final, and persisted
-        self.completed_at: float | None = None
-        #: when the job became FAILED (None: it did not); final, and persisted
-        self.failed_at: float | None = None
-        #: why the job COMPLETED or FAILED (persisted); while it runs, since when no replica
-        #: could make progress and the note that says so (not persisted: a new leader waits anew)
-        self.job_end_reason = ""
-        self.stuck_since: float | None = None
-        self.stuck_note = ""
-        #: finished replicas whose trainers' clean exit was already told in an event
-        self.finished_exits: set[str] = set()
+        #: the job's ending: COMPLETED or FAILED, when and why (controller.core.finishing)
+        self.lifecycle = JobLifecycle(self.settings)
         #: replicas whose leader's connection closed without goodbye (controller.core.suspects)
         self.suspects = Suspects()
         #: bytes each host shard may grow to (see controller.core.sizes)
@@ -124,13 +116,41 @@ class ControllerState(ReplicaRegistry, HostRegistry, ReplicaRestarts, Divergence
         """Declare dead whoever has been silent past the heartbeat timeout, compare the digests
         that waited long enough, and run the periodic diagnosis. A completed job's agents leave:
         their silence is no failure (no host deaths, no swaps, no diagnosis)."""
-        if not self.job_over:
+        if not self.lifecycle.job_over:
             self.expire_hosts(now)
         self.expire_replicas(now)
         self.compare_digests(now)
-        if not self.job_over:
+        if not self.lifecycle.job_over:
             self.diagnose(now)
-        self.check_progress(now)
+        live, dead = self._liveness()
+        self.act(self.lifecycle.check_progress(self.replicas, self.hosts.values(),
+                                               bool(live) or len(dead) != len(self.replicas), now), now)
+
+    def act(self, intents, now: float) -> None:
+        """Carry out what a component asked (controller.core.intents), in order."""
+        for i in intents:
+            if isinstance(i, Announce):
+                self._event(now, i.kind, i.subject, i.message, i.cause, i.level)
+            elif isinstance(i, Persist):
+                self.writes.mark(i.section, i.urgent)
+            elif isinstance(i, EndRounds):
+                self.round_reason, self.round_wake_at = i.reason, None
+            elif isinstance(i, KillReplica):
+                self.kill_replica(i.replica_id, i.cause, i.reason, now)
+            elif isinstance(i, MoveReplica):
+                self._transition(self.replicas[i.replica_id], i.state, i.reason, now)
+            else:
+                raise TypeError(f"{i!r} is not an intent")
+
+    # -- the job's ending, as read by the service and the tests (JobLifecycle owns it) --------
+
+    job_state = property(lambda self: self.lifecycle.job_state)
+    job_over = property(lambda self: self.lifecycle.job_over)
+    job_state_reason = property(lambda self: self.lifecycle.job_state_reason)
+    completed_at = property(lambda self: self.lifecycle.completed_at)
+    failed_at = property(lambda self: self.lifecycle.failed_at)
+    job_end_reason = property(lambda self: self.lifecycle.job_end_reason)
+    stuck_since = property(lambda self: self.lifecycle.stuck_since)
 
     def silence(self, last_seen: float, now: float) -> str:
         """Why a record last seen at `last_seen` counts as dead now, or "" while it does not.
@@ -241,9 +261,9 @@ class ControllerState(ReplicaRegistry, HostRegistry, ReplicaRestarts, Divergence
             "deaths": self.deaths,
             "order_seq": self.order_seq,
             "digest_mismatches": self.digest_mismatches,
-            "completed_at": self.completed_at,
-            "failed_at": self.failed_at,
-            "job_end_reason": self.job_end_reason,
+            "completed_at": self.lifecycle.completed_at,
+            "failed_at": self.lifecycle.failed_at,
+            "job_end_reason": self.lifecycle.job_end_reason,
             "history": [self.history_step, self.history_epoch, self.branch_start_step, self.newest_checkpoint_step],
             "steps_lost": self.steps_lost,
             "history_changes": self.history_changes,
@@ -303,9 +323,8 @@ class ControllerState(ReplicaRegistry, HostRegistry, ReplicaRestarts, Divergence
             self.swaps = replicas["swaps"]
             self.deaths = dict(replicas["deaths"])
             self.digest_mismatches = replicas.get("digest_mismatches", 0)
-            self.completed_at = replicas.get("completed_at")
-            self.failed_at = replicas.get("failed_at")
-            self.job_end_reason = replicas.get("job_end_reason", "")
+            self.lifecycle.restore(replicas.get("completed_at"), replicas.get("failed_at"),
+                                   replicas.get("job_end_reason", ""))
             # Order ids must never repeat (agents answer a repeated id from memory), and the
             # counter is written only now and then: continue from the clock if it is ahead.
             self.order_seq = max(replicas["order_seq"], int(now * 1000))

@@ -1,0 +1,57 @@
+"""Intents: what a component asks of the rest of the controller, as values. Pure.
+
+A component (lifecycle, divergence, restarts, ...) owns its data and changes only that; what
+its decision asks of the others comes back as a list of intents, which `ControllerState.act`
+carries out in one place, in order (so events keep the order they were decided in).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from controller.core.model import DeathCause, ReplicaState
+
+
+@dataclass(frozen=True)
+class Announce:
+    """An event for the journal and the event log."""
+
+    kind: str
+    subject: str
+    message: str
+    cause: str = ""
+    level: str | None = None
+
+
+@dataclass(frozen=True)
+class Persist:
+    """A store section changed (controller.core.pending_writes): `urgent`, before the answer."""
+
+    section: str
+    urgent: bool = True
+
+
+@dataclass(frozen=True)
+class EndRounds:
+    """The job ended: no round closes from now on, for `reason`."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
+class KillReplica:
+    replica_id: str
+    cause: DeathCause
+    reason: str
+
+
+@dataclass(frozen=True)
+class MoveReplica:
+    """A replica's state changes (its record says why)."""
+
+    replica_id: str
+    state: ReplicaState
+    reason: str
+
+
+Intent = Announce | Persist | EndRounds | KillReplica | MoveReplica
