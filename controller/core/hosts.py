@@ -27,10 +27,9 @@ EXIT_CODES = (-1, 255)
 SIGNALS = (0, 127)
 
 
-#: What of a host survives a failover (last_seen and the restart budget start anew; the
-#: assignment is written apart).
-HOST_DURABLE_FIELDS = tuple(f.name for f in fields(Host)
-                            if f.name not in ("last_seen", "assignment", "restart_times_s"))
+#: What of a host survives a failover (last_seen starts anew, as does the restart budget,
+#: controller.core.restarts; the assignment is written apart).
+HOST_DURABLE_FIELDS = tuple(f.name for f in fields(Host) if f.name not in ("last_seen", "assignment"))
 
 
 def host_shard(host_id: str) -> int:
@@ -230,7 +229,7 @@ class HostRegistry:
             self._cordon(h, "failure", f"its agent gave up: {why}", now)
             self._swap(h, now)
         else:
-            self.restart_after_death(h, why, now)
+            self.act(self.restart_budget.after_death(host_id, replica_id, why, now), now)
 
     def deregister_agent(self, host_id: str, incarnation: str, reason: str, now: float) -> str:
         """A cleanly stopping agent leaves: its host is DEAD at once (not cordoned: nothing is

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from controller.core.digests import Verdict
 from controller.core.model import DeathCause, ReplicaState
 
 
@@ -47,11 +48,36 @@ class KillReplica:
 
 @dataclass(frozen=True)
 class MoveReplica:
-    """A replica's state changes (its record says why)."""
+    """A replica's state changes (its record says why); `unless_settled`: not if it is DEAD
+    or FINISHED by the time this is carried out."""
 
     replica_id: str
     state: ReplicaState
     reason: str
+    unless_settled: bool = False
 
 
-Intent = Announce | Persist | EndRounds | KillReplica | MoveReplica
+@dataclass(frozen=True)
+class Diagnose:
+    """Digest verdicts for the diagnosis (SDC findings: which hosts hold the differing state)."""
+
+    verdicts: tuple[Verdict, ...]
+
+
+@dataclass(frozen=True)
+class RestartReplica:
+    """Restart every rank of the replica together, on its hosts (after a trainer's death)."""
+
+    replica_id: str
+    why: str
+
+
+@dataclass(frozen=True)
+class ReplaceHost:
+    """Cordon the host after a failure and move its work to a spare."""
+
+    host_id: str
+    reason: str
+
+
+Intent = Announce | Persist | EndRounds | KillReplica | MoveReplica | Diagnose | RestartReplica | ReplaceHost

@@ -140,9 +140,6 @@ class Host:
     address: str = ""
     rendezvous_port: int = 0
     coordinator_port: int = 0
-    #: When this host's trainer deaths restarted its replica (not durable: a new leader counts
-    #: anew), for the restart budget (controller.core.restarts).
-    restart_times_s: list[float] = field(default_factory=list)
     #: Its agent pre-starts standby trainers while the host has no assignment (shown, not acted on).
     standby: bool = False
 

@@ -168,7 +168,7 @@ class ReplicaRegistry:
         s = self.settings
         previous = self.quorum.member_ids if self.quorum else frozenset()
         self.goodput.on_quorum(members, now)
-        diverged = self.diverged_members(members)
+        diverged = self.divergence.diverged_members(self.replicas, members)
         q = form_quorum(
             members,
             previous_id=self.quorum.quorum_id if self.quorum else self.first_quorum_id - 1,

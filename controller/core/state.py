@@ -13,19 +13,20 @@ from dataclasses import fields
 
 from controller.core.checks import clip_text
 from controller.core.diagnosis.acting import Diagnosing
-from controller.core.digests import DigestLedger
 from controller.core.divergence import DivergenceTracker
 from controller.core.events import level_of
 from controller.core.finishing import JobLifecycle
 from controller.core.goodput import GoodputTracker, NoGoodput
 from controller.core.hosts import HostRegistry
-from controller.core.intents import Announce, EndRounds, KillReplica, MoveReplica, Persist
+from controller.core.intents import (
+    Announce, Diagnose, EndRounds, KillReplica, MoveReplica, Persist, ReplaceHost, RestartReplica,
+)
 from controller.core.model import (
-    Assignment, Event, Host, HostState, Member, OrderOut, Quorum, Replica, ReplicaState,
+    SETTLED, Assignment, Event, Host, HostState, Member, OrderOut, Quorum, Replica, ReplicaState, host_can_run,
 )
 from controller.core.replicas import ReplicaRegistry
 from controller.core.pending_writes import JOURNAL, REPLICAS, PendingWrites
-from controller.core.restarts import ReplicaRestarts
+from controller.core.restarts import RestartBudget
 from controller.core.sizes import ShardBudget, digest_ledger_budget
 from controller.core.suspects import Suspects
 from controller.core import retention
@@ -40,7 +41,7 @@ REPLICA_DURABLE_FIELDS = tuple(
 )
 
 
-class ControllerState(ReplicaRegistry, HostRegistry, ReplicaRestarts, DivergenceTracker, Diagnosing):
+class ControllerState(ReplicaRegistry, HostRegistry, Diagnosing):
     def __init__(self, settings: ControllerSettings) -> None:
         self.settings = settings.validate()
         self.replicas: dict[str, Replica] = {}
@@ -97,9 +98,10 @@ class ControllerState(ReplicaRegistry, HostRegistry, ReplicaRestarts, Divergence
         self.rank_holders: dict[tuple[str, int], str] = {}
         #: the store sections changed and not yet handed out for writing (pending_writes.py)
         self.writes = PendingWrites()
-        #: recent steps' replica digests, compared per step (bounded; not persisted)
-        self.digest_ledger = DigestLedger(settings.digest_steps_kept, settings.digest_wait_s)
-        self.digest_mismatches = 0
+        #: each host's replica restarts, against the restart budget (controller.core.restarts)
+        self.restart_budget = RestartBudget(self.settings)
+        #: replica digests compared per step, DIVERGED replicas (controller.core.divergence)
+        self.divergence = DivergenceTracker(self.settings)
         #: the job's ending: COMPLETED or FAILED, when and why (controller.core.finishing)
         self.lifecycle = JobLifecycle(self.settings)
         #: replicas whose leader's connection closed without goodbye (controller.core.suspects)
@@ -138,9 +140,94 @@ class ControllerState(ReplicaRegistry, HostRegistry, ReplicaRestarts, Divergence
             elif isinstance(i, KillReplica):
                 self.kill_replica(i.replica_id, i.cause, i.reason, now)
             elif isinstance(i, MoveReplica):
-                self._transition(self.replicas[i.replica_id], i.state, i.reason, now)
+                r = self.replicas.get(i.replica_id)
+                if r is not None and not (i.unless_settled and r.state in SETTLED):
+                    self._transition(r, i.state, i.reason, now)
+            elif isinstance(i, Diagnose):
+                self.diagnose_verdicts(list(i.verdicts), now)
+            elif isinstance(i, RestartReplica):
+                self._restart_in_place(i.replica_id, i.why, now)
+            elif isinstance(i, ReplaceHost):
+                h = self.hosts[i.host_id]
+                self._cordon(h, "failure", i.reason, now)
+                self._swap(h, now)
             else:
                 raise TypeError(f"{i!r} is not an intent")
+
+    # -- replica restarts (RestartBudget decides; the hosts carry them out) ---------------------
+
+    def replica_hosts(self, replica_id: str) -> list[Host]:
+        """The hosts that hold ranks of the replica, by their lowest rank."""
+        holders = {h for (rid, _), h in self.rank_holders.items() if rid == replica_id}
+        hosts = [self.hosts[h] for h in holders]
+        return sorted(hosts, key=lambda h: min(h.assignment.ranks))
+
+    def _restart_in_place(self, rid: str, why: str, now: float) -> None:
+        first = len(self.outbox)
+        restarted = self.restart_replica(rid, why)
+        if restarted:
+            r = self.replicas.get(rid)
+            if r is not None:
+                r.restarts += 1
+                self.writes.mark(REPLICAS)
+            self._event(now, "replica_restart", rid, f"replica {rid} restarts its ranks on {restarted} host(s) "
+                                                     f"together: {why}")
+        self._orders_event(first, now)
+
+    def restart_replica(self, replica_id: str, why: str, *, skip: Host | None = None,
+                        version: int | None = None) -> int:
+        """Order every host of the replica (but `skip`, which learns it otherwise) to restart
+        its ranks together, under one new replica version (`version`: one already decided for
+        the replica, e.g. the spare's ASSIGN). If a host of the replica cannot run, stop the
+        others instead: the replica is down until that host is replaced or back. Returns how
+        many hosts restart (0: the replica is down). The caller announces the orders
+        (`_orders_event`)."""
+        hosts = self.replica_hosts(replica_id)
+        down = [h for h in hosts if not host_can_run(h)]
+        if down:
+            for h in hosts:
+                if h is not skip and host_can_run(h):
+                    self._order(h.host_id, "STOP", h.assignment,
+                                f"replica {replica_id} is down until host {down[0].host_id} is replaced: {why}")
+            return 0
+        version = self._next_version() if version is None else version
+        self.replica_versions[replica_id] = version
+        for h in hosts:
+            h.assignment_version = version
+            self._touch(h, urgent=True)
+        for h in hosts:
+            if h is not skip:
+                self._order(h.host_id, "RESTART", h.assignment, f"replica {replica_id} restarts as a unit: {why}")
+        return len(hosts)
+
+    # -- digests (DivergenceTracker decides) ---------------------------------------------------
+
+    def _record_digest(self, r: Replica, step: int, digest: str, caught_up: bool, now: float) -> None:
+        """After `r` committed `step` (already recorded): keep its digest, heal or compare."""
+        if digest:
+            r.digest, r.digest_step = digest, step
+        trusted = [x.replica_id for x in self.replicas.values() if x.state == ReplicaState.HEALTHY and x is not r]
+        sources = self.quorum.recover.get(r.replica_id, ()) if self.quorum else ()
+        self.act(self.divergence.committed(r, step, digest, caught_up, trusted, sources, now), now)
+        self.compare_digests(now)
+
+    def compare_digests(self, now: float) -> None:
+        """Decide the steps whose digests are all in, or that waited long enough."""
+        self.act(self.divergence.compare(now, self._digest_waiting), now)
+
+    def _digest_waiting(self, step: int) -> list[str]:
+        """Members of the current quorum that may still report `step`."""
+        if self.quorum is None:
+            return []
+        out = []
+        for m in self.quorum.members:
+            r = self.replicas.get(m.replica_id)
+            if r is not None and r.state not in SETTLED and r.committed_step < step:
+                out.append(m.replica_id)
+        return out
+
+    digest_ledger = property(lambda self: self.divergence.ledger)
+    digest_mismatches = property(lambda self: self.divergence.mismatches)
 
     # -- the job's ending, as read by the service and the tests (JobLifecycle owns it) --------
 
@@ -260,7 +347,7 @@ class ControllerState(ReplicaRegistry, HostRegistry, ReplicaRestarts, Divergence
             "swaps": self.swaps,
             "deaths": self.deaths,
             "order_seq": self.order_seq,
-            "digest_mismatches": self.digest_mismatches,
+            "digest_mismatches": self.divergence.mismatches,
             "completed_at": self.lifecycle.completed_at,
             "failed_at": self.lifecycle.failed_at,
             "job_end_reason": self.lifecycle.job_end_reason,
@@ -270,7 +357,7 @@ class ControllerState(ReplicaRegistry, HostRegistry, ReplicaRestarts, Divergence
             "version_ceiling": self.version_ceiling,
             "replica_versions": self.replica_versions,
             "goodput": self.goodput.snapshot(),
-            "digests": self.digest_ledger.snapshot(digest_ledger_budget(self.settings)),
+            "digests": self.divergence.snapshot(digest_ledger_budget(self.settings)),
         }
 
     def snapshot_journal(self) -> dict:
@@ -322,7 +409,6 @@ class ControllerState(ReplicaRegistry, HostRegistry, ReplicaRestarts, Divergence
             self.max_committed_step = replicas.get("max_committed_step", -1)
             self.swaps = replicas["swaps"]
             self.deaths = dict(replicas["deaths"])
-            self.digest_mismatches = replicas.get("digest_mismatches", 0)
             self.lifecycle.restore(replicas.get("completed_at"), replicas.get("failed_at"),
                                    replicas.get("job_end_reason", ""))
             # Order ids must never repeat (agents answer a repeated id from memory), and the
@@ -334,7 +420,7 @@ class ControllerState(ReplicaRegistry, HostRegistry, ReplicaRestarts, Divergence
             self.history_changes = dict(replicas.get("history_changes", {}))
             self.version_ceiling = replicas.get("version_ceiling", 0)
             self.replica_versions = dict(replicas.get("replica_versions", {}))
-            self.digest_ledger.restore(replicas.get("digests"), now)
+            self.divergence.restore(replicas.get("digest_mismatches", 0), replicas.get("digests"), now)
         if journal:
             self.quorum_history = [_quorum_from_dict(q) for q in journal["history"]]
             self.events = [Event(*e) for e in journal["events"]]
