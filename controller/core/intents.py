@@ -80,4 +80,15 @@ class ReplaceHost:
     reason: str
 
 
-Intent = Announce | Persist | EndRounds | KillReplica | MoveReplica | Diagnose | RestartReplica | ReplaceHost
+@dataclass(frozen=True)
+class Evict:
+    """Move the host's work to a spare and cordon it ("diagnosis"); if that fails, an event
+    names `finding` and the error (with `cause`)."""
+
+    host_id: str
+    reason: str
+    finding: str
+    cause: str
+
+
+Intent = Evict | Announce | Persist | EndRounds | KillReplica | MoveReplica | Diagnose | RestartReplica | ReplaceHost

@@ -347,7 +347,7 @@ class ReplicaRegistry:
         if r.state == ReplicaState.BEHIND and self.quorum and step >= self.quorum.max_step:
             self._transition(r, ReplicaState.HEALTHY, f"caught up and committed step {step}", now)
         if digest:
-            self.diagnosis.keep_rank_digests(replica_id, step, rank_digests, tuple(
+            self.diagnostician.keep_rank_digests(replica_id, step, rank_digests, tuple(
                 self.rank_holders.get((replica_id, k)) for k in range(r.world_size)))
         self._record_digest(r, step, digest, caught_up, now)
 
@@ -408,7 +408,7 @@ class ReplicaRegistry:
             return False
         self._transition(r, ReplicaState.DEAD, reason, now, cause=cause.value)
         self.deaths[cause.value] = self.deaths.get(cause.value, 0) + 1
-        self.diagnosis.forget_replica(replica_id, now)  # its groups form anew when it returns
+        self.diagnostician.forget_replica(replica_id, now)  # its groups form anew when it returns
         self.round_joined.pop(replica_id, None)
         if not self.round_joined:
             self.round_first_join_at = None

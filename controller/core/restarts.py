@@ -50,17 +50,17 @@ class RestartBudget:
     anew), and what the next death does."""
 
     def __init__(self, settings: ControllerSettings) -> None:
-        self.budget, self.window_s = settings.restart_budget, settings.restart_window_s
+        self.settings = settings
         self._times: dict[str, list[float]] = {}
 
     def after_death(self, host_id: str, replica_id: str, why: str, now: float) -> list[Intent]:
         """One of the host's trainers died: restart its replica in place, or replace the host
         when its restart budget is spent."""
-        times = self._times.get(host_id, [])
-        decision = restart_decision(times, now, self.budget, self.window_s)
+        s, times = self.settings, self._times.get(host_id, [])
+        decision = restart_decision(times, now, s.restart_budget, s.restart_window_s)
         if decision.replace_host:
             return [ReplaceHost(host_id, f"{decision.reason}: {why}")]
-        self._times[host_id] = [t for t in times if now - self.window_s < t] + [now]
+        self._times[host_id] = [t for t in times if now - s.restart_window_s < t] + [now]
         return [RestartReplica(replica_id, f"{why} ({decision.reason})")]
 
     def times(self, host_id: str) -> list[float]:

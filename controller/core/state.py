@@ -9,39 +9,38 @@ left unwritten (`writes`, controller/core/pending_writes.py), the orders for age
 
 from __future__ import annotations
 
-from dataclasses import fields
 
 from controller.core.checks import clip_text
-from controller.core.diagnosis.acting import Diagnosing
+from controller.core.diagnosis.acting import Diagnostician, Facts
+from controller.core.diagnosis.telemetry import HostReport
+from controller.core.errors import RequestError
 from controller.core.divergence import DivergenceTracker
 from controller.core.events import level_of
 from controller.core.finishing import JobLifecycle
 from controller.core.goodput import GoodputTracker, NoGoodput
 from controller.core.hosts import HostRegistry
 from controller.core.intents import (
-    Announce, Diagnose, EndRounds, KillReplica, MoveReplica, Persist, ReplaceHost, RestartReplica,
+    Announce, Diagnose, EndRounds, Evict, KillReplica, MoveReplica, Persist, ReplaceHost, RestartReplica,
 )
+from controller.core.quorum_codec import quorum_from_dict
 from controller.core.model import (
-    SETTLED, Assignment, Event, Host, HostState, Member, OrderOut, Quorum, Replica, ReplicaState, host_can_run,
+    SETTLED, Assignment, Event, Host, HostState, OrderOut, Quorum, Replica, ReplicaState, host_can_run,
 )
 from controller.core.replicas import ReplicaRegistry
 from controller.core.pending_writes import JOURNAL, REPLICAS, PendingWrites
 from controller.core.restarts import RestartBudget
-from controller.core.sizes import ShardBudget, digest_ledger_budget
+from controller.core.sizes import ShardBudget
 from controller.core.suspects import Suspects
-from controller.core import retention
+from controller.core import retention, snapshots
 from controller.settings import ControllerSettings
 
-SNAPSHOT_VERSION = 1
 #: Assignment versions reserved per write of the replicas snapshot.
 VERSION_BLOCK = 1024
-#: What of a replica survives a failover (addresses are kept apart; last_seen restarts).
-REPLICA_DURABLE_FIELDS = tuple(
-    f.name for f in fields(Replica) if f.name not in ("last_seen", "ftar_addresses", "state_addresses", "given_restored")
-)
+#: the components that read the settings on every call
+_WITH_SETTINGS = ("lifecycle", "restart_budget", "diagnostician")
 
 
-class ControllerState(ReplicaRegistry, HostRegistry, Diagnosing):
+class ControllerState(ReplicaRegistry, HostRegistry):
     def __init__(self, settings: ControllerSettings) -> None:
         self.settings = settings.validate()
         self.replicas: dict[str, Replica] = {}
@@ -111,8 +110,20 @@ class ControllerState(ReplicaRegistry, HostRegistry, Diagnosing):
         #: host ids by shard, and each host's encoded record until it changes (see _touch)
         self.shard_members: dict[int, dict[str, None]] = {}
         self.encoded_hosts: dict[str, bytes] = {}
-        #: telemetry, findings and what was done about them (not persisted: rebuilt from reports)
-        self.init_diagnosis()
+        #: telemetry, findings and what was done about them (controller.core.diagnosis.acting)
+        self.diagnostician = Diagnostician(self.settings)
+
+    @property
+    def settings(self) -> ControllerSettings:
+        return self._settings
+
+    @settings.setter
+    def settings(self, settings: ControllerSettings) -> None:
+        """Settings changed (tests do): the components read them too."""
+        self._settings = settings
+        for name in _WITH_SETTINGS:
+            if hasattr(self, name):
+                getattr(self, name).settings = settings
 
     def expire(self, now: float) -> None:
         """Declare dead whoever has been silent past the heartbeat timeout, compare the digests
@@ -123,7 +134,7 @@ class ControllerState(ReplicaRegistry, HostRegistry, Diagnosing):
         self.expire_replicas(now)
         self.compare_digests(now)
         if not self.lifecycle.job_over:
-            self.diagnose(now)
+            self._carry_out(self.diagnostician.periodic(self._facts(), now), now)
         live, dead = self._liveness()
         self.act(self.lifecycle.check_progress(self.replicas, self.hosts.values(),
                                                bool(live) or len(dead) != len(self.replicas), now), now)
@@ -144,7 +155,9 @@ class ControllerState(ReplicaRegistry, HostRegistry, Diagnosing):
                 if r is not None and not (i.unless_settled and r.state in SETTLED):
                     self._transition(r, i.state, i.reason, now)
             elif isinstance(i, Diagnose):
-                self.diagnose_verdicts(list(i.verdicts), now)
+                self._carry_out(self.diagnostician.verdicts(list(i.verdicts), self._facts(), now), now)
+            elif isinstance(i, Evict):
+                self._evict_for_diagnosis(i, now)
             elif isinstance(i, RestartReplica):
                 self._restart_in_place(i.replica_id, i.why, now)
             elif isinstance(i, ReplaceHost):
@@ -153,6 +166,38 @@ class ControllerState(ReplicaRegistry, HostRegistry, Diagnosing):
                 self._swap(h, now)
             else:
                 raise TypeError(f"{i!r} is not an intent")
+
+    def _carry_out(self, batches, now: float) -> None:
+        """Intents that come one batch at a time, each decided on what the last one left."""
+        for intents in batches:
+            self.act(intents, now)
+
+    # -- the diagnosis (Diagnostician decides; evictions go through the host registry) ---------
+
+    @property
+    def diagnosis(self):
+        """The diagnosis engine: telemetry, findings, the decision log (read by the service)."""
+        return self.diagnostician.engine
+
+    def _facts(self) -> Facts:
+        return Facts(self.hosts, self.replicas, self.rank_holders, self.quorum)
+
+    def report_telemetry(self, report: HostReport, agent_secret: str, now: float) -> list[str]:
+        """Keep an agent's summary (its agent secret checked); returns what was left out and why."""
+        self.diagnostician.check(report)
+        h = self.authenticate_agent(report.host_id, agent_secret)
+        findings, ignored = self.diagnostician.ingest(report, h, self.replicas, now)
+        self._carry_out(self.diagnostician.decide(findings, self._facts(), now), now)
+        return ignored
+
+    def _evict_for_diagnosis(self, i: Evict, now: float) -> None:
+        try:
+            self.evict(i.host_id, "diagnosis", i.reason, now)
+        except RequestError as exc:  # the host changed between deciding and acting
+            self._event(now, "diagnosis", i.host_id, f"{i.finding}: eviction of host {i.host_id} failed: {exc}",
+                        i.cause)
+            return
+        self.diagnostician.evicted(i.host_id, now)
 
     # -- replica restarts (RestartBudget decides; the hosts carry them out) ---------------------
 
@@ -320,72 +365,13 @@ class ControllerState(ReplicaRegistry, HostRegistry, Diagnosing):
 
     # -- durable snapshot --------------------------------------------------------------------
 
-    def snapshot_section(self, section: str) -> dict | bytes:
-        """What the store section `section` (controller.core.pending_writes) holds now."""
-        kind, _, name = section.partition("/")
-        if kind == REPLICAS:
-            return self.snapshot_replicas()
-        if kind == JOURNAL:
-            return self.snapshot_journal()
-        if kind == "addresses":
-            return self.snapshot_addresses(name)
-        if kind == "hosts":
-            return self.encoded_host_shard(int(name))
-        raise ValueError(f"unknown store section {section!r}")
-
-    def snapshot_replicas(self) -> dict:
-        """Written before answering: small, and on the hot path of every committed step."""
-        return {
-            "version": SNAPSHOT_VERSION,
-            "quorum": _quorum_to_dict(self.quorum) if self.quorum else None,
-            "replicas": [
-                {k: getattr(r, k) for k in REPLICA_DURABLE_FIELDS} for r in self.replicas.values()
-            ],
-            "first_quorum_id": self.first_quorum_id,
-            "max_committed_step": self.max_committed_step,
-            "steps_committed": self.steps_committed,
-            "swaps": self.swaps,
-            "deaths": self.deaths,
-            "order_seq": self.order_seq,
-            "digest_mismatches": self.divergence.mismatches,
-            "completed_at": self.lifecycle.completed_at,
-            "failed_at": self.lifecycle.failed_at,
-            "job_end_reason": self.lifecycle.job_end_reason,
-            "history": [self.history_step, self.history_epoch, self.branch_start_step, self.newest_checkpoint_step],
-            "steps_lost": self.steps_lost,
-            "history_changes": self.history_changes,
-            "version_ceiling": self.version_ceiling,
-            "replica_versions": self.replica_versions,
-            "goodput": self.goodput.snapshot(),
-            "digests": self.divergence.snapshot(digest_ledger_budget(self.settings)),
-        }
-
-    def snapshot_journal(self) -> dict:
-        """Recent quorums and events, for the status API: written behind, within a tick."""
-        return {
-            "version": SNAPSHOT_VERSION,
-            "history": [_quorum_to_dict(q) for q in self.quorum_history],
-            "events": [[e.at, e.kind, e.subject, e.message, e.cause, e.level, e.seq] for e in self.events],
-            "event_seq": self.event_seq,
-            "goodput": self.goodput.snapshot_history(),
-        }
-
-    def snapshot_addresses(self, replica_id: str) -> dict:
-        r = self.replicas[replica_id]
-        return self.addresses_snapshot(r.ftar_addresses, r.state_addresses)
-
-    @staticmethod
-    def addresses_snapshot(ftar, state) -> dict:
-        return {"version": SNAPSHOT_VERSION, "ftar": list(ftar), "state": list(state)}
-
-    def snapshot_hosts(self, shard: int) -> dict:
-        return self.snapshot_host_shards([shard])[shard]
-
-    def snapshot_host_shards(self, shards) -> dict[int, dict]:
-        """Several shards in one pass over the hosts."""
-        return {i: {"version": SNAPSHOT_VERSION,
-                    "hosts": [self.host_record(self.hosts[h]) for h in self.shard_members.get(i, ())]}
-                for i in shards}
+    snapshot_section = snapshots.section
+    snapshot_replicas = snapshots.replicas_section
+    snapshot_journal = snapshots.journal_section
+    snapshot_addresses = snapshots.addresses_section
+    addresses_snapshot = staticmethod(snapshots.addresses_snapshot)
+    snapshot_hosts = snapshots.host_section
+    snapshot_host_shards = snapshots.host_sections
 
     def restore(self, replicas: dict | None, host_shards: list[dict | None], now: float,
                 addresses: dict[str, dict] | None = None, journal: dict | None = None) -> None:
@@ -398,7 +384,7 @@ class ControllerState(ReplicaRegistry, HostRegistry, Diagnosing):
             self.version_ceiling = self.order_seq = int(now * 1000)
         if replicas:
             self.first_quorum_id = replicas.get("first_quorum_id", 1)
-            self.quorum = _quorum_from_dict(replicas["quorum"]) if replicas["quorum"] else None
+            self.quorum = quorum_from_dict(replicas["quorum"]) if replicas["quorum"] else None
             self.replicas = {}
             for d in replicas["replicas"]:
                 a = (addresses or {}).get(d["replica_id"]) or {"ftar": (), "state": ()}
@@ -422,7 +408,7 @@ class ControllerState(ReplicaRegistry, HostRegistry, Diagnosing):
             self.replica_versions = dict(replicas.get("replica_versions", {}))
             self.divergence.restore(replicas.get("digest_mismatches", 0), replicas.get("digests"), now)
         if journal:
-            self.quorum_history = [_quorum_from_dict(q) for q in journal["history"]]
+            self.quorum_history = [quorum_from_dict(q) for q in journal["history"]]
             self.events = [Event(*e) for e in journal["events"]]
             self.event_tiers = []  # counted again on the next event (controller.core.retention)
             self.event_seq = max(journal.get("event_seq", 0), max((e.seq for e in self.events), default=0))
@@ -457,22 +443,3 @@ def _beat(records: dict, ids, dead, now: float) -> list[str]:
         else:
             record.last_seen = now
     return unknown
-
-
-def _quorum_to_dict(q: Quorum) -> dict:
-    """Every field of `q` (what dataclasses.asdict gives, written out: asdict deep-copies each
-    value, and this runs on every committed step's write)."""
-    return {
-        "quorum_id": q.quorum_id,
-        "members": [{"replica_id": m.replica_id, "step": m.step, "healthy": m.healthy} for m in q.members],
-        "max_step": q.max_step, "recover": {k: list(v) for k, v in q.recover.items()}, "lr_scale": q.lr_scale,
-        "reason": q.reason, "formed_at": q.formed_at, "resume_checkpoint_step": q.resume_checkpoint_step,
-    }
-
-
-def _quorum_from_dict(d: dict) -> Quorum:
-    return Quorum(
-        quorum_id=d["quorum_id"], members=tuple(Member(**m) for m in d["members"]), max_step=d["max_step"],
-        recover={k: tuple(v) for k, v in d["recover"].items()}, lr_scale=d["lr_scale"], reason=d["reason"],
-        formed_at=d["formed_at"], resume_checkpoint_step=d.get("resume_checkpoint_step"),
-    )

@@ -160,7 +160,7 @@ def test_the_durable_quorum_record_holds_every_field_and_reads_back_equal():
     from dataclasses import asdict, fields
 
     from controller.core.model import Member, Quorum
-    from controller.core.state import _quorum_from_dict, _quorum_to_dict
+    from controller.core.quorum_codec import quorum_from_dict as _quorum_from_dict, quorum_to_dict as _quorum_to_dict
 
     q = Quorum(quorum_id=7, members=(Member("r0", 4, True), Member("r1", 2, False)), max_step=4,
                recover={"r1": ("r0",)}, lr_scale=0.5, reason="r1 behind", formed_at=12.5, resume_checkpoint_step=3)
