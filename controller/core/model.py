@@ -10,7 +10,7 @@ Replica states (every transition carries a reason and becomes an event):
     DEAD ──(joins again, usually a new incarnation)──▶ JOINING
     HEALTHY / BEHIND ──(its digest is in the minority for a step)──▶ DIVERGED
     DIVERGED ──(in a quorum: not healthy, re-syncs from the reference; commits caught up)──▶ HEALTHY
-    any ──(its leader reports it finished)──▶ FINISHED
+    any ──(its coordinator reports it finished)──▶ FINISHED
     FINISHED ──(a new incarnation joins while the job runs)──▶ JOINING
 
 A DIVERGED replica is still a member of rounds; it leaves that state only by re-syncing (or
@@ -75,7 +75,9 @@ class Replica:
     world_size: int = 0
     ftar_addresses: tuple[str, ...] = ()
     state_addresses: tuple[str, ...] = ()
-    leader_address: str = ""
+    #: Where the replica's coordinator (its rank 0) listens, as its join said (the wire calls
+    #: it `leader_address`).
+    coordinator_address: str = ""
     last_seen: float = 0.0
     #: Set by a COMMIT_FAILED report; the next quorum gets a new id.
     failed_commit: bool = False

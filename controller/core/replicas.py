@@ -26,7 +26,8 @@ class JoinRequest:
     incarnation: str = ""
     ftar_addresses: tuple[str, ...] = ()
     state_addresses: tuple[str, ...] = ()
-    leader_address: str = ""
+    #: the replica's coordinator's address (the wire's `leader_address`)
+    coordinator_address: str = ""
     host_id: str = ""
 
 
@@ -67,7 +68,7 @@ class ReplicaRegistry:
             self.round_renewed.add(rid)
         if restarted:
             self.round_renewed.add(rid)
-        r.leader_address = req.leader_address or r.leader_address
+        r.coordinator_address = req.coordinator_address or r.coordinator_address
         self.suspects.cleared(rid)  # its leader is back
         if not self.round_joined:
             self.round_first_join_at = now
@@ -84,10 +85,10 @@ class ReplicaRegistry:
             raise InvalidArgument(f"world_size must be 1..{s.max_world_size}, got {req.world_size}.")
         ftar = check_addresses("ftar_addresses", req.ftar_addresses, req.world_size, s.max_address_chars)
         state = check_addresses("state_addresses", req.state_addresses, req.world_size, s.max_address_chars)
-        if req.leader_address:
-            check_address("leader_address", req.leader_address, s.max_address_chars)
+        if req.coordinator_address:  # named as the wire names it
+            check_address("leader_address", req.coordinator_address, s.max_address_chars)
         check_optional_id("incarnation", req.incarnation, s.max_id_chars)
-        self._check_leader_host(rid, req.host_id)
+        self._check_coordinator_host(rid, req.host_id)
         r = self.replicas.get(rid)
         if (ftar or state) and (r is None or ftar != r.ftar_addresses or state != r.state_addresses):
             new = (ftar or (r.ftar_addresses if r else ()), state or (r.state_addresses if r else ()))
@@ -280,9 +281,9 @@ class ReplicaRegistry:
             raise FailedPrecondition(f"replica {replica_id!r} is unknown: it must join a quorum first.")
         return r
 
-    def _check_leader_host(self, replica_id: str, host_id: str) -> None:
-        """Fencing: only the host that holds rank 0 of a replica may lead it, and a leader of
-        a replica with a known rank-0 holder must say which host it runs on."""
+    def _check_coordinator_host(self, replica_id: str, host_id: str) -> None:
+        """Fencing: only the host that holds rank 0 of a replica may run its coordinator, and
+        the coordinator of a replica with a known rank-0 holder must say which host it runs on."""
         check_optional_id("host_id", host_id, self.settings.max_id_chars)
         holder = self.rank_holders.get((replica_id, 0))
         if holder is None or holder == host_id:
@@ -318,7 +319,7 @@ class ReplicaRegistry:
         rank_digests = check_rank_digests(rank_digests, r.world_size)
         if rank_digests and not digest:
             raise InvalidArgument("rank_digests were sent without the replica digest they belong to.")
-        self._check_leader_host(replica_id, host_id)
+        self._check_coordinator_host(replica_id, host_id)
         check_non_negative("tokens", tokens)
         if checkpoint_step is not None and not 0 <= checkpoint_step <= step:
             raise InvalidArgument(f"checkpoint_step must be between 0 and the committed step {step}, "
@@ -354,7 +355,7 @@ class ReplicaRegistry:
     def report_commit_failed(self, replica_id: str, step: int, reason: str, now: float, *, quorum_id: int,
                              host_id: str = "") -> None:
         r = self._known_replica(replica_id)
-        self._check_leader_host(replica_id, host_id)
+        self._check_coordinator_host(replica_id, host_id)
         self._check_given(r, quorum_id, step, "a failed commit of")
         reason = clip_text(reason, self.settings.max_reason_chars)
         r.failed_commit = True
@@ -367,7 +368,7 @@ class ReplicaRegistry:
                         host_id: str = "") -> JobState:
         """Its leader says the replica trained to the end: FINISHED (controller.core.finishing)."""
         r = self._known_replica(replica_id)
-        self._check_leader_host(replica_id, host_id)
+        self._check_coordinator_host(replica_id, host_id)
         if step < -1:
             raise InvalidArgument(f"step must be -1 (nothing committed) or more, got {step}.")
         reason = clip_text(reason, self.settings.max_reason_chars)
@@ -395,7 +396,7 @@ class ReplicaRegistry:
 
     def report_replica_dead(self, replica_id: str, reason: str, now: float, *, host_id: str = "") -> None:
         self._known_replica(replica_id)
-        self._check_leader_host(replica_id, host_id)
+        self._check_coordinator_host(replica_id, host_id)
         reason = clip_text(reason, self.settings.max_reason_chars)
         self.kill_replica(replica_id, DeathCause.REPORTED, reason or "reported dead", now)
 
@@ -439,8 +440,8 @@ class ReplicaRegistry:
         if problem:
             raise FailedPrecondition(problem)
 
-    def leader_connection_lost(self, replica_id: str, how: str, now: float) -> bool:
-        """A leader's connection (`how`: which) closed without goodbye: its replica is suspect
+    def coordinator_connection_lost(self, replica_id: str, how: str, now: float) -> bool:
+        """A coordinator's connection (`how`: which) closed without goodbye: its replica is suspect
         (controller.core.suspects) while it is live. Returns whether it became suspect."""
         r = self.replicas.get(replica_id)
         if r is None or r.state in SETTLED or not self.suspects.lost(replica_id, now):

@@ -387,6 +387,8 @@ class ControllerState(ReplicaRegistry, HostRegistry):
             self.quorum = quorum_from_dict(replicas["quorum"]) if replicas["quorum"] else None
             self.replicas = {}
             for d in replicas["replicas"]:
+                # a record written before the coordinator's address had its name
+                d = {("coordinator_address" if k == "leader_address" else k): v for k, v in d.items()}
                 a = (addresses or {}).get(d["replica_id"]) or {"ftar": (), "state": ()}
                 self.replicas[d["replica_id"]] = Replica(
                     **dict(d, state=ReplicaState(d["state"]), ftar_addresses=tuple(a["ftar"]),

@@ -402,8 +402,8 @@ class ControllerServer:
         if self.leading and self.state is not None and self.step_now(LeaveRound(replica_id, why)):
             self._poke.set()
 
-    def leader_connection_lost(self, replica_id: str, how: str) -> None:
-        """A leader's connection (`how`) closed without goodbye: the core decides (its replica
+    def coordinator_connection_lost(self, replica_id: str, how: str) -> None:
+        """A coordinator's connection (`how`) closed without goodbye: the core decides (its replica
         becomes suspect), the next settle closes the round without it if it may."""
         if self.leading and self.state is not None and self.step_now(ConnectionLost(replica_id, how)):
             self._poke.set()

@@ -17,10 +17,9 @@ MAX_FUNCTION_LINES = 60
 
 #: (file under controller/, qualified name) -> its length today. To be split, then removed.
 ALLOWED: dict[tuple[str, str], int] = {
-    ("main.py", "parse_args"): 65,  # one add_argument per flag; splitting it by topic is next
     ("service/rest.py", "make_app"): 130,  # the routes, nested in their factory
     ("settings.py", "ControllerSettings.validate"): 74,  # one check per setting group
-    ("core/state.py", "ControllerState.__init__"): 79,  # shrinks as the components take their data
+    ("core/state.py", "ControllerState.__init__"): 71,  # shrinks as the components take their data
 }
 
 
