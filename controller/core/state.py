@@ -5,6 +5,13 @@ socket or touches the store. The service changes it only through `ControllerCore
 (controller/core/core.py), which hands back what a change asks for: the store sections it
 left unwritten (`writes`, controller/core/pending_writes.py), the orders for agents
 (`outbox`) and the events.
+
+It holds the records (replicas, hosts, the round) and combines the components that own the
+rest: `lifecycle` (controller.core.finishing), `divergence` (controller.core.divergence),
+`restart_budget` (controller.core.restarts) and `diagnostician`
+(controller.core.diagnosis.acting). A component changes only its own data and returns intents
+(controller.core.intents), which `act` carries out here, in one place. The replica and host
+registries (controller.core.replicas, controller.core.hosts) are still mixins of this class.
 """
 
 from __future__ import annotations

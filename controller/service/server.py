@@ -366,7 +366,7 @@ class ControllerServer:
             try:
                 ready = self.step(CloseRound())
                 answered = self._round_outcome(ready)
-            except NotLeader as exc:  # stepped down: _step_down failed the waiters
+            except NotLeader as exc:  # stepped down: step_down failed the waiters
                 log.warning("could not settle the round: %s", exc)
                 return
             except Exception as exc:  # noqa: BLE001 - a bug must not leave leaders waiting for ever
