@@ -36,10 +36,10 @@ class DivergenceTracker:
         #: steps whose digests disagreed (persisted)
         self.mismatches = 0
 
-    def committed(self, r: Replica, step: int, digest: str, caught_up: bool, trusted: list[str],
+    def committed(self, r: Replica, step: int, digest: str, caught_up: bool, trusted: Callable[[], list[str]],
                   sources: Iterable[str], now: float) -> list[Intent]:
         """After `r` committed `step` with `digest` (already recorded in `r`): keep the digest,
-        heal `r` if it re-synced, and judge what can be compared. `trusted`: the HEALTHY
+        heal `r` if it re-synced, and judge what can be compared. `trusted()`: the HEALTHY
         replicas but `r`; `sources`: the replicas `r` recovered from in its quorum."""
         verdicts: list[Verdict] = []
         out: list[Intent] = []
@@ -90,8 +90,9 @@ class DivergenceTracker:
                 out.append(MoveReplica(rid, ReplicaState.DIVERGED, why, unless_settled=True))
         return out
 
-    def _resync(self, r: Replica, step: int, digest: str, trusted: list[str], sources: Iterable[str]) -> Intent:
-        expected = self.ledger.expected(step, trusted)
+    def _resync(self, r: Replica, step: int, digest: str, trusted: Callable[[], list[str]],
+                sources: Iterable[str]) -> Intent:
+        expected = self.ledger.expected(step, trusted())
         if digest and expected is not None and digest != expected:
             # The comparison of this step will say so in an event; the reason says it now.
             return MoveReplica(r.replica_id, ReplicaState.DIVERGED,

@@ -207,3 +207,18 @@ class OrderOut:
     #: MASTER_PORT) and coordinator addresses, when that host registered an address.
     rendezvous_address: str = ""
     coordinator_address: str = ""
+
+
+@dataclass(frozen=True)
+class JoinRequest:
+    """A replica coordinator's join of a round (the wire's QuorumRequest, decoded)."""
+
+    replica_id: str
+    step: int
+    world_size: int
+    incarnation: str = ""
+    ftar_addresses: tuple[str, ...] = ()
+    state_addresses: tuple[str, ...] = ()
+    #: the replica's coordinator's address (the wire's `leader_address`)
+    coordinator_address: str = ""
+    host_id: str = ""

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from controller.core.checks import (
     check_address, check_addresses, check_finite, check_id, check_non_negative, check_optional_id, clip_text,
 )
 from controller.core.diagnosis.sdc import check_rank_digests
 from controller.core.errors import FailedPrecondition, InvalidArgument
-from controller.core.model import SETTLED, DeathCause, JobState, Quorum, Replica, ReplicaState
+from controller.core.model import SETTLED, DeathCause, JobState, JoinRequest, Quorum, Replica, ReplicaState
 from controller.core.pending_writes import REPLICAS, addresses_section
 from controller.core.digests import check_digest
 from controller.core.plausible import step_problem
@@ -17,18 +17,6 @@ from controller.core.quorum import RoundView, compute_quorum, form_quorum, quora
 from controller.core.replica_set import join_problem
 from controller.core.rollback import RollbackDecision, check_rollback
 from controller.core.sizes import addresses_problem
-
-@dataclass(frozen=True)
-class JoinRequest:
-    replica_id: str
-    step: int
-    world_size: int
-    incarnation: str = ""
-    ftar_addresses: tuple[str, ...] = ()
-    state_addresses: tuple[str, ...] = ()
-    #: the replica's coordinator's address (the wire's `leader_address`)
-    coordinator_address: str = ""
-    host_id: str = ""
 
 
 class ReplicaRegistry:

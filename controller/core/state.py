@@ -43,11 +43,23 @@ from controller.settings import ControllerSettings
 
 #: Assignment versions reserved per write of the replicas snapshot.
 VERSION_BLOCK = 1024
-#: the components that read the settings on every call
-_WITH_SETTINGS = ("lifecycle", "restart_budget", "diagnostician")
+class _Settings:
+    """`state.settings = x` (tests change settings) hands `x` to the components as well.
+    Only setting is hooked: with no __get__, reading is the plain instance lookup (it is read
+    on every request)."""
+
+    COMPONENTS = ("lifecycle", "restart_budget", "diagnostician")
+
+    def __set__(self, state, settings: ControllerSettings) -> None:
+        state.__dict__["settings"] = settings
+        for name in self.COMPONENTS:
+            if name in state.__dict__:
+                state.__dict__[name].settings = settings
 
 
 class ControllerState(ReplicaRegistry, HostRegistry):
+    settings = _Settings()
+
     def __init__(self, settings: ControllerSettings) -> None:
         self.settings = settings.validate()
         self.replicas: dict[str, Replica] = {}
@@ -119,18 +131,6 @@ class ControllerState(ReplicaRegistry, HostRegistry):
         self.encoded_hosts: dict[str, bytes] = {}
         #: telemetry, findings and what was done about them (controller.core.diagnosis.acting)
         self.diagnostician = Diagnostician(self.settings)
-
-    @property
-    def settings(self) -> ControllerSettings:
-        return self._settings
-
-    @settings.setter
-    def settings(self, settings: ControllerSettings) -> None:
-        """Settings changed (tests do): the components read them too."""
-        self._settings = settings
-        for name in _WITH_SETTINGS:
-            if hasattr(self, name):
-                getattr(self, name).settings = settings
 
     def expire(self, now: float) -> None:
         """Declare dead whoever has been silent past the heartbeat timeout, compare the digests
@@ -258,7 +258,9 @@ class ControllerState(ReplicaRegistry, HostRegistry):
         """After `r` committed `step` (already recorded): keep its digest, heal or compare."""
         if digest:
             r.digest, r.digest_step = digest, step
-        trusted = [x.replica_id for x in self.replicas.values() if x.state == ReplicaState.HEALTHY and x is not r]
+        def trusted() -> list[str]:  # asked only by a re-sync: not O(replicas) per commit
+            return [x.replica_id for x in self.replicas.values() if x.state == ReplicaState.HEALTHY and x is not r]
+
         sources = self.quorum.recover.get(r.replica_id, ()) if self.quorum else ()
         self.act(self.divergence.committed(r, step, digest, caught_up, trusted, sources, now), now)
         self.compare_digests(now)
