@@ -102,6 +102,8 @@ def test_a_trainer_outside_the_configured_replicas_is_refused_and_the_job_is_una
             assert proc.wait(timeout=BOUND_S) == 0, (tmp_path / f"h{i}.log").read_text()[-3000:]
     finally:
         stop(agents)
+    for i in range(2):  # a normal start says nothing about the controller not knowing the replica yet
+        assert "does not know this replica yet" not in (tmp_path / f"h{i}.log").read_text()
     ends = {r["replica"]: r for r in (json.loads(p.read_text()) for p in tmp_path.glob("r*-*.json"))}
     assert sorted(ends) == ["r0", "r1"] and {r["step"] for r in ends.values()} == {steps}
     assert ends["r0"]["digest"] == ends["r1"]["digest"]

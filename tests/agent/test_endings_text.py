@@ -1,0 +1,42 @@
+"""Issue 26, scenario 5's last part: every clipped text is cut at a character boundary. A real
+controller and a real agent whose trainer dies with a long last stderr line of multi-byte
+characters: the host's cordon reason (REST) and the cordon event keep whole
+characters, end with the cut marker, and stay within the controller's max_reason_chars."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from controller.core.checks import CUT_MARKER
+from controller.settings import ControllerSettings
+from tests.agent.cluster import Cluster
+from tests.agent.helpers import wait_for_async
+
+pytestmark = pytest.mark.slow
+BOUND_S = 60
+#: A trainer whose last words are 3,000 euro signs (3 bytes each in UTF-8), then exit 1.
+DIES_LOUDLY = (sys.executable, "-c", "import sys; sys.stderr.write('\\u20ac' * 3000 + '\\n'); sys.exit(1)")
+
+
+async def test_a_long_multibyte_last_line_is_clipped_at_a_character_boundary(tmp_path):
+    c = Cluster(tmp_path)
+    try:
+        await c.start_controller(1, 0)
+        await c.start_agent("h0", replica="r0", command=DIES_LOUDLY)
+
+        async def cordoned():
+            host = await c.host("h0")
+            return host["cordoned"] and host["cordon_reason"] and host
+
+        host = await wait_for_async(cordoned, BOUND_S, "h0 cordoned after its trainer's death")
+        [event] = await c.events("cordon")
+        limit = ControllerSettings().max_reason_chars
+        marker = CUT_MARKER.split("{")[0]
+        for text in (host["cordon_reason"], event["message"]):
+            assert "died (exit code 1): €€€" in text, text
+            assert "\ufffd" not in text and marker in text and len(text) <= limit, text
+            assert set(text.split("died (exit code 1): ")[1].split(marker)[0]) == {"€"}  # whole ones up to the cut
+    finally:
+        await c.close()
