@@ -17,8 +17,6 @@ MAX_FUNCTION_LINES = 60
 
 #: (file under controller/, qualified name) -> its length today. To be split, then removed.
 ALLOWED: dict[tuple[str, str], int] = {
-    ("service/rest.py", "make_app"): 130,  # the routes, nested in their factory
-    ("settings.py", "ControllerSettings.validate"): 74,  # one check per setting group
     ("core/state.py", "ControllerState.__init__"): 71,  # shrinks as the components take their data
 }
 
