@@ -196,7 +196,7 @@ class ControllerClient:
             # controller the rotation chose.
             answer = self._on_port("Quorum", lambda port: self._port.ask(port, join, attempt_timeout_s))
             if answer is not None:
-                self._quorum_stream.close()  # idle from now on
+                self._quorum_stream.close(goodbye=True)  # idle from now on
             else:
                 answer = self._quorum_stream.ask(self._stub, join, max(deadline - time.monotonic(), 0.01))
             self._learn_port(answer.quorum_address)
@@ -298,7 +298,7 @@ class ControllerClient:
 
     def close(self) -> None:
         self._stop.set()
-        self._quorum_stream.close()
+        self._quorum_stream.close(goodbye=True)
         self._port.close()
         self._report_port.close()
         self._channel.close()
