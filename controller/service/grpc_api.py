@@ -29,6 +29,10 @@ SERVICE_NAME = "fthsdp.v1.Controller"
 JOB_STATES = {JobState.RUNNING: pb.RUNNING, JobState.COMPLETED: pb.COMPLETED, JobState.FAILED: pb.FAILED}
 
 
+#: how long a QuorumStream whose requests ended waits to see whether its call is cancelled
+#: (the peer is gone) rather than ended by a goodbye
+STREAM_END_S = 0.5
+
 class ControllerServicer(controller_pb2_grpc.ControllerServicer):
     def __init__(self, server) -> None:
         self.server = server
@@ -101,14 +105,19 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
                 elif request.replica_id != replica_id:
                     raise FailedPrecondition(f"this stream carries replica {shown(replica_id)}; a request for "
                                              f"{shown(request.replica_id)} needs its own stream.")
-                try:
-                    answer = await self._join(request, context, encoded=True)
-                except asyncio.CancelledError:  # the stream ended while its leader waited: no goodbye
-                    self.server.coordinator_connection_lost(replica_id, "its leader's QuorumStream")
-                    raise
-                yield answer
+                yield await self._join(request, context, encoded=True)
+            if replica_id is not None:
+                # The requests ended: a goodbye, or a lost connection -- grpc ends the requests
+                # of a call whose peer is gone too, then cancels the call a moment later.
+                await asyncio.sleep(STREAM_END_S)
         except (RequestError, NotLeader, StoreError) as exc:
             refuse(context, "QuorumStream", exc)
+        except asyncio.CancelledError:
+            # cancelled without goodbye, while its leader waited for an answer, between two
+            # joins, or just after its requests ended: its process or host may be gone
+            if replica_id is not None and self.server.leading:
+                self.server.coordinator_connection_lost(replica_id, "its leader's QuorumStream")
+            raise
 
     async def Heartbeat(self, request_iterator, context):
         async for beat in request_iterator:

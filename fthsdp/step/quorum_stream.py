@@ -95,12 +95,20 @@ class QuorumStream:
     def close(self, goodbye: bool = False) -> None:
         """End the stream (a no-op when none is open); its reader thread ends with it.
         `goodbye`: the stream is idle and the leader lives on (it moves to the quorum port):
-        the controller is let see the requests end (up to GOODBYE_S) before the call is
-        cancelled, since a stream cancelled without one makes its replica suspect."""
+        the controller is let see the requests end (up to GOODBYE_S, in the background)
+        before the call is cancelled, since a stream cancelled without one makes its replica
+        suspect."""
         if self._call is not None:
             call, requests, reader = self._call, self._requests, self._reader
             self._stub = self._call = self._requests = self._answers = self._reader = None
             requests.put(_END)
-            if goodbye and reader is not None:
-                reader.join(GOODBYE_S)
-            call.cancel()
+            if goodbye and reader is not None:  # the call is cancelled once the controller ended it
+                threading.Thread(target=_cancel_after, args=(call, reader), name="quorum-stream-bye",
+                                 daemon=True).start()
+            else:
+                call.cancel()
+
+
+def _cancel_after(call, reader: threading.Thread) -> None:
+    reader.join(GOODBYE_S)
+    call.cancel()

@@ -129,10 +129,14 @@ def committed(ctl, *replicas: str) -> dict[str, int]:
 
 
 @pytest.mark.timeout(500)
+@pytest.mark.parametrize("port", ("quorum-port", "stream"))
 def test_a_killed_host_is_suspect_at_once_and_the_survivor_goes_on_before_its_heartbeat_times_out(
-        tmp_path, controller_process):
+        tmp_path, controller_process, port):
+    """`stream`: the leaders stay on QuorumStream (--no-quorum-port); a leader that dies between
+    two joins there was never suspect before (only one that died while it waited)."""
     # the controller's production defaults: heartbeat timeout 10 s, join timeout 5 s
-    ctl = controller_process("--replicas", "2", "--min-replicas", "1", "--job-id", "gpt")
+    ctl = controller_process("--replicas", "2", "--min-replicas", "1", "--job-id", "gpt",
+                             *(("--no-quorum-port",) if port == "stream" else ()))
     script = ["examples/train_gpt.py", "--steps", "100000", "--out", str(tmp_path), "--cpu"]
     agents = [gated_agent(ctl, f"h{i}", f"r{i}", tmp_path / f"h{i}.log", None, script) for i in range(2)]
     try:
