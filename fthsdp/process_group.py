@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import threading
 import time
 from datetime import timedelta
@@ -129,6 +130,7 @@ def meet(host: str, port: int, rank: int, world_size: int, version: int,
 
     def reach(remaining_s: float) -> tuple[dist.Store, int]:
         probe = timedelta(seconds=max(min(PROBE_S, remaining_s), 0.1))
+        listening(host, port, probe.total_seconds())
         store = dist.TCPStore(host, port, world_size, is_master=False, timeout=probe)
         store.wait([RANK0_VERSION_KEY], probe)  # a store without it is not a versioned rank 0's (yet)
         rank0_version = int(store.get(RANK0_VERSION_KEY))
@@ -139,6 +141,15 @@ def meet(host: str, port: int, rank: int, world_size: int, version: int,
         return store, rank0_version
     return retry_until(reach, timeout_s, f"rank {rank} of replica version {version} reaching its rank 0's "
                                          f"store at {where}")
+
+
+def listening(host: str, port: int, timeout_s: float) -> None:
+    """Something accepts connections at host:port, or a RuntimeError (retried) says it does
+    not: a dial before rank 0 listens fails here, quietly, not in TCPStore's logged retries."""
+    try:
+        socket.create_connection((host, port), timeout=timeout_s).close()
+    except OSError as e:
+        raise RuntimeError(f"nothing accepts connections at {host}:{port} yet ({e})") from None
 
 
 def retry_until(attempt: Callable[[float], T], timeout_s: float, what: str, *,
