@@ -136,7 +136,7 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
             request.replica_id, request.step, quorum_id=request.quorum_id, loss=request.loss,
             step_time_s=request.step_time_s, tokens=request.tokens, host_id=request.host_id,
             digest=request.digest, caught_up=request.caught_up, rank_digests=tuple(request.rank_digests),
-            checkpoint_step=request.checkpoint_step if request.HasField("checkpoint_step") else None), shared=True)
+            checkpoint_step=request.checkpoint_step if request.HasField("checkpoint_step") else None))
         return pb.ReportStepResponse()
 
     @unary

@@ -221,7 +221,7 @@ async def test_commit_reports_of_one_pass_share_one_write_and_each_returns_after
     state, before = server.state, store.writes["replicas"]
 
     async def report(rid: str) -> int:
-        await server.apply(ReportStep(rid, 0, quorum_id=qid), shared=True)
+        await server.apply(ReportStep(rid, 0, quorum_id=qid))
         stored = json.loads((await store.get("jobs/t/replicas")).value)
         return next(r["committed_step"] for r in stored["replicas"] if r["replica_id"] == rid)
 
@@ -231,10 +231,10 @@ async def test_commit_reports_of_one_pass_share_one_write_and_each_returns_after
     store.fail = "/replicas"
     state.writes.mark("replicas")  # a change to write
     results = await asyncio.wait_for(asyncio.gather(
-        server.apply(CloseRound(), shared=True), server.apply(CloseRound(), shared=True), return_exceptions=True),
+        server.apply(CloseRound()), server.apply(CloseRound()), return_exceptions=True),
         WAIT_S)
     assert all(isinstance(r, StoreError) for r in results), results
     # Not stuck: the next write carries them.
     store.fail = ""
-    await asyncio.wait_for(server.apply(CloseRound(), shared=True), WAIT_S)
+    await asyncio.wait_for(server.apply(CloseRound()), WAIT_S)
     assert store.writes["replicas"] == before + 2
