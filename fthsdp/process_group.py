@@ -42,10 +42,12 @@ from typing import Callable, TypeVar
 
 import torch.distributed as dist
 
+from fthsdp.settings import ENV_REPLICA_VERSION
+
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-REPLICA_VERSION = "FTHSDP_REPLICA_VERSION"  # agent.env.REPLICA_VERSION (the runtime does not import agent)
+REPLICA_VERSION = ENV_REPLICA_VERSION  # set by the agent (agent.env)
 #: rank 0's replica version, in its store
 RANK0_VERSION_KEY = "fthsdp/rank0_version"
 #: under the version's prefix: rank 0's group formed (a rank of another version arrives late)
