@@ -75,7 +75,8 @@ async def run(args) -> dict:
     ctl = launch("--job-id", JOB, "--replicas", str(args.replicas), "--min-replicas",
                  str(max(1, args.replicas // 2 + 1)), "--join-timeout-s", "30", "--heartbeat-timeout-s",
                  str(args.heartbeat_timeout_s), "--log-level", "WARNING",
-                 *(["--no-telemetry"] if args.no_telemetry else []))
+                 *(["--no-telemetry"] if args.no_telemetry else []),
+                 insecure=True)  # the simulated hosts and leaders prove nothing
     pid, info = ctl.pid, {"grpc": ctl.grpc}
     try:
         channels = [grpc.aio.insecure_channel(info["grpc"], options=[("grpc.max_send_message_length", 64 << 20),

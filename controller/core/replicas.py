@@ -60,7 +60,9 @@ class ReplicaRegistry:
         restarted = r is not None and bool(r.incarnation) and req.incarnation != r.incarnation
         self._check_join_allowed(rid, r, restarted)
         self._check_replica_set(rid, req.world_size)
-        beyond = step_problem(rid, req.step, self.quorum.max_step if self.quorum else None, self.max_committed_step)
+        member = self.quorum is not None and any(m.replica_id == rid for m in self.quorum.members)
+        beyond = step_problem(rid, req.step, self.quorum.max_step if self.quorum else None, self.max_committed_step,
+                              member)
         if beyond:
             raise FailedPrecondition(beyond)
         if (r is not None and not restarted and r.state != ReplicaState.DEAD

@@ -20,7 +20,7 @@ ST = Path(sys.executable).with_name("st")
 def test_rest_api_survives_schemathesis(tmp_path):
     token = tmp_path / "admin-token"
     token.write_text("fuzz-token\n")
-    ctl = launch("--replicas", "2", "--admin-token-file", str(token))
+    ctl = launch("--replicas", "2", "--admin-token-file", str(token), insecure=True)
     info = {"grpc": ctl.grpc, "http": ctl.http}
     try:
         with grpc.insecure_channel(info["grpc"]) as channel:  # give the admin routes a real host to act on

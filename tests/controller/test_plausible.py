@@ -23,3 +23,10 @@ def test_a_step_beyond_the_history_is_refused(step, quorum_max_step, committed, 
     if problem:
         known = max(committed, quorum_max_step)
         assert f"step {step}" in problem and f"at most step {known + 1}" in problem
+
+
+@pytest.mark.parametrize("step, allowed", [(6, True), (7, True), (8, False), (10**9, False)])
+def test_a_member_of_the_current_quorum_may_ask_for_one_step_more(step, allowed):
+    """Its commit report of step 6 may have died with a deposed leader (a fast-path round
+    writes nothing): it asks for 7; never for more."""
+    assert (step_problem("r0", step, 5, 4, member=True) is None) == allowed

@@ -34,10 +34,10 @@ class ControllerProcess:
 
     def start(self) -> "ControllerProcess":
         if self.log_path is None:
-            started = launch(*self.flags)
+            started = launch(*self.flags, insecure=True)  # failover, not identity, is tested here
         else:
             with open(self.log_path, "a") as log:
-                started = launch(*self.flags, stderr=log)
+                started = launch(*self.flags, stderr=log, insecure=True)
         self.proc, self.grpc, self.http = started.proc, started.grpc, started.http
         return self
 

@@ -91,7 +91,8 @@ def start_controller(log_path: Path, replicas: int, join_timeout_s: float, heart
         return launch("--replicas", str(replicas), "--min-replicas", str(min_replicas),
                       "--join-timeout-s", str(join_timeout_s),
                       "--heartbeat-timeout-s", str(heartbeat_timeout_s), "--lr-policy", lr_policy, "--job-id", "t",
-                      *extra, stderr=log, timeout_s=30.0, cwd=str(REPO))
+                      *extra, stderr=log, timeout_s=30.0, cwd=str(REPO),
+                      insecure=True)  # in-process managers of these tests hold no secret
 
 
 @dataclass
