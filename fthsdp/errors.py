@@ -55,6 +55,11 @@ class ControllerRefused(Fatal):
     """The controller refused a request for good (another job, a fenced host, bad input)."""
 
 
+class ControllerUnreachable(ControllerRefused):
+    """No controller answered any call for connect_timeout_s (a wrong address, a controller
+    that is gone): the replica gives up, as an agent does after --connect-timeout-s."""
+
+
 class JobFailed(ControllerRefused):
     """The controller refused a quorum because the job is FAILED (no replica could make
     progress for its fail_after_s): final; the trainer ends with this error."""

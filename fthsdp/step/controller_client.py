@@ -13,6 +13,11 @@ Quorums and commit reports go to the leader's quorum port once an answer named i
 (fthsdp/step/quorum_port_client.py; one connection each), else on gRPC (one long-lived
 QuorumStream, unary ReportStep); a port that cannot serve is left for PORT_RETRY_S, and
 gRPC, with its failover, takes over.
+A controller that does not answer at all -- a wrong address, a controller that is gone -- is
+logged at every failed attempt with its backoff, and after `connect_timeout_s` without any
+answer (RuntimeSettings.connect_timeout_s, FTHSDP_CONNECT_TIMEOUT_S; the rule the agent's
+--connect-timeout-s follows, `Outage` below) the call raises ControllerUnreachable, a Fatal
+error: the replica ends non-zero instead of retrying for ever.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ from typing import Callable, Iterator, TypeVar
 
 import grpc
 
-from fthsdp.errors import ControllerRefused, ControllerUnavailable, JobCompleted, JobFailed
+from fthsdp.errors import ControllerRefused, ControllerUnavailable, ControllerUnreachable, JobCompleted, JobFailed
 from fthsdp.step import coordination as co
 from fthsdp.step.leader_credential import leader_credential
 from fthsdp.step.quorum_port_client import QuorumPortClient, resolve
@@ -50,11 +55,37 @@ PORT_RETRY_S = 60.0
 #: What the quorum port answers when it, not the join, is the problem: unreachable, a
 #: standby's, full (strangers may fill it), or no answer in time.
 PORT_CANNOT_SERVE = FAILOVER_CODES | {grpc.StatusCode.RESOURCE_EXHAUSTED}
+#: The environment variable that sets RuntimeSettings.connect_timeout_s (named in the give-up message).
+ENV_CONNECT_TIMEOUT_S = "FTHSDP_CONNECT_TIMEOUT_S"
+
+
+class Outage:
+    """Calls that got no answer from any controller since the last one that did: a pure rule
+    (time passed in). The client gives up when the next pause would take the outage past
+    `limit_s`, as the agent does for --connect-timeout-s."""
+
+    def __init__(self, limit_s: float) -> None:
+        self.limit_s = limit_s
+        self.since: float | None = None
+        self.attempts = 0
+
+    def failed(self, now: float, pause_s: float) -> bool:
+        """One more attempt failed at `now`, the next one `pause_s` later: True to give up."""
+        self.since = now if self.since is None else self.since
+        self.attempts += 1
+        return now - self.since + pause_s > self.limit_s
+
+    def length(self, now: float) -> float:
+        return 0.0 if self.since is None else now - self.since
+
+    def succeeded(self) -> None:
+        self.since, self.attempts = None, 0
 
 
 class ControllerClient:
     def __init__(self, address: str, job_id: str, replica_id: str, incarnation: str,
-                 tls: TlsFiles | None = None, job_secret: JobSecret | None = None) -> None:
+                 tls: TlsFiles | None = None, job_secret: JobSecret | None = None,
+                 connect_timeout_s: float = 300.0) -> None:
         self.job_id, self.replica_id, self.incarnation = job_id, replica_id, incarnation
         #: set by the agent that started us; the controller fences leaders on replaced hosts
         self.host_id = os.environ.get(ENV_HOST_ID, "")
@@ -64,6 +95,8 @@ class ControllerClient:
         self._rotation = AddressRotation(self._controllers, base_s=BACKOFF_BASE_S, cap_s=MAX_BACKOFF_S)
         self._tls = tls if tls is not None else TlsFiles.from_env()
         self._lock = threading.Lock()
+        #: calls without any answer since the last answered one (guarded by _lock)
+        self._outage = Outage(connect_timeout_s)
         self._quorum_stream = QuorumStream()
         self._port = QuorumPortClient(self._tls)
         self._report_port = QuorumPortClient(self._tls)
@@ -98,18 +131,22 @@ class ControllerClient:
         return pause
 
     def _call(self, name: str, send: Callable[[float], T], timeout_s: float) -> T:
-        """`send(attempt_timeout_s)` with failover (see the module docstring), until timeout_s is spent."""
+        """`send(attempt_timeout_s)` with failover (see the module docstring), until timeout_s is
+        spent (ControllerUnavailable) or no controller answered for connect_timeout_s over all
+        calls (ControllerUnreachable)."""
         deadline = time.monotonic() + timeout_s
         while True:
             left = deadline - time.monotonic()
             try:
                 answer = send(max(left, 0.01))
                 self._rotation.succeeded()
+                with self._lock:
+                    self._outage.succeeded()
                 return answer
             except grpc.RpcError as exc:
                 code = exc.code()
+                details = exc.details() or ""
                 if code not in FAILOVER_CODES:
-                    details = exc.details() or ""
                     if code is grpc.StatusCode.FAILED_PRECONDITION and " is FAILED: " in details:
                         raise JobFailed(f"the controller says the job is FAILED, so this replica ends: {details}") \
                             from None
@@ -118,13 +155,25 @@ class ControllerClient:
                     raise ControllerRefused(f"{name} was refused: {code.name}: {details}; fix the settings "
                                             f"or the controller's flags, then restart this replica") from None
                 self._sent_addresses = None  # the next controller may not know our addresses
-                if time.monotonic() >= deadline:
+                failed, now = self.address, time.monotonic()
+                pause = self._failed_over(exc)
+                with self._lock:
+                    give_up = self._outage.failed(now, pause)
+                    attempts, outage_s, limit_s = self._outage.attempts, self._outage.length(now), self._outage.limit_s
+                if give_up:
+                    raise ControllerUnreachable(
+                        f"replica {self.replica_id}: no controller answered for {outage_s:.1f} s ({attempts} "
+                        f"attempt(s), last {failed}: {code.name}: {details}); giving up (connect_timeout_s "
+                        f"{limit_s:g}, {ENV_CONNECT_TIMEOUT_S}). Check the controller address "
+                        f"({', '.join(self._controllers)}) and that the controller runs") from None
+                if now >= deadline:
                     raise ControllerUnavailable(f"{name} got no answer within {timeout_s:g}s from "
                                                 f"{', '.join(self._controllers)}: last {code.name}: "
-                                                f"{exc.details()}") from None
-                log.info("replica %s: controller %s answered %s to %s; moving on", self.replica_id,
-                         self.address, code.name, name)
-                pause = self._failed_over(exc)
+                                                f"{details}") from None
+                # Every failed attempt, with its backoff: a wrong address shows at once.
+                log.warning("replica %s: controller %s failed %s (%s: %s), attempt %d; trying %s in %.2f s "
+                            "(giving up after %g s without an answer)", self.replica_id, failed, name, code.name,
+                            details, attempts, self.address, pause, limit_s)
                 if pause:
                     self._stop.wait(min(pause, max(deadline - time.monotonic(), 0.0)))
 
@@ -147,7 +196,7 @@ class ControllerClient:
             # controller the rotation chose.
             answer = self._on_port("Quorum", lambda port: self._port.ask(port, join, attempt_timeout_s))
             if answer is not None:
-                self._quorum_stream.close()  # idle from now on
+                self._quorum_stream.close(goodbye=True)  # idle from now on
             else:
                 answer = self._quorum_stream.ask(self._stub, join, max(deadline - time.monotonic(), 0.01))
             self._learn_port(answer.quorum_address)
@@ -249,7 +298,7 @@ class ControllerClient:
 
     def close(self) -> None:
         self._stop.set()
-        self._quorum_stream.close()
+        self._quorum_stream.close(goodbye=True)
         self._port.close()
         self._report_port.close()
         self._channel.close()

@@ -24,6 +24,8 @@ from protos import controller_pb2 as pb
 from protos.dial import LEADER_METADATA_KEY
 
 _END = None  # what the request iterator yields to end the stream
+#: how long a goodbye waits for the controller to end the stream before it is cancelled
+GOODBYE_S = 1.0
 
 
 class StreamFailed(grpc.RpcError):
@@ -50,6 +52,7 @@ class QuorumStream:
         self._call = None
         self._requests: queue.Queue | None = None
         self._answers: queue.Queue | None = None
+        self._reader: threading.Thread | None = None
 
     @property
     def open(self) -> bool:
@@ -85,13 +88,19 @@ class QuorumStream:
             except grpc.RpcError as exc:
                 answers.put(exc)
 
-        threading.Thread(target=read, name="quorum-stream", daemon=True).start()
-        self._stub, self._call, self._requests, self._answers = stub, call, requests, answers
+        reader = threading.Thread(target=read, name="quorum-stream", daemon=True)
+        reader.start()
+        self._stub, self._call, self._requests, self._answers, self._reader = stub, call, requests, answers, reader
 
-    def close(self) -> None:
-        """End the stream (a no-op when none is open); its reader thread ends with it."""
+    def close(self, goodbye: bool = False) -> None:
+        """End the stream (a no-op when none is open); its reader thread ends with it.
+        `goodbye`: the stream is idle and the leader lives on (it moves to the quorum port):
+        the controller is let see the requests end (up to GOODBYE_S) before the call is
+        cancelled, since a stream cancelled without one makes its replica suspect."""
         if self._call is not None:
-            call, requests = self._call, self._requests
-            self._stub = self._call = self._requests = self._answers = None
+            call, requests, reader = self._call, self._requests, self._reader
+            self._stub = self._call = self._requests = self._answers = self._reader = None
             requests.put(_END)
+            if goodbye and reader is not None:
+                reader.join(GOODBYE_S)
             call.cancel()
