@@ -29,15 +29,42 @@ ENV_READ_TOKEN = "FTHSDP_READ_TOKEN"
 ENV_ETCD_PASSWORD = "FTHSDP_ETCD_PASSWORD"
 
 
+def _add_security_flags(p: argparse.ArgumentParser) -> None:
+    """TLS and authentication: to etcd, of callers, on the gRPC and REST ports."""
+    p.add_argument("--etcd-ca-file", help="PEM CA of etcd's server certificate: enables TLS to etcd")
+    p.add_argument("--etcd-cert-file", help="PEM client certificate for etcd (mTLS)")
+    p.add_argument("--etcd-key-file", help="PEM client key for etcd (mTLS)")
+    p.add_argument("--etcd-user", help="etcd user (etcd auth); the password comes from --etcd-password-file")
+    p.add_argument("--etcd-password-file", help=f"file holding the etcd user's password (or env {ENV_ETCD_PASSWORD})")
+    p.add_argument("--store-max-request-bytes", type=int,
+                   help="largest store write: etcd's --max-request-bytes (default 1572864)")
+    p.add_argument("--admin-token-file", help=f"file holding the admin bearer token (or env {ENV_ADMIN_TOKEN})")
+    p.add_argument("--read-token-file", help=f"file holding a token required for reads (or env {ENV_READ_TOKEN})")
+    p.add_argument("--job-secret-file", metavar="PATH",
+                   help=f"file holding the job secret that agents and replica coordinators prove (or env "
+                        f"{job_secret.ENV_JOB_SECRET_FILE} / {job_secret.ENV_JOB_SECRET}; the flag wins)")
+    p.add_argument("--insecure", action="store_true",
+                   help="run without a job secret: any caller may act for any host or replica it names")
+    p.add_argument("--tls-cert-file", help="PEM server certificate: enables TLS on gRPC")
+    p.add_argument("--tls-key-file", help="PEM server private key")
+    p.add_argument("--tls-client-ca-file", help="PEM CA for client certificates: enables mTLS")
+    p.add_argument("--bind-client-cert-to-host", metavar="RULE",
+                   help="with mTLS: which certificate may act as which host id: 'exact' (a SAN DNS name, SAN "
+                        "URI or the CN equals the host id) or a pattern with {host_id}, e.g. "
+                        "'spiffe://example.com/agent/{host_id}'")
+    p.add_argument("--http-tls-cert-file", help="PEM certificate: serves the REST API and /metrics over HTTPS")
+    p.add_argument("--http-tls-key-file", help="PEM private key for --http-tls-cert-file")
+
+
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="fthsdp controller", description=__doc__.splitlines()[0])
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1; 0.0.0.0 in a pod)")
     p.add_argument("--grpc-port", type=int, default=50051, help="gRPC port; 0 picks a free one")
     p.add_argument("--http-port", type=int, default=8080, help="REST and /metrics port; 0 picks a free one")
     p.add_argument("--quorum-port", type=int, default=0,
-                   help="the leaders' quorum port (framed joins on TCP, TLS with the gRPC TLS flags); 0 picks a "
-                        "free one (default); leaders learn it from their first answer")
-    p.add_argument("--no-quorum-port", action="store_true", help="no quorum port: leaders use gRPC (QuorumStream, ReportStep)")
+                   help="the replica coordinators' quorum port (framed joins on TCP, TLS with the gRPC TLS flags); "
+                        "0 picks a free one (default); coordinators learn it from their first answer")
+    p.add_argument("--no-quorum-port", action="store_true", help="no quorum port: coordinators use gRPC (QuorumStream, ReportStep)")
     p.add_argument("--settings", help="JSON file with ControllerSettings fields")
     p.add_argument("--job-id")
     p.add_argument("--replicas", type=int, help="configured replica count")
@@ -61,29 +88,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--advertise-address",
                    help="host:port clients know this controller by; a standby names the leader's in its "
                         "refusals (default: the gRPC address it binds)")
-    p.add_argument("--etcd-ca-file", help="PEM CA of etcd's server certificate: enables TLS to etcd")
-    p.add_argument("--etcd-cert-file", help="PEM client certificate for etcd (mTLS)")
-    p.add_argument("--etcd-key-file", help="PEM client key for etcd (mTLS)")
-    p.add_argument("--etcd-user", help="etcd user (etcd auth); the password comes from --etcd-password-file")
-    p.add_argument("--etcd-password-file", help=f"file holding the etcd user's password (or env {ENV_ETCD_PASSWORD})")
-    p.add_argument("--store-max-request-bytes", type=int,
-                   help="largest store write: etcd's --max-request-bytes (default 1572864)")
-    p.add_argument("--admin-token-file", help=f"file holding the admin bearer token (or env {ENV_ADMIN_TOKEN})")
-    p.add_argument("--read-token-file", help=f"file holding a token required for reads (or env {ENV_READ_TOKEN})")
-    p.add_argument("--job-secret-file", metavar="PATH",
-                   help=f"file holding the job secret that agents and leaders prove (or env "
-                        f"{job_secret.ENV_JOB_SECRET_FILE} / {job_secret.ENV_JOB_SECRET}; the flag wins)")
-    p.add_argument("--insecure", action="store_true",
-                   help="run without a job secret: any caller may act for any host or replica it names")
-    p.add_argument("--tls-cert-file", help="PEM server certificate: enables TLS on gRPC")
-    p.add_argument("--tls-key-file", help="PEM server private key")
-    p.add_argument("--tls-client-ca-file", help="PEM CA for client certificates: enables mTLS")
-    p.add_argument("--bind-client-cert-to-host", metavar="RULE",
-                   help="with mTLS: which certificate may act as which host id: 'exact' (a SAN DNS name, SAN "
-                        "URI or the CN equals the host id) or a pattern with {host_id}, e.g. "
-                        "'spiffe://example.com/agent/{host_id}'")
-    p.add_argument("--http-tls-cert-file", help="PEM certificate: serves the REST API and /metrics over HTTPS")
-    p.add_argument("--http-tls-key-file", help="PEM private key for --http-tls-cert-file")
+    _add_security_flags(p)
     p.add_argument("--diagnosis-dry-run", action="store_true",
                    help="the diagnosis reports findings and the evictions it would make, and makes none")
     p.add_argument("--log-level", default="INFO", help="the text log on stderr")

@@ -138,6 +138,33 @@ class ControllerSettings:
         """Most replica ids the controller keeps: room for restarts and renames, but bounded."""
         return 4 * self.replicas + 16
 
+    def _bound_problems(self) -> list[str]:
+        """The counts and sizes: each within its bounds."""
+        problems = []
+        for name in ("ranks_per_host", "max_world_size", "max_id_chars", "max_address_chars", "recent_quorums",
+                     "recent_events", "max_message_bytes", "digest_steps_kept", "max_hosts", "max_slots_per_host", "max_request_bytes",
+                     "store_failed_writes_to_step_down"):
+            if getattr(self, name) < 1:
+                problems.append(f"{name} must be at least 1, got {getattr(self, name)}.")
+        if not 8 <= self.max_digest_chars <= 1024:
+            problems.append(f"max_digest_chars must be 8..1024, got {self.max_digest_chars}.")
+        if not MIN_REASON_CHARS <= self.max_reason_chars <= MAX_REASON_CHARS:
+            problems.append(f"max_reason_chars must be {MIN_REASON_CHARS}..{MAX_REASON_CHARS}, "
+                            f"got {self.max_reason_chars}.")
+        if self.max_world_size > MAX_WORLD_SIZE:
+            problems.append(f"max_world_size must be at most {MAX_WORLD_SIZE}, got {self.max_world_size}.")
+        if self.recent_events > MAX_RECENT:
+            problems.append(f"recent_events must be at most {MAX_RECENT}, got {self.recent_events}.")
+        if self.recent_quorums > MAX_RECENT:
+            problems.append(f"recent_quorums must be at most {MAX_RECENT}, got {self.recent_quorums}.")
+        if self.ranks_per_host > self.max_slots_per_host:
+            problems.append(f"ranks_per_host ({self.ranks_per_host}) exceeds max_slots_per_host "
+                            f"({self.max_slots_per_host}).")
+        if self.store_max_request_bytes < MIN_STORE_REQUEST_BYTES:
+            problems.append(f"store_max_request_bytes must be at least {MIN_STORE_REQUEST_BYTES}, "
+                            f"got {self.store_max_request_bytes}.")
+        return problems
+
     def validate(self) -> "ControllerSettings":
         problems = []
         if not self.job_id or len(self.job_id) > self.max_id_chars:
@@ -173,28 +200,7 @@ class ControllerSettings:
         if self.hosts_per_replica * self.ranks_per_host > self.max_world_size:
             problems.append(f"hosts_per_replica × ranks_per_host ({self.hosts_per_replica * self.ranks_per_host}) "
                             f"exceeds max_world_size ({self.max_world_size}).")
-        for name in ("ranks_per_host", "max_world_size", "max_id_chars", "max_address_chars", "recent_quorums",
-                     "recent_events", "max_message_bytes", "digest_steps_kept", "max_hosts", "max_slots_per_host", "max_request_bytes",
-                     "store_failed_writes_to_step_down"):
-            if getattr(self, name) < 1:
-                problems.append(f"{name} must be at least 1, got {getattr(self, name)}.")
-        if not 8 <= self.max_digest_chars <= 1024:
-            problems.append(f"max_digest_chars must be 8..1024, got {self.max_digest_chars}.")
-        if not MIN_REASON_CHARS <= self.max_reason_chars <= MAX_REASON_CHARS:
-            problems.append(f"max_reason_chars must be {MIN_REASON_CHARS}..{MAX_REASON_CHARS}, "
-                            f"got {self.max_reason_chars}.")
-        if self.max_world_size > MAX_WORLD_SIZE:
-            problems.append(f"max_world_size must be at most {MAX_WORLD_SIZE}, got {self.max_world_size}.")
-        if self.recent_events > MAX_RECENT:
-            problems.append(f"recent_events must be at most {MAX_RECENT}, got {self.recent_events}.")
-        if self.recent_quorums > MAX_RECENT:
-            problems.append(f"recent_quorums must be at most {MAX_RECENT}, got {self.recent_quorums}.")
-        if self.ranks_per_host > self.max_slots_per_host:
-            problems.append(f"ranks_per_host ({self.ranks_per_host}) exceeds max_slots_per_host "
-                            f"({self.max_slots_per_host}).")
-        if self.store_max_request_bytes < MIN_STORE_REQUEST_BYTES:
-            problems.append(f"store_max_request_bytes must be at least {MIN_STORE_REQUEST_BYTES}, "
-                            f"got {self.store_max_request_bytes}.")
+        problems += self._bound_problems()
         binding = self.bind_client_cert_to_host
         if binding and binding != "exact" and "{host_id}" not in binding:
             problems.append(f"bind_client_cert_to_host must be empty, 'exact' or a pattern containing "

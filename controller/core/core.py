@@ -81,7 +81,7 @@ def _write_failed(s: ControllerState, cmd: c.WriteFailed, now: float) -> None:
 HANDLERS: dict[type, Handler] = {
     c.Join: _join,
     c.LeaveRound: lambda s, cmd, now: s.leave_round(cmd.replica_id, cmd.why, now),
-    c.ConnectionLost: lambda s, cmd, now: s.leader_connection_lost(cmd.replica_id, cmd.how, now),
+    c.ConnectionLost: lambda s, cmd, now: s.coordinator_connection_lost(cmd.replica_id, cmd.how, now),
     c.ReportStep: _report_step,
     c.ReportCommitFailed: _commit_failed,
     c.ReportReplicaDead: lambda s, cmd, now: s.report_replica_dead(cmd.replica_id, cmd.reason, now,

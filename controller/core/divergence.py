@@ -10,84 +10,93 @@ commit with `caught_up` makes it HEALTHY again, unless its digest for that step 
 disagrees with the reference. What decides DIVERGED is durable: the ledger's pending
 comparisons (with the replicas section) and each replica's `must_resync`, which a restart with
 a new incarnation does not clear (only re-syncing does).
+
+`DivergenceTracker` owns the ledger and the mismatch count; it reads the replica records it is
+handed and returns intents (controller.core.intents): the replicas' moves, events, writes, and
+the verdicts for the diagnosis (`Diagnose`), which come first.
 """
 
 from __future__ import annotations
 
-from controller.core.digests import Verdict, short
-from controller.core.model import SETTLED, Replica, ReplicaState
+from collections.abc import Callable, Iterable, Mapping
+
+from controller.core.digests import DigestLedger, Verdict, short
+from controller.core.intents import Announce, Diagnose, Intent, MoveReplica, Persist
+from controller.core.model import Replica, ReplicaState
 from controller.core.pending_writes import REPLICAS
+from controller.settings import ControllerSettings
 
 
 class DivergenceTracker:
-    """Mixin of ControllerState: replica digests, DIVERGED replicas and their re-sync."""
+    """Replica digests compared per step; who is DIVERGED, and who re-synced."""
 
-    def _record_digest(self, r: Replica, step: int, digest: str, caught_up: bool, now: float) -> None:
-        """After `r` committed `step` (already recorded): keep its digest, heal or compare."""
+    def __init__(self, settings: ControllerSettings) -> None:
+        #: recent steps' replica digests, compared per step (bounded; persisted with the replicas)
+        self.ledger = DigestLedger(settings.digest_steps_kept, settings.digest_wait_s)
+        #: steps whose digests disagreed (persisted)
+        self.mismatches = 0
+
+    def committed(self, r: Replica, step: int, digest: str, caught_up: bool, trusted: Callable[[], list[str]],
+                  sources: Iterable[str], now: float) -> list[Intent]:
+        """After `r` committed `step` with `digest` (already recorded in `r`): keep the digest,
+        heal `r` if it re-synced, and judge what can be compared. `trusted()`: the HEALTHY
+        replicas but `r`; `sources`: the replicas `r` recovered from in its quorum."""
         verdicts: list[Verdict] = []
+        out: list[Intent] = []
         if digest:
-            r.digest, r.digest_step = digest, step
-            verdicts += self.digest_ledger.record(r.replica_id, step, digest, now)
-            self.writes.mark(REPLICAS)  # the pending comparison is durable (DigestLedger.snapshot)
+            verdicts += self.ledger.record(r.replica_id, step, digest, now)
+            out.append(Persist(REPLICAS))  # the pending comparison is durable (DigestLedger.snapshot)
         if (r.state == ReplicaState.DIVERGED or r.must_resync) and caught_up:
-            self._resync(r, step, digest, now)
-        self._apply_verdicts(verdicts, now)
-        self.compare_digests(now)
+            out.append(self._resync(r, step, digest, trusted, sources))
+        return out + self.judge(verdicts)
 
-    def compare_digests(self, now: float) -> None:
-        """Decide the steps whose digests are all in, or that waited long enough."""
-        if len(self.digest_ledger):
-            self._apply_verdicts(self.digest_ledger.due(now, self._digest_waiting), now)
-
-    def diverged_members(self, members) -> frozenset[str]:
-        """Members of a forming quorum that must re-sync from the reference state."""
-        return frozenset(rid for rid in members if self.replicas[rid].state == ReplicaState.DIVERGED
-                         or self.replicas[rid].must_resync)  # diverged, then restarted or failed over
-
-    # -- internals ---------------------------------------------------------------------------
-
-    def _digest_waiting(self, step: int) -> list[str]:
-        """Members of the current quorum that may still report `step`."""
-        if self.quorum is None:
+    def compare(self, now: float, waiting: Callable[[int], list[str]]) -> list[Intent]:
+        """Decide the steps whose digests are all in, or that waited long enough. `waiting(step)`:
+        the members of the current quorum that may still report `step`."""
+        if not len(self.ledger):
             return []
-        out = []
-        for m in self.quorum.members:
-            r = self.replicas.get(m.replica_id)
-            if r is not None and r.state not in SETTLED and r.committed_step < step:
-                out.append(m.replica_id)
-        return out
+        return self.judge(self.ledger.due(now, waiting))
 
-    def _resync(self, r: Replica, step: int, digest: str, now: float) -> None:
-        trusted = [x.replica_id for x in self.replicas.values()
-                   if x.state == ReplicaState.HEALTHY and x is not r]
-        expected = self.digest_ledger.expected(step, trusted)
-        if digest and expected is not None and digest != expected:
-            # The comparison of this step will say so in an event; the reason says it now.
-            self._transition(r, ReplicaState.DIVERGED,
-                             f"re-synced at step {step}, but its digest {short(digest)} still differs from the "
-                             f"reference {short(expected)}", now)
-            return
-        sources = self.quorum.recover.get(r.replica_id, ()) if self.quorum else ()
-        origin = ", ".join(dict.fromkeys(sources)) or "a healthy replica"
-        self._transition(r, ReplicaState.HEALTHY, f"re-synced from {origin} and committed step {step}", now)
+    @staticmethod
+    def diverged_members(replicas: Mapping[str, Replica], members) -> frozenset[str]:
+        """Members of a forming quorum that must re-sync from the reference state."""
+        return frozenset(rid for rid in members if replicas[rid].state == ReplicaState.DIVERGED
+                         or replicas[rid].must_resync)  # diverged, then restarted or failed over
 
-    def _apply_verdicts(self, verdicts: list[Verdict], now: float) -> None:
-        self.diagnose_verdicts(verdicts, now)  # SDC: which hosts hold the differing state
+    def snapshot(self, budget: int) -> dict:
+        return self.ledger.snapshot(budget)
+
+    def restore(self, mismatches: int, ledger: dict | None, now: float) -> None:
+        self.mismatches = mismatches
+        self.ledger.restore(ledger, now)
+
+    def judge(self, verdicts: list[Verdict]) -> list[Intent]:
+        """Mismatches become events and DIVERGED replicas (the diagnosis hears them first)."""
+        out: list[Intent] = [Diagnose(tuple(verdicts))] if verdicts else []  # SDC: which hosts differ
         for v in verdicts:
             if not v.mismatch:
                 continue
-            self.digest_mismatches += 1
-            self.writes.mark(REPLICAS)
-            self._event(now, "digest_mismatch", ",".join(sorted(v.diverged)),
-                        f"digest mismatch at step {v.step}: {v.holders()}. {v.reason}")
+            self.mismatches += 1
+            out += [Persist(REPLICAS), Announce("digest_mismatch", ",".join(sorted(v.diverged)),
+                                                f"digest mismatch at step {v.step}: {v.holders()}. {v.reason}")]
             keep = dict(v.groups)[v.reference]
             for rid in sorted(v.diverged):
-                r = self.replicas.get(rid)
-                if r is None or r.state in SETTLED:
-                    continue  # a dead one re-syncs when it returns; a finished one is done
                 mine = next(d for d, ids in v.groups if rid in ids)
                 why = (f"its digest at step {v.step} ({short(mine)}) differs from the reference "
                        f"{short(v.reference)} held by {', '.join(keep)}")
                 if v.tie:
                     why += f" (no majority: the group holding {keep[0]}, the lowest replica id, is the reference)"
-                self._transition(r, ReplicaState.DIVERGED, why, now)
+                # a dead one re-syncs when it returns; a finished one is done
+                out.append(MoveReplica(rid, ReplicaState.DIVERGED, why, unless_settled=True))
+        return out
+
+    def _resync(self, r: Replica, step: int, digest: str, trusted: Callable[[], list[str]],
+                sources: Iterable[str]) -> Intent:
+        expected = self.ledger.expected(step, trusted())
+        if digest and expected is not None and digest != expected:
+            # The comparison of this step will say so in an event; the reason says it now.
+            return MoveReplica(r.replica_id, ReplicaState.DIVERGED,
+                               f"re-synced at step {step}, but its digest {short(digest)} still differs from the "
+                               f"reference {short(expected)}")
+        origin = ", ".join(dict.fromkeys(sources)) or "a healthy replica"
+        return MoveReplica(r.replica_id, ReplicaState.HEALTHY, f"re-synced from {origin} and committed step {step}")

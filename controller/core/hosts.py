@@ -27,10 +27,9 @@ EXIT_CODES = (-1, 255)
 SIGNALS = (0, 127)
 
 
-#: What of a host survives a failover (last_seen and the restart budget start anew; the
-#: assignment is written apart).
-HOST_DURABLE_FIELDS = tuple(f.name for f in fields(Host)
-                            if f.name not in ("last_seen", "assignment", "restart_times_s"))
+#: What of a host survives a failover (last_seen starts anew, as does the restart budget,
+#: controller.core.restarts; the assignment is written apart).
+HOST_DURABLE_FIELDS = tuple(f.name for f in fields(Host) if f.name not in ("last_seen", "assignment"))
 
 
 def host_shard(host_id: str) -> int:
@@ -57,6 +56,75 @@ class HostRegistry:
         takes its assignment back (taken over, or back after a death without a spare) restarts
         its replica as a unit: the other hosts' ranks lost their peers."""
         s = self.settings
+        labels, assignment, spare, address, rendezvous_port, coordinator_port = self._checked_registration(
+            host_id, incarnation, slots, labels, assignment, spare, address, rendezvous_port, coordinator_port,
+            previous_secret)
+        h = self.hosts.get(host_id)
+        if h is not None and h.incarnation == incarnation and h.state != HostState.DEAD:
+            h.last_seen = now
+            if not h.secret_hash and secret_hash:  # restored from a snapshot older than secrets
+                h.secret_hash = secret_hash
+                self._touch(h, urgent=True)
+            return h.assignment, "already registered"
+        if h is None and len(self.hosts) >= s.max_hosts:
+            raise FailedPrecondition(f"host {host_id} is one too many: this controller keeps at most "
+                                     f"{s.max_hosts} hosts (max_hosts).")
+        taken_over = self._check_takeover(h, incarnation, previous_secret, now)
+        claimed = assignment = self._claim(h, host_id, assignment)
+        if assignment is None and not spare and (h is None or h.assignment is None):
+            assignment = self._free_slot(exclude=host_id)  # None: no layout, or it is full
+        if not address and s.hosts_per_replica > 1 and claimed is None:
+            raise FailedPrecondition(
+                f"host {host_id} registered no address, but the replicas of this job span {s.hosts_per_replica} "
+                f"hosts: their ranks meet at the address of their rank-0 host. Give the agent "
+                f"--advertise-address (its pod IP).")
+        held = h is not None and h.assignment is not None  # a new incarnation that keeps its work
+        reservation = self._reservation(Host(host_id, incarnation, HostState.ACTIVE, slots, labels,
+                                             assignment, cordoned=True, cordon_by="failure",
+                                             secret_hash=secret_hash, address=address,
+                                             rendezvous_port=rendezvous_port, coordinator_port=coordinator_port))
+        problem = self.shard_budget.problem(host_id, host_shard(host_id), reservation, s)
+        if problem:
+            raise FailedPrecondition(problem)
+        # Validated: from here on the request changes state.
+        self.shard_budget.reserve(host_id, host_shard(host_id), reservation)
+        h, reason = self._admit(h, host_id, incarnation, now, slots=slots, labels=labels, assignment=assignment,
+                                secret_hash=secret_hash, address=address, rendezvous_port=rendezvous_port,
+                                coordinator_port=coordinator_port, standby=standby, taken_over=taken_over, held=held)
+        return h.assignment, reason
+
+    def _claim(self, h: Host | None, host_id: str, assignment: Assignment | None) -> Assignment | None:
+        """The work a registering host claims, if nobody else holds it (None: it claims none,
+        or it returns to find its work moved to a spare: it joins the pool)."""
+        if assignment is not None and (h is None or h.assignment is None):
+            holder = self._holder(assignment, exclude=host_id)
+            if holder is not None:
+                if h is None:
+                    raise FailedPrecondition(
+                        f"duplicate assignment: host {holder} already runs {assignment.describe()}."
+                    )
+                return None
+        return assignment
+
+    def _check_takeover(self, h: Host | None, incarnation: str, previous_secret: str, now: float) -> bool:
+        """Whether a new incarnation takes over a host whose agent is still live (only with its
+        predecessor's secret: RetryLater otherwise)."""
+        limit = self.settings.heartbeat_timeout_s
+        taken_over = h is not None and h.state != HostState.DEAD and now - h.last_seen <= limit
+        if taken_over and not (previous_secret and secret_matches(h.secret_hash, previous_secret)):
+            left = limit - (now - h.last_seen)
+            raise RetryLater(
+                f"host {h.host_id} is held by a live agent (incarnation {h.incarnation}, heard from "
+                f"{now - h.last_seen:.1f}s ago); incarnation {incarnation} may take it over once that one is "
+                f"declared dead ({left:.1f}s more of silence), or at once by presenting its predecessor's "
+                f"secret (the agent's --state-dir). Retry later.")
+        return taken_over
+
+    def _checked_registration(self, host_id, incarnation, slots, labels, assignment, spare, address,
+                              rendezvous_port, coordinator_port, previous_secret):
+        """A registration's fields checked (RequestError names the bad one); returns the labels,
+        assignment, spare flag, address and ports to use."""
+        s = self.settings
         check_id("host_id", host_id, s.max_id_chars)
         check_id("incarnation", incarnation, s.max_id_chars)
         check_int_range("slots", slots, 0, s.max_slots_per_host)
@@ -79,50 +147,12 @@ class HostRegistry:
                 assignment.world_size)
             if spare:  # a spare that was given work: the durable record decides (controller.core.roles)
                 assignment, spare = reconcile_spare_claim(assignment, self.hosts.get(host_id))
-        h = self.hosts.get(host_id)
-        if h is not None and h.incarnation == incarnation and h.state != HostState.DEAD:
-            h.last_seen = now
-            if not h.secret_hash and secret_hash:  # restored from a snapshot older than secrets
-                h.secret_hash = secret_hash
-                self._touch(h, urgent=True)
-            return h.assignment, "already registered"
-        if h is None and len(self.hosts) >= s.max_hosts:
-            raise FailedPrecondition(f"host {host_id} is one too many: this controller keeps at most "
-                                     f"{s.max_hosts} hosts (max_hosts).")
-        taken_over = h is not None and h.state != HostState.DEAD and now - h.last_seen <= s.heartbeat_timeout_s
-        if taken_over and not (previous_secret and secret_matches(h.secret_hash, previous_secret)):
-            left = s.heartbeat_timeout_s - (now - h.last_seen)
-            raise RetryLater(
-                f"host {host_id} is held by a live agent (incarnation {h.incarnation}, heard from "
-                f"{now - h.last_seen:.1f}s ago); incarnation {incarnation} may take it over once that one is "
-                f"declared dead ({left:.1f}s more of silence), or at once by presenting its predecessor's "
-                f"secret (the agent's --state-dir). Retry later.")
-        if assignment is not None and (h is None or h.assignment is None):
-            holder = self._holder(assignment, exclude=host_id)
-            if holder is not None:
-                if h is None:
-                    raise FailedPrecondition(
-                        f"duplicate assignment: host {holder} already runs {assignment.describe()}."
-                    )
-                assignment = None  # a returning host whose work moved to a spare joins the pool
-        claimed = assignment is not None
-        if assignment is None and not spare and (h is None or h.assignment is None):
-            assignment = self._free_slot(exclude=host_id)  # None: no layout, or it is full
-        if not address and s.hosts_per_replica > 1 and not claimed:
-            raise FailedPrecondition(
-                f"host {host_id} registered no address, but the replicas of this job span {s.hosts_per_replica} "
-                f"hosts: their ranks meet at the address of their rank-0 host. Give the agent "
-                f"--advertise-address (its pod IP).")
-        held = h is not None and h.assignment is not None  # a new incarnation that keeps its work
-        reservation = self._reservation(Host(host_id, incarnation, HostState.ACTIVE, slots, labels,
-                                             assignment, cordoned=True, cordon_by="failure",
-                                             secret_hash=secret_hash, address=address,
-                                             rendezvous_port=rendezvous_port, coordinator_port=coordinator_port))
-        problem = self.shard_budget.problem(host_id, host_shard(host_id), reservation, s)
-        if problem:
-            raise FailedPrecondition(problem)
-        # Validated: from here on the request changes state.
-        self.shard_budget.reserve(host_id, host_shard(host_id), reservation)
+        return labels, assignment, spare, address, rendezvous_port, coordinator_port
+
+    def _admit(self, h: Host | None, host_id: str, incarnation: str, now: float, *, slots: int, labels: dict,
+               assignment: Assignment | None, secret_hash: str, address: str, rendezvous_port: int,
+               coordinator_port: int, standby: bool, taken_over: bool, held: bool) -> tuple[Host, str]:
+        """A validated registration applied: the host record, its assignment, the orders."""
         if h is None:
             h = self._add_host(Host(host_id, incarnation, HostState.SPARE))
             verb = "registered"
@@ -152,7 +182,7 @@ class HostRegistry:
             first = len(self.outbox)
             self.restart_replica(h.assignment.replica_id, f"host {host_id} {verb}", skip=h)
             self._orders_event(first, now)
-        return h.assignment, reason
+        return h, reason
 
     def expire_hosts(self, now: float) -> None:
         for h in list(self.hosts.values()):
@@ -190,13 +220,16 @@ class HostRegistry:
         tail = stderr_tail.strip().splitlines()[-1:] if stderr_tail and signal not in (9, 15) else []
         why = f"trainer rank {rank} on host {host_id} died ({how})" + (f": {clip_text(tail[0], 200)}" if tail else "")
         h.last_seen = now
-        if not self._trainer_exited(host_id, replica_id, rank, exit_code, signal, why, now):
+        death, intents = self.lifecycle.trainer_exited(self.replicas.get(replica_id), host_id, replica_id, rank,
+                                                       exit_code, signal, why)
+        self.act(intents, now)
+        if not death:
             return  # a clean finish, or the job is over
         if gave_up:
             self._cordon(h, "failure", f"its agent gave up: {why}", now)
             self._swap(h, now)
         else:
-            self.restart_after_death(h, why, now)
+            self.act(self.restart_budget.after_death(host_id, replica_id, why, now), now)
 
     def deregister_agent(self, host_id: str, incarnation: str, reason: str, now: float) -> str:
         """A cleanly stopping agent leaves: its host is DEAD at once (not cordoned: nothing is

@@ -10,7 +10,7 @@ Replica states (every transition carries a reason and becomes an event):
     DEAD ──(joins again, usually a new incarnation)──▶ JOINING
     HEALTHY / BEHIND ──(its digest is in the minority for a step)──▶ DIVERGED
     DIVERGED ──(in a quorum: not healthy, re-syncs from the reference; commits caught up)──▶ HEALTHY
-    any ──(its leader reports it finished)──▶ FINISHED
+    any ──(its coordinator reports it finished)──▶ FINISHED
     FINISHED ──(a new incarnation joins while the job runs)──▶ JOINING
 
 A DIVERGED replica is still a member of rounds; it leaves that state only by re-syncing (or
@@ -75,7 +75,9 @@ class Replica:
     world_size: int = 0
     ftar_addresses: tuple[str, ...] = ()
     state_addresses: tuple[str, ...] = ()
-    leader_address: str = ""
+    #: Where the replica's coordinator (its rank 0) listens, as its join said (the wire calls
+    #: it `leader_address`).
+    coordinator_address: str = ""
     last_seen: float = 0.0
     #: Set by a COMMIT_FAILED report; the next quorum gets a new id.
     failed_commit: bool = False
@@ -140,11 +142,13 @@ class Host:
     address: str = ""
     rendezvous_port: int = 0
     coordinator_port: int = 0
-    #: When this host's trainer deaths restarted its replica (not durable: a new leader counts
-    #: anew), for the restart budget (controller.core.restarts).
-    restart_times_s: list[float] = field(default_factory=list)
     #: Its agent pre-starts standby trainers while the host has no assignment (shown, not acted on).
     standby: bool = False
+
+
+def host_can_run(h: Host) -> bool:
+    """Not DEAD, and not cordoned after a failure (a host that waits to be replaced)."""
+    return h.state != HostState.DEAD and not (h.cordoned and h.cordon_by == "failure")
 
 
 @dataclass(frozen=True)
@@ -203,3 +207,18 @@ class OrderOut:
     #: MASTER_PORT) and coordinator addresses, when that host registered an address.
     rendezvous_address: str = ""
     coordinator_address: str = ""
+
+
+@dataclass(frozen=True)
+class JoinRequest:
+    """A replica coordinator's join of a round (the wire's QuorumRequest, decoded)."""
+
+    replica_id: str
+    step: int
+    world_size: int
+    incarnation: str = ""
+    ftar_addresses: tuple[str, ...] = ()
+    state_addresses: tuple[str, ...] = ()
+    #: the replica's coordinator's address (the wire's `leader_address`)
+    coordinator_address: str = ""
+    host_id: str = ""

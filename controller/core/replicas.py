@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from controller.core.checks import (
     check_address, check_addresses, check_finite, check_id, check_non_negative, check_optional_id, clip_text,
 )
 from controller.core.diagnosis.sdc import check_rank_digests
 from controller.core.errors import FailedPrecondition, InvalidArgument
-from controller.core.model import SETTLED, DeathCause, Quorum, Replica, ReplicaState
+from controller.core.model import SETTLED, DeathCause, JobState, JoinRequest, Quorum, Replica, ReplicaState
 from controller.core.pending_writes import REPLICAS, addresses_section
 from controller.core.digests import check_digest
 from controller.core.plausible import step_problem
@@ -18,17 +18,6 @@ from controller.core.replica_set import join_problem
 from controller.core.rollback import RollbackDecision, check_rollback
 from controller.core.sizes import addresses_problem
 
-@dataclass(frozen=True)
-class JoinRequest:
-    replica_id: str
-    step: int
-    world_size: int
-    incarnation: str = ""
-    ftar_addresses: tuple[str, ...] = ()
-    state_addresses: tuple[str, ...] = ()
-    leader_address: str = ""
-    host_id: str = ""
-
 
 class ReplicaRegistry:
     """Mixin of ControllerState: everything about replicas and rounds."""
@@ -36,48 +25,14 @@ class ReplicaRegistry:
     # -- joining a round ---------------------------------------------------------------
 
     def join(self, req: JoinRequest, now: float) -> None:
-        s = self.settings
-        rid = check_id("replica_id", req.replica_id, s.max_id_chars)
-        check_non_negative("step", req.step)
-        if not 1 <= req.world_size <= s.max_world_size:
-            raise InvalidArgument(f"world_size must be 1..{s.max_world_size}, got {req.world_size}.")
-        ftar = check_addresses("ftar_addresses", req.ftar_addresses, req.world_size, s.max_address_chars)
-        state = check_addresses("state_addresses", req.state_addresses, req.world_size, s.max_address_chars)
-        if req.leader_address:
-            check_address("leader_address", req.leader_address, s.max_address_chars)
-        check_optional_id("incarnation", req.incarnation, s.max_id_chars)
-        self._check_leader_host(rid, req.host_id)
-        r = self.replicas.get(rid)
-        if (ftar or state) and (r is None or ftar != r.ftar_addresses or state != r.state_addresses):
-            new = (ftar or (r.ftar_addresses if r else ()), state or (r.state_addresses if r else ()))
-            problem = addresses_problem(rid, self.addresses_snapshot(*new), s)
-            if problem:
-                raise InvalidArgument(problem)
-        if r is None and len(self.replicas) >= s.max_replica_records:
-            raise FailedPrecondition(
-                f"replica {rid!r} is one too many: the job is configured for {s.replicas} replicas."
-            )
-        restarted = r is not None and bool(r.incarnation) and req.incarnation != r.incarnation
-        self._check_join_allowed(rid, r, restarted)
-        self._check_replica_set(rid, req.world_size)
-        member = self.quorum is not None and any(m.replica_id == rid for m in self.quorum.members)
-        beyond = step_problem(rid, req.step, self.quorum.max_step if self.quorum else None, self.max_committed_step,
-                              member)
-        if beyond:
-            raise FailedPrecondition(beyond)
-        if (r is not None and not restarted and r.state != ReplicaState.DEAD
-                and req.step < r.step and not r.failed_commit):
-            raise FailedPrecondition(
-                f"replica {rid} asked to train step {req.step}, but it already committed step "
-                f"{r.committed_step}; a step may go back only after a failed-commit report."
-            )
+        rid, r, ftar, state, restarted = self._checked_join(req)
         # Validated: from here on the request changes state.
         if r is None:
             r = self.replicas[rid] = Replica(replica_id=rid, incarnation=req.incarnation, step=req.step)
             self._live = None
             self._event(now, "replica", rid, f"replica {rid} registered at step {req.step}")
         elif restarted and r.state == ReplicaState.FINISHED:
-            self.finished_exits.discard(rid)
+            self.lifecycle.trains_again(rid)
             self._transition(r, ReplicaState.JOINING, f"trains again after it finished (incarnation "
                                                       f"{r.incarnation} → {req.incarnation})", now)
         elif restarted and r.state != ReplicaState.DEAD:
@@ -101,19 +56,67 @@ class ReplicaRegistry:
             self.round_renewed.add(rid)
         if restarted:
             self.round_renewed.add(rid)
-        r.leader_address = req.leader_address or r.leader_address
+        r.coordinator_address = req.coordinator_address or r.coordinator_address
         self.suspects.cleared(rid)  # its leader is back
         if not self.round_joined:
             self.round_first_join_at = now
         self.round_joined[rid] = req.step
         self.goodput.on_join(rid, now)
 
+    def _checked_join(self, req: JoinRequest):
+        """A join's fields and its right to join checked (RequestError says why not); returns
+        the replica id, its record (None: new), its addresses and whether it restarted."""
+        s = self.settings
+        rid = check_id("replica_id", req.replica_id, s.max_id_chars)
+        check_non_negative("step", req.step)
+        if not 1 <= req.world_size <= s.max_world_size:
+            raise InvalidArgument(f"world_size must be 1..{s.max_world_size}, got {req.world_size}.")
+        ftar = check_addresses("ftar_addresses", req.ftar_addresses, req.world_size, s.max_address_chars)
+        state = check_addresses("state_addresses", req.state_addresses, req.world_size, s.max_address_chars)
+        if req.coordinator_address:  # named as the wire names it
+            check_address("leader_address", req.coordinator_address, s.max_address_chars)
+        check_optional_id("incarnation", req.incarnation, s.max_id_chars)
+        self._check_coordinator_host(rid, req.host_id)
+        r = self.replicas.get(rid)
+        if (ftar or state) and (r is None or ftar != r.ftar_addresses or state != r.state_addresses):
+            new = (ftar or (r.ftar_addresses if r else ()), state or (r.state_addresses if r else ()))
+            problem = addresses_problem(rid, self.addresses_snapshot(*new), s)
+            if problem:
+                raise InvalidArgument(problem)
+        if r is None and len(self.replicas) >= s.max_replica_records:
+            raise FailedPrecondition(
+                f"replica {rid!r} is one too many: the job is configured for {s.replicas} replicas."
+            )
+        restarted = r is not None and bool(r.incarnation) and req.incarnation != r.incarnation
+        self.lifecycle.check_join_allowed(rid, r, restarted)
+        self._check_replica_set(rid, req.world_size)
+        member = self.quorum is not None and any(m.replica_id == rid for m in self.quorum.members)
+        beyond = step_problem(rid, req.step, self.quorum.max_step if self.quorum else None, self.max_committed_step,
+                              member)
+        if beyond:
+            raise FailedPrecondition(beyond)
+        if (r is not None and not restarted and r.state != ReplicaState.DEAD
+                and req.step < r.step and not r.failed_commit):
+            raise FailedPrecondition(
+                f"replica {rid} asked to train step {req.step}, but it already committed step "
+                f"{r.committed_step}; a step may go back only after a failed-commit report."
+            )
+        return rid, r, ftar, state, restarted
+
     def try_close_round(self, now: float) -> Quorum | None:
         """Close the round if the policy says so; returns the new quorum or None."""
-        s = self.settings
-        if self.job_over:  # final: no quorum forms after it
-            self.round_reason, self.round_wake_at = f"the job is {self.job_state.value}", None
+        if self.lifecycle.job_over:  # final: no quorum forms after it
+            self.round_reason, self.round_wake_at = f"the job is {self.lifecycle.job_state.value}", None
             return None
+        decided = self._decide_round(now)
+        if decided is None:
+            return None
+        return self._form_quorum(*decided, now)
+
+    def _decide_round(self, now: float) -> tuple[dict[str, int], RollbackDecision | None, str] | None:
+        """The quorum policy and the rollback rule on the open round: the members (with their
+        steps), the rollback (None: none) and the reason; None while the round stays open."""
+        s = self.settings
         previous = self.quorum.member_ids if self.quorum else frozenset()
         view = RoundView(
             joined=dict(self.round_joined),
@@ -149,8 +152,14 @@ class ReplicaRegistry:
             return None
         self.rollback_wait_since = None
         reason = clip_text(decision.reason + (f"; {rollback.reason}" if rollback else ""), s.max_reason_chars)
+        return members, rollback, reason
+
+    def _form_quorum(self, members: dict[str, int], rollback: RollbackDecision | None, reason: str,
+                     now: float) -> Quorum:
+        s = self.settings
+        previous = self.quorum.member_ids if self.quorum else frozenset()
         self.goodput.on_quorum(members, now)
-        diverged = self.diverged_members(members)
+        diverged = self.divergence.diverged_members(self.replicas, members)
         q = form_quorum(
             members,
             previous_id=self.quorum.quorum_id if self.quorum else self.first_quorum_id - 1,
@@ -166,6 +175,26 @@ class ReplicaRegistry:
         if rollback is not None:
             q = replace(q, resume_checkpoint_step=rollback.resume_checkpoint_step)
         self._switch_history(q, rollback, now)
+        self._seat_members(q, diverged, now)
+        for r in self.replicas.values():
+            if r.state in (ReplicaState.HEALTHY, ReplicaState.BEHIND) and r.replica_id not in members:
+                self._transition(r, ReplicaState.JOINING, f"left out of quorum {q.quorum_id}: {q.reason}", now)
+        if not self.quorum or q.quorum_id != self.quorum.quorum_id:
+            self._event(now, "quorum", str(q.quorum_id),
+                        f"quorum {q.quorum_id}: {', '.join(m.replica_id for m in q.members)} at step "
+                        f"{q.max_step}, lr_scale {q.lr_scale:.3f} ({q.reason})")
+            self.quorum_history.append(q)
+            del self.quorum_history[: -s.recent_quorums]
+            self.writes.mark(REPLICAS)
+        self.quorum = q
+        self.round_joined = {}
+        self.round_renewed = set()
+        self.round_first_join_at = None
+        self.round_wake_at = None
+        return q
+
+    def _seat_members(self, q: Quorum, diverged: frozenset[str], now: float) -> None:
+        """Each member of the new quorum `q` told what it was given, in its new state."""
         for m in q.members:
             r = self.replicas[m.replica_id]
             r.failed_commit = False
@@ -191,22 +220,6 @@ class ReplicaRegistry:
                 self._transition(r, ReplicaState.BEHIND,
                                  f"in quorum {q.quorum_id} at step {m.step}, behind max step {q.max_step}; "
                                  f"recovering from {', '.join(q.recover.get(m.replica_id, ()))}", now)
-        for r in self.replicas.values():
-            if r.state in (ReplicaState.HEALTHY, ReplicaState.BEHIND) and r.replica_id not in members:
-                self._transition(r, ReplicaState.JOINING, f"left out of quorum {q.quorum_id}: {q.reason}", now)
-        if not self.quorum or q.quorum_id != self.quorum.quorum_id:
-            self._event(now, "quorum", str(q.quorum_id),
-                        f"quorum {q.quorum_id}: {', '.join(m.replica_id for m in q.members)} at step "
-                        f"{q.max_step}, lr_scale {q.lr_scale:.3f} ({q.reason})")
-            self.quorum_history.append(q)
-            del self.quorum_history[: -s.recent_quorums]
-            self.writes.mark(REPLICAS)
-        self.quorum = q
-        self.round_joined = {}
-        self.round_renewed = set()
-        self.round_first_join_at = None
-        self.round_wake_at = None
-        return q
 
     def _switch_history(self, q: Quorum, rollback: RollbackDecision | None, now: float) -> None:
         """A rollback starts a new history below the newest committed step; a member that
@@ -258,9 +271,9 @@ class ReplicaRegistry:
             raise FailedPrecondition(f"replica {replica_id!r} is unknown: it must join a quorum first.")
         return r
 
-    def _check_leader_host(self, replica_id: str, host_id: str) -> None:
-        """Fencing: only the host that holds rank 0 of a replica may lead it, and a leader of
-        a replica with a known rank-0 holder must say which host it runs on."""
+    def _check_coordinator_host(self, replica_id: str, host_id: str) -> None:
+        """Fencing: only the host that holds rank 0 of a replica may run its coordinator, and
+        the coordinator of a replica with a known rank-0 holder must say which host it runs on."""
         check_optional_id("host_id", host_id, self.settings.max_id_chars)
         holder = self.rank_holders.get((replica_id, 0))
         if holder is None or holder == host_id:
@@ -296,7 +309,7 @@ class ReplicaRegistry:
         rank_digests = check_rank_digests(rank_digests, r.world_size)
         if rank_digests and not digest:
             raise InvalidArgument("rank_digests were sent without the replica digest they belong to.")
-        self._check_leader_host(replica_id, host_id)
+        self._check_coordinator_host(replica_id, host_id)
         check_non_negative("tokens", tokens)
         if checkpoint_step is not None and not 0 <= checkpoint_step <= step:
             raise InvalidArgument(f"checkpoint_step must be between 0 and the committed step {step}, "
@@ -325,14 +338,14 @@ class ReplicaRegistry:
         if r.state == ReplicaState.BEHIND and self.quorum and step >= self.quorum.max_step:
             self._transition(r, ReplicaState.HEALTHY, f"caught up and committed step {step}", now)
         if digest:
-            self.diagnosis.keep_rank_digests(replica_id, step, rank_digests, tuple(
+            self.diagnostician.keep_rank_digests(replica_id, step, rank_digests, tuple(
                 self.rank_holders.get((replica_id, k)) for k in range(r.world_size)))
         self._record_digest(r, step, digest, caught_up, now)
 
     def report_commit_failed(self, replica_id: str, step: int, reason: str, now: float, *, quorum_id: int,
                              host_id: str = "") -> None:
         r = self._known_replica(replica_id)
-        self._check_leader_host(replica_id, host_id)
+        self._check_coordinator_host(replica_id, host_id)
         self._check_given(r, quorum_id, step, "a failed commit of")
         reason = clip_text(reason, self.settings.max_reason_chars)
         r.failed_commit = True
@@ -341,9 +354,39 @@ class ReplicaRegistry:
         self._event(now, "commit_failed", replica_id,
                     f"replica {replica_id} failed to commit step {step}: {reason or 'no reason given'}")
 
+    def report_finished(self, replica_id: str, step: int, now: float, *, reason: str = "",
+                        host_id: str = "") -> JobState:
+        """Its leader says the replica trained to the end: FINISHED (controller.core.finishing)."""
+        r = self._known_replica(replica_id)
+        self._check_coordinator_host(replica_id, host_id)
+        if step < -1:
+            raise InvalidArgument(f"step must be -1 (nothing committed) or more, got {step}.")
+        reason = clip_text(reason, self.settings.max_reason_chars)
+        if step > max(r.given_step, r.committed_step):
+            raise FailedPrecondition(
+                f"replica {replica_id} reports it finished at step {step}, but no quorum gave it a step after "
+                f"{max(r.given_step, r.committed_step)}; a replica cannot have committed a step it was not given.")
+        if step < r.committed_step and r.state != ReplicaState.FINISHED:
+            raise FailedPrecondition(
+                f"replica {replica_id} reports it finished at step {step}, but it already committed step "
+                f"{r.committed_step}; steps never go backwards.")
+        # Validated: from here on the request changes state.
+        r.last_seen = now
+        if r.state == ReplicaState.FINISHED:
+            return self.lifecycle.job_state  # said again (a retried call): nothing new
+        if step > r.committed_step:  # its last step report was lost: the replica knows best
+            r.committed_step, r.step = step, step + 1
+            self.max_committed_step = max(self.max_committed_step, step)
+        self.round_joined.pop(replica_id, None)
+        if not self.round_joined:
+            self.round_first_join_at = None
+        self._transition(r, ReplicaState.FINISHED,
+                         f"finished after step {step}" + (f": {clip_text(reason, 200)}" if reason else ""), now)
+        return self.lifecycle.job_state
+
     def report_replica_dead(self, replica_id: str, reason: str, now: float, *, host_id: str = "") -> None:
         self._known_replica(replica_id)
-        self._check_leader_host(replica_id, host_id)
+        self._check_coordinator_host(replica_id, host_id)
         reason = clip_text(reason, self.settings.max_reason_chars)
         self.kill_replica(replica_id, DeathCause.REPORTED, reason or "reported dead", now)
 
@@ -356,7 +399,7 @@ class ReplicaRegistry:
             return False
         self._transition(r, ReplicaState.DEAD, reason, now, cause=cause.value)
         self.deaths[cause.value] = self.deaths.get(cause.value, 0) + 1
-        self.diagnosis.forget_replica(replica_id, now)  # its groups form anew when it returns
+        self.diagnostician.forget_replica(replica_id, now)  # its groups form anew when it returns
         self.round_joined.pop(replica_id, None)
         if not self.round_joined:
             self.round_first_join_at = None
@@ -387,8 +430,8 @@ class ReplicaRegistry:
         if problem:
             raise FailedPrecondition(problem)
 
-    def leader_connection_lost(self, replica_id: str, how: str, now: float) -> bool:
-        """A leader's connection (`how`: which) closed without goodbye: its replica is suspect
+    def coordinator_connection_lost(self, replica_id: str, how: str, now: float) -> bool:
+        """A coordinator's connection (`how`: which) closed without goodbye: its replica is suspect
         (controller.core.suspects) while it is live. Returns whether it became suspect."""
         r = self.replicas.get(replica_id)
         if r is None or r.state in SETTLED or not self.suspects.lost(replica_id, now):
@@ -437,7 +480,7 @@ class ReplicaRegistry:
             self.goodput.on_state(r.replica_id, state == ReplicaState.HEALTHY, state == ReplicaState.DEAD,
                                   cause, r.last_seen, now)
             if state in SETTLED:
-                self._check_completed(now)
+                self.act(self.lifecycle.replica_settled(self.replicas, now), now)
 
 
 def _or(value: float | None, default: float) -> float:

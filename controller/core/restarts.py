@@ -15,16 +15,17 @@ The restart budget counts replica restarts, charged to the host whose trainer di
 cannot run (DEAD, or cordoned after a failure and waiting for a spare) does not restart: its
 other hosts are stopped, and it restarts when the host is replaced or comes back.
 
-`restart_decision` is the pure rule; `ReplicaRestarts` (a mixin of ControllerState) applies it.
-Time is passed in.
+`restart_decision` is the pure rule; `RestartBudget` owns each host's restart times and
+applies it, returning intents (controller.core.intents): restart the replica in place
+(`RestartReplica`), or replace the host (`ReplaceHost`). Time is passed in.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from controller.core.model import Host, HostState
-from controller.core.pending_writes import REPLICAS
+from controller.core.intents import Intent, ReplaceHost, RestartReplica
+from controller.settings import ControllerSettings
 
 
 @dataclass(frozen=True)
@@ -44,62 +45,23 @@ def restart_decision(restart_times_s: list[float], now: float, budget: int, wind
     return RestartDecision(False, f"replica restart {used + 1} of {budget} allowed per {window_s:g} s")
 
 
-def host_can_run(h: Host) -> bool:
-    return h.state != HostState.DEAD and not (h.cordoned and h.cordon_by == "failure")
+class RestartBudget:
+    """When each host's trainer deaths restarted its replica (not durable: a new leader counts
+    anew), and what the next death does."""
 
+    def __init__(self, settings: ControllerSettings) -> None:
+        self.settings = settings
+        self._times: dict[str, list[float]] = {}
 
-class ReplicaRestarts:
-    """Mixin of ControllerState: restarting a replica's ranks together on its hosts."""
-
-    def replica_hosts(self, replica_id: str) -> list[Host]:
-        """The hosts that hold ranks of the replica, by their lowest rank."""
-        holders = {h for (rid, _), h in self.rank_holders.items() if rid == replica_id}
-        hosts = [self.hosts[h] for h in holders]
-        return sorted(hosts, key=lambda h: min(h.assignment.ranks))
-
-    def restart_after_death(self, h: Host, why: str, now: float) -> None:
-        """One of `h`'s trainers died: restart its replica in place, or replace `h` when its
-        restart budget is spent."""
-        s = self.settings
-        decision = restart_decision(h.restart_times_s, now, s.restart_budget, s.restart_window_s)
+    def after_death(self, host_id: str, replica_id: str, why: str, now: float) -> list[Intent]:
+        """One of the host's trainers died: restart its replica in place, or replace the host
+        when its restart budget is spent."""
+        s, times = self.settings, self._times.get(host_id, [])
+        decision = restart_decision(times, now, s.restart_budget, s.restart_window_s)
         if decision.replace_host:
-            self._cordon(h, "failure", f"{decision.reason}: {why}", now)
-            self._swap(h, now)
-            return
-        h.restart_times_s = [t for t in h.restart_times_s if now - s.restart_window_s < t] + [now]
-        rid, first = h.assignment.replica_id, len(self.outbox)
-        restarted = self.restart_replica(rid, f"{why} ({decision.reason})")
-        if restarted:
-            r = self.replicas.get(rid)
-            if r is not None:
-                r.restarts += 1
-                self.writes.mark(REPLICAS)
-            self._event(now, "replica_restart", rid,
-                        f"replica {rid} restarts its ranks on {restarted} host(s) together: {why} ({decision.reason})")
-        self._orders_event(first, now)
+            return [ReplaceHost(host_id, f"{decision.reason}: {why}")]
+        self._times[host_id] = [t for t in times if now - s.restart_window_s < t] + [now]
+        return [RestartReplica(replica_id, f"{why} ({decision.reason})")]
 
-    def restart_replica(self, replica_id: str, why: str, *, skip: Host | None = None,
-                        version: int | None = None) -> int:
-        """Order every host of the replica (but `skip`, which learns it otherwise) to restart
-        its ranks together, under one new replica version (`version`: one already decided for
-        the replica, e.g. the spare's ASSIGN). If a host of the replica cannot run, stop the
-        others instead: the replica is down until that host is replaced or back. Returns how
-        many hosts restart (0: the replica is down). The caller announces the orders
-        (`_orders_event`)."""
-        hosts = self.replica_hosts(replica_id)
-        down = [h for h in hosts if not host_can_run(h)]
-        if down:
-            for h in hosts:
-                if h is not skip and host_can_run(h):
-                    self._order(h.host_id, "STOP", h.assignment,
-                                f"replica {replica_id} is down until host {down[0].host_id} is replaced: {why}")
-            return 0
-        version = self._next_version() if version is None else version
-        self.replica_versions[replica_id] = version
-        for h in hosts:
-            h.assignment_version = version
-            self._touch(h, urgent=True)
-        for h in hosts:
-            if h is not skip:
-                self._order(h.host_id, "RESTART", h.assignment, f"replica {replica_id} restarts as a unit: {why}")
-        return len(hosts)
+    def times(self, host_id: str) -> list[float]:
+        return list(self._times.get(host_id, ()))

@@ -60,7 +60,7 @@ def worst_replica_record_bytes(settings) -> int:
     at its longest. Fields are read from `Replica`, so new ones are counted (text fields other
     than the known ones at max_id_chars)."""
     texts = {"reason": settings.max_reason_chars * JSON_BYTES_PER_CHAR,
-             "leader_address": settings.max_address_chars}
+             "coordinator_address": settings.max_address_chars}
     size = 2  # {}
     for f in fields(Replica):
         if f.name in ("last_seen", "ftar_addresses", "state_addresses", "given_restored"):

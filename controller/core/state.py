@@ -5,41 +5,61 @@ socket or touches the store. The service changes it only through `ControllerCore
 (controller/core/core.py), which hands back what a change asks for: the store sections it
 left unwritten (`writes`, controller/core/pending_writes.py), the orders for agents
 (`outbox`) and the events.
+
+It holds the records (replicas, hosts, the round) and combines the components that own the
+rest: `lifecycle` (controller.core.finishing), `divergence` (controller.core.divergence),
+`restart_budget` (controller.core.restarts) and `diagnostician`
+(controller.core.diagnosis.acting). A component changes only its own data and returns intents
+(controller.core.intents), which `act` carries out here, in one place. The replica and host
+registries (controller.core.replicas, controller.core.hosts) are still mixins of this class.
 """
 
 from __future__ import annotations
 
-from dataclasses import fields
 
 from controller.core.checks import clip_text
-from controller.core.diagnosis.acting import Diagnosing
-from controller.core.digests import DigestLedger
+from controller.core.diagnosis.acting import Diagnostician, Facts
+from controller.core.diagnosis.telemetry import HostReport
+from controller.core.errors import RequestError
 from controller.core.divergence import DivergenceTracker
 from controller.core.events import level_of
 from controller.core.finishing import JobLifecycle
 from controller.core.goodput import GoodputTracker, NoGoodput
 from controller.core.hosts import HostRegistry
+from controller.core.intents import (
+    Announce, Diagnose, EndRounds, Evict, KillReplica, MoveReplica, Persist, ReplaceHost, RestartReplica,
+)
+from controller.core.quorum_codec import quorum_from_dict
 from controller.core.model import (
-    Assignment, Event, Host, HostState, Member, OrderOut, Quorum, Replica, ReplicaState,
+    SETTLED, Assignment, Event, Host, HostState, OrderOut, Quorum, Replica, ReplicaState, host_can_run,
 )
 from controller.core.replicas import ReplicaRegistry
 from controller.core.pending_writes import JOURNAL, REPLICAS, PendingWrites
-from controller.core.restarts import ReplicaRestarts
-from controller.core.sizes import ShardBudget, digest_ledger_budget
+from controller.core.restarts import RestartBudget
+from controller.core.sizes import ShardBudget
 from controller.core.suspects import Suspects
-from controller.core import retention
+from controller.core import retention, snapshots
 from controller.settings import ControllerSettings
 
-SNAPSHOT_VERSION = 1
 #: Assignment versions reserved per write of the replicas snapshot.
 VERSION_BLOCK = 1024
-#: What of a replica survives a failover (addresses are kept apart; last_seen restarts).
-REPLICA_DURABLE_FIELDS = tuple(
-    f.name for f in fields(Replica) if f.name not in ("last_seen", "ftar_addresses", "state_addresses", "given_restored")
-)
+class _Settings:
+    """`state.settings = x` (tests change settings) hands `x` to the components as well.
+    Only setting is hooked: with no __get__, reading is the plain instance lookup (it is read
+    on every request)."""
+
+    COMPONENTS = ("lifecycle", "restart_budget", "diagnostician")
+
+    def __set__(self, state, settings: ControllerSettings) -> None:
+        state.__dict__["settings"] = settings
+        for name in self.COMPONENTS:
+            if name in state.__dict__:
+                state.__dict__[name].settings = settings
 
 
-class ControllerState(ReplicaRegistry, HostRegistry, ReplicaRestarts, DivergenceTracker, JobLifecycle, Diagnosing):
+class ControllerState(ReplicaRegistry, HostRegistry):
+    settings = _Settings()
+
     def __init__(self, settings: ControllerSettings) -> None:
         self.settings = settings.validate()
         self.replicas: dict[str, Replica] = {}
@@ -96,20 +116,12 @@ class ControllerState(ReplicaRegistry, HostRegistry, ReplicaRestarts, Divergence
         self.rank_holders: dict[tuple[str, int], str] = {}
         #: the store sections changed and not yet handed out for writing (pending_writes.py)
         self.writes = PendingWrites()
-        #: recent steps' replica digests, compared per step (bounded; not persisted)
-        self.digest_ledger = DigestLedger(settings.digest_steps_kept, settings.digest_wait_s)
-        self.digest_mismatches = 0
-        #: when the job became COMPLETED (None: it runs); final, and persisted
-        self.completed_at: float | None = None
-        #: when the job became FAILED (None: it did not); final, and persisted
-        self.failed_at: float | None = None
-        #: why the job COMPLETED or FAILED (persisted); while it runs, since when no replica
-        #: could make progress and the note that says so (not persisted: a new leader waits anew)
-        self.job_end_reason = ""
-        self.stuck_since: float | None = None
-        self.stuck_note = ""
-        #: finished replicas whose trainers' clean exit was already told in an event
-        self.finished_exits: set[str] = set()
+        #: each host's replica restarts, against the restart budget (controller.core.restarts)
+        self.restart_budget = RestartBudget(self.settings)
+        #: replica digests compared per step, DIVERGED replicas (controller.core.divergence)
+        self.divergence = DivergenceTracker(self.settings)
+        #: the job's ending: COMPLETED or FAILED, when and why (controller.core.finishing)
+        self.lifecycle = JobLifecycle(self.settings)
         #: replicas whose leader's connection closed without goodbye (controller.core.suspects)
         self.suspects = Suspects()
         #: bytes each host shard may grow to (see controller.core.sizes)
@@ -117,20 +129,169 @@ class ControllerState(ReplicaRegistry, HostRegistry, ReplicaRestarts, Divergence
         #: host ids by shard, and each host's encoded record until it changes (see _touch)
         self.shard_members: dict[int, dict[str, None]] = {}
         self.encoded_hosts: dict[str, bytes] = {}
-        #: telemetry, findings and what was done about them (not persisted: rebuilt from reports)
-        self.init_diagnosis()
+        #: telemetry, findings and what was done about them (controller.core.diagnosis.acting)
+        self.diagnostician = Diagnostician(self.settings)
 
     def expire(self, now: float) -> None:
         """Declare dead whoever has been silent past the heartbeat timeout, compare the digests
         that waited long enough, and run the periodic diagnosis. A completed job's agents leave:
         their silence is no failure (no host deaths, no swaps, no diagnosis)."""
-        if not self.job_over:
+        if not self.lifecycle.job_over:
             self.expire_hosts(now)
         self.expire_replicas(now)
         self.compare_digests(now)
-        if not self.job_over:
-            self.diagnose(now)
-        self.check_progress(now)
+        if not self.lifecycle.job_over:
+            self._carry_out(self.diagnostician.periodic(self._facts(), now), now)
+        live, dead = self._liveness()
+        self.act(self.lifecycle.check_progress(self.replicas, self.hosts.values(),
+                                               bool(live) or len(dead) != len(self.replicas), now), now)
+
+    def act(self, intents, now: float) -> None:
+        """Carry out what a component asked (controller.core.intents), in order."""
+        for i in intents:
+            if isinstance(i, Announce):
+                self._event(now, i.kind, i.subject, i.message, i.cause, i.level)
+            elif isinstance(i, Persist):
+                self.writes.mark(i.section, i.urgent)
+            elif isinstance(i, EndRounds):
+                self.round_reason, self.round_wake_at = i.reason, None
+            elif isinstance(i, KillReplica):
+                self.kill_replica(i.replica_id, i.cause, i.reason, now)
+            elif isinstance(i, MoveReplica):
+                r = self.replicas.get(i.replica_id)
+                if r is not None and not (i.unless_settled and r.state in SETTLED):
+                    self._transition(r, i.state, i.reason, now)
+            elif isinstance(i, Diagnose):
+                self._carry_out(self.diagnostician.verdicts(list(i.verdicts), self._facts(), now), now)
+            elif isinstance(i, Evict):
+                self._evict_for_diagnosis(i, now)
+            elif isinstance(i, RestartReplica):
+                self._restart_in_place(i.replica_id, i.why, now)
+            elif isinstance(i, ReplaceHost):
+                h = self.hosts[i.host_id]
+                self._cordon(h, "failure", i.reason, now)
+                self._swap(h, now)
+            else:
+                raise TypeError(f"{i!r} is not an intent")
+
+    def _carry_out(self, batches, now: float) -> None:
+        """Intents that come one batch at a time, each decided on what the last one left."""
+        for intents in batches:
+            self.act(intents, now)
+
+    # -- the diagnosis (Diagnostician decides; evictions go through the host registry) ---------
+
+    @property
+    def diagnosis(self):
+        """The diagnosis engine: telemetry, findings, the decision log (read by the service)."""
+        return self.diagnostician.engine
+
+    def _facts(self) -> Facts:
+        return Facts(self.hosts, self.replicas, self.rank_holders, self.quorum)
+
+    def report_telemetry(self, report: HostReport, agent_secret: str, now: float) -> list[str]:
+        """Keep an agent's summary (its agent secret checked); returns what was left out and why."""
+        self.diagnostician.check(report)
+        h = self.authenticate_agent(report.host_id, agent_secret)
+        findings, ignored = self.diagnostician.ingest(report, h, self.replicas, now)
+        self._carry_out(self.diagnostician.decide(findings, self._facts(), now), now)
+        return ignored
+
+    def _evict_for_diagnosis(self, i: Evict, now: float) -> None:
+        try:
+            self.evict(i.host_id, "diagnosis", i.reason, now)
+        except RequestError as exc:  # the host changed between deciding and acting
+            self._event(now, "diagnosis", i.host_id, f"{i.finding}: eviction of host {i.host_id} failed: {exc}",
+                        i.cause)
+            return
+        self.diagnostician.evicted(i.host_id, now)
+
+    # -- replica restarts (RestartBudget decides; the hosts carry them out) ---------------------
+
+    def replica_hosts(self, replica_id: str) -> list[Host]:
+        """The hosts that hold ranks of the replica, by their lowest rank."""
+        holders = {h for (rid, _), h in self.rank_holders.items() if rid == replica_id}
+        hosts = [self.hosts[h] for h in holders]
+        return sorted(hosts, key=lambda h: min(h.assignment.ranks))
+
+    def _restart_in_place(self, rid: str, why: str, now: float) -> None:
+        first = len(self.outbox)
+        restarted = self.restart_replica(rid, why)
+        if restarted:
+            r = self.replicas.get(rid)
+            if r is not None:
+                r.restarts += 1
+                self.writes.mark(REPLICAS)
+            self._event(now, "replica_restart", rid, f"replica {rid} restarts its ranks on {restarted} host(s) "
+                                                     f"together: {why}")
+        self._orders_event(first, now)
+
+    def restart_replica(self, replica_id: str, why: str, *, skip: Host | None = None,
+                        version: int | None = None) -> int:
+        """Order every host of the replica (but `skip`, which learns it otherwise) to restart
+        its ranks together, under one new replica version (`version`: one already decided for
+        the replica, e.g. the spare's ASSIGN). If a host of the replica cannot run, stop the
+        others instead: the replica is down until that host is replaced or back. Returns how
+        many hosts restart (0: the replica is down). The caller announces the orders
+        (`_orders_event`)."""
+        hosts = self.replica_hosts(replica_id)
+        down = [h for h in hosts if not host_can_run(h)]
+        if down:
+            for h in hosts:
+                if h is not skip and host_can_run(h):
+                    self._order(h.host_id, "STOP", h.assignment,
+                                f"replica {replica_id} is down until host {down[0].host_id} is replaced: {why}")
+            return 0
+        version = self._next_version() if version is None else version
+        self.replica_versions[replica_id] = version
+        for h in hosts:
+            h.assignment_version = version
+            self._touch(h, urgent=True)
+        for h in hosts:
+            if h is not skip:
+                self._order(h.host_id, "RESTART", h.assignment, f"replica {replica_id} restarts as a unit: {why}")
+        return len(hosts)
+
+    # -- digests (DivergenceTracker decides) ---------------------------------------------------
+
+    def _record_digest(self, r: Replica, step: int, digest: str, caught_up: bool, now: float) -> None:
+        """After `r` committed `step` (already recorded): keep its digest, heal or compare."""
+        if digest:
+            r.digest, r.digest_step = digest, step
+        def trusted() -> list[str]:  # asked only by a re-sync: not O(replicas) per commit
+            return [x.replica_id for x in self.replicas.values() if x.state == ReplicaState.HEALTHY and x is not r]
+
+        sources = self.quorum.recover.get(r.replica_id, ()) if self.quorum else ()
+        self.act(self.divergence.committed(r, step, digest, caught_up, trusted, sources, now), now)
+        self.compare_digests(now)
+
+    def compare_digests(self, now: float) -> None:
+        """Decide the steps whose digests are all in, or that waited long enough."""
+        self.act(self.divergence.compare(now, self._digest_waiting), now)
+
+    def _digest_waiting(self, step: int) -> list[str]:
+        """Members of the current quorum that may still report `step`."""
+        if self.quorum is None:
+            return []
+        out = []
+        for m in self.quorum.members:
+            r = self.replicas.get(m.replica_id)
+            if r is not None and r.state not in SETTLED and r.committed_step < step:
+                out.append(m.replica_id)
+        return out
+
+    digest_ledger = property(lambda self: self.divergence.ledger)
+    digest_mismatches = property(lambda self: self.divergence.mismatches)
+
+    # -- the job's ending, as read by the service and the tests (JobLifecycle owns it) --------
+
+    job_state = property(lambda self: self.lifecycle.job_state)
+    job_over = property(lambda self: self.lifecycle.job_over)
+    job_state_reason = property(lambda self: self.lifecycle.job_state_reason)
+    completed_at = property(lambda self: self.lifecycle.completed_at)
+    failed_at = property(lambda self: self.lifecycle.failed_at)
+    job_end_reason = property(lambda self: self.lifecycle.job_end_reason)
+    stuck_since = property(lambda self: self.lifecycle.stuck_since)
 
     def silence(self, last_seen: float, now: float) -> str:
         """Why a record last seen at `last_seen` counts as dead now, or "" while it does not.
@@ -213,72 +374,13 @@ class ControllerState(ReplicaRegistry, HostRegistry, ReplicaRestarts, Divergence
 
     # -- durable snapshot --------------------------------------------------------------------
 
-    def snapshot_section(self, section: str) -> dict | bytes:
-        """What the store section `section` (controller.core.pending_writes) holds now."""
-        kind, _, name = section.partition("/")
-        if kind == REPLICAS:
-            return self.snapshot_replicas()
-        if kind == JOURNAL:
-            return self.snapshot_journal()
-        if kind == "addresses":
-            return self.snapshot_addresses(name)
-        if kind == "hosts":
-            return self.encoded_host_shard(int(name))
-        raise ValueError(f"unknown store section {section!r}")
-
-    def snapshot_replicas(self) -> dict:
-        """Written before answering: small, and on the hot path of every committed step."""
-        return {
-            "version": SNAPSHOT_VERSION,
-            "quorum": _quorum_to_dict(self.quorum) if self.quorum else None,
-            "replicas": [
-                {k: getattr(r, k) for k in REPLICA_DURABLE_FIELDS} for r in self.replicas.values()
-            ],
-            "first_quorum_id": self.first_quorum_id,
-            "max_committed_step": self.max_committed_step,
-            "steps_committed": self.steps_committed,
-            "swaps": self.swaps,
-            "deaths": self.deaths,
-            "order_seq": self.order_seq,
-            "digest_mismatches": self.digest_mismatches,
-            "completed_at": self.completed_at,
-            "failed_at": self.failed_at,
-            "job_end_reason": self.job_end_reason,
-            "history": [self.history_step, self.history_epoch, self.branch_start_step, self.newest_checkpoint_step],
-            "steps_lost": self.steps_lost,
-            "history_changes": self.history_changes,
-            "version_ceiling": self.version_ceiling,
-            "replica_versions": self.replica_versions,
-            "goodput": self.goodput.snapshot(),
-            "digests": self.digest_ledger.snapshot(digest_ledger_budget(self.settings)),
-        }
-
-    def snapshot_journal(self) -> dict:
-        """Recent quorums and events, for the status API: written behind, within a tick."""
-        return {
-            "version": SNAPSHOT_VERSION,
-            "history": [_quorum_to_dict(q) for q in self.quorum_history],
-            "events": [[e.at, e.kind, e.subject, e.message, e.cause, e.level, e.seq] for e in self.events],
-            "event_seq": self.event_seq,
-            "goodput": self.goodput.snapshot_history(),
-        }
-
-    def snapshot_addresses(self, replica_id: str) -> dict:
-        r = self.replicas[replica_id]
-        return self.addresses_snapshot(r.ftar_addresses, r.state_addresses)
-
-    @staticmethod
-    def addresses_snapshot(ftar, state) -> dict:
-        return {"version": SNAPSHOT_VERSION, "ftar": list(ftar), "state": list(state)}
-
-    def snapshot_hosts(self, shard: int) -> dict:
-        return self.snapshot_host_shards([shard])[shard]
-
-    def snapshot_host_shards(self, shards) -> dict[int, dict]:
-        """Several shards in one pass over the hosts."""
-        return {i: {"version": SNAPSHOT_VERSION,
-                    "hosts": [self.host_record(self.hosts[h]) for h in self.shard_members.get(i, ())]}
-                for i in shards}
+    snapshot_section = snapshots.section
+    snapshot_replicas = snapshots.replicas_section
+    snapshot_journal = snapshots.journal_section
+    snapshot_addresses = snapshots.addresses_section
+    addresses_snapshot = staticmethod(snapshots.addresses_snapshot)
+    snapshot_hosts = snapshots.host_section
+    snapshot_host_shards = snapshots.host_sections
 
     def restore(self, replicas: dict | None, host_shards: list[dict | None], now: float,
                 addresses: dict[str, dict] | None = None, journal: dict | None = None) -> None:
@@ -291,9 +393,11 @@ class ControllerState(ReplicaRegistry, HostRegistry, ReplicaRestarts, Divergence
             self.version_ceiling = self.order_seq = int(now * 1000)
         if replicas:
             self.first_quorum_id = replicas.get("first_quorum_id", 1)
-            self.quorum = _quorum_from_dict(replicas["quorum"]) if replicas["quorum"] else None
+            self.quorum = quorum_from_dict(replicas["quorum"]) if replicas["quorum"] else None
             self.replicas = {}
             for d in replicas["replicas"]:
+                # a record written before the coordinator's address had its name
+                d = {("coordinator_address" if k == "leader_address" else k): v for k, v in d.items()}
                 a = (addresses or {}).get(d["replica_id"]) or {"ftar": (), "state": ()}
                 self.replicas[d["replica_id"]] = Replica(
                     **dict(d, state=ReplicaState(d["state"]), ftar_addresses=tuple(a["ftar"]),
@@ -302,10 +406,8 @@ class ControllerState(ReplicaRegistry, HostRegistry, ReplicaRestarts, Divergence
             self.max_committed_step = replicas.get("max_committed_step", -1)
             self.swaps = replicas["swaps"]
             self.deaths = dict(replicas["deaths"])
-            self.digest_mismatches = replicas.get("digest_mismatches", 0)
-            self.completed_at = replicas.get("completed_at")
-            self.failed_at = replicas.get("failed_at")
-            self.job_end_reason = replicas.get("job_end_reason", "")
+            self.lifecycle.restore(replicas.get("completed_at"), replicas.get("failed_at"),
+                                   replicas.get("job_end_reason", ""))
             # Order ids must never repeat (agents answer a repeated id from memory), and the
             # counter is written only now and then: continue from the clock if it is ahead.
             self.order_seq = max(replicas["order_seq"], int(now * 1000))
@@ -315,9 +417,9 @@ class ControllerState(ReplicaRegistry, HostRegistry, ReplicaRestarts, Divergence
             self.history_changes = dict(replicas.get("history_changes", {}))
             self.version_ceiling = replicas.get("version_ceiling", 0)
             self.replica_versions = dict(replicas.get("replica_versions", {}))
-            self.digest_ledger.restore(replicas.get("digests"), now)
+            self.divergence.restore(replicas.get("digest_mismatches", 0), replicas.get("digests"), now)
         if journal:
-            self.quorum_history = [_quorum_from_dict(q) for q in journal["history"]]
+            self.quorum_history = [quorum_from_dict(q) for q in journal["history"]]
             self.events = [Event(*e) for e in journal["events"]]
             self.event_tiers = []  # counted again on the next event (controller.core.retention)
             self.event_seq = max(journal.get("event_seq", 0), max((e.seq for e in self.events), default=0))
@@ -352,22 +454,3 @@ def _beat(records: dict, ids, dead, now: float) -> list[str]:
         else:
             record.last_seen = now
     return unknown
-
-
-def _quorum_to_dict(q: Quorum) -> dict:
-    """Every field of `q` (what dataclasses.asdict gives, written out: asdict deep-copies each
-    value, and this runs on every committed step's write)."""
-    return {
-        "quorum_id": q.quorum_id,
-        "members": [{"replica_id": m.replica_id, "step": m.step, "healthy": m.healthy} for m in q.members],
-        "max_step": q.max_step, "recover": {k: list(v) for k, v in q.recover.items()}, "lr_scale": q.lr_scale,
-        "reason": q.reason, "formed_at": q.formed_at, "resume_checkpoint_step": q.resume_checkpoint_step,
-    }
-
-
-def _quorum_from_dict(d: dict) -> Quorum:
-    return Quorum(
-        quorum_id=d["quorum_id"], members=tuple(Member(**m) for m in d["members"]), max_step=d["max_step"],
-        recover={k: tuple(v) for k, v in d["recover"].items()}, lr_scale=d["lr_scale"], reason=d["reason"],
-        formed_at=d["formed_at"], resume_checkpoint_step=d.get("resume_checkpoint_step"),
-    )

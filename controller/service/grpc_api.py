@@ -50,8 +50,8 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
             self.server.check_peer_may_act_as(context, host_id)
         callers.check_beat(self.server, self.server.state, beat)
 
-    def _check_leader(self, request, context) -> None:
-        """A leader's job, and (with a certificate binding) the host it says it runs on."""
+    def _check_coordinator(self, request, context) -> None:
+        """A replica coordinator's job, and (with a certificate binding) the host it says it runs on."""
         self._check_job(request.job_id)
         if request.host_id:
             self.server.check_peer_may_act_as(context, request.host_id)
@@ -62,13 +62,13 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
         answers once the round closes: with the answer's bytes (`encoded`) or the message.
         The quorum port (quorum_port.py) joins through here too; `context` is the call, or
         the port's connection, which answers `auth_context()` alike."""
-        self._check_leader(request, context)
+        self._check_coordinator(request, context)
         fut = asyncio.get_running_loop().create_future()
         self.server.join(JoinRequest(
             replica_id=request.replica_id, step=request.step, world_size=request.world_size,
             # the lists are counted before they are copied (a million entries cost nothing)
             incarnation=request.incarnation, ftar_addresses=request.ftar_addresses,
-            state_addresses=request.state_addresses, leader_address=request.leader_address,
+            state_addresses=request.state_addresses, coordinator_address=request.leader_address,
             host_id=request.host_id,
         ), (fut, request.known_quorum_id, encoded))
         return fut
@@ -104,7 +104,7 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
                 try:
                     answer = await self._join(request, context, encoded=True)
                 except asyncio.CancelledError:  # the stream ended while its leader waited: no goodbye
-                    self.server.leader_connection_lost(replica_id, "its leader's QuorumStream")
+                    self.server.coordinator_connection_lost(replica_id, "its leader's QuorumStream")
                     raise
                 yield answer
         except (RequestError, NotLeader, StoreError) as exc:
@@ -131,7 +131,7 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
 
     async def report_step(self, request: pb.ReportStepRequest, context) -> pb.ReportStepResponse:
         """A leader's commit report, answered once the store holds it (the quorum port's too)."""
-        self._check_leader(request, context)
+        self._check_coordinator(request, context)
         await self.server.apply(c.ReportStep(
             request.replica_id, request.step, quorum_id=request.quorum_id, loss=request.loss,
             step_time_s=request.step_time_s, tokens=request.tokens, host_id=request.host_id,
@@ -141,14 +141,14 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
 
     @unary
     async def ReportFinished(self, request, context):
-        self._check_leader(request, context)
+        self._check_coordinator(request, context)
         job_state = await self.server.apply(c.ReportFinished(request.replica_id, request.step, reason=request.reason,
                                                              host_id=request.host_id))
         return pb.ReportFinishedResponse(job_state=JOB_STATES[job_state])
 
     @unary
     async def ReportFailure(self, request, context):
-        self._check_leader(request, context)
+        self._check_coordinator(request, context)
         if request.kind == pb.ReportFailureRequest.COMMIT_FAILED:
             command = c.ReportCommitFailed(request.replica_id, request.step, request.reason,
                                            quorum_id=request.quorum_id, host_id=request.host_id)

@@ -174,7 +174,7 @@ class _Connection(asyncio.Protocol):
             if self.pending_join:
                 self.port.server.forget_waiter(self.replica_id, fut, "its leader's quorum port connection closed")
         if self.replica_id is not None and not self.closed_here:
-            self.port.server.leader_connection_lost(self.replica_id, "its leader's quorum port connection")
+            self.port.server.coordinator_connection_lost(self.replica_id, "its leader's quorum port connection")
 
     # -- joins and answers --------------------------------------------------------------------------
 

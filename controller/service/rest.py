@@ -118,6 +118,15 @@ def make_app(server) -> FastAPI:
     app.state.server = server
     app.mount("/ui/assets", StaticFiles(directory=UI_DIR), name="ui-assets")
 
+    _add_pages_and_problems(app)
+    _add_status_routes(app)
+    _add_history_routes(app)
+    _add_admin_routes(app, server)
+    return app
+
+
+def _add_pages_and_problems(app: FastAPI) -> None:
+    """The status page, its security headers, and errors as HTTP problems."""
     @app.middleware("http")
     async def page_policy(request: Request, call_next):
         response = await call_next(request)
@@ -149,6 +158,9 @@ def make_app(server) -> FastAPI:
     async def unauthorized(request: Request, exc: Unauthorized):
         return problem(exc.status, "Unauthorized" if exc.status == 401 else "Forbidden", str(exc))
 
+
+def _add_status_routes(app: FastAPI) -> None:
+    """What the job is now: its summary, replicas, hosts, stalls, quorums (read access)."""
     @app.get("/api/v1/job", responses=READ_PROBLEMS, summary="Job summary: replicas, quorum, spares")
     async def job(v: View):
         state, srv = v
@@ -187,6 +199,9 @@ def make_app(server) -> FastAPI:
         return {"current": quorum_view(state.quorum), "round_reason": state.round_reason,
                 "recent": [quorum_view(q) for q in reversed(state.quorum_history)]}
 
+
+def _add_history_routes(app: FastAPI) -> None:
+    """What happened: events, goodput history, the diagnoses (read access)."""
     @app.get("/api/v1/events", responses=READ_PROBLEMS,
              summary=f"Recent state changes, newest last; each has a seq, pages of at most {PAGE_MAX} events")
     async def events(v: View, response: Response,
@@ -217,6 +232,9 @@ def make_app(server) -> FastAPI:
                 "findings_by_kind": dict(log.findings_by_kind), "actions_by_kind": dict(log.actions_by_kind),
                 "dry_run": state.settings.diagnosis.dry_run, "enabled": state.settings.diagnosis.enabled}
 
+
+def _add_admin_routes(app: FastAPI, server) -> None:
+    """Operator actions (admin token), metrics and liveness."""
     @app.post("/api/v1/hosts/{host_id}/drain", responses=ADMIN_PROBLEMS, summary="Move a host's work to a spare, then stop it (admin)")
     async def drain(host_id: HostId, state: Admin):
         message = await server.apply(Drain(host_id))
@@ -239,5 +257,3 @@ def make_app(server) -> FastAPI:
     @app.get("/healthz", summary="Liveness of this controller process")
     async def healthz():
         return {"ok": True, "leading": server.leading}
-
-    return app

@@ -79,7 +79,7 @@ class SectionWriter:
         revision = await server.store.cas(server.key(section), value, expected, server.leadership)
         self.streak.succeeded()
         if revision is None:
-            server.deposed(f"the store refused a write to {section}")
+            server.campaign.deposed(f"the store refused a write to {section}")
             raise NotLeader(f"controller {server.candidate} was deposed; its write was refused")
         self.revisions[section] = revision
 
@@ -89,7 +89,7 @@ class SectionWriter:
         why = self.streak.step_down_reason(clock(), max_failures=s.store_failed_writes_to_step_down,
                                            max_failing_s=s.store_failing_s_to_step_down)
         if why:
-            self.server.abdicate(why)
+            self.server.campaign.abdicate(why)
 
     async def write_shared(self, sections) -> None:
         """`write(sections)`, one for all its callers in the same pass of the event loop. A

@@ -27,7 +27,7 @@ from controller.core.errors import PermissionDenied
 from controller.core.hosts import HOST_SHARDS
 from controller.core.identity import CertBinding
 from controller.core.model import Event, OrderOut
-from controller.core.commands import CloseRound, ConnectionLost, Join, LeaveRound, Takeover, Tick, WriteFailed
+from controller.core.commands import CloseRound, ConnectionLost, Join, LeaveRound, Tick, WriteFailed
 from controller.core.core import ControllerCore
 from controller.core.pending_writes import write_order
 from controller.core.ready import Ready
@@ -35,6 +35,7 @@ from controller.core.replicas import JoinRequest
 from controller.core.state import ControllerState
 from controller.freed_memory import trim_freed_memory
 from controller.service import event_log
+from controller.service.campaign import Campaign
 from controller.service.errors import NotLeader
 from controller.service.grpc_api import SERVICE_NAME, ControllerServicer, add_to_server
 from controller.service.metrics import Metrics
@@ -48,9 +49,6 @@ from controller.store import Leadership, MemoryStore, Store, StoreError
 from protos.job_secret import JobSecret
 
 log = logging.getLogger("fthsdp.controller")
-
-#: How often a standby re-reads where the leader is.
-LEADER_WATCH_S = 0.5
 
 
 class ControllerServer:
@@ -75,7 +73,6 @@ class ControllerServer:
         self.http_tls = http_tls
         rule = self.settings.bind_client_cert_to_host
         self.cert_binding = CertBinding(rule).validate() if rule else None
-        self._abdication: str | None = None
         self.host, self.grpc_port, self.http_port = host, grpc_port, http_port
         self.store: Store = store or MemoryStore()
         self.admin_token, self.read_token = admin_token, read_token
@@ -100,6 +97,7 @@ class ControllerServer:
         self.pending_orders: dict[str, OrderOut] = {}
         self.grpc_address = self.http_url = ""
         self.writer = SectionWriter(self)
+        self.campaign = Campaign(self)
         self._poke = asyncio.Event()
         self._settle_scheduled = False
         self._settling: set[asyncio.Task] = set()
@@ -121,7 +119,7 @@ class ControllerServer:
         servicer = ControllerServicer(self)
         add_to_server(servicer, self._grpc)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._grpc)
-        self._set_health(False)
+        self.set_health(False)
         target = f"{self.host}:{self.grpc_port}"
         if self.grpc_credentials is not None:
             port = self._grpc.add_secure_port(target, self.grpc_credentials)
@@ -146,8 +144,8 @@ class ControllerServer:
         self._http = uvicorn.Server(config)
         self._tasks.append(asyncio.create_task(self._http.serve(sockets=[sock]), name="http"))
         self.http_url = f"{'https' if self.http_tls else 'http'}://{self.host}:{sock.getsockname()[1]}"
-        self._tasks.append(asyncio.create_task(self._lead(), name="leadership"))
-        self._tasks.append(asyncio.create_task(self._watch_leader(), name="leader-watch"))
+        self._tasks.append(asyncio.create_task(self.campaign.run(), name="leadership"))
+        self._tasks.append(asyncio.create_task(self.campaign.watch_leader(), name="leader-watch"))
         self._tasks.append(asyncio.create_task(trim_freed_memory(), name="freed-memory"))  # issue 28, race 6
         deadline = time.monotonic() + 10
         while not self._http.started and time.monotonic() < deadline:
@@ -168,7 +166,7 @@ class ControllerServer:
         for task in self._tasks:
             if task.get_name() != "http":
                 task.cancel()
-        self._step_down("server stopping")
+        self.step_down("server stopping")
         if self.quorum is not None:
             await self.quorum.stop(self.settings.stop_grace_s)
         if self._grpc is not None:
@@ -184,71 +182,14 @@ class ControllerServer:
                 log.warning("could not resign leadership cleanly; the lease will expire")
         await self.store.close()
 
-    # -- leadership ------------------------------------------------------------------------
+    # -- leadership (controller/service/campaign.py) -----------------------------------------
 
-    async def _lead(self) -> None:
-        while True:
-            leadership = None
-            try:
-                leadership = await self.store.campaign(self.candidate, self.settings.lease_ttl_s)
-                state = await self.load_state(for_writing=True)
-            except StoreError as exc:
-                log.warning("store unavailable while campaigning: %s; retrying", exc)
-                if leadership is not None:  # won but could not load: let go, or nobody ever leads
-                    await self._let_go(leadership)
-                await asyncio.sleep(0.5)
-                continue
-            except Exception:  # noqa: BLE001 - a standby that silently stops campaigning is worse
-                log.exception("campaign failed unexpectedly; retrying")
-                if leadership is not None:
-                    await self._let_go(leadership)
-                await asyncio.sleep(0.5)
-                continue
-            self.core, self.leadership, self.leading = ControllerCore(state), leadership, True
-            self.leader_address = self.advertise_address
-            await self._announce(leadership)
-            # Clients lost the old leader and back off: they get a reconnect cycle to find us
-            # before silence counts.
-            self.step_now(Takeover(self.candidate, self.settings.takeover_grace_s))
-            self._set_health(True)
-            log.info("controller %s became leader (quorum id %s)", self.candidate,
-                     state.quorum.quorum_id if state.quorum else 0)
-            ticker = asyncio.create_task(self._tick(), name="ticker")
-            try:
-                await leadership.lost.wait()
-            finally:
-                ticker.cancel()
-            abdication, self._abdication = self._abdication, None
-            self._step_down(abdication or "leadership lost")
-            if abdication:
-                await self._release(leadership)
-
-    async def _release(self, leadership: Leadership) -> None:
-        """After stepping down for failed writes: give the lease back so a standby can win at
-        once, then keep out of the next election for a lease TTL to let it."""
-        await self._let_go(leadership)
-        self.leadership = None
-        await asyncio.sleep(self.settings.lease_ttl_s)
-
-    def abdicate(self, why: str) -> None:
-        """Step down because the store keeps refusing writes (see WriteStreak)."""
-        if self._abdication is None and self.leadership is not None:
-            self._abdication = why
-            log.error("controller %s steps down: %s", self.candidate, why)
-            self._step_down(why)
-            self.leadership.lost.set()
-
-    def deposed(self, why: str) -> None:
-        """Another controller leads: a write was refused."""
-        self.leadership.lost.set()
-        self._step_down(why)
-
-    def _step_down(self, why: str) -> None:
+    def step_down(self, why: str) -> None:
         if not self.leading:
             return
         self.leading = False
         self.leader_address = ""
-        self._set_health(False)
+        self.set_health(False)
         (log.info if why == "server stopping" else log.warning)("controller %s stepped down: %s", self.candidate, why)
         if self.settings.telemetry:  # not persisted: only the leader writes; the next one records its election
             event_log.emit(self.settings.job_id, [Event(
@@ -280,40 +221,6 @@ class ControllerServer:
             self.writer.start_leading({section: v.revision for section, v in found.items()})
         return state
 
-    async def _let_go(self, leadership: Leadership) -> None:
-        try:
-            await asyncio.wait_for(self.store.resign(leadership), self.settings.stop_grace_s)
-        except (StoreError, asyncio.TimeoutError, OSError):
-            log.warning("could not resign a leadership it could not use; the lease will expire")
-
-    async def _announce(self, leadership: Leadership) -> None:
-        """Write where clients reach the new leader, so standbys can point them there. Best
-        effort: without it standbys only say "not leader"; a refused write means we lost."""
-        key = self.key("leader")
-        record = json.dumps({"candidate": self.candidate, "address": self.advertise_address}).encode()
-        try:
-            revision = (await self.store.get(key)).revision
-            if await self.store.cas(key, record, revision, leadership) is None:
-                leadership.lost.set()
-        except StoreError as exc:
-            log.warning("could not record this leader's address: %s", exc)
-
-    async def _watch_leader(self) -> None:
-        """While a standby, keep the leader's address fresh (the record is trusted only while
-        its candidate holds the lease). Best effort: a failure only leaves it unknown."""
-        while True:
-            if not self.leading:
-                try:
-                    found = await self.store.get(self.key("leader"))
-                    record = json.loads(found.value) if found.value else {}
-                    current = await self.store.leader()
-                    self.leader_address = record.get("address", "") if current and current == record.get(
-                        "candidate") else ""
-                except (StoreError, ValueError, OSError) as exc:
-                    log.debug("could not read the leader's address: %s", exc)
-                    self.leader_address = ""
-            await asyncio.sleep(LEADER_WATCH_S)
-
     @property
     def state(self) -> ControllerState | None:
         """The state the core decides on (read-only outside the core's steps)."""
@@ -326,7 +233,7 @@ class ControllerServer:
                             self.leader_address)
         return self.state
 
-    def _set_health(self, serving: bool) -> None:
+    def set_health(self, serving: bool) -> None:
         status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
         for name in ("", SERVICE_NAME):
             self._health.set(name, status)
@@ -460,7 +367,7 @@ class ControllerServer:
             try:
                 ready = self.step(CloseRound())
                 answered = self._round_outcome(ready)
-            except NotLeader as exc:  # stepped down: _step_down failed the waiters
+            except NotLeader as exc:  # stepped down: step_down failed the waiters
                 log.warning("could not settle the round: %s", exc)
                 return
             except Exception as exc:  # noqa: BLE001 - a bug must not leave leaders waiting for ever
@@ -496,8 +403,8 @@ class ControllerServer:
         if self.leading and self.state is not None and self.step_now(LeaveRound(replica_id, why)):
             self._poke.set()
 
-    def leader_connection_lost(self, replica_id: str, how: str) -> None:
-        """A leader's connection (`how`) closed without goodbye: the core decides (its replica
+    def coordinator_connection_lost(self, replica_id: str, how: str) -> None:
+        """A coordinator's connection (`how`) closed without goodbye: the core decides (its replica
         becomes suspect), the next settle closes the round without it if it may."""
         if self.leading and self.state is not None and self.step_now(ConnectionLost(replica_id, how)):
             self._poke.set()
@@ -528,7 +435,7 @@ class ControllerServer:
         if problem:
             raise PermissionDenied(problem)
 
-    async def _tick(self) -> None:
+    async def tick(self) -> None:
         tick_s = min(0.25, self.settings.heartbeat_timeout_s / 10)
         while True:
             wake = self.state.round_wake_at

@@ -67,7 +67,7 @@ def replica_view(r, now: float) -> dict:
     return {
         "replica_id": r.replica_id, "state": r.state.value, "reason": r.reason, "step": r.step,
         "committed_step": r.committed_step, "world_size": r.world_size, "incarnation": r.incarnation,
-        "leader_address": r.leader_address, "seconds_since_seen": round(max(now - r.last_seen, 0.0), 3),
+        "leader_address": r.coordinator_address, "seconds_since_seen": round(max(now - r.last_seen, 0.0), 3),
         "last_loss": r.last_loss, "last_step_time_s": r.last_step_time_s, "tokens": r.tokens,
         "digest": r.digest, "digest_step": r.digest_step, "diverged": r.state == ReplicaState.DIVERGED,
         "restarts": r.restarts,

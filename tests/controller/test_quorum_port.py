@@ -202,7 +202,7 @@ async def test_a_full_port_refuses_more_connections(clock):
 
 
 async def test_a_standby_refuses_with_the_leaders_address(server):
-    server._step_down("test: a standby took over")
+    server.step_down("test: a standby took over")
     server.leader_address = "10.9.9.9:50051"
     leader = PortLeader(server.quorum_address, "r0")
     with pytest.raises(StreamFailed) as err:

@@ -110,7 +110,7 @@ async def test_a_stream_carries_one_replica(server, stub):
 async def test_waiting_stream_leaders_hear_unavailable_when_the_controller_steps_down(server, stub):
     asked = asyncio.ensure_future(Leader(stub, "r0").ask(0))
     await wait_for(lambda: "r0" in server.state.round_joined, WAIT_S, "r0 to join the round")
-    server._step_down("test: a standby took over")
+    server.step_down("test: a standby took over")
     with pytest.raises(grpc.aio.AioRpcError) as err:
         await asyncio.wait_for(asked, WAIT_S)
     assert err.value.code() == grpc.StatusCode.UNAVAILABLE and "stepped down" in err.value.details()

@@ -42,8 +42,8 @@ def test_without_suspects_a_lone_survivor_waits_for_the_majority():
 
 def test_a_lost_connection_lets_the_survivor_form_its_quorum_at_once():
     s = running()
-    assert s.leader_connection_lost("r1", "its leader's quorum port connection", 1.0)
-    assert not s.leader_connection_lost("r1", "its leader's quorum port connection", 1.01)  # said once
+    assert s.coordinator_connection_lost("r1", "its leader's quorum port connection", 1.0)
+    assert not s.coordinator_connection_lost("r1", "its leader's quorum port connection", 1.01)  # said once
     [event] = [e for e in s.events if e.kind == "suspect"]
     assert event.level == "warning" and "replica r1 is suspect: its leader's quorum port connection closed" \
                                       " without goodbye" in event.message
@@ -57,7 +57,7 @@ def test_a_lost_connection_lets_the_survivor_form_its_quorum_at_once():
 
 def test_a_join_or_a_later_heartbeat_clears_the_suspicion():
     s = running()
-    s.leader_connection_lost("r1", "x", 1.0)
+    s.coordinator_connection_lost("r1", "x", 1.0)
     s.heartbeat_hosts(["h1"], 1.0)  # not after the loss: proves nothing
     assert s.suspects.ids() == {"r1"}
     s.heartbeat_hosts(["h0"], 1.5)  # another host's heartbeat: nothing about r1
@@ -65,10 +65,10 @@ def test_a_join_or_a_later_heartbeat_clears_the_suspicion():
     s.heartbeat_hosts(["h1"], 1.5)
     assert s.suspects.ids() == frozenset()
     assert any("replica r1 is no longer suspect: a heartbeat of host h1" in e.message for e in s.events)
-    s.leader_connection_lost("r1", "x", 2.0)
+    s.coordinator_connection_lost("r1", "x", 2.0)
     s.heartbeat_replicas(["r1"], 2.5)
     assert s.suspects.ids() == frozenset()
-    s.leader_connection_lost("r1", "x", 3.0)
+    s.coordinator_connection_lost("r1", "x", 3.0)
     s.join(JoinRequest("r1", 1, 1, incarnation="one", host_id="h1"), 3.1)
     assert s.suspects.ids() == frozenset()
     s.join(JoinRequest("r0", 1, 1, incarnation="one", host_id="h0"), 3.2)
@@ -78,7 +78,7 @@ def test_a_join_or_a_later_heartbeat_clears_the_suspicion():
 def test_a_dead_or_finished_replica_is_not_made_suspect():
     s = running()
     s.report_replica_dead("r1", "gone", 1.0, host_id="h1")
-    assert not s.leader_connection_lost("r1", "x", 1.1) and not s.leader_connection_lost("r9", "x", 1.1)
+    assert not s.coordinator_connection_lost("r1", "x", 1.1) and not s.coordinator_connection_lost("r9", "x", 1.1)
 
 
 def test_the_majority_rule_leaves_suspects_out_and_names_them():

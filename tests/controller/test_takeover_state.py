@@ -160,7 +160,7 @@ def test_the_durable_quorum_record_holds_every_field_and_reads_back_equal():
     from dataclasses import asdict, fields
 
     from controller.core.model import Member, Quorum
-    from controller.core.state import _quorum_from_dict, _quorum_to_dict
+    from controller.core.quorum_codec import quorum_from_dict as _quorum_from_dict, quorum_to_dict as _quorum_to_dict
 
     q = Quorum(quorum_id=7, members=(Member("r0", 4, True), Member("r1", 2, False)), max_step=4,
                recover={"r1": ("r0",)}, lr_scale=0.5, reason="r1 behind", formed_at=12.5, resume_checkpoint_step=3)
@@ -169,3 +169,16 @@ def test_the_durable_quorum_record_holds_every_field_and_reads_back_equal():
     assert list(record) == [f.name for f in fields(Quorum)]
     assert json.dumps(record) == json.dumps(dict(asdict(q), recover={"r1": ["r0"]}))  # the same bytes
     assert _quorum_from_dict(record) == q
+
+
+def test_a_replicas_section_written_before_the_coordinator_address_was_named_so_reads_back():
+    """The replica's coordinator address was once stored as `leader_address`: a snapshot a
+    controller of that time wrote still restores, with the address kept."""
+    s = running_job()
+    s.replicas["r1"].coordinator_address = "10.0.0.1:29500"
+    old = s.snapshot_replicas()
+    for d in old["replicas"]:
+        d["leader_address"] = d.pop("coordinator_address")
+    t = ControllerState(SETTINGS)
+    t.restore(old, [s.snapshot_hosts(i) for i in range(HOST_SHARDS)], 1.0)
+    assert t.replicas["r1"].coordinator_address == "10.0.0.1:29500" and t.replicas["r0"].coordinator_address == ""
