@@ -22,11 +22,14 @@ import argparse
 import logging
 import os
 import zlib
+from dataclasses import replace
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 
 from fthsdp import FaultTolerantOptimizer, Manager, RuntimeSettings, is_standby, wait_for_assignment
+from fthsdp.process_group import init_replica_group
 
 # RuntimeSettings fields that may be set by a flag (--controller-address ...); a flag left
 # out keeps the environment's value, or the default.
@@ -89,8 +92,14 @@ def main(argv: list[str] | None = None) -> int:
 
     group = None
     if settings.world_size > 1:  # the replica's own ranks: gradients are averaged inside it first
-        dist.init_process_group("gloo", init_method="env://", rank=settings.rank,
-                                world_size=settings.world_size)
+        # Each restart of the replica meets only its own ranks (fthsdp/process_group.py): a spare's
+        # standby may dial the rank-0 host while the old rank 0 there is still stopping. Within
+        # 5 minutes (a restarted rank 0 imports torch first); a collective that waits longer fails.
+        # A rank meets under its rank 0's replica version (in a first layout it may have been
+        # given a newer one) and says so in its hello.
+        met = init_replica_group("gloo", settings.rank, settings.world_size, timedelta(minutes=5))
+        if met:
+            settings = replace(settings, replica_version=met)
         group = dist.group.WORLD
     manager = Manager(model, optimizer, settings, process_group=group)
     manager.register_state("scheduler", scheduler)  # travels with catch-up and checkpoints

@@ -12,7 +12,8 @@ pod's volumes (each mount a folder of the test's: emptyDirs empty, Secrets holdi
 
 The job trains, survives a killed rank on the second host of a replica (the replica restarts
 as a unit on both its hosts) and a killed host (its agent and trainer SIGKILLed: the warm
-spare's standby trainer takes the rank), and finishes COMPLETED, with no digest mismatch
+spare's standby trainer takes the rank, meeting only the restarted rank 0: race 2 of issue 28,
+tests/runtime/test_race_rendezvous.py), and finishes COMPLETED, with no digest mismatch
 between the replicas. min_replicas is 2, so no step is trained without both replicas and the
 job's length does not race the faults.
 """
@@ -193,6 +194,9 @@ async def test_the_dev_daemonsets_train_survive_a_dead_rank_and_a_lost_host_and_
             job.start_agent("fthsdp-agent", node, ip)
         job.start_agent("fthsdp-agent-spare", *SPARE)
         await job.trains("r0", "r1", beyond=2)
+        # Each host's first assignment got its own version as it registered; a rank meets under its
+        # rank 0's (fthsdp.process_group), so its coordinator admits it: no replica restarted to start
+        assert {r: v["restarts"] for r, v in job.replicas().items()} == {"r0": 0, "r1": 0}
         assert [job.holder("r0", 0), job.holder("r0", 1), job.holder("r1", 0), job.holder("r1", 1)] == list(HOSTS)
         # Each rank was told its layout by the agent; ranks meet at their rank-0 host's pod IP.
         for node, ip in HOSTS.items():
