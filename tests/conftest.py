@@ -42,7 +42,7 @@ def controller_process():
 #: loopback): each keeps both cores busy. `make test` runs pytest on 2 xdist workers with
 #: `--dist loadgroup`; these all go to one worker, one at a time, while the other worker runs the
 #: rest (controllers, agents with light trainers, unit tests), which mostly wait on sockets.
-TRAINER_FILES = ("tests/runtime/test_cluster_*.py", "tests/runtime/test_endings_*.py", "tests/runtime/test_example_gpt.py", "tests/runtime/test_torchrun.py",
+TRAINER_FILES = ("tests/runtime/test_cluster_*.py", "tests/runtime/test_endings_*.py", "tests/runtime/test_race_rendezvous.py", "tests/runtime/test_example_gpt.py", "tests/runtime/test_torchrun.py",
                  "tests/runtime/test_fsdp_shards.py", "tests/runtime/test_gpu_hsdp.py",
                  "tests/runtime/test_deterministic_mode.py", "tests/runtime/test_compare_checkpoints.py")
 #: The end-to-end runs that start a dozen trainers at once (the demos, the diagnosis, chaos, the

@@ -452,3 +452,5 @@ class ControllerServer:
                 await self._carry_out(ready, self._round_outcome(ready))
             except (NotLeader, StoreError) as exc:
                 log.warning("tick could not settle: %s", exc)
+            except Exception:  # noqa: BLE001 - a bug must not stop the clock: no round would close, no host expire
+                log.exception("a tick failed")
