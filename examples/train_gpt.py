@@ -34,6 +34,7 @@ import logging
 import math
 import sys
 import zlib
+from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
 
@@ -81,8 +82,11 @@ def main(argv: list[str]) -> int:
         torch.cuda.set_device(device)
     group = None
     if settings.world_size > 1 or cuda:  # the replica's own ranks: FSDP2 shards over them
-        # env://, and under torchrun --max-restarts a rendezvous of this attempt's ranks only
-        init_replica_group("nccl" if cuda else "gloo", settings.rank, settings.world_size, timedelta(seconds=60))
+        # Only this restart's ranks meet: under torchrun --max-restarts this attempt's, under an
+        # agent this replica version's (a rank takes its rank 0's version, and says so in its hello).
+        met = init_replica_group("nccl" if cuda else "gloo", settings.rank, settings.world_size, timedelta(seconds=60))
+        if met:
+            settings = replace(settings, replica_version=met)
         group = dist.group.WORLD
 
     torch.manual_seed(args.seed)  # every replica starts from the same weights
