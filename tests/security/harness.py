@@ -92,6 +92,21 @@ def rss(ctl: ControllerProcess) -> float:
     return rss_mib(ctl.pid)
 
 
+async def settled_rss(ctl: ControllerProcess, bound_s: float = 30.0) -> float:
+    """The RSS once two readings a second and a half apart (past the trimmer's interval,
+    controller/freed_memory.py) differ by less than 1 MiB: what stays, not the buffers a volley
+    just freed; bounded."""
+    deadline = asyncio.get_running_loop().time() + bound_s
+    previous = rss(ctl)
+    while True:
+        await asyncio.sleep(1.5)  # the pace of the readings; the condition is the RSS's
+        now = rss(ctl)
+        if abs(now - previous) < 1.0:
+            return now
+        assert asyncio.get_running_loop().time() < deadline, f"the RSS never settled (last {previous:.1f}, {now:.1f})"
+        previous = now
+
+
 @dataclass
 class Legit:
     """The legitimate agent and leader of r0, talking to the controller like the real ones."""

@@ -22,7 +22,7 @@ from controller.freed_memory import Trimmer
 from protos import controller_pb2 as pb
 from protos import credentials, job_secret
 
-from .harness import HOST, HUGE, JOB, REPLICA, Legit, open_channel, proof, rss, start_controller
+from .harness import HOST, HUGE, JOB, REPLICA, Legit, open_channel, proof, rss, settled_rss, start_controller
 
 pytestmark = pytest.mark.slow
 VOLLEYS, WARM = 20, 2
@@ -103,26 +103,12 @@ async def test_rss_after_20_volleys_is_within_10_percent_of_after_2():
             await legit.step_once()  # the legitimate parties are served between volleys
             samples.append(round(rss(ctl), 1))
             if n in (WARM, VOLLEYS):
-                settled[n] = await _settled_rss(ctl)
+                settled[n] = await settled_rss(ctl)
         assert settled[VOLLEYS] <= settled[WARM] * 1.10, (settled, samples)
         await legit.still_served(ctl.http)
     finally:
         await channel.close()
         ctl.stop()
-
-
-async def _settled_rss(ctl, bound_s: float = 30.0) -> float:
-    """The RSS once two readings a second and a half apart (past the trimmer's interval) differ
-    by less than 1 MiB; bounded."""
-    deadline = asyncio.get_running_loop().time() + bound_s
-    previous = rss(ctl)
-    while True:
-        await asyncio.sleep(1.5)  # the pace of the readings; the condition is the RSS's
-        now = rss(ctl)
-        if abs(now - previous) < 1.0:
-            return now
-        assert asyncio.get_running_loop().time() < deadline, f"the RSS never settled (last {previous:.1f}, {now:.1f})"
-        previous = now
 
 
 def test_the_trimmer_trims_on_growth_at_most_once_an_interval():
