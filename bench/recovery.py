@@ -38,7 +38,12 @@ From the trainers' own commit records and the controller's events (one machine, 
 - `lost_replica_s`: effective training time lost, in replica-seconds: over the window from the
   failure to r1's return (or the end), each replica's window minus its trained commits times
   the step period, summed over replicas;
-- `detected_by`/`detection_s`: the cause and time of the controller's DEAD event for r1.
+- `detected_by`/`detection_s`: the cause and time of the controller's DEAD event for r1;
+- `split_rounds`: rounds after the failure that closed without a survivor which had joined
+  before that round committed, so that it caught up a step instead of training it (issue 28's
+  race 7: survivors a few ms apart closing a round without each other); 0 when the round
+  waits its moment for the others (`survivor_catch_ups` counts every catch-up of a survivor,
+  whatever its cause).
 
 `--production-timeouts` runs the controller at its own defaults (ControllerSettings: join
 timeout 5 s, heartbeat timeout 10 s, the diagnosis' defaults) instead of the demo's quick ones
@@ -102,9 +107,27 @@ def measure_rows(rows: list[dict], injected_at: float, replicas: list[str], fail
     for replica in replicas:
         trained = sum(1 for c in commits(rows, replica) if injected_at < c["t"] <= end and not c["behind"])
         lost += max((end - injected_at) - trained * period, 0.0)
+    catch_ups, split = split_rounds(rows, injected_at, survivors)
     return {"step_period_s": round(period, 3), "survivor_stall_s": None if stall is None else round(stall, 3),
             "replica_down_s": None if back is None else round(back - injected_at, 3),
-            "lost_replica_s": round(lost, 2), "window_s": round(end - injected_at, 2)}
+            "lost_replica_s": round(lost, 2), "window_s": round(end - injected_at, 2),
+            "survivor_catch_ups": catch_ups, "split_rounds": split}
+
+
+def split_rounds(rows: list[dict], injected_at: float, survivors: list[str]) -> tuple[int, int]:
+    """(catch-ups of survivors after the failure, those of them a split round caused): a
+    survivor's catch-up commit whose step began before the commit of the round it missed (the
+    other survivors' commit of the step before) -- it had joined a moment after that round closed."""
+    done = {s: {c["step"]: c["t"] for c in commits(rows, s)} for s in survivors}
+    catch_ups = split = 0
+    for s in survivors:
+        for c in commits(rows, s):
+            if c["t"] <= injected_at or not c["behind"]:
+                continue
+            catch_ups += 1
+            missed = [done[o][c["step"] - 1] for o in survivors if o != s and c["step"] - 1 in done[o]]
+            split += bool(missed) and c["began"] < max(missed)
+    return catch_ups, split
 
 
 def run_case(case: str, s: run.RunSettings, workdir: Path, dataset: Path) -> dict:
