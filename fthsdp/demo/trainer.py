@@ -9,7 +9,8 @@ directly by the baseline run. Writes JSON lines to <records>/<replica>-<rank>-<p
 "trained" before each all-reduce (the batch this replica computed), "catching_up" when a step
 fetches the state of its source (named), "commit"/"retry" after each step (with the digests
 of the state it trained from and of the state after it), "done" with the held-out score and
-the state digest at the end. Exits 0 when the job reached its steps in a full step. Optional
+the state digest at the end. Exits 0 when the job reached its steps in a full step, or when
+its replica ended first (another of its ranks read the end a step earlier). Optional
 config keys: "checkpoint_dir" and "checkpoint_every" (durable checkpoints), "ports_by": "host"
 (the coordinator and gloo ports are the host's, not the replica's: a replica moved to another
 host never finds its old ports held by a frozen trainer), "steps_file" (the number of steps
@@ -202,7 +203,10 @@ def main(argv: list[str]) -> int:
     full = False  # stop past `steps` in a step that every configured replica contributed to
     while not (manager.step >= _steps(cfg) and full) and manager.step < cfg["max_steps"]:
         began = time.time()
-        x, y = next(batches)  # begins the step: quorum, plan, catch-up when behind
+        try:
+            x, y = next(batches)  # begins the step: quorum, plan, catch-up when behind
+        except StopIteration:  # the replica ended first: another rank read the end step a step earlier
+            break
         position = batches.last_position
         before = "" if manager.is_behind else state_digest(model, opt, manager.ledger.to_json(), manager.step)
         if manager.is_behind:  # fetching from its source while it computes (and contributes zeros)
