@@ -110,12 +110,13 @@ class ChaosRun:
         self.records.mkdir(parents=True)
         settings_file = self.workdir / "controller-settings.json"
         # The diagnosis acts here, as in production: its straggler findings need a rank slow in
-        # 3 of 5 windows and over the last 5 s (diagnosis.straggler_min_span_s); a healthy rank's
-        # scattered 1.1-1.9x windows on a loaded 2-core machine (about one in eight, and 3 of 5
-        # now and then: half a second of 0.1 s steps) name nobody, and the checkpoint writer's
-        # windows are marked disturbed. An eviction of a healthy host would take the spare the
-        # schedule's host faults count on, and the job could not end whole.
-        settings_file.write_text(json.dumps({"rollback_wait_s": s.rollback_wait_s}))
+        # 3 of 5 windows and over the last straggler_min_span_s (30 s here, not the default 5 s:
+        # ChaosSettings says why); a healthy rank's scattered 1.1-1.9x windows on a loaded 2-core
+        # machine name nobody, and the checkpoint writer's windows are marked disturbed. An
+        # eviction of a healthy host would take the spare the schedule's host faults count on,
+        # and the job could not end whole.
+        settings_file.write_text(json.dumps({"rollback_wait_s": s.rollback_wait_s,
+                                             "diagnosis": {"straggler_min_span_s": s.straggler_min_span_s}}))
         ports = [free_port() for _ in range(2)]
         for i, name in enumerate("ab"):
             self.controllers.append(ControllerProcess(
