@@ -52,7 +52,8 @@ def _commit_failed(s: ControllerState, cmd: c.ReportCommitFailed, now: float) ->
 
 
 def _register(s: ControllerState, cmd: c.RegisterAgent, now: float):
-    return s.register_agent(cmd.host_id, cmd.incarnation, now, **c.arguments(cmd, "host_id", "incarnation"))
+    hosts = s.host_registry
+    return hosts.register_agent(cmd.host_id, cmd.incarnation, now, **c.arguments(cmd, "host_id", "incarnation"))
 
 
 def _heartbeat(s: ControllerState, cmd: c.Heartbeat, now: float) -> list[str]:
@@ -68,14 +69,14 @@ def _tick(s: ControllerState, cmd: c.Tick, now: float) -> None:
 
 
 def _takeover(s: ControllerState, cmd: c.Takeover, now: float) -> None:
-    if s.hosts or s.replicas:  # an empty store is a first start: nobody to wait for
+    if s.host_registry.hosts or s.replicas:  # an empty store is a first start: nobody to wait for
         s.forgive_silence(now, cmd.grace_s, f"controller {cmd.candidate} took over")
     s.leader_elected(cmd.candidate, now)
 
 
 def _write_failed(s: ControllerState, cmd: c.WriteFailed, now: float) -> None:
     s.writes.failed(cmd.sections)
-    s.undelivered(cmd.orders)
+    s.host_registry.undelivered(cmd.orders)
 
 
 HANDLERS: dict[type, Handler] = {
@@ -90,14 +91,15 @@ HANDLERS: dict[type, Handler] = {
                                                             host_id=cmd.host_id),
     c.Heartbeat: _heartbeat,
     c.RegisterAgent: _register,
-    c.DeregisterAgent: lambda s, cmd, now: s.deregister_agent(cmd.host_id, cmd.incarnation, cmd.reason, now),
-    c.ConnectOrders: lambda s, cmd, now: s.orders_on_connect(cmd.host_id, cmd.pending),
-    c.AckOrder: lambda s, cmd, now: s.ack_order(cmd.host_id, cmd.order_id, cmd.ok, cmd.error, now),
+    c.DeregisterAgent: lambda s, cmd, now: s.host_registry.deregister_agent(cmd.host_id, cmd.incarnation,
+                                                                            cmd.reason, now),
+    c.ConnectOrders: lambda s, cmd, now: s.host_registry.orders_on_connect(cmd.host_id, cmd.pending),
+    c.AckOrder: lambda s, cmd, now: s.host_registry.ack_order(cmd.host_id, cmd.order_id, cmd.ok, cmd.error, now),
     c.TrainerExit: _trainer_exit,
     c.Telemetry: lambda s, cmd, now: s.report_telemetry(cmd.report, cmd.agent_secret, now),
-    c.Drain: lambda s, cmd, now: s.drain(cmd.host_id, now),
-    c.Cordon: lambda s, cmd, now: s.cordon(cmd.host_id, cmd.reason, now),
-    c.Uncordon: lambda s, cmd, now: s.uncordon(cmd.host_id, now),
+    c.Drain: lambda s, cmd, now: s.host_registry.drain(cmd.host_id, now),
+    c.Cordon: lambda s, cmd, now: s.host_registry.cordon(cmd.host_id, cmd.reason, now),
+    c.Uncordon: lambda s, cmd, now: s.host_registry.uncordon(cmd.host_id, now),
     c.CloseRound: lambda s, cmd, now: None,
     c.Tick: _tick,
     c.Takeover: _takeover,
@@ -137,7 +139,7 @@ class ControllerCore:
             answer=answer,
             writes=() if retry else s.writes.take(background=False),
             writes_behind=s.writes.take(background=True) if isinstance(command, c.Tick) else (),
-            orders=() if retry else tuple(s.take_orders()),
+            orders=() if retry else tuple(s.host_registry.take_orders()),
             events=tuple(s.take_events()),
             observations=tuple(s.goodput.take_observations()),
             quorum=quorum, quorum_wait_s=wait_s, wake_at=s.round_wake_at, round_members=members,

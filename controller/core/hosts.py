@@ -1,43 +1,52 @@
-"""Host registry: agents, spares, cordons, swaps and the orders they produce. Time passed in."""
+"""Host registry: agents, spares, cordons, swaps, replica versions and the orders they
+produce. A component: it owns the hosts and what belongs to them (rank holders, shards,
+versions, the outbox of orders) and changes nothing else. What it needs of the rest of the
+controller comes in at construction: the pending writes to mark, `announce` (an event) and
+`kill_replica` (the replica registry's). Time passed in.
+"""
 
 from __future__ import annotations
 
-import zlib
-from dataclasses import fields
+from typing import Callable
 
-from controller.core.checks import (
-    MAX_CORDON_REASON_CHARS, check_id, check_int_range, check_non_negative, check_ranks, clip_text, shown,
+from controller.core.checks import MAX_CORDON_REASON_CHARS, check_id, clip_text, shown
+from controller.core.errors import FailedPrecondition, NotFound, PermissionDenied, RetryLater
+from controller.core.host_checks import check_exit, checked_registration, free_slot, orders_summary
+from controller.core.host_records import (  # noqa: F401 (the names the store format is known by)
+    HOST_DURABLE_FIELDS, HOST_SHARDS, HOSTS_SNAPSHOT_VERSION, HostShards, host_record, host_shard,
 )
-from controller.core.errors import FailedPrecondition, InvalidArgument, NotFound, PermissionDenied, RetryLater
 from controller.core.identity import secret_matches
-from controller.core.model import Assignment, DeathCause, Host, HostState, OrderOut
-from controller.core.pending_writes import REPLICAS, host_section
-from controller.core.rendezvous import Endpoints, check_host_address, endpoints
-from controller.core.roles import reconcile_spare_claim
-from controller.core.sizes import encode_section, host_reservation_bytes
+from controller.core.model import Assignment, DeathCause, Host, HostState, OrderOut, host_can_run
+from controller.core.pending_writes import REPLICAS, PendingWrites, host_section
+from controller.core.rendezvous import Endpoints, endpoints
 from controller.core.spares import pick_spare
+from controller.settings import ControllerSettings
 
-MAX_LABELS = 32
-HOSTS_SNAPSHOT_VERSION = 1
-#: Hosts are persisted in this many shards, so one change rewrites 1/HOST_SHARDS of them, and
-#: each shard stays well below one store write (see controller.core.sizes).
-HOST_SHARDS = 64
-#: Exit codes are 0..255; -1 means "killed by a signal". Signals are 1..127.
-EXIT_CODES = (-1, 255)
-SIGNALS = (0, 127)
-
-
-#: What of a host survives a failover (last_seen starts anew, as does the restart budget,
-#: controller.core.restarts; the assignment is written apart).
-HOST_DURABLE_FIELDS = tuple(f.name for f in fields(Host) if f.name not in ("last_seen", "assignment"))
-
-
-def host_shard(host_id: str) -> int:
-    return zlib.crc32(host_id.encode()) % HOST_SHARDS
+#: Assignment versions reserved per write of the replicas snapshot.
+VERSION_BLOCK = 1024
 
 
 class HostRegistry:
-    """Mixin of ControllerState: everything about hosts."""
+    """Everything about hosts. `announce(now, kind, subject, message, cause="")` records an
+    event; `kill_replica(replica_id, cause, reason, now)` takes a replica out."""
+
+    def __init__(self, settings: ControllerSettings, writes: PendingWrites, announce: Callable[..., None],
+                 kill_replica: Callable[..., bool]) -> None:
+        self.settings = settings
+        self._writes, self._announce, self._kill_replica = writes, announce, kill_replica
+        self.hosts: dict[str, Host] = {}
+        #: (replica, rank) -> the host that holds it
+        self.rank_holders: dict[tuple[str, int], str] = {}
+        self.shards = HostShards()
+        #: orders for agents, not yet taken by the service
+        self.outbox: list[OrderOut] = []
+        self.order_seq = 0
+        #: assignment versions: the last one given, and the ceiling persisted ahead of it
+        self.assignment_seq = 0
+        self.version_ceiling = 0
+        self.replica_versions: dict[str, int] = {}
+        self.swaps = 0
+
 
     def register_agent(self, host_id: str, incarnation: str, now: float, *, spare: bool = False,
                        slots: int = 1, labels: dict[str, str] | None = None,
@@ -56,15 +65,15 @@ class HostRegistry:
         takes its assignment back (taken over, or back after a death without a spare) restarts
         its replica as a unit: the other hosts' ranks lost their peers."""
         s = self.settings
-        labels, assignment, spare, address, rendezvous_port, coordinator_port = self._checked_registration(
-            host_id, incarnation, slots, labels, assignment, spare, address, rendezvous_port, coordinator_port,
-            previous_secret)
+        labels, assignment, spare, address, rendezvous_port, coordinator_port = checked_registration(
+            s, self.hosts.get(host_id), host_id, incarnation, slots, labels, assignment, spare, address,
+            rendezvous_port, coordinator_port, previous_secret)
         h = self.hosts.get(host_id)
         if h is not None and h.incarnation == incarnation and h.state != HostState.DEAD:
             h.last_seen = now
             if not h.secret_hash and secret_hash:  # restored from a snapshot older than secrets
                 h.secret_hash = secret_hash
-                self._touch(h, urgent=True)
+                self.touch(h, urgent=True)
             return h.assignment, "already registered"
         if h is None and len(self.hosts) >= s.max_hosts:
             raise FailedPrecondition(f"host {host_id} is one too many: this controller keeps at most "
@@ -72,22 +81,22 @@ class HostRegistry:
         taken_over = self._check_takeover(h, incarnation, previous_secret, now)
         claimed = assignment = self._claim(h, host_id, assignment)
         if assignment is None and not spare and (h is None or h.assignment is None):
-            assignment = self._free_slot(exclude=host_id)  # None: no layout, or it is full
+            # None: no layout, or it is full
+            assignment = free_slot(s, lambda slot: self._holder(slot, exclude=host_id))
         if not address and s.hosts_per_replica > 1 and claimed is None:
             raise FailedPrecondition(
                 f"host {host_id} registered no address, but the replicas of this job span {s.hosts_per_replica} "
                 f"hosts: their ranks meet at the address of their rank-0 host. Give the agent "
                 f"--advertise-address (its pod IP).")
         held = h is not None and h.assignment is not None  # a new incarnation that keeps its work
-        reservation = self._reservation(Host(host_id, incarnation, HostState.ACTIVE, slots, labels,
-                                             assignment, cordoned=True, cordon_by="failure",
-                                             secret_hash=secret_hash, address=address,
-                                             rendezvous_port=rendezvous_port, coordinator_port=coordinator_port))
-        problem = self.shard_budget.problem(host_id, host_shard(host_id), reservation, s)
+        largest = Host(host_id, incarnation, HostState.ACTIVE, slots, labels, assignment, cordoned=True,
+                       cordon_by="failure", secret_hash=secret_hash, address=address,
+                       rendezvous_port=rendezvous_port, coordinator_port=coordinator_port)
+        problem = self.shards.problem(largest, s)
         if problem:
             raise FailedPrecondition(problem)
         # Validated: from here on the request changes state.
-        self.shard_budget.reserve(host_id, host_shard(host_id), reservation)
+        self.shards.reserve(largest, s)
         h, reason = self._admit(h, host_id, incarnation, now, slots=slots, labels=labels, assignment=assignment,
                                 secret_hash=secret_hash, address=address, rendezvous_port=rendezvous_port,
                                 coordinator_port=coordinator_port, standby=standby, taken_over=taken_over, held=held)
@@ -120,35 +129,6 @@ class HostRegistry:
                 f"secret (the agent's --state-dir). Retry later.")
         return taken_over
 
-    def _checked_registration(self, host_id, incarnation, slots, labels, assignment, spare, address,
-                              rendezvous_port, coordinator_port, previous_secret):
-        """A registration's fields checked (RequestError names the bad one); returns the labels,
-        assignment, spare flag, address and ports to use."""
-        s = self.settings
-        check_id("host_id", host_id, s.max_id_chars)
-        check_id("incarnation", incarnation, s.max_id_chars)
-        check_int_range("slots", slots, 0, s.max_slots_per_host)
-        address, rendezvous_port, coordinator_port = check_host_address(
-            address, rendezvous_port, coordinator_port, s.max_address_chars)
-        if len(previous_secret) > s.max_id_chars:
-            raise InvalidArgument(f"previous_secret is {len(previous_secret)} characters; the limit is {s.max_id_chars}.")
-        if len(labels or {}) > MAX_LABELS:
-            raise InvalidArgument(f"host {host_id} sent {len(labels)} labels; the limit is {MAX_LABELS}.")
-        labels = dict(labels or {})
-        for k, v in labels.items():
-            check_id("label key", k, s.max_id_chars)
-            if len(v) > s.max_id_chars or not v.isprintable():
-                raise InvalidArgument(f"label {k}={v[:40]!r} must be at most {s.max_id_chars} printable "
-                                      f"characters, got {len(v)}.")
-        if assignment is not None:
-            check_id("assignment replica_id", assignment.replica_id, s.max_id_chars)
-            assignment = Assignment(assignment.replica_id, check_ranks(
-                assignment.ranks, assignment.world_size, s.max_world_size, s.max_slots_per_host),
-                assignment.world_size)
-            if spare:  # a spare that was given work: the durable record decides (controller.core.roles)
-                assignment, spare = reconcile_spare_claim(assignment, self.hosts.get(host_id))
-        return labels, assignment, spare, address, rendezvous_port, coordinator_port
-
     def _admit(self, h: Host | None, host_id: str, incarnation: str, now: float, *, slots: int, labels: dict,
                assignment: Assignment | None, secret_hash: str, address: str, rendezvous_port: int,
                coordinator_port: int, standby: bool, taken_over: bool, held: bool) -> tuple[Host, str]:
@@ -171,45 +151,43 @@ class HostRegistry:
             self._assign(h, assignment)
         h.state = HostState.ACTIVE if h.assignment else HostState.SPARE
         # Urgent: a new incarnation carries a new secret, which a successor must know.
-        self._touch(h, urgent=True)
+        self.touch(h, urgent=True)
         if h.state == HostState.SPARE and not h.cordoned:
             self._fill_orphans(now)
         role = h.assignment.describe() if h.assignment else "spare pool"
         reason = f"host {host_id} {verb}: {role}" + (" (cordoned)" if h.cordoned else "")
-        self._event(now, "host", host_id, reason)
+        self._announce(now, "host", host_id, reason)
         if h.assignment is not None and (held or new_rank0 and len(self.replica_hosts(h.assignment.replica_id)) > 1):
             # Its replica's other ranks lost their peers (or their rank 0 moved here): all restart.
             first = len(self.outbox)
             self.restart_replica(h.assignment.replica_id, f"host {host_id} {verb}", skip=h)
-            self._orders_event(first, now)
+            self.announce_orders(first, now)
         return h, reason
 
-    def expire_hosts(self, now: float) -> None:
+    def expire(self, now: float, silence: Callable[[float, float], str]) -> None:
+        """Declare dead every host whose agent is silent (`silence(last_seen, now)`: why, or "")."""
         for h in list(self.hosts.values()):
             if h.state != HostState.DEAD:
-                why = self.silence(h.last_seen, now)
+                why = silence(h.last_seen, now)
                 if why:
                     self._host_died(h, f"agent silent {why}", now)
 
-    def trainer_exit(self, host_id: str, replica_id: str, rank: int, now: float, *, exit_code: int = 0,
-                     signal: int = 0, stderr_tail: str = "", gave_up: bool = False, version: int = 0) -> None:
-        """A trainer exited. A death restarts its replica as a unit, or replaces the host when
-        the host's restart budget is spent or its agent asks (`gave_up`); a clean exit after the
-        replica finished is its end. An exit from a trainer older than the host's assignment
-        (`version` below it: its replica's restart is already ordered) changes nothing."""
+    def trainer_exited(self, host_id: str, replica_id: str, rank: int, now: float, *, exit_code: int,
+                       signal: int, stderr_tail: str, version: int) -> str:
+        """A trainer of the host exited: why, in one line ("" when it is older than the host's
+        assignment, `version` below it: its replica's restart is already ordered, nothing to
+        do). What follows is the lifecycle's and the restart budget's to decide."""
         h = self._known_host(host_id)
-        check_id("replica_id", replica_id, self.settings.max_id_chars)
-        check_int_range("exit_code", exit_code, *EXIT_CODES)
-        check_int_range("signal", signal, *SIGNALS)
-        check_non_negative("version", version)
+        check_exit(self.settings, replica_id, exit_code, signal, version)
         stderr_tail = stderr_tail[-4 * self.settings.max_reason_chars:]  # only the last line is kept
         how = f"signal {signal}" if signal else f"exit code {exit_code}"
         if version and version < h.assignment_version:
             h.last_seen = now
-            self._event(now, "host", host_id,
-                        f"host {host_id}: trainer rank {rank} of replica {replica_id} started under version {version} "
-                        f"exited ({how}); the host runs version {h.assignment_version} already: nothing to do")
-            return
+            self._announce(now, "host", host_id,
+                           f"host {host_id}: trainer rank {rank} of replica {replica_id} started under version "
+                           f"{version} exited ({how}); the host runs version {h.assignment_version} already: "
+                           f"nothing to do")
+            return ""
         if h.assignment is None or h.assignment.replica_id != replica_id or rank not in h.assignment.ranks:
             raise FailedPrecondition(
                 f"host {host_id} does not run replica {replica_id!r} rank {rank}; "
@@ -218,18 +196,14 @@ class HostRegistry:
         # A process killed outright (SIGKILL 9, SIGTERM 15) wrote no last words: its last line is
         # whatever it logged before, unrelated to the death, so it is not quoted as the reason.
         tail = stderr_tail.strip().splitlines()[-1:] if stderr_tail and signal not in (9, 15) else []
-        why = f"trainer rank {rank} on host {host_id} died ({how})" + (f": {clip_text(tail[0], 200)}" if tail else "")
         h.last_seen = now
-        death, intents = self.lifecycle.trainer_exited(self.replicas.get(replica_id), host_id, replica_id, rank,
-                                                       exit_code, signal, why)
-        self.act(intents, now)
-        if not death:
-            return  # a clean finish, or the job is over
-        if gave_up:
-            self._cordon(h, "failure", f"its agent gave up: {why}", now)
-            self._swap(h, now)
-        else:
-            self.act(self.restart_budget.after_death(host_id, replica_id, why, now), now)
+        return f"trainer rank {rank} on host {host_id} died ({how})" + (f": {clip_text(tail[0], 200)}" if tail else "")
+
+    def replace(self, host_id: str, reason: str, now: float) -> None:
+        """Cordon the host after a failure and move its work to a spare."""
+        h = self.hosts[host_id]
+        self._cordon(h, "failure", reason, now)
+        self._swap(h, now)
 
     def deregister_agent(self, host_id: str, incarnation: str, reason: str, now: float) -> str:
         """A cleanly stopping agent leaves: its host is DEAD at once (not cordoned: nothing is
@@ -244,10 +218,10 @@ class HostRegistry:
         if h.state == HostState.DEAD:
             return f"host {host_id} had left already"
         h.state = HostState.DEAD
-        self._touch(h, urgent=True)
-        self._event(now, "host_left", host_id, f"host {host_id} left: {why}")
+        self.touch(h, urgent=True)
+        self._announce(now, "host_left", host_id, f"host {host_id} left: {why}")
         if h.assignment is not None:
-            self.kill_replica(h.assignment.replica_id, DeathCause.HOST, f"host {host_id} left: {why}", now)
+            self._kill_replica(h.assignment.replica_id, DeathCause.HOST, f"host {host_id} left: {why}", now)
             return self._swap(h, now)
         return f"host {host_id} left the spare pool"
 
@@ -256,7 +230,7 @@ class HostRegistry:
         check_id("order_id", order_id, self.settings.max_id_chars)
         if not ok:
             error = clip_text(error, self.settings.max_reason_chars) or "no reason given"
-            self._event(now, "order_failed", host_id, f"host {host_id} refused order {order_id}: {error}")
+            self._announce(now, "order_failed", host_id, f"host {host_id} refused order {order_id}: {error}")
 
     def orders_on_connect(self, host_id: str, pending: OrderOut | None) -> list[OrderOut]:
         """What a host whose order stream (re)opens is sent: its current assignment (maybe
@@ -296,7 +270,7 @@ class HostRegistry:
         if choice.host_id is None:
             raise FailedPrecondition(f"cannot {what} host {host_id}: {choice.reason}.")
         self._cordon(h, by, reason, now)
-        self.kill_replica(h.assignment.replica_id, DeathCause.HOST, f"host {host_id} is being {what}ed", now)
+        self._kill_replica(h.assignment.replica_id, DeathCause.HOST, f"host {host_id} is being {what}ed", now)
         return self._swap(h, now)
 
     def cordon(self, host_id: str, reason: str, now: float) -> None:
@@ -306,8 +280,8 @@ class HostRegistry:
         h = self._known_host(host_id)
         if h.cordoned:
             h.cordoned, h.cordon_reason, h.cordon_by = False, "", ""
-            self._touch(h, urgent=True)
-            self._event(now, "host", host_id, f"host {host_id} uncordoned")
+            self.touch(h, urgent=True)
+            self._announce(now, "host", host_id, f"host {host_id} uncordoned")
             if h.state == HostState.SPARE:
                 self._fill_orphans(now)
 
@@ -320,52 +294,21 @@ class HostRegistry:
             raise NotFound(f"host {host_id!r} is unknown: its agent must register first.")
         return h
 
-    def _reservation(self, h: Host) -> int:
-        return host_reservation_bytes(self.host_record(h), h.slots, self.settings)
-
-    def host_record(self, h: Host) -> dict:
-        """A host as its snapshot shard holds it."""
-        return {**{k: getattr(h, k) for k in HOST_DURABLE_FIELDS},
-                "assignment": [h.assignment.replica_id, list(h.assignment.ranks), h.assignment.world_size]
-                if h.assignment else None}
-
-    def reserve_restored_hosts(self) -> None:
-        for h in self.hosts.values():
-            self.shard_budget.reserve(h.host_id, host_shard(h.host_id), self._reservation(h))
-
     def _add_host(self, h: Host) -> Host:
         self.hosts[h.host_id] = h
-        self.shard_members.setdefault(host_shard(h.host_id), {})[h.host_id] = None
+        self.shards.add(h.host_id)
         return h
 
     def encoded_host_shard(self, shard: int) -> bytes:
         """A host shard's bytes in the store, as encode_section(snapshot_hosts(shard)) would
-        make them, re-encoding only the hosts changed since the last time (`_touch`): an
-        urgent write per registration stays cheap at 12K hosts."""
-        records = []
-        for host_id in self.shard_members.get(shard, ()):
-            record = self.encoded_hosts.get(host_id)
-            if record is None:
-                record = self.encoded_hosts[host_id] = encode_section(self.host_record(self.hosts[host_id]))
-            records.append(record)
-        return b'{"version":%d,"hosts":[%s]}' % (HOSTS_SNAPSHOT_VERSION, b",".join(records))
+        make them (controller.core.host_records)."""
+        return self.shards.encoded(shard, self.hosts)
 
     def _holder(self, a: Assignment, exclude: str) -> str | None:
         for rank in a.ranks:
             holder = self.rank_holders.get((a.replica_id, rank))
             if holder is not None and holder != exclude:
                 return holder
-        return None
-
-    def _free_slot(self, exclude: str) -> Assignment | None:
-        """The first host slot of the controller's own layout that nobody holds."""
-        s = self.settings
-        world = s.hosts_per_replica * s.ranks_per_host
-        for i in range(s.replicas if s.hosts_per_replica else 0):
-            for k in range(s.hosts_per_replica):
-                slot = Assignment(f"r{i}", tuple(range(k * s.ranks_per_host, (k + 1) * s.ranks_per_host)), world)
-                if self._holder(slot, exclude=exclude) is None:
-                    return slot
         return None
 
     def _assign(self, h: Host, a: Assignment | None, urgent: bool = True) -> None:
@@ -377,7 +320,7 @@ class HostRegistry:
                 self.replica_versions[old_or_new.replica_id] = version
         h.assignment_version = version
         self._index(h, a)
-        self._touch(h, urgent=urgent)
+        self.touch(h, urgent=urgent)
 
     def _index(self, h: Host, a: Assignment | None) -> None:
         """Set a host's assignment, keeping the (replica, rank) -> host index true."""
@@ -390,23 +333,23 @@ class HostRegistry:
             for rank in a.ranks:
                 self.rank_holders[(a.replica_id, rank)] = h.host_id
 
-    def _touch(self, h: Host, urgent: bool = False) -> None:
+    def touch(self, h: Host, urgent: bool = False) -> None:
         """Mark the host's snapshot shard for writing; urgent changes are written before
         the request that made them is answered, the rest within a tick."""
-        self.writes.mark(host_section(host_shard(h.host_id)), urgent)
-        self.encoded_hosts.pop(h.host_id, None)
+        self._writes.mark(host_section(host_shard(h.host_id)), urgent)
+        self.shards.changed(h.host_id)
 
     def _cordon(self, h: Host, by: str, reason: str, now: float) -> None:
         h.cordoned, h.cordon_reason, h.cordon_by = True, clip_text(reason, MAX_CORDON_REASON_CHARS), by
-        self._touch(h, urgent=True)
-        self._event(now, "cordon", h.host_id, f"host {h.host_id} cordoned: {reason}")
+        self.touch(h, urgent=True)
+        self._announce(now, "cordon", h.host_id, f"host {h.host_id} cordoned: {reason}")
 
     def _host_died(self, h: Host, why: str, now: float) -> None:
         h.state = HostState.DEAD
-        self._touch(h, urgent=True)
-        self._event(now, "host_death", h.host_id, f"host {h.host_id} died: {why}", "heartbeat")
+        self.touch(h, urgent=True)
+        self._announce(now, "host_death", h.host_id, f"host {h.host_id} died: {why}", "heartbeat")
         if h.assignment is not None:
-            self.kill_replica(h.assignment.replica_id, DeathCause.HOST, f"host {h.host_id} died: {why}", now)
+            self._kill_replica(h.assignment.replica_id, DeathCause.HOST, f"host {h.host_id} died: {why}", now)
             if not h.cordoned:
                 self._cordon(h, "failure", why, now)
             self._swap(h, now)
@@ -418,12 +361,12 @@ class HostRegistry:
         a = failed.assignment
         choice = pick_spare(failed, list(self.hosts.values()))
         if a is None or choice.host_id is None:
-            self._event(now, "no_spare", failed.host_id,
-                        f"{choice.reason}; {a.describe() if a else 'nothing'} stays out until one is free")
+            self._announce(now, "no_spare", failed.host_id,
+                           f"{choice.reason}; {a.describe() if a else 'nothing'} stays out until one is free")
             if a is not None:
                 first = len(self.outbox)
                 self.restart_replica(a.replica_id, f"host {failed.host_id} failed and {choice.reason}")
-                self._orders_event(first, now)
+                self.announce_orders(first, now)
             return choice.reason
         spare = self.hosts[choice.host_id]
         first = len(self.outbox)
@@ -439,25 +382,18 @@ class HostRegistry:
         self.restart_replica(a.replica_id, f"rebuilds after host {failed.host_id} failed", skip=spare,
                              version=spare.assignment_version)
         self.swaps += 1
-        self.writes.mark(REPLICAS)
+        self._writes.mark(REPLICAS)
         why = f"host {spare.host_id} takes {a.describe()} from host {failed.host_id} ({choice.reason})"
-        self._event(now, "swap", failed.host_id, why)
-        self._orders_event(first, now)
+        self._announce(now, "swap", failed.host_id, why)
+        self.announce_orders(first, now)
         return why
 
-    def _orders_event(self, first: int, now: float) -> None:
+    def announce_orders(self, first: int, now: float) -> None:
         """One event for the orders queued from outbox index `first` on (a replica of 1,000
         hosts is restarted by one line, not 1,000)."""
         orders = self.outbox[first:]
-        if not orders:
-            return
-        restarts = [o for o in orders if o.kind == "RESTART"]
-        parts = [f"{o.kind} to host {o.host_id}" + (f" ({o.assignment.describe()})" if o.assignment else "")
-                 for o in orders if o.kind != "RESTART"]
-        if restarts:
-            parts.append(f"RESTART to {len(restarts)} host(s) of replica {restarts[0].assignment.replica_id}")
-        self._event(now, "order", orders[0].host_id,
-                    f"orders {orders[0].order_id}..{orders[-1].order_id}: {'; '.join(parts)}")
+        if orders:
+            self._announce(now, "order", orders[0].host_id, orders_summary(orders))
 
     def _fill_orphans(self, now: float) -> None:
         """A spare arrived: give it work that waits on a dead or cordoned host."""
@@ -483,3 +419,80 @@ class HostRegistry:
         if holder is None:
             return Endpoints()
         return endpoints(holder.address, holder.rendezvous_port, holder.coordinator_port)
+
+    def replica_hosts(self, replica_id: str) -> list[Host]:
+        """The hosts that hold ranks of the replica, by their lowest rank."""
+        holders = {h for (rid, _), h in self.rank_holders.items() if rid == replica_id}
+        hosts = [self.hosts[h] for h in holders]
+        return sorted(hosts, key=lambda h: min(h.assignment.ranks))
+
+    def restart_replica(self, replica_id: str, why: str, *, skip: Host | None = None,
+                        version: int | None = None) -> int:
+        """Order every host of the replica (but `skip`, which learns it otherwise) to restart
+        its ranks together, under one new replica version (`version`: one already decided for
+        the replica, e.g. the spare's ASSIGN). If a host of the replica cannot run, stop the
+        others instead: the replica is down until that host is replaced or back. Returns how
+        many hosts restart (0: the replica is down). The caller announces the orders
+        (`announce_orders`)."""
+        hosts = self.replica_hosts(replica_id)
+        down = [h for h in hosts if not host_can_run(h)]
+        if down:
+            for h in hosts:
+                if h is not skip and host_can_run(h):
+                    self._order(h.host_id, "STOP", h.assignment,
+                                f"replica {replica_id} is down until host {down[0].host_id} is replaced: {why}")
+            return 0
+        version = self._next_version() if version is None else version
+        self.replica_versions[replica_id] = version
+        for h in hosts:
+            h.assignment_version = version
+            self.touch(h, urgent=True)
+        for h in hosts:
+            if h is not skip:
+                self._order(h.host_id, "RESTART", h.assignment, f"replica {replica_id} restarts as a unit: {why}")
+        return len(hosts)
+
+    def _next_version(self) -> int:
+        """The next assignment version. The persisted ceiling runs ahead of it in blocks, so a
+        new leader starts above every version given before without a write per decision."""
+        self.assignment_seq += 1
+        if self.assignment_seq > self.version_ceiling:
+            self.version_ceiling = self.assignment_seq + VERSION_BLOCK
+            self._writes.mark(REPLICAS)
+        return self.assignment_seq
+
+    def take_orders(self) -> list[OrderOut]:
+        out, self.outbox = self.outbox, []
+        return out
+
+    def undelivered(self, orders) -> None:
+        """Orders taken but not delivered (their decisions' write failed): they go out with the
+        next write that succeeds, before any newer ones."""
+        self.outbox[:0] = list(orders)
+
+    def restore(self, replicas: dict | None, host_shards: list[dict | None], now: float) -> None:
+        """Load what a previous leader wrote: the counters of the replicas section (None: an
+        empty store, count from the clock in ms, so agents that outlive a controller without a
+        durable store never see a version or an order id go back) and the host shards."""
+        if not replicas:
+            self.version_ceiling = self.order_seq = int(now * 1000)
+        else:
+            self.swaps = replicas["swaps"]
+            # Order ids must never repeat (agents answer a repeated id from memory), and the
+            # counter is written only now and then: continue from the clock if it is ahead.
+            self.order_seq = max(replicas["order_seq"], int(now * 1000))
+            self.version_ceiling = replicas.get("version_ceiling", 0)
+            self.replica_versions = dict(replicas.get("replica_versions", {}))
+        for shard in host_shards:
+            for d in (shard or {}).get("hosts", ()):
+                a = d["assignment"]
+                h = self._add_host(Host(**dict(d, state=HostState(d["state"]), last_seen=now, assignment=None)))
+                if a:
+                    self._index(h, Assignment(a[0], tuple(a[1]), a[2]))
+                    rid = a[0]
+                    self.replica_versions[rid] = max(self.replica_versions.get(rid, 0), h.assignment_version)
+                self.version_ceiling = max(self.version_ceiling, h.assignment_version)
+        # Every version given before this point is at most the ceiling: continue above it.
+        self.assignment_seq = self.version_ceiling
+        for h in self.hosts.values():
+            self.shards.reserve(h, self.settings)

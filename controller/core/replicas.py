@@ -275,7 +275,7 @@ class ReplicaRegistry:
         """Fencing: only the host that holds rank 0 of a replica may run its coordinator, and
         the coordinator of a replica with a known rank-0 holder must say which host it runs on."""
         check_optional_id("host_id", host_id, self.settings.max_id_chars)
-        holder = self.rank_holders.get((replica_id, 0))
+        holder = self.host_registry.rank_holders.get((replica_id, 0))
         if holder is None or holder == host_id:
             return
         if not host_id:
@@ -339,7 +339,7 @@ class ReplicaRegistry:
             self._transition(r, ReplicaState.HEALTHY, f"caught up and committed step {step}", now)
         if digest:
             self.diagnostician.keep_rank_digests(replica_id, step, rank_digests, tuple(
-                self.rank_holders.get((replica_id, k)) for k in range(r.world_size)))
+                self.host_registry.rank_holders.get((replica_id, k)) for k in range(r.world_size)))
         self._record_digest(r, step, digest, caught_up, now)
 
     def report_commit_failed(self, replica_id: str, step: int, reason: str, now: float, *, quorum_id: int,
@@ -419,11 +419,11 @@ class ReplicaRegistry:
 
     def _check_replica_set(self, rid: str, world_size: int) -> None:
         """Refuse a join outside the replicas the hosts hold (controller.core.replica_set)."""
-        holder = self.hosts.get(self.rank_holders.get((rid, 0), ""))
+        holder = self.host_registry.hosts.get(self.host_registry.rank_holders.get((rid, 0), ""))
         held = holder.assignment.world_size if holder is not None and holder.assignment is not None else None
-        if held == world_size or (held is None and (not self.rank_holders or rid in self.replicas)):
+        if held == world_size or (held is None and (not self.host_registry.rank_holders or rid in self.replicas)):
             return
-        held_ids = {r for (r, k) in self.rank_holders if k == 0}
+        held_ids = {r for (r, k) in self.host_registry.rank_holders if k == 0}
         if held is None and len(held_ids | set(self.replicas)) < self.settings.replicas:
             return  # room left in the configured count: a replica without agents (torchrun) may join
         problem = join_problem(rid, world_size, held, held_ids)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import fields
 
+from controller.core.host_records import host_record
 from controller.core.model import Replica
 from controller.core.pending_writes import JOURNAL, REPLICAS
 from controller.core.quorum_codec import quorum_to_dict
@@ -29,7 +30,7 @@ def section(state, which: str) -> dict | bytes:
     if kind == "addresses":
         return addresses_section(state, name)
     if kind == "hosts":
-        return state.encoded_host_shard(int(name))
+        return state.host_registry.encoded_host_shard(int(name))
     raise ValueError(f"unknown store section {which!r}")
 
 
@@ -44,9 +45,9 @@ def replicas_section(state) -> dict:
         "first_quorum_id": state.first_quorum_id,
         "max_committed_step": state.max_committed_step,
         "steps_committed": state.steps_committed,
-        "swaps": state.swaps,
+        "swaps": state.host_registry.swaps,
         "deaths": state.deaths,
-        "order_seq": state.order_seq,
+        "order_seq": state.host_registry.order_seq,
         "digest_mismatches": state.divergence.mismatches,
         "completed_at": state.lifecycle.completed_at,
         "failed_at": state.lifecycle.failed_at,
@@ -54,8 +55,8 @@ def replicas_section(state) -> dict:
         "history": [state.history_step, state.history_epoch, state.branch_start_step, state.newest_checkpoint_step],
         "steps_lost": state.steps_lost,
         "history_changes": state.history_changes,
-        "version_ceiling": state.version_ceiling,
-        "replica_versions": state.replica_versions,
+        "version_ceiling": state.host_registry.version_ceiling,
+        "replica_versions": state.host_registry.replica_versions,
         "goodput": state.goodput.snapshot(),
         "digests": state.divergence.snapshot(digest_ledger_budget(state.settings)),
     }
@@ -88,6 +89,7 @@ def host_section(state, shard: int) -> dict:
 
 def host_sections(state, shards) -> dict[int, dict]:
     """Several shards in one pass over the hosts."""
+    hosts = state.host_registry
     return {i: {"version": SNAPSHOT_VERSION,
-                "hosts": [state.host_record(state.hosts[h]) for h in state.shard_members.get(i, ())]}
+                "hosts": [host_record(hosts.hosts[h]) for h in hosts.shards.members.get(i, ())]}
             for i in shards}

@@ -6,12 +6,14 @@ socket or touches the store. The service changes it only through `ControllerCore
 left unwritten (`writes`, controller/core/pending_writes.py), the orders for agents
 (`outbox`) and the events.
 
-It holds the records (replicas, hosts, the round) and combines the components that own the
-rest: `lifecycle` (controller.core.finishing), `divergence` (controller.core.divergence),
-`restart_budget` (controller.core.restarts) and `diagnostician`
-(controller.core.diagnosis.acting). A component changes only its own data and returns intents
-(controller.core.intents), which `act` carries out here, in one place. The replica and host
-registries (controller.core.replicas, controller.core.hosts) are still mixins of this class.
+It holds the replica records and the round, and combines the components that own the rest:
+`host_registry` (controller.core.hosts: hosts, assignments, versions, orders), `lifecycle`
+(controller.core.finishing), `divergence` (controller.core.divergence), `restart_budget`
+(controller.core.restarts) and `diagnostician` (controller.core.diagnosis.acting). A component
+changes only its own data and returns intents (controller.core.intents), which `act` carries
+out here, in one place; the host registry is handed what it needs at construction (the pending
+writes, `_event`, `kill_replica`). The replica registry (controller.core.replicas) is still a
+mixin of this class.
 """
 
 from __future__ import annotations
@@ -25,30 +27,27 @@ from controller.core.divergence import DivergenceTracker
 from controller.core.events import level_of
 from controller.core.finishing import JobLifecycle
 from controller.core.goodput import GoodputTracker, NoGoodput
-from controller.core.hosts import HostRegistry
+from controller.core.hosts import VERSION_BLOCK, HostRegistry  # noqa: F401 (VERSION_BLOCK: named here before)
 from controller.core.intents import (
     Announce, Diagnose, EndRounds, Evict, KillReplica, MoveReplica, Persist, ReplaceHost, RestartReplica,
 )
 from controller.core.quorum_codec import quorum_from_dict
-from controller.core.model import (
-    SETTLED, Assignment, Event, Host, HostState, OrderOut, Quorum, Replica, ReplicaState, host_can_run,
-)
+from controller.core.model import SETTLED, Event, HostState, Quorum, Replica, ReplicaState
 from controller.core.replicas import ReplicaRegistry
 from controller.core.pending_writes import JOURNAL, REPLICAS, PendingWrites
 from controller.core.restarts import RestartBudget
-from controller.core.sizes import ShardBudget
 from controller.core.suspects import Suspects
 from controller.core import retention, snapshots
 from controller.settings import ControllerSettings
 
-#: Assignment versions reserved per write of the replicas snapshot.
-VERSION_BLOCK = 1024
+
+
 class _Settings:
     """`state.settings = x` (tests change settings) hands `x` to the components as well.
     Only setting is hooked: with no __get__, reading is the plain instance lookup (it is read
     on every request)."""
 
-    COMPONENTS = ("lifecycle", "restart_budget", "diagnostician")
+    COMPONENTS = ("lifecycle", "restart_budget", "diagnostician", "host_registry")
 
     def __set__(self, state, settings: ControllerSettings) -> None:
         state.__dict__["settings"] = settings
@@ -57,7 +56,16 @@ class _Settings:
                 state.__dict__[name].settings = settings
 
 
-class ControllerState(ReplicaRegistry, HostRegistry):
+#: what ControllerState shows of its host registry
+HOST_NAMES = frozenset((
+    "hosts", "rank_holders", "replica_versions", "swaps", "order_seq", "assignment_seq", "version_ceiling", "outbox",
+    "register_agent", "deregister_agent", "ack_order", "orders_on_connect", "is_superseded", "authenticate_agent",
+    "drain", "evict", "cordon", "uncordon", "encoded_host_shard", "replica_endpoints", "restart_replica",
+    "replica_hosts", "take_orders", "undelivered",
+))
+
+
+class ControllerState(ReplicaRegistry):
     settings = _Settings()
 
     def __init__(self, settings: ControllerSettings) -> None:
@@ -66,7 +74,6 @@ class ControllerState(ReplicaRegistry, HostRegistry):
         #: cache of live_replicas() (None: to be computed)
         #: (live, dead) replica ids, until a replica registers or changes state
         self._live: tuple[frozenset[str], frozenset[str]] | None = None
-        self.hosts: dict[str, Host] = {}
         self.quorum: Quorum | None = None
         #: Quorum ids count up from here. A controller that starts with an empty store starts
         #: from its clock (ms), so trainers that outlive it never see a generation go back.
@@ -86,8 +93,6 @@ class ControllerState(ReplicaRegistry, HostRegistry):
         self.fresh_events: list[Event] = []
         self.event_seq = 0
         self.goodput = (GoodputTracker if settings.telemetry else NoGoodput)(settings.replicas)
-        self.outbox: list[OrderOut] = []
-        self.order_seq = 0
         self.steps_committed = 0
         #: the highest step any replica ever committed
         self.max_committed_step = -1
@@ -107,15 +112,11 @@ class ControllerState(ReplicaRegistry, HostRegistry):
         self.rollback_wait_since: float | None = None
         #: silence before this moment is not held against anyone (a takeover's grace)
         self.silence_counted_from = float("-inf")
-        #: assignment versions: the last one given, and the ceiling persisted ahead of it
-        self.assignment_seq = 0
-        self.version_ceiling = 0
-        self.replica_versions: dict[str, int] = {}
-        self.swaps = 0
         self.deaths: dict[str, int] = {}
-        self.rank_holders: dict[tuple[str, int], str] = {}
         #: the store sections changed and not yet handed out for writing (pending_writes.py)
         self.writes = PendingWrites()
+        #: hosts, their assignments, versions and orders (controller.core.hosts)
+        self.host_registry = HostRegistry(self.settings, self.writes, self._event, self.kill_replica)
         #: each host's replica restarts, against the restart budget (controller.core.restarts)
         self.restart_budget = RestartBudget(self.settings)
         #: replica digests compared per step, DIVERGED replicas (controller.core.divergence)
@@ -124,11 +125,6 @@ class ControllerState(ReplicaRegistry, HostRegistry):
         self.lifecycle = JobLifecycle(self.settings)
         #: replicas whose leader's connection closed without goodbye (controller.core.suspects)
         self.suspects = Suspects()
-        #: bytes each host shard may grow to (see controller.core.sizes)
-        self.shard_budget = ShardBudget()
-        #: host ids by shard, and each host's encoded record until it changes (see _touch)
-        self.shard_members: dict[int, dict[str, None]] = {}
-        self.encoded_hosts: dict[str, bytes] = {}
         #: telemetry, findings and what was done about them (controller.core.diagnosis.acting)
         self.diagnostician = Diagnostician(self.settings)
 
@@ -137,13 +133,13 @@ class ControllerState(ReplicaRegistry, HostRegistry):
         that waited long enough, and run the periodic diagnosis. A completed job's agents leave:
         their silence is no failure (no host deaths, no swaps, no diagnosis)."""
         if not self.lifecycle.job_over:
-            self.expire_hosts(now)
+            self.host_registry.expire(now, self.silence)
         self.expire_replicas(now)
         self.compare_digests(now)
         if not self.lifecycle.job_over:
             self._carry_out(self.diagnostician.periodic(self._facts(), now), now)
         live, dead = self._liveness()
-        self.act(self.lifecycle.check_progress(self.replicas, self.hosts.values(),
+        self.act(self.lifecycle.check_progress(self.replicas, self.host_registry.hosts.values(),
                                                bool(live) or len(dead) != len(self.replicas), now), now)
 
     def act(self, intents, now: float) -> None:
@@ -168,9 +164,7 @@ class ControllerState(ReplicaRegistry, HostRegistry):
             elif isinstance(i, RestartReplica):
                 self._restart_in_place(i.replica_id, i.why, now)
             elif isinstance(i, ReplaceHost):
-                h = self.hosts[i.host_id]
-                self._cordon(h, "failure", i.reason, now)
-                self._swap(h, now)
+                self.host_registry.replace(i.host_id, i.reason, now)
             else:
                 raise TypeError(f"{i!r} is not an intent")
 
@@ -187,36 +181,52 @@ class ControllerState(ReplicaRegistry, HostRegistry):
         return self.diagnostician.engine
 
     def _facts(self) -> Facts:
-        return Facts(self.hosts, self.replicas, self.rank_holders, self.quorum)
+        hosts = self.host_registry
+        return Facts(hosts.hosts, self.replicas, hosts.rank_holders, self.quorum)
 
     def report_telemetry(self, report: HostReport, agent_secret: str, now: float) -> list[str]:
         """Keep an agent's summary (its agent secret checked); returns what was left out and why."""
         self.diagnostician.check(report)
-        h = self.authenticate_agent(report.host_id, agent_secret)
+        h = self.host_registry.authenticate_agent(report.host_id, agent_secret)
         findings, ignored = self.diagnostician.ingest(report, h, self.replicas, now)
         self._carry_out(self.diagnostician.decide(findings, self._facts(), now), now)
         return ignored
 
     def _evict_for_diagnosis(self, i: Evict, now: float) -> None:
         try:
-            self.evict(i.host_id, "diagnosis", i.reason, now)
+            self.host_registry.evict(i.host_id, "diagnosis", i.reason, now)
         except RequestError as exc:  # the host changed between deciding and acting
             self._event(now, "diagnosis", i.host_id, f"{i.finding}: eviction of host {i.host_id} failed: {exc}",
                         i.cause)
             return
         self.diagnostician.evicted(i.host_id, now)
 
-    # -- replica restarts (RestartBudget decides; the hosts carry them out) ---------------------
+    # -- trainers' exits (the hosts check them, JobLifecycle and RestartBudget decide) --------
 
-    def replica_hosts(self, replica_id: str) -> list[Host]:
-        """The hosts that hold ranks of the replica, by their lowest rank."""
-        holders = {h for (rid, _), h in self.rank_holders.items() if rid == replica_id}
-        hosts = [self.hosts[h] for h in holders]
-        return sorted(hosts, key=lambda h: min(h.assignment.ranks))
+    def trainer_exit(self, host_id: str, replica_id: str, rank: int, now: float, *, exit_code: int = 0,
+                     signal: int = 0, stderr_tail: str = "", gave_up: bool = False, version: int = 0) -> None:
+        """A trainer exited. A death restarts its replica as a unit, or replaces the host when
+        the host's restart budget is spent or its agent asks (`gave_up`); a clean exit after the
+        replica finished is its end. An exit from a trainer older than the host's assignment
+        (`version` below it: its replica's restart is already ordered) changes nothing."""
+        why = self.host_registry.trainer_exited(host_id, replica_id, rank, now, exit_code=exit_code, signal=signal,
+                                                stderr_tail=stderr_tail, version=version)
+        if not why:
+            return
+        death, intents = self.lifecycle.trainer_exited(self.replicas.get(replica_id), host_id, replica_id, rank,
+                                                       exit_code, signal, why)
+        self.act(intents, now)
+        if not death:
+            return  # a clean finish, or the job is over
+        if gave_up:
+            self.act([ReplaceHost(host_id, f"its agent gave up: {why}")], now)
+        else:
+            self.act(self.restart_budget.after_death(host_id, replica_id, why, now), now)
 
     def _restart_in_place(self, rid: str, why: str, now: float) -> None:
-        first = len(self.outbox)
-        restarted = self.restart_replica(rid, why)
+        hosts = self.host_registry
+        first = len(hosts.outbox)
+        restarted = hosts.restart_replica(rid, why)
         if restarted:
             r = self.replicas.get(rid)
             if r is not None:
@@ -224,33 +234,7 @@ class ControllerState(ReplicaRegistry, HostRegistry):
                 self.writes.mark(REPLICAS)
             self._event(now, "replica_restart", rid, f"replica {rid} restarts its ranks on {restarted} host(s) "
                                                      f"together: {why}")
-        self._orders_event(first, now)
-
-    def restart_replica(self, replica_id: str, why: str, *, skip: Host | None = None,
-                        version: int | None = None) -> int:
-        """Order every host of the replica (but `skip`, which learns it otherwise) to restart
-        its ranks together, under one new replica version (`version`: one already decided for
-        the replica, e.g. the spare's ASSIGN). If a host of the replica cannot run, stop the
-        others instead: the replica is down until that host is replaced or back. Returns how
-        many hosts restart (0: the replica is down). The caller announces the orders
-        (`_orders_event`)."""
-        hosts = self.replica_hosts(replica_id)
-        down = [h for h in hosts if not host_can_run(h)]
-        if down:
-            for h in hosts:
-                if h is not skip and host_can_run(h):
-                    self._order(h.host_id, "STOP", h.assignment,
-                                f"replica {replica_id} is down until host {down[0].host_id} is replaced: {why}")
-            return 0
-        version = self._next_version() if version is None else version
-        self.replica_versions[replica_id] = version
-        for h in hosts:
-            h.assignment_version = version
-            self._touch(h, urgent=True)
-        for h in hosts:
-            if h is not skip:
-                self._order(h.host_id, "RESTART", h.assignment, f"replica {replica_id} restarts as a unit: {why}")
-        return len(hosts)
+        hosts.announce_orders(first, now)
 
     # -- digests (DivergenceTracker decides) ---------------------------------------------------
 
@@ -311,15 +295,6 @@ class ControllerState(ReplicaRegistry, HostRegistry):
                     f"{why}: nobody is declared dead for silence before {grace_s:g}s + the heartbeat timeout "
                     f"({self.settings.heartbeat_timeout_s:g}s) have passed")
 
-    def _next_version(self) -> int:
-        """The next assignment version. The persisted ceiling runs ahead of it in blocks, so a
-        new leader starts above every version given before without a write per decision."""
-        self.assignment_seq += 1
-        if self.assignment_seq > self.version_ceiling:
-            self.version_ceiling = self.assignment_seq + VERSION_BLOCK
-            self.writes.mark(REPLICAS)
-        return self.assignment_seq
-
     def heartbeat_replicas(self, replica_ids, now: float) -> list[str]:
         if self.suspects.since:
             for rid in replica_ids:
@@ -327,26 +302,18 @@ class ControllerState(ReplicaRegistry, HostRegistry):
         return _beat(self.replicas, replica_ids, ReplicaState.DEAD, now)
 
     def heartbeat_hosts(self, host_ids, now: float) -> list[str]:
+        hosts = self.host_registry
         if self.suspects.since:
-            holders = {self.rank_holders.get((rid, 0)): rid for rid in self.suspects.since}
+            holders = {hosts.rank_holders.get((rid, 0)): rid for rid in self.suspects.since}
             for hid in host_ids:
                 if hid in holders:
                     self._heard(holders[hid], f"a heartbeat of host {hid}, which holds its rank 0", now)
-        return _beat(self.hosts, host_ids, HostState.DEAD, now)
+        return _beat(hosts.hosts, host_ids, HostState.DEAD, now)
 
     def _heard(self, replica_id: str, what: str, now: float) -> None:
         if self.suspects.heard(replica_id, now):
             self._event(now, "replica", replica_id, f"replica {replica_id} is no longer suspect: {what} proves it "
                                                     f"alive")
-
-    def take_orders(self) -> list[OrderOut]:
-        out, self.outbox = self.outbox, []
-        return out
-
-    def undelivered(self, orders) -> None:
-        """Orders taken but not delivered (their decisions' write failed): they go out with the
-        next write that succeeds, before any newer ones."""
-        self.outbox[:0] = list(orders)
 
     def take_events(self) -> list[Event]:
         out, self.fresh_events = self.fresh_events, []
@@ -354,11 +321,11 @@ class ControllerState(ReplicaRegistry, HostRegistry):
 
     def leader_elected(self, candidate: str, now: float) -> None:
         """Record that `candidate` leads from `now` on (a warning when it takes over a job)."""
-        running = self.quorum is not None or bool(self.replicas)
+        running, hosts = self.quorum is not None or bool(self.replicas), len(self.host_registry.hosts)
         self._event(now, "leader", candidate,
                     f"controller {candidate} became the leader" + (
                         f", taking over at quorum {self.quorum.quorum_id if self.quorum else 0} with "
-                        f"{len(self.replicas)} replicas and {len(self.hosts)} hosts" if running else " of a new job"),
+                        f"{len(self.replicas)} replicas and {hosts} hosts" if running else " of a new job"),
                     level="warning" if running else "info")
 
     def _event(self, now: float, kind: str, subject: str, message: str, cause: str = "",
@@ -371,6 +338,15 @@ class ControllerState(ReplicaRegistry, HostRegistry):
         retention.admit(self.events, self.event_tiers, event, self.settings.recent_events)  # kept by level
         self.fresh_events.append(event)
         self.writes.mark(JOURNAL, urgent=event.level != "info")
+
+    # -- the hosts, as the service and the tests read them (HostRegistry owns them) -----------
+
+    def __getattr__(self, name: str):
+        """`state.hosts`, `state.register_agent`, ...: the host registry's (HOST_NAMES), for
+        the service and the tests; the core's own code calls the registry."""
+        if name in HOST_NAMES:
+            return getattr(self.host_registry, name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     # -- durable snapshot --------------------------------------------------------------------
 
@@ -390,7 +366,6 @@ class ControllerState(ReplicaRegistry, HostRegistry):
             # An empty store: count ids and versions up from the clock (ms), so clients that
             # outlive a controller without a durable store never see them go back.
             self.first_quorum_id = max(int(now * 1000), 1)
-            self.version_ceiling = self.order_seq = int(now * 1000)
         if replicas:
             self.first_quorum_id = replicas.get("first_quorum_id", 1)
             self.quorum = quorum_from_dict(replicas["quorum"]) if replicas["quorum"] else None
@@ -404,19 +379,13 @@ class ControllerState(ReplicaRegistry, HostRegistry):
                            state_addresses=tuple(a["state"]), last_seen=now, given_restored=True))
             self.steps_committed = replicas["steps_committed"]
             self.max_committed_step = replicas.get("max_committed_step", -1)
-            self.swaps = replicas["swaps"]
             self.deaths = dict(replicas["deaths"])
             self.lifecycle.restore(replicas.get("completed_at"), replicas.get("failed_at"),
                                    replicas.get("job_end_reason", ""))
-            # Order ids must never repeat (agents answer a repeated id from memory), and the
-            # counter is written only now and then: continue from the clock if it is ahead.
-            self.order_seq = max(replicas["order_seq"], int(now * 1000))
             (self.history_step, self.history_epoch, self.branch_start_step,
              self.newest_checkpoint_step) = replicas.get("history", [self.max_committed_step, 0, -1, -1])
             self.steps_lost = dict(replicas.get("steps_lost", {}))
             self.history_changes = dict(replicas.get("history_changes", {}))
-            self.version_ceiling = replicas.get("version_ceiling", 0)
-            self.replica_versions = dict(replicas.get("replica_versions", {}))
             self.divergence.restore(replicas.get("digest_mismatches", 0), replicas.get("digests"), now)
         if journal:
             self.quorum_history = [quorum_from_dict(q) for q in journal["history"]]
@@ -427,19 +396,8 @@ class ControllerState(ReplicaRegistry, HostRegistry):
         for r in self.replicas.values():
             if r.replica_id in self.goodput.replicas:
                 self.goodput.replicas[r.replica_id].healthy = r.state == ReplicaState.HEALTHY
-        for shard in host_shards:
-            for d in (shard or {}).get("hosts", ()):
-                a = d["assignment"]
-                h = self._add_host(Host(**dict(d, state=HostState(d["state"]), last_seen=now, assignment=None)))
-                if a:
-                    self._index(h, Assignment(a[0], tuple(a[1]), a[2]))
-                    rid = a[0]
-                    self.replica_versions[rid] = max(self.replica_versions.get(rid, 0), h.assignment_version)
-                self.version_ceiling = max(self.version_ceiling, h.assignment_version)
         self._live = None
-        # Every version given before this point is at most the ceiling: continue above it.
-        self.assignment_seq = self.version_ceiling
-        self.reserve_restored_hosts()
+        self.host_registry.restore(replicas, host_shards, now)
         self.writes.clear()  # what was loaded is what the store holds
 
 

@@ -185,12 +185,13 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
             address=request.address, rendezvous_port=request.rendezvous_port,
             coordinator_port=request.coordinator_port, previous_secret=request.previous_secret,
             standby=request.standby))
-        host = state.hosts[request.host_id]
+        hosts = state.host_registry
+        host = hosts.hosts[request.host_id]
         issued = host.secret_hash == hash_secret(secret)
         rid = assignment.replica_id if assignment else ""
         return pb.RegisterAgentResponse(
-            assignment=to_proto_assignment(assignment, host.assignment_version, state.replica_versions.get(rid, 0),
-                                           state.replica_endpoints(rid)),
+            assignment=to_proto_assignment(assignment, host.assignment_version, hosts.replica_versions.get(rid, 0),
+                                           hosts.replica_endpoints(rid)),
             reason=reason, job_id=self.server.settings.job_id, job_state=JOB_STATES[state.job_state],
             agent_secret=secret if issued else "", job_state_reason=state.job_end_reason if state.job_over else "")
 
@@ -199,7 +200,7 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
         try:
             state = server.require_leader()
             server.check_peer_may_act_as(context, request.host_id)
-            host = state.authenticate_agent(request.host_id, request.agent_secret)
+            host = state.host_registry.authenticate_agent(request.host_id, request.agent_secret)
             if host.incarnation != request.incarnation:
                 raise FailedPrecondition(
                     f"host {request.host_id} incarnation {shown(request.incarnation)} is not the registered one "
@@ -233,7 +234,7 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
     async def AckOrder(self, request, context):
         state = self.server.require_leader()
         self.server.check_peer_may_act_as(context, request.host_id)
-        state.authenticate_agent(request.host_id, request.agent_secret)
+        state.host_registry.authenticate_agent(request.host_id, request.agent_secret)
         await self.server.apply(c.AckOrder(request.host_id, request.order_id, request.ok, request.error))
         return pb.AckOrderResponse()
 
@@ -248,7 +249,7 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
     async def ReportTrainerExit(self, request, context):
         state = self.server.require_leader()
         self.server.check_peer_may_act_as(context, request.host_id)
-        state.authenticate_agent(request.host_id, request.agent_secret)
+        state.host_registry.authenticate_agent(request.host_id, request.agent_secret)
         await self.server.apply(c.TrainerExit(
             request.host_id, request.replica_id, request.rank, exit_code=request.exit_code, signal=request.signal,
             stderr_tail=request.stderr_tail, gave_up=request.gave_up, version=request.version))
@@ -258,7 +259,7 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
     async def DeregisterAgent(self, request, context):
         state = self.server.require_leader()
         self.server.check_peer_may_act_as(context, request.host_id)
-        state.authenticate_agent(request.host_id, request.agent_secret)
+        state.host_registry.authenticate_agent(request.host_id, request.agent_secret)
         await self.server.apply(c.DeregisterAgent(request.host_id, request.incarnation, request.reason))
         return pb.DeregisterAgentResponse()
 

@@ -112,12 +112,13 @@ class StateCollector:
                         {kind: state.history_changes.get(kind, 0) for kind in ("rollback", "roll_forward")})
 
     def _hosts(self, state, job: str):
-        hosts = list(state.hosts.values())
+        registry = state.host_registry
+        hosts = list(registry.hosts.values())
         yield _by_state("fthsdp_hosts", "Hosts by state", job, HostState, hosts)
         yield _gauge("fthsdp_spares_free", "Live, uncordoned spare hosts", job,
                      sum(h.state == HostState.SPARE and not h.cordoned for h in hosts))
         yield _gauge("fthsdp_hosts_cordoned", "Cordoned hosts", job, sum(h.cordoned for h in hosts))
-        yield _gauge("fthsdp_spare_swaps", "Hosts replaced by a spare", job, state.swaps, CounterMetricFamily)
+        yield _gauge("fthsdp_spare_swaps", "Hosts replaced by a spare", job, registry.swaps, CounterMetricFamily)
 
     def _goodput(self, state, job: str, now: float):
         if not state.settings.telemetry:

@@ -185,7 +185,7 @@ def _add_status_routes(app: FastAPI) -> None:
         if cursor is not None:
             response.headers["Link"] = next_link("/api/v1/hosts", limit=limit, after=cursor)
         reasons = host_reasons(state)
-        return [host_view(state.hosts[h], now, reasons) for h in page]
+        return [host_view(state.host_registry.hosts[h], now, reasons) for h in page]
 
     @app.get("/api/v1/stalls", responses=READ_PROBLEMS, response_model=StallsView,
              summary="When the job stood still (its committed step did not advance), and the failures behind it")

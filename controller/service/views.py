@@ -51,8 +51,8 @@ def job_view(state, leader: str, leading: bool, now: float) -> dict:
         "round": {"joined": sorted(state.round_joined), "reason": state.round_reason},
         "committed_step": state.max_committed_step,
         "steps_committed": state.steps_committed,
-        "spares_free": sum(h.state == HostState.SPARE and not h.cordoned for h in state.hosts.values()),
-        "swaps": state.swaps,
+        "spares_free": sum(h.state == HostState.SPARE and not h.cordoned for h in state.host_registry.hosts.values()),
+        "swaps": state.host_registry.swaps,
         "deaths": dict(state.deaths),
         "history_step": state.history_step,
         "steps_lost": dict(state.steps_lost),
@@ -95,7 +95,7 @@ def host_reasons(state) -> dict:
     or left. Hosts that are not DEAD, or whose event is no longer recent, are absent."""
     out = {}
     for e in state.events:
-        h = state.hosts.get(e.subject) if e.kind in HOST_GONE_KINDS else None
+        h = state.host_registry.hosts.get(e.subject) if e.kind in HOST_GONE_KINDS else None
         if h is not None and h.state == HostState.DEAD:
             out[e.subject] = e.message
     return out

@@ -125,7 +125,7 @@ def test_the_incrementally_encoded_host_shard_is_the_snapshot_byte_for_byte():
     assert [s.encoded_host_shard(i) for i in shards] == [encode_section(s.snapshot_hosts(i)) for i in shards]
     s.drain("h1", 1.0)  # changes (cordon, swap) re-encode the hosts they touch
     s.hosts["h2"].cordon_reason = "changed"  # every change of a host is followed by _touch
-    s._touch(s.hosts["h2"])
+    s.host_registry.touch(s.hosts["h2"])
     assert [s.encoded_host_shard(i) for i in shards] == [encode_section(s.snapshot_hosts(i)) for i in shards]
     t = ControllerState(s.settings)
     t.restore(s.snapshot_replicas(), [s.snapshot_hosts(i) for i in shards], 5.0)

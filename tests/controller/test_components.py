@@ -1,6 +1,6 @@
 """The controller's components keep to their public surfaces.
 
-The lifted components (lifecycle, divergence, restart budget, diagnosis) own their data; no
+The lifted components (lifecycle, divergence, restart budget, diagnosis, hosts) own their data; no
 module of the controller's core reads or writes another's `_private` attributes: a component
 touches only its own (`self._x`), and the state that combines them (ControllerState) reaches a
 component only through public names (`self.lifecycle.job_state`, never `self.lifecycle._x`).
@@ -15,7 +15,7 @@ from pathlib import Path
 CORE = Path(__file__).resolve().parents[2] / "controller" / "core"
 #: component modules, and the attribute of ControllerState that holds each component
 COMPONENTS = {"finishing.py": "lifecycle", "divergence.py": "divergence", "restarts.py": "restart_budget",
-              "diagnosis/acting.py": "diagnostician"}
+              "diagnosis/acting.py": "diagnostician", "hosts.py": "host_registry"}
 
 
 def _private_reaches(path: Path, holders: set[str]) -> list[str]:
