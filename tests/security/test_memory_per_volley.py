@@ -24,7 +24,7 @@ from protos import credentials, job_secret
 
 from .harness import HOST, HUGE, JOB, REPLICA, Legit, open_channel, proof, rss, settled_rss, start_controller
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]  # 20 volleys of ~2,100 calls: past 120 s under heavy load
 VOLLEYS, WARM = 20, 2
 NAMES = 300  # fresh claimed ids per kind of call, per volley
 NOT_A_MESSAGE = b"\x0a\xff\xff"
