@@ -6,10 +6,11 @@ than one past the newest step a quorum handed out (or one past the newest commit
 job's history holds, if that is newer) -- except a member of the current quorum after a
 takeover: a fast-path round (same quorum id, the step after its commit) is answered without a
 write, so the old leader may have handed out step s + 1 and died with its commit report; that
-member then asks for s + 2. One step more, for members only. A join beyond that -- a newcomer claiming step 10^9 --
-would make it the only holder of "the newest step" and everyone's catch-up source on its own
-word; it is refused. A controller with no history at all (a new job, or an in-memory store that
-was lost) takes the first quorum's steps as the replicas say them.
+member then asks for s + 2. One step more, for members only. A join beyond that -- a
+newcomer claiming step 10^9 -- would make it the only holder of "the newest step" and
+everyone's catch-up source on its own word; it is refused. A controller with no history at
+all (a new job, or an in-memory store that was lost) takes the first quorum's steps as the
+replicas say them.
 """
 
 from __future__ import annotations

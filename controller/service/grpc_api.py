@@ -33,6 +33,7 @@ JOB_STATES = {JobState.RUNNING: pb.RUNNING, JobState.COMPLETED: pb.COMPLETED, Jo
 #: (the peer is gone) rather than ended by a goodbye
 STREAM_END_S = 0.5
 
+
 class ControllerServicer(controller_pb2_grpc.ControllerServicer):
     def __init__(self, server) -> None:
         self.server = server
