@@ -12,9 +12,7 @@ from typing import Callable
 from controller.core.checks import MAX_CORDON_REASON_CHARS, check_id, clip_text, shown
 from controller.core.errors import FailedPrecondition, NotFound, PermissionDenied, RetryLater
 from controller.core.host_checks import check_exit, checked_registration, free_slot, orders_summary
-from controller.core.host_records import (  # noqa: F401 (the names the store format is known by)
-    HOST_DURABLE_FIELDS, HOST_SHARDS, HOSTS_SNAPSHOT_VERSION, HostShards, host_record, host_shard,
-)
+from controller.core.host_records import HostShards, host_shard
 from controller.core.identity import secret_matches
 from controller.core.model import Assignment, DeathCause, Host, HostState, OrderOut, host_can_run
 from controller.core.pending_writes import REPLICAS, PendingWrites, host_section

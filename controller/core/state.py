@@ -27,7 +27,7 @@ from controller.core.divergence import DivergenceTracker
 from controller.core.events import level_of
 from controller.core.finishing import JobLifecycle
 from controller.core.goodput import GoodputTracker, NoGoodput
-from controller.core.hosts import VERSION_BLOCK, HostRegistry  # noqa: F401 (VERSION_BLOCK: named here before)
+from controller.core.hosts import HostRegistry
 from controller.core.intents import (
     Announce, Diagnose, EndRounds, Evict, KillReplica, MoveReplica, Persist, ReplaceHost, RestartReplica,
 )
@@ -39,7 +39,6 @@ from controller.core.restarts import RestartBudget
 from controller.core.suspects import Suspects
 from controller.core import retention, snapshots
 from controller.settings import ControllerSettings
-
 
 
 class _Settings:
@@ -363,10 +362,11 @@ class ControllerState(ReplicaRegistry):
         """Load snapshots written by a previous leader. Everyone gets a fresh heartbeat
         allowance from `now`: silence before the failover is not held against them."""
         if not replicas:
-            # An empty store: count ids and versions up from the clock (ms), so clients that
-            # outlive a controller without a durable store never see them go back.
+            # An empty store: count quorum ids up from the clock (ms), so clients that outlive
+            # a controller without a durable store never see them go back (the host registry
+            # does the same for versions and order ids).
             self.first_quorum_id = max(int(now * 1000), 1)
-        if replicas:
+        else:
             self.first_quorum_id = replicas.get("first_quorum_id", 1)
             self.quorum = quorum_from_dict(replicas["quorum"]) if replicas["quorum"] else None
             self.replicas = {}

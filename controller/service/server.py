@@ -24,7 +24,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from controller.core.credentials import Credentials
 from controller.core.errors import PermissionDenied
-from controller.core.hosts import HOST_SHARDS
+from controller.core.host_records import HOST_SHARDS
 from controller.core.identity import CertBinding
 from controller.core.model import Event, OrderOut
 from controller.core.commands import CloseRound, ConnectionLost, Join, LeaveRound, Tick, WriteFailed

@@ -6,7 +6,7 @@ import pytest
 
 from controller.core.checks import CUT_MARKER, MAX_INT, check_finite, check_non_negative, clip_text
 from controller.core.errors import FailedPrecondition, InvalidArgument
-from controller.core.hosts import HOST_SHARDS, host_shard
+from controller.core.host_records import HOST_SHARDS, host_shard
 from controller.core.model import Assignment
 from controller.core.sizes import encode_section, fit_journal, value_limit, worst_replica_record_bytes
 from controller.core.state import ControllerState

@@ -5,7 +5,7 @@ import copy
 import pytest
 
 from controller.core.errors import FailedPrecondition
-from controller.core.hosts import HOST_SHARDS
+from controller.core.host_records import HOST_SHARDS
 from controller.core.job_failure import ReplicaOutlook, failure_decision, stuck_reason
 from controller.core.model import Assignment, JobState, ReplicaState
 from controller.core.replicas import JoinRequest

@@ -18,7 +18,7 @@ from controller.core import commands as c
 from controller.core.core import HANDLERS, ControllerCore
 from controller.core.diagnosis.telemetry import HostReport, RankReport
 from controller.core.errors import FailedPrecondition
-from controller.core.hosts import HOST_SHARDS, host_shard
+from controller.core.host_records import HOST_SHARDS, host_shard
 from controller.core.identity import hash_secret
 from controller.core.model import Assignment, HostState, JobState, ReplicaState
 from controller.core.pending_writes import JOURNAL, REPLICAS, PendingWrites, addresses_section, host_section

@@ -4,7 +4,7 @@ its role is what the durable record says, never its --spare flag. Fake clock."""
 import pytest
 
 from controller.core.errors import FailedPrecondition
-from controller.core.hosts import HOST_SHARDS
+from controller.core.host_records import HOST_SHARDS
 from controller.core.model import Assignment, HostState, ReplicaState
 from controller.core.replicas import JoinRequest
 from controller.core.roles import reconcile_spare_claim

@@ -6,7 +6,7 @@ import json
 import pytest
 
 from controller.core.errors import InvalidArgument
-from controller.core.hosts import HOST_SHARDS
+from controller.core.host_records import HOST_SHARDS
 from controller.core.model import ReplicaState
 from controller.core.replicas import JoinRequest
 from controller.core.state import ControllerState

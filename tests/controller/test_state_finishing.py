@@ -6,7 +6,7 @@ import re
 import pytest
 
 from controller.core.errors import FailedPrecondition, InvalidArgument, NotFound
-from controller.core.hosts import HOST_SHARDS
+from controller.core.host_records import HOST_SHARDS
 from controller.core.model import Assignment, HostState, JobState, ReplicaState
 from controller.core.replicas import JoinRequest
 from controller.core.state import ControllerState

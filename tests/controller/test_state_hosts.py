@@ -7,7 +7,7 @@ from controller.core.model import Assignment, HostState, ReplicaState
 from controller.core.replicas import JoinRequest
 from controller.core.rendezvous import Endpoints
 from controller.core.spares import pick_spare
-from controller.core.hosts import HOST_SHARDS
+from controller.core.host_records import HOST_SHARDS
 from controller.core.state import ControllerState
 from controller.settings import ControllerSettings
 

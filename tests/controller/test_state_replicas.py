@@ -7,7 +7,7 @@ import pytest
 from controller.core.errors import FailedPrecondition, InvalidArgument
 from controller.core.model import ReplicaState
 from controller.core.replicas import JoinRequest
-from controller.core.hosts import HOST_SHARDS
+from controller.core.host_records import HOST_SHARDS
 from controller.core.state import ControllerState
 from controller.settings import ControllerSettings
 

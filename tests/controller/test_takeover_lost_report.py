@@ -13,7 +13,7 @@ import pytest
 
 from controller.core.errors import FailedPrecondition
 from controller.core.replicas import JoinRequest
-from controller.core.hosts import HOST_SHARDS
+from controller.core.host_records import HOST_SHARDS
 from controller.core.state import ControllerState
 from tests.controller.test_takeover_state import running_job
 

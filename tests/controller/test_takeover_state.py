@@ -3,10 +3,11 @@ back, orders that know when they are stale, the current assignment on (re)connec
 
 import pytest
 
-from controller.core.hosts import HOST_SHARDS
+from controller.core.host_records import HOST_SHARDS
 from controller.core.model import Assignment, HostState, ReplicaState
 from controller.core.replicas import JoinRequest
-from controller.core.state import VERSION_BLOCK, ControllerState
+from controller.core.hosts import VERSION_BLOCK
+from controller.core.state import ControllerState
 from controller.settings import ControllerSettings
 
 HB = 3.0  # the demo's heartbeat timeout
