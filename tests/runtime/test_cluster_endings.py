@@ -147,13 +147,16 @@ def test_torchrun_max_restarts_brings_a_killed_ranks_replica_back_to_equal_diges
     """Scenario 3: two replicas of 2 ranks under `torchrun --max-restarts 3`; rank 1 of r0 is
     SIGKILLed: torchrun restarts r0's ranks, their rendezvous succeeds on the first try (no
     "connectFullMesh failed"), r0 rejoins as a new incarnation, catches up from r1, and both
-    end at the same step with equal digests, rank by rank."""
+    end at the same step with equal digests, rank by rank. `--min-replicas 2`: r1 trains no step
+    alone, so it can neither run ahead before r0 first joins nor finish the job (150 steps take
+    5 s on a quiet machine) while torchrun restarts r0 -- the job would then be COMPLETED and the
+    restarted r0 refused, as it should be."""
     import signal
 
     from tests.runtime.test_torchrun import TORCHRUN
 
     steps = 150
-    ctl = controller_process("--replicas", "2", "--min-replicas", "1", "--join-timeout-s", "2", "--job-id", "gpt")
+    ctl = controller_process("--replicas", "2", "--min-replicas", "2", "--join-timeout-s", "2", "--job-id", "gpt")
     env = {**base_env(ctl), "FTHSDP_CONTROLLER": ctl.grpc}
     script = ["examples/train_gpt.py", "--steps", str(steps), "--out", str(tmp_path), "--cpu"]
     launchers, logs = {}, {}
