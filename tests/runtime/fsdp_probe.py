@@ -75,6 +75,9 @@ def main(port: int, rank: int, out: str) -> int:
         result["hsdp_refused"] = str(exc)
     with open(out, "w") as f:
         json.dump(result, f)
+    # Rank 0 serves the store: it leaves only once rank 1 is done with it (the mesh above makes
+    # groups rank by rank from the store, so rank 0 can get here first; its exit reset rank 1).
+    dist.barrier()
     dist.destroy_process_group()
     return 0
 
