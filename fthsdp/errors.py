@@ -12,8 +12,9 @@ The two endings are neither kind:
 - `ReplicaFinished`: the replica has no more steps (`max_steps` reached, a rank closed, or
   the job is COMPLETED). `Manager.batches()` turns it into the end of the loop.
 - `JobCompleted`: the controller refused a quorum because the job is COMPLETED; the replica's
-  coordinator turns it into the replica's end (every rank then sees `ReplicaFinished`) (a replica that started after the end gets the `Fatal`
-  `JobAlreadyCompleted` instead: it trained nothing).
+  coordinator turns it into the replica's end (every rank then sees `ReplicaFinished`). A
+  replica that started after the end gets the `Fatal` `JobAlreadyCompleted` instead: it
+  trained nothing.
 """
 
 from __future__ import annotations

@@ -10,8 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 
 from controller.core.diagnosis.telemetry import HostReport
-from controller.core.model import Assignment, OrderOut
-from controller.core.replicas import JoinRequest
+from controller.core.model import Assignment, JoinRequest, OrderOut
 
 
 def arguments(command, *skip: str) -> dict:

@@ -8,7 +8,7 @@ Both endings are final, durable (persisted with their time and reason) and carry
 non-zero FAILED: agent/main.py), and a leader's join is refused with a message naming the
 state. When the job is FAILED is decided by controller.core.job_failure.
 
-A leader reports its replica finished (`ReplicaRegistry.report_finished`): the replica becomes FINISHED. The
+A leader reports its replica finished (`ControllerState.report_finished`): the replica becomes FINISHED. The
 job is COMPLETED once every registered replica is FINISHED or DEAD and at least one finished.
 COMPLETED is final and durable: no quorum forms after it (a join is refused with a message
 that says COMPLETED), agents learn it from heartbeat and registration answers and stop.

@@ -96,7 +96,7 @@ class Replica:
     #: The quorum id and step of the last quorum answer this replica was given: a commit
     #: report must name exactly these (0 / -1: no answer yet). A fast-path answer (same quorum
     #: id, the step after the committed one) is not written down before it goes out, since
-    #: it follows from what is durable; see ReplicaRegistry._check_given.
+    #: it follows from what is durable; see ReplicaRegistry.check_given.
     given_quorum_id: int = 0
     given_step: int = -1
     #: Loaded from a snapshot (not durable itself): the answer given since may be a fast-path
@@ -222,3 +222,17 @@ class JoinRequest:
     #: the replica's coordinator's address (the wire's `leader_address`)
     coordinator_address: str = ""
     host_id: str = ""
+
+
+def refresh_seen(records: dict, ids, dead, now: float) -> list[str]:
+    """Heartbeats: refresh `last_seen` of each live record named (hosts or replicas, `dead`
+    their DEAD state); return the ids that are unknown or dead (their senders must register or
+    join again)."""
+    unknown = []
+    for key in ids:
+        record = records.get(key)
+        if record is None or record.state == dead:
+            unknown.append(key)
+        else:
+            record.last_seen = now
+    return unknown

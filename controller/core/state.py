@@ -6,24 +6,27 @@ socket or touches the store. The service changes it only through `ControllerCore
 left unwritten (`writes`, controller/core/pending_writes.py), the orders for agents
 (`outbox`) and the events.
 
-It holds the replica records and the round, and combines the components that own the rest:
-`host_registry` (controller.core.hosts: hosts, assignments, versions, orders), `lifecycle`
+It holds the event journal and combines the components that own the rest: `replica_registry`
+(controller.core.replicas: the replica records, liveness, suspects), `rounds`
+(controller.core.rounds: the open round, the quorums, the job's history), `host_registry`
+(controller.core.hosts: hosts, assignments, versions, orders), `lifecycle`
 (controller.core.finishing), `divergence` (controller.core.divergence), `restart_budget`
 (controller.core.restarts) and `diagnostician` (controller.core.diagnosis.acting). A component
 changes only its own data and returns intents (controller.core.intents), which `act` carries
-out here, in one place; the host registry is handed what it needs at construction (the pending
-writes, `_event`, `kill_replica`). The replica registry (controller.core.replicas) is still a
-mixin of this class.
+out here, in one place; the registries and the rounds are handed what they need at
+construction (the pending writes, `_event`, the goodput tracker, and the hooks below). What
+crosses components -- a join's checks, closing a round, a commit, a replica that settled -- is
+combined here, in the methods of the same names.
 """
 
 from __future__ import annotations
 
-
-from controller.core.checks import clip_text
+from controller.core import retention, snapshots
+from controller.core.checks import check_optional_id, clip_text
 from controller.core.diagnosis.acting import Diagnostician, Facts
 from controller.core.diagnosis.telemetry import HostReport
-from controller.core.errors import RequestError
 from controller.core.divergence import DivergenceTracker
+from controller.core.errors import FailedPrecondition, RequestError
 from controller.core.events import level_of
 from controller.core.finishing import JobLifecycle
 from controller.core.goodput import GoodputTracker, NoGoodput
@@ -31,13 +34,13 @@ from controller.core.hosts import HostRegistry
 from controller.core.intents import (
     Announce, Diagnose, EndRounds, Evict, KillReplica, MoveReplica, Persist, ReplaceHost, RestartReplica,
 )
-from controller.core.quorum_codec import quorum_from_dict
-from controller.core.model import SETTLED, Event, HostState, Quorum, Replica, ReplicaState
-from controller.core.replicas import ReplicaRegistry
-from controller.core.pending_writes import JOURNAL, REPLICAS, PendingWrites
+from controller.core.model import SETTLED, DeathCause, Event, HostState, JobState, JoinRequest, Quorum, Replica, \
+    ReplicaState, refresh_seen
+from controller.core.pending_writes import JOURNAL, PendingWrites
+from controller.core.replica_set import coordinator_host_problem, replica_set_problem
+from controller.core.replicas import JoinPlan, ReplicaRegistry
 from controller.core.restarts import RestartBudget
-from controller.core.suspects import Suspects
-from controller.core import retention, snapshots
+from controller.core.rounds import Rounds
 from controller.settings import ControllerSettings
 
 
@@ -46,7 +49,7 @@ class _Settings:
     Only setting is hooked: with no __get__, reading is the plain instance lookup (it is read
     on every request)."""
 
-    COMPONENTS = ("lifecycle", "restart_budget", "diagnostician", "host_registry")
+    COMPONENTS = ("lifecycle", "restart_budget", "diagnostician", "host_registry", "replica_registry", "rounds")
 
     def __set__(self, state, settings: ControllerSettings) -> None:
         state.__dict__["settings"] = settings
@@ -55,77 +58,198 @@ class _Settings:
                 state.__dict__[name].settings = settings
 
 
-#: what ControllerState shows of its host registry
-HOST_NAMES = frozenset((
-    "hosts", "rank_holders", "replica_versions", "swaps", "order_seq", "assignment_seq", "version_ceiling", "outbox",
-    "register_agent", "deregister_agent", "ack_order", "orders_on_connect", "is_superseded", "authenticate_agent",
-    "drain", "evict", "cordon", "uncordon", "encoded_host_shard", "replica_endpoints", "restart_replica",
-    "replica_hosts", "take_orders", "undelivered",
-))
+#: what ControllerState shows of its components, for the service and the tests (the core's own
+#: code calls the components): name -> the component that holds it
+SHOWN = {
+    **dict.fromkeys((
+        "hosts", "rank_holders", "replica_versions", "swaps", "order_seq", "assignment_seq", "version_ceiling",
+        "outbox", "register_agent", "deregister_agent", "ack_order", "orders_on_connect", "is_superseded",
+        "authenticate_agent", "drain", "evict", "cordon", "uncordon", "encoded_host_shard", "replica_endpoints",
+        "restart_replica", "replica_hosts", "take_orders", "undelivered"), "host_registry"),
+    **dict.fromkeys(("deaths", "suspects"), "replica_registry"),
+    **dict.fromkeys((
+        "quorum_history", "first_quorum_id", "round_joined", "round_first_join_at", "round_reason", "round_wake_at",
+        "steps_committed", "max_committed_step", "history_step", "history_epoch", "branch_start_step",
+        "newest_checkpoint_step", "steps_lost", "history_changes", "rollback_wait_since"), "rounds"),
+}
 
 
-class ControllerState(ReplicaRegistry):
+class ControllerState:
     settings = _Settings()
 
     def __init__(self, settings: ControllerSettings) -> None:
         self.settings = settings.validate()
-        self.replicas: dict[str, Replica] = {}
-        #: cache of live_replicas() (None: to be computed)
-        #: (live, dead) replica ids, until a replica registers or changes state
-        self._live: tuple[frozenset[str], frozenset[str]] | None = None
-        self.quorum: Quorum | None = None
-        #: Quorum ids count up from here. A controller that starts with an empty store starts
-        #: from its clock (ms), so trainers that outlive it never see a generation go back.
-        self.first_quorum_id = 1
-        self.quorum_history: list[Quorum] = []
-        self.round_joined: dict[str, int] = {}
-        #: joiners this round with a new process or new addresses: the quorum id must change
-        self.round_renewed: set[str] = set()
-        self.round_first_join_at: float | None = None
-        #: (the round's first join time, when it first had a majority): see quorum.quorate_since
-        self.round_quorate: tuple[float | None, float] | None = None
-        self.round_reason = "no replica has joined this round"
-        self.round_wake_at: float | None = None
         self.events: list[Event] = []
         self.event_tiers: list[int] = []  # how many events of each retention tier the ring holds
         #: events not yet handed to the service's event log (drained by `take_events`)
         self.fresh_events: list[Event] = []
         self.event_seq = 0
         self.goodput = (GoodputTracker if settings.telemetry else NoGoodput)(settings.replicas)
-        self.steps_committed = 0
-        #: the highest step any replica ever committed
-        self.max_committed_step = -1
-        #: the job's current history (see controller.core.rollback): its newest committed
-        #: step, its number (bumped by every rollback and roll-forward), the step its latest
-        #: rollback resumed at (-1: none), and the newest durable checkpoint leaders reported
-        self.history_step = -1
-        self.history_epoch = 0
-        self.branch_start_step = -1
-        self.newest_checkpoint_step = -1
-        #: committed steps given up: "rollback" (gone back past them), "abandoned" (trained on
-        #: a history that a returning replica's newer state replaced)
-        self.steps_lost: dict[str, int] = {}
-        #: how often the history changed: "rollback", "roll_forward"
-        self.history_changes: dict[str, int] = {}
-        #: since when a round has been waiting before a rollback (not durable: a new leader waits anew)
-        self.rollback_wait_since: float | None = None
         #: silence before this moment is not held against anyone (a takeover's grace)
         self.silence_counted_from = float("-inf")
-        self.deaths: dict[str, int] = {}
         #: the store sections changed and not yet handed out for writing (pending_writes.py)
         self.writes = PendingWrites()
+        #: replica records, liveness and suspects (controller.core.replicas)
+        self.replica_registry = ReplicaRegistry(self.settings, self.writes, self._event, self.goodput,
+                                                self._replica_settled)
+        #: the open round, the quorums and the job's history (controller.core.rounds)
+        self.rounds = Rounds(self.settings, self.writes, self._event, self.goodput)
         #: hosts, their assignments, versions and orders (controller.core.hosts)
-        self.host_registry = HostRegistry(self.settings, self.writes, self._event, self.kill_replica)
+        self.host_registry = HostRegistry(self.settings, self.writes, self._event, self.replica_registry.kill)
         #: each host's replica restarts, against the restart budget (controller.core.restarts)
         self.restart_budget = RestartBudget(self.settings)
         #: replica digests compared per step, DIVERGED replicas (controller.core.divergence)
         self.divergence = DivergenceTracker(self.settings)
         #: the job's ending: COMPLETED or FAILED, when and why (controller.core.finishing)
         self.lifecycle = JobLifecycle(self.settings)
-        #: replicas whose leader's connection closed without goodbye (controller.core.suspects)
-        self.suspects = Suspects()
         #: telemetry, findings and what was done about them (controller.core.diagnosis.acting)
         self.diagnostician = Diagnostician(self.settings)
+
+    @property
+    def replicas(self) -> dict[str, Replica]:
+        return self.replica_registry.replicas
+
+    @property
+    def quorum(self) -> Quorum | None:
+        return self.rounds.quorum
+
+    # -- joins and rounds (the replica registry and the rounds, with the hosts' fencing) -------
+
+    def join(self, req: JoinRequest, now: float) -> None:
+        plan = self._checked_join(req)
+        # Validated: from here on the request changes state.
+        if plan.restarted and plan.record is not None and plan.record.state == ReplicaState.FINISHED:
+            self.lifecycle.trains_again(plan.replica_id)
+        renewed = self.replica_registry.admit(plan, req, now)
+        self.rounds.joined(plan.replica_id, req.step, renewed, now)
+
+    def _checked_join(self, req: JoinRequest) -> JoinPlan:
+        """A join's fields and its right to join checked (RequestError says why not), in this
+        order: its own fields, its host's right to run the replica's coordinator, the room in
+        the records, the job's state, the configured replicas, the job's history, its step."""
+        replicas = self.replica_registry
+        rid, ftar, state = replicas.check_join_fields(req)
+        self._check_coordinator_host(rid, req.host_id)
+        plan = replicas.check_room(rid, req, ftar, state)
+        self.lifecycle.check_join_allowed(rid, plan.record, plan.restarted)
+        hosts = self.host_registry
+        holder = hosts.hosts.get(hosts.rank_holders.get((rid, 0), ""))
+        held = holder.assignment.world_size if holder is not None and holder.assignment is not None else None
+        problem = (replica_set_problem(rid, req.world_size, held, hosts.rank_holders, self.replicas,
+                                       self.settings.replicas)
+                   or self.rounds.beyond_history(rid, req.step))
+        if problem:
+            raise FailedPrecondition(problem)
+        replicas.check_goes_back(plan, req.step)
+        return plan
+
+    def _check_coordinator_host(self, replica_id: str, host_id: str) -> None:
+        check_optional_id("host_id", host_id, self.settings.max_id_chars)
+        problem = coordinator_host_problem(replica_id, host_id, self.host_registry.rank_holders.get((replica_id, 0)))
+        if problem:
+            raise FailedPrecondition(problem)
+
+    def try_close_round(self, now: float) -> Quorum | None:
+        """Close the round if the policy says so; returns the new quorum or None. The rounds
+        decide and form it, the replica registry seats its members."""
+        rounds, replicas = self.rounds, self.replica_registry
+        if self.lifecycle.job_over:  # final: no quorum forms after it
+            rounds.end(f"the job is {self.lifecycle.job_state.value}")
+            return None
+        live = replicas.live()
+        suspect = replicas.suspects.ids() & live if replicas.suspects.since else frozenset()
+        decided = rounds.decide(self.replicas, live, replicas.dead(), suspect, now)
+        if decided is None:
+            return None
+        diverged = self.divergence.diverged_members(self.replicas, decided[0])
+        q = rounds.form(decided, self.replicas, diverged, now)
+        replicas.seat(q, diverged, rounds.history_epoch, now)
+        rounds.adopt(q, now)
+        return q
+
+    def leave_round(self, replica_id: str, why: str, now: float) -> bool:
+        """A joiner whose leader is gone (its call ended unanswered) leaves the open round at
+        once: no quorum may count it. Its state is left alone (a leader that gave up waiting
+        joins again). Returns whether it had joined."""
+        if not self.rounds.leave(replica_id):
+            return False
+        self._event(now, "replica", replica_id, f"replica {replica_id} left the open round: {why}")
+        return True
+
+    # -- leaders' reports ----------------------------------------------------------------------
+
+    def report_step(self, replica_id: str, step: int, now: float, *, quorum_id: int, loss: float | None = None,
+                    step_time_s: float | None = None, tokens: int = 0, host_id: str = "",
+                    digest: str = "", caught_up: bool = False, checkpoint_step: int | None = None,
+                    rank_digests: tuple[str, ...] = ()) -> None:
+        replicas = self.replica_registry
+        r = replicas.known(replica_id)
+        digest, rank_digests = replicas.check_commit(r, step, digest=digest, rank_digests=rank_digests, tokens=tokens,
+                                                     checkpoint_step=checkpoint_step, loss=loss,
+                                                     step_time_s=step_time_s)
+        self._check_coordinator_host(replica_id, host_id)
+        replicas.check_given(r, quorum_id, step, "a commit of")
+        if step == r.committed_step:
+            return  # the same report again (a retry whose first answer was lost): counted once
+        replicas.commit(r, step, now, loss=loss, step_time_s=step_time_s, tokens=tokens, caught_up=caught_up)
+        self.rounds.committed(step, r.history_epoch, checkpoint_step)
+        if r.state == ReplicaState.BEHIND and self.quorum and step >= self.quorum.max_step:
+            replicas.transition(r, ReplicaState.HEALTHY, f"caught up and committed step {step}", now)
+        if digest:
+            self.diagnostician.keep_rank_digests(replica_id, step, rank_digests, tuple(
+                self.host_registry.rank_holders.get((replica_id, k)) for k in range(r.world_size)))
+        self._record_digest(r, step, digest, caught_up, now)
+
+    def report_commit_failed(self, replica_id: str, step: int, reason: str, now: float, *, quorum_id: int,
+                             host_id: str = "") -> None:
+        replicas = self.replica_registry
+        r = replicas.known(replica_id)
+        self._check_coordinator_host(replica_id, host_id)
+        replicas.check_given(r, quorum_id, step, "a failed commit of")
+        replicas.commit_failed(r, step, reason, now)
+
+    def report_finished(self, replica_id: str, step: int, now: float, *, reason: str = "",
+                        host_id: str = "") -> JobState:
+        """Its leader says the replica trained to the end: FINISHED (controller.core.finishing)."""
+        replicas = self.replica_registry
+        r = replicas.known(replica_id)
+        self._check_coordinator_host(replica_id, host_id)
+        replicas.check_finished(r, step)
+        # Validated: from here on the request changes state.
+        if replicas.finish(r, step, reason, now):
+            self.rounds.finished_at(step)
+        return self.lifecycle.job_state
+
+    def report_replica_dead(self, replica_id: str, reason: str, now: float, *, host_id: str = "") -> None:
+        self.replica_registry.known(replica_id)
+        self._check_coordinator_host(replica_id, host_id)
+        reason = clip_text(reason, self.settings.max_reason_chars)
+        self.kill_replica(replica_id, DeathCause.REPORTED, reason or "reported dead", now)
+
+    # -- liveness ------------------------------------------------------------------------------
+
+    def kill_replica(self, replica_id: str, cause: DeathCause, reason: str, now: float) -> bool:
+        return self.replica_registry.kill(replica_id, cause, reason, now)
+
+    def _replica_settled(self, r: Replica, now: float) -> None:
+        """`r` became DEAD or FINISHED: out of the open round (a dead one's telemetry groups
+        form anew when it returns), and the job may have COMPLETED."""
+        self.rounds.leave(r.replica_id)
+        if r.state == ReplicaState.DEAD:
+            self.diagnostician.forget_replica(r.replica_id, now)
+        self.act(self.lifecycle.replica_settled(self.replicas, now), now)
+
+    def coordinator_connection_lost(self, replica_id: str, how: str, now: float) -> bool:
+        return self.replica_registry.connection_lost(replica_id, how, now)
+
+    def expire_replicas(self, now: float) -> None:
+        self.replica_registry.expire(now, self.silence)
+
+    def live_replicas(self) -> frozenset[str]:
+        return self.replica_registry.live()
+
+    def dead_replicas(self) -> frozenset[str]:
+        return self.replica_registry.dead()
 
     def expire(self, now: float) -> None:
         """Declare dead whoever has been silent past the heartbeat timeout, compare the digests
@@ -137,7 +261,7 @@ class ControllerState(ReplicaRegistry):
         self.compare_digests(now)
         if not self.lifecycle.job_over:
             self._carry_out(self.diagnostician.periodic(self._facts(), now), now)
-        live, dead = self._liveness()
+        live, dead = self.replica_registry.live(), self.replica_registry.dead()
         self.act(self.lifecycle.check_progress(self.replicas, self.host_registry.hosts.values(),
                                                bool(live) or len(dead) != len(self.replicas), now), now)
 
@@ -149,13 +273,13 @@ class ControllerState(ReplicaRegistry):
             elif isinstance(i, Persist):
                 self.writes.mark(i.section, i.urgent)
             elif isinstance(i, EndRounds):
-                self.round_reason, self.round_wake_at = i.reason, None
+                self.rounds.end(i.reason)
             elif isinstance(i, KillReplica):
                 self.kill_replica(i.replica_id, i.cause, i.reason, now)
             elif isinstance(i, MoveReplica):
                 r = self.replicas.get(i.replica_id)
                 if r is not None and not (i.unless_settled and r.state in SETTLED):
-                    self._transition(r, i.state, i.reason, now)
+                    self.replica_registry.transition(r, i.state, i.reason, now)
             elif isinstance(i, Diagnose):
                 self._carry_out(self.diagnostician.verdicts(list(i.verdicts), self._facts(), now), now)
             elif isinstance(i, Evict):
@@ -227,10 +351,7 @@ class ControllerState(ReplicaRegistry):
         first = len(hosts.outbox)
         restarted = hosts.restart_replica(rid, why)
         if restarted:
-            r = self.replicas.get(rid)
-            if r is not None:
-                r.restarts += 1
-                self.writes.mark(REPLICAS)
+            self.replica_registry.count_restart(rid)
             self._event(now, "replica_restart", rid, f"replica {rid} restarts its ranks on {restarted} host(s) "
                                                      f"together: {why}")
         hosts.announce_orders(first, now)
@@ -239,8 +360,8 @@ class ControllerState(ReplicaRegistry):
 
     def _record_digest(self, r: Replica, step: int, digest: str, caught_up: bool, now: float) -> None:
         """After `r` committed `step` (already recorded): keep its digest, heal or compare."""
-        if digest:
-            r.digest, r.digest_step = digest, step
+        self.replica_registry.keep_digest(r, step, digest)
+
         def trusted() -> list[str]:  # asked only by a re-sync: not O(replicas) per commit
             return [x.replica_id for x in self.replicas.values() if x.state == ReplicaState.HEALTHY and x is not r]
 
@@ -295,24 +416,17 @@ class ControllerState(ReplicaRegistry):
                     f"({self.settings.heartbeat_timeout_s:g}s) have passed")
 
     def heartbeat_replicas(self, replica_ids, now: float) -> list[str]:
-        if self.suspects.since:
-            for rid in replica_ids:
-                self._heard(rid, f"its leader's heartbeat", now)
-        return _beat(self.replicas, replica_ids, ReplicaState.DEAD, now)
+        return self.replica_registry.beat(replica_ids, now)
 
     def heartbeat_hosts(self, host_ids, now: float) -> list[str]:
-        hosts = self.host_registry
-        if self.suspects.since:
-            holders = {hosts.rank_holders.get((rid, 0)): rid for rid in self.suspects.since}
+        hosts, suspects = self.host_registry, self.replica_registry.suspects
+        if suspects.since:
+            holders = {hosts.rank_holders.get((rid, 0)): rid for rid in suspects.since}
             for hid in host_ids:
                 if hid in holders:
-                    self._heard(holders[hid], f"a heartbeat of host {hid}, which holds its rank 0", now)
-        return _beat(hosts.hosts, host_ids, HostState.DEAD, now)
-
-    def _heard(self, replica_id: str, what: str, now: float) -> None:
-        if self.suspects.heard(replica_id, now):
-            self._event(now, "replica", replica_id, f"replica {replica_id} is no longer suspect: {what} proves it "
-                                                    f"alive")
+                    self.replica_registry.heard(holders[hid], f"a heartbeat of host {hid}, which holds its rank 0",
+                                                now)
+        return refresh_seen(hosts.hosts, host_ids, HostState.DEAD, now)
 
     def take_events(self) -> list[Event]:
         out, self.fresh_events = self.fresh_events, []
@@ -338,13 +452,14 @@ class ControllerState(ReplicaRegistry):
         self.fresh_events.append(event)
         self.writes.mark(JOURNAL, urgent=event.level != "info")
 
-    # -- the hosts, as the service and the tests read them (HostRegistry owns them) -----------
+    # -- the components' records, as the service and the tests read them --------------------
 
     def __getattr__(self, name: str):
-        """`state.hosts`, `state.register_agent`, ...: the host registry's (HOST_NAMES), for
-        the service and the tests; the core's own code calls the registry."""
-        if name in HOST_NAMES:
-            return getattr(self.host_registry, name)
+        """`state.hosts`, `state.round_joined`, ...: a component's (SHOWN), for the service
+        and the tests; the core's own code calls the component."""
+        holder = SHOWN.get(name)
+        if holder is not None:
+            return getattr(self.__dict__[holder], name)
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     # -- durable snapshot --------------------------------------------------------------------
@@ -360,35 +475,16 @@ class ControllerState(ReplicaRegistry):
     def restore(self, replicas: dict | None, host_shards: list[dict | None], now: float,
                 addresses: dict[str, dict] | None = None, journal: dict | None = None) -> None:
         """Load snapshots written by a previous leader. Everyone gets a fresh heartbeat
-        allowance from `now`: silence before the failover is not held against them."""
-        if not replicas:
-            # An empty store: count quorum ids up from the clock (ms), so clients that outlive
-            # a controller without a durable store never see them go back (the host registry
-            # does the same for versions and order ids).
-            self.first_quorum_id = max(int(now * 1000), 1)
-        else:
-            self.first_quorum_id = replicas.get("first_quorum_id", 1)
-            self.quorum = quorum_from_dict(replicas["quorum"]) if replicas["quorum"] else None
-            self.replicas = {}
-            for d in replicas["replicas"]:
-                # a record written before the coordinator's address had its name
-                d = {("coordinator_address" if k == "leader_address" else k): v for k, v in d.items()}
-                a = (addresses or {}).get(d["replica_id"]) or {"ftar": (), "state": ()}
-                self.replicas[d["replica_id"]] = Replica(
-                    **dict(d, state=ReplicaState(d["state"]), ftar_addresses=tuple(a["ftar"]),
-                           state_addresses=tuple(a["state"]), last_seen=now, given_restored=True))
-            self.steps_committed = replicas["steps_committed"]
-            self.max_committed_step = replicas.get("max_committed_step", -1)
-            self.deaths = dict(replicas["deaths"])
+        allowance from `now`: silence before the failover is not held against them. An empty
+        store counts quorum ids (and the host registry versions and order ids) up from the
+        clock, so clients that outlive a controller without a durable store never see them go back."""
+        self.rounds.restore(replicas, journal, now)
+        if replicas:
+            self.replica_registry.restore(replicas["replicas"], replicas["deaths"], addresses, now)
             self.lifecycle.restore(replicas.get("completed_at"), replicas.get("failed_at"),
                                    replicas.get("job_end_reason", ""))
-            (self.history_step, self.history_epoch, self.branch_start_step,
-             self.newest_checkpoint_step) = replicas.get("history", [self.max_committed_step, 0, -1, -1])
-            self.steps_lost = dict(replicas.get("steps_lost", {}))
-            self.history_changes = dict(replicas.get("history_changes", {}))
             self.divergence.restore(replicas.get("digest_mismatches", 0), replicas.get("digests"), now)
         if journal:
-            self.quorum_history = [quorum_from_dict(q) for q in journal["history"]]
             self.events = [Event(*e) for e in journal["events"]]
             self.event_tiers = []  # counted again on the next event (controller.core.retention)
             self.event_seq = max(journal.get("event_seq", 0), max((e.seq for e in self.events), default=0))
@@ -396,19 +492,5 @@ class ControllerState(ReplicaRegistry):
         for r in self.replicas.values():
             if r.replica_id in self.goodput.replicas:
                 self.goodput.replicas[r.replica_id].healthy = r.state == ReplicaState.HEALTHY
-        self._live = None
         self.host_registry.restore(replicas, host_shards, now)
         self.writes.clear()  # what was loaded is what the store holds
-
-
-def _beat(records: dict, ids, dead, now: float) -> list[str]:
-    """Refresh `last_seen` of each live record named; return the ids that are unknown or
-    dead (their senders must register or join again)."""
-    unknown = []
-    for key in ids:
-        record = records.get(key)
-        if record is None or record.state == dead:
-            unknown.append(key)
-        else:
-            record.last_seen = now
-    return unknown

@@ -13,8 +13,7 @@ from controller.core import commands as c
 from controller.service import callers, decoding
 from controller.core.errors import FailedPrecondition, InvalidArgument, RequestError
 from controller.core.identity import hash_secret
-from controller.core.model import JobState
-from controller.core.replicas import JoinRequest
+from controller.core.model import JobState, JoinRequest
 from controller.service.errors import NotLeader, refuse, unary
 from controller.store import StoreError
 from controller.service.orders import from_proto_assignment, to_proto_assignment, to_proto_order

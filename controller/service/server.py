@@ -26,12 +26,11 @@ from controller.core.credentials import Credentials
 from controller.core.errors import PermissionDenied
 from controller.core.host_records import HOST_SHARDS
 from controller.core.identity import CertBinding
-from controller.core.model import Event, OrderOut
+from controller.core.model import Event, JoinRequest, OrderOut
 from controller.core.commands import CloseRound, ConnectionLost, Join, LeaveRound, Tick, WriteFailed
 from controller.core.core import ControllerCore
 from controller.core.pending_writes import write_order
 from controller.core.ready import Ready
-from controller.core.replicas import JoinRequest
 from controller.core.state import ControllerState
 from controller.freed_memory import trim_freed_memory
 from controller.service import event_log

@@ -1,7 +1,7 @@
 """The controller's components keep to their public surfaces.
 
-The lifted components (lifecycle, divergence, restart budget, diagnosis, hosts) own their data; no
-module of the controller's core reads or writes another's `_private` attributes: a component
+The components (lifecycle, divergence, restart budget, diagnosis, hosts, replicas, rounds) own their
+data; no module of the controller's core reads or writes another's `_private` attributes: a component
 touches only its own (`self._x`), and the state that combines them (ControllerState) reaches a
 component only through public names (`self.lifecycle.job_state`, never `self.lifecycle._x`).
 The import-linter contracts (pyproject.toml) keep them from importing one another.
@@ -15,7 +15,8 @@ from pathlib import Path
 CORE = Path(__file__).resolve().parents[2] / "controller" / "core"
 #: component modules, and the attribute of ControllerState that holds each component
 COMPONENTS = {"finishing.py": "lifecycle", "divergence.py": "divergence", "restarts.py": "restart_budget",
-              "diagnosis/acting.py": "diagnostician", "hosts.py": "host_registry"}
+              "diagnosis/acting.py": "diagnostician", "hosts.py": "host_registry", "replicas.py": "replica_registry",
+              "rounds.py": "rounds"}
 
 
 def _private_reaches(path: Path, holders: set[str]) -> list[str]:

@@ -6,8 +6,7 @@ import random
 import pytest
 
 from controller.core.goodput import GoodputTracker
-from controller.core.model import DeathCause
-from controller.core.replicas import JoinRequest
+from controller.core.model import DeathCause, JoinRequest
 from controller.core.state import ControllerState
 from controller.settings import ControllerSettings
 

@@ -7,8 +7,7 @@ import pytest
 from controller.core.errors import FailedPrecondition
 from controller.core.host_records import HOST_SHARDS
 from controller.core.job_failure import ReplicaOutlook, failure_decision, stuck_reason
-from controller.core.model import Assignment, JobState, ReplicaState
-from controller.core.replicas import JoinRequest
+from controller.core.model import Assignment, JobState, JoinRequest, ReplicaState
 from controller.core.state import ControllerState
 from controller.settings import ControllerSettings
 

@@ -20,9 +20,8 @@ from controller.core.diagnosis.telemetry import HostReport, RankReport
 from controller.core.errors import FailedPrecondition
 from controller.core.host_records import HOST_SHARDS, host_shard
 from controller.core.identity import hash_secret
-from controller.core.model import Assignment, HostState, JobState, ReplicaState
+from controller.core.model import Assignment, HostState, JobState, JoinRequest, ReplicaState
 from controller.core.pending_writes import JOURNAL, REPLICAS, PendingWrites, addresses_section, host_section
-from controller.core.replicas import JoinRequest
 from controller.settings import ControllerSettings
 
 SETTINGS = ControllerSettings(replicas=2, min_replicas=1, heartbeat_timeout_s=10.0)

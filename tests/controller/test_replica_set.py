@@ -5,8 +5,7 @@ import copy
 import pytest
 
 from controller.core.errors import FailedPrecondition
-from controller.core.model import Assignment
-from controller.core.replicas import JoinRequest
+from controller.core.model import Assignment, JoinRequest
 from controller.core.state import ControllerState
 from controller.settings import ControllerSettings
 

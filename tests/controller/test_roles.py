@@ -5,8 +5,7 @@ import pytest
 
 from controller.core.errors import FailedPrecondition
 from controller.core.host_records import HOST_SHARDS
-from controller.core.model import Assignment, HostState, ReplicaState
-from controller.core.replicas import JoinRequest
+from controller.core.model import Assignment, HostState, JoinRequest, ReplicaState
 from controller.core.roles import reconcile_spare_claim
 from controller.core.state import ControllerState
 from controller.settings import ControllerSettings

@@ -3,8 +3,7 @@
 import pytest
 
 from controller.core.errors import InvalidArgument
-from controller.core.model import DeathCause, ReplicaState
-from controller.core.replicas import JoinRequest
+from controller.core.model import DeathCause, JoinRequest, ReplicaState
 from controller.core.rollback import check_rollback
 from controller.core.state import ControllerState
 from controller.service.quorum_answer import QuorumAnswers

@@ -4,7 +4,7 @@ the stall the survivors stood through after a failure, beside the failure's own 
 import httpx
 import pytest
 
-from controller.core.replicas import JoinRequest
+from controller.core.model import JoinRequest
 from protos import controller_pb2 as pb
 
 

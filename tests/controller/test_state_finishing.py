@@ -7,8 +7,7 @@ import pytest
 
 from controller.core.errors import FailedPrecondition, InvalidArgument, NotFound
 from controller.core.host_records import HOST_SHARDS
-from controller.core.model import Assignment, HostState, JobState, ReplicaState
-from controller.core.replicas import JoinRequest
+from controller.core.model import Assignment, HostState, JobState, JoinRequest, ReplicaState
 from controller.core.state import ControllerState
 from controller.settings import ControllerSettings
 

@@ -3,8 +3,7 @@
 import pytest
 
 from controller.core.errors import FailedPrecondition, InvalidArgument, NotFound, RetryLater
-from controller.core.model import Assignment, HostState, ReplicaState
-from controller.core.replicas import JoinRequest
+from controller.core.model import Assignment, HostState, JoinRequest, ReplicaState
 from controller.core.rendezvous import Endpoints
 from controller.core.spares import pick_spare
 from controller.core.host_records import HOST_SHARDS

@@ -5,8 +5,7 @@ import copy
 import pytest
 
 from controller.core.errors import FailedPrecondition, InvalidArgument
-from controller.core.model import ReplicaState
-from controller.core.replicas import JoinRequest
+from controller.core.model import JoinRequest, ReplicaState
 from controller.core.host_records import HOST_SHARDS
 from controller.core.state import ControllerState
 from controller.settings import ControllerSettings

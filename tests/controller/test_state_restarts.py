@@ -8,8 +8,7 @@ import pytest
 
 from controller.core.errors import FailedPrecondition, RetryLater
 from controller.core.identity import hash_secret
-from controller.core.model import Assignment, DeathCause, HostState, ReplicaState
-from controller.core.replicas import JoinRequest
+from controller.core.model import Assignment, DeathCause, HostState, JoinRequest, ReplicaState
 from controller.core.restarts import restart_decision
 from controller.core.state import ControllerState
 from controller.settings import ControllerSettings

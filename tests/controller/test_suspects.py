@@ -6,9 +6,8 @@ import json
 
 import httpx
 
-from controller.core.model import Assignment, ReplicaState
+from controller.core.model import Assignment, JoinRequest, ReplicaState
 from controller.core.quorum import RoundView, compute_quorum
-from controller.core.replicas import JoinRequest
 from controller.core.state import ControllerState
 from controller.service.event_log import event_line
 from controller.settings import ControllerSettings

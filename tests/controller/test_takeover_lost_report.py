@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 
 from controller.core.errors import FailedPrecondition
-from controller.core.replicas import JoinRequest
+from controller.core.model import JoinRequest
 from controller.core.host_records import HOST_SHARDS
 from controller.core.state import ControllerState
 from tests.controller.test_takeover_state import running_job

@@ -4,8 +4,7 @@ back, orders that know when they are stale, the current assignment on (re)connec
 import pytest
 
 from controller.core.host_records import HOST_SHARDS
-from controller.core.model import Assignment, HostState, ReplicaState
-from controller.core.replicas import JoinRequest
+from controller.core.model import Assignment, HostState, JoinRequest, ReplicaState
 from controller.core.hosts import VERSION_BLOCK
 from controller.core.state import ControllerState
 from controller.settings import ControllerSettings

@@ -7,7 +7,7 @@
     findings.py   a finding (kind, candidate hosts, confidence, evidence) and the bounded log
     policy.py     finding -> action (evict, dry-run, hold, report), limits first, with a reason
     engine.py     the diagnosis' bounded memory, tying the analyzers together
-    acting.py     the ControllerState mixin: ingest, analyze on the tick, act through hosts.py
+    acting.py     the Diagnostician component: ingest, analyze on the tick, findings into intents
     settings.py   DiagnosisSettings
 
 All of it is pure: time is an argument, nothing here reads a clock or does I/O.

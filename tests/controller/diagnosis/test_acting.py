@@ -11,8 +11,7 @@ from controller.core.diagnosis.settings import DiagnosisSettings
 from controller.core.diagnosis.telemetry import HostReport, RankReport
 from controller.core.errors import InvalidArgument, NotFound, PermissionDenied
 from controller.core.identity import hash_secret
-from controller.core.model import Assignment, DeathCause, HostState, ReplicaState
-from controller.core.replicas import JoinRequest
+from controller.core.model import Assignment, DeathCause, HostState, JoinRequest, ReplicaState
 from controller.core.state import ControllerState
 from controller.settings import ControllerSettings
 
