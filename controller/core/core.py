@@ -128,12 +128,13 @@ class ControllerCore:
             raise TypeError(f"{type(command).__name__} is not a controller command")
         answer = handler(s, command, now)
         quorum = wait_s = members = None
+        rounds = s.rounds
         if isinstance(command, LOOK_AT_ROUND):
-            first_join = s.round_first_join_at
+            first_join = rounds.round_first_join_at
             quorum = s.try_close_round(now)
             if quorum is not None and first_join is not None:
                 wait_s = max(now - first_join, 0.0)
-            members = frozenset(s.round_joined)
+            members = frozenset(rounds.round_joined)
         retry = isinstance(command, c.WriteFailed)  # what failed waits for the next chance
         return Ready(
             answer=answer,
@@ -142,7 +143,7 @@ class ControllerCore:
             orders=() if retry else tuple(s.host_registry.take_orders()),
             events=tuple(s.take_events()),
             observations=tuple(s.goodput.take_observations()),
-            quorum=quorum, quorum_wait_s=wait_s, wake_at=s.round_wake_at, round_members=members,
+            quorum=quorum, quorum_wait_s=wait_s, wake_at=rounds.round_wake_at, round_members=members,
         )
 
 
