@@ -564,8 +564,8 @@ class Manager:
 
     def _do_Closed(self, e: ev.Closed) -> None:  # noqa: N802
         level = logging.INFO if e.clean else logging.WARNING
-        log.log(level, "replica %s rank %s closed at step %s: %s", self.settings.replica_id, self.settings.rank,
-                self.step, e.reason)
+        last = f"after step {self.step - 1}" if self.step else "before its first commit"  # as the controller says it
+        log.log(level, "replica %s rank %s closed %s: %s", self.settings.replica_id, self.settings.rank, last, e.reason)
 
     def _do_Ended(self, e: ev.Ended) -> None:  # noqa: N802
         log.debug("replica %s rank %s has no more steps: %s", self.settings.replica_id, self.settings.rank, e.reason)

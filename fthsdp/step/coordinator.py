@@ -244,7 +244,8 @@ class CoordinatorService:
                         effect.quorum_id, "failed for good" if effect.dead else "will be retried", effect.reason)
             self._worker.submit(self._best_effort, self.controller.report_failure, effect)
         elif isinstance(effect, co.ReportFinished):
-            log.info("replica %s finished at step %s: %s", self.settings.replica_id, effect.step, effect.reason)
+            after = f"after step {effect.step}" if effect.step >= 0 else "before its first commit"
+            log.info("replica %s finished %s: %s", self.settings.replica_id, after, effect.reason)
             self._worker.submit(self._finish, effect)
         else:
             raise TypeError(f"unknown coordinator effect {effect!r}")
