@@ -6,7 +6,7 @@ socket or touches the store. The service changes it only through `ControllerCore
 left unwritten (`writes`, controller/core/pending_writes.py), the orders for agents
 (`outbox`) and the events.
 
-It holds the event journal and combines the components that own the rest: `replica_registry`
+It holds the event journal (controller.core.journal) and combines the components that own the rest: `replica_registry`
 (controller.core.replicas: the replica records, liveness, suspects), `rounds`
 (controller.core.rounds: the open round, the quorums, the job's history), `host_registry`
 (controller.core.hosts: hosts, assignments, versions, orders), `lifecycle`
@@ -21,21 +21,22 @@ combined here, in the methods of the same names.
 
 from __future__ import annotations
 
-from controller.core import retention, snapshots
+from controller.core import snapshots
 from controller.core.checks import check_optional_id, clip_text
 from controller.core.diagnosis.acting import Diagnostician, Facts
 from controller.core.diagnosis.telemetry import HostReport
 from controller.core.divergence import DivergenceTracker
 from controller.core.errors import FailedPrecondition, RequestError
-from controller.core.events import level_of
 from controller.core.finishing import JobLifecycle
 from controller.core.goodput import GoodputTracker, NoGoodput
 from controller.core.hosts import HostRegistry
+from controller.core.journal import EventJournal
 from controller.core.intents import (
     Announce, Diagnose, EndRounds, Evict, KillReplica, MoveReplica, Persist, ReplaceHost, RestartReplica,
 )
-from controller.core.model import SETTLED, DeathCause, Event, HostState, JobState, JoinRequest, Quorum, Replica, \
-    ReplicaState, refresh_seen
+from controller.core.model import (
+    SETTLED, DeathCause, Event, HostState, JobState, JoinRequest, Quorum, Replica, ReplicaState, refresh_seen,
+)
 from controller.core.pending_writes import JOURNAL, PendingWrites
 from controller.core.replica_set import coordinator_host_problem, replica_set_problem
 from controller.core.replicas import JoinPlan, ReplicaRegistry
@@ -67,6 +68,7 @@ SHOWN = {
         "authenticate_agent", "drain", "evict", "cordon", "uncordon", "encoded_host_shard", "replica_endpoints",
         "restart_replica", "replica_hosts", "take_orders", "undelivered"), "host_registry"),
     **dict.fromkeys(("deaths", "suspects"), "replica_registry"),
+    **dict.fromkeys(("events", "event_seq"), "journal"),
     **dict.fromkeys((
         "quorum_history", "first_quorum_id", "round_joined", "round_first_join_at", "round_reason", "round_wake_at",
         "steps_committed", "max_committed_step", "history_step", "history_epoch", "branch_start_step",
@@ -79,11 +81,8 @@ class ControllerState:
 
     def __init__(self, settings: ControllerSettings) -> None:
         self.settings = settings.validate()
-        self.events: list[Event] = []
-        self.event_tiers: list[int] = []  # how many events of each retention tier the ring holds
-        #: events not yet handed to the service's event log (drained by `take_events`)
-        self.fresh_events: list[Event] = []
-        self.event_seq = 0
+        #: the recent events, numbered and kept by level (controller.core.journal)
+        self.journal = EventJournal()
         self.goodput = (GoodputTracker if settings.telemetry else NoGoodput)(settings.replicas)
         #: silence before this moment is not held against anyone (a takeover's grace)
         self.silence_counted_from = float("-inf")
@@ -429,8 +428,7 @@ class ControllerState:
         return refresh_seen(hosts.hosts, host_ids, HostState.DEAD, now)
 
     def take_events(self) -> list[Event]:
-        out, self.fresh_events = self.fresh_events, []
-        return out
+        return self.journal.take()
 
     def leader_elected(self, candidate: str, now: float) -> None:
         """Record that `candidate` leads from `now` on (a warning when it takes over a job)."""
@@ -443,13 +441,10 @@ class ControllerState:
 
     def _event(self, now: float, kind: str, subject: str, message: str, cause: str = "",
                level: str | None = None) -> None:
-        self.event_seq += 1
-        message = clip_text(message, 2 * self.settings.max_reason_chars)  # a template around a reason
-        event = Event(now, kind, subject, message, cause, level or level_of(kind), self.event_seq)
-        if len(self.event_tiers) != retention.TIERS:  # the ring was set anew (restored): count it
-            self.event_tiers = retention.counts(self.events)
-        retention.admit(self.events, self.event_tiers, event, self.settings.recent_events)  # kept by level
-        self.fresh_events.append(event)
+        # a message is a template around a reason: twice a reason's length
+        event = self.journal.record(now, kind, subject, message, cause, level,
+                                    max_message_chars=2 * self.settings.max_reason_chars,
+                                    keep=self.settings.recent_events)
         self.writes.mark(JOURNAL, urgent=event.level != "info")
 
     # -- the components' records, as the service and the tests read them --------------------
@@ -457,9 +452,9 @@ class ControllerState:
     def __getattr__(self, name: str):
         """`state.hosts`, `state.round_joined`, ...: a component's (SHOWN), for the service
         and the tests; the core's own code calls the component."""
-        holder = SHOWN.get(name)
-        if holder is not None:
-            return getattr(self.__dict__[holder], name)
+        component = self.__dict__.get(SHOWN.get(name, ""))
+        if component is not None:
+            return getattr(component, name)
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     # -- durable snapshot --------------------------------------------------------------------
@@ -485,9 +480,7 @@ class ControllerState:
                                    replicas.get("job_end_reason", ""))
             self.divergence.restore(replicas.get("digest_mismatches", 0), replicas.get("digests"), now)
         if journal:
-            self.events = [Event(*e) for e in journal["events"]]
-            self.event_tiers = []  # counted again on the next event (controller.core.retention)
-            self.event_seq = max(journal.get("event_seq", 0), max((e.seq for e in self.events), default=0))
+            self.journal.restore(journal)
         self.goodput.restore((replicas or {}).get("goodput"), (journal or {}).get("goodput"), now)
         for r in self.replicas.values():
             if r.replica_id in self.goodput.replicas:

@@ -44,7 +44,7 @@ def test_within_the_limit_nothing_is_dropped_and_the_counts_stay_true():
     s = ControllerState(ControllerSettings(replicas=2, recent_events=10))
     for i in range(5):
         s._event(float(i), "death" if i % 2 else "host", "x", "m")
-    assert len(s.events) == 5 and s.event_tiers == counts(s.events) == [3, 0, 2]
+    assert len(s.events) == 5 and s.journal.tiers == counts(s.events) == [3, 0, 2]
     events, tiers = [], [0, 0, 0]
     for e in s.events:
         admit(events, tiers, e, 2)  # a tiny ring: the floor is one per tier
