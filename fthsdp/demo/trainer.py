@@ -9,7 +9,8 @@ directly by the baseline run. Writes JSON lines to <records>/<replica>-<rank>-<p
 "trained" before each all-reduce (the batch this replica computed), "catching_up" when a step
 fetches the state of its source (named), "commit"/"retry" after each step (with the digests
 of the state it trained from and of the state after it), "done" with the held-out score and
-the state digest at the end. Exits 0 when the job reached its steps in a full step, or when
+the state digest at the end. Exits 0 when the job reached its steps in a full step (one every
+configured replica contributed to, at or past the end, even if the end was read late), or when
 its replica ended first (another of its ranks read the end a step earlier). Optional
 config keys: "checkpoint_dir" and "checkpoint_every" (durable checkpoints), "ports_by": "host"
 (the coordinator and gloo ports are the host's, not the replica's: a replica moved to another
@@ -200,8 +201,12 @@ def main(argv: list[str]) -> int:
     write(event="started", step=manager.step, incarnation=manager.incarnation, standby=standby,
           start_s=round(time.time() - assigned, 3))
     batches = manager.batches(w.batch_at)
-    full = False  # stop past `steps` in a step that every configured replica contributed to
-    while not (manager.step >= _steps(cfg) and full) and manager.step < cfg["max_steps"]:
+    # Stop past `steps` once a step that every configured replica contributed to is committed at
+    # or past the end: the end may become known a step late (the chaos run decides it from a
+    # view that a controller failover left stale), and once the others finished no later step
+    # is ever full again -- so a full step at the end, even if seen late, ends this replica too.
+    full_step = -1  # the last step committed with every replica included
+    while not (manager.step >= _steps(cfg) and full_step + 1 >= _steps(cfg)) and manager.step < cfg["max_steps"]:
         began = time.time()
         try:
             x, y = next(batches)  # begins the step: quorum, plan, catch-up when behind
@@ -226,7 +231,8 @@ def main(argv: list[str]) -> int:
         manager.sync_gradients(loss.item())
         committed = manager.end_step(loss.item(), tokens=len(x))
         o = manager.last_outcome
-        full = committed and len(o.included) == len(replicas)
+        if committed and len(o.included) == len(replicas):
+            full_step = o.step
         write(event="commit" if committed else "retry", began=began, step=o.step, quorum_id=o.quorum_id,
               behind=o.behind, included=list(o.included), positions_before=o.positions_before, position=position,
               loss=loss.item(), lr_scale=o.lr_scale, reason=o.reason, before=before,
