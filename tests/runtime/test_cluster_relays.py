@@ -14,7 +14,10 @@ pytestmark = pytest.mark.slow
 
 
 def test_replicas_train_through_relays_and_a_killed_relay_rank_is_survived(tmp_path):
-    cluster = Cluster(tmp_path, replicas=2, ranks=3, steps=5, join_timeout_s=2.0, worker={"relay_fanout": 2},
+    # A long join timeout: steps 0-3 are both replicas' (a 2 s one let replica 0 train step 3 alone
+    # under the full suite's load, so the kill made it retry nothing); once replica 1 is DEAD the
+    # rounds close at once without it
+    cluster = Cluster(tmp_path, replicas=2, ranks=3, steps=5, join_timeout_s=30.0, worker={"relay_fanout": 2},
                       faults=Faults().kill(replica=1, at_step=3, rank=2), no_restart=frozenset({1}),
                       overrides={0: {"commits": 6}})
     rec = cluster.run(timeout_s=100.0)
