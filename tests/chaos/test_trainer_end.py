@@ -38,6 +38,16 @@ def _config(tmp_path, steps: int, ports: dict, name: str = "", host: str = "h0",
     return str(path)
 
 
+def _stop(procs: list, controller) -> None:
+    """The trainers this test started (killed if still running, their logs closed), then the controller."""
+    for p, err in procs:
+        if p.poll() is None:
+            p.kill()
+            p.wait(10.0)
+        err.close()
+    controller.stop()
+
+
 def _env(controller, replica: str, rank: int, world: int, host: str) -> dict:
     env = {**os.environ, "FTHSDP_REPLICA_ID": replica, "FTHSDP_RANK": str(rank), "FTHSDP_WORLD_SIZE": str(world),
            "FTHSDP_CONTROLLER": controller.grpc, "FTHSDP_HOST_ID": host, "FTHSDP_JOB_ID": "t",
@@ -71,12 +81,7 @@ def test_a_rank_whose_replica_ended_a_step_before_its_own_end_finishes_cleanly(t
                 (tmp_path / "records" / f"r0-{k}-{ranks[k][0].pid}.jsonl").read_text().splitlines()]
         assert sorted(r["rank"] for r in done if r["event"] == "done") == [0, 1]
     finally:
-        for p, err in ranks:
-            if p.poll() is None:
-                p.kill()
-                p.wait(10.0)
-            err.close()
-        controller.stop()
+        _stop(ranks, controller)
 
 
 def test_a_replica_that_learns_the_end_after_the_others_finished_ends_too(tmp_path):
@@ -119,9 +124,4 @@ def test_a_replica_that_learns_the_end_after_the_others_finished_ends_too(tmp_pa
         job = httpx.get(f"{controller.http}/api/v1/job", timeout=5.0).json()
         assert job["job_state"] == "COMPLETED", job
     finally:
-        for p, err in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait(10.0)
-            err.close()
-        controller.stop()
+        _stop(procs, controller)
