@@ -6,16 +6,17 @@ socket or touches the store. The service changes it only through `ControllerCore
 left unwritten (`writes`, controller/core/pending_writes.py), the orders for agents
 (`outbox`) and the events.
 
-It holds the event journal (controller.core.journal) and combines the components that own the rest: `replica_registry`
-(controller.core.replicas: the replica records, liveness, suspects), `rounds`
-(controller.core.rounds: the open round, the quorums, the job's history), `host_registry`
-(controller.core.hosts: hosts, assignments, versions, orders), `lifecycle`
+It holds the event journal (controller.core.journal) and combines the components that own
+the rest: `replica_registry` (controller.core.replicas: the replica records, liveness,
+suspects), `rounds` (controller.core.rounds: the open round, the quorums, the job's history),
+`host_registry` (controller.core.hosts: hosts, assignments, versions, orders), `lifecycle`
 (controller.core.finishing), `divergence` (controller.core.divergence), `restart_budget`
 (controller.core.restarts) and `diagnostician` (controller.core.diagnosis.acting). A component
 changes only its own data and returns intents (controller.core.intents), which `act` carries
 out here, in one place; the registries and the rounds are handed what they need at
-construction (the pending writes, `_event`, the goodput tracker, and the hooks below). What
-crosses components -- a join's checks, closing a round, a commit, a replica that settled -- is
+construction (the pending writes, `_event`, the goodput tracker, and one hook each: the host
+registry the replica registry's `kill`, the replica registry `_replica_settled`). What crosses
+components -- a join's checks, closing a round, a commit, a replica that settled -- is
 combined here, in the methods of the same names.
 """
 
