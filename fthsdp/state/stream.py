@@ -26,11 +26,12 @@ its dtype, shape and byte count, and carries the small non-tensor state: the ste
 data ledger, and the optimizer's non-tensor per-parameter values. Sharded state (FSDP2
 DTensors) travels as this rank's local shards (fthsdp/state/shards.py): rank k of a behind
 replica receives exactly rank k's pieces. Model tensors in CPU memory are written in place,
-so the state is never held twice; model tensors on a GPU are received into host staging and
-copied onto the device when the protocol adopts the fetched state. Both ends digest each
-PART_BYTES part of a piece right after they sent or received it, while it is in cache. Every
-entry a peer announces is checked against this rank's own model, optimizer and registry
-before any memory is allocated for it.
+and so are optimizer tensors this rank already holds (`StateTarget`), so the state is never
+held twice; tensors on a GPU are received into host staging and copied onto the device when
+the protocol adopts the fetched state. Both ends digest each PART_BYTES part of a piece right
+after they sent or received it, while it is in cache. Every entry a peer
+announces is checked against this rank's own model, optimizer and registry before any
+memory is allocated for it.
 """
 
 from __future__ import annotations
@@ -39,6 +40,8 @@ import copy
 import hashlib
 import hmac
 import json
+import math
+import mmap
 import struct
 from dataclasses import dataclass
 from typing import Any, Iterator
@@ -217,6 +220,25 @@ def host_buffer(shape: tuple[int, ...] | torch.Size, dtype: torch.dtype) -> torc
     return torch.empty(tuple(shape), dtype=dtype, pin_memory=torch.cuda.is_available())
 
 
+#: fresh CPU memory of at least this size is asked for in huge pages
+HUGE_PAGE_MIN_BYTES = 4 << 20
+
+
+def fresh_cpu_tensor(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """New CPU memory that a fetch writes once, through the kernel: large ones in transparent
+    huge pages where the kernel grants them (MADV_HUGEPAGE), since faulting in fresh memory 4 KiB
+    at a time cost more than receiving the bytes (docs/architecture.md, "The data plane")."""
+    numel = math.prod(shape)
+    nbytes = numel * torch.empty((), dtype=dtype).element_size()
+    if nbytes < HUGE_PAGE_MIN_BYTES or not hasattr(mmap, "MADV_HUGEPAGE"):
+        return torch.empty(shape, dtype=dtype)
+    region = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    try:
+        region.madvise(mmap.MADV_HUGEPAGE)
+    except OSError:
+        pass  # a kernel without transparent huge pages: 4 KiB pages it is
+    return torch.frombuffer(region, dtype=dtype, count=numel).view(shape)  # the tensor keeps the region
+
 
 def _dtype_name(t: torch.Tensor) -> str:
     return str(t.dtype).removeprefix("torch.")
@@ -247,9 +269,9 @@ def build_manifest(step: int, ledger_json: str, entries: list[tuple[str, torch.T
 
 @dataclass
 class Fetched:
-    """A verified transfer, staged: model tensors are already in place; the optimizer and
-    registered state are loaded by the Manager on the training thread when the protocol
-    says so (AdoptFetched)."""
+    """A verified transfer, staged: model tensors (and optimizer tensors the rank held) are
+    already in place; the optimizer and registered state are loaded by the Manager on the
+    training thread when the protocol says so (AdoptFetched)."""
     manifest: Manifest
     optimizer_state: dict[str, Any]       # what optimizer.load_state_dict takes
     user_payloads: dict[str, bytes]
@@ -263,10 +285,15 @@ class Fetched:
 
 
 class StateTarget:
-    """Where a fetched state lands: model tensors in place, optimizer and registered state
-    freshly allocated (and loaded later). Build it on the training thread (reading an FSDP2
-    model's state_dict swaps its parameters, so never while it runs forward); `fresh()`
-    gives another empty target of the same layout, for the fetch thread's next attempt."""
+    """Where a fetched state lands: model tensors in place; optimizer tensors in place too when
+    this rank's optimizer already holds a CPU tensor of that entry's shape and dtype (a replica
+    that trained before), else in fresh memory; registered state fresh. The optimizer and
+    registered state are loaded when the step commits (AdoptFetched: load_state_dict then holds
+    the very tensors received). Until then the live tensors a fetch wrote are stale but unseen
+    (fthsdp/step/protocol.py: a torn rank trains nothing until a commit adopts a whole fetch).
+    Build it on the training thread (reading an FSDP2 model's state_dict swaps its parameters,
+    so never while it runs forward); `fresh()` gives another empty target of the same layout,
+    for the fetch thread's next attempt."""
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, user_names: frozenset[str] = frozenset(),
                  max_user_bytes: int = 64 << 20) -> None:
@@ -318,8 +345,17 @@ class StateTarget:
         if entry.shape not in (shape, ()) or len(per_param) >= MAX_OPTIMIZER_KEYS:
             raise TransferError(f"optimizer entry {entry.name} {list(entry.shape)} fits parameter {index} of "
                                 f"shape {list(shape)} neither as a tensor of its shape nor as a scalar")
-        per_param[key] = host_buffer(entry.shape, dtype)
+        per_param[key] = self._optimizer_destination(int(index), key, entry.shape, dtype)
         return self._sized(entry, per_param[key])
+
+    def _optimizer_destination(self, index: int, key: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        live = self._live_optim.get((index, key))
+        if live is not None and live.device.type == "cpu" and live.is_contiguous() and tuple(live.shape) == shape \
+                and live.dtype == dtype:
+            return live
+        if torch.cuda.is_available():
+            return host_buffer(shape, dtype)  # pinned, for the copy onto the device at load
+        return fresh_cpu_tensor(shape, dtype)
 
     @property
     def expected_bytes(self) -> int:

@@ -1,5 +1,6 @@
-"""Catch-up over several connections (lanes): the lane split against a naive reference, bitwise
-copies over real loopback HTTP, damage on one lane, acks only after every lane."""
+"""Catch-up over several connections (lanes) and into the rank's own optimizer tensors: the lane
+split against a naive reference, bitwise copies over real loopback HTTP, damage on one lane,
+acks only after every lane, optimizer state received in place."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ from fthsdp.errors import TransferError
 from fthsdp.state.digest import state_digest
 from fthsdp.state.fetch import fetch_once, fetch_state
 from fthsdp.state.serve import StateServer, _Delivered
-from fthsdp.state.stream import PART_BYTES, PIECE_BYTES, StateTarget, build_manifest, lane_bytes, lane_parts, live_entries
+from fthsdp.state.stream import (PART_BYTES, PIECE_BYTES, StateTarget, build_manifest, fresh_cpu_tensor,
+                                 lane_bytes, lane_parts, live_entries)
 from protos import job_secret
 from tests.runtime.faults import DamagingProxy
 from tests.trainer_secret import SECRET
@@ -23,7 +25,8 @@ KEY = SECRET.key(job_secret.PURPOSE_STATE)
 @pytest.mark.parametrize("seed", range(20))
 def test_the_lanes_carry_every_byte_once_in_order_like_a_naive_split(seed):
     rng = random.Random(seed)
-    sizes = [rng.choice([0, 1, 1000, PART_BYTES + 3, PIECE_BYTES, 2 * PIECE_BYTES + 5]) for _ in range(rng.randint(1, 6))]
+    choices = [0, 1, 1000, PART_BYTES + 3, PIECE_BYTES, 2 * PIECE_BYTES + 5]
+    sizes = [rng.choice(choices) for _ in range(rng.randint(1, 6))]
     if not sum(sizes):
         sizes.append(7)
     lanes = rng.randint(1, 5)
@@ -38,7 +41,8 @@ def test_the_lanes_carry_every_byte_once_in_order_like_a_naive_split(seed):
     start = 0
     for n in sizes:
         for lo in range(0, n, PIECE_BYTES):
-            pieces[min(lanes - 1, (start + lo) * lanes // sum(sizes))].append((start + lo, start + min(n, lo + PIECE_BYTES)))
+            lane = min(lanes - 1, (start + lo) * lanes // sum(sizes))
+            pieces[lane].append((start + lo, start + min(n, lo + PIECE_BYTES)))
         start += n
     for lane in range(lanes):
         got = [(bool(end), bytes(part)) for end, part in lane_parts(views, lane, lanes)]
@@ -111,3 +115,25 @@ def test_damage_on_one_lane_fails_the_whole_fetch_and_the_next_is_clean(source):
         assert state_digest(dst_model, dst_opt, "", 5, {}) == state_digest(model, opt, "", 5, {})
     finally:
         proxy.close()
+
+
+def test_a_rank_that_trained_before_receives_the_optimizer_state_into_its_own_tensors(source):
+    model, opt, server = source
+    dst_model, dst_opt = _model(99, trained=True)
+    live = {(i, k): v.data_ptr() for i, p in enumerate(dst_opt.param_groups[0]["params"])
+            for k, v in dst_opt.state[p].items()}
+    fetched = fetch_once(server.address, 5, "b", lambda: StateTarget(dst_model, dst_opt), 5.0, key=KEY)
+    received = {(i, k): v.data_ptr() for i, per in fetched.optimizer_state["state"].items() for k, v in per.items()
+                if isinstance(v, torch.Tensor)}
+    assert received == live  # written in place: no fresh memory, nothing copied at adoption
+    dst_opt.load_state_dict(fetched.optimizer_state)
+    assert {(i, k): v.data_ptr() for i, p in enumerate(dst_opt.param_groups[0]["params"])
+            for k, v in dst_opt.state[p].items()} == live
+    assert state_digest(dst_model, dst_opt, "", 5, {}) == state_digest(model, opt, "", 5, {})
+
+
+def test_fresh_memory_for_a_fetch_is_an_ordinary_writable_tensor():
+    t = fresh_cpu_tensor((3, 1 << 20), torch.float32)  # 12 MiB: asked for in huge pages
+    t.fill_(2.0)
+    assert t.shape == (3, 1 << 20) and t.is_contiguous() and float(t.sum()) == 6.0 * (1 << 20)
+    assert fresh_cpu_tensor((5,), torch.bfloat16).shape == (5,)
