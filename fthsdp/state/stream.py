@@ -54,8 +54,10 @@ from fthsdp.state.shards import is_dtensor, like, local
 
 PIECE_BYTES = 8 << 20
 #: what one end sends or receives, then digests, at a time (a multiple of BLOCK_BYTES that
-#: divides PIECE_BYTES): small enough to stay in the core's cache in between
-PART_BYTES = 1 << 20
+#: divides PIECE_BYTES): small enough to stay in the core's L2 cache in between (measured:
+#: the digest of a 512 KiB part just written cost 0.05 s/GB, as from cache; of a 1 MiB part
+#: 0.10, as from memory; docs/architecture.md, "The data plane")
+PART_BYTES = 512 << 10
 #: the most connections (lanes) one fetch of one rank's state may use at once
 MAX_LANES = 8
 HEADER = struct.Struct(">Q")
