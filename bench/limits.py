@@ -4,6 +4,9 @@
 
 - `tcp_one_stream_gbs`: one loopback TCP connection, `sendall` from and `recv_into` a
   preallocated buffer, --total bytes (1 GiB) -- the ceiling of one catch-up stream.
+- `tcp_one_stream_mem_gbs`: the same from a --total buffer into another (each byte read from and
+  written to memory once, as a catch-up does; the 4 MiB buffers above stay in cache):
+  informative, no benchmark's `_of_limit` uses it.
 - `tcp_two_stream_gbs`: two connections at once in opposite directions (what a 2-rank ring
   does), GB/s per direction -- the ceiling of FTAR's bus bandwidth at 2 ranks.
 - `memcpy_gbs`: torch copy_ between two 256 MiB tensors (bytes copied per second).
@@ -31,20 +34,24 @@ BUFFER_BYTES = 4 << 20
 
 
 def _send(sock: socket.socket, total: int, buf: memoryview) -> None:
-    left = total
+    """`total` bytes from `buf`, walked through (and again from its start while bytes are left)
+    in calls of at most BUFFER_BYTES."""
+    left, off = total, 0
     while left:
-        n = min(left, len(buf))
-        sock.sendall(buf[:n])
+        n = min(left, BUFFER_BYTES, len(buf) - off)
+        sock.sendall(buf[off:off + n])
         left -= n
+        off = (off + n) % len(buf)
 
 
 def _recv(sock: socket.socket, total: int, buf: memoryview) -> None:
-    left = total
+    left, off = total, 0
     while left:
-        k = sock.recv_into(buf, min(left, len(buf)))
+        k = sock.recv_into(buf[off:], min(left, BUFFER_BYTES, len(buf) - off))
         if not k:
             raise ConnectionError("loopback peer closed early")
         left -= k
+        off = (off + k) % len(buf)
 
 
 def _side(side: int, streams: int, total: int, buffer_bytes: int, ports, start, out) -> None:
@@ -97,7 +104,8 @@ def _streams_once(streams: int, total: int, buffer_bytes: int) -> float:
 
 
 def measure_tcp(streams: int, total: int = 1 << 30, repeats: int = 3, buffer_bytes: int = BUFFER_BYTES) -> float:
-    """GB/s per stream: the best of `repeats` runs of `streams` loopback connections at once."""
+    """GB/s per stream: the best of `repeats` runs of `streams` loopback connections at once,
+    each end reusing a `buffer_bytes` buffer (buffer_bytes = total: memory to memory)."""
     return max(total / _streams_once(streams, total, buffer_bytes) / GB for _ in range(repeats))
 
 
@@ -147,6 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     total = parse_size(args.total)
     chunk = parse_size(args.chunk_bytes) if args.chunk_bytes else FtarSettings().chunk_bytes
     row = {"tcp_one_stream_gbs": round(measure_tcp(1, total, args.repeats), 3),
+           "tcp_one_stream_mem_gbs": round(measure_tcp(1, total, args.repeats, total), 3),
            "tcp_two_stream_gbs": round(measure_tcp(2, total, args.repeats), 3),
            "memcpy_gbs": round(measure_memcpy(), 3),
            "add_gbs": round(measure_add(chunk), 3), "add_chunk_bytes": chunk,
