@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import http.client
 import logging
+import socket
 import threading
 import time
 from typing import Callable
@@ -49,8 +50,9 @@ def lanes_for(expected_bytes: int) -> int:
 
 
 class _Lane:
-    """One connection of a fetch: its signed request, its authenticated manifest, then its share
-    of the tensor bytes received straight into their destinations and its stream tag checked."""
+    """One connection of a fetch: its signed request (sent at construction), its authenticated
+    manifest, then its share of the tensor bytes received straight into their destinations and
+    its stream tag checked. `close()` in any case."""
 
     def __init__(self, address: str, step: int, replica_id: str, lane: int, lanes: int, timeout_s: float,
                  key: bytes | None) -> None:
@@ -58,14 +60,18 @@ class _Lane:
         path = f"/state?step={step}&replica={replica_id}" + (f"&lane={lane}&lanes={lanes}" if lanes > 1 else "")
         nonce = auth.nonce() if key else b""
         self.tag = StreamTag(key, nonce)
+        self.resp: wire.Response | None = None
         try:
-            self.resp = wire.get(address, path, _signed(key, "GET", path, nonce), timeout_s)
+            self._sock = wire.send_get(address, path, _signed(key, "GET", path, nonce), timeout_s)
         except OSError as exc:
             raise TransferError(f"state fetch from {address} failed: {exc!r}") from exc
 
     def manifest(self, step: int) -> bytes:
         """The manifest's bytes, once its tag verified (before anything parses them)."""
-        resp = self.resp
+        try:
+            self.resp = resp = wire.read_response(self._sock, self.address)
+        except OSError as exc:
+            raise TransferError(f"state fetch from {self.address} failed: {exc!r}") from exc
         if resp.status != 200:
             raise TransferError(f"{self.address} refused step {step}: {resp.status} {resp.read_some(200)!r}")
         head = bytearray(HEADER.size)
@@ -81,17 +87,29 @@ class _Lane:
             raise _unauthentic(self.address, "manifest")
         return bytes(body[:length])
 
+    def abort(self) -> None:
+        """Wake this lane's read blocked in another thread (it then fails)."""
+        try:
+            self._sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+    def close(self) -> None:
+        self._sock.close()
+
     def receive(self, views: list[memoryview], stop: Callable[[], bool]) -> None:
         """This lane's parts, each straight into its destination and digested while in cache."""
+        resp = self.resp
+        assert resp is not None, "manifest() first"
         for piece_ends, part in lane_parts(views, self.lane, self.lanes):
             if stop():
                 raise TransferError(f"fetch from {self.address} was cancelled")
-            self.resp.read_exact(part)
+            resp.read_exact(part)
             self.tag.update_part(part)
             if piece_ends:
                 self.tag.end_piece()
         trailer = bytearray(TAG_BYTES)
-        self.resp.read_exact(memoryview(trailer))
+        resp.read_exact(memoryview(trailer))
         if not tags_match(trailer, self.tag.value()):
             raise _unauthentic(self.address, "stream")
 
@@ -120,7 +138,7 @@ def fetch_once(address: str, step: int, replica_id: str, target_of: Callable[[],
         return target.finish(manifest)
     finally:
         for lane in opened:
-            lane.resp.close()
+            lane.close()
 
 
 def _receive_lanes(lanes: list[_Lane], views: list[memoryview], cancelled: Callable[[], bool],
@@ -137,7 +155,7 @@ def _receive_lanes(lanes: list[_Lane], views: list[memoryview], cancelled: Calla
             errors.append(exc)
             failed.set()
             for other in lanes:
-                other.resp.abort()
+                other.abort()
 
     helpers = [threading.Thread(target=run, args=(lane,), name=f"state-fetch-lane{lane.lane}", daemon=True)
                for lane in lanes[1:]]

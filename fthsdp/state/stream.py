@@ -303,7 +303,8 @@ class StateTarget:
                                if isinstance(v, torch.Tensor)}
         self._params = [p for g in optimizer.param_groups for p in g["params"]]
         self._param_shapes = [tuple(local(p).shape) for p in self._params]
-        self._live_optim = {(i, key): local(v) for i, p in enumerate(self._params)
+        # (param index, key) -> (the local tensor, the value the optimizer holds: a DTensor for FSDP2)
+        self._live_optim = {(i, key): (local(v), v) for i, p in enumerate(self._params)
                             for key, v in optimizer.state.get(p, {}).items() if isinstance(v, torch.Tensor)}
         self._device_copies: list[tuple[torch.Tensor, torch.Tensor]] = []
         self._group_params = [g["params"] for g in optimizer.state_dict()["param_groups"]]
@@ -351,7 +352,7 @@ class StateTarget:
         return self._sized(entry, per_param[key])
 
     def _optimizer_destination(self, index: int, key: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-        live = self._live_optim.get((index, key))
+        live, _ = self._live_optim.get((index, key), (None, None))
         if live is not None and live.device.type == "cpu" and live.is_contiguous() and tuple(live.shape) == shape \
                 and live.dtype == dtype:
             return live
@@ -359,10 +360,20 @@ class StateTarget:
             return host_buffer(shape, dtype)  # pinned, for the copy onto the device at load
         return fresh_cpu_tensor(shape, dtype)
 
+    def _held_as(self, index: int, key: str, t: torch.Tensor) -> Any:
+        """A received optimizer tensor as the optimizer holds it: the very value it holds when
+        the tensor was received into it in place, else a shard of a DTensor parameter wrapped as
+        that DTensor's shard again."""
+        local_tensor, held = self._live_optim.get((index, key), (None, None))
+        if t is local_tensor:
+            return held
+        param = self._params[index]
+        return like(param, t) if is_dtensor(param) and t.dim() else t
+
     @property
     def expected_bytes(self) -> int:
         """The state this rank holds now (model and optimizer tensors): what a fetch will bring."""
-        tensors = [*self._model_tensors.values(), *self._live_optim.values()]
+        tensors = [*self._model_tensors.values(), *(t for t, _ in self._live_optim.values())]
         return sum(t.numel() * t.element_size() for t in tensors)
 
     @staticmethod
@@ -388,8 +399,7 @@ class StateTarget:
     def finish(self, manifest: Manifest) -> Fetched:
         optim: dict[int, dict[str, Any]] = {}
         for idx, values in self._optim_state.items():
-            param = self._params[idx]  # a shard of a DTensor parameter becomes that DTensor's shard again
-            optim[idx] = {key: like(param, t) if is_dtensor(param) and t.dim() else t for key, t in values.items()}
+            optim[idx] = {key: self._held_as(idx, key, t) for key, t in values.items()}
         for idx, values in manifest.optim_scalars.items():
             optim.setdefault(int(idx), {}).update(values)
         return Fetched(manifest, {"state": optim, "param_groups": [dict(g) for g in manifest.optim_groups]},

@@ -5,9 +5,10 @@ tensors themselves). Python's own socket timeouts would poll() before every call
 SO_SNDTIMEO / SO_RCVTIMEO bound each call the same way without it, so the stream's sockets are
 blocking with those set (an expired call raises an OSError, as a reset one does).
 
-The fetcher sends one GET and reads the response on the raw socket: http.client would read the
-body through a buffered file (another bounded copy per call and a poll per read) where the bytes
-can instead land in the destination tensor straight from the kernel.
+The fetcher sends its GETs (one per lane, all before it reads any answer) and reads each response
+on the raw socket: http.client would read the body through a buffered file (another bounded copy
+per call and a poll per read) where the bytes can instead land in the destination tensor straight
+from the kernel.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ def use_kernel_timeouts(sock: socket.socket, timeout_s: float) -> None:
 class Response:
     """The answer to one GET: `status`, `headers`, and the body, read with `read_exact` (into the
     caller's memory) or `read_some` (a few bytes of an error's text). Never more than the
-    Content-Length is read. `close()` closes the connection."""
+    Content-Length is read. The socket stays its opener's to close."""
 
     def __init__(self, sock: socket.socket, status: int, headers: http.client.HTTPMessage, early: bytes) -> None:
         self._sock, self.status, self.headers = sock, status, headers
@@ -67,16 +68,6 @@ class Response:
         finally:
             self.left -= got
 
-    def close(self) -> None:
-        self._sock.close()
-
-    def abort(self) -> None:
-        """Wake a read blocked on this response in another thread (it then fails)."""
-        try:
-            self._sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-
     def read_some(self, limit: int) -> bytes:
         """Up to `limit` bytes of the body (for an error's text); b"" when none come."""
         buf = bytearray(min(limit, self.left))
@@ -87,9 +78,9 @@ class Response:
         return bytes(buf)
 
 
-def get(address: str, target: str, headers: dict[str, str], timeout_s: float) -> Response:
-    """Send `GET target` to HOST:PORT and read the response's head; the caller closes the
-    response. Raises TransferError (a malformed answer) or OSError (the connection)."""
+def send_get(address: str, target: str, headers: dict[str, str], timeout_s: float) -> socket.socket:
+    """Connect to HOST:PORT and send `GET target`; the answer is read by `read_response` (so
+    that several requests can be on their way before the first answer is read). Raises OSError."""
     host, _, port = address.rpartition(":")
     sock = socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s)
     try:
@@ -97,23 +88,29 @@ def get(address: str, target: str, headers: dict[str, str], timeout_s: float) ->
         lines = [f"GET {target} HTTP/1.1", f"Host: {address}", *(f"{k}: {v}" for k, v in headers.items()),
                  "Connection: close", "", ""]
         sock.sendall("\r\n".join(lines).encode("latin-1"))
-        head = bytearray()
-        while (end := head.find(b"\r\n\r\n")) < 0:
-            if len(head) > MAX_HEAD_BYTES:
-                raise TransferError(f"{address} sent more than {MAX_HEAD_BYTES} bytes without ending its head")
-            chunk = sock.recv(4096)
-            if not chunk:
-                raise TransferError(f"{address} closed the connection before answering")
-            head += chunk
-        status_line, _, fields = bytes(head[:end + 2]).partition(b"\r\n")
-        parts = status_line.split(None, 2)
-        if len(parts) < 2 or not parts[0].startswith(b"HTTP/1.") or not parts[1].isdigit():
-            raise TransferError(f"{address} answered with a malformed status line {status_line[:100]!r}")
-        try:
-            fields_parsed = http.client.parse_headers(io.BytesIO(fields + b"\r\n"))
-        except http.client.HTTPException as exc:
-            raise TransferError(f"{address} answered with malformed headers: {exc!r}") from None
-        return Response(sock, int(parts[1]), fields_parsed, bytes(head[end + 4:]))
+        return sock
     except BaseException:
         sock.close()
         raise
+
+
+def read_response(sock: socket.socket, address: str) -> Response:
+    """The response's head, read from `sock` (which the caller closes, whatever happens).
+    Raises TransferError (a malformed answer) or OSError (the connection)."""
+    head = bytearray()
+    while (end := head.find(b"\r\n\r\n")) < 0:
+        if len(head) > MAX_HEAD_BYTES:
+            raise TransferError(f"{address} sent more than {MAX_HEAD_BYTES} bytes without ending its head")
+        chunk = sock.recv(4096)
+        if not chunk:
+            raise TransferError(f"{address} closed the connection before answering")
+        head += chunk
+    status_line, _, fields = bytes(head[:end + 2]).partition(b"\r\n")
+    parts = status_line.split(None, 2)
+    if len(parts) < 2 or not parts[0].startswith(b"HTTP/1.") or not parts[1].isdigit():
+        raise TransferError(f"{address} answered with a malformed status line {status_line[:100]!r}")
+    try:
+        parsed = http.client.parse_headers(io.BytesIO(fields + b"\r\n"))
+    except http.client.HTTPException as exc:
+        raise TransferError(f"{address} answered with malformed headers: {exc!r}") from None
+    return Response(sock, int(parts[1]), parsed, bytes(head[end + 4:]))

@@ -126,6 +126,9 @@ def test_a_rank_that_trained_before_receives_the_optimizer_state_into_its_own_te
     received = {(i, k): v.data_ptr() for i, per in fetched.optimizer_state["state"].items() for k, v in per.items()
                 if isinstance(v, torch.Tensor)}
     assert received == live  # written in place: no fresh memory, nothing copied at adoption
+    params = dst_opt.param_groups[0]["params"]
+    assert all(v is dst_opt.state[params[i]][k] for i, per in fetched.optimizer_state["state"].items()
+               for k, v in per.items() if isinstance(v, torch.Tensor))  # the very values it holds
     dst_opt.load_state_dict(fetched.optimizer_state)
     assert {(i, k): v.data_ptr() for i, p in enumerate(dst_opt.param_groups[0]["params"])
             for k, v in dst_opt.state[p].items()} == live
