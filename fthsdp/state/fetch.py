@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import http.client
 import logging
+import os
 import socket
 import threading
 import time
@@ -39,14 +40,18 @@ def _unauthentic(address: str, what: str) -> TransferError:
 
 
 #: a fetch opens one lane (connection) per LANE_MIN_BYTES of the state it expects, at most
-#: FETCH_LANES: the lanes' threads move bytes on several cores of both ends at once (measured:
+#: FETCH_LANES and one per CPUS_PER_LANE of this host's CPUs: a lane's threads keep about a core
+#: busy at each end, so on a small host one lane already takes every core (measured on 2 cores:
+#: a second lane gained nothing for one fetch and lost when two ranks fetched at once;
 #: docs/architecture.md, "The data plane")
 FETCH_LANES = 2
 LANE_MIN_BYTES = 16 << 20
+CPUS_PER_LANE = 4
 
 
-def lanes_for(expected_bytes: int) -> int:
-    return max(1, min(FETCH_LANES, expected_bytes // LANE_MIN_BYTES))
+def lanes_for(expected_bytes: int, cpus: int | None = None) -> int:
+    cpus = cpus if cpus is not None else os.cpu_count() or 1
+    return max(1, min(FETCH_LANES, expected_bytes // LANE_MIN_BYTES, cpus // CPUS_PER_LANE))
 
 
 class _Lane:

@@ -11,7 +11,7 @@ import torch
 
 from fthsdp.errors import TransferError
 from fthsdp.state.digest import state_digest
-from fthsdp.state.fetch import fetch_once, fetch_state
+from fthsdp.state.fetch import FETCH_LANES, LANE_MIN_BYTES, fetch_once, fetch_state, lanes_for
 from fthsdp.state.serve import StateServer, _Delivered
 from fthsdp.state.stream import (PART_BYTES, PIECE_BYTES, StateTarget, build_manifest, fresh_cpu_tensor,
                                  lane_bytes, lane_parts, live_entries)
@@ -50,6 +50,14 @@ def test_the_lanes_carry_every_byte_once_in_order_like_a_naive_split(seed):
                 for lo, hi in pieces[lane] for a in range(lo, hi, PART_BYTES)]
         assert got == want
         assert lane_bytes(sizes, lane, lanes) == sum(hi - lo for lo, hi in pieces[lane])
+
+
+@pytest.mark.parametrize("expected_bytes, cpus, lanes", [
+    (0, 64, 1), (LANE_MIN_BYTES - 1, 64, 1), (2 * LANE_MIN_BYTES, 64, 2), (100 * LANE_MIN_BYTES, 64, FETCH_LANES),
+    (100 * LANE_MIN_BYTES, 2, 1), (100 * LANE_MIN_BYTES, 8, 2),
+])
+def test_a_fetch_opens_a_lane_per_16_mib_and_per_4_cpus(expected_bytes, cpus, lanes):
+    assert lanes_for(expected_bytes, cpus) == lanes
 
 
 def test_a_fetcher_counts_as_sent_only_once_every_lane_of_one_transfer_was_sent():
