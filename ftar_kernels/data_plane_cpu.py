@@ -4,8 +4,8 @@ Sends read straight from the tensor's memory; all-gather receives land straight 
 so copying costs nothing. A reduce-scatter chunk is received piece by piece into one reused
 staging buffer (`FtarSettings.cpu_fold_bytes`), and each piece is added into the tensor as soon
 as it is in: the piece is still in the core's cache when add_ reads it, and the receiving thread
-folds while the sending thread goes on sending (torch's add_ releases the GIL). 16-bit types are added in
-float32 and rounded back, one rounding per hop, whatever the piece size.
+folds while the sending thread goes on sending (torch's add_ releases the GIL). 16-bit types
+are added in float32 and rounded back, one rounding per hop, whatever the piece size.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Iterator
 
 import torch
+
 
 def byte_view(tensor: torch.Tensor) -> memoryview:
     """A writable memoryview of a contiguous CPU tensor's bytes (no copy)."""
