@@ -23,11 +23,15 @@ import argparse
 import json
 import multiprocessing as mp
 import os
+import queue
 import socket
 import statistics
 import sys
 import threading
 import time
+from datetime import timedelta
+
+from bench.limits import load
 
 UNITS = {"KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "B": 1}
 
@@ -46,13 +50,24 @@ def free_port() -> int:
 
 
 def _worker(rank, world, nbytes, iters, warmup, gloo_port, addr_q, members_q, out_q, chunk_bytes, chunks, sockbuf):
+    try:
+        _run_worker(rank, world, nbytes, iters, warmup, gloo_port, addr_q, members_q, out_q, chunk_bytes, chunks,
+                    sockbuf)
+    except BaseException as exc:  # the parent stops the point at once instead of waiting for a result
+        out_q.put({"error": f"rank {rank}: {exc!r}"})
+        raise
+
+
+def _run_worker(rank, world, nbytes, iters, warmup, gloo_port, addr_q, members_q, out_q, chunk_bytes, chunks,
+                sockbuf):
     import torch
     import torch.distributed as dist
 
     from ftar_kernels import FtarEndpoint, FtarSettings
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{gloo_port}", rank=rank, world_size=world)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{gloo_port}", rank=rank, world_size=world,
+                            timeout=timedelta(seconds=300))
     settings = FtarSettings(chunk_bytes=chunk_bytes, chunks_in_flight=chunks, timeout_s=60.0, connect_timeout_s=30.0,
                             socket_buffer_bytes=sockbuf, auth_key=b"bench ftar key, the same on every rank")
     ep = FtarEndpoint("127.0.0.1", 0, settings)
@@ -111,7 +126,9 @@ def _worker(rank, world, nbytes, iters, warmup, gloo_port, addr_q, members_q, ou
 
 
 def measure(world: int, nbytes: int, iters: int, warmup: int, chunk_bytes: int, chunks: int,
-            sockbuf: int) -> dict:
+            sockbuf: int, timeout_s: float = 600.0) -> dict:
+    """One point; a worker's failure or the point taking longer than timeout_s ends it with an
+    `error` row (the workers are stopped), never a hang."""
     ctx = mp.get_context("spawn")
     addr_q, out_q = ctx.Queue(), ctx.Queue()
     members_qs = [ctx.Queue() for _ in range(world)]
@@ -121,12 +138,24 @@ def measure(world: int, nbytes: int, iters: int, warmup: int, chunk_bytes: int, 
              for r in range(world)]
     for p in procs:
         p.start()
-    addrs = dict(addr_q.get(timeout=120) for _ in range(world))
-    for q in members_qs:
-        q.put([addrs[r] for r in range(world)])
-    result = out_q.get(timeout=1800)
-    for p in procs:
-        p.join(60)
+    deadline = time.monotonic() + timeout_s
+    try:
+        addrs = dict(addr_q.get(timeout=120) for _ in range(world))
+        for q in members_qs:
+            q.put([addrs[r] for r in range(world)])
+        result = _result(out_q, procs, deadline)
+    except (queue.Empty, RuntimeError) as exc:
+        result = {"error": str(exc) or "a worker did not report its address"}
+    finally:
+        for p in procs:
+            p.join(max(1.0, min(60.0, deadline - time.monotonic())))
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+                p.join(10)
+    if "error" in result:
+        return {"world": world, "bytes": nbytes, "error": result["error"], "chunk_bytes": chunk_bytes,
+                "chunks_in_flight": chunks}
     factor = nbytes * 2 * (world - 1) / world / 1e9
     ftar_s, gloo_s = statistics.median(result["ftar"]), statistics.median(result["gloo"])
     tcp_s = statistics.median(result["tcp"])
@@ -140,6 +169,21 @@ def measure(world: int, nbytes: int, iters: int, warmup: int, chunk_bytes: int, 
             "chunk_bytes": chunk_bytes, "chunks_in_flight": chunks}
 
 
+def _result(out_q, procs, deadline: float) -> dict:
+    """Rank 0's result, or the first error a worker reported; RuntimeError when a worker died
+    without a word or the deadline passed."""
+    while True:
+        try:
+            return out_q.get(timeout=1.0)
+        except queue.Empty:
+            pass
+        dead = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
+        if dead:
+            raise RuntimeError(f"a worker exited with {dead[0]} before the point was measured")
+        if time.monotonic() > deadline:
+            raise RuntimeError("the point did not finish within its timeout")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--world", type=int, nargs="+", default=[2, 4])
@@ -149,6 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--chunk-bytes", default="8MiB")
     ap.add_argument("--chunks-in-flight", type=int, default=2)
     ap.add_argument("--socket-buffer-bytes", default="4MiB", help="0 keeps kernel autotuning")
+    ap.add_argument("--timeout-s", type=float, default=600.0, help="bound on one point (an error row past it)")
     ap.add_argument("--json", action="store_true", help="one JSON line per point")
     args = ap.parse_args(argv)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -156,9 +201,12 @@ def main(argv: list[str] | None = None) -> int:
         for size in args.sizes:
             row = measure(world, parse_size(size), args.iters, args.warmup,
                           parse_size(args.chunk_bytes), args.chunks_in_flight,
-                          parse_size(args.socket_buffer_bytes))
+                          parse_size(args.socket_buffer_bytes), args.timeout_s)
+            row["load"] = load()
             if args.json:
                 print(json.dumps(row), flush=True)
+            elif "error" in row:
+                print(f"world {world} {size:>8}: {row['error']}", flush=True)
             else:
                 print(f"world {world} {size:>8}: FTAR {row['ftar_busbw_gbs']:.2f} GB/s, "
                       f"Gloo {row['gloo_busbw_gbs']:.2f} GB/s, ratio {row['ratio']:.2f}", flush=True)

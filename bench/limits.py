@@ -4,6 +4,9 @@
 
 - `tcp_one_stream_gbs`: one loopback TCP connection, `sendall` from and `recv_into` a
   preallocated buffer, --total bytes (1 GiB) -- the ceiling of one catch-up stream.
+- `tcp_one_stream_mem_gbs`: the same from a --total buffer into another (each byte read from and
+  written to memory once, as a catch-up does; the 4 MiB buffers above stay in cache):
+  informative, no benchmark's `_of_limit` uses it.
 - `tcp_two_stream_gbs`: two connections at once in opposite directions (what a 2-rank ring
   does), GB/s per direction -- the ceiling of FTAR's bus bandwidth at 2 ranks.
 - `memcpy_gbs`: torch copy_ between two 256 MiB tensors (bytes copied per second).
@@ -30,36 +33,43 @@ GB = 1e9
 BUFFER_BYTES = 4 << 20
 
 
-def _pair() -> tuple[socket.socket, socket.socket]:
-    with socket.create_server(("127.0.0.1", 0)) as listener:
-        a = socket.create_connection(listener.getsockname()[:2])
-        b, _ = listener.accept()
-    for s in (a, b):
-        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    return a, b
-
-
 def _send(sock: socket.socket, total: int, buf: memoryview) -> None:
-    left = total
+    """`total` bytes from `buf`, walked through (and again from its start while bytes are left)
+    in calls of at most BUFFER_BYTES."""
+    left, off = total, 0
     while left:
-        n = min(left, len(buf))
-        sock.sendall(buf[:n])
+        n = min(left, BUFFER_BYTES, len(buf) - off)
+        sock.sendall(buf[off:off + n])
         left -= n
+        off = (off + n) % len(buf)
 
 
 def _recv(sock: socket.socket, total: int, buf: memoryview) -> None:
-    left = total
+    left, off = total, 0
     while left:
-        k = sock.recv_into(buf, min(left, len(buf)))
+        k = sock.recv_into(buf[off:], min(left, BUFFER_BYTES, len(buf) - off))
         if not k:
             raise ConnectionError("loopback peer closed early")
         left -= k
+        off = (off + k) % len(buf)
 
 
-def _side(jobs: list[tuple[str, socket.socket]], total: int, buffer_bytes: int, start, out) -> None:
-    """One endpoint process: a thread per (direction, socket) job, timed from a shared start."""
-    threads = [threading.Thread(target=_send if kind == "send" else _recv,
-                                args=(sock, total, memoryview(bytearray(buffer_bytes)))) for kind, sock in jobs]
+def _side(side: int, streams: int, total: int, buffer_bytes: int, ports, start, out) -> None:
+    """One endpoint process (spawned, so it shares no memory with the caller's): side 0 listens
+    and sends on even streams, side 1 dials and sends on odd ones (alternating directions, as
+    the two ranks of a ring), a thread per connection, timed from a shared start."""
+    if side == 0:
+        listeners = [socket.create_server(("127.0.0.1", 0)) for _ in range(streams)]
+        ports.put([s.getsockname()[1] for s in listeners])
+        socks = [s.accept()[0] for s in listeners]
+        for s in listeners:
+            s.close()
+    else:
+        socks = [socket.create_connection(("127.0.0.1", port)) for port in ports.get(timeout=60)]
+    for s in socks:
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    threads = [threading.Thread(target=_send if i % 2 == side else _recv,
+                                args=(s, total, memoryview(bytearray(buffer_bytes)))) for i, s in enumerate(socks)]
     start.wait()
     t0 = time.perf_counter()
     for t in threads:
@@ -67,35 +77,35 @@ def _side(jobs: list[tuple[str, socket.socket]], total: int, buffer_bytes: int, 
     for t in threads:
         t.join()
     out.put(time.perf_counter() - t0)
+    for s in socks:
+        s.close()
 
 
 def _streams_once(streams: int, total: int, buffer_bytes: int) -> float:
     """Seconds for `streams` connections between two processes (alternating directions, as the
-    two ranks of a ring, each with a thread per connection) to move `total` bytes each."""
+    two ranks of a ring, each with a thread per connection) to move `total` bytes each. The
+    processes are spawned, not forked: a fork would leave the caller's memory copy-on-write,
+    and the caller's next writes into it (a catch-up into its tensors) would fault page by page."""
     import multiprocessing as mp
-    ctx = mp.get_context("fork")
-    pairs = [_pair() for _ in range(streams)]
-    sides: list[list[tuple[str, socket.socket]]] = [[], []]
-    for i, (a, b) in enumerate(pairs):
-        sides[i % 2].append(("send", a))
-        sides[1 - i % 2].append(("recv", b))
-    start, out = ctx.Barrier(3), ctx.Queue()
-    procs = [ctx.Process(target=_side, args=(jobs, total, buffer_bytes, start, out)) for jobs in sides]
+    ctx = mp.get_context("spawn")
+    ports, start, out = ctx.Queue(), ctx.Barrier(3), ctx.Queue()
+    procs = [ctx.Process(target=_side, args=(side, streams, total, buffer_bytes, ports, start, out))
+             for side in (0, 1)]
     try:
         for p in procs:
             p.start()
-        start.wait()
+        start.wait(timeout=120)
         return max(out.get(timeout=600) for _ in procs)
     finally:
         for p in procs:
             p.join(60)
-        for a, b in pairs:
-            a.close()
-            b.close()
+            if p.is_alive():
+                p.kill()
 
 
 def measure_tcp(streams: int, total: int = 1 << 30, repeats: int = 3, buffer_bytes: int = BUFFER_BYTES) -> float:
-    """GB/s per stream: the best of `repeats` runs of `streams` loopback connections at once."""
+    """GB/s per stream: the best of `repeats` runs of `streams` loopback connections at once,
+    each end reusing a `buffer_bytes` buffer (buffer_bytes = total: memory to memory)."""
     return max(total / _streams_once(streams, total, buffer_bytes) / GB for _ in range(repeats))
 
 
@@ -145,6 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     total = parse_size(args.total)
     chunk = parse_size(args.chunk_bytes) if args.chunk_bytes else FtarSettings().chunk_bytes
     row = {"tcp_one_stream_gbs": round(measure_tcp(1, total, args.repeats), 3),
+           "tcp_one_stream_mem_gbs": round(measure_tcp(1, total, args.repeats, total), 3),
            "tcp_two_stream_gbs": round(measure_tcp(2, total, args.repeats), 3),
            "memcpy_gbs": round(measure_memcpy(), 3),
            "add_gbs": round(measure_add(chunk), 3), "add_chunk_bytes": chunk,

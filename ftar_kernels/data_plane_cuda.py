@@ -10,6 +10,8 @@ CuPy and the kernels load only when a CUDA tensor is all-reduced.
 
 from __future__ import annotations
 
+from typing import Iterator
+
 import torch
 
 from .cuda_kernels import ReduceKernels
@@ -59,6 +61,10 @@ class CudaDataPlane:
 
     def sent(self, k: int) -> None:
         """send_all has returned, so the pinned send buffer is free again."""
+
+    def pieces(self, lo: int, hi: int, reduce: bool) -> Iterator[tuple[int, int]]:
+        """A chunk is received whole into one pinned buffer (one kernel or copy per chunk)."""
+        yield lo, hi
 
     def recv_view(self, k: int, lo: int, hi: int, reduce: bool) -> memoryview:
         i = k % len(self._recv)

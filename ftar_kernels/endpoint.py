@@ -267,7 +267,7 @@ class FtarEndpoint:
                 plane = CudaDataPlane(self.settings.chunk_bytes, self.settings.chunks_in_flight, flat.device,
                                       self.settings.cuda_blocks, self.settings.cuda_threads_per_block)
             else:
-                plane = CpuDataPlane(self.settings.chunk_bytes, self.settings.chunks_in_flight)
+                plane = CpuDataPlane(self.settings.chunk_bytes, self.settings.cpu_fold_bytes)
             self._planes[key] = plane
         return plane
 

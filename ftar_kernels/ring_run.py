@@ -1,21 +1,25 @@
 """One all-reduce over an established ring: header agreement, then the pipelined data phase.
 
-Two threads per operation: the calling (runner) thread receives from the left neighbour (into a
-staging slot in reduce-scatter, straight into the tensor in all-gather on CPU), and a sender thread
-sends to the right neighbour; a chunk is sent once the chunk it forwards has been received, and
-folded in just before. Blocking socket calls release the GIL, and so does torch's add_.
+Two threads per operation: the calling (runner) thread receives from the left neighbour, and a
+sender thread sends to the right neighbour. In reduce-scatter the receiver folds (adds) what it
+receives into the tensor as it arrives, piece by piece (the data plane chooses the pieces: on CPU
+a cache-sized staging buffer, on CUDA a whole chunk in a pinned slot); in all-gather it receives
+straight into the tensor (CPU) or a pinned slot (CUDA). A chunk counts as received once it is
+folded, and the sender forwards a chunk once the chunk it depends on was received: the sender
+never stops to fold, so the wire to the right stays busy while the receiver adds. Blocking socket
+calls release the GIL, and so does torch's add_.
 
 Flow control is by credits: the receiver returns one credit byte on the left connection per chunk
-it has taken off the wire, and the sender never has more than `chunks_in_flight` chunks
-outstanding, so at most S x C bytes are in flight between two neighbours; staging slots are
-reused only after their chunk is folded. Credit counters belong to the connection and carry over between
-operations. The first error wins: both connections are interrupted, which wakes every blocked
-call on this rank and closes the ring for the neighbours, who then fail too (RecoverableError).
+it has taken off the wire and folded, and the sender never has more than `chunks_in_flight`
+chunks outstanding, so at most S x C bytes are in flight between two neighbours and a staging
+slot is written again only after its chunk was folded. Credit counters belong to the connection
+and carry over between operations. The first error wins: both connections are interrupted, which
+wakes every blocked call on this rank and closes the ring for the neighbours, who then fail too
+(RecoverableError).
 """
 
 from __future__ import annotations
 
-import collections
 import threading
 
 from .errors import FatalError, FtarError, RecoverableError
@@ -109,27 +113,12 @@ def run_ring(links: RingLinks, plane, numel: int, elem_size: int, rank: int, wor
         if progress.fail(error):
             links.interrupt()
 
-    # Reduce-scatter chunks wait in staging slots until folded (added into the tensor). Whoever
-    # needs a fold first does it: the sender just before forwarding the chunk, or the receiver
-    # when it needs the slot back. So the receiver never waits for the sender (no cycle around the
-    # ring) and a chunk costs one thread hand-off (receiver -> sender).
-    pending: collections.deque = collections.deque()  # (k, lo, hi) received, not yet folded
-    fold_lock = threading.Lock()
-
-    def fold_through(limit: int) -> None:
-        with fold_lock:
-            while pending and pending[0][0] <= limit:
-                k, lo, hi = pending[0]
-                plane.received(k, lo, hi, True)
-                pending.popleft()
-
     def send_loop() -> None:
         try:
             steps = ring_steps(rank, world, numel, chunk_elems, chunks, align)
             for i, ch in enumerate(send_chunks(steps, chunk_elems, chunks, align)):
                 if ch.after_recv >= 0:
                     progress.wait_for(ch.after_recv + 1, settings.timeout_s)
-                    fold_through(ch.after_recv)
                 links.take_credit(chunks, settings.timeout_s)
                 links.right.send_all(plane.send_view(i, ch.lo, ch.hi), settings.timeout_s)
                 plane.sent(i)
@@ -145,13 +134,12 @@ def run_ring(links: RingLinks, plane, numel: int, elem_size: int, rank: int, wor
             if st.step == world - 1:
                 protocol.apply(RankEvent.SCATTERED)
             for lo, hi in chunk_ranges(*st.recv, chunk_elems, chunks, align):
-                fold_through(k - chunks)  # frees staging slot k % C
-                links.left.recv_exact(plane.recv_view(k, lo, hi, st.reduce), settings.timeout_s)
-                if st.reduce:
-                    with fold_lock:
-                        pending.append((k, lo, hi))
-                else:
-                    plane.received(k, lo, hi, False)  # CPU: nothing (received in place)
+                # The receiver folds what it received at once, piece by piece (on CPU a piece
+                # small enough to be added while it is still in cache), so the sender never
+                # stops sending to fold, and a chunk is complete when it is folded.
+                for a, b in plane.pieces(lo, hi, st.reduce):
+                    links.left.recv_exact(plane.recv_view(k, a, b, st.reduce), settings.timeout_s)
+                    plane.received(k, a, b, st.reduce)
                 try:
                     links.left.send_all(CREDIT, settings.timeout_s)
                 except RecoverableError:
@@ -169,11 +157,6 @@ def run_ring(links: RingLinks, plane, numel: int, elem_size: int, rank: int, wor
     sender.join(settings.timeout_s + 5.0)
     if sender.is_alive():  # only if a transport ignores interrupt()
         fail(FatalError("the FTAR sender thread did not stop after its connections were interrupted"))
-    if progress.error is None:
-        try:
-            fold_through(k)  # every reduce-scatter chunk was forwarded, so this finds none
-        except BaseException as exc:  # noqa: BLE001
-            fail(exc)
     if progress.error is not None:
         raise classify(progress.error)
     protocol.apply(RankEvent.GATHERED)  # every chunk sent, received and folded

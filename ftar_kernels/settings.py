@@ -20,6 +20,10 @@ class FtarSettings:
         for a neighbour's progress). Past it the operation fails with RecoverableError.
     connect_timeout_s: the bound on `configure()`: dialling the right neighbour, its answer, and
         the left neighbour's arrival.
+    cpu_fold_bytes: on CPU, a reduce-scatter chunk is received in pieces of at most this size into
+        one reused staging buffer, each added into the tensor by the receiving thread at once, so
+        the sending thread never stops to fold (2 MiB measured best: fewer calls than smaller
+        pieces, and the piece is still in cache; docs/architecture.md, "The data plane").
     cuda_blocks, cuda_threads_per_block: the reduce kernel's grid for CUDA tensors
         (paper: 2 blocks x 512 threads).
     socket_buffer_bytes: SO_SNDBUF / SO_RCVBUF for data connections; 0 keeps the kernel's
@@ -35,6 +39,7 @@ class FtarSettings:
     chunks_in_flight: int = 2
     timeout_s: float = 30.0
     connect_timeout_s: float = 5.0
+    cpu_fold_bytes: int = 2 << 20
     cuda_blocks: int = 2
     cuda_threads_per_block: int = 512
     socket_buffer_bytes: int = 4 * MIB
@@ -57,6 +62,10 @@ class FtarSettings:
         if not self.connect_timeout_s > 0:
             raise ValueError(
                 f"connect_timeout_s must be a positive number of seconds, got {self.connect_timeout_s!r}."
+            )
+        if not isinstance(self.cpu_fold_bytes, int) or self.cpu_fold_bytes < 64 or self.cpu_fold_bytes % 64:
+            raise ValueError(
+                f"cpu_fold_bytes must be a positive multiple of 64 bytes, got {self.cpu_fold_bytes!r}."
             )
         if not isinstance(self.cuda_blocks, int) or not 1 <= self.cuda_blocks <= 1024:
             raise ValueError(f"cuda_blocks must be an integer from 1 to 1024, got {self.cuda_blocks!r}.")

@@ -1,6 +1,7 @@
 """Fetches a peer's live state over HTTP straight into this rank's tensors.
 
-The body is streamed into its destination tensors as it arrives (never buffered whole).
+The body is received into its destination tensors as it arrives, straight from the socket
+(fthsdp/state/wire.py: no buffered copy, never the whole body held).
 Its manifest tag is checked before the manifest is parsed and before one byte of state is
 written, its stream tag before the fetch is acknowledged to the source and handed back,
 staged (`Fetched`), for the Manager to load: both are MACs under the state key over this
@@ -15,24 +16,18 @@ from __future__ import annotations
 
 import http.client
 import logging
+import os
+import socket
+import threading
 import time
 from typing import Callable
 
 from ftar_kernels import auth
-from fthsdp.state import request_auth
-from fthsdp.state.stream import (HEADER, MAX_MANIFEST_BYTES, PIECE_BYTES, TAG_BYTES, Fetched, Manifest,
-                                 PipelinedTag, StateTarget, TransferError, tags_match, tensor_bytes)
+from fthsdp.state import request_auth, wire
+from fthsdp.state.stream import (HEADER, MAX_MANIFEST_BYTES, TAG_BYTES, Fetched, Manifest, StateTarget, StreamTag,
+                                 TransferError, lane_parts, tags_match, tensor_bytes)
 
 log = logging.getLogger(__name__)
-
-
-def _read_exact(resp: http.client.HTTPResponse, view: memoryview) -> None:
-    got = 0
-    while got < len(view):
-        n = resp.readinto(view[got:])
-        if not n:
-            raise TransferError(f"state stream ended after {got} of {len(view)} bytes of a section")
-        got += n
 
 
 def _signed(key: bytes | None, method: str, target: str, nonce: bytes) -> dict[str, str]:
@@ -44,53 +39,140 @@ def _unauthentic(address: str, what: str) -> TransferError:
                          f"transit (its checksum tag differs), or its source does not hold the job secret")
 
 
-def fetch_once(address: str, step: int, replica_id: str, target_of: Callable[[], StateTarget],
-               timeout_s: float, cancelled: Callable[[], bool] = lambda: False, *, key: bytes | None) -> Fetched:
-    """One attempt: GET the state of `step` from `address` into a fresh target; verify; stage.
-    `cancelled()` is checked between pieces; when it turns true the fetch stops, loading nothing."""
-    host, _, port = address.rpartition(":")
-    conn = http.client.HTTPConnection(host, int(port), timeout=timeout_s)
-    try:
-        path = f"/state?step={step}&replica={replica_id}"
+#: a fetch opens one lane (connection) per LANE_MIN_BYTES of the state it expects, at most
+#: FETCH_LANES and one per CPUS_PER_LANE of this host's CPUs: a lane's threads keep about a core
+#: busy at each end, so on a small host one lane already takes every core (measured on 2 cores:
+#: a second lane gained nothing for one fetch and lost when two ranks fetched at once;
+#: docs/architecture.md, "The data plane")
+FETCH_LANES = 2
+LANE_MIN_BYTES = 16 << 20
+CPUS_PER_LANE = 4
+
+
+def lanes_for(expected_bytes: int, cpus: int | None = None) -> int:
+    cpus = cpus if cpus is not None else os.cpu_count() or 1
+    return max(1, min(FETCH_LANES, expected_bytes // LANE_MIN_BYTES, cpus // CPUS_PER_LANE))
+
+
+class _Lane:
+    """One connection of a fetch: its signed request (sent at construction), its authenticated
+    manifest, then its share of the tensor bytes received straight into their destinations and
+    its stream tag checked. `close()` in any case."""
+
+    def __init__(self, address: str, step: int, replica_id: str, lane: int, lanes: int, timeout_s: float,
+                 key: bytes | None) -> None:
+        self.address, self.lane, self.lanes = address, lane, lanes
+        path = f"/state?step={step}&replica={replica_id}" + (f"&lane={lane}&lanes={lanes}" if lanes > 1 else "")
         nonce = auth.nonce() if key else b""
-        conn.request("GET", path, headers=_signed(key, "GET", path, nonce))
-        resp = conn.getresponse()
+        self.tag = StreamTag(key, nonce)
+        self.resp: wire.Response | None = None
+        try:
+            self._sock = wire.send_get(address, path, _signed(key, "GET", path, nonce), timeout_s)
+        except OSError as exc:
+            raise TransferError(f"state fetch from {address} failed: {exc!r}") from exc
+
+    def manifest(self, step: int) -> bytes:
+        """The manifest's bytes, once its tag verified (before anything parses them)."""
+        try:
+            self.resp = resp = wire.read_response(self._sock, self.address)
+        except OSError as exc:
+            raise TransferError(f"state fetch from {self.address} failed: {exc!r}") from exc
         if resp.status != 200:
-            raise TransferError(f"{address} refused step {step}: {resp.status} {resp.read(200)!r}")
+            raise TransferError(f"{self.address} refused step {step}: {resp.status} {resp.read_some(200)!r}")
         head = bytearray(HEADER.size)
-        _read_exact(resp, memoryview(head))
+        resp.read_exact(memoryview(head))
         (length,) = HEADER.unpack(head)
         if length > MAX_MANIFEST_BYTES:
             raise TransferError(f"state manifest claims {length} bytes, more than {MAX_MANIFEST_BYTES}")
         body = bytearray(length + TAG_BYTES)
-        _read_exact(resp, memoryview(body))
-        with PipelinedTag(key, nonce) as checksum:
-            checksum.update_bytes(head)
-            checksum.update_bytes(body[:length])
-            if not tags_match(body[length:], checksum.value()):  # before the manifest is even parsed
-                raise _unauthentic(address, "manifest")
-            manifest = Manifest.from_json(bytes(body[:length]))
-            if manifest.step != step:
-                raise TransferError(f"{address} sent step {manifest.step}, asked for {step}")
-            target = target_of()
-            target.check(manifest)  # every entry fits this rank, before one byte of state is written
-            destinations = [tensor_bytes(target.destination(entry)) for entry in manifest.entries]
-            for view in destinations:
-                for off in range(0, len(view), PIECE_BYTES):
-                    if cancelled():
-                        raise TransferError(f"fetch of step {step} from {address} was cancelled")
-                    piece = view[off:off + PIECE_BYTES]
-                    _read_exact(resp, piece)
-                    checksum.update_piece(piece)
-            trailer = bytearray(TAG_BYTES)
-            _read_exact(resp, memoryview(trailer))
-            if not tags_match(trailer, checksum.value()):
-                raise _unauthentic(address, "stream")
+        resp.read_exact(memoryview(body))
+        self.tag.update_bytes(head)
+        self.tag.update_bytes(body[:length])
+        if not tags_match(body[length:], self.tag.value()):
+            raise _unauthentic(self.address, "manifest")
+        return bytes(body[:length])
+
+    def abort(self) -> None:
+        """Wake this lane's read blocked in another thread (it then fails)."""
+        try:
+            self._sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+    def close(self) -> None:
+        self._sock.close()
+
+    def receive(self, views: list[memoryview], stop: Callable[[], bool]) -> None:
+        """This lane's parts, each straight into its destination and digested while in cache."""
+        resp = self.resp
+        assert resp is not None, "manifest() first"
+        for piece_ends, part in lane_parts(views, self.lane, self.lanes):
+            if stop():
+                raise TransferError(f"fetch from {self.address} was cancelled")
+            resp.read_exact(part)
+            self.tag.update_part(part)
+            if piece_ends:
+                self.tag.end_piece()
+        trailer = bytearray(TAG_BYTES)
+        resp.read_exact(memoryview(trailer))
+        if not tags_match(trailer, self.tag.value()):
+            raise _unauthentic(self.address, "stream")
+
+
+def fetch_once(address: str, step: int, replica_id: str, target_of: Callable[[], StateTarget],
+               timeout_s: float, cancelled: Callable[[], bool] = lambda: False, *, key: bytes | None,
+               lanes: int | None = None) -> Fetched:
+    """One attempt: GET the state of `step` from `address` into a fresh target, over `lanes`
+    connections at once (default: by the state's size, `lanes_for`); verify; stage.
+    `cancelled()` is checked between parts; when it turns true the fetch stops, loading nothing."""
+    target = target_of()
+    count = lanes or lanes_for(target.expected_bytes)
+    opened: list[_Lane] = []
+    try:
+        for i in range(count):
+            opened.append(_Lane(address, step, replica_id, i, count, timeout_s, key))
+        manifests = [lane.manifest(step) for lane in opened]  # each under its own request's nonce
+        if any(m != manifests[0] for m in manifests[1:]):
+            raise TransferError(f"{address} sent {count} lanes of step {step} with different manifests")
+        manifest = Manifest.from_json(manifests[0])
+        if manifest.step != step:
+            raise TransferError(f"{address} sent step {manifest.step}, asked for {step}")
+        target.check(manifest)  # every entry fits this rank, before one byte of state is written
+        views = [tensor_bytes(target.destination(entry)) for entry in manifest.entries]
+        _receive_lanes(opened, views, cancelled, timeout_s)
         return target.finish(manifest)
-    except (OSError, http.client.HTTPException) as exc:
-        raise TransferError(f"state fetch from {address} failed: {exc!r}") from exc
     finally:
-        conn.close()
+        for lane in opened:
+            lane.close()
+
+
+def _receive_lanes(lanes: list[_Lane], views: list[memoryview], cancelled: Callable[[], bool],
+                   timeout_s: float) -> None:
+    """Lane 0 on this thread, the others on their own; the first failure stops them all (their
+    sockets are shut down, which wakes a blocked read) and is raised once all have ended."""
+    errors: list[TransferError] = []
+    failed = threading.Event()
+
+    def run(lane: _Lane) -> None:
+        try:
+            lane.receive(views, lambda: failed.is_set() or cancelled())
+        except TransferError as exc:
+            errors.append(exc)
+            failed.set()
+            for other in lanes:
+                other.abort()
+
+    helpers = [threading.Thread(target=run, args=(lane,), name=f"state-fetch-lane{lane.lane}", daemon=True)
+               for lane in lanes[1:]]
+    for t in helpers:
+        t.start()
+    run(lanes[0])
+    for t in helpers:
+        t.join(timeout_s + 5.0)  # each read is bounded by timeout_s, and a failure shuts them down
+    if any(t.is_alive() for t in helpers):
+        errors.append(TransferError("a fetch lane did not stop within its timeout"))
+    if errors:
+        raise errors[0]
 
 
 def acknowledge(address: str, step: int, replica_id: str, timeout_s: float, *, key: bytes | None) -> None:

@@ -1,10 +1,11 @@
 """One catch-up fetch on a background thread, while the training thread contributes zeros.
 
-The thread streams the source's state into this rank's model tensors and stages the rest
-(fthsdp/state/fetch.py), decodes the registered state's payloads (safe loading), and then
-writes one byte to a pipe: the Manager waits on that pipe and the coordinator's socket at
-once, and turns the result into the protocol's FetchFinished event. `cancel` stops the
-thread between pieces (bounded), so nothing is written into the tensors afterwards.
+The thread streams the source's state into this rank's model tensors and the optimizer
+tensors it holds, in place, and stages the rest (fthsdp/state/fetch.py), decodes the
+registered state's payloads (safe loading), and then writes one byte to a pipe: the Manager
+waits on that pipe and the coordinator's socket at once, and turns the result into the
+protocol's FetchFinished event. `cancel` stops the thread between parts (bounded), so
+nothing is written into the tensors afterwards.
 """
 
 from __future__ import annotations

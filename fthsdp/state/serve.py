@@ -1,13 +1,17 @@
 """Serves this rank's live state over HTTP from CPU memory, for behind replicas.
 
-GET  /state?step=N&replica=R  streams the state (layout in fthsdp/state/stream.py) while
-                              this rank serves step N; 409 otherwise.
+GET  /state?step=N&replica=R[&lane=I&lanes=L]
+                              streams the state (layout in fthsdp/state/stream.py), or lane I
+                              of L of it (L connections at once), while this rank serves
+                              step N; 409 otherwise.
 POST /ack?step=N&replica=R    a fetcher verified its copy of step N.
 
 Every request is signed with the job secret (fthsdp/state/request_auth.py) and refused
 (401) otherwise, before anything else is looked at. Once the plan named this rank's
 fetchers for the step (`serve(step, fetchers)`), only they may fetch (403 for any other
-replica), and an ack counts only from a fetcher that was sent the whole stream. Connections
+replica), and an ack counts only from a fetcher that was sent the whole stream (every lane
+of it). Each stream is written from the tensors' memory by the connection's thread, on a
+blocking socket bounded by a kernel send timeout (fthsdp/state/wire.py). Connections
 are bounded (fthsdp/state/guarded_http.py): MAX_CONNECTIONS authenticated at once, and
 apart from them MAX_UNAUTHENTICATED not yet authenticated, each shut down after
 hello_timeout_s (at most MAX_HELLO_S) or when a newer connection needs its place, so
@@ -41,9 +45,9 @@ from urllib.parse import parse_qs, urlparse
 
 import torch
 
-from fthsdp.state import request_auth
+from fthsdp.state import request_auth, wire
 from fthsdp.state.guarded_http import GuardedHTTPServer
-from fthsdp.state.stream import PIECE_BYTES, Manifest, PipelinedTag, tensor_bytes
+from fthsdp.state.stream import MAX_LANES, Manifest, StreamTag, lane_parts, tensor_bytes
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +88,7 @@ class StateServer:
         self._cut_off = False
         self._fetchers: tuple[str, ...] | None = None
         self._acks: dict[int, set[str]] = {}
-        self._sent: set[str] = set()  # replicas sent the whole stream of the step served
+        self._sent = _Delivered()  # replicas sent the whole stream of the step served
         self._kept: _Kept | None = None
         #: fetch requests accepted (counted on acceptance, so a client that has its answer
         #: always sees its own request counted)
@@ -128,7 +132,7 @@ class StateServer:
             if not (self._open and self._step == step):
                 self._step, self._open, self._cut_off = step, True, False
                 self._acks = {s: r for s, r in self._acks.items() if s >= step}
-                self._sent = set()
+                self._sent = _Delivered()
             self._cond.notify_all()
 
     def stop(self, wait_for: tuple[str, ...] = (), timeout_s: float = 0.0, keep: Snapshot | None = None) -> set[str]:
@@ -195,12 +199,12 @@ class StateServer:
             self.fetches_accepted += 1
             return HTTPStatus.OK, "", _Admitted(None, self._sent)
 
-    def _end(self, admitted: _Admitted, replica: str, complete: bool) -> None:
+    def _end(self, admitted: _Admitted, replica: str, lane: int, lanes: int, complete: bool) -> None:
         with self._cond:
             if admitted.kept is None:
                 self._active -= 1
-            if complete and len(admitted.sent) < MAX_ACKS:
-                admitted.sent.add(replica)
+            if complete:
+                admitted.sent.record(replica, lane, lanes)
             self._cond.notify_all()
 
     def _kept_now(self) -> _Kept | None:
@@ -241,23 +245,23 @@ class StateServer:
             self._cond.notify_all()
             return HTTPStatus.OK, "ok"
 
-    def _stream(self, snapshot: Snapshot, write: Callable[[bytes | memoryview], object], nonce: bytes,
-                kept: _Kept | None = None) -> None:
-        """Write the transfer body (fthsdp/state/stream.py), tagged over the request's `nonce`."""
+    def _stream(self, snapshot: Snapshot, sock: socket.socket, nonce: bytes, kept: _Kept | None = None,
+                lane: int = 0, lanes: int = 1) -> None:
+        """Write one lane of the transfer body (fthsdp/state/stream.py), tagged over the request's
+        `nonce`, from the tensors' own memory: each part is sent, then digested while in cache."""
         manifest, tensors = snapshot
         head = manifest.to_bytes()
-        with PipelinedTag(self._key, nonce) as checksum:
-            checksum.update_bytes(head)
-            write(head + checksum.value())
-            for t in tensors:
-                view = tensor_bytes(t)
-                for off in range(0, len(view), PIECE_BYTES):
-                    if self._cut_off if kept is None else self._kept is not kept:
-                        raise ConnectionAbortedError("state changed while it was being read")
-                    piece = view[off:off + PIECE_BYTES]
-                    checksum.update_piece(piece)
-                    write(piece)
-            write(checksum.value())
+        tag = StreamTag(self._key, nonce)
+        tag.update_bytes(head)
+        sock.sendall(head + tag.value())
+        for piece_ends, part in lane_parts([tensor_bytes(t) for t in tensors], lane, lanes):
+            if self._cut_off if kept is None else self._kept is not kept:
+                raise ConnectionAbortedError("state changed while it was being read")
+            sock.sendall(part)
+            tag.update_part(part)
+            if piece_ends:
+                tag.end_piece()
+        sock.sendall(tag.value())
 
 
 @dataclass
@@ -268,7 +272,27 @@ class _Kept:
     missing: set[str]
     deadline: float
     fetchers: frozenset[str]
-    sent: set[str] = field(default_factory=set)  # replicas sent the whole stream of it
+    sent: _Delivered = field(default_factory=lambda: _Delivered())  # replicas sent the whole stream of it
+
+
+class _Delivered:
+    """The fetchers that were sent the whole stream of one step's state: every lane of one
+    transfer (a fetch with another lane count starts the count again). At most MAX_ACKS."""
+
+    def __init__(self) -> None:
+        self._lanes: dict[str, tuple[int, set[int]]] = {}
+
+    def record(self, replica: str, lane: int, lanes: int) -> None:
+        count, done = self._lanes.get(replica, (lanes, set()))
+        if count != lanes:
+            count, done = lanes, set()
+        if replica in self._lanes or len(self._lanes) < MAX_ACKS:
+            done.add(lane)
+            self._lanes[replica] = (count, done)
+
+    def __contains__(self, replica: object) -> bool:
+        count, done = self._lanes.get(replica, (0, set()))  # type: ignore[arg-type]
+        return count > 0 and len(done) == count
 
 
 @dataclass
@@ -304,15 +328,21 @@ class _Handler(BaseHTTPRequestHandler):
         except OSError:
             pass  # shut down or timed out: reading the request ends the handler
 
-    def _query(self) -> tuple[str, int, str]:
-        """(path, step, replica); step -1 and replica "" when missing or out of bounds."""
+    def _query(self) -> tuple[str, int, str, int, int]:
+        """(path, step, replica, lane, lanes); step -1 and replica "" when missing or out of
+        bounds, lanes 0 when lane and lanes do not fit (no lanes named: lane 0 of 1)."""
         url = urlparse(self.path)
         q = parse_qs(url.query)
         replica = q.get("replica", [""])[0]
+        replica = replica if len(replica) <= MAX_REPLICA_CHARS else ""
         try:
-            return url.path, int(q.get("step", ["-1"])[0]), replica if len(replica) <= MAX_REPLICA_CHARS else ""
+            step = int(q.get("step", ["-1"])[0])
         except ValueError:
-            return url.path, -1, ""
+            step = -1
+        lane, lanes = q.get("lane", ["0"])[0], q.get("lanes", ["1"])[0]
+        if not (lane.isdigit() and lanes.isdigit() and int(lane) < int(lanes) <= MAX_LANES):
+            return url.path, step, replica, 0, 0
+        return url.path, step, replica, int(lane), int(lanes)
 
     def _reply(self, status: HTTPStatus, text: str) -> None:
         body = text.encode()
@@ -340,7 +370,7 @@ class _Handler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:  # noqa: N802 - stdlib naming
         if self._authentic("POST") is None:
             return
-        path, step, replica = self._query()
+        path, step, replica, _, _ = self._query()
         if path != "/ack" or step < 0 or not replica:
             return self._reply(HTTPStatus.BAD_REQUEST, "expected /ack?step=N&replica=R")
         self._reply(*self.server.owner._ack(step, replica))
@@ -349,10 +379,11 @@ class _Handler(BaseHTTPRequestHandler):
         nonce = self._authentic("GET")
         if nonce is None:
             return
-        path, step, replica = self._query()
+        path, step, replica, lane, lanes = self._query()
         owner = self.server.owner
-        if path != "/state" or step < 0 or not replica:
-            return self._reply(HTTPStatus.BAD_REQUEST, "expected /state?step=N&replica=R")
+        if path != "/state" or step < 0 or not replica or not lanes:
+            return self._reply(HTTPStatus.BAD_REQUEST, f"expected /state?step=N&replica=R, optionally with "
+                                                       f"&lane=I&lanes=L (I < L <= {MAX_LANES})")
         status, why, admitted = owner._begin(step, replica)
         if admitted is None:
             return self._reply(status, why)
@@ -364,12 +395,14 @@ class _Handler(BaseHTTPRequestHandler):
             manifest = snapshot[0]
             self.send_response(HTTPStatus.OK)
             self.send_header("Content-Type", "application/octet-stream")
-            self.send_header("Content-Length", str(manifest.total_bytes))
+            self.send_header("Content-Length", str(manifest.body_bytes(lane, lanes)))
             self.end_headers()
-            owner._stream(snapshot, self.wfile.write, nonce, kept)
+            self.wfile.flush()
+            wire.use_kernel_timeouts(self.request, self.server.io_timeout_s)  # no poll() per send
+            owner._stream(snapshot, self.request, nonce, kept, lane, lanes)
             complete = True
         except (ConnectionError, OSError) as exc:
             log.info("state transfer of step %s ended early: %s", step, exc)
         finally:
             self.server.streaming(self.request, False)
-            owner._end(admitted, replica, complete)
+            owner._end(admitted, replica, lane, lanes, complete)

@@ -3,6 +3,9 @@
 A transfer body is:
     8-byte big-endian manifest length | manifest JSON | manifest tag | every tensor's raw
     bytes in manifest order | stream tag.
+A transfer may travel as several lanes (connections) at once (`lane_parts`): each lane's body
+is the same but for the tensor bytes, which are the lane's share of them (a contiguous run of
+whole pieces), and each lane is tagged over its own request's nonce.
 Both tags are HMAC-SHA256 under the state key of the job secret (fthsdp/state/request_auth.py),
 over the fetch request's nonce, then the header and manifest (the manifest tag), continued
 over a digest of each 8 MiB piece of every tensor (the stream tag): the 64-bit sum of each
@@ -23,8 +26,10 @@ its dtype, shape and byte count, and carries the small non-tensor state: the ste
 data ledger, and the optimizer's non-tensor per-parameter values. Sharded state (FSDP2
 DTensors) travels as this rank's local shards (fthsdp/state/shards.py): rank k of a behind
 replica receives exactly rank k's pieces. Model tensors in CPU memory are written in place,
-so the state is never held twice; model tensors on a GPU are received into host staging and
-copied onto the device when the protocol adopts the fetched state. Every entry a peer
+and so are optimizer tensors this rank already holds (`StateTarget`), so the state is never
+held twice; tensors on a GPU are received into host staging and copied onto the device when
+the protocol adopts the fetched state. Both ends digest each PART_BYTES part of a piece right
+after they sent or received it, while it is in cache. Every entry a peer
 announces is checked against this rank's own model, optimizer and registry before any
 memory is allocated for it.
 """
@@ -35,10 +40,11 @@ import copy
 import hashlib
 import hmac
 import json
+import math
+import mmap
 import struct
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 import torch
@@ -47,6 +53,13 @@ from fthsdp.errors import TransferError
 from fthsdp.state.shards import is_dtensor, like, local
 
 PIECE_BYTES = 8 << 20
+#: what one end sends or receives, then digests, at a time (a multiple of BLOCK_BYTES that
+#: divides PIECE_BYTES): small enough to stay in the core's L2 cache in between (measured:
+#: the digest of a 512 KiB part just written cost 0.05 s/GB, as from cache; of a 1 MiB part
+#: 0.10, as from memory; docs/architecture.md, "The data plane")
+PART_BYTES = 512 << 10
+#: the most connections (lanes) one fetch of one rank's state may use at once
+MAX_LANES = 8
 HEADER = struct.Struct(">Q")
 TAG_BYTES = 32
 MAX_MANIFEST_BYTES = 256 << 20
@@ -64,27 +77,47 @@ _STREAM_LABEL = b"fthsdp state stream v3\0"
 
 class StreamTag:
     """The transfer's tags (see the module docstring). Feed the header and manifest with
-    `update_bytes`, take `value()` as the manifest tag, then feed tensor bytes in PIECE_BYTES
-    pieces; `value()` is then the stream tag."""
+    `update_bytes`, take `value()` as the manifest tag, then feed the tensor bytes piece by piece
+    (PIECE_BYTES of a tensor at most): each piece's parts in order with `update_part` (every part
+    but a piece's last a whole number of BLOCK_BYTES blocks), then `end_piece`; `value()` is then
+    the stream tag. Both ends digest a PART_BYTES part right after they sent or received it, while
+    it is in the core's cache."""
 
     def __init__(self, key: bytes | None, nonce: bytes) -> None:
         self._mac = hmac.new(key or b"", _STREAM_LABEL + _LENGTH.pack(len(nonce)) + nonce, hashlib.sha256)
         self._sums = np.empty(PIECE_BYTES // BLOCK_BYTES, dtype="<u8")
+        self._blocks = 0      # block sums of the current piece so far
+        self._length = 0      # bytes of the current piece so far
+        self._rest = b""      # the piece's last partial block (its last part's tail)
 
     def update_bytes(self, data: bytes | bytearray | memoryview) -> None:
         """Small control data (header, manifest)."""
         self._mac.update(data)
 
-    def update_piece(self, piece: memoryview) -> None:
-        n = len(piece)
-        if n > PIECE_BYTES:
-            raise ValueError(f"pieces are at most {PIECE_BYTES} bytes, got {n}")
+    def update_part(self, part: memoryview) -> None:
+        if self._rest:
+            raise ValueError("a part of a piece came after a part that did not end on a block")
+        n = len(part)
+        if self._length + n > PIECE_BYTES:
+            raise ValueError(f"pieces are at most {PIECE_BYTES} bytes, got {self._length + n}")
         k = n // BLOCK_BYTES
         if k:  # numpy releases the GIL; torch.sum would be faster but splits itself over the process's threads
-            blocks = np.frombuffer(piece, dtype="<u8", count=k * BLOCK_BYTES // 8).reshape(k, BLOCK_BYTES // 8)
-            self._mac.update(np.add.reduce(blocks, axis=1, out=self._sums[:k]))
-        self._mac.update(piece[k * BLOCK_BYTES:])
-        self._mac.update(_LENGTH.pack(n))
+            blocks = np.frombuffer(part, dtype="<u8", count=k * BLOCK_BYTES // 8).reshape(k, BLOCK_BYTES // 8)
+            np.add.reduce(blocks, axis=1, out=self._sums[self._blocks:self._blocks + k])
+        self._blocks += k
+        self._length += n
+        self._rest = bytes(part[k * BLOCK_BYTES:])
+
+    def end_piece(self) -> None:
+        self._mac.update(self._sums[:self._blocks])
+        self._mac.update(self._rest)
+        self._mac.update(_LENGTH.pack(self._length))
+        self._blocks, self._length, self._rest = 0, 0, b""
+
+    def update_piece(self, piece: memoryview) -> None:
+        """A whole piece at once."""
+        self.update_part(piece)
+        self.end_piece()
 
     def value(self) -> bytes:
         """The tag of everything fed so far (feeding may go on)."""
@@ -95,39 +128,31 @@ def tags_match(sent: bytes | bytearray, computed: bytes) -> bool:
     return hmac.compare_digest(bytes(sent), computed)
 
 
-class PipelinedTag:
-    """Digests pieces on one helper thread (numpy releases the GIL), in order, so that
-    hashing piece i overlaps the socket I/O of piece i+1. Use as a context manager."""
+def _lane_pieces(sizes: list[int], lane: int, lanes: int) -> Iterator[tuple[int, int, int]]:
+    """(tensor index, offset, length) of each PIECE_BYTES piece that falls to `lane`: the pieces
+    that start in the lane-th of `lanes` equal shares of all the bytes (contiguous runs)."""
+    total, start = sum(sizes), 0
+    for i, size in enumerate(sizes):
+        for off in range(0, size, PIECE_BYTES):
+            if (start + off) * lanes // total == lane:
+                yield i, off, min(PIECE_BYTES, size - off)
+        start += size
 
-    def __init__(self, key: bytes | None, nonce: bytes) -> None:
-        self.tag = StreamTag(key, nonce)
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="state-checksum")
-        self._pending: list[Future] = []
 
-    def __enter__(self) -> "PipelinedTag":
-        return self
+def lane_bytes(sizes: list[int], lane: int = 0, lanes: int = 1) -> int:
+    """The tensor bytes one lane of a transfer carries."""
+    return sum(n for _, _, n in _lane_pieces(sizes, lane, lanes))
 
-    def __exit__(self, *exc: object) -> None:
-        self._pool.shutdown(wait=True, cancel_futures=True)
 
-    def update_bytes(self, data: bytes | bytearray | memoryview) -> None:
-        self._pending.append(self._pool.submit(self.tag.update_bytes, bytes(data)))
-
-    def update_piece(self, piece: memoryview) -> None:
-        keep = []
-        for f in self._pending:
-            if f.done():
-                f.result()  # surface a failed digest early
-            else:
-                keep.append(f)
-        self._pending = keep
-        self._pending.append(self._pool.submit(self.tag.update_piece, piece))
-
-    def value(self) -> bytes:
-        for f in self._pending:
-            f.result()
-        self._pending.clear()
-        return self.tag.value()
+def lane_parts(views: list[memoryview], lane: int = 0, lanes: int = 1) -> Iterator[tuple[bool, memoryview]]:
+    """What one lane of a transfer carries, in order: (piece ends?, part) for each PART_BYTES part
+    of each PIECE_BYTES piece of the tensors' bytes (`views`, in manifest order) that falls to
+    `lane`. A transfer may travel as several lanes (connections) at once, each a contiguous run
+    of whole pieces, the same on both ends."""
+    for i, off, n in _lane_pieces([len(v) for v in views], lane, lanes):
+        piece = views[i][off:off + n]
+        for sub in range(0, n, PART_BYTES):
+            yield sub + PART_BYTES >= n, piece[sub:sub + PART_BYTES]
 
 
 @dataclass(frozen=True)
@@ -179,6 +204,10 @@ class Manifest:
     def total_bytes(self) -> int:
         return len(self.to_bytes()) + sum(e.nbytes for e in self.entries) + 2 * TAG_BYTES
 
+    def body_bytes(self, lane: int = 0, lanes: int = 1) -> int:
+        """The length of one lane's body: the manifest, its tag, the lane's tensor bytes, its tag."""
+        return len(self.to_bytes()) + lane_bytes([e.nbytes for e in self.entries], lane, lanes) + 2 * TAG_BYTES
+
 
 def tensor_bytes(t: torch.Tensor) -> memoryview:
     """A writable byte view of a contiguous CPU tensor (no copy)."""
@@ -191,6 +220,26 @@ def tensor_bytes(t: torch.Tensor) -> memoryview:
 def host_buffer(shape: tuple[int, ...] | torch.Size, dtype: torch.dtype) -> torch.Tensor:
     """Host memory for state on its way to or from a GPU: pinned when CUDA is there."""
     return torch.empty(tuple(shape), dtype=dtype, pin_memory=torch.cuda.is_available())
+
+
+#: fresh CPU memory of at least this size is asked for in huge pages
+HUGE_PAGE_MIN_BYTES = 4 << 20
+
+
+def fresh_cpu_tensor(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """New CPU memory that a fetch writes once, through the kernel: large ones in transparent
+    huge pages where the kernel grants them (MADV_HUGEPAGE), since faulting in fresh memory 4 KiB
+    at a time cost more than receiving the bytes (docs/architecture.md, "The data plane")."""
+    numel = math.prod(shape)
+    nbytes = numel * torch.empty((), dtype=dtype).element_size()
+    if nbytes < HUGE_PAGE_MIN_BYTES or not hasattr(mmap, "MADV_HUGEPAGE"):
+        return torch.empty(shape, dtype=dtype)
+    region = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    try:
+        region.madvise(mmap.MADV_HUGEPAGE)
+    except OSError:
+        pass  # a kernel without transparent huge pages: 4 KiB pages it is
+    return torch.frombuffer(region, dtype=dtype, count=numel).view(shape)  # the tensor keeps the region
 
 
 def _dtype_name(t: torch.Tensor) -> str:
@@ -222,9 +271,9 @@ def build_manifest(step: int, ledger_json: str, entries: list[tuple[str, torch.T
 
 @dataclass
 class Fetched:
-    """A verified transfer, staged: model tensors are already in place; the optimizer and
-    registered state are loaded by the Manager on the training thread when the protocol
-    says so (AdoptFetched)."""
+    """A verified transfer, staged: model tensors (and optimizer tensors the rank held) are
+    already in place; the optimizer and registered state are loaded by the Manager on the
+    training thread when the protocol says so (AdoptFetched)."""
     manifest: Manifest
     optimizer_state: dict[str, Any]       # what optimizer.load_state_dict takes
     user_payloads: dict[str, bytes]
@@ -238,10 +287,15 @@ class Fetched:
 
 
 class StateTarget:
-    """Where a fetched state lands: model tensors in place, optimizer and registered state
-    freshly allocated (and loaded later). Build it on the training thread (reading an FSDP2
-    model's state_dict swaps its parameters, so never while it runs forward); `fresh()`
-    gives another empty target of the same layout, for the fetch thread's next attempt."""
+    """Where a fetched state lands: model tensors in place; optimizer tensors in place too when
+    this rank's optimizer already holds a CPU tensor of that entry's shape and dtype (a replica
+    that trained before), else in fresh memory; registered state fresh. The optimizer and
+    registered state are loaded when the step commits (AdoptFetched: load_state_dict then holds
+    the very tensors received). Until then the live tensors a fetch wrote are stale but unseen
+    (fthsdp/step/protocol.py: a torn rank trains nothing until a commit adopts a whole fetch).
+    Build it on the training thread (reading an FSDP2 model's state_dict swaps its parameters,
+    so never while it runs forward); `fresh()` gives another empty target of the same layout,
+    for the fetch thread's next attempt."""
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, user_names: frozenset[str] = frozenset(),
                  max_user_bytes: int = 64 << 20) -> None:
@@ -249,6 +303,9 @@ class StateTarget:
                                if isinstance(v, torch.Tensor)}
         self._params = [p for g in optimizer.param_groups for p in g["params"]]
         self._param_shapes = [tuple(local(p).shape) for p in self._params]
+        # (param index, key) -> (the local tensor, the value the optimizer holds: a DTensor for FSDP2)
+        self._live_optim = {(i, key): (local(v), v) for i, p in enumerate(self._params)
+                            for key, v in optimizer.state.get(p, {}).items() if isinstance(v, torch.Tensor)}
         self._device_copies: list[tuple[torch.Tensor, torch.Tensor]] = []
         self._group_params = [g["params"] for g in optimizer.state_dict()["param_groups"]]
         self._user_names, self._max_user_bytes = user_names, max_user_bytes
@@ -291,8 +348,33 @@ class StateTarget:
         if entry.shape not in (shape, ()) or len(per_param) >= MAX_OPTIMIZER_KEYS:
             raise TransferError(f"optimizer entry {entry.name} {list(entry.shape)} fits parameter {index} of "
                                 f"shape {list(shape)} neither as a tensor of its shape nor as a scalar")
-        per_param[key] = host_buffer(entry.shape, dtype)
+        per_param[key] = self._optimizer_destination(int(index), key, entry.shape, dtype)
         return self._sized(entry, per_param[key])
+
+    def _optimizer_destination(self, index: int, key: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        live, _ = self._live_optim.get((index, key), (None, None))
+        if live is not None and live.device.type == "cpu" and live.is_contiguous() and tuple(live.shape) == shape \
+                and live.dtype == dtype:
+            return live
+        if torch.cuda.is_available():
+            return host_buffer(shape, dtype)  # pinned, for the copy onto the device at load
+        return fresh_cpu_tensor(shape, dtype)
+
+    def _held_as(self, index: int, key: str, t: torch.Tensor) -> Any:
+        """A received optimizer tensor as the optimizer holds it: the very value it holds when
+        the tensor was received into it in place, else a shard of a DTensor parameter wrapped as
+        that DTensor's shard again."""
+        local_tensor, held = self._live_optim.get((index, key), (None, None))
+        if t is local_tensor:
+            return held
+        param = self._params[index]
+        return like(param, t) if is_dtensor(param) and t.dim() else t
+
+    @property
+    def expected_bytes(self) -> int:
+        """The state this rank holds now (model and optimizer tensors): what a fetch will bring."""
+        tensors = [*self._model_tensors.values(), *(t for t, _ in self._live_optim.values())]
+        return sum(t.numel() * t.element_size() for t in tensors)
 
     @staticmethod
     def _sized(entry: Entry, t: torch.Tensor) -> torch.Tensor:
@@ -317,8 +399,7 @@ class StateTarget:
     def finish(self, manifest: Manifest) -> Fetched:
         optim: dict[int, dict[str, Any]] = {}
         for idx, values in self._optim_state.items():
-            param = self._params[idx]  # a shard of a DTensor parameter becomes that DTensor's shard again
-            optim[idx] = {key: like(param, t) if is_dtensor(param) and t.dim() else t for key, t in values.items()}
+            optim[idx] = {key: self._held_as(idx, key, t) for key, t in values.items()}
         for idx, values in manifest.optim_scalars.items():
             optim.setdefault(int(idx), {}).update(values)
         return Fetched(manifest, {"state": optim, "param_groups": [dict(g) for g in manifest.optim_groups]},

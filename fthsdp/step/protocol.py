@@ -29,9 +29,13 @@ applies the one decision the coordinator sends for that attempt.
 A behind replica (its member is not healthy: a late joiner, a restarted or a DIVERGED
 replica) fetches its source's state while it contributes zeros, and takes it as its own
 only when the step commits (AdoptFetched, then ApplyStep): after a retry every rank of the
-replica is still at its old step, whichever of their fetches finished. (The model tensors
-a fetch wrote in place are then stale but unseen: a behind replica serves nobody, reports
-no digest, and fetches again.) When the controller offers a rollback quorum a durable
+replica is still at its old step, whichever of their fetches finished. A fetch writes the
+model and the optimizer tensors it finds in place, so from StartFetch until a commit adopts a
+whole fetch the rank is *torn*: its live state is neither its step's nor the source's. A torn
+rank serves nobody (no ServeState at Begin), reports no digest, and while a plan calls it
+healthy it stays out of the ring and votes no (it trains nothing from a torn state), until a
+plan calls it behind again and a fetch commits, or a checkpoint replaces its state. When the
+controller offers a rollback quorum a durable
 checkpoint newer than the replica's own state, the coordinator orders every rank to load it
 instead of training (ResumeOrdered); each rank then begins the checkpoint's step. Events
 that come from the coordinator and do not fit --
@@ -104,6 +108,7 @@ class RankState:
     tokens: int = 0
     ledger_before: DataLedger | None = None
     fetched_ledger: DataLedger | None = None  # the source's ledger, taken at commit
+    torn: bool = False                  # a fetch wrote into the live state and no commit adopted one since
     failures_in_a_row: int = 0
     last_failure: str = ""
     reason: str = ""                    # why ENDED, FINISHED or FAILED
@@ -148,6 +153,8 @@ def _begin(state: RankState, _ev: Begin, now: float, s: RuntimeSettings) -> Resu
     new = _replace(state, phase=Phase.PLANNING, deadline=now + s.plan_timeout_s, plan=None, quorum_id=0,
                    reduced=False, failure="", fetch=Fetch.NONE, fetch_deadline=INF, ending=False,
                    loss=0.0, tokens=0, ledger_before=state.ledger)
+    if state.torn:  # its live state is not the state at its step: nobody may fetch it
+        return new, (SendBegin(state.step),)
     return new, (ServeState(state.step), SendBegin(state.step))
 
 
@@ -178,8 +185,13 @@ def _plan(state: RankState, ev: PlanArrived, now: float, s: RuntimeSettings) -> 
         # stay out of the ring (every replica of the ring retries) and vote no.
         return _replace(new, plan=None, failure=f"quorum {plan.quorum_id} calls replica {s.replica_id} healthy "
                                                 f"at step {plan.step} but it is at step {state.step}"), ()
+    if not plan.behind and state.torn:
+        return _replace(new, plan=None, failure=f"quorum {plan.quorum_id} calls replica {s.replica_id} healthy at "
+                                                f"step {plan.step}, but rank {s.rank}'s state was partly overwritten "
+                                                f"by a catch-up that never committed; it waits to be caught up "
+                                                f"again"), ()
     if plan.behind:
-        new = _replace(new, fetch=Fetch.RUNNING, fetch_deadline=now + s.fetch_budget_s)
+        new = _replace(new, fetch=Fetch.RUNNING, fetch_deadline=now + s.fetch_budget_s, torn=True)
         return new, (StopServing(), ConfigureRing(plan), StartFetch(plan))
     return new, (ServeState(state.step, plan.fetchers), ConfigureRing(plan))
 
@@ -201,7 +213,8 @@ def _loaded(state: RankState, ev: CheckpointLoaded, _now: float, s: RuntimeSetti
         why = ev.reason or f"it holds the state at step {ev.step}, not at step {state.resume_to}"
         return _fail(state, f"rank {s.rank} cannot resume from the checkpoint of step {state.resume_to - 1} that "
                             f"quorum {state.quorum_id} offered: {why}; exit so the replica is restarted")
-    new = _replace(state, phase=Phase.IDLE, step=ev.step, ledger=ev.ledger, ledger_before=None, resume_to=-1)
+    new = _replace(state, phase=Phase.IDLE, step=ev.step, ledger=ev.ledger, ledger_before=None, resume_to=-1,
+                   torn=False)
     return new, ()
 
 
@@ -331,7 +344,8 @@ def _commit(state: RankState, s: RuntimeSettings) -> Result:
         # every rank: a sharded replica's ranks write their shards together (the Manager knows)
         effects.append(Checkpoint(next_step, plan.writes_checkpoint_state))
     new = _replace(state, phase=Phase.IDLE, step=next_step, ledger=before.advanced(plan.included), deadline=INF,
-                   fetch=Fetch.NONE, fetched_ledger=None, failures_in_a_row=0, last_failure="")
+                   fetch=Fetch.NONE, fetched_ledger=None, failures_in_a_row=0, last_failure="",
+                   torn=state.torn and not plan.behind)
     return new, tuple(effects)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import socket
 import threading
@@ -126,6 +127,26 @@ def test_non_contiguous_tensor_is_reduced_in_place():
         assert torch.equal(xs[0], want) and torch.equal(xs[1], want)
     finally:
         parallel(a.close, b.close)
+
+
+@pytest.mark.parametrize("world", [2, 3])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_chunks_received_in_many_fold_pieces_sum_like_a_naive_reference(world, dtype):
+    # 4 KiB chunks folded in 192-byte pieces: most chunks arrive as several pieces, the last one
+    # short, so the piece arithmetic (element offsets per dtype, the staging buffer reused for
+    # every piece) is what the sum checks. Small integers: every partial sum is exact.
+    settings = dataclasses.replace(SETTINGS, cpu_fold_bytes=192)
+    eps = [FtarEndpoint("127.0.0.1", 0, settings) for _ in range(world)]
+    try:
+        configure(eps, 1)
+        gen = torch.Generator().manual_seed(world)
+        numel = 3 * 4096 // torch.tensor([], dtype=dtype).element_size() * world + 37
+        xs = [torch.randint(-20, 21, (numel,), generator=gen).to(dtype) for _ in range(world)]
+        want = sum(x.to(torch.float64) for x in xs).to(dtype)
+        assert all(not isinstance(r, Exception) for r in allreduce_all(eps, xs))
+        assert all(torch.equal(x, want) for x in xs)
+    finally:
+        parallel(*[e.close for e in eps])
 
 
 def test_argument_errors():

@@ -20,7 +20,7 @@ def test_defaults_follow_the_paper_and_are_valid():
     ("chunk_bytes", 0), ("chunk_bytes", 100), ("chunk_bytes", 4096.0), ("chunks_in_flight", 0),
     ("chunks_in_flight", 65), ("timeout_s", 0), ("timeout_s", -1.0), ("connect_timeout_s", 0.0),
     ("cuda_blocks", 0), ("cuda_threads_per_block", 500), ("cuda_threads_per_block", 2048),
-    ("socket_buffer_bytes", -1),
+    ("socket_buffer_bytes", -1), ("cpu_fold_bytes", 0), ("cpu_fold_bytes", 1000),
 ])
 def test_bad_value_is_named_in_a_sentence(field, value):
     with pytest.raises(ValueError) as info:

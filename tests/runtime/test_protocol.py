@@ -219,6 +219,40 @@ def test_a_retried_catch_up_leaves_every_rank_at_its_old_step():
     assert (run.state.step, run.state.ledger.positions) == (0, {"a": 0, "b": 0})
 
 
+def test_a_rank_torn_by_a_catch_up_that_never_committed_serves_nobody_and_trains_nothing():
+    # A fetch writes the model and optimizer tensors in place. This one broke off half-way and the
+    # step retried; then the sources went away, so the next quorum calls the replica healthy at its
+    # own step. Its state is neither that step's nor the source's: it must not be served, nor
+    # trained on and summed into other replicas' gradients.
+    run = Run(state(0))
+    run.to_training(plan(5, behind=True))
+    run(ev.FetchFinished(False, "state stream ended after 1048576 of 8388608 bytes"))
+    run(ev.Reduced(True))
+    run(ev.End())
+    run(ev.DecisionArrived(1, False, "rank 0's fetch failed"))
+    assert run.state.step == 0
+    assert run(ev.Begin()) == (ev.SendBegin(0),)  # no ServeState: nobody may fetch a torn state
+    assert run(ev.PlanArrived(2, 0, plan(0))) == ()  # no ConfigureRing: no gradient from a torn state
+    run(ev.Reduced(False, "no ring for this step"))
+    (vote,) = run(ev.End())
+    assert not vote.ok and "partly overwritten by a catch-up that never committed" in vote.reason
+    run(ev.DecisionArrived(2, False, "rank 0 voted no"))
+    # A source is back: behind again, this fetch commits, and the rank is whole again.
+    run.to_voting(plan(5, behind=True), attempt=3)
+    effects = run(ev.DecisionArrived(3, True, "all yes"))
+    assert ev.AdoptFetched(5) in effects and (run.state.step, run.state.torn) == (6, False)
+    assert run(ev.Begin())[0] == ev.ServeState(6)
+
+
+def test_a_checkpoint_loaded_over_a_torn_state_makes_it_whole():
+    run = Run(state(2, torn=True))
+    run(ev.Begin())
+    assert run(ev.ResumeOrdered(1, 2, 9, 4)) == (ev.StopServing(), ev.LoadCheckpoint(5))
+    run(ev.CheckpointLoaded(5, DataLedger({"a": 5, "b": 5})))
+    assert (run.state.step, run.state.torn) == (5, False)
+    assert run(ev.Begin())[0] == ev.ServeState(5)
+
+
 @pytest.mark.parametrize("rank, every, writes, expected", [
     (0, 4, True, [ev.Checkpoint(4, True)]), (0, 4, False, [ev.Checkpoint(4, False)]),
     (1, 4, True, [ev.Checkpoint(4, True)]), (0, 3, True, []), (0, 0, True, []),

@@ -1,0 +1,116 @@
+"""The sockets of a catch-up transfer: blocking, bounded by kernel timeouts, and the fetcher's GET.
+
+A state stream moves gigabytes through `sendall` and `recv_into` on caller-owned memory (the
+tensors themselves). Python's own socket timeouts would poll() before every call; the kernel's
+SO_SNDTIMEO / SO_RCVTIMEO bound each call the same way without it, so the stream's sockets are
+blocking with those set (an expired call raises an OSError, as a reset one does).
+
+The fetcher sends its GETs (one per lane, all before it reads any answer) and reads each response
+on the raw socket: http.client would read the body through a buffered file (another bounded copy
+per call and a poll per read) where the bytes can instead land in the destination tensor straight
+from the kernel.
+"""
+
+from __future__ import annotations
+
+import http.client
+import io
+import socket
+import struct
+
+from fthsdp.errors import TransferError
+
+#: the response's status line and headers: a state server sends a few hundred bytes
+MAX_HEAD_BYTES = 16 << 10
+
+
+def use_kernel_timeouts(sock: socket.socket, timeout_s: float) -> None:
+    """Make `sock` blocking, each send or receive bounded by `timeout_s` in the kernel."""
+    sock.settimeout(None)
+    sec = int(timeout_s)
+    usec = max(1, int((timeout_s - sec) * 1e6)) if sec == 0 else int((timeout_s - sec) * 1e6)
+    tv = struct.pack("ll", sec, usec)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, tv)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, tv)
+
+
+class Response:
+    """The answer to one GET: `status`, `headers`, and the body, read with `read_exact` (into the
+    caller's memory) or `read_some` (a few bytes of an error's text). Never more than the
+    Content-Length is read. The socket stays its opener's to close."""
+
+    def __init__(self, sock: socket.socket, status: int, headers: http.client.HTTPMessage, early: bytes) -> None:
+        self._sock, self.status, self.headers = sock, status, headers
+        self._early = memoryview(early)  # body bytes that came with the head
+        length = headers.get("Content-Length", "")
+        if not length.isdigit():
+            raise TransferError(f"the state server answered {status} without a Content-Length")
+        self.left = int(length)
+        if len(early) > self.left:
+            raise TransferError(f"the state server sent {len(early)} bytes past a {self.left}-byte body")
+
+    def read_exact(self, view: memoryview) -> None:
+        n = len(view)
+        if n > self.left:
+            raise TransferError(f"the state stream is {self.left} bytes short of a {n}-byte section")
+        got = min(n, len(self._early))
+        if got:
+            view[:got] = self._early[:got]
+            self._early = self._early[got:]
+        try:
+            while got < n:
+                k = self._sock.recv_into(view[got:], n - got)
+                if not k:
+                    raise TransferError(f"state stream ended after {got} of {n} bytes of a section")
+                got += k
+        except OSError as exc:
+            raise TransferError(f"state stream broke after {got} of {n} bytes of a section: {exc!r}") from exc
+        finally:
+            self.left -= got
+
+    def read_some(self, limit: int) -> bytes:
+        """Up to `limit` bytes of the body (for an error's text); b"" when none come."""
+        buf = bytearray(min(limit, self.left))
+        try:
+            self.read_exact(memoryview(buf))
+        except TransferError:
+            pass
+        return bytes(buf)
+
+
+def send_get(address: str, target: str, headers: dict[str, str], timeout_s: float) -> socket.socket:
+    """Connect to HOST:PORT and send `GET target`; the answer is read by `read_response` (so
+    that several requests can be on their way before the first answer is read). Raises OSError."""
+    host, _, port = address.rpartition(":")
+    sock = socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s)
+    try:
+        use_kernel_timeouts(sock, timeout_s)
+        lines = [f"GET {target} HTTP/1.1", f"Host: {address}", *(f"{k}: {v}" for k, v in headers.items()),
+                 "Connection: close", "", ""]
+        sock.sendall("\r\n".join(lines).encode("latin-1"))
+        return sock
+    except BaseException:
+        sock.close()
+        raise
+
+
+def read_response(sock: socket.socket, address: str) -> Response:
+    """The response's head, read from `sock` (which the caller closes, whatever happens).
+    Raises TransferError (a malformed answer) or OSError (the connection)."""
+    head = bytearray()
+    while (end := head.find(b"\r\n\r\n")) < 0:
+        if len(head) > MAX_HEAD_BYTES:
+            raise TransferError(f"{address} sent more than {MAX_HEAD_BYTES} bytes without ending its head")
+        chunk = sock.recv(4096)
+        if not chunk:
+            raise TransferError(f"{address} closed the connection before answering")
+        head += chunk
+    status_line, _, fields = bytes(head[:end + 2]).partition(b"\r\n")
+    parts = status_line.split(None, 2)
+    if len(parts) < 2 or not parts[0].startswith(b"HTTP/1.") or not parts[1].isdigit():
+        raise TransferError(f"{address} answered with a malformed status line {status_line[:100]!r}")
+    try:
+        parsed = http.client.parse_headers(io.BytesIO(fields + b"\r\n"))
+    except http.client.HTTPException as exc:
+        raise TransferError(f"{address} answered with malformed headers: {exc!r}") from None
+    return Response(sock, int(parts[1]), parsed, bytes(head[end + 4:]))
