@@ -156,8 +156,9 @@ def _receive_lanes(lanes: list[_Lane], views: list[memoryview], cancelled: Calla
     def run(lane: _Lane) -> None:
         try:
             lane.receive(views, lambda: failed.is_set() or cancelled())
-        except TransferError as exc:
-            errors.append(exc)
+        except Exception as exc:  # noqa: BLE001 - any failure of a lane fails the fetch, never a silent gap
+            errors.append(exc if isinstance(exc, TransferError) else
+                          TransferError(f"fetch lane {lane.lane} from {lane.address} failed: {exc!r}"))
             failed.set()
             for other in lanes:
                 other.abort()

@@ -5,13 +5,14 @@ acks only after every lane, optimizer state received in place."""
 from __future__ import annotations
 
 import random
+import threading
 
 import pytest
 import torch
 
 from fthsdp.errors import TransferError
 from fthsdp.state.digest import state_digest
-from fthsdp.state.fetch import FETCH_LANES, LANE_MIN_BYTES, fetch_once, fetch_state, lanes_for
+from fthsdp.state.fetch import FETCH_LANES, LANE_MIN_BYTES, _receive_lanes, fetch_once, fetch_state, lanes_for
 from fthsdp.state.serve import StateServer, _Delivered
 from fthsdp.state.stream import (PART_BYTES, PIECE_BYTES, StateTarget, build_manifest, fresh_cpu_tensor,
                                  lane_bytes, lane_parts, live_entries)
@@ -148,3 +149,27 @@ def test_fresh_memory_for_a_fetch_is_an_ordinary_writable_tensor():
     t.fill_(2.0)
     assert t.shape == (3, 1 << 20) and t.is_contiguous() and float(t.sum()) == 6.0 * (1 << 20)
     assert fresh_cpu_tensor((5,), torch.bfloat16).shape == (5,)
+
+
+class _Lane:
+    """A stand-in lane for `_receive_lanes` (the real ones need a source): its receive fails
+    with `error`, or blocks until another lane's failure aborts it."""
+
+    def __init__(self, lane: int, error: BaseException | None = None) -> None:
+        self.lane, self.address, self.error, self._aborted = lane, "127.0.0.1:1", error, threading.Event()
+
+    def receive(self, views, stop) -> None:
+        if self.error is not None:
+            raise self.error
+        assert self._aborted.wait(10.0), "never aborted"
+        raise TransferError("aborted")
+
+    def abort(self) -> None:
+        self._aborted.set()
+
+
+def test_any_failure_of_a_helper_lane_fails_the_fetch_and_stops_the_others():
+    """Not only a TransferError: a lane that fails otherwise (a bug, a MemoryError) must not
+    leave its share of the bytes unwritten while the fetch counts as done."""
+    with pytest.raises(TransferError, match="fetch lane 1 from 127.0.0.1:1 failed: ValueError"):
+        _receive_lanes([_Lane(0), _Lane(1, ValueError("boom"))], [], lambda: False, 10.0)
