@@ -3,7 +3,7 @@ volleys it refuses. A real controller process (holding the job secret, its legit
 r0 served throughout) takes 20 volleys from a real client on loopback; each volley is
 strangers' calls under names never seen before (so anything kept per caller, per claimed id or
 per refusal would grow), bad credentials, undecodable bodies and oversized fields. The RSS
-(/proc/<pid>/status) after 20 volleys is within 10 % of the RSS after 2 (the first volleys
+(/proc/<pid>/status) after 19 or 20 volleys (the lower) is within 10 % of the RSS after 2 (the first volleys
 warm the allocator, gRPC's buffers and the caches up to their bounds). Both are read once the
 RSS has settled (a refused volley's buffers are freed, and controller/freed_memory.py trims
 what the allocator kept, within a second or two). Without the trim, the RSS after 20 volleys
@@ -26,6 +26,7 @@ from .harness import HOST, HUGE, JOB, REPLICA, Legit, open_channel, proof, rss, 
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]  # 20 volleys of ~2,100 calls: past 120 s under heavy load
 VOLLEYS, WARM = 20, 2
+LATE = (VOLLEYS - 1, VOLLEYS)  # the settled RSS is read after each of these
 NAMES = 300  # fresh claimed ids per kind of call, per volley
 NOT_A_MESSAGE = b"\x0a\xff\xff"
 OTHER = job_secret.parse(job_secret.generate(), "the stranger's guess")
@@ -102,9 +103,12 @@ async def test_rss_after_20_volleys_is_within_10_percent_of_after_2():
             await _volley(legit.stub, channel, legit, legit.secret, n)
             await legit.step_once()  # the legitimate parties are served between volleys
             samples.append(round(rss(ctl), 1))
-            if n in (WARM, VOLLEYS):
+            if n in (WARM, *LATE):
                 settled[n] = await settled_rss(ctl)
-        assert settled[VOLLEYS] <= settled[WARM] * 1.10, (settled, samples)
+        # What grows with the volleys is in every late reading; one reading that settled on a
+        # heap the trimmer had not yet returned (seen once in ~9 full runs: 86 against 73 MiB,
+        # the per-volley samples swinging 73-106) is not in the other.
+        assert min(settled[n] for n in LATE) <= settled[WARM] * 1.10, (settled, samples)
         await legit.still_served(ctl.http)
     finally:
         await channel.close()
