@@ -3,9 +3,9 @@
     python fake_trainer.py READY_DIR [--exit CODE] [--ignore-term] [--ignore-term-rank RANK] [--child] [ARGS...]
 
 A standby (FTHSDP_STANDBY=1) first writes `standby-<pid>.json`, then blocks in
-`agent.env.wait_for_assignment()`. Every trainer then writes `ready-<replica>-<rank>-<pid>.json`
-(atomically) with its FTHSDP_* and torchrun (RANK, MASTER_ADDR...) environment, argv and whether it started as a standby, prints
-"trainer ready" to stderr, and waits to be killed. `--exit CODE` exits instead (after printing
+`agent.env.wait_for_assignment()`. Every trainer then prints "trainer ready" to stderr, writes
+`ready-<replica>-<rank>-<pid>.json` (atomically) with its FTHSDP_* and torchrun (RANK, MASTER_ADDR...)
+environment, argv and whether it started as a standby, and waits to be killed. `--exit CODE` exits instead (after printing
 "boom" to stderr); `--ignore-term` ignores SIGTERM (`--ignore-term-rank RANK`: only as that rank); `--child` starts a child process that
 waits too (its pid is in the ready file) to check that stops reach the process group.
 `--join` makes rank 0 act as a minimal replica leader: Quorum, then ReportStep of the quorum's
@@ -59,8 +59,10 @@ def main():
     replica, rank = env.get("FTHSDP_REPLICA_ID", "?"), env.get("FTHSDP_RANK", "?")
     if "--ignore-term-rank" in flags and rank == flags[flags.index("--ignore-term-rank") + 1]:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    write(os.path.join(ready_dir, f"ready-{replica}-{rank}-{os.getpid()}.json"), values)
+    # The stderr line first: a test that sees the ready file may kill the trainer at once and
+    # then look for this line in the exit report's tail.
     print("trainer ready", file=sys.stderr, flush=True)
+    write(os.path.join(ready_dir, f"ready-{replica}-{rank}-{os.getpid()}.json"), values)
     if "--exit" in flags:
         print("boom", file=sys.stderr, flush=True)
         sys.exit(int(flags[flags.index("--exit") + 1]))
