@@ -25,7 +25,7 @@ from typing import Callable
 from ftar_kernels import auth
 from fthsdp.state import request_auth, wire
 from fthsdp.state.stream import (HEADER, MAX_MANIFEST_BYTES, TAG_BYTES, Fetched, Manifest, StateTarget, StreamTag,
-                                 TransferError, lane_parts, tags_match, tensor_bytes)
+                                 TransferError, lane_runs, tags_match)
 
 log = logging.getLogger(__name__)
 
@@ -103,16 +103,18 @@ class _Lane:
         self._sock.close()
 
     def receive(self, views: list[memoryview], stop: Callable[[], bool]) -> None:
-        """This lane's parts, each straight into its destination and digested while in cache."""
+        """This lane's parts, each straight into its destination (a run of small ones at once,
+        `lane_runs`) and digested while in cache."""
         resp = self.resp
         assert resp is not None, "manifest() first"
-        for piece_ends, part in lane_parts(views, self.lane, self.lanes):
+        for run in lane_runs(views, self.lane, self.lanes):
             if stop():
                 raise TransferError(f"fetch from {self.address} was cancelled")
-            resp.read_exact(part)
-            self.tag.update_part(part)
-            if piece_ends:
-                self.tag.end_piece()
+            resp.read_into([part for _, part in run])
+            for piece_ends, part in run:
+                self.tag.update_part(part)
+                if piece_ends:
+                    self.tag.end_piece()
         trailer = bytearray(TAG_BYTES)
         resp.read_exact(memoryview(trailer))
         if not tags_match(trailer, self.tag.value()):
@@ -131,6 +133,7 @@ def fetch_once(address: str, step: int, replica_id: str, target_of: Callable[[],
     try:
         for i in range(count):
             opened.append(_Lane(address, step, replica_id, i, count, timeout_s, key))
+        target.prepare()  # while the source answers
         manifests = [lane.manifest(step) for lane in opened]  # each under its own request's nonce
         if any(m != manifests[0] for m in manifests[1:]):
             raise TransferError(f"{address} sent {count} lanes of step {step} with different manifests")
@@ -138,7 +141,7 @@ def fetch_once(address: str, step: int, replica_id: str, target_of: Callable[[],
         if manifest.step != step:
             raise TransferError(f"{address} sent step {manifest.step}, asked for {step}")
         target.check(manifest)  # every entry fits this rank, before one byte of state is written
-        views = [tensor_bytes(target.destination(entry)) for entry in manifest.entries]
+        views = [target.view(entry) for entry in manifest.entries]
         _receive_lanes(opened, views, cancelled, timeout_s)
         return target.finish(manifest)
     finally:

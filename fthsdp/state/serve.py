@@ -47,7 +47,7 @@ import torch
 
 from fthsdp.state import request_auth, wire
 from fthsdp.state.guarded_http import GuardedHTTPServer
-from fthsdp.state.stream import MAX_LANES, Manifest, StreamTag, lane_parts, tensor_bytes
+from fthsdp.state.stream import MAX_LANES, Manifest, StreamTag, lane_runs, tensor_bytes
 
 log = logging.getLogger(__name__)
 
@@ -254,13 +254,14 @@ class StateServer:
         tag = StreamTag(self._key, nonce)
         tag.update_bytes(head)
         sock.sendall(head + tag.value())
-        for piece_ends, part in lane_parts([tensor_bytes(t) for t in tensors], lane, lanes):
+        for run in lane_runs([tensor_bytes(t) for t in tensors], lane, lanes):
             if self._cut_off if kept is None else self._kept is not kept:
                 raise ConnectionAbortedError("state changed while it was being read")
-            sock.sendall(part)
-            tag.update_part(part)
-            if piece_ends:
-                tag.end_piece()
+            wire.send_all(sock, [part for _, part in run])
+            for piece_ends, part in run:
+                tag.update_part(part)
+                if piece_ends:
+                    tag.end_piece()
         sock.sendall(tag.value())
 
 

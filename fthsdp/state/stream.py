@@ -29,7 +29,8 @@ replica receives exactly rank k's pieces. Model tensors in CPU memory are writte
 and so are optimizer tensors this rank already holds (`StateTarget`), so the state is never
 held twice; tensors on a GPU are received into host staging and copied onto the device when
 the protocol adopts the fetched state. Both ends digest each PART_BYTES part of a piece right
-after they sent or received it, while it is in cache. Every entry a peer
+after they sent or received it, while it is in cache; consecutive small parts are sent and
+received as one run (`lane_runs`: one system call for many small tensors). Every entry a peer
 announces is checked against this rank's own model, optimizer and registry before any
 memory is allocated for it.
 """
@@ -37,6 +38,7 @@ memory is allocated for it.
 from __future__ import annotations
 
 import copy
+import functools
 import hashlib
 import hmac
 import json
@@ -155,6 +157,33 @@ def lane_parts(views: list[memoryview], lane: int = 0, lanes: int = 1) -> Iterat
             yield sub + PART_BYTES >= n, piece[sub:sub + PART_BYTES]
 
 
+#: parts shorter than this travel in runs: one sendmsg / recvmsg_into moves a run of them (at
+#: most PART_BYTES and MAX_RUN_PARTS parts), so a state of many small tensors (norms, biases,
+#: Adam's step counts) costs each end a few system calls and wake-ups, not one per tensor
+#: (docs/architecture.md, "The data plane"). The bytes on the wire are the same either way.
+SMALL_PART_BYTES = 64 << 10
+MAX_RUN_PARTS = 256  # below the kernel's IOV_MAX (1024)
+
+
+def lane_runs(views: list[memoryview], lane: int = 0, lanes: int = 1) -> Iterator[list[tuple[bool, memoryview]]]:
+    """`lane_parts`, grouped: each run is one part of at least SMALL_PART_BYTES, or consecutive
+    shorter parts (together at most PART_BYTES, so still in cache when digested)."""
+    run: list[tuple[bool, memoryview]] = []
+    size = 0
+    for piece_ends, part in lane_parts(views, lane, lanes):
+        n = len(part)
+        if run and (n >= SMALL_PART_BYTES or size + n > PART_BYTES or len(run) >= MAX_RUN_PARTS):
+            yield run
+            run, size = [], 0
+        run.append((piece_ends, part))
+        size += n
+        if n >= SMALL_PART_BYTES:
+            yield run
+            run, size = [], 0
+    if run:
+        yield run
+
+
 @dataclass(frozen=True)
 class Entry:
     name: str
@@ -172,6 +201,10 @@ class Manifest:
     optim_groups: tuple[dict[str, Any], ...] = ()  # the optimizer's param_groups (learning rates...)
 
     def to_bytes(self) -> bytes:
+        return self._encoded
+
+    @functools.cached_property
+    def _encoded(self) -> bytes:  # a source sends it, and counts it in its Content-Length, per request
         body = json.dumps({
             "step": self.step, "ledger": self.ledger_json, "optim_scalars": self.optim_scalars,
             "optim_groups": list(self.optim_groups),
@@ -214,7 +247,11 @@ def tensor_bytes(t: torch.Tensor) -> memoryview:
     if t.device.type != "cpu" or not t.is_contiguous():
         raise ValueError(f"state tensors must be contiguous CPU tensors, got device={t.device} "
                          f"contiguous={t.is_contiguous()}")
-    return memoryview(t.detach().reshape(-1).view(torch.uint8).numpy())
+    t = t.detach()
+    try:
+        return memoryview(t.numpy()).cast("B")
+    except (TypeError, RuntimeError):  # a dtype numpy lacks (bfloat16, float8...): its bytes as uint8
+        return memoryview(t.reshape(-1).view(torch.uint8).numpy())
 
 
 def host_buffer(shape: tuple[int, ...] | torch.Size, dtype: torch.dtype) -> torch.Tensor:
@@ -311,11 +348,25 @@ class StateTarget:
         self._user_names, self._max_user_bytes = user_names, max_user_bytes
         self._optim_state: dict[int, dict[str, Any]] = {}
         self._user: dict[str, torch.Tensor] = {}
+        self._views: dict[int, memoryview] | None = None  # id of a live tensor -> its bytes (`prepare`)
 
     def fresh(self) -> "StateTarget":
         target = copy.copy(self)
         target._device_copies, target._optim_state, target._user = [], {}, {}
         return target
+
+    def prepare(self) -> None:
+        """Make the byte views of the tensors a fetch writes in place (this rank's CPU model and
+        optimizer tensors) ahead of the manifest: the fetch does it while its source answers."""
+        if self._views is None:
+            live = [*self._model_tensors.values(), *(t for t, _ in self._live_optim.values())]
+            self._views = {id(t): tensor_bytes(t) for t in live if t.device.type == "cpu" and t.is_contiguous()}
+
+    def view(self, entry: Entry) -> memoryview:
+        """`destination(entry)` as bytes to write."""
+        t = self.destination(entry)
+        known = self._views.get(id(t)) if self._views is not None else None
+        return known if known is not None else tensor_bytes(t)
 
     def destination(self, entry: Entry) -> torch.Tensor:
         dtype = getattr(torch, entry.dtype, None)

@@ -8,7 +8,8 @@ blocking with those set (an expired call raises an OSError, as a reset one does)
 The fetcher sends its GETs (one per lane, all before it reads any answer) and reads each response
 on the raw socket: http.client would read the body through a buffered file (another bounded copy
 per call and a poll per read) where the bytes can instead land in the destination tensor straight
-from the kernel.
+from the kernel. A run of several small tensors moves with one `sendmsg` and one `recvmsg_into`
+over all their buffers (`send_all`, `Response.read_into`).
 """
 
 from __future__ import annotations
@@ -50,23 +51,28 @@ class Response:
             raise TransferError(f"the state server sent {len(early)} bytes past a {self.left}-byte body")
 
     def read_exact(self, view: memoryview) -> None:
-        n = len(view)
+        self.read_into([view])
+
+    def read_into(self, views: list[memoryview]) -> None:
+        """Fill `views` in order, each exactly: a run of several with one recvmsg_into at a time."""
+        n = sum(len(v) for v in views)
         if n > self.left:
             raise TransferError(f"the state stream is {self.left} bytes short of a {n}-byte section")
-        got = min(n, len(self._early))
-        if got:
-            view[:got] = self._early[:got]
-            self._early = self._early[got:]
+        todo = _Cursor(views)
         try:
-            while got < n:
-                k = self._sock.recv_into(view[got:], n - got)
+            while self._early and not todo.done:
+                k = todo.fill_from(self._early)
+                self._early = self._early[k:]
+            while not todo.done:
+                bufs = todo.remaining(MAX_IOV)
+                k = self._sock.recvmsg_into(bufs)[0] if len(bufs) > 1 else self._sock.recv_into(bufs[0])
                 if not k:
-                    raise TransferError(f"state stream ended after {got} of {n} bytes of a section")
-                got += k
+                    raise TransferError(f"state stream ended after {todo.moved} of {n} bytes of a section")
+                todo.advance(k)
         except OSError as exc:
-            raise TransferError(f"state stream broke after {got} of {n} bytes of a section: {exc!r}") from exc
+            raise TransferError(f"state stream broke after {todo.moved} of {n} bytes of a section: {exc!r}") from exc
         finally:
-            self.left -= got
+            self.left -= todo.moved
 
     def read_some(self, limit: int) -> bytes:
         """Up to `limit` bytes of the body (for an error's text); b"" when none come."""
@@ -76,6 +82,57 @@ class Response:
         except TransferError:
             pass
         return bytes(buf)
+
+
+#: the most buffers one sendmsg / recvmsg_into is given (the kernel's IOV_MAX is 1024)
+MAX_IOV = 512
+
+
+class _Cursor:
+    """A position in a list of buffers being filled or sent in order."""
+
+    def __init__(self, views: list[memoryview]) -> None:
+        self._views = [v for v in views if len(v)]
+        self._i = self._off = self.moved = 0
+
+    @property
+    def done(self) -> bool:
+        return self._i == len(self._views)
+
+    def remaining(self, most: int) -> list[memoryview]:
+        first = self._views[self._i][self._off:]
+        return [first, *self._views[self._i + 1:self._i + most]]
+
+    def advance(self, k: int) -> None:
+        self.moved += k
+        while k:
+            left = len(self._views[self._i]) - self._off
+            if k < left:
+                self._off += k
+                return
+            k -= left
+            self._i, self._off = self._i + 1, 0
+
+    def fill_from(self, data: memoryview) -> int:
+        """Copy the start of `data` into the current buffer; how many bytes."""
+        view = self._views[self._i]
+        k = min(len(data), len(view) - self._off)
+        view[self._off:self._off + k] = data[:k]
+        self.advance(k)
+        return k
+
+
+def send_all(sock: socket.socket, views: list[memoryview]) -> None:
+    """Send `views` in order, each whole: a run of several with one sendmsg at a time. Raises OSError."""
+    if len(views) == 1:
+        sock.sendall(views[0])
+        return
+    todo = _Cursor(views)
+    while not todo.done:
+        k = sock.sendmsg(todo.remaining(MAX_IOV))
+        if not k:
+            raise ConnectionError("the state stream's socket took no bytes")
+        todo.advance(k)
 
 
 def send_get(address: str, target: str, headers: dict[str, str], timeout_s: float) -> socket.socket:
