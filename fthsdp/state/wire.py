@@ -51,10 +51,29 @@ class Response:
             raise TransferError(f"the state server sent {len(early)} bytes past a {self.left}-byte body")
 
     def read_exact(self, view: memoryview) -> None:
-        self.read_into([view])
+        n = len(view)
+        if n > self.left:
+            raise TransferError(f"the state stream is {self.left} bytes short of a {n}-byte section")
+        got = min(n, len(self._early))
+        if got:
+            view[:got] = self._early[:got]
+            self._early = self._early[got:]
+        try:
+            while got < n:  # the bulk of a transfer: kept to one call a loop
+                k = self._sock.recv_into(view[got:], n - got)
+                if not k:
+                    raise TransferError(f"state stream ended after {got} of {n} bytes of a section")
+                got += k
+        except OSError as exc:
+            raise TransferError(f"state stream broke after {got} of {n} bytes of a section: {exc!r}") from exc
+        finally:
+            self.left -= got
 
     def read_into(self, views: list[memoryview]) -> None:
         """Fill `views` in order, each exactly: a run of several with one recvmsg_into at a time."""
+        if len(views) == 1:
+            self.read_exact(views[0])
+            return
         n = sum(len(v) for v in views)
         if n > self.left:
             raise TransferError(f"the state stream is {self.left} bytes short of a {n}-byte section")
