@@ -392,6 +392,10 @@ class _Handler(BaseHTTPRequestHandler):
         complete = False
         self.server.streaming(self.request, True)
         try:
+            # No Nagle: a run of small tensors (or the manifest) after data the fetcher has not
+            # acknowledged yet would wait for its delayed ACK while the fetcher waits for it
+            # (a 304-entry shard took 36-40 ms with it, 30-31 without; docs/architecture.md).
+            self.request.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             snapshot = kept.snapshot if kept is not None else owner._snapshot()
             manifest = snapshot[0]
             self.send_response(HTTPStatus.OK)

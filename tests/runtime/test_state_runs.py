@@ -1,7 +1,7 @@
 """Small tensors travel in runs: the run split against the parts it groups, the multi-buffer
 socket reads and writes over a real socket pair (partial transfers, bytes that came with the
 head, short streams), and fetches of states of many small tensors over real loopback HTTP:
-bitwise, and damage inside a run of small tensors caught by the stream tag."""
+bitwise, damage inside a run of small tensors caught by the stream tag, and no Nagle at the source."""
 
 from __future__ import annotations
 
@@ -16,10 +16,11 @@ import numpy as np
 import pytest
 import torch
 
+from ftar_kernels import auth
 from fthsdp.errors import TransferError
 from fthsdp.state import wire
 from fthsdp.state.digest import state_digest
-from fthsdp.state.fetch import fetch_once
+from fthsdp.state.fetch import _signed, fetch_once
 from fthsdp.state.serve import StateServer
 from fthsdp.state.stream import (MAX_RUN_PARTS, PART_BYTES, PIECE_BYTES, SMALL_PART_BYTES, StateTarget,
                                  build_manifest, lane_parts, lane_runs, live_entries, tensor_bytes)
@@ -223,3 +224,17 @@ def test_damage_inside_a_run_of_small_tensors_fails_the_fetch_and_the_next_is_cl
         assert state_digest(dst_model, dst_opt, "", 4, {}) == state_digest(model, opt, "", 4, {})
     finally:
         proxy.close()
+
+
+def test_the_source_streams_without_nagle_so_a_run_of_small_tensors_never_waits_for_an_ack(small_source):
+    """With Nagle's algorithm a run of small tensors sent after data the fetcher had not yet
+    acknowledged waited for the fetcher's delayed ACK while the fetcher waited for the run."""
+    _, _, server, _ = small_source
+    path = "/state?step=4&replica=b"
+    sock = wire.send_get(server.address, path, _signed(KEY, "GET", path, auth.nonce()), 5.0)
+    try:
+        assert wire.read_response(sock, server.address).status == 200  # the stream has begun; we read no more
+        [stream] = server._httpd._streams  # its 17 MB do not fit the socket buffers: still sending
+        assert stream.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) == 1
+    finally:
+        sock.close()
