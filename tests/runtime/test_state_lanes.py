@@ -13,14 +13,10 @@ import torch
 from fthsdp.errors import TransferError
 from fthsdp.state.digest import state_digest
 from fthsdp.state.fetch import FETCH_LANES, LANE_MIN_BYTES, _receive_lanes, fetch_once, fetch_state, lanes_for
-from fthsdp.state.serve import StateServer, _Delivered
-from fthsdp.state.stream import (PART_BYTES, PIECE_BYTES, StateTarget, build_manifest, fresh_cpu_tensor,
-                                 lane_bytes, lane_parts, live_entries)
-from protos import job_secret
+from fthsdp.state.serve import _Delivered
+from fthsdp.state.stream import PART_BYTES, PIECE_BYTES, StateTarget, fresh_cpu_tensor, lane_bytes, lane_parts
 from tests.runtime.faults import DamagingProxy
-from tests.trainer_secret import SECRET
-
-KEY = SECRET.key(job_secret.PURPOSE_STATE)
+from tests.runtime.state_source import KEY, live_snapshot, serving
 
 
 @pytest.mark.parametrize("seed", range(20))
@@ -86,14 +82,7 @@ def _model(seed: int, trained: bool):
 @pytest.fixture
 def source():
     model, opt = _model(0, trained=True)
-
-    def snapshot():
-        entries, scalars = live_entries(model, opt)
-        groups = opt.state_dict()["param_groups"]
-        return build_manifest(5, '{"positions": {"a": 3}}', entries, scalars, groups), [t for _, t in entries]
-
-    server = StateServer("127.0.0.1", 0, snapshot, label="test", key=KEY).start()
-    server.serve(5, ("b",))
+    server = serving(live_snapshot(model, opt, 5, '{"positions": {"a": 3}}'), 5)
     yield model, opt, server
     server.close()
 

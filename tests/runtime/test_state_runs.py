@@ -21,14 +21,10 @@ from fthsdp.errors import TransferError
 from fthsdp.state import wire
 from fthsdp.state.digest import state_digest
 from fthsdp.state.fetch import _signed, fetch_once
-from fthsdp.state.serve import StateServer
 from fthsdp.state.stream import (MAX_RUN_PARTS, PART_BYTES, PIECE_BYTES, SMALL_PART_BYTES, StateTarget,
-                                 build_manifest, lane_parts, lane_runs, live_entries, tensor_bytes)
-from protos import job_secret
+                                 lane_parts, lane_runs, tensor_bytes)
 from tests.runtime.faults import DamagingProxy
-from tests.trainer_secret import SECRET
-
-KEY = SECRET.key(job_secret.PURPOSE_STATE)
+from tests.runtime.state_source import KEY, live_snapshot, serving
 
 
 def _where(part: memoryview) -> int:
@@ -182,13 +178,8 @@ def _small_model(seed: int, trained: bool):
 @pytest.fixture
 def small_source():
     model, opt = _small_model(0, trained=True)
-
-    def snapshot():
-        entries, scalars = live_entries(model, opt)
-        return build_manifest(4, "{}", entries, scalars, opt.state_dict()["param_groups"]), [t for _, t in entries]
-
-    server = StateServer("127.0.0.1", 0, snapshot, label="test", key=KEY).start()
-    server.serve(4, ("b",))
+    snapshot = live_snapshot(model, opt, 4)
+    server = serving(snapshot, 4)
     yield model, opt, server, snapshot
     server.close()
 

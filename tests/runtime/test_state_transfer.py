@@ -16,13 +16,9 @@ from fthsdp.state.digest import state_digest
 from fthsdp.state.fetch import fetch_state
 from fthsdp.state.registry import MAX_PAYLOAD_BYTES, StateRegistry
 from fthsdp.state import request_auth
-from fthsdp.state.serve import StateServer
-from fthsdp.state.stream import StateTarget, build_manifest, live_entries
-from protos import job_secret
+from fthsdp.state.stream import StateTarget
 from tests.runtime.faults import DamagingProxy
-from tests.trainer_secret import SECRET
-
-KEY = SECRET.key(job_secret.PURPOSE_STATE)
+from tests.runtime.state_source import KEY, live_snapshot, serving
 
 
 def _trained(seed: int, steps: int = 2):
@@ -43,15 +39,7 @@ def _trained(seed: int, steps: int = 2):
 @pytest.fixture
 def source():
     model, opt, registry = _trained(0)
-
-    def snapshot():
-        entries, scalars = live_entries(model, opt)
-        entries += registry.entries()
-        groups = opt.state_dict()["param_groups"]
-        return build_manifest(5, '{"positions": {"a": 3}}', entries, scalars, groups), [t for _, t in entries]
-
-    server = StateServer("127.0.0.1", 0, snapshot, label="test", key=KEY).start()
-    server.serve(5, ("b",))
+    server = serving(live_snapshot(model, opt, 5, '{"positions": {"a": 3}}', registry), 5)
     yield model, opt, registry, server
     server.close()
 
