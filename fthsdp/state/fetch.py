@@ -111,10 +111,7 @@ class _Lane:
             if stop():
                 raise TransferError(f"fetch from {self.address} was cancelled")
             resp.read_into([part for _, part in run])
-            for piece_ends, part in run:
-                self.tag.update_part(part)
-                if piece_ends:
-                    self.tag.end_piece()
+            self.tag.update_run(run)
         trailer = bytearray(TAG_BYTES)
         resp.read_exact(memoryview(trailer))
         if not tags_match(trailer, self.tag.value()):

@@ -116,6 +116,13 @@ class StreamTag:
         self._mac.update(_LENGTH.pack(self._length))
         self._blocks, self._length, self._rest = 0, 0, b""
 
+    def update_run(self, run: list[tuple[bool, memoryview]]) -> None:
+        """The parts of one of `lane_runs`, just sent or received."""
+        for piece_ends, part in run:
+            self.update_part(part)
+            if piece_ends:
+                self.end_piece()
+
     def update_piece(self, piece: memoryview) -> None:
         """A whole piece at once."""
         self.update_part(piece)

@@ -117,7 +117,7 @@ def test_read_into_fills_every_buffer_from_the_early_bytes_then_odd_sized_arriva
             pair.a.sendall(rest[:k])
             rest = rest[k:]
 
-    sender = threading.Thread(target=send)
+    sender = threading.Thread(target=send, daemon=True)  # a failed read must not leave it blocking the run
     sender.start()
     views = _views(sizes)
     resp.read_into(views)
@@ -152,7 +152,7 @@ def test_send_all_moves_many_buffers_through_a_full_socket_in_order(pair):
                 return
             got.extend(data)
 
-    reader = threading.Thread(target=receive)
+    reader = threading.Thread(target=receive, daemon=True)
     reader.start()
     wire.send_all(pair.a, [memoryview(c) for c in chunks])
     reader.join(10.0)
