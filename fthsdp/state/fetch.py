@@ -24,8 +24,8 @@ from typing import Callable
 
 from ftar_kernels import auth
 from fthsdp.state import request_auth, wire
-from fthsdp.state.stream import (HEADER, MAX_MANIFEST_BYTES, TAG_BYTES, Fetched, Manifest, StateTarget, StreamTag,
-                                 TransferError, lane_runs, tags_match)
+from fthsdp.state.stream import (HEADER, MAX_MANIFEST_BYTES, STREAM_FORMAT, TAG_BYTES, Fetched, Manifest,
+                                 StateTarget, StreamTag, TransferError, lane_runs, tags_match)
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +36,8 @@ def _signed(key: bytes | None, method: str, target: str, nonce: bytes) -> dict[s
 
 def _unauthentic(address: str, what: str) -> TransferError:
     return TransferError(f"the state {what} from {address} does not verify under the job secret: damaged in "
-                         f"transit (its checksum tag differs), or its source does not hold the job secret")
+                         f"transit (its checksum tag differs), or its source does not hold the job secret "
+                         f"(or speaks another stream format than this fetcher's {STREAM_FORMAT!r})")
 
 
 #: a fetch opens one lane (connection) per LANE_MIN_BYTES of the state it expects, at most

@@ -78,7 +78,10 @@ __all__ = ["TransferError"]  # re-exported: fetch and serve raise it
 #: damage is the same (docs/architecture.md, "The data plane")
 BLOCK_BYTES = 4096
 _LENGTH = struct.Struct(">Q")
-_STREAM_LABEL = b"fthsdp state stream v4\0"
+#: the transfer's format, named in the tags (a source and a fetcher of different formats fail
+#: the manifest tag, and the error names this)
+STREAM_FORMAT = "fthsdp state stream v4"
+_STREAM_LABEL = STREAM_FORMAT.encode() + b"\0"
 
 
 class StreamTag:

@@ -4,6 +4,7 @@ damage detected (through a damaging proxy), holds bounded, strangers' requests b
 from __future__ import annotations
 
 import http.client
+import re
 import threading
 import time
 
@@ -15,8 +16,8 @@ from fthsdp.errors import TransferError
 from fthsdp.state.digest import state_digest
 from fthsdp.state.fetch import fetch_state
 from fthsdp.state.registry import MAX_PAYLOAD_BYTES, StateRegistry
-from fthsdp.state import request_auth
-from fthsdp.state.stream import StateTarget
+from fthsdp.state import request_auth, serve
+from fthsdp.state.stream import STREAM_FORMAT, StateTarget, StreamTag
 from tests.runtime.faults import DamagingProxy
 from tests.runtime.state_source import KEY, live_snapshot, serving
 
@@ -75,6 +76,21 @@ def test_damage_is_detected_and_fetched_again(source, damage, match):
             state_digest(model, opt, "", 5, registry.state_dicts())
     finally:
         proxy.close()
+
+
+def test_a_source_of_another_stream_format_is_refused_naming_this_fetchers_format(source, monkeypatch):
+    class OtherFormat(StreamTag):  # a source whose tags start from another label, as another version's would
+        def __init__(self, key, nonce):
+            super().__init__(key, b"another format\0" + nonce)
+
+    model, opt, registry, server = source
+    monkeypatch.setattr(serve, "StreamTag", OtherFormat)
+    with pytest.raises(TransferError, match=re.escape(f"another stream format than this fetcher's {STREAM_FORMAT!r}")):
+        _fetch(server.address, attempts=1)
+    monkeypatch.undo()
+    dst_model, dst_opt, dst_registry, _ = _fetch(server.address, attempts=1)  # the same source, its format again
+    assert state_digest(dst_model, dst_opt, "", 5, dst_registry.state_dicts()) == \
+        state_digest(model, opt, "", 5, registry.state_dicts())
 
 
 def test_retries_within_one_fetch_get_past_a_damaged_transfer(source):
