@@ -192,7 +192,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--chunk-bytes", default="8MiB")
     ap.add_argument("--chunks-in-flight", type=int, default=2)
-    ap.add_argument("--socket-buffer-bytes", default="4MiB", help="0 keeps kernel autotuning")
+    ap.add_argument("--socket-buffer-bytes", default="0", help="SO_SNDBUF/SO_RCVBUF; 0 (FTAR's default) keeps "
+                    "kernel autotuning")
     ap.add_argument("--timeout-s", type=float, default=600.0, help="bound on one point (an error row past it)")
     ap.add_argument("--json", action="store_true", help="one JSON line per point")
     args = ap.parse_args(argv)
