@@ -76,16 +76,6 @@ def split_address(address: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
-#: a receive is woken once this much of what it waits for is in (SO_RCVLOWAT), not at each
-#: arrival: a thread that sleeps and wakes for every 64 KiB costs its core a context switch and
-#: the sending side a cross-core wake-up each time. Measured on 2 cores (bench.ftar, three
-#: alternations, of the plain TCP ring that wakes at each arrival): 2 ranks 0.83-1.19 against
-#: 0.86-0.99, 4 ranks 0.93-1.04 against 0.85-0.89, against Gloo at 4 ranks 1.14-1.81 against
-#: 0.98-1.15 (docs/architecture.md, "The data plane"). Never more than the call still waits
-#: for: a neighbour that sent all it owes and waits for a credit sends nothing more.
-WAKE_BYTES = 512 << 10
-
-
 class TcpConnection(Connection):
     def __init__(self, sock: socket.socket, peer: str, buffer_bytes: int = 0) -> None:
         self._sock = sock
@@ -96,13 +86,6 @@ class TcpConnection(Connection):
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, buffer_bytes)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, buffer_bytes)
         self._timeout: float | None = None
-        self._wake_bytes = 0  # what _wake_at last set (0: not yet; a new socket's is 1)
-
-    def _wake_at(self, waiting_for: int) -> None:
-        want = max(1, min(waiting_for, WAKE_BYTES))
-        if want != self._wake_bytes:
-            self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, want)
-            self._wake_bytes = want
 
     def _arm(self, timeout_s: float) -> None:
         """Bound every blocking call with kernel timeouts (SO_RCVTIMEO / SO_SNDTIMEO).
@@ -133,7 +116,6 @@ class TcpConnection(Connection):
         got, n = 0, len(into)
         try:
             while got < n:
-                self._wake_at(n - got)
                 k = self._sock.recv_into(into[got:], n - got)
                 if k == 0:
                     raise RecoverableError(f"peer {self.peer} closed the connection")
@@ -144,7 +126,6 @@ class TcpConnection(Connection):
     def recv_some(self, into: memoryview, timeout_s: float) -> int:
         self._arm(timeout_s)
         try:
-            self._wake_at(1)
             k = self._sock.recv_into(into)
         except OSError as exc:
             raise self._fail("receiving from", exc) from exc
