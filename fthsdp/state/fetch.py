@@ -24,8 +24,8 @@ from typing import Callable
 
 from ftar_kernels import auth
 from fthsdp.state import request_auth, wire
-from fthsdp.state.stream import (HEADER, MAX_MANIFEST_BYTES, PART_BYTES, STREAM_FORMAT, TAG_BYTES, Fetched,
-                                 Manifest, StateTarget, StreamTag, TransferError, lane_runs, tags_match)
+from fthsdp.state.stream import (HEADER, MAX_MANIFEST_BYTES, STREAM_FORMAT, TAG_BYTES, Fetched, Manifest,
+                                 StateTarget, StreamTag, TransferError, lane_runs, tags_match)
 
 log = logging.getLogger(__name__)
 
@@ -48,14 +48,6 @@ def _unauthentic(address: str, what: str) -> TransferError:
 FETCH_LANES = 2
 LANE_MIN_BYTES = 16 << 20
 CPUS_PER_LANE = 4
-
-
-#: the fetcher's thread is woken when a part's worth of bytes is waiting, not at each arrival
-#: (`wire.Response.wake_at`): on 2 cores a 1 GiB fetch took 211-213 ms best of 8 (medians 235-266)
-#: against 238-266 (285-300) woken at each arrival, the fetcher's CPU 162-173 ms against 194-199
-#: and the source's 226-254 against 282-295 (each wake-up of the fetcher is work for the sending
-#: side too); with two fetches sharing the cores it changed nothing (docs/architecture.md)
-WAKE_BYTES = PART_BYTES
 
 
 def lanes_for(expected_bytes: int, cpus: int | None = None) -> int:
@@ -116,16 +108,11 @@ class _Lane:
         `lane_runs`) and digested while in cache."""
         resp = self.resp
         assert resp is not None, "manifest() first"
-        try:
-            for run in lane_runs(views, self.lane, self.lanes):
-                if stop():
-                    raise TransferError(f"fetch from {self.address} was cancelled")
-                resp.wake_at(WAKE_BYTES)
-                resp.read_into([part for _, part in run])
-                self.tag.update_run(run)
-            resp.wake_at(WAKE_BYTES)
-        except OSError as exc:  # the socket option (the reads raise TransferError)
-            raise TransferError(f"state fetch from {self.address} failed: {exc!r}") from exc
+        for run in lane_runs(views, self.lane, self.lanes):
+            if stop():
+                raise TransferError(f"fetch from {self.address} was cancelled")
+            resp.read_into([part for _, part in run])
+            self.tag.update_run(run)
         trailer = bytearray(TAG_BYTES)
         resp.read_exact(memoryview(trailer))
         if not tags_match(trailer, self.tag.value()):

@@ -49,17 +49,6 @@ class Response:
         self.left = int(length)
         if len(early) > self.left:
             raise TransferError(f"the state server sent {len(early)} bytes past a {self.left}-byte body")
-        self._wake_bytes = 0  # what wake_at last set (0: not yet; the kernel's default is 1)
-
-    def wake_at(self, most: int) -> None:
-        """Have the kernel wake a blocked read only once `most` bytes are waiting (SO_RCVLOWAT),
-        or all the body's bytes still to come, when fewer: one wake-up of the reading thread per
-        `most` bytes instead of one per arrival, and never a wait for bytes the body does not
-        have. A read that asks for fewer bytes than are waiting still returns at once."""
-        want = max(1, min(most, self.left - len(self._early)))
-        if want != self._wake_bytes:
-            self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, want)
-            self._wake_bytes = want
 
     def read_exact(self, view: memoryview) -> None:
         n = len(view)
