@@ -18,6 +18,7 @@ import struct
 import time
 
 from .errors import RecoverableError
+from .woken_receive import WokenReceiver
 
 
 class Connection(abc.ABC):
@@ -86,16 +87,17 @@ class TcpConnection(Connection):
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, buffer_bytes)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, buffer_bytes)
         self._timeout: float | None = None
+        self._receiver = WokenReceiver(sock)
 
     def _arm(self, timeout_s: float) -> None:
-        """Bound every blocking call with kernel timeouts (SO_RCVTIMEO / SO_SNDTIMEO).
+        """Bound every blocking send with a kernel timeout (SO_SNDTIMEO).
 
         The socket stays in blocking mode: Python's own timeout mode would poll() before every
-        send and receive, which costs a third of loopback bandwidth on big transfers."""
+        send, which costs a third of loopback bandwidth on big transfers. Receives wait in their
+        own poll(), bounded there (`WokenReceiver`)."""
         if timeout_s != self._timeout:
             sec = int(timeout_s)
             tv = struct.pack("ll", sec, max(1, int((timeout_s - sec) * 1e6)) if sec == 0 else int((timeout_s - sec) * 1e6))
-            self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, tv)
             self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, tv)
             self._timeout = timeout_s
 
@@ -112,21 +114,24 @@ class TcpConnection(Connection):
             raise self._fail("sending to", exc) from exc
 
     def recv_exact(self, into: memoryview, timeout_s: float) -> None:
-        self._arm(timeout_s)
+        """Woken once 512 KiB of what is due is in, not at each arrival (`woken_receive`)."""
         got, n = 0, len(into)
         try:
             while got < n:
-                k = self._sock.recv_into(into[got:], n - got)
+                k = self._receiver.receive(into[got:], n - got, timeout_s)
                 if k == 0:
                     raise RecoverableError(f"peer {self.peer} closed the connection")
                 got += k
+        except TimeoutError as exc:
+            raise RecoverableError(f"timed out after {timeout_s} s receiving from peer {self.peer}") from exc
         except OSError as exc:
             raise self._fail("receiving from", exc) from exc
 
     def recv_some(self, into: memoryview, timeout_s: float) -> int:
-        self._arm(timeout_s)
         try:
-            k = self._sock.recv_into(into)
+            k = self._receiver.receive(into, 1, timeout_s)
+        except TimeoutError as exc:
+            raise RecoverableError(f"timed out after {timeout_s} s receiving from peer {self.peer}") from exc
         except OSError as exc:
             raise self._fail("receiving from", exc) from exc
         if k == 0:

@@ -62,7 +62,7 @@ class _Lane:
 
     def __init__(self, address: str, step: int, replica_id: str, lane: int, lanes: int, timeout_s: float,
                  key: bytes | None) -> None:
-        self.address, self.lane, self.lanes = address, lane, lanes
+        self.address, self.lane, self.lanes, self._timeout_s = address, lane, lanes, timeout_s
         path = f"/state?step={step}&replica={replica_id}" + (f"&lane={lane}&lanes={lanes}" if lanes > 1 else "")
         nonce = auth.nonce() if key else b""
         self.tag = StreamTag(key, nonce)
@@ -75,7 +75,7 @@ class _Lane:
     def manifest(self, step: int) -> bytes:
         """The manifest's bytes, once its tag verified (before anything parses them)."""
         try:
-            self.resp = resp = wire.read_response(self._sock, self.address)
+            self.resp = resp = wire.read_response(self._sock, self.address, self._timeout_s)
         except OSError as exc:
             raise TransferError(f"state fetch from {self.address} failed: {exc!r}") from exc
         if resp.status != 200:

@@ -3,7 +3,9 @@
 A state stream moves gigabytes through `sendall` and `recv_into` on caller-owned memory (the
 tensors themselves). Python's own socket timeouts would poll() before every call; the kernel's
 SO_SNDTIMEO / SO_RCVTIMEO bound each call the same way without it, so the stream's sockets are
-blocking with those set (an expired call raises an OSError, as a reset one does).
+blocking with those set (an expired call raises an OSError, as a reset one does). The fetcher's
+body reads instead wait in one poll() per part (`Response`, `WokenReceiver`): woken once 512 KiB
+is queued rather than at each arrival, each wait bounded by the fetch's timeout.
 
 The fetcher sends its GETs (one per lane, all before it reads any answer) and reads each response
 on the raw socket: http.client would read the body through a buffered file (another bounded copy
@@ -19,6 +21,7 @@ import io
 import socket
 import struct
 
+from ftar_kernels.woken_receive import WokenReceiver
 from fthsdp.errors import TransferError
 
 #: the response's status line and headers: a state server sends a few hundred bytes
@@ -38,10 +41,16 @@ def use_kernel_timeouts(sock: socket.socket, timeout_s: float) -> None:
 class Response:
     """The answer to one GET: `status`, `headers`, and the body, read with `read_exact` (into the
     caller's memory) or `read_some` (a few bytes of an error's text). Never more than the
-    Content-Length is read. The socket stays its opener's to close."""
+    Content-Length is read. The socket stays its opener's to close.
 
-    def __init__(self, sock: socket.socket, status: int, headers: http.client.HTTPMessage, early: bytes) -> None:
+    A read is woken once a part's worth of the body is queued, or all of it that is still to come
+    when less (`WokenReceiver`: the body's bytes are owed for certain, the source sends them
+    without waiting for us), not at each arrival; each wait is bounded by `timeout_s`."""
+
+    def __init__(self, sock: socket.socket, status: int, headers: http.client.HTTPMessage, early: bytes,
+                 timeout_s: float) -> None:
         self._sock, self.status, self.headers = sock, status, headers
+        self._receiver, self._timeout_s = WokenReceiver(sock), timeout_s
         self._early = memoryview(early)  # body bytes that came with the head
         length = headers.get("Content-Length", "")
         if not length.isdigit():
@@ -60,7 +69,7 @@ class Response:
             self._early = self._early[got:]
         try:
             while got < n:  # the bulk of a transfer: kept to one call a loop
-                k = self._sock.recv_into(view[got:], n - got)
+                k = self._receiver.receive(view[got:], self.left - got, self._timeout_s)
                 if not k:
                     raise TransferError(f"state stream ended after {got} of {n} bytes of a section")
                 got += k
@@ -84,7 +93,8 @@ class Response:
                 self._early = self._early[k:]
             while not todo.done:
                 bufs = todo.remaining(MAX_IOV)
-                k = self._sock.recvmsg_into(bufs)[0] if len(bufs) > 1 else self._sock.recv_into(bufs[0])
+                k = self._receiver.receive(bufs if len(bufs) > 1 else bufs[0], self.left - todo.moved,
+                                           self._timeout_s)
                 if not k:
                     raise TransferError(f"state stream ended after {todo.moved} of {n} bytes of a section")
                 todo.advance(k)
@@ -170,9 +180,10 @@ def send_get(address: str, target: str, headers: dict[str, str], timeout_s: floa
         raise
 
 
-def read_response(sock: socket.socket, address: str) -> Response:
-    """The response's head, read from `sock` (which the caller closes, whatever happens).
-    Raises TransferError (a malformed answer) or OSError (the connection)."""
+def read_response(sock: socket.socket, address: str, timeout_s: float) -> Response:
+    """The response's head, read from `sock` (which the caller closes, whatever happens); the
+    body's reads each wait at most `timeout_s`. Raises TransferError (a malformed answer) or
+    OSError (the connection)."""
     head = bytearray()
     while (end := head.find(b"\r\n\r\n")) < 0:
         if len(head) > MAX_HEAD_BYTES:
@@ -189,4 +200,4 @@ def read_response(sock: socket.socket, address: str) -> Response:
         parsed = http.client.parse_headers(io.BytesIO(fields + b"\r\n"))
     except http.client.HTTPException as exc:
         raise TransferError(f"{address} answered with malformed headers: {exc!r}") from None
-    return Response(sock, int(parts[1]), parsed, bytes(head[end + 4:]))
+    return Response(sock, int(parts[1]), parsed, bytes(head[end + 4:]), timeout_s)
