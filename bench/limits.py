@@ -9,6 +9,11 @@
   informative, no benchmark's `_of_limit` uses it.
 - `tcp_two_stream_gbs`: two connections at once in opposite directions (what a 2-rank ring
   does), GB/s per direction -- the ceiling of FTAR's bus bandwidth at 2 ranks.
+- `tcp_one_stream_woken_gbs`, `tcp_two_stream_woken_gbs`: the same two, the receiver woken once
+  512 KiB is queued instead of at each arrival (`ftar_kernels.woken_receive`, as FTAR and the
+  catch-up fetcher receive): informative, what this machine's loopback moves when the receiving
+  thread is not woken for every 64 KiB; no `_of_limit` uses them (the issue's ceilings stay as
+  defined, so rounds stay comparable).
 - `memcpy_gbs`: torch copy_ between two 256 MiB tensors (bytes copied per second).
 - `add_gbs`: torch add_ of a chunk-sized float32 staging tensor into a large destination,
   chunk by chunk (bytes of destination reduced per second), at --chunk-bytes (FTAR's chunk).
@@ -44,17 +49,20 @@ def _send(sock: socket.socket, total: int, buf: memoryview) -> None:
         off = (off + n) % len(buf)
 
 
-def _recv(sock: socket.socket, total: int, buf: memoryview) -> None:
+def _recv(sock: socket.socket, total: int, buf: memoryview, woken: bool = False) -> None:
+    from ftar_kernels.woken_receive import WokenReceiver
+    receiver = WokenReceiver(sock) if woken else None
     left, off = total, 0
     while left:
-        k = sock.recv_into(buf[off:], min(left, BUFFER_BYTES, len(buf) - off))
+        n = min(left, BUFFER_BYTES, len(buf) - off)
+        k = receiver.receive(buf[off:off + n], left, 60.0) if receiver else sock.recv_into(buf[off:], n)
         if not k:
             raise ConnectionError("loopback peer closed early")
         left -= k
         off = (off + k) % len(buf)
 
 
-def _side(side: int, streams: int, total: int, buffer_bytes: int, ports, start, out) -> None:
+def _side(side: int, streams: int, total: int, buffer_bytes: int, woken: bool, ports, start, out) -> None:
     """One endpoint process (spawned, so it shares no memory with the caller's): side 0 listens
     and sends on even streams, side 1 dials and sends on odd ones (alternating directions, as
     the two ranks of a ring), a thread per connection, timed from a shared start."""
@@ -68,8 +76,9 @@ def _side(side: int, streams: int, total: int, buffer_bytes: int, ports, start, 
         socks = [socket.create_connection(("127.0.0.1", port)) for port in ports.get(timeout=60)]
     for s in socks:
         s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    threads = [threading.Thread(target=_send if i % 2 == side else _recv,
-                                args=(s, total, memoryview(bytearray(buffer_bytes)))) for i, s in enumerate(socks)]
+    threads = [threading.Thread(target=_send, args=(s, total, memoryview(bytearray(buffer_bytes)))) if i % 2 == side
+               else threading.Thread(target=_recv, args=(s, total, memoryview(bytearray(buffer_bytes)), woken))
+               for i, s in enumerate(socks)]
     start.wait()
     t0 = time.perf_counter()
     for t in threads:
@@ -81,7 +90,7 @@ def _side(side: int, streams: int, total: int, buffer_bytes: int, ports, start, 
         s.close()
 
 
-def _streams_once(streams: int, total: int, buffer_bytes: int) -> float:
+def _streams_once(streams: int, total: int, buffer_bytes: int, woken: bool = False) -> float:
     """Seconds for `streams` connections between two processes (alternating directions, as the
     two ranks of a ring, each with a thread per connection) to move `total` bytes each. The
     processes are spawned, not forked: a fork would leave the caller's memory copy-on-write,
@@ -89,7 +98,7 @@ def _streams_once(streams: int, total: int, buffer_bytes: int) -> float:
     import multiprocessing as mp
     ctx = mp.get_context("spawn")
     ports, start, out = ctx.Queue(), ctx.Barrier(3), ctx.Queue()
-    procs = [ctx.Process(target=_side, args=(side, streams, total, buffer_bytes, ports, start, out))
+    procs = [ctx.Process(target=_side, args=(side, streams, total, buffer_bytes, woken, ports, start, out))
              for side in (0, 1)]
     try:
         for p in procs:
@@ -103,10 +112,12 @@ def _streams_once(streams: int, total: int, buffer_bytes: int) -> float:
                 p.kill()
 
 
-def measure_tcp(streams: int, total: int = 1 << 30, repeats: int = 3, buffer_bytes: int = BUFFER_BYTES) -> float:
+def measure_tcp(streams: int, total: int = 1 << 30, repeats: int = 3, buffer_bytes: int = BUFFER_BYTES,
+                woken: bool = False) -> float:
     """GB/s per stream: the best of `repeats` runs of `streams` loopback connections at once,
-    each end reusing a `buffer_bytes` buffer (buffer_bytes = total: memory to memory)."""
-    return max(total / _streams_once(streams, total, buffer_bytes) / GB for _ in range(repeats))
+    each end reusing a `buffer_bytes` buffer (buffer_bytes = total: memory to memory); `woken`:
+    the receivers wait in `WokenReceiver` (woken once 512 KiB is queued)."""
+    return max(total / _streams_once(streams, total, buffer_bytes, woken) / GB for _ in range(repeats))
 
 
 def measure_memcpy(nbytes: int = 256 << 20, repeats: int = 5) -> float:
@@ -157,6 +168,8 @@ def main(argv: list[str] | None = None) -> int:
     row = {"tcp_one_stream_gbs": round(measure_tcp(1, total, args.repeats), 3),
            "tcp_one_stream_mem_gbs": round(measure_tcp(1, total, args.repeats, total), 3),
            "tcp_two_stream_gbs": round(measure_tcp(2, total, args.repeats), 3),
+           "tcp_one_stream_woken_gbs": round(measure_tcp(1, total, args.repeats, woken=True), 3),
+           "tcp_two_stream_woken_gbs": round(measure_tcp(2, total, args.repeats, woken=True), 3),
            "memcpy_gbs": round(measure_memcpy(), 3),
            "add_gbs": round(measure_add(chunk), 3), "add_chunk_bytes": chunk,
            "bytes_per_stream": total, "cpus": os.cpu_count(), "load": load()}
