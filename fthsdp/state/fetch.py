@@ -24,8 +24,8 @@ from typing import Callable
 
 from ftar_kernels import auth
 from fthsdp.state import request_auth, wire
-from fthsdp.state.stream import (HEADER, MAX_MANIFEST_BYTES, STREAM_FORMAT, TAG_BYTES, Fetched, Manifest,
-                                 StateTarget, StreamTag, TransferError, lane_runs, tags_match)
+from fthsdp.state.stream import (HEADER, MAX_MANIFEST_BYTES, PART_BYTES, STREAM_FORMAT, TAG_BYTES, Fetched,
+                                 Manifest, StateTarget, StreamTag, TransferError, lane_runs, tags_match)
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +75,7 @@ class _Lane:
     def manifest(self, step: int) -> bytes:
         """The manifest's bytes, once its tag verified (before anything parses them)."""
         try:
-            self.resp = resp = wire.read_response(self._sock, self.address, self._timeout_s)
+            self.resp = resp = wire.read_response(self._sock, self.address, self._timeout_s, PART_BYTES)
         except OSError as exc:
             raise TransferError(f"state fetch from {self.address} failed: {exc!r}") from exc
         if resp.status != 200:

@@ -56,10 +56,12 @@ from fthsdp.state.shards import is_dtensor, like, local
 
 PIECE_BYTES = 8 << 20
 #: what one end sends or receives, then digests, at a time (a multiple of BLOCK_BYTES that
-#: divides PIECE_BYTES): small enough to stay in the core's L2 cache in between (measured:
-#: the digest of a 512 KiB part just written cost 0.05 s/GB, as from cache; of a 1 MiB part
-#: 0.10, as from memory; docs/architecture.md, "The data plane")
-PART_BYTES = 512 << 10
+#: divides PIECE_BYTES), and what wakes the fetcher (`wire.Response`). 512 KiB stays in the
+#: core's L2 between the copy and the digest, but since the fetcher is woken once a part is
+#: queued (not at each arrival) 1 MiB won: two fetches at once on 2 cores 72-73 ms best of 20
+#: against 81-105, each end's CPU a fifth to a half lower; one 1 GiB fetch within its spread
+#: (docs/architecture.md, "Receives woken a part at a time, again")
+PART_BYTES = 1 << 20
 #: the most connections (lanes) one fetch of one rank's state may use at once
 MAX_LANES = 8
 HEADER = struct.Struct(">Q")

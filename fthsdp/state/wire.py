@@ -4,7 +4,7 @@ A state stream moves gigabytes through `sendall` and `recv_into` on caller-owned
 tensors themselves). Python's own socket timeouts would poll() before every call; the kernel's
 SO_SNDTIMEO / SO_RCVTIMEO bound each call the same way without it, so the stream's sockets are
 blocking with those set (an expired call raises an OSError, as a reset one does). The fetcher's
-body reads instead wait in one poll() per part (`Response`, `WokenReceiver`): woken once 512 KiB
+body reads instead wait in one poll() per part (`Response`, `WokenReceiver`): woken once a part
 is queued rather than at each arrival, each wait bounded by the fetch's timeout.
 
 The fetcher sends its GETs (one per lane, all before it reads any answer) and reads each response
@@ -43,14 +43,15 @@ class Response:
     caller's memory) or `read_some` (a few bytes of an error's text). Never more than the
     Content-Length is read. The socket stays its opener's to close.
 
-    A read is woken once a part's worth of the body is queued, or all of it that is still to come
-    when less (`WokenReceiver`: the body's bytes are owed for certain, the source sends them
-    without waiting for us), not at each arrival; each wait is bounded by `timeout_s`."""
+    A read is woken once `wake_bytes` of the body are queued (the fetcher's part), or all of it
+    that is still to come when less (`WokenReceiver`: the body's bytes are owed for certain, the
+    source sends them without waiting for us), not at each arrival; each wait is bounded by
+    `timeout_s`."""
 
     def __init__(self, sock: socket.socket, status: int, headers: http.client.HTTPMessage, early: bytes,
-                 timeout_s: float) -> None:
+                 timeout_s: float, wake_bytes: int) -> None:
         self._sock, self.status, self.headers = sock, status, headers
-        self._receiver, self._timeout_s = WokenReceiver(sock), timeout_s
+        self._receiver, self._timeout_s = WokenReceiver(sock, wake_bytes), timeout_s
         self._early = memoryview(early)  # body bytes that came with the head
         length = headers.get("Content-Length", "")
         if not length.isdigit():
@@ -180,10 +181,10 @@ def send_get(address: str, target: str, headers: dict[str, str], timeout_s: floa
         raise
 
 
-def read_response(sock: socket.socket, address: str, timeout_s: float) -> Response:
+def read_response(sock: socket.socket, address: str, timeout_s: float, wake_bytes: int) -> Response:
     """The response's head, read from `sock` (which the caller closes, whatever happens); the
-    body's reads each wait at most `timeout_s`. Raises TransferError (a malformed answer) or
-    OSError (the connection)."""
+    body's reads each wait at most `timeout_s`, woken once `wake_bytes` are queued. Raises
+    TransferError (a malformed answer) or OSError (the connection)."""
     head = bytearray()
     while (end := head.find(b"\r\n\r\n")) < 0:
         if len(head) > MAX_HEAD_BYTES:
@@ -200,4 +201,4 @@ def read_response(sock: socket.socket, address: str, timeout_s: float) -> Respon
         parsed = http.client.parse_headers(io.BytesIO(fields + b"\r\n"))
     except http.client.HTTPException as exc:
         raise TransferError(f"{address} answered with malformed headers: {exc!r}") from None
-    return Response(sock, int(parts[1]), parsed, bytes(head[end + 4:]), timeout_s)
+    return Response(sock, int(parts[1]), parsed, bytes(head[end + 4:]), timeout_s, wake_bytes)

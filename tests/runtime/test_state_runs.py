@@ -58,7 +58,7 @@ def test_runs_group_the_parts_in_order_small_ones_together_within_a_part(seed):
 
 
 def test_two_thousand_small_tensors_between_large_ones_take_a_few_runs_not_one_each():
-    sizes = [1024 if i % 21 else 1 << 20 for i in range(2100)]  # a deep model's shard
+    sizes = [1024 if i % 21 else 2 * PART_BYTES for i in range(2100)]  # a deep model's shard: 2 parts a large one
     runs = list(lane_runs(_views(sizes)))
     parts = sum(1 for _ in lane_parts(_views(sizes)))
     assert parts == 2000 + 100 * 2 and len(runs) == 100 * 2 + 100  # the 20 small ones after each large one: one run
@@ -99,7 +99,7 @@ def pair():
 
 def _response(sock: socket.socket, body: int, early: bytes = b"") -> wire.Response:
     headers = http.client.parse_headers(io.BytesIO(f"Content-Length: {body}\r\n\r\n".encode()))
-    return wire.Response(sock, 200, headers, early, 5.0)
+    return wire.Response(sock, 200, headers, early, 5.0, 512 << 10)
 
 
 @pytest.mark.parametrize("seed", range(8))
@@ -224,7 +224,7 @@ def test_the_source_streams_without_nagle_so_a_run_of_small_tensors_never_waits_
     path = "/state?step=4&replica=b"
     sock = wire.send_get(server.address, path, _signed(KEY, "GET", path, auth.nonce()), 5.0)
     try:
-        assert wire.read_response(sock, server.address, 5.0).status == 200  # the stream has begun; we read no more
+        assert wire.read_response(sock, server.address, 5.0, 512 << 10).status == 200  # the stream has begun; we read no more
         [stream] = server._httpd._streams  # its 17 MB do not fit the socket buffers: still sending
         assert stream.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) == 1
     finally:
