@@ -34,6 +34,8 @@ import sys
 import threading
 import time
 
+from ftar_kernels.woken_receive import WokenReceiver
+
 GB = 1e9
 BUFFER_BYTES = 4 << 20
 
@@ -50,7 +52,6 @@ def _send(sock: socket.socket, total: int, buf: memoryview) -> None:
 
 
 def _recv(sock: socket.socket, total: int, buf: memoryview, woken: bool = False) -> None:
-    from ftar_kernels.woken_receive import WokenReceiver
     receiver = WokenReceiver(sock) if woken else None
     left, off = total, 0
     while left:

@@ -9,8 +9,8 @@ against 238-266; FTAR at 4 ranks 0.93-1.04 of the TCP ring against 0.85-0.89; do
 The trap: a *blocking* `recv` that has copied part of what it asked for and then sleeps is woken
 only when SO_RCVLOWAT *more* bytes are queued, not when its own request is complete. With the
 threshold set to the bytes still due, the rest of them arrive and the reader sleeps on until its
-timeout, while the sender, in a ring, waits for it (a stall this module was written after; the
-test `test_woken_receive.py` reproduces it on a plain blocking socket). So the wait here is a
+timeout, while the sender, in a ring, waits for it (the stall this module was written after;
+tests/ftar/test_woken_receive.py puts a reader exactly there). So the wait here is a
 `poll()`, which copies nothing, so "the threshold is queued" means exactly "the bytes due are
 here", and the read after it takes what is there without blocking. The threshold is never set
 above what the peer still owes (`due`), so it is always reached, or the peer closes or fails,

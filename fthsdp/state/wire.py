@@ -50,7 +50,7 @@ class Response:
 
     def __init__(self, sock: socket.socket, status: int, headers: http.client.HTTPMessage, early: bytes,
                  timeout_s: float, wake_bytes: int) -> None:
-        self._sock, self.status, self.headers = sock, status, headers
+        self.status, self.headers = status, headers
         self._receiver, self._timeout_s = WokenReceiver(sock, wake_bytes), timeout_s
         self._early = memoryview(early)  # body bytes that came with the head
         length = headers.get("Content-Length", "")

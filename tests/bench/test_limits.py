@@ -1,11 +1,11 @@
 """bench.limits' socket ceilings move every byte, woken at each arrival or once 512 KiB is queued."""
 
-import socket
 import threading
 
 import pytest
 
 from bench import limits
+from tests.sockets import loopback_pair
 
 
 @pytest.mark.parametrize("woken", [False, True], ids=["at each arrival", "a part at a time"])
@@ -17,10 +17,7 @@ def test_the_streams_of_two_processes_finish_and_give_a_rate(streams, woken):
 
 @pytest.mark.parametrize("woken", [False, True], ids=["at each arrival", "a part at a time"])
 def test_the_receiver_takes_exactly_the_bytes_sent_through_its_buffer_in_turn(woken):
-    with socket.create_server(("127.0.0.1", 0)) as server:
-        sender = socket.create_connection(server.getsockname())
-        reader, _ = server.accept()
-    with sender, reader:
+    with loopback_pair() as (sender, reader):
         data = bytes(range(251)) * 4099  # not a multiple of the buffer: the walk wraps mid-buffer
         out = memoryview(bytearray(100_003))
         t = threading.Thread(target=sender.sendall, args=(data,))
