@@ -101,9 +101,9 @@ class TcpConnection(Connection):
             self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, tv)
             self._timeout = timeout_s
 
-    def _fail(self, what: str, exc: BaseException) -> RecoverableError:
+    def _fail(self, what: str, exc: BaseException, timeout_s: float) -> RecoverableError:
         if isinstance(exc, (socket.timeout, TimeoutError, BlockingIOError)):
-            return RecoverableError(f"timed out after {self._timeout} s {what} peer {self.peer}")
+            return RecoverableError(f"timed out after {timeout_s} s {what} peer {self.peer}")
         return RecoverableError(f"connection to peer {self.peer} failed while {what}: {exc!r}")
 
     def send_all(self, data, timeout_s: float) -> None:
@@ -111,7 +111,7 @@ class TcpConnection(Connection):
         try:
             self._sock.sendall(data)
         except OSError as exc:
-            raise self._fail("sending to", exc) from exc
+            raise self._fail("sending to", exc, timeout_s) from exc
 
     def recv_exact(self, into: memoryview, timeout_s: float) -> None:
         """Woken once 512 KiB of what is due is in, not at each arrival (`woken_receive`)."""
@@ -122,18 +122,14 @@ class TcpConnection(Connection):
                 if k == 0:
                     raise RecoverableError(f"peer {self.peer} closed the connection")
                 got += k
-        except TimeoutError as exc:
-            raise RecoverableError(f"timed out after {timeout_s} s receiving from peer {self.peer}") from exc
-        except OSError as exc:
-            raise self._fail("receiving from", exc) from exc
+        except OSError as exc:  # TimeoutError included
+            raise self._fail("receiving from", exc, timeout_s) from exc
 
     def recv_some(self, into: memoryview, timeout_s: float) -> int:
         try:
             k = self._receiver.receive(into, 1, timeout_s)
-        except TimeoutError as exc:
-            raise RecoverableError(f"timed out after {timeout_s} s receiving from peer {self.peer}") from exc
-        except OSError as exc:
-            raise self._fail("receiving from", exc) from exc
+        except OSError as exc:  # TimeoutError included
+            raise self._fail("receiving from", exc, timeout_s) from exc
         if k == 0:
             raise RecoverableError(f"peer {self.peer} closed the connection")
         return k

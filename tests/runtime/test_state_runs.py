@@ -99,7 +99,7 @@ def pair():
 
 def _response(sock: socket.socket, body: int, early: bytes = b"") -> wire.Response:
     headers = http.client.parse_headers(io.BytesIO(f"Content-Length: {body}\r\n\r\n".encode()))
-    return wire.Response(sock, 200, headers, early, 5.0, 512 << 10)
+    return wire.Response(sock, 200, headers, early, 5.0, PART_BYTES)
 
 
 @pytest.mark.parametrize("seed", range(8))
@@ -224,7 +224,7 @@ def test_the_source_streams_without_nagle_so_a_run_of_small_tensors_never_waits_
     path = "/state?step=4&replica=b"
     sock = wire.send_get(server.address, path, _signed(KEY, "GET", path, auth.nonce()), 5.0)
     try:
-        assert wire.read_response(sock, server.address, 5.0, 512 << 10).status == 200  # the stream has begun; we read no more
+        assert wire.read_response(sock, server.address, 5.0, PART_BYTES).status == 200  # the stream has begun; we read no more
         [stream] = server._httpd._streams  # its 17 MB do not fit the socket buffers: still sending
         assert stream.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) == 1
     finally:
