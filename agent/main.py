@@ -52,7 +52,7 @@ os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 from agent.policy import ON_JOB_COMPLETE  # noqa: E402
 from agent.runner import Agent, ConnectTimeout, PermanentError  # noqa: E402
 from agent.settings import AgentSettings  # noqa: E402
-from protos import dial, job_secret  # noqa: E402
+from protos import dial, job_secret, timeout_rules  # noqa: E402
 
 log = logging.getLogger("agent")
 #: The agent's exit status once the controller says the job is FAILED.
@@ -89,6 +89,20 @@ def _ranks(text: str) -> tuple[int, ...]:
         raise argparse.ArgumentTypeError(f"ranks {text!r} are not comma-separated integers")
 
 
+def add_timeout_flags(p: argparse.ArgumentParser) -> None:
+    """The agent's timeout flags (also `fthsdp timeouts`'): each must keep the rules of
+    protos/timeout_rules.py with the others (docs/operations.md, "Timeouts")."""
+    d = AgentSettings
+    p.add_argument("--connect-timeout-s", type=timeout_rules.seconds, default=d.connect_timeout_s, metavar="S",
+                   help=f"give up (exit 5) once no controller address answered for this long (default "
+                        f"{d.connect_timeout_s:g})")
+    p.add_argument("--heartbeat-interval-s", type=timeout_rules.seconds, default=d.heartbeat_interval_s, metavar="S",
+                   help=f"beat this often (default {d.heartbeat_interval_s:g}); at most a third of the controller's "
+                        f"--heartbeat-timeout-s, at most half the agent's call timeout ({d.rpc_timeout_s:g} s)")
+    p.add_argument("--stop-grace-s", type=float, default=d.stop_grace_s, metavar="S",
+                   help=f"a stopped trainer gets SIGTERM, then SIGKILL this long after (default {d.stop_grace_s:g})")
+
+
 def parse(argv: list[str]) -> AgentSettings:
     """Settings from the command line; raises ValueError naming a bad value."""
     command: list[str] = []
@@ -120,21 +134,20 @@ def parse(argv: list[str]) -> AgentSettings:
                    help="keep the registration's secret here, so a restarted agent takes its host over at once")
     p.add_argument("--restart-budget", type=int, default=3,
                    help="local restarts of a standby trainer allowed per window before giving up")
-    p.add_argument("--restart-window-s", type=float, default=300.0)
+    p.add_argument("--restart-window-s", type=float, default=AgentSettings.restart_window_s,
+                   help=f"the window of --restart-budget (default {AgentSettings.restart_window_s:g})")
     p.add_argument("--standby", action="store_true",
                    help="pre-start trainers with FTHSDP_STANDBY=1 while unassigned")
     p.add_argument("--warm-restarts", action="store_true",
                    help="keep a pre-started standby next to each trainer; it takes the slot's work when "
                         "the trainer must be replaced (a restart starts no cold process)")
-    p.add_argument("--reserve-delay-s", type=float, default=5.0,
-                   help="with --warm-restarts: start a reserve this long after its trainer")
+    p.add_argument("--reserve-delay-s", type=float, default=AgentSettings.reserve_delay_s,
+                   help=f"with --warm-restarts: start a reserve this long after its trainer (default "
+                        f"{AgentSettings.reserve_delay_s:g})")
     p.add_argument("--on-job-complete", choices=ON_JOB_COMPLETE, default="exit",
                    help="when the job is COMPLETED (or FAILED): stop trainers and exit 0 (4 when FAILED; "
                         "default), or stop them and idle")
-    p.add_argument("--connect-timeout-s", type=float, default=300.0,
-                   help="give up (exit 5) once no controller address answered for this long (default 300)")
-    p.add_argument("--heartbeat-interval-s", type=float, default=1.0)
-    p.add_argument("--stop-grace-s", type=float, default=5.0)
+    add_timeout_flags(p)
     p.add_argument("--tls-ca-file", help=f"CA of the controller's certificate: turns TLS on "
                                           f"(or env {dial.ENV_TLS_CA_FILE}; flags win)")
     p.add_argument("--tls-cert-file", help=f"client certificate for mTLS (or env "
@@ -150,8 +163,10 @@ def parse(argv: list[str]) -> AgentSettings:
                         f"({job_secret.ENV_INSECURE_TRAINER_PORTS}=1 in their environment); without a secret and "
                         f"without this flag the agent refuses to start")
     p.add_argument("--insecure-trainer-ports", action="store_true", help="the older name of --insecure")
-    p.add_argument("--telemetry-interval-s", type=float, default=5.0,
-                   help="send trainers' collective telemetry every this many seconds (0: off)")
+    p.add_argument("--telemetry-interval-s", type=float, default=AgentSettings.telemetry_interval_s,
+                   help="send trainers' collective telemetry every this many seconds (0: off; default "
+                        f"{AgentSettings.telemetry_interval_s:g}); at most half the controller's diagnosis "
+                        "telemetry_stale_s")
     p.add_argument("--telemetry-dir", default="",
                    help="directory for trainers' telemetry rings (default: a fresh private one)")
     p.add_argument("--telemetry-window-collectives", type=int, default=32,

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from agent.policy import ON_JOB_COMPLETE
 from protos.dial import TlsFiles
 from protos.job_secret import JobSecret
+from protos import timeout_rules
 from protos.telemetry_ring import MAX_WINDOW_COLLECTIVES
 
 # Placeholders substituted in the command template. Only these exact `{name}` tokens are
@@ -121,6 +122,15 @@ class AgentSettings:
     def slot_count(self) -> int:
         return self.slots or max(1, len(self.ranks))
 
+    def timeout_values(self) -> dict[str, float]:
+        """Every timeout of the agent by field name (telemetry only when on): what
+        protos/timeout_rules.py judges."""
+        prefix = timeout_rules.AGENT + "."
+        values = {n[len(prefix):]: getattr(self, n[len(prefix):]) for n in timeout_rules.WAITS if n.startswith(prefix)}
+        if not values["telemetry_interval_s"]:
+            del values["telemetry_interval_s"]  # 0: off, nothing to be late
+        return values
+
     def validate(self) -> "AgentSettings":
         """Raise ValueError naming the first bad value; return self when all are good."""
         if not self.controller_addresses or not all(self.controller_addresses):
@@ -155,13 +165,9 @@ class AgentSettings:
                      "reconnect_cap_s", "rpc_timeout_s", "poll_interval_s", "connect_timeout_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}.")
-        if self.reconnect_base_s > self.reconnect_cap_s:
-            raise ValueError(f"reconnect_base_s ({self.reconnect_base_s}) must not exceed "
-                             f"reconnect_cap_s ({self.reconnect_cap_s}).")
-        if self.heartbeat_interval_s >= self.rpc_timeout_s:
-            raise ValueError(f"heartbeat_interval_s ({self.heartbeat_interval_s}) must be below "
-                             f"rpc_timeout_s ({self.rpc_timeout_s}): a controller that stays silent "
-                             "that long counts as failed.")
+        broken = timeout_rules.problems(timeout_rules.AGENT, self.timeout_values())
+        if broken:  # the timeout hierarchy (protos/timeout_rules.py)
+            raise ValueError(" ".join(broken))
         if not 0 <= self.reserve_delay_s <= 3600:
             raise ValueError(f"reserve_delay_s must be 0..3600, got {self.reserve_delay_s}.")
         if self.stop_grace_s < 0:

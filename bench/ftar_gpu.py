@@ -113,7 +113,7 @@ def _runtime_worker(args) -> None:
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     manager = Manager(model, opt, RuntimeSettings(
         job_id="gpu-bench", replica_id=args.replica, controller_address=args.controller, apply_lr_scale=False,
-        allreduce_timeout_s=120.0, quorum_timeout_s=120.0, job_secret=job_secret.from_env()), process_group=dist.group.WORLD).start()
+        allreduce_timeout_s=120.0, gather_timeout_s=120.0, quorum_timeout_s=120.0, job_secret=job_secret.from_env()), process_group=dist.group.WORLD).start()
     ft_opt = FaultTolerantOptimizer(manager, opt)
     corpus = Corpus.load()
     batches = manager.batches(lambda replica, position: corpus.batch(int(replica), position, 8, 128, 0))

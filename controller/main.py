@@ -22,7 +22,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from controller.settings import LR_POLICIES, ControllerSettings
-from protos import job_secret
+from protos import job_secret, timeout_rules
 
 ENV_ADMIN_TOKEN = "FTHSDP_ADMIN_TOKEN"
 ENV_READ_TOKEN = "FTHSDP_READ_TOKEN"
@@ -56,6 +56,23 @@ def _add_security_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--http-tls-key-file", help="PEM private key for --http-tls-cert-file")
 
 
+def add_timeout_flags(p: argparse.ArgumentParser) -> None:
+    """The controller's timeout flags (also `fthsdp timeouts`'): each must keep the rules of
+    protos/timeout_rules.py with the others (docs/operations.md, "Timeouts")."""
+    d = ControllerSettings
+    p.add_argument("--join-timeout-s", type=timeout_rules.seconds, metavar="S",
+                   help=f"a quorum round waits this long for live replicas that have not joined, from its first "
+                        f"joiner (default {d.join_timeout_s:g})")
+    p.add_argument("--heartbeat-timeout-s", type=timeout_rules.seconds, metavar="S",
+                   help=f"a replica coordinator or agent silent this long is declared dead (default "
+                        f"{d.heartbeat_timeout_s:g}); at least 3 of the agents' and coordinators' heartbeat intervals")
+    p.add_argument("--fail-after-s", type=timeout_rules.seconds, metavar="S",
+                   help=f"the job becomes FAILED once no replica could make progress for this long (all DEAD on "
+                        f"hosts that cannot run, no free spare; default {d.fail_after_s:g})")
+    p.add_argument("--lease-ttl-s", type=timeout_rules.seconds, metavar="S",
+                   help=f"leader lease in etcd (default {d.lease_ttl_s:g})")
+
+
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="fthsdp controller", description=__doc__.splitlines()[0])
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1; 0.0.0.0 in a pod)")
@@ -69,8 +86,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--job-id")
     p.add_argument("--replicas", type=int, help="configured replica count")
     p.add_argument("--min-replicas", type=int)
-    p.add_argument("--join-timeout-s", type=float)
-    p.add_argument("--heartbeat-timeout-s", type=float)
+    add_timeout_flags(p)
     p.add_argument("--lr-policy", choices=LR_POLICIES)
     p.add_argument("--hosts-per-replica", type=int,
                    help="lay replicas out here: agents without an assignment get a free host slot")
@@ -78,13 +94,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--restart-budget", type=int,
                    help="replica restarts one host's trainer deaths may cause per --restart-window-s; "
                         "the next death replaces the host by a spare (default 3)")
-    p.add_argument("--restart-window-s", type=float, help="the restart budget's window (default 300)")
-    p.add_argument("--fail-after-s", type=float,
-                   help="the job becomes FAILED once no replica could make progress for this long (all DEAD on "
-                        "hosts that cannot run, no free spare; default 300)")
+    p.add_argument("--restart-window-s", type=float,
+                   help=f"the restart budget's window (default {ControllerSettings.restart_window_s:g})")
     p.add_argument("--etcd", help="comma-separated etcd endpoints (host:port, http(s)://host:port); "
                                    "default: in-memory store")
-    p.add_argument("--lease-ttl-s", type=float, help="leader lease in etcd (default 5)")
     p.add_argument("--advertise-address",
                    help="host:port clients know this controller by; a standby names the leader's in its "
                         "refusals (default: the gRPC address it binds)")

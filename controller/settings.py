@@ -11,6 +11,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
 from controller.core.diagnosis.settings import DiagnosisSettings
+from protos import timeout_rules
 
 LR_POLICIES = ("none", "linear", "sqrt")
 #: Hard ceilings on the settings themselves (a settings file is input too).
@@ -133,6 +134,17 @@ class ControllerSettings:
         forgiven outright, since the new leader restarts every last-seen time."""
         return self.client_timeout_s + self.reconnect_cycle_s
 
+    def timeout_values(self) -> dict[str, float]:
+        """Every timeout of the controller by field name (diagnosis ones as "diagnosis.NAME"):
+        what protos/timeout_rules.py judges."""
+        names = [n for n in timeout_rules.WAITS if n.startswith(timeout_rules.CONTROLLER + ".")]
+        values = {}
+        for name in names:
+            field_name = name.split(".", 1)[1]
+            owner, attr = (self.diagnosis, field_name.split(".", 1)[1]) if "." in field_name else (self, field_name)
+            values[field_name] = getattr(owner, attr)
+        return values
+
     @property
     def max_replica_records(self) -> int:
         """Most replica ids the controller keeps: room for restarts and renames, but bounded."""
@@ -188,11 +200,6 @@ class ControllerSettings:
             problems.append(f"restart_budget must not be negative, got {self.restart_budget}.")
         if self.rollback_wait_s < 0:
             problems.append(f"rollback_wait_s must not be negative, got {self.rollback_wait_s}.")
-        if self.heartbeat_timeout_s < self.reconnect_cycle_s:
-            problems.append(
-                f"heartbeat_timeout_s ({self.heartbeat_timeout_s:g} s) cannot cover a client's reconnect cycle: "
-                f"client_backoff_cap_s ({self.client_backoff_cap_s:g} s) + client_call_s ({self.client_call_s:g} s) "
-                f"= {self.reconnect_cycle_s:g} s; raise the timeout or lower the clients' backoff cap.")
         if self.lr_policy not in LR_POLICIES:
             problems.append(f"lr_policy must be one of {', '.join(LR_POLICIES)}, got {self.lr_policy!r}.")
         if self.hosts_per_replica < 0:
@@ -209,6 +216,8 @@ class ControllerSettings:
             self.diagnosis.validate()
         except ValueError as exc:
             problems.append(str(exc))
+        if not problems:  # the timeout hierarchy (protos/timeout_rules.py), once every value is valid alone
+            problems += timeout_rules.problems(timeout_rules.CONTROLLER, self.timeout_values())
         if not problems:
             from controller.core.sizes import replicas_section_problem
 
@@ -222,6 +231,12 @@ class ControllerSettings:
     @classmethod
     def from_file(cls, path: str | Path, **overrides) -> "ControllerSettings":
         """Defaults, then the JSON file, then `overrides` (flags), validated."""
+        return cls.merged(path, **overrides).validate()
+
+    @classmethod
+    def merged(cls, path: str | Path, **overrides) -> "ControllerSettings":
+        """Defaults, then the JSON file, then `overrides` (flags; None: not given), not yet
+        validated (`fthsdp timeouts` judges them rule by rule)."""
         data = json.loads(Path(path).read_text()) if path else {}
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(data) - known)
@@ -234,4 +249,4 @@ class ControllerSettings:
                 raise ValueError(f"Settings file {path} has unknown keys under diagnosis: {', '.join(unknown)}.")
             data = dict(data, diagnosis=DiagnosisSettings(**nested))
         merged = replace(cls(), **data)
-        return replace(merged, **{k: v for k, v in overrides.items() if v is not None}).validate()
+        return replace(merged, **{k: v for k, v in overrides.items() if v is not None})

@@ -223,7 +223,7 @@ def simulate_rounds(n_ranks: int, rounds: int, timeout_s: float = 120.0, relay_f
     secret = job_secret.parse(job_secret.generate(), "the simulation")
     settings = RuntimeSettings(job_id=JOB, replica_id=REPLICA, world_size=n_ranks, controller_address="127.0.0.1:1",
                                coordinator_address="127.0.0.1:0", quorum_timeout_s=timeout_s,
-                               gather_timeout_s=timeout_s, digest_every_steps=0, job_secret=secret,
+                               gather_timeout_s=timeout_s, allreduce_timeout_s=timeout_s, digest_every_steps=0, job_secret=secret,
                                relay_fanout=relay_fanout).validate()
     relay_ranks = list(settings.relay_tree().relays)
     service = CoordinatorService(settings, InstantController(), "127.0.0.1", 0)

@@ -15,6 +15,13 @@ file, e.g. a mounted Kubernetes Secret) or FTHSDP_JOB_SECRET (the value; how the
 it), the file winning; a `job_secret` keyword wins over both (see protos/job_secret.py).
 Without one the ports refuse to start unless FTHSDP_INSECURE_TRAINER_PORTS=1.
 
+Every timeout can be set from the environment (TIMEOUT_ENV: FTHSDP_QUORUM_TIMEOUT_S,
+FTHSDP_GATHER_TIMEOUT_S, FTHSDP_ALLREDUCE_TIMEOUT_S, FTHSDP_FETCH_TIMEOUT_S,
+FTHSDP_FETCH_HOLD_TIMEOUT_S, FTHSDP_HELLO_TIMEOUT_S, FTHSDP_HEARTBEAT_INTERVAL_S,
+FTHSDP_CONTROLLER_HEARTBEAT_TIMEOUT_S, FTHSDP_CONNECT_TIMEOUT_S), a keyword argument winning
+over the variable; `validate()` refuses values that break the timeout hierarchy
+(protos/timeout_rules.py, docs/operations.md "Timeouts"), naming both values.
+
 A warm spare's standby (FTHSDP_STANDBY=1 in the process's own environment: an agent started
 with --standby pre-starts it while the host is a spare) waits inside `from_env()` for the
 agent's hand-over (agent.env.wait_for_assignment), so every script is a correct warm spare:
@@ -27,6 +34,7 @@ mapping is read as given (no wait).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import os
 import sys
@@ -34,7 +42,7 @@ from dataclasses import dataclass
 from typing import Callable, Mapping
 
 from fthsdp.step.relay_tree import RelayTree
-from protos import job_secret
+from protos import job_secret, timeout_rules
 from protos.job_secret import JobSecret
 
 ENV_JOB_ID = "FTHSDP_JOB_ID"
@@ -53,6 +61,27 @@ ENV_JOB_SECRET = job_secret.ENV_JOB_SECRET
 ENV_INSECURE_TRAINER_PORTS = job_secret.ENV_INSECURE_TRAINER_PORTS
 ENV_DETERMINISTIC = "FTHSDP_DETERMINISTIC"
 ENV_CONNECT_TIMEOUT_S = "FTHSDP_CONNECT_TIMEOUT_S"
+ENV_QUORUM_TIMEOUT_S = "FTHSDP_QUORUM_TIMEOUT_S"
+ENV_GATHER_TIMEOUT_S = "FTHSDP_GATHER_TIMEOUT_S"
+ENV_ALLREDUCE_TIMEOUT_S = "FTHSDP_ALLREDUCE_TIMEOUT_S"
+ENV_FETCH_TIMEOUT_S = "FTHSDP_FETCH_TIMEOUT_S"
+ENV_FETCH_HOLD_TIMEOUT_S = "FTHSDP_FETCH_HOLD_TIMEOUT_S"
+ENV_HELLO_TIMEOUT_S = "FTHSDP_HELLO_TIMEOUT_S"
+ENV_HEARTBEAT_INTERVAL_S = "FTHSDP_HEARTBEAT_INTERVAL_S"
+ENV_CONTROLLER_HEARTBEAT_TIMEOUT_S = "FTHSDP_CONTROLLER_HEARTBEAT_TIMEOUT_S"
+#: Every timeout of the runtime (protos/timeout_rules.py) and the variable that sets it; a
+#: keyword argument of `from_env` wins over the variable, which wins over the default.
+TIMEOUT_ENV: dict[str, str] = {
+    "quorum_timeout_s": ENV_QUORUM_TIMEOUT_S,
+    "gather_timeout_s": ENV_GATHER_TIMEOUT_S,
+    "allreduce_timeout_s": ENV_ALLREDUCE_TIMEOUT_S,
+    "fetch_timeout_s": ENV_FETCH_TIMEOUT_S,
+    "fetch_hold_timeout_s": ENV_FETCH_HOLD_TIMEOUT_S,
+    "hello_timeout_s": ENV_HELLO_TIMEOUT_S,
+    "heartbeat_interval_s": ENV_HEARTBEAT_INTERVAL_S,
+    "controller_heartbeat_timeout_s": ENV_CONTROLLER_HEARTBEAT_TIMEOUT_S,
+    "connect_timeout_s": ENV_CONNECT_TIMEOUT_S,
+}
 # torchrun's, read when the FTHSDP_* variable of the same meaning is not set
 TORCHRUN_RANK = "RANK"
 TORCHRUN_WORLD_SIZE = "WORLD_SIZE"
@@ -102,6 +131,10 @@ class RuntimeSettings:
         (the same N on every replica, so digests of one step meet at the controller; 0:
         only after catch-ups).
     heartbeat_interval_s: how often rank 0 tells the controller the replica is alive.
+    controller_heartbeat_timeout_s: the controller's --heartbeat-timeout-s as this replica assumes
+        it (the runtime cannot ask the controller): heartbeat_interval_s must leave room for two
+        lost beats within it. Set it (FTHSDP_CONTROLLER_HEARTBEAT_TIMEOUT_S) when the controller
+        runs with another heartbeat timeout than its default.
     connect_timeout_s: rank 0 gives up (ControllerUnreachable, a Fatal error) when no controller
         address answered any call for this long (FTHSDP_CONNECT_TIMEOUT_S): a wrong address or
         a controller that is gone ends the replica non-zero, every failed attempt logged with
@@ -149,6 +182,7 @@ class RuntimeSettings:
     copy_state_to_serve: bool = False
     digest_every_steps: int = 100
     heartbeat_interval_s: float = 1.0
+    controller_heartbeat_timeout_s: float = 10.0
     connect_timeout_s: float = 300.0
     checkpoint_dir: str = ""
     checkpoint_every_steps: int = 0
@@ -200,11 +234,14 @@ class RuntimeSettings:
             problems.append(f"insecure_trainer_ports must be True or False, got {self.insecure_trainer_ports!r}.")
         if self.job_secret is None and self.insecure_trainer_ports is not True:
             problems.append(f"The trainer ports need the job secret: {job_secret.HOW_TO_PROVIDE}.")
-        for name in ("quorum_timeout_s", "gather_timeout_s", "allreduce_timeout_s", "fetch_timeout_s",
-                     "fetch_hold_timeout_s", "heartbeat_interval_s", "hello_timeout_s", "connect_timeout_s"):
+        timed = True
+        for name in TIMEOUT_ENV:
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
                 problems.append(f"{name} must be a finite number of seconds > 0, got {value!r}.")
+                timed = False
+        if timed:  # the timeout hierarchy (protos/timeout_rules.py)
+            problems += timeout_rules.problems(timeout_rules.RUNTIME, self.timeout_values())
         if self.fetch_attempts < 1:
             problems.append(f"fetch_attempts must be >= 1, got {self.fetch_attempts}.")
         if self.checkpoint_every_steps > 0 and not self.checkpoint_dir:
@@ -235,6 +272,10 @@ class RuntimeSettings:
     def relay_tree(self) -> RelayTree:
         """This replica's relay tree (fthsdp/step/relay_tree.py)."""
         return RelayTree.for_world(self.world_size, self.relay_fanout)
+
+    def timeout_values(self) -> dict[str, float]:
+        """Every timeout of the runtime by field name: what protos/timeout_rules.py judges."""
+        return {name: getattr(self, name) for name in TIMEOUT_ENV}
 
     # -- bounds a rank derives (every wait in the step is one of these)
 
@@ -292,6 +333,14 @@ def _wait_if_standby() -> None:
         agent_env.wait_for_assignment()
 
 
+def _seconds(name: str, text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise ValueError(f"Invalid RuntimeSettings: environment variable {name}={text!r} is not a number of "
+                         f"seconds.") from None
+
+
 def _int(text: str) -> int:
     return int(text)
 
@@ -309,16 +358,14 @@ _ENV_FIELDS: tuple[tuple[str, Callable[[str], object], tuple[str, ...]], ...] = 
     ("deterministic", lambda text: _flag(ENV_DETERMINISTIC, text), (ENV_DETERMINISTIC,)),
     ("relay_fanout", _int, (ENV_RELAY_FANOUT,)),
     ("replica_version", _int, (ENV_REPLICA_VERSION,)),
-    ("connect_timeout_s", lambda text: _seconds(ENV_CONNECT_TIMEOUT_S, text), (ENV_CONNECT_TIMEOUT_S,)),
+    *((name, functools.partial(_seconds, env), (env,)) for name, env in TIMEOUT_ENV.items()),
 )
 
 
-def _seconds(name: str, text: str) -> float:
-    try:
-        return float(text)
-    except ValueError:
-        raise ValueError(f"Invalid RuntimeSettings: environment variable {name}={text!r} is not a number of "
-                         f"seconds.") from None
+def timeouts_from_env(environ: Mapping[str, str]) -> dict[str, float]:
+    """The runtime timeouts `environ` sets (TIMEOUT_ENV), by field name; ValueError naming a
+    variable that is not a number of seconds."""
+    return {name: _seconds(env, environ[env]) for name, env in TIMEOUT_ENV.items() if environ.get(env, "") != ""}
 
 
 def _flag(name: str, text: str) -> bool:

@@ -70,8 +70,8 @@ def test_nobody_is_declared_dead_for_silence_during_the_takeover_grace():
 def test_a_heartbeat_timeout_that_cannot_cover_a_reconnect_cycle_is_refused():
     with pytest.raises(ValueError) as err:
         ControllerSettings(heartbeat_timeout_s=1.5).validate()
-    assert ("heartbeat_timeout_s (1.5 s) cannot cover a client's reconnect cycle: client_backoff_cap_s (1 s) "
-            "+ client_call_s (1 s) = 2 s") in str(err.value)
+    assert ("heartbeat_timeout_s (1.5 s) must be at least client_backoff_cap_s (1 s) + client_call_s (1 s) = 2 s: "
+            "a live client that lost its connection reconnects") in str(err.value)
     ControllerSettings(heartbeat_timeout_s=1.5, client_backoff_cap_s=0.5).validate()  # a faster client cap
     with pytest.raises(ValueError, match="rollback_wait_s must not be negative, got -1"):
         ControllerSettings(rollback_wait_s=-1).validate()

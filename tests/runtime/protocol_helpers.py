@@ -14,7 +14,7 @@ from tests.trainer_secret import SECRET
 
 SETTINGS = RuntimeSettings(job_id="j", replica_id="b", rank=0, world_size=2, controller_address="127.0.0.1:1",
                            coordinator_address="127.0.0.1:2", max_retries=2, quorum_timeout_s=20.0,
-                           gather_timeout_s=10.0, fetch_timeout_s=5.0, fetch_attempts=2, fetch_hold_timeout_s=3.0,
+                           gather_timeout_s=10.0, allreduce_timeout_s=10.0, fetch_timeout_s=5.0, fetch_attempts=2, fetch_hold_timeout_s=3.0,
                            digest_every_steps=4, job_secret=SECRET).validate()
 
 

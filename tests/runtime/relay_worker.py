@@ -22,7 +22,8 @@ def main() -> None:
                                         rank=cfg["rank"], world_size=cfg["world_size"],
                                         relay_fanout=cfg["relay_fanout"], coordinator_address=cfg["coordinator"],
                                         quorum_timeout_s=20.0, hello_timeout_s=5.0,
-                                        gather_timeout_s=cfg.get("gather_timeout_s", 60.0))
+                                        gather_timeout_s=cfg.get("gather_timeout_s", 60.0),
+                                        allreduce_timeout_s=cfg.get("gather_timeout_s", 60.0))  # relays reduce nothing
     relay = RelayService(settings, cfg["coordinator"], "127.0.0.1", incarnation=f"relay-{cfg['rank']}").start()
     print(relay.address, flush=True)
     sys.stdin.read()  # until the test closes it

@@ -27,7 +27,7 @@ def service(controller_process):
     ctl = controller_process("--replicas", "1", "--min-replicas", "1", "--job-id", "svc", "--join-timeout-s", "0.2")
     settings = RuntimeSettings(job_id="svc", replica_id="r0", world_size=2, controller_address=ctl.grpc,
                                coordinator_address="127.0.0.1:0", quorum_timeout_s=WAIT_S, gather_timeout_s=5.0,
-                               job_secret=SECRET)
+                               allreduce_timeout_s=5.0, job_secret=SECRET)
     svc = CoordinatorService(settings, ControllerClient(ctl.grpc, "svc", "r0", "inc"), "127.0.0.1", 0).start()
     yield svc
     svc.close(linger_s=0.5)

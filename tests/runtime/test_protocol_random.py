@@ -41,7 +41,7 @@ class World:
         self.world = rng.randint(1, 5)
         self.loss, self.dup = rng.choice([0.0, 0.02, 0.1]), rng.choice([0.0, 0.05, 0.2])
         self.settings = dataclasses.replace(SETTINGS, world_size=self.world, max_retries=rng.randint(1, 6),
-                                            digest_every_steps=rng.choice([0, 2, 3]), gather_timeout_s=5.0,
+                                            digest_every_steps=rng.choice([0, 2, 3]), gather_timeout_s=5.0, allreduce_timeout_s=5.0,
                                             quorum_timeout_s=5.0, fetch_timeout_s=2.0, fetch_attempts=1)
         self.now = 0.0
         self.queue: list = []

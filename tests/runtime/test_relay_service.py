@@ -37,7 +37,8 @@ def coordinator(controller_process) -> CoordinatorService:
     ctl = controller_process("--replicas", "1", "--min-replicas", "1", "--job-id", "relays", "--join-timeout-s", "0.2")
     settings = RuntimeSettings(job_id="relays", replica_id="r0", world_size=WORLD, relay_fanout=FANOUT,
                                controller_address=ctl.grpc, coordinator_address="127.0.0.1:0",
-                               quorum_timeout_s=WAIT_S, gather_timeout_s=5.0, digest_every_steps=1, job_secret=SECRET)
+                               quorum_timeout_s=WAIT_S, gather_timeout_s=5.0, allreduce_timeout_s=5.0, digest_every_steps=1,
+                               job_secret=SECRET)
     return CoordinatorService(settings, ControllerClient(ctl.grpc, "relays", "r0", "inc"), "127.0.0.1", 0).start()
 
 

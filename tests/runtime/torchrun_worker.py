@@ -19,7 +19,8 @@ from fthsdp import FaultTolerantOptimizer, Manager, RuntimeSettings, state_diges
 
 
 def main(out: Path, steps: int) -> int:
-    settings = RuntimeSettings.from_env(max_steps=steps, quorum_timeout_s=30.0, gather_timeout_s=15.0)
+    settings = RuntimeSettings.from_env(max_steps=steps, quorum_timeout_s=30.0, gather_timeout_s=15.0,
+                                        allreduce_timeout_s=10.0)
     dist.init_process_group("gloo", init_method="env://")  # the replica's own ranks
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))

@@ -31,7 +31,8 @@ def _coordinator(cfg: dict):
 
     settings = RuntimeSettings(job_id=cfg["job_id"], replica_id="r0", world_size=cfg["world_size"],
                                controller_address="127.0.0.1:1", coordinator_address="127.0.0.1:0",
-                               quorum_timeout_s=30.0, gather_timeout_s=10.0, hello_timeout_s=cfg["hello_timeout_s"],
+                               quorum_timeout_s=30.0, gather_timeout_s=10.0, allreduce_timeout_s=10.0,
+                               hello_timeout_s=cfg["hello_timeout_s"],
                                digest_every_steps=0, job_secret=job_secret.from_env())
     services = [CoordinatorService(settings, InstantController(), "127.0.0.1", 0).start()]
 
