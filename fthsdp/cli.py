@@ -1,7 +1,7 @@
 """The `fthsdp` command line: one entry point, each subcommand imported lazily.
 
 Users install one distribution and get `fthsdp controller`, `fthsdp agent`,
-`fthsdp status`, `fthsdp demo` and `fthsdp compare-checkpoints`. The services are imported only when their
+`fthsdp status`, `fthsdp demo`, `fthsdp compare-checkpoints` and `fthsdp timeouts`. The services are imported only when their
 subcommand runs, so a trainer that imports `fthsdp` pays nothing for them.
 """
 
@@ -18,6 +18,8 @@ SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
     "demo": ("fthsdp.demo", "main", "train a small model on this machine with injected failures"),
     "compare-checkpoints": ("fthsdp.checkpoint_compare", "main",
                             "name the ranks whose shards differ between two checkpoints of one step"),
+    "timeouts": ("fthsdp.timeouts", "main",
+                 "print a configuration's timeouts by process and check them against the rules"),
 }
 
 
