@@ -117,3 +117,14 @@ def test_timeouts_refuses_bad_input_with_exit_2():
     assert out.returncode == 2 and "/nonexistent/settings.json" in out.stderr
     out = run("timeouts", "--fail-after-s", "0")
     assert out.returncode == 2 and "--fail-after-s: '0' is not a number of seconds above 0" in out.stderr
+
+
+def test_the_demo_starts_every_process_so_it_checks_every_rule():
+    from fthsdp.demo.run import RunSettings
+
+    assert tr.check(RunSettings(replicas=4, ranks_per_replica=1, steps=100, seed=0, lr_policy="sqrt")
+                    .timeout_values()) == []
+    out = run("demo", "--heartbeat-timeout-s", "1.2", "--no-baseline")
+    assert out.returncode == 2, out.stderr
+    assert "controller.heartbeat_timeout_s (1.2 s) must be at least 3 × agent.heartbeat_interval_s (0.5 s)" \
+        in out.stderr

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from controller.settings import LR_POLICIES  # the controller computes the learning-rate factor
 from fthsdp.demo.schedule import ScheduleError, default_text, parse
+from protos import timeout_rules
 
 MODELS = ("mlp", "gpt")  # built by fthsdp/demo/workloads.py (not imported here: it imports torch)
 #: the gpt workload's run settings: 8 windows of 64 bytes per replica and step, AdamW
@@ -100,6 +101,10 @@ def main(argv: list[str]) -> int:
         lr_policy=args.lr_policy, spares=args.spares, standby=not args.cold_spares, warm_restarts=args.warm_restarts,
         heartbeat_timeout_s=args.heartbeat_timeout_s, timeout_s=args.timeout_s, min_step_s=args.step_time_s,
         diagnosis_dry_run=args.diagnosis_dry_run, **GPT_SETTINGS if args.model == "gpt" else {})
+    broken = timeout_rules.check(settings.timeout_values())
+    if broken:  # the demo runs every process: every rule of the timeout hierarchy applies
+        print(f"fthsdp demo: {' '.join(v.message() for v in broken)}", file=sys.stderr)
+        return 2
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.time()

@@ -42,13 +42,19 @@ def environment(secret: str, extra: dict[str, str] | None = None) -> dict[str, s
     return {**env, job_secret.ENV_JOB_SECRET: secret, **(extra or {})}
 
 
+#: The demo agents' timeouts (AgentSettings field names; each is the flag of the same name).
+AGENT_TIMEOUTS = {"heartbeat_interval_s": 0.5, "stop_grace_s": 2.0, "telemetry_interval_s": 0.5}
+
+
 def start_agent(log: Path, *, controller: str, host_id: str, job_id: str, command: list[str], secret: str,
                 replica_id: str = "", ranks: int = 1, spare: bool = False, standby: bool = False,
-                heartbeat_interval_s: float = 0.5, extra: tuple[str, ...] = ()) -> subprocess.Popen:
+                heartbeat_interval_s: float = AGENT_TIMEOUTS["heartbeat_interval_s"],
+                extra: tuple[str, ...] = ()) -> subprocess.Popen:
     """`extra`: more agent flags (e.g. --restart-budget)."""
     args = FTHSDP + ["agent", "--controller", controller, "--host-id", host_id, "--job-id", job_id,
-                     "--heartbeat-interval-s", str(heartbeat_interval_s), "--stop-grace-s", "2",
-                     "--slots", str(ranks), "--telemetry-interval-s", "0.5", *extra]
+                     "--heartbeat-interval-s", str(heartbeat_interval_s),
+                     "--stop-grace-s", str(AGENT_TIMEOUTS["stop_grace_s"]), "--slots", str(ranks),
+                     "--telemetry-interval-s", str(AGENT_TIMEOUTS["telemetry_interval_s"]), *extra]
     if spare:
         args += ["--spare"] + (["--standby"] if standby else [])
     else:

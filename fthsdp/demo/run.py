@@ -23,6 +23,7 @@ from fthsdp.demo import procs
 from fthsdp.demo.schedule import DIAGNOSED, Failure, replica_ids
 from fthsdp.status import render
 from protos import job_secret
+from protos import timeout_rules as tr
 
 log = logging.getLogger("fthsdp.demo")
 JOB_ID = "demo"
@@ -57,9 +58,32 @@ class RunSettings:
                 "replicas": replica_ids(self.replicas),
                 "steps": self.steps, "max_steps": self.steps * 3 + 50, "seed": self.seed, "hidden": self.hidden,
                 "batch_rows": self.batch_rows, "lr": self.lr, "ports": ports, "min_step_s": self.min_step_s,
-                "timeouts": {"quorum_s": 30.0, "allreduce_s": 5.0, "vote_s": 10.0, "fetch_s": 10.0,
-                             "fetch_hold_s": 5.0, "heartbeat_s": 0.5},
+                "timeouts": {**TRAINER_TIMEOUTS, "controller_heartbeat_s": self.heartbeat_timeout_s},
                 "digest_every_steps": 1, "faults": list(faults)}
+
+    def timeout_values(self) -> dict[str, float]:
+        """The whole configuration's timeouts (controller, agents, trainers), qualified as
+        protos/timeout_rules.py names them: the demo starts all three, so it checks every rule."""
+        from agent.settings import AgentSettings
+        from controller.core.diagnosis.settings import DiagnosisSettings
+        from controller.settings import ControllerSettings
+        from fthsdp.settings import RuntimeSettings
+
+        t = TRAINER_TIMEOUTS
+        controller = ControllerSettings(join_timeout_s=self.join_timeout_s, heartbeat_timeout_s=self.heartbeat_timeout_s,
+                                        diagnosis=DiagnosisSettings(**DIAGNOSIS if self.demo_diagnosis else {}))
+        agent = AgentSettings(controller_addresses=("-",), host_id="-", command=("-",), **procs.AGENT_TIMEOUTS)
+        runtime = RuntimeSettings(quorum_timeout_s=t["quorum_s"], allreduce_timeout_s=t["allreduce_s"],
+                                  gather_timeout_s=t["vote_s"], fetch_timeout_s=t["fetch_s"],
+                                  fetch_hold_timeout_s=t["fetch_hold_s"], heartbeat_interval_s=t["heartbeat_s"],
+                                  controller_heartbeat_timeout_s=self.heartbeat_timeout_s)
+        return {**tr.qualified(tr.CONTROLLER, controller.timeout_values()),
+                **tr.qualified(tr.AGENT, agent.timeout_values()), **tr.qualified(tr.RUNTIME, runtime.timeout_values())}
+
+
+#: The trainers' timeouts in the demo (a step is 0.1-0.5 s here).
+TRAINER_TIMEOUTS = {"quorum_s": 30.0, "allreduce_s": 5.0, "vote_s": 10.0, "fetch_s": 10.0, "fetch_hold_s": 5.0,
+                    "heartbeat_s": 0.5}
 
 
 #: The controller's diagnosis in the demo: quick to act (a step is 0.1-0.5 s here), below the

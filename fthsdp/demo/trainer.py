@@ -192,7 +192,9 @@ def main(argv: list[str]) -> int:
         coordinator_address=f"127.0.0.1:{ports['leader']}", max_retries=30,
         quorum_timeout_s=t["quorum_s"], allreduce_timeout_s=t["allreduce_s"], gather_timeout_s=t["vote_s"],
         fetch_timeout_s=t["fetch_s"], fetch_hold_timeout_s=t["fetch_hold_s"],
-        heartbeat_interval_s=t["heartbeat_s"], ftar_chunk_bytes=64 << 10,
+        heartbeat_interval_s=t["heartbeat_s"],
+        controller_heartbeat_timeout_s=t.get("controller_heartbeat_s", RuntimeSettings.controller_heartbeat_timeout_s),
+        ftar_chunk_bytes=64 << 10,
         digest_every_steps=cfg.get("digest_every_steps", 100),
         checkpoint_dir=cfg.get("checkpoint_dir", ""), checkpoint_every_steps=cfg.get("checkpoint_every", 0))
     seams, opt = _faulty(cfg.get("faults", ()), host, rank, opt)

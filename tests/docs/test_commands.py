@@ -2,7 +2,8 @@
 repository path the docs mention exists.
 
 Commands that can run here run for real: `fthsdp controller`, `fthsdp agent` and
-`fthsdp status` (against a live controller; addresses rewritten to its ports), `curl` against
+`fthsdp status` (against a live controller; addresses rewritten to its ports), `fthsdp timeouts`
+(which must find every rule kept), `curl` against
 the same controller, `kubectl kustomize` for `kubectl apply -k`, and `kubectl create ...
 --dry-run=client`. The others get the nearest real check: `make -n TARGET`, a benchmark's
 `--help` naming every flag used, `kubectl VERB --help`, and a Dockerfile and build context
@@ -118,6 +119,9 @@ def check_offline(argv: list[str], workdir: Path) -> None:
         assert "kubectl" in argv[0] and run(["kubectl", "get", "--help"]).returncode == 0
     elif argv[:2] == ["fthsdp", "demo"]:  # tests/demo runs the demo itself
         assert run([str(BIN / "fthsdp"), "demo", "--help"]).returncode == 0
+    elif argv[:2] == ["fthsdp", "timeouts"]:  # the configurations the docs show keep every rule
+        proc = run([str(BIN / "fthsdp"), *argv[1:]])
+        assert proc.returncode == 0 and "rules hold" in proc.stdout, (argv, proc.stdout[-2000:], proc.stderr)
 
 
 def check_kubectl(argv: list[str], workdir: Path) -> None:
@@ -145,7 +149,7 @@ def test_commands_that_need_no_controller(doc, tmp_path):
     assert shutil.which("kubectl"), "kubectl is needed to render the kustomizations the docs apply"
     checked = 0
     for argv in shell_commands(doc):
-        if argv[0] in ("fthsdp", "curl") and argv[:2] != ["fthsdp", "demo"]:
+        if argv[0] in ("fthsdp", "curl") and argv[:2] not in (["fthsdp", "demo"], ["fthsdp", "timeouts"]):
             continue  # run against a live controller below
         check_offline(argv, tmp_path)
         checked += 1
