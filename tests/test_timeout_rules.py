@@ -94,6 +94,10 @@ def test_every_process_has_rules_of_its_own():
     assert all(_own(p) for p in tr.PROCESSES)
 
 
+def _message(rule: tr.Rule, values: dict[str, float], process: str) -> str:
+    return next(v for v in tr.check(values) if v.rule == rule).message(process)
+
+
 @pytest.mark.parametrize("rule", _own(tr.CONTROLLER), ids=lambda r: r.text())
 def test_the_controller_refuses_its_rules(rule):
     bad = breaking(rule, tr.qualified(tr.CONTROLLER, ControllerSettings().timeout_values()))
@@ -101,23 +105,19 @@ def test_the_controller_refuses_its_rules(rule):
     diagnosis = {n.rsplit(".", 1)[1]: v for n, v in bad.items() if n.count(".") == 2}
     with pytest.raises(ValueError) as err:
         ControllerSettings(**top, diagnosis=DiagnosisSettings(**diagnosis)).validate()
-    assert tr.check(bad)[0].message(tr.CONTROLLER) in str(err.value)
+    assert _message(rule, bad, tr.CONTROLLER) in str(err.value)
 
 
-@pytest.mark.parametrize("rule", _own(tr.AGENT), ids=lambda r: r.text())
-def test_the_agent_refuses_its_rules(rule):
-    bad = breaking(rule, tr.qualified(tr.AGENT, AgentSettings(**AGENT).timeout_values()))
+BUILD = {tr.AGENT: lambda **kw: AgentSettings(**AGENT, **kw), tr.RUNTIME: lambda **kw: RuntimeSettings(**RUNTIME, **kw)}
+
+
+@pytest.mark.parametrize(("process", "rule"), [(p, r) for p in BUILD for r in _own(p)],
+                         ids=lambda x: x.text() if isinstance(x, tr.Rule) else x)
+def test_the_agent_and_the_runtime_refuse_their_rules(process, rule):
+    bad = breaking(rule, tr.qualified(process, BUILD[process]().timeout_values()))
     with pytest.raises(ValueError) as err:
-        AgentSettings(**AGENT, **{_field(n): v for n, v in bad.items()}).validate()
-    assert tr.check(bad)[0].message(tr.AGENT) in str(err.value)
-
-
-@pytest.mark.parametrize("rule", _own(tr.RUNTIME), ids=lambda r: r.text())
-def test_the_runtime_refuses_its_rules(rule):
-    bad = breaking(rule, tr.qualified(tr.RUNTIME, RuntimeSettings(**RUNTIME).timeout_values()))
-    with pytest.raises(ValueError) as err:
-        RuntimeSettings(**RUNTIME, **{_field(n): v for n, v in bad.items()}).validate()
-    assert tr.check(bad)[0].message(tr.RUNTIME) in str(err.value)
+        BUILD[process](**{_field(n): v for n, v in bad.items()}).validate()
+    assert _message(rule, bad, process) in str(err.value)
 
 
 def test_the_runtime_refuses_the_issues_examples_naming_both_values():
