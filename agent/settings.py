@@ -75,12 +75,13 @@ class AgentSettings:
     stderr_tail_lines: int = 20
     # Reconnect (protos.dial.AddressRotation): every address once at once, then pauses of
     # base_s * 2**failed_passes, capped at cap_s. The controller assumes its clients' cap
-    # (ControllerSettings.client_backoff_cap_s): keep them equal.
+    # (ControllerSettings.client_backoff_cap_s): it must be at least this cap (the rules of
+    # protos/timeout_rules.py; `fthsdp timeouts` checks them across processes).
     reconnect_base_s: float = 0.2
     reconnect_cap_s: float = 1.0
     # Unary calls (register, ack, exit report) give up after this and reconnect; a heartbeat
-    # stream without an answer for this long counts as a failed controller too
-    # (ControllerSettings.client_timeout_s).
+    # stream without an answer for this long counts as a failed controller too (at most
+    # ControllerSettings.client_timeout_s; at least 2 heartbeat intervals).
     rpc_timeout_s: float = 5.0
     # The agent gives up (exit status 5, so a DaemonSet restarts it visibly) once no controller
     # address answered for this long: from its start, or since its last working session.

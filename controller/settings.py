@@ -31,7 +31,8 @@ class ControllerSettings:
     min_replicas: int = 1
     #: How long a round waits for missing live replicas, from its first joiner.
     join_timeout_s: float = 5.0
-    #: A replica leader or agent silent for longer than this is declared dead.
+    #: A replica leader or agent silent for longer than this is declared dead. At least a
+    #: client's reconnect cycle and 3 of its heartbeat intervals (protos/timeout_rules.py).
     heartbeat_timeout_s: float = 10.0
     #: How the learning rate follows the healthy fraction: none | linear | sqrt.
     lr_policy: str = "sqrt"

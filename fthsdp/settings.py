@@ -117,7 +117,8 @@ class RuntimeSettings:
     quorum_timeout_s: longest the coordinator waits for one quorum answer; also how long
         ranks have to connect to the coordinator at start.
     gather_timeout_s: once the first rank's begin, vote or digest of a round arrived, how
-        long the coordinator waits for every other rank's; silence past it is a "no".
+        long the coordinator waits for every other rank's; silence past it is a "no". At least
+        allreduce_timeout_s (a rank votes once its all-reduce ended).
     allreduce_timeout_s: longest wait for one FTAR all-reduce.
     fetch_timeout_s: longest one catch-up fetch attempt may take.
     fetch_attempts: tries per catch-up (a bad checksum or a cut stream tries again).
