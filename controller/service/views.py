@@ -91,7 +91,8 @@ def replica_view(r, now: float) -> dict:
 def replica_rows(state, now: float) -> list[dict]:
     """Every replica the job has, by id: those that joined, and those its hosts run that never
     joined (their trainers start, or die before their first join): DEAD while one of their
-    hosts cannot run (the job's failure rule counts them so), JOINING otherwise."""
+    hosts cannot run (the job's failure rule counts them so) or once the job ended, JOINING
+    otherwise."""
     hosts: dict[str, list] = {}
     for h in state.host_registry.hosts.values():
         if h.assignment is not None and h.assignment.replica_id not in state.replicas:
@@ -107,6 +108,8 @@ def replica_rows(state, now: float) -> list[dict]:
             reason = f"never joined: {died}host {down.host_id} cannot run ({why})"
         else:
             reason = f"not joined yet: {died}its trainers start on host(s) {', '.join(h.host_id for h in held)}"
+        if down is None and state.job_over:
+            down, reason = held[0], f"never joined: {died}the job is {state.job_state.value}"
         r = Replica(rid, ReplicaState.DEAD if down is not None else ReplicaState.JOINING, reason,
                     world_size=held[0].assignment.world_size, last_seen=max(h.last_seen for h in held))
         rows[rid] = replica_view(r, now)
