@@ -51,7 +51,7 @@ def render(job: dict, replicas: list, hosts: list, quorums: dict, events: list) 
         f"{job.get('replicas_joining', 0)} joining / {job['replicas_diverged']} diverged / "
         f"{job['replicas_finished']} finished / {job['replicas_dead']} dead of {job['replicas_total']}{unseen}  "
         f"spares free {job['spares_free']}  swaps {job['swaps']}  "
-        f"replica commits {job['steps_committed']}  digest mismatches {job['digest_mismatches']}",
+        f"replica commits {job.get('replica_commits', job['steps_committed'])}  digest mismatches {job['digest_mismatches']}",
         *_goodput_line(job),
         *([f"{'FAILING' if job.get('failing') else job['job_state']}: {job['job_state_reason']}"]
           if job.get("job_state_reason") else []),

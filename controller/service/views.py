@@ -63,7 +63,9 @@ def job_view(state, leader: str, leading: bool, now: float) -> dict:
         "round": {"joined": sorted(state.round_joined), "reason": state.round_reason},
         # the job's newest committed step (-1: none yet)
         "committed_step": state.max_committed_step,
-        # commit reports counted: one per replica per committed step (not a step number)
+        # commit reports counted: one per replica per committed step (not a step number);
+        # `steps_committed` is its older name, kept for existing readers
+        "replica_commits": state.steps_committed,
         "steps_committed": state.steps_committed,
         "spares_free": sum(h.state == HostState.SPARE and not h.cordoned for h in state.host_registry.hosts.values()),
         "swaps": state.host_registry.swaps,
