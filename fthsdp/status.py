@@ -17,29 +17,48 @@ def table(headers: list[str], rows: list[list]) -> str:
     return "\n".join(lines)
 
 
+def step_text(step) -> str:
+    """A step number as the views show it: -1 (nothing committed) reads "none yet"."""
+    return "none yet" if isinstance(step, int) and step < 0 else str(step)
+
+
+def job_line(job: dict) -> str:
+    """The job's first line: its id quoted (a job named "job" reads `job "job" RUNNING`), its
+    state (FAILING while no replica can make progress), the quorum and the step it trains."""
+    state = job["job_state"]
+    if state == "RUNNING" and job.get("failing"):
+        state = f"FAILING (FAILED in {job['fails_in_s']:.0f}s unless a replica can train again)"
+    quorum = (f"quorum {job['quorum_id']} trains step {job['max_step']}  lr_scale {job['lr_scale']:.3f}"
+              if job["quorum_id"] else "no quorum yet")
+    return f'job "{job["job_id"]}" {state}  leader {job["leader"] or "?"}  {quorum}'
+
+
 def _goodput_line(job: dict) -> list[str]:
     """The live goodput of /api/v1/job (absent from older controllers, off with --no-telemetry)."""
     g = job.get("goodput")
     if not g or not job.get("telemetry", True):
         return []
-    return [f"committed step {job.get('committed_step', '?')}  effective training time "
+    return [f"committed step {step_text(job.get('committed_step', '?'))}  effective training time "
             f"{g['effective_training_ratio']:.1%} over {g['wall_s']:.0f}s  {g['committed_steps_per_s']:.2f} steps/s"]
 
 
 def render(job: dict, replicas: list, hosts: list, quorums: dict, events: list) -> str:
+    known = job.get("replicas_known", len(replicas))
+    unseen = f" ({job['replicas_total'] - known} not seen yet)" if known < job["replicas_total"] else ""
     out = [
-        f"job {job['job_id']} {job['job_state']}  leader {job['leader'] or '?'}  quorum {job['quorum_id']}  "
-        f"step {job['max_step']}  lr_scale {job['lr_scale']:.3f}",
+        job_line(job),
         f"replicas {job['replicas_healthy']} healthy / {job['replicas_behind']} behind / "
-        f"{job['replicas_diverged']} diverged / {job['replicas_finished']} finished / {job['replicas_dead']} dead "
-        f"of {job['replicas_total']}  spares free {job['spares_free']}  swaps {job['swaps']}  "
-        f"steps committed {job['steps_committed']}  digest mismatches {job['digest_mismatches']}",
+        f"{job.get('replicas_joining', 0)} joining / {job['replicas_diverged']} diverged / "
+        f"{job['replicas_finished']} finished / {job['replicas_dead']} dead of {job['replicas_total']}{unseen}  "
+        f"spares free {job['spares_free']}  swaps {job['swaps']}  "
+        f"replica commits {job.get('replica_commits', job['steps_committed'])}  digest mismatches {job['digest_mismatches']}",
         *_goodput_line(job),
-        *([f"{job['job_state']}: {job['job_state_reason']}"] if job.get("job_state_reason") else []),
+        *([f"{'FAILING' if job.get('failing') else job['job_state']}: {job['job_state_reason']}"]
+          if job.get("job_state_reason") else []),
         f"round: {job['round']['reason']}",
         "",
-        table(["REPLICA", "STATE", "STEP", "COMMITTED", "LOSS", "DIGEST", "SEEN(s)", "REASON"],
-              [[r["replica_id"], r["state"], r["step"], r["committed_step"],
+        table(["REPLICA", "STATE", "NEXT STEP", "COMMITTED", "LOSS", "DIGEST", "SEEN(s)", "REASON"],
+              [[r["replica_id"], r["state"], r["step"], step_text(r["committed_step"]),
                 None if r["last_loss"] is None else f"{r['last_loss']:.4g}",
                 f"{r['digest'][:12]}@{r['digest_step']}" if r["digest"] else None,
                 r["seconds_since_seen"], r["reason"]]

@@ -2,6 +2,10 @@
 
     RUNNING ──(every replica FINISHED or DEAD, at least one FINISHED)──▶ COMPLETED
     RUNNING ──(no replica can make progress for fail_after_s)──▶ FAILED
+    RUNNING ──(no replica can make progress, a crash loop of one cause before any commit)──▶ FAILED
+
+While no replica can make progress and the job has not FAILED yet it is *failing*
+(`failing_since`; REST and the status page show FAILING with the time left).
 
 Both endings are final, durable (persisted with their time and reason) and carry a reason
 (`job_state_reason`); no quorum forms after either, agents learn it and exit (0 COMPLETED,
@@ -25,7 +29,7 @@ from collections.abc import Iterable, Mapping
 from controller.core.checks import clip_text
 from controller.core.errors import FailedPrecondition
 from controller.core.intents import Announce, EndRounds, Intent, KillReplica, Persist
-from controller.core.job_failure import ReplicaOutlook, failure_decision, stuck_reason
+from controller.core.job_failure import ReplicaOutlook, crash_loop_cause, failure_decision, stuck_reason
 from controller.core.model import DeathCause, Host, HostState, JobState, Replica, ReplicaState, host_can_run
 from controller.core.pending_writes import REPLICAS
 from controller.settings import ControllerSettings
@@ -47,6 +51,9 @@ class JobLifecycle:
         self.stuck_note = ""
         #: finished replicas whose trainers' clean exit was already told in an event
         self.finished_exits: set[str] = set()
+        #: replica -> why its trainers last died ("exit code 1: <stderr's last line>"), for the
+        #: crash-loop rule (not persisted: a new leader waits fail_after_s)
+        self.exit_causes: dict[str, str] = {}
 
     @property
     def job_state(self) -> JobState:
@@ -68,33 +75,41 @@ class JobLifecycle:
         self.completed_at, self.failed_at, self.job_end_reason = completed_at, failed_at, reason
 
     def check_progress(self, replicas: Mapping[str, Replica], hosts: Iterable[Host], any_live: bool,
-                       now: float) -> list[Intent]:
-        """FAIL the job once no replica could make progress for fail_after_s (called on the
-        tick). `any_live`: a replica is neither DEAD nor FINISHED."""
+                       committed_any: bool, now: float) -> list[Intent]:
+        """FAIL the job once no replica could make progress for fail_after_s, or at once for a
+        crash loop before any committed step (called on the tick). `any_live`: a replica is
+        neither DEAD nor FINISHED; `committed_any`: the job ever committed a step."""
         if self.job_over:
             return []
-        job = self.settings.job_id
-        reason = "" if any_live else _stuck_reason(replicas, hosts, self.settings.replicas)
-        decision = failure_decision(reason, self.stuck_since, now, self.settings.fail_after_s)
+        job_id, job = self.settings.job_id, job_name(self.settings.job_id)
+        view = None if any_live else _outlooks(replicas, hosts, self.exit_causes)
+        reason = stuck_reason(view[0], view[1], self.settings.replicas) if view is not None else ""
+        crash = crash_loop_cause(view[0], committed_any) if reason and view is not None else ""
+        decision = failure_decision(reason, self.stuck_since, now, self.settings.fail_after_s, crash)
         out: list[Intent] = []
-        if decision.stuck_since is not None and self.stuck_since is None:
-            out.append(Announce("job_stuck", job, f"job {job}: {decision.reason}"))
+        if decision.stuck_since is not None and self.stuck_since is None and not decision.fail:
+            out.append(Announce("job_stuck", job_id, f"{job} is FAILING: {decision.reason}"))
         self.stuck_since, self.stuck_note = decision.stuck_since, clip_text(decision.reason, self.settings.max_reason_chars)
         if not decision.fail:
             return out
         self.failed_at, self.job_end_reason = now, clip_text(decision.reason, self.settings.max_reason_chars)
         return out + [Persist(REPLICAS), EndRounds("the job is FAILED"),
-                      Announce("job_failed", job, f"job {job} FAILED: {decision.reason}")]
+                      Announce("job_failed", job_id, f"{job} FAILED: {decision.reason}")]
+
+    @property
+    def failing_since(self) -> float | None:
+        """Since when the running job could make no progress (None: it can, or it ended)."""
+        return None if self.job_over else self.stuck_since
 
     def check_join_allowed(self, replica_id: str, r: Replica | None, restarted: bool) -> None:
         """Refuse a join once the job ended, or of a FINISHED replica's same process."""
         if self.failed_at is not None:
             raise FailedPrecondition(
-                f"job {self.settings.job_id} is FAILED: {self.job_end_reason}; replica {replica_id} may not join "
+                f"{job_name(self.settings.job_id)} is FAILED: {self.job_end_reason}; replica {replica_id} may not join "
                 f"a quorum.")
         if self.completed_at is not None:
             raise FailedPrecondition(
-                f"job {self.settings.job_id} is COMPLETED: every replica finished or died; replica "
+                f"{job_name(self.settings.job_id)} is COMPLETED: every replica finished or died; replica "
                 f"{replica_id} may not join a quorum.")
         if r is not None and r.state == ReplicaState.FINISHED and not restarted:
             raise FailedPrecondition(
@@ -116,16 +131,17 @@ class JobLifecycle:
         finished = states.count(ReplicaState.FINISHED)
         if not finished:
             return []
-        job = self.settings.job_id
+        job = job_name(self.settings.job_id)
         self.completed_at = now
         self.job_end_reason = f"{finished} replica(s) finished, {len(states) - finished} dead"
         return [Persist(REPLICAS), EndRounds("the job is COMPLETED"),
-                Announce("job", job, f"job {job} COMPLETED: {self.job_end_reason}")]
+                Announce("job", self.settings.job_id, f"{job} COMPLETED: {self.job_end_reason}")]
 
     def trainer_exited(self, r: Replica | None, host_id: str, replica_id: str, rank: int, exit_code: int,
-                       signal: int, why: str) -> tuple[bool, list[Intent]]:
+                       signal: int, why: str, cause: str = "") -> tuple[bool, list[Intent]]:
         """A trainer's exit: (whether it is a death its replica must recover from, intents).
-        False: a clean finish, or the replica or job is done."""
+        False: a clean finish, or the replica or job is done. `cause`: the death's cause without
+        its host and rank (`HostRegistry.trainer_exited`), kept for the crash-loop rule."""
         clean = exit_code == 0 and not signal
         done = self.job_over or (r is not None and r.state == ReplicaState.FINISHED)
         if clean and done:
@@ -136,23 +152,40 @@ class JobLifecycle:
                                                             f"on host {host_id} exited with code 0")]
         if clean:
             why = f"trainer rank {rank} on host {host_id} exited cleanly before its replica finished"
+            cause = "exit code 0 before the replica finished"
+        if not done:
+            self.exit_causes[replica_id] = cause
         return not done, [KillReplica(replica_id, DeathCause.TRAINER_EXIT, why)]
 
 
-def _stuck_reason(replicas: Mapping[str, Replica], hosts: Iterable[Host], configured: int) -> str:
-    """Why no replica can make progress (every replica is DEAD or FINISHED), or ""."""
-    down: dict[str, str] = {}  # replica -> first host of it that cannot run ("" none)
+def _outlooks(replicas: Mapping[str, Replica], hosts: Iterable[Host],
+              exit_causes: Mapping[str, str]) -> tuple[list[ReplicaOutlook], int] | None:
+    """What the failure rule needs (every replica is DEAD or FINISHED): each replica's outlook
+    and the free spares; None when a replica finished (the job COMPLETES instead)."""
+    if any(r.state == ReplicaState.FINISHED for r in replicas.values()):
+        return None
+    down: dict[str, Host | None] = {}  # replica -> first host of it that cannot run (None: none)
     free_spares = 0
     for h in hosts:
         if h.state == HostState.SPARE and not h.cordoned:
             free_spares += 1
         if h.assignment is not None:
             rid = h.assignment.replica_id
-            if not down.get(rid):
-                down[rid] = "" if host_can_run(h) else h.host_id
-    if any(r.state == ReplicaState.FINISHED for r in replicas.values()):
-        return ""  # a finished replica ends the job as COMPLETED instead
-    outlooks = [ReplicaOutlook(rid, True, down.get(rid, "")) for rid in replicas]
-    # a replica its hosts run but that never joined (its trainers die before their first join)
-    outlooks += [ReplicaOutlook(rid, True, host) for rid, host in down.items() if rid not in replicas]
-    return stuck_reason(outlooks, free_spares, configured)
+            if down.get(rid) is None:
+                down[rid] = None if host_can_run(h) else h
+
+    def outlook(rid: str) -> ReplicaOutlook:
+        h = down.get(rid)
+        if h is None:
+            return ReplicaOutlook(rid, True)
+        # cordoned after a failure while its agent lives: its trainers spent the restart budget
+        spent = h.state != HostState.DEAD
+        return ReplicaOutlook(rid, True, h.host_id, exit_causes.get(rid, "") if spent else "")
+
+    # with the replicas its hosts run but that never joined (their trainers die before a join)
+    return [outlook(rid) for rid in sorted(set(replicas) | set(down))], free_spares
+
+
+def job_name(job_id: str) -> str:
+    """The job as sentences name it: `job "job"` reads well whatever the id is."""
+    return f'job "{job_id}"'

@@ -171,10 +171,11 @@ class HostRegistry:
                     self._host_died(h, f"agent silent {why}", now)
 
     def trainer_exited(self, host_id: str, replica_id: str, rank: int, now: float, *, exit_code: int,
-                       signal: int, stderr_tail: str, version: int) -> str:
+                       signal: int, stderr_tail: str, version: int) -> tuple[str, str]:
         """A trainer of the host exited: why, in one line ("" when it is older than the host's
         assignment, `version` below it: its replica's restart is already ordered, nothing to
-        do). What follows is the lifecycle's and the restart budget's to decide."""
+        do), and its cause without host and rank ("exit code 1: <stderr's last line>"). What
+        follows is the lifecycle's and the restart budget's to decide."""
         h = self._known_host(host_id)
         check_exit(self.settings, replica_id, exit_code, signal, version)
         stderr_tail = stderr_tail[-4 * self.settings.max_reason_chars:]  # only the last line is kept
@@ -185,7 +186,7 @@ class HostRegistry:
                            f"host {host_id}: trainer rank {rank} of replica {replica_id} started under version "
                            f"{version} exited ({how}); the host runs version {h.assignment_version} already: "
                            f"nothing to do")
-            return ""
+            return "", ""
         if h.assignment is None or h.assignment.replica_id != replica_id or rank not in h.assignment.ranks:
             raise FailedPrecondition(
                 f"host {host_id} does not run replica {replica_id!r} rank {rank}; "
@@ -195,7 +196,8 @@ class HostRegistry:
         # whatever it logged before, unrelated to the death, so it is not quoted as the reason.
         tail = stderr_tail.strip().splitlines()[-1:] if stderr_tail and signal not in (9, 15) else []
         h.last_seen = now
-        return f"trainer rank {rank} on host {host_id} died ({how})" + (f": {clip_text(tail[0], 200)}" if tail else "")
+        last = f": {clip_text(tail[0], 200)}" if tail else ""
+        return f"trainer rank {rank} on host {host_id} died ({how}){last}", f"{how}{last}"
 
     def replace(self, host_id: str, reason: str, now: float) -> None:
         """Cordon the host after a failure and move its work to a spare."""

@@ -8,6 +8,13 @@ started without agents, e.g. by torchrun) may come back by itself, so it is not 
 
 `stuck_reason` says whether the job is stuck now; `failure_decision` says whether it has
 been stuck long enough (`fail_after_s`) to FAIL. Time is passed in.
+
+A crash loop fails at once (`crash_loop_cause`): when the job never committed a step and every
+stuck replica waits on a host whose restart budget its trainers spent, all of them dying of the
+same cause (exit code or signal, and the last line of stderr), no restart or spare would fare
+better (a configuration error, a missing file): the job FAILS as soon as it is stuck, naming
+the cause, instead of after `fail_after_s`. A job that committed a step keeps `fail_after_s`
+(its state is worth waiting for), as does one whose replicas died of different causes.
 """
 
 from __future__ import annotations
@@ -23,6 +30,9 @@ class ReplicaOutlook:
     dead: bool
     #: the first of its hosts that cannot run ("" when every host can, or it has none)
     down_host: str = ""
+    #: why its trainers last died, when `down_host` waits after its restart budget was spent
+    #: ("exit code 1: RuntimeError: ..."; "" when it waits for another reason or none is known)
+    crash: str = ""
 
 
 def stuck_reason(replicas: list[ReplicaOutlook], free_spares: int, configured: int) -> str:
@@ -40,6 +50,17 @@ def stuck_reason(replicas: list[ReplicaOutlook], free_spares: int, configured: i
             f"({waits}), and no spare is free")
 
 
+def crash_loop_cause(replicas: list[ReplicaOutlook], committed_any: bool) -> str:
+    """The one cause every stuck replica's trainers died of, when the job never committed a
+    step ("" otherwise: the job waits `fail_after_s`)."""
+    if committed_any or not replicas:
+        return ""  # a job that trained keeps its state worth waiting for
+    causes = {r.crash for r in replicas}
+    if len(causes) != 1 or "" in causes:
+        return ""  # different causes (or one unknown): a spare or a returning host may fare better
+    return causes.pop()
+
+
 @dataclass(frozen=True)
 class FailureDecision:
     #: since when the job has been stuck (None: it is not)
@@ -49,11 +70,17 @@ class FailureDecision:
     reason: str
 
 
-def failure_decision(reason: str, stuck_since: float | None, now: float, fail_after_s: float) -> FailureDecision:
-    """Given the stuck reason now and since when the job has been stuck before."""
+def failure_decision(reason: str, stuck_since: float | None, now: float, fail_after_s: float,
+                     crash_loop: str = "") -> FailureDecision:
+    """Given the stuck reason now, since when the job has been stuck before, and the crash
+    loop's cause (`crash_loop_cause`; "": none, wait `fail_after_s`)."""
     if not reason:
         return FailureDecision(None, False, "")
     since = now if stuck_since is None else stuck_since
+    if crash_loop:
+        return FailureDecision(since, True, f"crash loop before any committed step: every replica's trainers died "
+                                            f"of the same cause ({crash_loop}) until their restart budgets were "
+                                            f"spent; {reason}")
     if now - since >= fail_after_s:
         return FailureDecision(since, True, f"{reason} for {now - since:.1f}s (fail_after_s {fail_after_s:g})")
     return FailureDecision(since, False, f"{reason}; the job FAILS in {fail_after_s - (now - since):.1f}s unless a "

@@ -263,7 +263,8 @@ class ControllerState:
             self._carry_out(self.diagnostician.periodic(self._facts(), now), now)
         live, dead = self.replica_registry.live(), self.replica_registry.dead()
         self.act(self.lifecycle.check_progress(self.replicas, self.host_registry.hosts.values(),
-                                               bool(live) or len(dead) != len(self.replicas), now), now)
+                                               bool(live) or len(dead) != len(self.replicas),
+                                               self.rounds.max_committed_step >= 0, now), now)
 
     def act(self, intents, now: float) -> None:
         """Carry out what a component asked (controller.core.intents), in order."""
@@ -332,12 +333,12 @@ class ControllerState:
         the host's restart budget is spent or its agent asks (`gave_up`); a clean exit after the
         replica finished is its end. An exit from a trainer older than the host's assignment
         (`version` below it: its replica's restart is already ordered) changes nothing."""
-        why = self.host_registry.trainer_exited(host_id, replica_id, rank, now, exit_code=exit_code, signal=signal,
-                                                stderr_tail=stderr_tail, version=version)
+        why, cause = self.host_registry.trainer_exited(host_id, replica_id, rank, now, exit_code=exit_code,
+                                                       signal=signal, stderr_tail=stderr_tail, version=version)
         if not why:
             return
         death, intents = self.lifecycle.trainer_exited(self.replicas.get(replica_id), host_id, replica_id, rank,
-                                                       exit_code, signal, why)
+                                                       exit_code, signal, why, cause)
         self.act(intents, now)
         if not death:
             return  # a clean finish, or the job is over
@@ -396,6 +397,7 @@ class ControllerState:
     failed_at = property(lambda self: self.lifecycle.failed_at)
     job_end_reason = property(lambda self: self.lifecycle.job_end_reason)
     stuck_since = property(lambda self: self.lifecycle.stuck_since)
+    failing_since = property(lambda self: self.lifecycle.failing_since)
 
     def silence(self, last_seen: float, now: float) -> str:
         """Why a record last seen at `last_seen` counts as dead now, or "" while it does not.

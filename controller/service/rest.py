@@ -25,7 +25,7 @@ from controller.service.event_log import iso_time
 from controller.service.paging import PAGE_MAX, SortedIds, event_page, host_page, next_link
 from controller.service.stall_schema import StallsView
 from controller.service.telemetry_wire import entry_view
-from controller.service.views import host_reasons, host_view, job_view, quorum_view, replica_view, stalls_view
+from controller.service.views import host_reasons, host_view, job_view, quorum_view, replica_rows, stalls_view
 from controller.store import StoreError
 
 PROBLEM = "application/problem+json"
@@ -169,8 +169,7 @@ def _add_status_routes(app: FastAPI) -> None:
     @app.get("/api/v1/replicas", responses=READ_PROBLEMS, summary="Every replica with its state and the reason for it")
     async def replicas(v: View):
         state, srv = v
-        now = srv.clock()
-        return [replica_view(r, now) for r in sorted(state.replicas.values(), key=lambda r: r.replica_id)]
+        return replica_rows(state, srv.clock())
 
     host_index = SortedIds()
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import asdict
 
-from controller.core.model import HostState, JobState, Quorum, ReplicaState
+from controller.core.model import HostState, JobState, Quorum, Replica, ReplicaState, host_can_run
 from controller.core.stalls import Pause, find_stalls
 
 
@@ -28,28 +28,44 @@ def goodput_view(state, now: float) -> dict:
 
 
 def job_view(state, leader: str, leading: bool, now: float) -> dict:
-    replicas = list(state.replicas.values())
+    """The job's summary. The replica counts are those of `replica_rows` (every replica the
+    job has, joined or not), so they agree with the replicas table and the job's reason."""
+    rows = replica_rows(state, now)
+    count = lambda s: sum(r["state"] == s.value for r in rows)  # noqa: E731
+    failing_since = state.failing_since
+    fails_at = None if failing_since is None else failing_since + state.settings.fail_after_s
     return {
         "job_id": state.settings.job_id,
         "leader": leader,
         "this_controller_leads": leading,
         "replicas_total": state.settings.replicas,
-        "replicas_healthy": sum(r.state == ReplicaState.HEALTHY for r in replicas),
-        "replicas_behind": sum(r.state == ReplicaState.BEHIND for r in replicas),
-        "replicas_dead": sum(r.state == ReplicaState.DEAD for r in replicas),
-        "replicas_diverged": sum(r.state == ReplicaState.DIVERGED for r in replicas),
-        "replicas_finished": sum(r.state == ReplicaState.FINISHED for r in replicas),
+        "replicas_known": len(rows),
+        "replicas_healthy": count(ReplicaState.HEALTHY),
+        "replicas_behind": count(ReplicaState.BEHIND),
+        "replicas_joining": count(ReplicaState.JOINING),
+        "replicas_dead": count(ReplicaState.DEAD),
+        "replicas_diverged": count(ReplicaState.DIVERGED),
+        "replicas_finished": count(ReplicaState.FINISHED),
         "job_state": state.job_state.value,
         "job_state_reason": state.job_state_reason,
+        # RUNNING, but no replica can make progress: FAILED at `fails_at` unless one can again
+        "failing": failing_since is not None,
+        "fails_at": fails_at,
+        "fails_in_s": None if fails_at is None else round(max(fails_at - now, 0.0), 3),
         "completed_at": state.completed_at,
         "failed_at": state.failed_at,
         "digest_mismatches": state.digest_mismatches,
         "min_replicas": state.settings.min_replicas,
+        # the current quorum and the step its members train (both 0: no quorum yet)
         "quorum_id": state.quorum.quorum_id if state.quorum else 0,
         "max_step": state.quorum.max_step if state.quorum else 0,
         "lr_scale": state.quorum.lr_scale if state.quorum else 1.0,
         "round": {"joined": sorted(state.round_joined), "reason": state.round_reason},
+        # the job's newest committed step (-1: none yet)
         "committed_step": state.max_committed_step,
+        # commit reports counted: one per replica per committed step (not a step number);
+        # `steps_committed` is its older name, kept for existing readers
+        "replica_commits": state.steps_committed,
         "steps_committed": state.steps_committed,
         "spares_free": sum(h.state == HostState.SPARE and not h.cordoned for h in state.host_registry.hosts.values()),
         "swaps": state.host_registry.swaps,
@@ -74,9 +90,41 @@ def replica_view(r, now: float) -> dict:
     }
 
 
+def replica_rows(state, now: float) -> list[dict]:
+    """Every replica the job has, by id: those that joined, and those its hosts run that never
+    joined (their trainers start, or die before their first join): DEAD while one of their
+    hosts cannot run (the job's failure rule counts them so) or once the job ended, JOINING
+    otherwise."""
+    hosts: dict[str, list] = {}
+    for h in state.host_registry.hosts.values():
+        if h.assignment is not None and h.assignment.replica_id not in state.replicas:
+            hosts.setdefault(h.assignment.replica_id, []).append(h)
+    rows = {rid: replica_view(r, now) for rid, r in state.replicas.items()}
+    for rid, held in hosts.items():
+        held.sort(key=lambda h: h.host_id)
+        down = next((h for h in held if not host_can_run(h)), None)
+        cause = state.lifecycle.exit_causes.get(rid, "")
+        died = f"its trainers died ({cause}); " if cause else ""
+        if down is not None:
+            why = down.cordon_reason if down.cordoned else "its agent is DEAD"
+            reason = f"never joined: {died}host {down.host_id} cannot run ({why})"
+        else:
+            reason = f"not joined yet: {died}its trainers start on host(s) {', '.join(h.host_id for h in held)}"
+        if down is None and state.job_over:
+            down, reason = held[0], f"never joined: {died}the job is {state.job_state.value}"
+        r = Replica(rid, ReplicaState.DEAD if down is not None else ReplicaState.JOINING, reason,
+                    world_size=held[0].assignment.world_size, last_seen=max(h.last_seen for h in held))
+        rows[rid] = replica_view(r, now)
+    return [rows[rid] for rid in sorted(rows)]
+
+
 def host_view(h, now: float, reasons: dict | None = None) -> dict:
+    """A host. A cordoned host without work is out of the spare pool: its state reads CORDONED,
+    never SPARE."""
+    pooled = h.state == HostState.SPARE and not h.cordoned
+    state = "CORDONED" if h.state == HostState.SPARE and h.cordoned else h.state.value
     return {
-        "host_id": h.host_id, "state": h.state.value, "spare": h.state == HostState.SPARE, "standby": h.standby,
+        "host_id": h.host_id, "state": state, "spare": pooled, "standby": h.standby,
         "assignment": asdict(h.assignment) if h.assignment else None, "labels": h.labels, "slots": h.slots,
         "cordoned": h.cordoned, "cordon_reason": h.cordon_reason, "cordoned_by": h.cordon_by,
         "incarnation": h.incarnation,

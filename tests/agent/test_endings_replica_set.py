@@ -30,7 +30,9 @@ async def test_a_replica_joining_with_another_rank_count_is_refused_and_the_othe
             r0 = await c.replica("r0")
             return r0 is not None and r0["state"] == "HEALTHY" and r0["committed_step"] >= 5
         await wait_for_async(r0_trains_alone, BOUND_S, "r0 committing")
-        assert await c.replica("r1") is None  # refused before anything changed
+        r1 = await c.replica("r1")  # refused before anything changed: listed only as its host runs it
+        assert (r1["state"], r1["incarnation"], r1["world_size"]) == ("JOINING", "", 2), r1
+        assert r1["reason"].startswith("not joined yet"), r1
         quorums = [e["message"] for e in await c.events("quorum")]
         assert quorums and all(" r0 at step " in q for q in quorums), quorums
     finally:

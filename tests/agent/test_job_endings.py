@@ -31,8 +31,10 @@ async def test_a_crash_looping_job_without_spares_fails_and_its_agents_exit_non_
     c = Cluster(tmp_path)
     try:
         await c.start_controller(2, 1, "--fail-after-s", "1")
-        agents = [await c.start_agent(f"h{i}", replica=f"r{i}", 
-                                      command=trainer_command(c.ready_dir, "--exit", "1")) for i in range(2)]
+        # two causes (exit codes 1 and 2): not a crash loop of one cause, which FAILS at once
+        # (tests/agent/test_crash_loop.py), so the job waits --fail-after-s
+        agents = [await c.start_agent(f"h{i}", replica=f"r{i}",
+                                      command=trainer_command(c.ready_dir, "--exit", str(i + 1))) for i in range(2)]
         codes = [await exit_code(a) for a in agents]
         assert codes == [EXIT_JOB_FAILED, EXIT_JOB_FAILED]
         for a in agents:
@@ -50,7 +52,7 @@ async def test_a_crash_looping_job_without_spares_fails_and_its_agents_exit_non_
         assert 'fthsdp_job_failed{job_id="job"} 1.0' in metrics
         status = subprocess.run([*CLI, "status", "--url", c.http], capture_output=True, text=True, timeout=30)
         assert status.returncode == 0, status.stderr
-        assert "job job FAILED" in status.stdout and "FAILED: no replica can make progress" in status.stdout
+        assert 'job "job" FAILED' in status.stdout and "FAILED: no replica can make progress" in status.stdout
     finally:
         await c.close()
 

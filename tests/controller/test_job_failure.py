@@ -6,7 +6,7 @@ import pytest
 
 from controller.core.errors import FailedPrecondition
 from controller.core.host_records import HOST_SHARDS
-from controller.core.job_failure import ReplicaOutlook, failure_decision, stuck_reason
+from controller.core.job_failure import ReplicaOutlook, crash_loop_cause, failure_decision, stuck_reason
 from controller.core.model import Assignment, JobState, JoinRequest, ReplicaState
 from controller.core.state import ControllerState
 from controller.settings import ControllerSettings
@@ -44,22 +44,55 @@ def test_failure_decision_counts_from_the_first_stuck_moment():
     assert done.fail and done.reason == "x for 5.0s (fail_after_s 5)"
 
 
+CAUSE = "exit code 1: RuntimeError: config file train.yaml not found"
+
+
+@pytest.mark.parametrize("outlooks, committed_any, cause", [
+    ([ReplicaOutlook("r0", True, "h0", CAUSE), ReplicaOutlook("r1", True, "h1", CAUSE)], False, CAUSE),
+    ([ReplicaOutlook("r0", True, "h0", CAUSE), ReplicaOutlook("r1", True, "h1", CAUSE)], True, ""),   # it trained
+    ([ReplicaOutlook("r0", True, "h0", CAUSE), ReplicaOutlook("r1", True, "h1", "signal 9")], False, ""),  # two causes
+    ([ReplicaOutlook("r0", True, "h0", CAUSE), ReplicaOutlook("r1", True, "h1", "")], False, ""),  # r1's host died
+    ([ReplicaOutlook("r0", True, "h0", "signal 9")], False, "signal 9"),
+    ([], False, ""),
+])
+def test_crash_loop_rule_table(outlooks, committed_any, cause):
+    assert crash_loop_cause(outlooks, committed_any) == cause
+
+
+@pytest.mark.parametrize("crash, now, fail", [
+    ("", 10.0, False),      # no crash loop: fail_after_s from the first stuck moment
+    ("", 15.0, True),
+    (CAUSE, 10.0, True),    # a crash loop fails the moment the job is stuck
+])
+def test_failure_decision_on_a_fake_clock(crash, now, fail):
+    decision = failure_decision("stuck", 10.0 if now > 10.0 else None, now, 5.0, crash)
+    assert decision.fail == fail and decision.stuck_since == 10.0
+    if crash:
+        assert decision.reason == (f"crash loop before any committed step: every replica's trainers died of the same "
+                                   f"cause ({CAUSE}) until their restart budgets were spent; stuck")
+
+
 def test_fail_after_s_is_validated():
     with pytest.raises(ValueError, match="fail_after_s must be a positive number of seconds, got 0"):
         ControllerSettings(fail_after_s=0).validate()
 
 
-def crash_looping(settings=SETTINGS):
-    """Hosts h0, h1 run r0, r1; both replicas joined, then every trainer death crash-loops
+def crash_looping(settings=SETTINGS, *, committed=True, join=True, tails=("RuntimeError: CUDA error",) * 2):
+    """Hosts h0, h1 run r0, r1; both replicas joined (`join`) and committed step 0
+    (`committed`), then every trainer death crash-loops (r{i}'s stderr ends with `tails[i]`)
     until the restart budget is spent and both hosts are cordoned without a spare."""
     s = ControllerState(settings)
     for i in range(2):
         s.register_agent(f"h{i}", f"i{i}", 0.0, assignment=Assignment(f"r{i}", (0,), 1))
-        s.join(JoinRequest(f"r{i}", 0, 1, incarnation="one", host_id=f"h{i}"), 0.0)
-    s.try_close_round(0.0)
+        if join:
+            s.join(JoinRequest(f"r{i}", 0, 1, incarnation="one", host_id=f"h{i}"), 0.0)
+    q = s.try_close_round(0.0)
+    if committed:
+        for i in range(2):
+            s.report_step(f"r{i}", 0, 0.5, quorum_id=q.quorum_id, host_id=f"h{i}")
     for t in (1.0, 2.0):
         for i in range(2):
-            s.trainer_exit(f"h{i}", f"r{i}", 0, t, exit_code=1, stderr_tail="RuntimeError: CUDA error",
+            s.trainer_exit(f"h{i}", f"r{i}", 0, t, exit_code=1, stderr_tail=f"Traceback\n{tails[i]}\n",
                            version=s.hosts[f"h{i}"].assignment_version)
     return s
 
@@ -87,11 +120,11 @@ def test_a_crash_looping_job_without_spares_fails_after_fail_after_s():
     assert s.job_state_reason == ("no replica can make progress: all 2 are DEAD and wait on hosts that cannot run "
                                   "(r0 on host h0, r1 on host h1), and no spare is free for 5.0s (fail_after_s 5)")
     [failed] = [e for e in s.events if e.kind == "job_failed"]
-    assert failed.level == "error" and failed.message == f"job job FAILED: {s.job_state_reason}"
+    assert failed.level == "error" and failed.message == f'job "job" FAILED: {s.job_state_reason}'
     assert s.round_reason == "the job is FAILED" and s.try_close_round(9.0) is None
     # final: a join is refused, naming the state and the reason; nothing changes
     before = copy.deepcopy(s.snapshot_replicas())
-    with pytest.raises(FailedPrecondition, match=r"job job is FAILED: no replica can make progress.*may not join"):
+    with pytest.raises(FailedPrecondition, match=r'job "job" is FAILED: no replica can make progress.*may not join'):
         s.join(JoinRequest("r0", 0, 1, incarnation="two", host_id="h0"), 9.0)
     assert s.snapshot_replicas() == before
     # a spare arriving now changes nothing: FAILED is final
@@ -143,3 +176,28 @@ def test_completed_has_a_reason_too():
     assert s.job_state == JobState.COMPLETED and s.job_state_reason == "1 replica(s) finished, 1 dead"
     s.expire(100.0)
     assert s.job_state == JobState.COMPLETED and s.failed_at is None
+
+
+@pytest.mark.parametrize("join", [True, False])  # False: the trainers die before their first join
+def test_a_crash_loop_before_any_committed_step_fails_at_the_first_tick_naming_its_cause(join):
+    s = crash_looping(committed=False, join=join, tails=("RuntimeError: config file train.yaml not found",) * 2)
+    assert s.job_state == JobState.RUNNING  # the budgets are spent; the tick decides
+    beat(s, 2.5)
+    s.expire(2.5)
+    assert s.job_state == JobState.FAILED and s.failed_at == 2.5
+    assert s.job_state_reason.startswith(
+        f"crash loop before any committed step: every replica's trainers died of the same cause ({CAUSE}) until "
+        f"their restart budgets were spent; no replica can make progress: all 2 are DEAD")
+    assert not [e for e in s.events if e.kind == "job_stuck"]  # no FAILING countdown: it failed at once
+    [failed] = [e for e in s.events if e.kind == "job_failed"]
+    assert CAUSE in failed.message
+
+
+def test_a_crash_loop_of_different_causes_waits_fail_after_s():
+    s = crash_looping(committed=False, tails=("RuntimeError: CUDA error", "OSError: disk full"))
+    beat(s, 3.0)
+    s.expire(3.0)
+    assert s.job_state == JobState.RUNNING and s.failing_since == 3.0
+    beat(s, 8.0)
+    s.expire(8.0)
+    assert s.job_state == JobState.FAILED and "crash loop" not in s.job_state_reason

@@ -89,7 +89,7 @@ async def test_replicas_finish_and_the_job_completes(server, stub):
         assert reps["r0"]["state"] == "FINISHED" and reps["r0"]["reason"] == "finished after step 0: max_steps reached"
         events = [e["message"] for e in (await http.get("/api/v1/events")).json()]
         assert "replica r0 finished: trainer rank 0 on host h0 exited with code 0" in events
-        assert "job t COMPLETED: 2 replica(s) finished, 1 dead" in events
+        assert 'job "t" COMPLETED: 2 replica(s) finished, 1 dead' in events
         assert any("exited cleanly before its replica finished" in m for m in events)
         metrics = samples((await http.get("/metrics")).text)
         assert metrics[("fthsdp_job_completed", ())] == 1

@@ -64,12 +64,12 @@ def test_the_job_completes_when_every_replica_finished_or_died():
     assert s.job_state == JobState.RUNNING
     assert s.report_finished("r2", 0, 2.0, host_id="h2") == JobState.COMPLETED
     [event] = kinds(s, "job")
-    assert event.message == "job job COMPLETED: 2 replica(s) finished, 1 dead"
+    assert event.message == 'job "job" COMPLETED: 2 replica(s) finished, 1 dead'
     assert s.completed_at == 2.0 and s.round_reason == "the job is COMPLETED"
     before = picture(s)
     for req in (JoinRequest("r1", 0, 1, incarnation="two", host_id="h1"), JoinRequest("r9", 0, 1),
                 JoinRequest("r0", 1, 1, incarnation="two", host_id="h0")):
-        with pytest.raises(FailedPrecondition, match="job job is COMPLETED"):
+        with pytest.raises(FailedPrecondition, match='job "job" is COMPLETED'):
             s.join(req, 3.0)
     assert picture(s) == before
     assert s.report_finished("r2", 0, 4.0, host_id="h2") == JobState.COMPLETED  # said again: nothing new

@@ -12,9 +12,9 @@ def test_status_prints_tables(controller_process):
     out = subprocess.run([sys.executable, "-m", "fthsdp.cli", "status", "--url", ctl.http],
                          capture_output=True, text=True, timeout=30)
     assert out.returncode == 0, out.stderr
-    assert "job demo" in out.stdout and "REPLICA" in out.stdout
+    assert 'job "demo" RUNNING' in out.stdout and "no quorum yet" in out.stdout and "REPLICA" in out.stdout
     assert "round: no replica has joined this round" in out.stdout
-    assert "committed step -1  effective training time 0.0% over 0s" in out.stdout
+    assert "committed step none yet  effective training time 0.0% over 0s" in out.stdout
 
 
 def test_status_reports_unreachable_controller():
@@ -54,8 +54,9 @@ def test_status_shows_finished_replicas_and_a_completed_job(controller_process):
     out = subprocess.run([sys.executable, "-m", "fthsdp.cli", "status", "--url", ctl.http],
                          capture_output=True, text=True, timeout=30)
     assert out.returncode == 0, out.stderr
-    assert "job demo COMPLETED" in out.stdout and "2 finished" in out.stdout
+    assert 'job "demo" COMPLETED' in out.stdout and "2 finished" in out.stdout
     rows = {line.split()[0]: line for line in out.stdout.splitlines() if line.startswith("r")}
     assert "FINISHED" in rows["r0"] and "00ff00ff00ff@0" in rows["r0"]
     assert "FINISHED" in rows["r1"] and "finished after step -1: done" in rows["r1"]
-    assert "job demo COMPLETED: 2 replica(s) finished, 0 dead" in out.stdout
+    assert 'job "demo" COMPLETED: 2 replica(s) finished, 0 dead' in out.stdout
+    assert "replica commits 1" in out.stdout  # r0's one commit report; the job's newest step is 0

@@ -122,7 +122,7 @@ def test_a_trainer_whose_join_is_refused_because_the_job_failed_ends_with_that_e
     assert late.returncode != 0
     assert "fthsdp.errors.Fatal: the controller says the job is FAILED, so this replica ends" in late.stderr, \
         late.stderr
-    assert "job gpt is FAILED: no replica can make progress" in late.stderr
+    assert 'job "gpt" is FAILED: ' in late.stderr and "no replica can make progress" in late.stderr
     assert not list(tmp_path.glob("x-*.json"))
 
 

@@ -88,6 +88,14 @@ async def test_status_page_shows_the_live_job(controller_process, browser, tmp_p
                                            " && Number(document.body.dataset.refreshed) >= 2", 30, "a live refresh")
         assert int(await in_browser(browser.evaluate, "document.getElementById('chart').dataset.samples")) >= 2
         assert await in_browser(browser.evaluate, "document.querySelectorAll('#chart polyline').length") == 2
+        # the chart fills its section, drawn at its own width, with a scale for each line and for time
+        chart = json.loads(await in_browser(browser.evaluate, """JSON.stringify((() => {
+            const c = document.getElementById('chart');
+            const ticks = (k) => [...c.querySelectorAll('text.tick-' + k)].map(t => t.textContent);
+            return [c.getBoundingClientRect().width, c.parentElement.getBoundingClientRect().width,
+                    c.viewBox.baseVal.width, ticks('step'), ticks('replicas'), ticks('time').length]; })())"""))
+        assert chart[0] >= 0.98 * chart[1] and abs(chart[2] - chart[0]) <= 2, chart
+        assert chart[3][0] == "0" and len(chart[3]) >= 2 and chart[4] == ["0", "1", "2", "3"] and chart[5] == 3, chart
         assert (await in_browser(browser.evaluate, "document.getElementById('healthy').textContent")) == "2 / 3"
         assert "%" in await in_browser(browser.evaluate, "document.getElementById('ett').textContent")
         quorum = await in_browser(browser.evaluate, "document.getElementById('quorum').textContent")

@@ -37,14 +37,17 @@ function percent(ratio) { return (100 * ratio).toFixed(1) + " %"; }
 
 function time(at) { return at ? new Date(at * 1000).toLocaleTimeString() : "–"; }
 
-// Quorum ids are 13-digit numbers (the first one is the time in ms): shown by their last
-// digits, the whole id in the title.
-const LONG_ID = /\b\d{10,}\b/g;
+// Quorum ids and order ids ("o" and a number) are 13-digit numbers (the first one is the
+// time in ms): every one of them, wherever it appears, is shown the same way, by its last
+// digits (never wrapped), the whole id in the title.
+const LONG_ID = /\bo?\d{10,}\b/g;
 const SHORT_DIGITS = 5;
 
 function shortId(id) {
   const text = String(id);
-  const node = el("span", text.length > SHORT_DIGITS + 1 ? "…" + text.slice(-SHORT_DIGITS) : text, "qid");
+  const prefix = text.startsWith("o") ? "o" : "";
+  const digits = text.slice(prefix.length);
+  const node = el("span", digits.length > SHORT_DIGITS + 1 ? prefix + "…" + digits.slice(-SHORT_DIGITS) : text, "qid");
   node.title = text;
   return node;
 }
@@ -83,16 +86,27 @@ function fill(table, rows, none) {
   table.tBodies[0].replaceChildren(...rows);
 }
 
-// "host h1 died: ..." in the row of host h1 reads "died: ...".
+// "host h1 died: ..." in the row of host h1 reads "died: ..." (a job is named with its id
+// quoted: 'job "job" COMPLETED' reads "COMPLETED").
 function withoutSubject(message, noun, subject) {
-  const named = noun + " " + subject;
-  if (message.startsWith(named + " ") || message.startsWith(named + ":")) {
-    return message.slice(named.length).replace(/^:?\s*/, "");
+  for (const named of [noun + " " + subject, noun + ' "' + subject + '"']) {
+    if (message.startsWith(named + " ") || message.startsWith(named + ":")) {
+      return message.slice(named.length).replace(/^:?\s*/, "");
+    }
   }
   return message;
 }
 
+// A step number: -1 (nothing committed yet) reads "none yet".
+function stepText(step) { return step < 0 ? "none yet" : String(step); }
+
+// RUNNING while no replica can make progress: FAILING, FAILED when its countdown ends.
+function shownState(job) { return job.job_state === "RUNNING" && job.failing ? "FAILING" : job.job_state; }
+
 function jobReason(job) {
+  if (shownState(job) === "FAILING") {
+    return "FAILED in " + fmt(job.fails_in_s, 0) + " s unless a replica can train again: " + job.job_state_reason;
+  }
   if (job.job_state_reason) return job.job_state_reason;
   const total = job.replicas_total;
   if (job.job_state === "COMPLETED") {
@@ -102,6 +116,7 @@ function jobReason(job) {
   if (job.job_state === "RUNNING") {
     const parts = [job.replicas_healthy + " of " + total + " replicas healthy"];
     if (job.replicas_behind) parts.push(job.replicas_behind + " catching up");
+    if (job.replicas_joining) parts.push(job.replicas_joining + " joining");
     if (job.replicas_dead) parts.push(job.replicas_dead + " dead");
     if (job.replicas_diverged) parts.push(job.replicas_diverged + " diverged");
     return "training: " + parts.join(", ");
@@ -111,11 +126,13 @@ function jobReason(job) {
 
 function renderJob(job) {
   $("job-id").textContent = job.job_id;
-  $("job-card").dataset.state = job.job_state;
-  $("job-state").textContent = job.job_state;
-  $("job-state").className = "state state-" + job.job_state;
+  const state = shownState(job);
+  $("job-card").dataset.state = state;
+  $("job-card").dataset.failsIn = job.fails_in_s === null ? "" : job.fails_in_s;
+  $("job-state").textContent = state;
+  $("job-state").className = "state state-" + state;
   $("job-reason").replaceChildren(...withShortIds(jobReason(job)));
-  $("committed-step").textContent = job.committed_step;
+  $("committed-step").textContent = stepText(job.committed_step);
   const running = job.job_state === "RUNNING";
   $("healthy-label").textContent = running ? "healthy replicas" : "finished replicas";
   $("healthy").textContent = (running ? job.replicas_healthy : job.replicas_finished) + " / " + job.replicas_total;
@@ -158,7 +175,8 @@ function renderHosts(hosts) {
     row.dataset.host = h.host_id;
     row.dataset.state = h.state;
     row.dataset.cordoned = h.cordoned;
-    const role = h.assignment ? "active" : h.spare ? (h.standby ? "spare, standby trainers" : "spare") : "–";
+    const role = h.assignment ? "active" : h.spare ? (h.standby ? "spare, standby trainers" : "spare")
+                                                   : h.state === "CORDONED" ? "cordoned: out of the spare pool" : "–";
     const assignment = h.assignment ? "replica " + h.assignment.replica_id + ", ranks " + h.assignment.ranks.join(",") +
                                       " of " + h.assignment.world_size : "–";
     const cordon = h.cordoned ? "yes (" + (h.cordoned_by || "?") + ")" + (h.cordon_reason ? ": " + h.cordon_reason : "") : "no";
@@ -168,20 +186,31 @@ function renderHosts(hosts) {
   }), "no host registered");
 }
 
-function renderReplicas(replicas, goodput) {
-  const body = $("replicas").tBodies[0];
-  body.replaceChildren(...replicas.map((r) => {
+// Every replica the job has, joined or not (the REST list), and a line for those not seen yet.
+function renderReplicas(replicas, job) {
+  const goodput = job.goodput;
+  const rows = replicas.map((r) => {
     const row = el("tr");
     row.dataset.replica = r.replica_id;
     row.dataset.state = r.state;
     const state = cell(badge(r.state));
     const mine = goodput.replicas[r.replica_id];
-    row.append(el("td", r.replica_id), state, el("td", r.step, "num"), el("td", r.committed_step, "num"),
+    row.append(el("td", r.replica_id), state, el("td", r.step, "num"), el("td", stepText(r.committed_step), "num"),
                el("td", r.last_loss === null ? "–" : r.last_loss.toPrecision(4), "num"),
                el("td", mine ? percent(mine.effective_training_ratio) : "–", "num"),
                el("td", fmt(r.seconds_since_seen, 1), "num"), cell(withShortIds(r.reason)));
     return row;
-  }));
+  });
+  const unseen = job.replicas_total - replicas.length;
+  if (unseen > 0) {
+    const td = el("td", unseen + " more configured replica(s) not seen yet: no host runs them and none joined",
+                  "muted unseen");
+    td.colSpan = $("replicas").tHead.rows[0].cells.length;
+    const row = el("tr");
+    row.append(td);
+    rows.push(row);
+  }
+  fill($("replicas"), rows, "no replica yet");
 }
 
 function renderQuorum(quorums) {
@@ -221,11 +250,30 @@ function svg(tag, attrs) {
   return node;
 }
 
+// Round numbers for an axis from 0 to `max`: about `count` of them.
+function ticks(max, count) {
+  const raw = Math.max(max, 1) / count, power = Math.pow(10, Math.floor(Math.log10(raw)));
+  const step = [1, 2, 5, 10].map((m) => m * power).find((m) => m >= raw);
+  const out = [];
+  for (let v = 0; v <= max + 1e-9; v += step) out.push(Math.round(v * 1e6) / 1e6);
+  return out;
+}
+
+// The chart is drawn at the width it has on the page (one SVG unit a pixel): it fills its
+// section, and each line has its own scale: committed step on the left, healthy replicas on
+// the right, time below.
 function renderChart(history, total, stalls) {
   const chart = $("chart");
-  const W = 800, H = 220, L = 50, R = 40, T = 10, B = 25;
+  const W = Math.max(Math.round(chart.getBoundingClientRect().width), 300), H = 220, L = 56, R = 56, T = 12, B = 28;
+  chart.setAttribute("viewBox", "0 0 " + W + " " + H);
   const nodes = [svg("line", { x1: L, y1: H - B, x2: W - R, y2: H - B, class: "axis" }),
-                 svg("line", { x1: L, y1: T, x2: L, y2: H - B, class: "axis" })];
+                 svg("line", { x1: L, y1: T, x2: L, y2: H - B, class: "axis" }),
+                 svg("line", { x1: W - R, y1: T, x2: W - R, y2: H - B, class: "axis" })];
+  const label = (x, y, text, className, anchor) => {
+    const node = svg("text", { x: x, y: y, class: className, "text-anchor": anchor });
+    node.textContent = text;
+    nodes.push(node);
+  };
   if (history.length > 0) {
     const t0 = history[0][0], t1 = Math.max(history[history.length - 1][0], t0 + 1);
     const maxStep = Math.max(1, ...history.map((s) => s[1]));
@@ -245,13 +293,11 @@ function renderChart(history, total, stalls) {
     }
     nodes.push(svg("polyline", { points: stepPoints, class: "step" }),
                svg("polyline", { points: healthyPoints.trim(), class: "healthy" }));
-    const labels = [[4, T + 10, "step " + maxStep], [4, H - B, "0"], [W - R + 4, T + 10, maxHealthy + " rep."],
-                    [L, H - 6, time(t0)], [W - R - 60, H - 6, time(t1)]];
-    for (const [lx, ly, text] of labels) {
-      const label = svg("text", { x: lx, y: ly });
-      label.textContent = text;
-      nodes.push(label);
-    }
+    for (const v of ticks(maxStep, 4)) label(L - 6, yStep(v) + 4, v, "tick tick-step", "end");
+    for (const v of ticks(maxHealthy, Math.min(maxHealthy, 4))) label(W - R + 6, yHealthy(v) + 4, v, "tick tick-replicas", "start");
+    for (const f of [0, 0.5, 1]) label(x(t0 + f * (t1 - t0)), H - 8, time(t0 + f * (t1 - t0)), "tick tick-time", f === 0 ? "start" : f === 1 ? "end" : "middle");
+    label(4, T, "step", "axis-name", "start");
+    label(W - 4, T, "replicas", "axis-name", "end");
   }
   chart.replaceChildren(...nodes);
   chart.dataset.samples = history.length;
@@ -263,7 +309,7 @@ async function refresh() {
       get("/api/v1/job"), get("/api/v1/replicas"), get("/api/v1/hosts"), get("/api/v1/quorums"),
       get("/api/v1/events?limit=20"), get("/api/v1/history"), get("/api/v1/stalls")]);
     renderJob(job);
-    renderReplicas(replicas, job.goodput);
+    renderReplicas(replicas, job);
     renderHosts(hosts);
     renderQuorum(quorums);
     renderStalls(stalls);
