@@ -32,8 +32,8 @@ def _parser() -> argparse.ArgumentParser:
     from agent.main import add_timeout_flags as agent_flags
     from controller.main import add_timeout_flags as controller_flags
 
-    p = argparse.ArgumentParser(prog="fthsdp timeouts", description=__doc__.split("\n\n")[0],
-                                epilog="Exit status: 0 when every rule holds, 1 when one is broken, 2 for bad input.")
+    p = argparse.ArgumentParser(prog="fthsdp timeouts", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--json", action="store_true", help="one JSON object instead of tables")
     p.add_argument("--settings", metavar="FILE", help="the controller's JSON settings file (fthsdp controller --settings)")
     controller_flags(p.add_argument_group("controller (fthsdp controller)"))
@@ -61,7 +61,8 @@ def collect(args: argparse.Namespace, given: Mapping[str, str],
     in_file = set(json.loads(Path(args.settings).read_text())) if args.settings else set()
     agent = AgentSettings(controller_addresses=("-",), host_id="-", command=("-",),
                           connect_timeout_s=args.connect_timeout_s, heartbeat_interval_s=args.heartbeat_interval_s,
-                          stop_grace_s=args.stop_grace_s)
+                          stop_grace_s=args.stop_grace_s, reserve_delay_s=args.reserve_delay_s,
+                          telemetry_interval_s=args.telemetry_interval_s)
     from_env = timeouts_from_env(environ)
     runtime = RuntimeSettings(**from_env)
 
