@@ -101,6 +101,13 @@ def add_timeout_flags(p: argparse.ArgumentParser) -> None:
                         f"--heartbeat-timeout-s, at most half the agent's call timeout ({d.rpc_timeout_s:g} s)")
     p.add_argument("--stop-grace-s", type=float, default=d.stop_grace_s, metavar="S",
                    help=f"a stopped trainer gets SIGTERM, then SIGKILL this long after (default {d.stop_grace_s:g})")
+    p.add_argument("--reserve-delay-s", type=float, default=d.reserve_delay_s, metavar="S",
+                   help=f"with --warm-restarts: start a reserve this long after its trainer (default "
+                        f"{d.reserve_delay_s:g})")
+    p.add_argument("--telemetry-interval-s", type=float, default=d.telemetry_interval_s, metavar="S",
+                   help="send trainers' collective telemetry every this many seconds (0: off; default "
+                        f"{d.telemetry_interval_s:g}); at most half the controller's diagnosis "
+                        "telemetry_stale_s")
 
 
 def parse(argv: list[str]) -> AgentSettings:
@@ -141,9 +148,6 @@ def parse(argv: list[str]) -> AgentSettings:
     p.add_argument("--warm-restarts", action="store_true",
                    help="keep a pre-started standby next to each trainer; it takes the slot's work when "
                         "the trainer must be replaced (a restart starts no cold process)")
-    p.add_argument("--reserve-delay-s", type=float, default=AgentSettings.reserve_delay_s,
-                   help=f"with --warm-restarts: start a reserve this long after its trainer (default "
-                        f"{AgentSettings.reserve_delay_s:g})")
     p.add_argument("--on-job-complete", choices=ON_JOB_COMPLETE, default="exit",
                    help="when the job is COMPLETED (or FAILED): stop trainers and exit 0 (4 when FAILED; "
                         "default), or stop them and idle")
@@ -163,10 +167,6 @@ def parse(argv: list[str]) -> AgentSettings:
                         f"({job_secret.ENV_INSECURE_TRAINER_PORTS}=1 in their environment); without a secret and "
                         f"without this flag the agent refuses to start")
     p.add_argument("--insecure-trainer-ports", action="store_true", help="the older name of --insecure")
-    p.add_argument("--telemetry-interval-s", type=float, default=AgentSettings.telemetry_interval_s,
-                   help="send trainers' collective telemetry every this many seconds (0: off; default "
-                        f"{AgentSettings.telemetry_interval_s:g}); at most half the controller's diagnosis "
-                        "telemetry_stale_s")
     p.add_argument("--telemetry-dir", default="",
                    help="directory for trainers' telemetry rings (default: a fresh private one)")
     p.add_argument("--telemetry-window-collectives", type=int, default=32,

@@ -32,8 +32,8 @@ def _parser() -> argparse.ArgumentParser:
     from agent.main import add_timeout_flags as agent_flags
     from controller.main import add_timeout_flags as controller_flags
 
-    p = argparse.ArgumentParser(prog="fthsdp timeouts", description=__doc__.split("\n\n")[0],
-                                epilog="Exit status: 0 when every rule holds, 1 when one is broken, 2 for bad input.")
+    p = argparse.ArgumentParser(prog="fthsdp timeouts", description=__doc__, allow_abbrev=False,  # sources by flag
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--json", action="store_true", help="one JSON object instead of tables")
     p.add_argument("--settings", metavar="FILE", help="the controller's JSON settings file (fthsdp controller --settings)")
     controller_flags(p.add_argument_group("controller (fthsdp controller)"))
@@ -58,16 +58,18 @@ def collect(args: argparse.Namespace, given: Mapping[str, str],
     flags = {name: getattr(args, name) for name in ("join_timeout_s", "heartbeat_timeout_s", "fail_after_s",
                                                    "lease_ttl_s")}
     controller = ControllerSettings.merged(args.settings, **flags)
-    in_file = set(json.loads(Path(args.settings).read_text())) if args.settings else set()
+    in_file = json.loads(Path(args.settings).read_text()) if args.settings else {}
     agent = AgentSettings(controller_addresses=("-",), host_id="-", command=("-",),
                           connect_timeout_s=args.connect_timeout_s, heartbeat_interval_s=args.heartbeat_interval_s,
-                          stop_grace_s=args.stop_grace_s)
+                          stop_grace_s=args.stop_grace_s, reserve_delay_s=args.reserve_delay_s,
+                          telemetry_interval_s=args.telemetry_interval_s)
     from_env = timeouts_from_env(environ)
     runtime = RuntimeSettings(**from_env)
 
     def controller_source(name: str) -> str:
-        top = name.split(".", 1)[0]
-        return given.get(name) or ("--settings" if top in in_file else DEFAULT)
+        outer, _, inner = name.partition(".")  # "diagnosis.hang_after_s" is nested in the file
+        return given.get(name) or ("--settings" if (inner in in_file.get(outer, {}) if inner else name in in_file)
+                                   else DEFAULT)
 
     return {
         tr.CONTROLLER: {n: (v, controller_source(n)) for n, v in controller.timeout_values().items()},

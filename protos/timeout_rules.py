@@ -112,6 +112,7 @@ class Violation:
     larger_s: float
     #: the smaller side: factor × the sum of the smaller values
     smaller_s: float
+    #: the smaller values, in the rule's order
     values: tuple[float, ...]
 
     def message(self, local: str = "") -> str:

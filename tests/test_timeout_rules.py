@@ -39,6 +39,21 @@ def test_the_catalogue_names_every_timeout_of_every_settings_class_and_nothing_e
         assert rule.factor >= 1 and rule.why, rule
 
 
+#: Settings in seconds that bound no wait: windows and spans that statistics are taken over.
+NOT_WAITS = {"controller.restart_window_s", "agent.restart_window_s", "controller.diagnosis.straggler_min_span_s",
+             "controller.diagnosis.straggler_min_excess_s", "controller.diagnosis.sdc_window_s",
+             "controller.diagnosis.hold_s"}
+
+
+def test_every_setting_in_seconds_is_in_the_catalogue_or_named_as_no_wait():
+    """A new timeout fails here until protos/timeout_rules.py (and docs/operations.md) have it."""
+    classes = ((tr.CONTROLLER, ControllerSettings), (tr.CONTROLLER + ".diagnosis", DiagnosisSettings),
+               (tr.AGENT, AgentSettings), (tr.RUNTIME, RuntimeSettings))
+    seconds = {f"{prefix}.{f.name}" for prefix, cls in classes for f in dataclasses.fields(cls)
+               if f.name.endswith("_s") or "_s_" in f.name}
+    assert seconds - NOT_WAITS == set(tr.WAITS) and NOT_WAITS <= seconds
+
+
 def test_the_defaults_break_no_rule():
     assert tr.check(defaults()) == []
 

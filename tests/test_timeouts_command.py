@@ -96,13 +96,15 @@ def test_timeouts_exits_1_naming_both_values_of_each_broken_rule():
 
 
 def test_timeouts_json_for_machines(tmp_path):
-    (tmp_path / "settings.json").write_text(json.dumps({"rollback_wait_s": 50.0}))
+    (tmp_path / "settings.json").write_text(json.dumps({"rollback_wait_s": 50.0, "diagnosis": {"hang_after_s": 9.0}}))
     out = run("timeouts", "--json", "--settings", str(tmp_path / "settings.json"), env={"FTHSDP_QUORUM_TIMEOUT_S": "40"})
     assert out.returncode == 1, out.stderr
     found = json.loads(out.stdout)
     assert set(found["processes"]) == set(tr.PROCESSES)
     assert found["processes"]["controller"]["rollback_wait_s"] == {
         "value_s": 50.0, "source": "--settings", "bounds": tr.WAITS["controller.rollback_wait_s"]}
+    assert found["processes"]["controller"]["diagnosis.hang_after_s"]["source"] == "--settings"
+    assert found["processes"]["controller"]["diagnosis.analysis_interval_s"]["source"] == "default"
     assert found["processes"]["runtime"]["quorum_timeout_s"]["source"] == "FTHSDP_QUORUM_TIMEOUT_S"
     (broken,) = [r for r in found["rules"] if not r["ok"]]
     assert broken["larger"] == "runtime.quorum_timeout_s" and found["broken"] == 1
