@@ -104,10 +104,7 @@ function stepText(step) { return step < 0 ? "none yet" : String(step); }
 function shownState(job) { return job.job_state === "RUNNING" && job.failing ? "FAILING" : job.job_state; }
 
 function jobReason(job) {
-  if (shownState(job) === "FAILING") {
-    return "FAILED in " + fmt(job.fails_in_s, 0) + " s unless a replica can train again: " + job.job_state_reason;
-  }
-  if (job.job_state_reason) return job.job_state_reason;
+  if (job.job_state_reason) return job.job_state_reason;  // FAILING: why, and the seconds left
   const total = job.replicas_total;
   if (job.job_state === "COMPLETED") {
     return "completed at " + time(job.completed_at) + ": " + job.replicas_finished + " of " + total +
@@ -130,6 +127,7 @@ function renderJob(job) {
   $("job-card").dataset.state = state;
   $("job-card").dataset.failsIn = job.fails_in_s === null ? "" : job.fails_in_s;
   $("job-state").textContent = state;
+  $("job-countdown").textContent = state === "FAILING" ? "FAILED in " + fmt(job.fails_in_s, 0) + " s" : "";
   $("job-state").className = "state state-" + state;
   $("job-reason").replaceChildren(...withShortIds(jobReason(job)));
   $("committed-step").textContent = stepText(job.committed_step);
@@ -175,8 +173,8 @@ function renderHosts(hosts) {
     row.dataset.host = h.host_id;
     row.dataset.state = h.state;
     row.dataset.cordoned = h.cordoned;
-    const role = h.assignment ? "active" : h.spare ? (h.standby ? "spare, standby trainers" : "spare")
-                                                   : h.state === "CORDONED" ? "cordoned: out of the spare pool" : "–";
+    const role = h.state === "CORDONED" ? (h.assignment ? "waits for a spare to take its work" : "cordoned: out of the spare pool")
+                 : h.assignment ? "active" : h.spare ? (h.standby ? "spare, standby trainers" : "spare") : "–";
     const assignment = h.assignment ? "replica " + h.assignment.replica_id + ", ranks " + h.assignment.ranks.join(",") +
                                       " of " + h.assignment.world_size : "–";
     const cordon = h.cordoned ? "yes (" + (h.cordoned_by || "?") + ")" + (h.cordon_reason ? ": " + h.cordon_reason : "") : "no";
