@@ -11,6 +11,7 @@ import pytest
 from controller.settings import ControllerSettings
 from fthsdp.status import job_line, render, step_text
 from protos import controller_pb2 as pb
+from tests.controller.conftest import samples
 from tests.waiting import wait_for_async
 
 
@@ -53,11 +54,13 @@ async def test_a_stuck_job_shows_failing_every_replica_and_no_cordoned_spare(ser
         assert job["fails_in_s"] == pytest.approx(40.0, abs=0.5)
         assert "no replica can make progress: all 2 are DEAD" in job["job_state_reason"]
         replicas = (await http.get("/api/v1/replicas")).json()
+        metrics = samples((await http.get("/metrics")).text, "job")
         hosts = {h["host_id"]: h for h in (await http.get("/api/v1/hosts")).json()}
     # every configured replica, with its state, though none ever joined
     assert [(r["replica_id"], r["state"]) for r in replicas] == [("r0", "DEAD"), ("r1", "DEAD")]
     assert "never joined: its trainers died (exit code 1: OSError: disk full); host h1 cannot run" in replicas[1]["reason"]
     assert (job["replicas_dead"], job["replicas_known"], job["replicas_total"]) == (2, 2, 2)
+    assert metrics[("fthsdp_replicas", (("state", "DEAD"),))] == 2  # the metric counts the same rows
     # h0 gave its work to s0 and is cordoned: out of the pool, not a spare; h1 waits for one
     assert hosts["h0"]["state"] == "CORDONED" and not hosts["h0"]["spare"] and hosts["h0"]["cordoned"]
     assert hosts["h1"]["state"] == "CORDONED" and hosts["h1"]["assignment"]["replica_id"] == "r1"
