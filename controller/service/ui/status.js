@@ -262,7 +262,7 @@ function ticks(max, count) {
 // the right, time below.
 function renderChart(history, total, stalls) {
   const chart = $("chart");
-  const W = Math.max(Math.round(chart.getBoundingClientRect().width), 300), H = 220, L = 56, R = 56, T = 12, B = 28;
+  const W = Math.max(Math.round(chart.getBoundingClientRect().width), 300), H = 220, L = 56, R = 56, T = 24, B = 28;
   chart.setAttribute("viewBox", "0 0 " + W + " " + H);
   const nodes = [svg("line", { x1: L, y1: H - B, x2: W - R, y2: H - B, class: "axis" }),
                  svg("line", { x1: L, y1: T, x2: L, y2: H - B, class: "axis" }),
@@ -294,8 +294,8 @@ function renderChart(history, total, stalls) {
     for (const v of ticks(maxStep, 4)) label(L - 6, yStep(v) + 4, v, "tick tick-step", "end");
     for (const v of ticks(maxHealthy, Math.min(maxHealthy, 4))) label(W - R + 6, yHealthy(v) + 4, v, "tick tick-replicas", "start");
     for (const f of [0, 0.5, 1]) label(x(t0 + f * (t1 - t0)), H - 8, time(t0 + f * (t1 - t0)), "tick tick-time", f === 0 ? "start" : f === 1 ? "end" : "middle");
-    label(4, T, "step", "axis-name", "start");
-    label(W - 4, T, "replicas", "axis-name", "end");
+    label(L - 6, 12, "step", "axis-name", "end");
+    label(W - R + 6, 12, "replicas", "axis-name", "start");
   }
   chart.replaceChildren(...nodes);
   chart.dataset.samples = history.length;
