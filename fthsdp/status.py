@@ -27,7 +27,7 @@ def job_line(job: dict) -> str:
     state (FAILING while no replica can make progress), the quorum and the step it trains."""
     state = job["job_state"]
     if state == "RUNNING" and job.get("failing"):
-        state = f"FAILING (FAILED in {job['fails_in_s']:.0f}s unless a replica can train again)"
+        state = f"FAILING (FAILED in {job['fails_in_s']:.0f}s)"
     quorum = (f"quorum {job['quorum_id']} trains step {job['max_step']}  lr_scale {job['lr_scale']:.3f}"
               if job["quorum_id"] else "no quorum yet")
     return f'job "{job["job_id"]}" {state}  leader {job["leader"] or "?"}  {quorum}'

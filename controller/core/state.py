@@ -398,6 +398,7 @@ class ControllerState:
     job_end_reason = property(lambda self: self.lifecycle.job_end_reason)
     stuck_since = property(lambda self: self.lifecycle.stuck_since)
     failing_since = property(lambda self: self.lifecycle.failing_since)
+    exit_causes = property(lambda self: self.lifecycle.exit_causes)
 
     def silence(self, last_seen: float, now: float) -> str:
         """Why a record last seen at `last_seen` counts as dead now, or "" while it does not.

@@ -14,6 +14,7 @@ from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from controller.core.model import DeathCause, HostState, ReplicaState
+from controller.service.views import replica_rows
 
 LATENCY_BUCKETS_S = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 30, 60)
 STEP_BUCKETS_S = (0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300)
@@ -79,7 +80,10 @@ class StateCollector:
 
     def _replicas(self, state, job: str):
         replicas = list(state.replicas.values())
-        yield _by_state("fthsdp_replicas", "Replicas by state", job, ReplicaState, replicas)
+        # the rows of /api/v1/replicas: replicas its hosts run that never joined count too
+        rows = replica_rows(state, self._server.clock())
+        yield _labelled(GaugeMetricFamily, "fthsdp_replicas", "Replicas by state (those that never joined too)", job,
+                        "state", {s.value: sum(r["state"] == s.value for r in rows) for s in ReplicaState})
         yield _gauge("fthsdp_replicas_healthy", "Replicas at the quorum's max step", job,
                      sum(r.state == ReplicaState.HEALTHY for r in replicas))
         yield _gauge("fthsdp_replicas_total", "Configured replica count", job, state.settings.replicas)

@@ -103,7 +103,7 @@ def replica_rows(state, now: float) -> list[dict]:
     for rid, held in hosts.items():
         held.sort(key=lambda h: h.host_id)
         down = next((h for h in held if not host_can_run(h)), None)
-        cause = state.lifecycle.exit_causes.get(rid, "")
+        cause = state.exit_causes.get(rid, "")
         died = f"its trainers died ({cause}); " if cause else ""
         if down is not None:
             why = down.cordon_reason if down.cordoned else "its agent is DEAD"
@@ -119,10 +119,12 @@ def replica_rows(state, now: float) -> list[dict]:
 
 
 def host_view(h, now: float, reasons: dict | None = None) -> dict:
-    """A host. A cordoned host without work is out of the spare pool: its state reads CORDONED,
-    never SPARE."""
+    """A host. A live cordoned host that runs nothing (out of the spare pool: never SPARE) or
+    that was cordoned after a failure (its work waits for a spare: it runs nothing either)
+    reads CORDONED; an operator's cordon of an ACTIVE host leaves it ACTIVE (it keeps its work)."""
     pooled = h.state == HostState.SPARE and not h.cordoned
-    state = "CORDONED" if h.state == HostState.SPARE and h.cordoned else h.state.value
+    out = h.cordoned and h.state != HostState.DEAD and (h.assignment is None or h.cordon_by == "failure")
+    state = "CORDONED" if out else h.state.value
     return {
         "host_id": h.host_id, "state": state, "spare": pooled, "standby": h.standby,
         "assignment": asdict(h.assignment) if h.assignment else None, "labels": h.labels, "slots": h.slots,

@@ -11,6 +11,7 @@ import pytest
 from controller.settings import ControllerSettings
 from fthsdp.status import job_line, render, step_text
 from protos import controller_pb2 as pb
+from tests.controller.conftest import samples
 from tests.waiting import wait_for_async
 
 
@@ -53,13 +54,16 @@ async def test_a_stuck_job_shows_failing_every_replica_and_no_cordoned_spare(ser
         assert job["fails_in_s"] == pytest.approx(40.0, abs=0.5)
         assert "no replica can make progress: all 2 are DEAD" in job["job_state_reason"]
         replicas = (await http.get("/api/v1/replicas")).json()
+        metrics = samples((await http.get("/metrics")).text, "job")
         hosts = {h["host_id"]: h for h in (await http.get("/api/v1/hosts")).json()}
     # every configured replica, with its state, though none ever joined
     assert [(r["replica_id"], r["state"]) for r in replicas] == [("r0", "DEAD"), ("r1", "DEAD")]
     assert "never joined: its trainers died (exit code 1: OSError: disk full); host h1 cannot run" in replicas[1]["reason"]
     assert (job["replicas_dead"], job["replicas_known"], job["replicas_total"]) == (2, 2, 2)
-    # h0 gave its work to s0 and is cordoned: out of the pool, not a spare
+    assert metrics[("fthsdp_replicas", (("state", "DEAD"),))] == 2  # the metric counts the same rows
+    # h0 gave its work to s0 and is cordoned: out of the pool, not a spare; h1 waits for one
     assert hosts["h0"]["state"] == "CORDONED" and not hosts["h0"]["spare"] and hosts["h0"]["cordoned"]
+    assert hosts["h1"]["state"] == "CORDONED" and hosts["h1"]["assignment"]["replica_id"] == "r1"
     assert job["spares_free"] == 0
 
     proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "fthsdp.cli", "status", "--url", server.http_url,
@@ -71,7 +75,7 @@ async def test_a_stuck_job_shows_failing_every_replica_and_no_cordoned_spare(ser
     assert "0 healthy / 0 behind / 0 joining / 0 diverged / 0 finished / 2 dead of 2  spares free 0" in text
     assert "FAILING: no replica can make progress: all 2 are DEAD" in text
     rows = {line.split()[0]: line.split()[1] for line in text.splitlines() if line[:2] in ("r0", "r1", "h0", "s0")}
-    assert rows == {"r0": "DEAD", "r1": "DEAD", "h0": "CORDONED", "s0": "ACTIVE"}
+    assert rows == {"r0": "DEAD", "r1": "DEAD", "h0": "CORDONED", "s0": "CORDONED"}  # s0 waits for a spare
 
 
 JOB = {"job_id": "job", "job_state": "RUNNING", "leader": "c1", "quorum_id": 0, "max_step": 0, "lr_scale": 1.0,
@@ -82,7 +86,7 @@ JOB = {"job_id": "job", "job_state": "RUNNING", "leader": "c1", "quorum_id": 0, 
     (JOB, 'job "job" RUNNING  leader c1  no quorum yet'),
     ({**JOB, "quorum_id": 17, "max_step": 400}, 'job "job" RUNNING  leader c1  quorum 17 trains step 400  lr_scale 1.000'),
     ({**JOB, "failing": True, "fails_in_s": 12.4},
-     'job "job" FAILING (FAILED in 12s unless a replica can train again)  leader c1  no quorum yet'),
+     'job "job" FAILING (FAILED in 12s)  leader c1  no quorum yet'),
     ({**JOB, "job_state": "COMPLETED", "job_id": "my job"}, 'job "my job" COMPLETED  leader c1  no quorum yet'),
 ])
 def test_the_job_line_reads_well_with_any_id_and_says_which_step(job, line):

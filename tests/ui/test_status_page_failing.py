@@ -45,17 +45,20 @@ async def test_a_failing_job_shows_failing_every_replica_and_no_cordoned_spare(c
     card = json.loads(await in_browser(browser.evaluate, """JSON.stringify((() => {
         const card = document.getElementById('job-card'), badge = document.getElementById('job-state');
         return [badge.textContent, getComputedStyle(badge).backgroundColor, getComputedStyle(card).borderLeftColor,
-                document.getElementById('job-reason').textContent, Number(card.dataset.failsIn)]; })())"""))
+                document.getElementById('job-reason').textContent, Number(card.dataset.failsIn),
+                document.getElementById('job-countdown').textContent]; })())"""))
     amber = "rgb(178, 106, 0)"  # --warn
     assert card[:3] == ["FAILING", amber, amber]
-    assert card[3].startswith("FAILED in ") and " s unless a replica can train again: no replica can make progress" in card[3]
-    assert 0 < card[4] <= 300
+    assert card[3].startswith("no replica can make progress: all 2 are DEAD") and "the job FAILS in " in card[3]
+    assert 0 < card[4] <= 300 and card[5].startswith("FAILED in ") and card[5].endswith(" s")
+    assert abs(int(card[5].split()[2]) - card[4]) <= 0.5  # the countdown to fail_after_s, in whole seconds
     replicas = json.loads(await in_browser(browser.evaluate, """JSON.stringify([...document.querySelectorAll(
         '#replicas tbody tr')].map(r => [r.dataset.replica, r.dataset.state, r.cells[3].textContent]))"""))
     assert replicas == [["r0", "DEAD", "none yet"], ["r1", "DEAD", "none yet"]]
     hosts = json.loads(await in_browser(browser.evaluate, """JSON.stringify(Object.fromEntries([...document.querySelectorAll(
         '#hosts tbody tr')].map(r => [r.dataset.host, [r.dataset.state, r.cells[2].textContent]])))"""))
     assert hosts["h0"] == ["CORDONED", "cordoned: out of the spare pool"]
+    assert hosts["h1"] == ["CORDONED", "waits for a spare to take its work"]
     assert "SPARE" not in {state for state, _ in hosts.values()}
     # ids one way everywhere: order ids in the events table are shown as quorum ids are
     orders = json.loads(await in_browser(browser.evaluate, """JSON.stringify([...document.querySelectorAll(

@@ -104,10 +104,7 @@ function stepText(step) { return step < 0 ? "none yet" : String(step); }
 function shownState(job) { return job.job_state === "RUNNING" && job.failing ? "FAILING" : job.job_state; }
 
 function jobReason(job) {
-  if (shownState(job) === "FAILING") {
-    return "FAILED in " + fmt(job.fails_in_s, 0) + " s unless a replica can train again: " + job.job_state_reason;
-  }
-  if (job.job_state_reason) return job.job_state_reason;
+  if (job.job_state_reason) return job.job_state_reason;  // FAILING: why, and the seconds left
   const total = job.replicas_total;
   if (job.job_state === "COMPLETED") {
     return "completed at " + time(job.completed_at) + ": " + job.replicas_finished + " of " + total +
@@ -130,6 +127,7 @@ function renderJob(job) {
   $("job-card").dataset.state = state;
   $("job-card").dataset.failsIn = job.fails_in_s === null ? "" : job.fails_in_s;
   $("job-state").textContent = state;
+  $("job-countdown").textContent = state === "FAILING" ? "FAILED in " + fmt(job.fails_in_s, 0) + " s" : "";
   $("job-state").className = "state state-" + state;
   $("job-reason").replaceChildren(...withShortIds(jobReason(job)));
   $("committed-step").textContent = stepText(job.committed_step);
@@ -175,8 +173,8 @@ function renderHosts(hosts) {
     row.dataset.host = h.host_id;
     row.dataset.state = h.state;
     row.dataset.cordoned = h.cordoned;
-    const role = h.assignment ? "active" : h.spare ? (h.standby ? "spare, standby trainers" : "spare")
-                                                   : h.state === "CORDONED" ? "cordoned: out of the spare pool" : "–";
+    const role = h.state === "CORDONED" ? (h.assignment ? "waits for a spare to take its work" : "cordoned: out of the spare pool")
+                 : h.assignment ? "active" : h.spare ? (h.standby ? "spare, standby trainers" : "spare") : "–";
     const assignment = h.assignment ? "replica " + h.assignment.replica_id + ", ranks " + h.assignment.ranks.join(",") +
                                       " of " + h.assignment.world_size : "–";
     const cordon = h.cordoned ? "yes (" + (h.cordoned_by || "?") + ")" + (h.cordon_reason ? ": " + h.cordon_reason : "") : "no";
@@ -264,7 +262,7 @@ function ticks(max, count) {
 // the right, time below.
 function renderChart(history, total, stalls) {
   const chart = $("chart");
-  const W = Math.max(Math.round(chart.getBoundingClientRect().width), 300), H = 220, L = 56, R = 56, T = 12, B = 28;
+  const W = Math.max(Math.round(chart.getBoundingClientRect().width), 300), H = 220, L = 56, R = 56, T = 24, B = 28;
   chart.setAttribute("viewBox", "0 0 " + W + " " + H);
   const nodes = [svg("line", { x1: L, y1: H - B, x2: W - R, y2: H - B, class: "axis" }),
                  svg("line", { x1: L, y1: T, x2: L, y2: H - B, class: "axis" }),
@@ -296,8 +294,8 @@ function renderChart(history, total, stalls) {
     for (const v of ticks(maxStep, 4)) label(L - 6, yStep(v) + 4, v, "tick tick-step", "end");
     for (const v of ticks(maxHealthy, Math.min(maxHealthy, 4))) label(W - R + 6, yHealthy(v) + 4, v, "tick tick-replicas", "start");
     for (const f of [0, 0.5, 1]) label(x(t0 + f * (t1 - t0)), H - 8, time(t0 + f * (t1 - t0)), "tick tick-time", f === 0 ? "start" : f === 1 ? "end" : "middle");
-    label(4, T, "step", "axis-name", "start");
-    label(W - 4, T, "replicas", "axis-name", "end");
+    label(L - 6, 12, "step", "axis-name", "end");
+    label(W - R + 6, 12, "replicas", "axis-name", "start");
   }
   chart.replaceChildren(...nodes);
   chart.dataset.samples = history.length;
