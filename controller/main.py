@@ -27,6 +27,8 @@ from protos import job_secret
 ENV_ADMIN_TOKEN = "FTHSDP_ADMIN_TOKEN"
 ENV_READ_TOKEN = "FTHSDP_READ_TOKEN"
 ENV_ETCD_PASSWORD = "FTHSDP_ETCD_PASSWORD"
+#: The flag that sets each listener's port (controller/service/server.py PortInUse.listener).
+PORT_FLAGS = {"grpc": "--grpc-port", "http": "--http-port", "quorum": "--quorum-port"}
 
 
 def _add_security_flags(p: argparse.ArgumentParser) -> None:
@@ -227,8 +229,15 @@ def main(argv: list[str]) -> int:
     except OSError as exc:
         print(f"fthsdp controller: cannot open --event-log {args.event_log}: {exc}", file=sys.stderr)
         return 2
+    from controller.service.server import PortInUse
+
     try:
         return asyncio.run(serve(args))
+    except PortInUse as exc:
+        flag = PORT_FLAGS[exc.listener]
+        why = "is already in use by another process" if exc.in_use else f"cannot be bound on {exc.host}: {exc.strerror}"
+        print(f"fthsdp controller: {flag} {exc.port} {why}", file=sys.stderr)
+        return 2
     except (ValueError, OSError) as exc:
         print(f"fthsdp controller: {exc}", file=sys.stderr)
         return 2
