@@ -45,7 +45,7 @@ def environment(secret: str, extra: dict[str, str] | None = None) -> dict[str, s
 def start_agent(log: Path, *, controller: str, host_id: str, job_id: str, command: list[str], secret: str,
                 replica_id: str = "", ranks: int = 1, spare: bool = False, standby: bool = False,
                 heartbeat_interval_s: float = 0.5, extra: tuple[str, ...] = ()) -> subprocess.Popen:
-    """`extra`: more agent flags (e.g. --restart-budget)."""
+    """`extra`: more agent flags (e.g. --standby-restart-budget)."""
     args = FTHSDP + ["agent", "--controller", controller, "--host-id", host_id, "--job-id", job_id,
                      "--heartbeat-interval-s", str(heartbeat_interval_s), "--stop-grace-s", "2",
                      "--slots", str(ranks), "--telemetry-interval-s", "0.5", *extra]
