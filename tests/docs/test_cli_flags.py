@@ -47,6 +47,11 @@ def test_every_option_has_help_that_tells_its_default():
     assert not missing, "\n".join(missing)
 
 
+def test_no_description_is_cut_mid_sentence():
+    for name, p in _parsers():
+        assert p.description.rstrip().endswith("."), f"fthsdp {name} --help: {p.description[-80:]!r}"
+
+
 def test_every_port_and_log_level_is_checked_by_argparse():
     for name, p in _parsers():
         for action in p._actions:
