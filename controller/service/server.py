@@ -68,9 +68,8 @@ class PortInUse(OSError):
         return f"the {self.listener} port {self.port} on {self.host} {what}"
 
 
-def listen_problem(listener: str, host: str, port: int) -> PortInUse:
-    """Why `host:port` cannot be listened on, learnt by binding it (gRPC's own error says only
-    that the bind failed)."""
+def bind_error(host: str, port: int) -> OSError | None:
+    """What listening on `host:port` fails with now (None: it would work), learnt by binding it."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family) as probe:
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -78,8 +77,14 @@ def listen_problem(listener: str, host: str, port: int) -> PortInUse:
             probe.bind((host, port))
             probe.listen(1)
         except OSError as exc:
-            return PortInUse(listener, host, port, exc)
-    return PortInUse(listener, host, port, OSError(errno.EADDRINUSE, "taken while it was bound"))
+            return exc
+    return None
+
+
+def listen_problem(listener: str, host: str, port: int) -> PortInUse:
+    """Why `host:port` could not be listened on (gRPC's own error says only that the bind failed)."""
+    cause = bind_error(host, port) or OSError(errno.EADDRINUSE, "taken while it was bound")
+    return PortInUse(listener, host, port, cause)
 
 
 class ControllerServer:
@@ -163,6 +168,8 @@ class ControllerServer:
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._grpc)
         self.set_health(False)
         target = f"{self.host}:{self.grpc_port}"
+        if self.grpc_port and bind_error(self.host, self.grpc_port):  # said plainly, before gRPC logs its own
+            raise listen_problem("grpc", self.host, self.grpc_port)
         try:
             if self.grpc_credentials is not None:
                 port = self._grpc.add_secure_port(target, self.grpc_credentials)
