@@ -3,7 +3,8 @@
     fthsdp agent --controller ADDR[,ADDR...] --host-id ID [--spare] [--slots N]
         [--labels zone=a,rack=3] [--replica-id R --ranks 0,1 --world-size 2]
         [--advertise-address IP] [--rendezvous-port P --coordinator-port P]
-        [--state-dir DIR] [--restart-budget N --restart-window-s S] [--standby] [--warm-restarts]
+        [--state-dir DIR] [--standby-restart-budget N --standby-restart-window-s S] [--standby]
+        [--warm-restarts]
         [--job-id J]
         [--on-job-complete exit|idle] [--job-secret-file PATH | --insecure]
         -- COMMAND TEMPLATE...
@@ -52,6 +53,7 @@ os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 from agent.policy import ON_JOB_COMPLETE  # noqa: E402
 from agent.runner import Agent, ConnectTimeout, PermanentError  # noqa: E402
 from agent.settings import AgentSettings  # noqa: E402
+from protos import cli_flags as flags  # noqa: E402
 from protos import dial, job_secret, timeout_rules  # noqa: E402
 
 log = logging.getLogger("agent")
@@ -110,74 +112,101 @@ def add_timeout_flags(p: argparse.ArgumentParser) -> None:
                         "telemetry_stale_s")
 
 
-def parse(argv: list[str]) -> AgentSettings:
-    """Settings from the command line; raises ValueError naming a bad value."""
-    command: list[str] = []
-    if "--" in argv:
-        cut = argv.index("--")
-        argv, command = argv[:cut], argv[cut + 1:]
+def parser() -> argparse.ArgumentParser:
+    """The command line (without the trainer's command template, which follows `--`)."""
     p = argparse.ArgumentParser(
-        prog="fthsdp agent", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+        prog="fthsdp agent", description=__doc__, formatter_class=flags.DefaultsFormatter,
         usage="%(prog)s --controller ADDR[,ADDR...] --host-id ID [options] -- COMMAND TEMPLATE...")
+    flags.add_version(p)
     p.add_argument("--controller", required=True, type=_addresses,
-                   help="controller gRPC address(es) host:port, comma-separated, tried in order")
-    p.add_argument("--host-id", required=True)
+                   help="controller gRPC address(es) host:port, comma-separated, tried in order (required)")
+    p.add_argument("--host-id", required=True,
+                   help="this host's id in the job, unique among its agents (required)")
     p.add_argument("--spare", action="store_true", help="register as a warm spare")
     p.add_argument("--slots", type=int, default=0,
-                   help="trainer processes this host can run (default: number of ranks)")
-    p.add_argument("--labels", type=_labels, default={}, help="e.g. zone=a,rack=3")
-    p.add_argument("--replica-id", default="")
-    p.add_argument("--ranks", type=_ranks, default=())
-    p.add_argument("--world-size", type=int, default=0)
+                   help="trainer processes this host can run (default 0: the number of ranks)")
+    p.add_argument("--labels", type=_labels, default={}, help="KEY=VALUE,... e.g. zone=a,rack=3 (default: none)")
+    p.add_argument("--replica-id", default="",
+                   help="the replica this host runs (default: none, the controller assigns one or a spare slot)")
+    p.add_argument("--ranks", type=_ranks, default=(),
+                   help="with --replica-id: its ranks on this host, comma-separated (default: none)")
+    p.add_argument("--world-size", type=int, default=0,
+                   help="with --replica-id: the replica's rank count (default 0: none given)")
     p.add_argument("--job-id", default="",
                    help="passed to trainers as FTHSDP_JOB_ID (default: empty, the controller's)")
     p.add_argument("--advertise-address", default="",
-                   help="where other hosts reach this host's trainers (its pod IP), without a port")
-    p.add_argument("--rendezvous-port", type=int, default=0,
-                   help="MASTER_PORT of a replica whose rank 0 runs here (default 0: a free port)")
-    p.add_argument("--coordinator-port", type=int, default=0,
-                   help="port of the coordinator of a replica whose rank 0 runs here (default 0: a free port)")
+                   help="where other hosts reach this host's trainers (its pod IP), without a port "
+                        "(default: empty: every host on this machine, replicas meet on loopback)")
+    p.add_argument("--rendezvous-port", type=flags.port, default=0,
+                   help="MASTER_PORT of a replica whose rank 0 runs here, 0..65535 (default 0: a free port)")
+    p.add_argument("--coordinator-port", type=flags.port, default=0,
+                   help="port of the coordinator of a replica whose rank 0 runs here, 0..65535 "
+                        "(default 0: a free port)")
     p.add_argument("--state-dir", default="",
-                   help="keep the registration's secret here, so a restarted agent takes its host over at once")
-    p.add_argument("--restart-budget", type=int, default=3,
-                   help="local restarts of a standby trainer allowed per window before giving up")
-    p.add_argument("--restart-window-s", type=float, default=AgentSettings.restart_window_s,
-                   help=f"the window of --restart-budget (default {AgentSettings.restart_window_s:g})")
+                   help="keep the registration's secret here, so a restarted agent takes its host over at once "
+                        "(default: empty, kept nowhere)")
+    # Not the controller's --restart-budget (replica restarts a host's trainer deaths may cause):
+    # this one counts local restarts of standby trainers.
+    p.add_argument("--standby-restart-budget", dest="restart_budget", type=int, default=3, metavar="N",
+                   help="local restarts of a standby trainer (one without work) allowed per "
+                        "--standby-restart-window-s before the agent gives up on it")
+    p.add_argument("--standby-restart-window-s", dest="restart_window_s", type=float, default=AgentSettings.restart_window_s, metavar="S",
+                   help="the window of --standby-restart-budget")
+    why = "the controller's --restart-budget is another thing"
+    p.add_argument("--restart-budget", dest="restart_budget", type=int, action=flags.Deprecated,
+                   new="--standby-restart-budget", why=why)
+    p.add_argument("--restart-window-s", dest="restart_window_s", type=float, action=flags.Deprecated,
+                   new="--standby-restart-window-s")
     p.add_argument("--standby", action="store_true",
                    help="pre-start trainers with FTHSDP_STANDBY=1 while unassigned")
     p.add_argument("--warm-restarts", action="store_true",
                    help="keep a pre-started standby next to each trainer; it takes the slot's work when "
                         "the trainer must be replaced (a restart starts no cold process)")
     p.add_argument("--on-job-complete", choices=ON_JOB_COMPLETE, default="exit",
-                   help="when the job is COMPLETED (or FAILED): stop trainers and exit 0 (4 when FAILED; "
-                        "default), or stop them and idle")
+                   help="when the job is COMPLETED (or FAILED): stop trainers and exit 0 (4 when FAILED), "
+                        "or stop them and idle")
     add_timeout_flags(p)
-    p.add_argument("--tls-ca-file", help=f"CA of the controller's certificate: turns TLS on "
-                                          f"(or env {dial.ENV_TLS_CA_FILE}; flags win)")
-    p.add_argument("--tls-cert-file", help=f"client certificate for mTLS (or env "
-                                            f"{dial.ENV_TLS_CERT_FILE})")
-    p.add_argument("--tls-key-file", help=f"client key for mTLS (or env {dial.ENV_TLS_KEY_FILE})")
+    p.add_argument("--tls-ca-file", type=flags.existing_file,
+                   help=f"CA of the controller's certificate: turns TLS on (default: env {dial.ENV_TLS_CA_FILE}; "
+                        f"flags win)")
+    p.add_argument("--tls-cert-file", type=flags.existing_file,
+                   help=f"client certificate for mTLS (default: env {dial.ENV_TLS_CERT_FILE})")
+    p.add_argument("--tls-key-file", type=flags.existing_file,
+                   help=f"client key for mTLS (default: env {dial.ENV_TLS_KEY_FILE})")
     p.add_argument("--tls-server-name", help="name to check the controller's certificate "
-                                              f"against (or env {dial.ENV_TLS_SERVER_NAME})")
-    p.add_argument("--job-secret-file", metavar="PATH",
-                   help=f"file holding the job secret (a mounted Kubernetes Secret), handed to every trainer; "
-                        f"or env {job_secret.ENV_JOB_SECRET_FILE} / {job_secret.ENV_JOB_SECRET} (the flag wins)")
+                                              f"against (default: env {dial.ENV_TLS_SERVER_NAME}, else the "
+                                              f"address's host)")
+    p.add_argument("--job-secret-file", metavar="PATH", type=flags.existing_file,
+                   help=f"file holding the job secret (a mounted Kubernetes Secret), handed to every trainer "
+                        f"(default: env {job_secret.ENV_JOB_SECRET_FILE} / {job_secret.ENV_JOB_SECRET}; the flag "
+                        f"wins)")
     p.add_argument("--insecure", action="store_true",
                    help=f"run without a job secret: trainers' ports without authentication "
                         f"({job_secret.ENV_INSECURE_TRAINER_PORTS}=1 in their environment); without a secret and "
                         f"without this flag the agent refuses to start")
-    p.add_argument("--insecure-trainer-ports", action="store_true", help="the older name of --insecure")
+    p.add_argument("--insecure-trainer-ports", dest="insecure", nargs=0, action=flags.Deprecated, default=False,
+                   new="--insecure")
     p.add_argument("--telemetry-dir", default="",
-                   help="directory for trainers' telemetry rings (default: a fresh private one)")
+                   help="directory for trainers' telemetry rings (default: empty, a fresh private one)")
     p.add_argument("--telemetry-window-collectives", type=int, default=32,
                    help="collectives per straggler window (the same on every agent of a job)")
-    p.add_argument("--log-level", default="INFO")
+    flags.add_log_level(p)
+    return p
+
+
+def parse(argv: list[str]) -> AgentSettings:
+    """Settings from the command line; raises ValueError naming a bad value."""
+    command: list[str] = []
+    if "--" in argv:
+        cut = argv.index("--")
+        argv, command = argv[:cut], argv[cut + 1:]
+    p = parser()
     args = p.parse_args(argv)
     secret = job_secret.from_env(file=args.job_secret_file)
-    insecure = args.insecure or args.insecure_trainer_ports or job_secret.insecure_from_env()
+    insecure = args.insecure or job_secret.insecure_from_env()
     tls = dial.TlsFiles.from_env(args.tls_ca_file, args.tls_cert_file, args.tls_key_file,
                                  args.tls_server_name)
-    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
+    logging.basicConfig(level=args.log_level, stream=sys.stderr,
                         format=f"%(asctime)s agent[{args.host_id}] %(levelname)s %(message)s")
     return AgentSettings(
         controller_addresses=tuple(args.controller), host_id=args.host_id,

@@ -22,38 +22,53 @@ from dataclasses import replace
 from pathlib import Path
 
 from controller.settings import LR_POLICIES, ControllerSettings
+from protos import cli_flags as flags
 from protos import job_secret, timeout_rules
 
 ENV_ADMIN_TOKEN = "FTHSDP_ADMIN_TOKEN"
 ENV_READ_TOKEN = "FTHSDP_READ_TOKEN"
 ENV_ETCD_PASSWORD = "FTHSDP_ETCD_PASSWORD"
+#: The flag that sets each listener's port (controller/service/server.py PortInUse.listener).
+PORT_FLAGS = {"grpc": "--grpc-port", "http": "--http-port", "quorum": "--quorum-port"}
+_DEFAULTS = ControllerSettings()
 
 
 def _add_security_flags(p: argparse.ArgumentParser) -> None:
     """TLS and authentication: to etcd, of callers, on the gRPC and REST ports."""
-    p.add_argument("--etcd-ca-file", help="PEM CA of etcd's server certificate: enables TLS to etcd")
-    p.add_argument("--etcd-cert-file", help="PEM client certificate for etcd (mTLS)")
-    p.add_argument("--etcd-key-file", help="PEM client key for etcd (mTLS)")
-    p.add_argument("--etcd-user", help="etcd user (etcd auth); the password comes from --etcd-password-file")
-    p.add_argument("--etcd-password-file", help=f"file holding the etcd user's password (or env {ENV_ETCD_PASSWORD})")
+    f = flags.existing_file
+    p.add_argument("--etcd-ca-file", type=f, help="PEM CA of etcd's server certificate: enables TLS to etcd "
+                                                  "(default: none, plain TCP to etcd)")
+    p.add_argument("--etcd-cert-file", type=f, help="PEM client certificate for etcd (mTLS; default: none)")
+    p.add_argument("--etcd-key-file", type=f, help="PEM client key for etcd (mTLS; default: none)")
+    p.add_argument("--etcd-user", help="etcd user (etcd auth); the password comes from --etcd-password-file "
+                                       "(default: none, no etcd auth)")
+    p.add_argument("--etcd-password-file", type=f,
+                   help=f"file holding the etcd user's password (default: env {ENV_ETCD_PASSWORD})")
     p.add_argument("--store-max-request-bytes", type=int,
-                   help="largest store write: etcd's --max-request-bytes (default 1572864)")
-    p.add_argument("--admin-token-file", help=f"file holding the admin bearer token (or env {ENV_ADMIN_TOKEN})")
-    p.add_argument("--read-token-file", help=f"file holding a token required for reads (or env {ENV_READ_TOKEN})")
-    p.add_argument("--job-secret-file", metavar="PATH",
-                   help=f"file holding the job secret that agents and replica coordinators prove (or env "
+                   help=f"largest store write: etcd's --max-request-bytes (default {_DEFAULTS.store_max_request_bytes})")
+    p.add_argument("--admin-token-file", type=f,
+                   help=f"file holding the admin bearer token (default: env {ENV_ADMIN_TOKEN}; without one, "
+                        f"writes are refused)")
+    p.add_argument("--read-token-file", type=f,
+                   help=f"file holding a token required for reads (default: env {ENV_READ_TOKEN}; without one, "
+                        f"reads are open)")
+    p.add_argument("--job-secret-file", metavar="PATH", type=f,
+                   help=f"file holding the job secret that agents and replica coordinators prove (default: env "
                         f"{job_secret.ENV_JOB_SECRET_FILE} / {job_secret.ENV_JOB_SECRET}; the flag wins)")
     p.add_argument("--insecure", action="store_true",
                    help="run without a job secret: any caller may act for any host or replica it names")
-    p.add_argument("--tls-cert-file", help="PEM server certificate: enables TLS on gRPC")
-    p.add_argument("--tls-key-file", help="PEM server private key")
-    p.add_argument("--tls-client-ca-file", help="PEM CA for client certificates: enables mTLS")
+    p.add_argument("--tls-cert-file", type=f, help="PEM server certificate: enables TLS on gRPC (default: none, "
+                                                   "plain gRPC)")
+    p.add_argument("--tls-key-file", type=f, help="PEM server private key (default: none)")
+    p.add_argument("--tls-client-ca-file", type=f, help="PEM CA for client certificates: enables mTLS "
+                                                        "(default: none)")
     p.add_argument("--bind-client-cert-to-host", metavar="RULE",
                    help="with mTLS: which certificate may act as which host id: 'exact' (a SAN DNS name, SAN "
                         "URI or the CN equals the host id) or a pattern with {host_id}, e.g. "
-                        "'spiffe://example.com/agent/{host_id}'")
-    p.add_argument("--http-tls-cert-file", help="PEM certificate: serves the REST API and /metrics over HTTPS")
-    p.add_argument("--http-tls-key-file", help="PEM private key for --http-tls-cert-file")
+                        "'spiffe://example.com/agent/{host_id}' (default: none, any client certificate)")
+    p.add_argument("--http-tls-cert-file", type=f,
+                   help="PEM certificate: serves the REST API and /metrics over HTTPS (default: none, plain HTTP)")
+    p.add_argument("--http-tls-key-file", type=f, help="PEM private key for --http-tls-cert-file (default: none)")
 
 
 def add_timeout_flags(p: argparse.ArgumentParser) -> None:
@@ -73,29 +88,43 @@ def add_timeout_flags(p: argparse.ArgumentParser) -> None:
                    help=f"leader lease in etcd (default {d.lease_ttl_s:g})")
 
 
-def parse_args(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="fthsdp controller", description=__doc__.splitlines()[0])
-    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1; 0.0.0.0 in a pod)")
-    p.add_argument("--grpc-port", type=int, default=50051, help="gRPC port; 0 picks a free one")
-    p.add_argument("--http-port", type=int, default=8080, help="REST and /metrics port; 0 picks a free one")
-    p.add_argument("--quorum-port", type=int, default=0,
+def parser() -> argparse.ArgumentParser:
+    """The command line. Settings flags default to None ("not given": the --settings file or
+    ControllerSettings decides); their help names ControllerSettings' default."""
+    d = _DEFAULTS
+    p = argparse.ArgumentParser(prog="fthsdp controller", description=__doc__.split("\n\n")[0],
+                                formatter_class=flags.DefaultsFormatter)
+    flags.add_version(p)
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (0.0.0.0 in a pod)")
+    p.add_argument("--grpc-port", type=flags.port, default=50051,
+                   help="gRPC port, 0..65535 (0 picks a free one); never shared: a port another process holds "
+                        "is refused")
+    p.add_argument("--http-port", type=flags.port, default=8080,
+                   help="REST and /metrics port, 0..65535 (0 picks a free one); never shared")
+    p.add_argument("--quorum-port", type=flags.port, default=0,
                    help="the replica coordinators' quorum port (framed joins on TCP, TLS with the gRPC TLS flags); "
-                        "0 picks a free one (default); coordinators learn it from their first answer")
+                        "0 picks a free one; coordinators learn it from their first answer")
     p.add_argument("--no-quorum-port", action="store_true", help="no quorum port: coordinators use gRPC (QuorumStream, ReportStep)")
-    p.add_argument("--settings", help="JSON file with ControllerSettings fields")
-    p.add_argument("--job-id")
-    p.add_argument("--replicas", type=int, help="configured replica count")
-    p.add_argument("--min-replicas", type=int)
+    p.add_argument("--settings", type=flags.existing_file, metavar="PATH",
+                   help="JSON file with ControllerSettings fields; flags win over it (default: none, the "
+                        "defaults shown here)")
+    p.add_argument("--job-id", help=f"the job's id, unique per job (default {d.job_id!r})")
+    p.add_argument("--replicas", type=int, help=f"configured replica count (default {d.replicas})")
+    p.add_argument("--min-replicas", type=int,
+                   help=f"fewest replicas a quorum may have (default {d.min_replicas})")
     add_timeout_flags(p)
-    p.add_argument("--lr-policy", choices=LR_POLICIES)
+    p.add_argument("--lr-policy", choices=LR_POLICIES,
+                   help=f"how the learning rate scales with healthy/total replicas (default {d.lr_policy})")
     p.add_argument("--hosts-per-replica", type=int,
-                   help="lay replicas out here: agents without an assignment get a free host slot")
-    p.add_argument("--ranks-per-host", type=int, help="ranks (GPUs) per host in that layout")
+                   help=f"lay replicas out here: agents without an assignment get a free host slot "
+                        f"(default {d.hosts_per_replica}: no layout, agents say their replica)")
+    p.add_argument("--ranks-per-host", type=int,
+                   help=f"ranks (GPUs) per host in that layout (default {d.ranks_per_host})")
     p.add_argument("--restart-budget", type=int,
-                   help="replica restarts one host's trainer deaths may cause per --restart-window-s; "
-                        "the next death replaces the host by a spare (default 3)")
+                   help=f"replica restarts one host's trainer deaths may cause per --restart-window-s; "
+                        f"the next death replaces the host by a spare (default {d.restart_budget})")
     p.add_argument("--restart-window-s", type=float,
-                   help=f"the restart budget's window (default {ControllerSettings.restart_window_s:g})")
+                   help=f"the restart budget's window (default {d.restart_window_s:g})")
     p.add_argument("--etcd", help="comma-separated etcd endpoints (host:port, http(s)://host:port); "
                                    "default: in-memory store")
     p.add_argument("--advertise-address",
@@ -104,14 +133,18 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     _add_security_flags(p)
     p.add_argument("--diagnosis-dry-run", action="store_true",
                    help="the diagnosis reports findings and the evictions it would make, and makes none")
-    p.add_argument("--log-level", default="INFO", help="the text log on stderr")
+    flags.add_log_level(p)
     p.add_argument("--event-log", default="stderr",
-                   help="where the JSON event lines go: stderr (default), off, or a file path (appended)")
+                   help="where the JSON event lines go: stderr, off, or a file path (appended)")
     p.add_argument("--event-log-level", default="INFO", choices=("INFO", "WARNING", "ERROR"),
-                   help="the least level of event written (default INFO: every event)")
+                   help="the least level of event written (INFO: every event)")
     p.add_argument("--no-telemetry", action="store_true",
                    help="no live goodput, failure histograms or event log (to measure their cost)")
-    return p.parse_args(argv)
+    return p
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    return parser().parse_args(argv)
 
 
 def _secret(path: str | None, env: str) -> str | None:
@@ -231,7 +264,7 @@ async def serve(args) -> int:
 
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
+    logging.basicConfig(level=args.log_level, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from controller.service import event_log
 
@@ -240,8 +273,15 @@ def main(argv: list[str]) -> int:
     except OSError as exc:
         print(f"fthsdp controller: cannot open --event-log {args.event_log}: {exc}", file=sys.stderr)
         return 2
+    from controller.service.server import PortInUse
+
     try:
         return asyncio.run(serve(args))
+    except PortInUse as exc:
+        flag = PORT_FLAGS[exc.listener]
+        why = "is already in use by another process" if exc.in_use else f"cannot be bound on {exc.host}: {exc.strerror}"
+        print(f"fthsdp controller: {flag} {exc.port} {why}", file=sys.stderr)
+        return 2
     except (ValueError, OSError) as exc:
         print(f"fthsdp controller: {exc}", file=sys.stderr)
         return 2

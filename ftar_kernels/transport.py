@@ -154,12 +154,12 @@ class TcpListener(Listener):
         if buffer_bytes:  # accepted sockets inherit these; set before listen for window scaling
             self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, buffer_bytes)
             self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, buffer_bytes)
-        try:
+        try:  # SO_REUSEADDR reuses TIME_WAIT ports only: a port another process listens on is refused
             self._sock.bind((host, port))
             self._sock.listen(128)
-        except OSError:
+        except OSError as exc:
             self._sock.close()
-            raise
+            raise OSError(exc.errno, f"cannot listen on {host}:{port}: {exc.strerror}") from None
         self._sock.setblocking(False)
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)

@@ -29,6 +29,7 @@ import torch
 from fthsdp.errors import CheckpointError
 from fthsdp.state import dcp_payload
 from fthsdp.state.checkpoint import MARKER, STEP_DIR, CheckpointStore
+from protos import cli_flags as flags
 
 RankTensors = dict[int, dict[str, Any]]
 #: Contiguous runs of differing elements reported per tensor (the count says how many in all).
@@ -192,13 +193,23 @@ def describe(c: Comparison, hosts: Callable[[int], str | None] = lambda rank: No
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="fthsdp compare-checkpoints", description=__doc__.splitlines()[0])
-    p.add_argument("a", help="a checkpoint step folder (or a checkpoint directory: its newest complete step)")
-    p.add_argument("b", help="the other checkpoint, of the same step")
+def parser() -> argparse.ArgumentParser:
+    # the docstring's first paragraph (its first line alone stops mid-sentence), its exit status
+    paragraphs = __doc__.split("\n\n")
+    p = argparse.ArgumentParser(prog="fthsdp compare-checkpoints", description=paragraphs[0],
+                                epilog=paragraphs[-1], formatter_class=flags.DefaultsFormatter)
+    flags.add_version(p)
+    p.add_argument("a", type=flags.existing_path,
+                   help="a checkpoint step folder (or a checkpoint directory: its newest complete step)")
+    p.add_argument("b", type=flags.existing_path, help="the other checkpoint, of the same step")
     p.add_argument("--json", action="store_true", help="print the comparison as one JSON object")
-    p.add_argument("--hosts", default="", help="rank=host,... to name the hosts of differing ranks")
-    args = p.parse_args(argv)
+    p.add_argument("--hosts", default="",
+                   help="rank=host,... to name the hosts of differing ranks (default: none, ranks only)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
     try:
         hosts = dict(item.split("=", 1) for item in args.hosts.split(",") if item)
         ranks_hosts = {int(k): v for k, v in hosts.items()}

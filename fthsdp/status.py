@@ -6,6 +6,8 @@ import argparse
 import os
 import sys
 
+from protos import cli_flags as flags
+
 ENV_READ_TOKEN = "FTHSDP_READ_TOKEN"
 
 
@@ -82,14 +84,22 @@ def render(job: dict, replicas: list, hosts: list, quorums: dict, events: list) 
     return "\n".join(out)
 
 
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="fthsdp status", description=__doc__.split("\n\n")[0],
+                                formatter_class=flags.DefaultsFormatter)
+    flags.add_version(p)
+    p.add_argument("--url", default="http://127.0.0.1:8080", help="the controller's REST address")
+    p.add_argument("--events", type=int, default=10, help="how many recent events to show")
+    p.add_argument("--token-file", type=flags.existing_file,
+                   help=f"file with a read token (default: env {ENV_READ_TOKEN}, else none)")
+    p.add_argument("--timeout-s", type=float, default=5.0, help="how long each request to the controller may take")
+    return p
+
+
 def main(argv: list[str]) -> int:
     import httpx
 
-    p = argparse.ArgumentParser(prog="fthsdp status", description=__doc__.splitlines()[0])
-    p.add_argument("--url", default="http://127.0.0.1:8080", help="the controller's REST address")
-    p.add_argument("--events", type=int, default=10, help="how many recent events to show")
-    p.add_argument("--token-file", help=f"file with a read token (or env {ENV_READ_TOKEN})")
-    p.add_argument("--timeout-s", type=float, default=5.0)
+    p = parser()
     args = p.parse_args(argv)
     token = open(args.token_file).read().strip() if args.token_file else os.environ.get(ENV_READ_TOKEN)
     headers = {"Authorization": f"Bearer {token}"} if token else {}

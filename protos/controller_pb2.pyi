@@ -19,7 +19,7 @@ COMPLETED: JobState
 FAILED: JobState
 
 class QuorumRequest(_message.Message):
-    __slots__ = ("job_id", "replica_id", "step", "world_size", "ftar_addresses", "state_addresses", "known_quorum_id", "leader_address", "incarnation", "host_id", "credential")
+    __slots__ = ("job_id", "replica_id", "step", "world_size", "ftar_addresses", "state_addresses", "known_quorum_id", "leader_address", "incarnation", "host_id", "checkpoint_every_steps", "credential")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
@@ -30,6 +30,7 @@ class QuorumRequest(_message.Message):
     LEADER_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     INCARNATION_FIELD_NUMBER: _ClassVar[int]
     HOST_ID_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_EVERY_STEPS_FIELD_NUMBER: _ClassVar[int]
     CREDENTIAL_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     replica_id: str
@@ -41,8 +42,9 @@ class QuorumRequest(_message.Message):
     leader_address: str
     incarnation: str
     host_id: str
+    checkpoint_every_steps: int
     credential: str
-    def __init__(self, job_id: _Optional[str] = ..., replica_id: _Optional[str] = ..., step: _Optional[int] = ..., world_size: _Optional[int] = ..., ftar_addresses: _Optional[_Iterable[str]] = ..., state_addresses: _Optional[_Iterable[str]] = ..., known_quorum_id: _Optional[int] = ..., leader_address: _Optional[str] = ..., incarnation: _Optional[str] = ..., host_id: _Optional[str] = ..., credential: _Optional[str] = ...) -> None: ...
+    def __init__(self, job_id: _Optional[str] = ..., replica_id: _Optional[str] = ..., step: _Optional[int] = ..., world_size: _Optional[int] = ..., ftar_addresses: _Optional[_Iterable[str]] = ..., state_addresses: _Optional[_Iterable[str]] = ..., known_quorum_id: _Optional[int] = ..., leader_address: _Optional[str] = ..., incarnation: _Optional[str] = ..., host_id: _Optional[str] = ..., checkpoint_every_steps: _Optional[int] = ..., credential: _Optional[str] = ...) -> None: ...
 
 class Member(_message.Message):
     __slots__ = ("replica_id", "step", "healthy", "ftar_addresses", "state_addresses")

@@ -42,6 +42,8 @@ KINDS: dict[str, tuple[str, str]] = {
     "leader": ("info", "this controller became the leader (warning when it took over a running job)"),
     "digest_mismatch": ("error", "replicas that committed the same step hold different state: the minority "
                                  "becomes DIVERGED and re-syncs from the majority"),
+    "no_checkpoint": ("warning", "the job's replicas write no durable checkpoint (said once, when the first one "
+                                 "joins): a failure of every replica restarts from step 0"),
     "diagnosis": ("warning", "the diagnosis found a hang, a straggler or silent data corruption: the suspect "
                              "host, the gist of the evidence and what was done (evict, dry_run, hold, report)"),
 }

@@ -104,6 +104,9 @@ class Replica:
     given_restored: bool = False
     #: How often the controller restarted this replica's ranks together on its hosts.
     restarts: int = 0
+    #: How often its runtime writes a durable checkpoint, as its latest join said (every N-th
+    #: committed step; 0: never).
+    checkpoint_every_steps: int = 0
 
 
 @dataclass(frozen=True)
@@ -222,6 +225,8 @@ class JoinRequest:
     #: the replica's coordinator's address (the wire's `leader_address`)
     coordinator_address: str = ""
     host_id: str = ""
+    #: how often the replica writes a durable checkpoint (every N-th committed step; 0: never)
+    checkpoint_every_steps: int = 0
 
 
 def refresh_seen(records: dict, ids, dead, now: float) -> list[str]:

@@ -19,7 +19,8 @@ from __future__ import annotations
 from typing import Callable, NamedTuple
 
 from controller.core.checks import (
-    check_address, check_addresses, check_finite, check_id, check_non_negative, check_optional_id, clip_text,
+    check_address, check_addresses, check_finite, check_id, check_int_range, check_non_negative, check_optional_id,
+    clip_text,
 )
 from controller.core.diagnosis.sdc import check_rank_digests
 from controller.core.digests import check_digest
@@ -30,6 +31,12 @@ from controller.core.sizes import addresses_problem
 from controller.core.snapshots import addresses_snapshot
 from controller.core.suspects import Suspects
 from controller.settings import ControllerSettings
+
+
+#: What a job without a durable checkpoint risks (the log, the status API and page say it).
+NO_CHECKPOINT = "a failure of every replica restarts from step 0"
+#: The wire's int32 limit.
+MAX_CHECKPOINT_EVERY_STEPS = 2**31 - 1
 
 
 class JoinPlan(NamedTuple):  # a tuple: made on every join, cheaper than a frozen dataclass
@@ -57,6 +64,8 @@ class ReplicaRegistry:
         self.deaths: dict[str, int] = {}
         #: replicas whose leader's connection closed without goodbye (controller.core.suspects)
         self.suspects = Suspects()
+        #: whether this controller said that the job writes no durable checkpoint (once)
+        self.told_no_checkpoint = False
 
     # -- joins -------------------------------------------------------------------------------
 
@@ -72,6 +81,7 @@ class ReplicaRegistry:
         if req.coordinator_address:  # named as the wire names it
             check_address("leader_address", req.coordinator_address, s.max_address_chars)
         check_optional_id("incarnation", req.incarnation, s.max_id_chars)
+        check_int_range("checkpoint_every_steps", req.checkpoint_every_steps, 0, MAX_CHECKPOINT_EVERY_STEPS)
         return rid, ftar, state
 
     def check_room(self, rid: str, req: JoinRequest, ftar: tuple[str, ...], state: tuple[str, ...]) -> JoinPlan:
@@ -130,8 +140,23 @@ class ReplicaRegistry:
                 self._writes.mark(addresses_section(rid))
                 renewed = True
         r.coordinator_address = req.coordinator_address or r.coordinator_address
+        if r.checkpoint_every_steps != req.checkpoint_every_steps:
+            r.checkpoint_every_steps = req.checkpoint_every_steps
+            self._writes.mark(REPLICAS)
         self.suspects.cleared(rid)  # its leader is back
+        if self.durable_checkpoint() is False and not self.told_no_checkpoint:
+            self.told_no_checkpoint = True
+            self._announce(now, "no_checkpoint", rid, f"replica {rid} writes no durable checkpoint, and no replica "
+                                                      f"of the job does: {NO_CHECKPOINT}")
         return renewed
+
+    def durable_checkpoint(self) -> bool | None:
+        """Whether a replica of the job writes durable checkpoints (None: none joined yet). The
+        job can resume from one only if some replica writes them (a rollback offers the newest
+        any replica reported)."""
+        if not self.replicas:
+            return None
+        return any(r.checkpoint_every_steps > 0 for r in self.replicas.values())
 
     # -- seats in a new quorum ---------------------------------------------------------------
 

@@ -73,7 +73,7 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
             # the lists are counted before they are copied (a million entries cost nothing)
             incarnation=request.incarnation, ftar_addresses=request.ftar_addresses,
             state_addresses=request.state_addresses, coordinator_address=request.leader_address,
-            host_id=request.host_id,
+            host_id=request.host_id, checkpoint_every_steps=request.checkpoint_every_steps,
         ), (fut, request.known_quorum_id, encoded))
         return fut
 

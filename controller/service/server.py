@@ -9,6 +9,7 @@ no locks. Nothing starts in __init__; `start()` binds and serves, `stop()` drain
 from __future__ import annotations
 
 import asyncio
+import errno
 import json
 import logging
 import socket
@@ -48,6 +49,42 @@ from controller.store import Leadership, MemoryStore, Store, StoreError
 from protos.job_secret import JobSecret
 
 log = logging.getLogger("fthsdp.controller")
+
+
+class PortInUse(OSError):
+    """One of the controller's listeners (`listener`: "grpc", "http" or "quorum") could not
+    bind its port; `cause` is the bind's error (EADDRINUSE: another process holds it)."""
+
+    def __init__(self, listener: str, host: str, port: int, cause: OSError) -> None:
+        super().__init__(cause.errno, cause.strerror)
+        self.listener, self.host, self.port, self.cause = listener, host, port, cause
+
+    @property
+    def in_use(self) -> bool:
+        return self.errno == errno.EADDRINUSE
+
+    def __str__(self) -> str:
+        what = "is already in use by another process" if self.in_use else f"cannot be bound: {self.cause.strerror}"
+        return f"the {self.listener} port {self.port} on {self.host} {what}"
+
+
+def bind_error(host: str, port: int) -> OSError | None:
+    """What listening on `host:port` fails with now (None: it would work), learnt by binding it."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+            probe.listen(1)
+        except OSError as exc:
+            return exc
+    return None
+
+
+def listen_problem(listener: str, host: str, port: int) -> PortInUse:
+    """Why `host:port` could not be listened on (gRPC's own error says only that the bind failed)."""
+    cause = bind_error(host, port) or OSError(errno.EADDRINUSE, "taken while it was bound")
+    return PortInUse(listener, host, port, cause)
 
 
 class ControllerServer:
@@ -111,19 +148,35 @@ class ControllerServer:
     # -- lifecycle -------------------------------------------------------------------------
 
     async def start(self) -> None:
+        """Bind every listener and serve; PortInUse (nothing left running) when a port is taken."""
+        try:
+            await self._start()
+        except BaseException:
+            await self.stop()
+            raise
+
+    async def _start(self) -> None:
         from controller.service.rest import make_app
 
+        # No SO_REUSEPORT (gRPC's default): a second controller on this port must fail, not
+        # share it and split the agents between two controllers that each believe they lead.
         self._grpc = grpc.aio.server(options=[("grpc.max_receive_message_length", self.settings.max_request_bytes),
-                                              ("grpc.max_send_message_length", self.settings.max_message_bytes)])
+                                              ("grpc.max_send_message_length", self.settings.max_message_bytes),
+                                              ("grpc.so_reuseport", 0)])
         servicer = ControllerServicer(self)
         add_to_server(servicer, self._grpc)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._grpc)
         self.set_health(False)
         target = f"{self.host}:{self.grpc_port}"
-        if self.grpc_credentials is not None:
-            port = self._grpc.add_secure_port(target, self.grpc_credentials)
-        else:
-            port = self._grpc.add_insecure_port(target)
+        if self.grpc_port and bind_error(self.host, self.grpc_port):  # said plainly, before gRPC logs its own
+            raise listen_problem("grpc", self.host, self.grpc_port)
+        try:
+            if self.grpc_credentials is not None:
+                port = self._grpc.add_secure_port(target, self.grpc_credentials)
+            else:
+                port = self._grpc.add_insecure_port(target)
+        except RuntimeError:  # gRPC says only "Failed to bind": a plain bind says why
+            raise listen_problem("grpc", self.host, self.grpc_port) from None
         await self._grpc.start()
         self.grpc_address = f"{self.host}:{port}"
         # The quorum port's host is the advertised one; without one, leaders use the host they
@@ -133,11 +186,19 @@ class ControllerServer:
         # Never a plain quorum port beside a TLS gRPC port: without its SSL context, none.
         if self.quorum_port is not None and (self.grpc_credentials is None or self.quorum_tls is not None):
             self.quorum = QuorumPort(self, servicer, self.quorum_tls)
-            self.quorum_address = f"{quorum_host}:{await self.quorum.start(self.host, self.quorum_port)}"
+            try:
+                self.quorum_address = f"{quorum_host}:{await self.quorum.start(self.host, self.quorum_port)}"
+            except OSError as exc:
+                raise PortInUse("quorum", self.host, self.quorum_port, exc) from None
 
         sock = socket.socket(socket.AF_INET6 if ":" in self.host else socket.AF_INET)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((self.host, self.http_port))
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # TIME_WAIT only: never two listeners
+        try:
+            sock.bind((self.host, self.http_port))
+            sock.listen(2048)  # at once: a bound socket that does not listen yet could be shared
+        except OSError as exc:
+            sock.close()
+            raise PortInUse("http", self.host, self.http_port, exc) from None
         tls = dict(zip(("ssl_certfile", "ssl_keyfile"), self.http_tls)) if self.http_tls else {}
         config = uvicorn.Config(make_app(self), log_level="warning", lifespan="off", access_log=False, **tls)
         self._http = uvicorn.Server(config)

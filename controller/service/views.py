@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict
 
 from controller.core.model import HostState, JobState, Quorum, Replica, ReplicaState, host_can_run
+from controller.core.replicas import NO_CHECKPOINT
 from controller.core.stalls import Pause, find_stalls
 
 
@@ -74,6 +75,9 @@ def job_view(state, leader: str, leading: bool, now: float) -> dict:
         "steps_lost": dict(state.steps_lost),
         "history_changes": dict(state.history_changes),
         "newest_checkpoint_step": state.newest_checkpoint_step,
+        # None until a replica joined; False: a failure of every replica restarts from step 0
+        "durable_checkpoint": (durable := state.replica_registry.durable_checkpoint()),
+        "checkpoint_warning": f"no durable checkpoint: {NO_CHECKPOINT}" if durable is False else "",
         "telemetry": state.settings.telemetry,
         "goodput": goodput_view(state, now),
     }
@@ -86,7 +90,7 @@ def replica_view(r, now: float) -> dict:
         "leader_address": r.coordinator_address, "seconds_since_seen": round(max(now - r.last_seen, 0.0), 3),
         "last_loss": r.last_loss, "last_step_time_s": r.last_step_time_s, "tokens": r.tokens,
         "digest": r.digest, "digest_step": r.digest_step, "diverged": r.state == ReplicaState.DIVERGED,
-        "restarts": r.restarts,
+        "restarts": r.restarts, "checkpoint_every_steps": r.checkpoint_every_steps,
     }
 
 

@@ -14,4 +14,10 @@ def main(argv: list[str]) -> int:
     return _main(argv)
 
 
-__all__ = ["main"]
+def parser():
+    from fthsdp.demo.cli import parser as _parser
+
+    return _parser()
+
+
+__all__ = ["main", "parser"]

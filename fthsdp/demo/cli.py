@@ -24,15 +24,17 @@ from pathlib import Path
 from controller.settings import LR_POLICIES  # the controller computes the learning-rate factor
 from fthsdp.demo.schedule import ScheduleError, default_text, parse
 from protos import timeout_rules
+from protos import cli_flags as flags
 
 MODELS = ("mlp", "gpt")  # built by fthsdp/demo/workloads.py (not imported here: it imports torch)
 #: the gpt workload's run settings: 8 windows of 64 bytes per replica and step, AdamW
 GPT_SETTINGS = {"model": "gpt", "batch_rows": 8, "lr": 0.003}
 
 
-def _parser() -> argparse.ArgumentParser:
+def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="fthsdp demo", description=__doc__.split("\n\n")[0],
-                                epilog=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
+                                epilog=__doc__.split("\n\n", 1)[1], formatter_class=flags.DefaultsFormatter)
+    flags.add_version(p)
     p.add_argument("--model", choices=MODELS, default="mlp",
                    help="mlp: digits, replicated; gpt: a small transformer on text, sharded with FSDP2")
     p.add_argument("--replicas", type=int, default=4, help="data-parallel replicas (2..8)")
@@ -52,8 +54,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--heartbeat-timeout-s", type=float, default=3.0, help="the controller's detection bound")
     p.add_argument("--step-time-s", type=float, default=0.1,
                    help="shortest step: the rest is slept, standing in for accelerator time")
-    p.add_argument("--out", type=Path, default=Path("fthsdp-report"))
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", type=Path, default=Path("fthsdp-report"),
+                   help="directory for the report, its plots, and the runs' logs and records")
+    p.add_argument("--seed", type=int, default=0, help="seeds the model and the data order")
     p.add_argument("--no-baseline", action="store_true", help="skip the no-failure baseline run")
     p.add_argument("--timeout-s", type=float, default=150.0, help="longest one run may take")
     p.add_argument("--diagnosis-dry-run", action="store_true",
@@ -78,7 +81,7 @@ def _check(args) -> None:
 
 
 def main(argv: list[str]) -> int:
-    args = _parser().parse_args(argv)
+    args = parser().parse_args(argv)
     if args.ranks_per_replica is None:
         args.ranks_per_replica = 2 if args.model == "gpt" else 1
     try:

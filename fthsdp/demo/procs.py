@@ -50,7 +50,7 @@ def start_agent(log: Path, *, controller: str, host_id: str, job_id: str, comman
                 replica_id: str = "", ranks: int = 1, spare: bool = False, standby: bool = False,
                 heartbeat_interval_s: float = AGENT_TIMEOUTS["heartbeat_interval_s"],
                 extra: tuple[str, ...] = ()) -> subprocess.Popen:
-    """`extra`: more agent flags (e.g. --restart-budget)."""
+    """`extra`: more agent flags (e.g. --standby-restart-budget)."""
     args = FTHSDP + ["agent", "--controller", controller, "--host-id", host_id, "--job-id", job_id,
                      "--heartbeat-interval-s", str(heartbeat_interval_s),
                      "--stop-grace-s", str(AGENT_TIMEOUTS["stop_grace_s"]), "--slots", str(ranks),

@@ -85,8 +85,10 @@ class Outage:
 class ControllerClient:
     def __init__(self, address: str, job_id: str, replica_id: str, incarnation: str,
                  tls: TlsFiles | None = None, job_secret: JobSecret | None = None,
-                 connect_timeout_s: float = 300.0) -> None:
+                 connect_timeout_s: float = 300.0, checkpoint_every_steps: int = 0) -> None:
         self.job_id, self.replica_id, self.incarnation = job_id, replica_id, incarnation
+        #: how often this replica writes a durable checkpoint (0: never), told in every join
+        self.checkpoint_every_steps = checkpoint_every_steps
         #: set by the agent that started us; the controller fences leaders on replaced hosts
         self.host_id = os.environ.get(ENV_HOST_ID, "")
         #: what every call shows the controller (fthsdp/step/leader_credential.py)
@@ -189,7 +191,8 @@ class ControllerClient:
                 job_id=self.job_id, replica_id=self.replica_id, step=request.step, world_size=world_size,
                 ftar_addresses=list(addresses[0]), state_addresses=list(addresses[1]),
                 known_quorum_id=request.known_quorum_id, leader_address=coordinator_address,
-                incarnation=self.incarnation, host_id=self.host_id, credential=self.credential)
+                incarnation=self.incarnation, host_id=self.host_id, credential=self.credential,
+                checkpoint_every_steps=self.checkpoint_every_steps)
             # On the leader's quorum port once an answer named it; else (and when the port is
             # unreachable, full or a standby's) on the one long-lived QuorumStream, whose
             # failed or unanswered ask closes it, and the next opens a new one on whichever

@@ -94,7 +94,11 @@ class CoordinatorService:
         self._thread = threading.Thread(target=self._loop.run_forever, name=f"coordinator-{self.settings.replica_id}",
                                         daemon=True)
         self._thread.start()
-        self.address = asyncio.run_coroutine_threadsafe(self._listen(), self._loop).result(30.0)
+        try:  # a taken port (asyncio's error names the address) leaves no thread behind
+            self.address = asyncio.run_coroutine_threadsafe(self._listen(), self._loop).result(30.0)
+        except BaseException:
+            self.close(linger_s=0.0)
+            raise
         log.info("replica %s: coordinator listening on %s for %d rank(s)", self.settings.replica_id, self.address,
                  self.settings.world_size)
         if self._key is None:

@@ -10,7 +10,7 @@ from agent.main import main, parse
 def test_flags_become_settings():
     s = parse(["--controller", "127.0.0.1:1,127.0.0.1:2", "--host-id", "h1", "--replica-id", "r3",
                "--ranks", "0,1", "--world-size", "2", "--labels", "zone=a,rack=3",
-               "--restart-budget", "0", "--restart-window-s", "60", "--",
+               "--standby-restart-budget", "0", "--standby-restart-window-s", "60", "--",
                "python", "train.py", "--rank={rank}", "--", "x"])
     assert s.controller_addresses == ("127.0.0.1:1", "127.0.0.1:2")
     assert (s.replica_id, s.ranks, s.world_size, s.slot_count) == ("r3", (0, 1), 2, 2)
@@ -31,10 +31,13 @@ def test_flags_become_settings():
       "--warm-restarts", "--", "t", "--rank={rank}"], "cannot use ['rank']"),
     (["--controller", "127.0.0.1:1", "--host-id", "h1", "--warm-restarts", "--reserve-delay-s", "-1", "--", "t"],
      "reserve_delay_s must be 0..3600, got -1.0"),
-    (["--controller", "127.0.0.1:1", "--host-id", "h1", "--spare", "--tls-cert-file", "c",
-      "--tls-key-file", "k", "--", "t"], "needs TLS"),
+    (["--controller", "127.0.0.1:1", "--host-id", "h1", "--spare", "--tls-cert-file", "@c",
+      "--tls-key-file", "@k", "--", "t"], "needs TLS"),
 ])
-def test_bad_settings_exit_2_naming_the_value(argv, words, capsys):
+def test_bad_settings_exit_2_naming_the_value(argv, words, capsys, tmp_path):
+    for name in "ck":  # files that exist (the flags check that), without a CA to make them TLS
+        (tmp_path / name).write_text("PEM")
+    argv = [str(tmp_path / a[1:]) if a in ("@c", "@k") else a for a in argv]
     assert main(argv) == 2
     assert words in capsys.readouterr().err
 

@@ -138,7 +138,7 @@ class ChaosRun:
         config = self.workdir / "trainer.json"
         config.write_text(json.dumps(cfg, indent=1))
         command = procs.TRAINER + [str(config)]
-        budget = ("--restart-budget", "50")  # every fault here is one the job must survive
+        budget = ("--standby-restart-budget", "50")  # every fault here is one the job must survive
         secret = job_secret.generate()  # one per run: the trainer ports authenticate with it
         for i, rid in enumerate(s.replica_ids):
             self.agents[f"h{i}"] = procs.start_agent(

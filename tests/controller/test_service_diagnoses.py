@@ -57,6 +57,15 @@ def report(host, replica, rank, hung_rank):
         pb.RankTelemetry(replica_id=replica, rank=rank, idle_s=45.0 if culprit else 1.0, recording_s=600, groups=groups)])
 
 
+def _ages(rank: pb.RankTelemetry, idle_s=None, recording_s=None, pending_s=None, pending_idle_s=None) -> None:
+    """Set a rank's ages and those of its pending collective (its ftar.q1 group)."""
+    pending = [g for g in rank.groups if g.pending_seq != -1][0]
+    for m, name, value in ((rank, "idle_s", idle_s), (rank, "recording_s", recording_s),
+                           (pending, "pending_s", pending_s), (pending, "pending_idle_s", pending_idle_s)):
+        if value is not None:
+            setattr(m, name, value)
+
+
 async def test_a_hang_reported_by_agents_is_found_evicted_and_shown(server, stub, clock):
     layout = [(f"h{r}{k}", f"r{r}", k) for r in range(3) for k in range(2)]
     for host, replica, rank in layout:
@@ -116,6 +125,17 @@ async def test_findings_are_paged_newest_first(server):
      "9 windows; the limit is 8"),
     (lambda r: setattr(r.ranks[0].groups[0], "last_done_seq", 99), grpc.StatusCode.INVALID_ARGUMENT,
      "cannot be past last_joined_seq"),
+    # consistent, not only in range (issue 39): no age longer than the time it is part of
+    (lambda r: _ages(r.ranks[0], recording_s=10, pending_s=1e6, pending_idle_s=1e6), grpc.StatusCode.INVALID_ARGUMENT,
+     "rank r0/0 group ftar.q1: pending_s 1e+06 s is longer than recording_s 10 s"),
+    (lambda r: _ages(r.ranks[0], idle_s=11, recording_s=10), grpc.StatusCode.INVALID_ARGUMENT,
+     "rank r0/0: idle_s 11 s is longer than recording_s 10 s"),
+    (lambda r: _ages(r.ranks[0], pending_s=5, pending_idle_s=6), grpc.StatusCode.INVALID_ARGUMENT,
+     "group ftar.q1: pending_idle_s 6 s is longer than pending_s 5 s"),
+    (lambda r: setattr(r.ranks[0].groups[0], "pending_s", 3.0), grpc.StatusCode.INVALID_ARGUMENT,
+     "group replica: pending_seq -1 (nothing pending) with pending_s 3.0"),
+    (lambda r: r.ranks[0].groups[0].windows.append(pb.TelemetryWindow(index=0, own_s=700.0)),
+     grpc.StatusCode.INVALID_ARGUMENT, "group replica window 0: own_s 700 s is longer than recording_s 600 s"),
 ])
 async def test_bad_or_foreign_reports_are_refused_and_keep_nothing(server, stub, mutate, code, text):
     await register(stub, "h00", "r0", 0)

@@ -52,7 +52,7 @@ def wait_for_text(path: Path, text: str, bound_s: float, proc: subprocess.Popen)
 @pytest.mark.timeout(400)
 def test_a_warm_spare_with_a_script_that_does_not_wait_is_a_correct_standby(tmp_path, controller_process):
     ctl = controller_process("--replicas", "2", "--min-replicas", "1", "--join-timeout-s", "60", "--job-id", "gpt")
-    script = ["examples/train_gpt.py", "--steps", str(STEPS), "--out", str(tmp_path)]
+    script = ["examples/train_gpt.py", "--checkpoint-dir", "", "--steps", str(STEPS), "--out", str(tmp_path)]
     procs = []
     try:
         procs.append(agent(ctl, "spare", tmp_path / "spare.log", script, "--spare", "--standby"))
@@ -85,7 +85,7 @@ def test_a_replica_started_after_completed_ends_with_its_exit_code_and_writes_no
 
     ctl = controller_process("--replicas", "1", "--min-replicas", "1", "--join-timeout-s", "1", "--job-id", "gpt")
     env = {**base_env(ctl), "FTHSDP_CONTROLLER": ctl.grpc}
-    script = [PYTHON, "examples/train_gpt.py", "--steps", "2", "--cpu"]
+    script = [PYTHON, "examples/train_gpt.py", "--checkpoint-dir", "", "--steps", "2", "--cpu"]
     first = subprocess.run([*script, "--out", str(tmp_path)], cwd=REPO, env={**env, "FTHSDP_REPLICA_ID": "r0"},
                            capture_output=True, text=True, timeout=BOUND_S)
     assert first.returncode == 0, first.stderr[-3000:]
@@ -116,7 +116,8 @@ def test_a_trainer_whose_join_is_refused_because_the_job_failed_ends_with_that_e
         cwd=REPO, env=base_env(ctl), capture_output=True, text=True, timeout=BOUND_S)
     assert crashing.returncode == EXIT_JOB_FAILED, crashing.stderr[-3000:]
     assert httpx.get(f"{ctl.http}/api/v1/job", timeout=5.0).json()["job_state"] == "FAILED"
-    late = subprocess.run([PYTHON, "examples/train_gpt.py", "--steps", "2", "--cpu", "--out", str(tmp_path)],
+    late = subprocess.run([PYTHON, "examples/train_gpt.py", "--checkpoint-dir", "",
+                           "--steps", "2", "--cpu", "--out", str(tmp_path)],
                           cwd=REPO, env={**base_env(ctl), "FTHSDP_CONTROLLER": ctl.grpc, "FTHSDP_REPLICA_ID": "x"},
                           capture_output=True, text=True, timeout=BOUND_S)
     assert late.returncode != 0
@@ -158,7 +159,7 @@ def test_torchrun_max_restarts_brings_a_killed_ranks_replica_back_to_equal_diges
     steps = 150
     ctl = controller_process("--replicas", "2", "--min-replicas", "2", "--join-timeout-s", "2", "--job-id", "gpt")
     env = {**base_env(ctl), "FTHSDP_CONTROLLER": ctl.grpc}
-    script = ["examples/train_gpt.py", "--steps", str(steps), "--out", str(tmp_path), "--cpu"]
+    script = ["examples/train_gpt.py", "--checkpoint-dir", "", "--steps", str(steps), "--out", str(tmp_path), "--cpu"]
     launchers, logs = {}, {}
     try:
         for rid in ("r0", "r1"):

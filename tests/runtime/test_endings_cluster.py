@@ -78,7 +78,7 @@ def stop(procs: list[subprocess.Popen]) -> None:
 def test_a_trainer_outside_the_configured_replicas_is_refused_and_the_job_is_unaffected(tmp_path, controller_process):
     ctl = controller_process("--replicas", "2", "--min-replicas", "1", "--job-id", "gpt")
     steps = 5
-    script = ["examples/train_gpt.py", "--steps", str(steps), "--out", str(tmp_path), "--cpu"]
+    script = ["examples/train_gpt.py", "--checkpoint-dir", "", "--steps", str(steps), "--out", str(tmp_path), "--cpu"]
     agents = []
     try:
         for i in range(2):  # the job's replicas: their hosts hold r0 and r1; the trainers wait at their gates
@@ -137,7 +137,7 @@ def test_a_killed_host_is_suspect_at_once_and_the_survivor_goes_on_before_its_he
     # the controller's production defaults: heartbeat timeout 10 s, join timeout 5 s
     ctl = controller_process("--replicas", "2", "--min-replicas", "1", "--job-id", "gpt",
                              *(("--no-quorum-port",) if port == "stream" else ()))
-    script = ["examples/train_gpt.py", "--steps", "100000", "--out", str(tmp_path), "--cpu"]
+    script = ["examples/train_gpt.py", "--checkpoint-dir", "", "--steps", "100000", "--out", str(tmp_path), "--cpu"]
     agents = [gated_agent(ctl, f"h{i}", f"r{i}", tmp_path / f"h{i}.log", None, script) for i in range(2)]
     try:
         def both_past_step_3():

@@ -44,7 +44,8 @@ def test_a_trainer_with_a_wrong_controller_address_logs_each_attempt_and_gives_u
         closed.bind(("127.0.0.1", 0))
         address = f"127.0.0.1:{closed.getsockname()[1]}"
         run = subprocess.run(
-            [PYTHON, "examples/train_gpt.py", "--steps", "2", "--cpu", "--out", str(tmp_path)], cwd=REPO,
+            [PYTHON, "examples/train_gpt.py", "--checkpoint-dir", "",
+             "--steps", "2", "--cpu", "--out", str(tmp_path)], cwd=REPO,
             env={**base_env(None), "FTHSDP_CONTROLLER": address, "FTHSDP_REPLICA_ID": "r0",
                  "FTHSDP_CONNECT_TIMEOUT_S": "3"},
             capture_output=True, text=True, timeout=BOUND_S)

@@ -2,7 +2,8 @@
 
 Both replicas are 2 ranks sharding the transformer with FSDP2 over Gloo; they meet at the
 same controller and all-reduce their gradient shards over FTAR. At the end rank k of one
-replica holds exactly what rank k of the other holds, and the job is COMPLETED.
+replica holds exactly what rank k of the other holds, and the job is COMPLETED. Run from their
+own working directory with the example's defaults, they write a durable checkpoint beside it.
 """
 
 from __future__ import annotations
@@ -30,15 +31,15 @@ def test_one_replica_under_torchrun_and_one_under_an_agent_train_the_example_ali
             and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
     # the agent hands the job secret to its trainers; torchrun's trainers read it themselves
     base.update({"FTHSDP_CONTROLLER": ctl.grpc, "FTHSDP_JOB_ID": "gpt", "PYTHONPATH": str(REPO), **trainer_secret.ENV})
-    script = ["examples/train_gpt.py", "--steps", str(STEPS), "--out", str(tmp_path)]
+    script = [str(REPO / "examples/train_gpt.py"), "--steps", str(STEPS), "--out", str(tmp_path)]
     with open(tmp_path / "torchrun.log", "w") as t_log, open(tmp_path / "agent.log", "w") as a_log:
         torchrun = subprocess.Popen(
-            [TORCHRUN, "--nproc-per-node", "2", "--master-port", str(two_free_ports()), *script], cwd=REPO,
+            [TORCHRUN, "--nproc-per-node", "2", "--master-port", str(two_free_ports()), *script], cwd=tmp_path,
             env={**base, "FTHSDP_REPLICA_ID": "r0"}, stdout=t_log, stderr=subprocess.STDOUT)
         agent = subprocess.Popen(
             [FTHSDP, "agent", "--controller", ctl.grpc, "--host-id", "h1", "--job-id", "gpt", "--slots", "2",
              "--replica-id", "r1", "--ranks", "0,1", "--world-size", "2", "--heartbeat-interval-s", "0.5", "--",
-             PYTHON, *script], cwd=REPO, stdout=subprocess.DEVNULL, stderr=a_log,
+             PYTHON, *script], cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=a_log,
             env={**base, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(two_free_ports())})
         try:
             assert torchrun.wait(timeout=240) == 0, (tmp_path / "torchrun.log").read_text()[-3000:]
@@ -56,4 +57,9 @@ def test_one_replica_under_torchrun_and_one_under_an_agent_train_the_example_ali
         assert ends[("r0", rank)]["digest"] == ends[("r1", rank)]["digest"]
     assert ends[("r0", 0)]["digest"] != ends[("r0", 1)]["digest"]
     assert ends[("r0", 0)]["held_out_loss"] < 5.5  # it learnt: a uniform guess over 256 bytes scores ln 256 = 5.55
-    assert httpx.get(f"{ctl.http}/api/v1/job", timeout=5.0).json()["job_state"] == "COMPLETED"
+    job = httpx.get(f"{ctl.http}/api/v1/job", timeout=5.0).json()
+    assert job["job_state"] == "COMPLETED"
+    # safe by default: a checkpoint beside the run (a run shorter than the period: at its end),
+    # and the controller knew the job had one
+    assert (tmp_path / "fthsdp-checkpoints" / "gpt" / f"step-{STEPS:010d}" / "COMPLETE").is_file()
+    assert job["durable_checkpoint"] is True and job["checkpoint_warning"] == ""

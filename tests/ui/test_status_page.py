@@ -105,6 +105,11 @@ async def test_status_page_shows_the_live_job(controller_process, browser, tmp_p
         events = await in_browser(browser.evaluate, "document.getElementById('events').textContent")
         assert "GPU fell off the bus" in events and INJECTED in events  # shown as text, never as HTML
         assert await in_browser(browser.evaluate, "document.getElementById('injected')") is None
+        # these leaders write no checkpoint: the page says what that risks
+        warning = "document.getElementById('checkpoint-warning')"
+        assert not await in_browser(browser.evaluate, f"{warning}.hidden")
+        assert await in_browser(browser.evaluate, f"{warning}.textContent") == \
+            "no durable checkpoint: a failure of every replica restarts from step 0"
         shot = await in_browser(browser.screenshot, tmp_path / "status-page.png")
         width, height = png_size(shot.read_bytes())
         assert width >= 1000 and height >= 600

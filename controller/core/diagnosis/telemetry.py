@@ -150,18 +150,22 @@ def check_report(report: HostReport, max_id_chars: int) -> HostReport:
         seen.add((r.replica_id, r.rank))
         _seconds(where, "idle_s", r.idle_s)
         _seconds(where, "recording_s", r.recording_s)
+        _within(where, "idle_s", r.idle_s, "recording_s", r.recording_s)
         if len(r.groups) > MAX_GROUPS_PER_RANK:
             raise InvalidArgument(f"{where} reports {len(r.groups)} groups; the limit is {MAX_GROUPS_PER_RANK}.")
         names = set()
         for g in r.groups:
-            _check_group(where, g)
+            _check_group(where, g, r.recording_s)
             if g.group in names:
                 raise InvalidArgument(f"{where} reports group {g.group!r} twice.")
             names.add(g.group)
     return report
 
 
-def _check_group(where: str, g: GroupReport) -> None:
+def _check_group(where: str, g: GroupReport, recording_s: float) -> None:
+    """Each field within its bound, and consistent with the others: no age is longer than the
+    rank's recording (the ring has seen nothing older), a pending collective has not been idle
+    longer than it is pending, and a group with nothing pending reports no pending time or bytes."""
     if not 1 <= len(g.group) <= MAX_GROUP_CHARS or not _GROUP.match(g.group):
         raise InvalidArgument(f"{where}: group {g.group[:40]!r} must be 1..{MAX_GROUP_CHARS} characters of "
                               f"letters, digits and ._:@/+=-.")
@@ -180,6 +184,12 @@ def _check_group(where: str, g: GroupReport) -> None:
         _seconds(where, name, getattr(g, name))
     if g.pending_nbytes < 0 or g.pending_sent_bytes < 0:
         raise InvalidArgument(f"{where}: byte counts must not be negative.")
+    _within(where, "pending_s", g.pending_s, "recording_s", recording_s)
+    _within(where, "pending_idle_s", g.pending_idle_s, "pending_s", g.pending_s)
+    if g.pending_seq == -1 and (g.pending_s or g.pending_idle_s or g.pending_nbytes or g.pending_sent_bytes):
+        raise InvalidArgument(f"{where}: pending_seq -1 (nothing pending) with pending_s {g.pending_s}, pending_idle_s "
+                              f"{g.pending_idle_s}, pending_nbytes {g.pending_nbytes} and pending_sent_bytes "
+                              f"{g.pending_sent_bytes}: all must be 0.")
     if len(g.windows) > MAX_WINDOWS_PER_GROUP:
         raise InvalidArgument(f"{where} carries {len(g.windows)} windows; the limit is {MAX_WINDOWS_PER_GROUP}.")
     for w in g.windows:
@@ -187,8 +197,23 @@ def _check_group(where: str, g: GroupReport) -> None:
             raise InvalidArgument(f"{where}: window index must not be negative, got {w.index}.")
         _seconds(f"{where} window {w.index}", "own_s", w.own_s)
         _seconds(f"{where} window {w.index}", "wait_s", w.wait_s)
+        # (wait_s is not bounded so: collectives in flight together each count their wait)
+        _within(f"{where} window {w.index}", "own_s", w.own_s, "recording_s", recording_s)
         if not isinstance(w.disturbed, bool):
             raise InvalidArgument(f"{where} window {w.index}: disturbed must be true or false, got {w.disturbed!r}.")
+
+
+#: How much longer than its bound an age may be: the readings an age and its bound start from
+#: are taken by one trainer on one clock, but not at the same instant.
+AGE_SLACK_S = 0.001
+
+
+def _within(where: str, name: str, value: float, bound_name: str, bound: float) -> None:
+    """`name` is a part of `bound_name`'s span: a longer one is a report that contradicts itself
+    (beyond AGE_SLACK_S: two clock readings of one trainer, taken a moment apart)."""
+    if value > bound + AGE_SLACK_S:
+        raise InvalidArgument(f"{where}: {name} {value:g} s is longer than {bound_name} {bound:g} s, the time it "
+                              f"is part of.")
 
 
 def _seconds(where: str, name: str, value: float) -> None:

@@ -140,6 +140,9 @@ function renderJob(job) {
   $("spares").textContent = job.spares_free;
   $("leader").textContent = job.leader || "?";
   $("round-reason").replaceChildren(...withShortIds(job.round.reason));
+  // a job without a durable checkpoint: "a failure of every replica restarts from step 0"
+  $("checkpoint-warning").textContent = job.checkpoint_warning || "";
+  $("checkpoint-warning").hidden = !job.checkpoint_warning;
 }
 
 function renderStalls(report) {

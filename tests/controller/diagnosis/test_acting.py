@@ -163,7 +163,7 @@ def test_a_wait_on_a_restarted_process_names_nobody():
     job.never_joins(("r1", 1))
     # r1/1 restarted 5 s ago: it reports no group yet, and cannot be in a collective 40 s old
     job.views[("r1", 1)] = replace(job.views[("r1", 1)], report=job.views[("r1", 1)].report._replace(
-        recording_s=5.0, groups=()))
+        recording_s=5.0, idle_s=5.0, groups=()))
     send(s, job, 100.0)
     s.expire(100.0)
     assert s.diagnosis.log.entries == []
@@ -261,6 +261,10 @@ def test_telemetry_from_strangers_and_bad_reports_change_nothing():
     assert s.hosts["h-r0-0"].state == HostState.ACTIVE
 
 
+#: a group's pending fields once nothing is pending (as the agent reports it)
+NOTHING_PENDING = dict(pending_seq=-1, pending_s=0.0, pending_idle_s=0.0, pending_nbytes=0, pending_sent_bytes=0)
+
+
 def test_a_hang_that_becomes_certain_is_reported_again_and_acted_on():
     """Every member joined an FTAR op and nobody sent a byte: three equal suspects (reported
     only); once the peers time out of it, the rank still in it is the one (evicted)."""
@@ -276,8 +280,8 @@ def test_a_hang_that_becomes_certain_is_reported_again_and_acted_on():
     assert first.decision.action.value == "report" and len(first.finding.hosts) == 3
     for rk in [rk for rk in job.views if rk[0] != "r2"]:  # their FTAR ops timed out: r0 and r1 move on
         intra, cross = job.views[rk].report.groups
-        job.set(rk, intra._replace(last_joined_seq=12, last_done_seq=12, pending_seq=-1),
-                cross._replace(last_joined_seq=21, last_done_seq=21, pending_seq=-1))
+        job.set(rk, intra._replace(last_joined_seq=12, last_done_seq=12, **NOTHING_PENDING),
+                cross._replace(last_joined_seq=21, last_done_seq=21, **NOTHING_PENDING))
     send(s, job, 105.0)
     s.expire(105.0)
     second = s.diagnosis.log.entries[-1]
