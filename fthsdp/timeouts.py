@@ -22,20 +22,23 @@ import sys
 from pathlib import Path
 from typing import Mapping
 
+from protos import cli_flags as flags
 from protos import timeout_rules as tr
 
 EXIT_BROKEN = 1
 DEFAULT = "default"
 
 
-def _parser() -> argparse.ArgumentParser:
+def parser() -> argparse.ArgumentParser:
     from agent.main import add_timeout_flags as agent_flags
     from controller.main import add_timeout_flags as controller_flags
 
     p = argparse.ArgumentParser(prog="fthsdp timeouts", description=__doc__, allow_abbrev=False,  # sources by flag
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+                                formatter_class=flags.DefaultsFormatter)
+    flags.add_version(p)
     p.add_argument("--json", action="store_true", help="one JSON object instead of tables")
-    p.add_argument("--settings", metavar="FILE", help="the controller's JSON settings file (fthsdp controller --settings)")
+    p.add_argument("--settings", metavar="FILE", type=flags.existing_file,
+                   help="the controller's JSON settings file (fthsdp controller --settings; default: none)")
     controller_flags(p.add_argument_group("controller (fthsdp controller)"))
     agent_flags(p.add_argument_group("agent (fthsdp agent)"))
     return p
@@ -115,7 +118,7 @@ def as_json(found: dict[str, dict[str, tuple[float, str]]], judged: list[tuple[t
 
 
 def main(argv: list[str], environ: Mapping[str, str] | None = None) -> int:
-    p = _parser()
+    p = parser()
     args = p.parse_args(argv)
     try:
         found = collect(args, _given(argv, p), os.environ if environ is None else environ)

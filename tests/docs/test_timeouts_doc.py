@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from fthsdp.timeouts import _parser, collect
+from fthsdp.timeouts import parser, collect
 from protos import timeout_rules as tr
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -24,7 +24,7 @@ def node(name: str) -> str:
 def test_every_timeout_is_a_row_with_its_default():
     rows = {m.group(1, 2): float(m.group(3)) for m in re.finditer(
         r"^\| (controller|agent|runtime) \| `([\w.]+)` \| ([\d.]+) s \|", section(), re.M)}
-    found = collect(_parser().parse_args([]), {}, {})
+    found = collect(parser().parse_args([]), {}, {})
     defaults = {(process, name): value for process, fields in found.items() for name, (value, _) in fields.items()}
     assert rows == defaults
 
@@ -46,7 +46,7 @@ def test_the_picture_draws_every_rule_and_nothing_else():
         label = "+" if len(rule.smaller) > 1 else ("" if rule.factor == 1 else f"{rule.factor:g}×")
         expected |= {(node(rule.larger), label, node(small)) for small in rule.smaller}
     assert edges == expected
-    found = collect(_parser().parse_args([]), {}, {})
+    found = collect(parser().parse_args([]), {}, {})
     for name in {n for rule in tr.RULES for n in rule.names}:
         process, field = name.split(".", 1)
         label = f'{node(name)}["{field} {found[process][field][0]:g} s"]'
