@@ -23,21 +23,15 @@ import asyncio
 import json
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
 import time
 
+from bench.common import free_port
 from controller.settings import ControllerSettings
 from protos import controller_pb2 as pb
 from protos.dial import FailoverChannel
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Leader:

@@ -31,22 +31,7 @@ import threading
 import time
 from datetime import timedelta
 
-from bench.limits import load
-
-UNITS = {"KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "B": 1}
-
-
-def parse_size(text: str) -> int:
-    for unit, factor in UNITS.items():
-        if text.endswith(unit):
-            return int(float(text[: -len(unit)]) * factor)
-    return int(text)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from bench.common import free_port, load, parse_size
 
 
 def _worker(rank, world, nbytes, iters, warmup, gloo_port, addr_q, members_q, out_q, chunk_bytes, chunks, sockbuf):

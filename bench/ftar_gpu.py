@@ -26,12 +26,7 @@ import threading
 import time
 from pathlib import Path
 
-
-def parse_size(text: str) -> int:
-    for unit, factor in (("KiB", 1 << 10), ("MiB", 1 << 20), ("GiB", 1 << 30)):
-        if text.endswith(unit):
-            return int(float(text[: -len(unit)]) * factor)
-    return int(text)
+from bench.common import free_port, parse_size
 
 
 def bench_kernel(torch, dtype, blocks: int, threads: int, nbytes: int, iters: int) -> dict:
@@ -138,16 +133,10 @@ def _runtime_worker(args) -> None:
 
 def bench_runtime(dtype: str, args) -> dict:
     import os
-    import socket
     import subprocess
 
     from controller.launch import launch
     from protos import job_secret
-
-    def free() -> int:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            return s.getsockname()[1]
 
     repo = Path(__file__).resolve().parents[1]
     # the replicas' ports authenticate as in production, with one secret for this run
@@ -158,7 +147,7 @@ def bench_runtime(dtype: str, args) -> dict:
         flags = ["--iters", str(args.iters), "--runtime-layers", str(args.runtime_layers),
                  "--runtime-d-model", str(args.runtime_d_model), "--dtype", dtype, "--controller", ctl.grpc]
         workers = [subprocess.Popen([sys.executable, "-m", "bench.ftar_gpu", "--role", "runtime-worker",
-                                     "--replica", str(r), "--port", str(free()), *flags], stdout=subprocess.PIPE,
+                                     "--replica", str(r), "--port", str(free_port()), *flags], stdout=subprocess.PIPE,
                                     text=True, env=env, cwd=repo) for r in range(2)]
         results = [json.loads(w.communicate(timeout=900)[0].strip().splitlines()[-1]) for w in workers]
     finally:

@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -38,17 +37,12 @@ import time
 from datetime import timedelta
 from pathlib import Path
 
+from bench.common import free_port
 from controller.launch import launch
 from protos import job_secret
 
 REPO = Path(__file__).resolve().parents[1]
 REPLICAS, RANKS = 2, 2
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _held_bytes(model, opt) -> int:
@@ -180,7 +174,7 @@ def measure(args: argparse.Namespace) -> dict:
     ctl = launch("--replicas", str(REPLICAS), "--min-replicas", "1", "--join-timeout-s", "30",
                  "--heartbeat-timeout-s", "60", "--job-id", "bench", env=env)
     try:
-        gloo, coordinators = _free_port(), ",".join(f"127.0.0.1:{_free_port()}" for _ in range(REPLICAS))
+        gloo, coordinators = free_port(), ",".join(f"127.0.0.1:{free_port()}" for _ in range(REPLICAS))
         flags = ["--layers", str(args.layers), "--d-model", str(args.d_model), "--heads", str(args.heads),
                  "--seq-len", str(args.seq_len), "--rows", str(args.rows), "--steps", str(args.steps),
                  "--warmup", str(args.warmup), "--catchup-repeats", str(args.catchup_repeats)]

@@ -34,6 +34,7 @@ import sys
 import threading
 import time
 
+from bench.common import load, parse_size
 from ftar_kernels.woken_receive import WokenReceiver
 
 GB = 1e9
@@ -148,13 +149,7 @@ def _timed(fn) -> float:
     return time.perf_counter() - t0
 
 
-def load() -> list[float]:
-    """The machine's 1/5/15-minute load averages (what else ran during the measurement)."""
-    return [round(x, 2) for x in os.getloadavg()]
-
-
 def main(argv: list[str] | None = None) -> int:
-    from bench.ftar import parse_size
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--total", default="1GiB", help="bytes per stream")
     ap.add_argument("--repeats", type=int, default=3)

@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -35,17 +34,12 @@ import time
 from pathlib import Path
 
 from agent.telemetry import ring_dir
+from bench.common import free_port
 from controller.launch import launch
 from fthsdp.telemetry import ENV_TELEMETRY_FILE
 from protos import job_secret
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _model(hidden: int, width: int):
@@ -147,7 +141,7 @@ def measure_overhead(args: argparse.Namespace) -> dict:
                  "--heartbeat-timeout-s", "10", "--job-id", "bench", env=env)
     try:
         controller = ctl.grpc
-        gloo = _free_port()
+        gloo = free_port()
         workers = [subprocess.Popen(
             [sys.executable, "-m", "bench.overhead", "--role", "step-worker", "--rank", str(r), "--controller",
              controller, "--gloo-port", str(gloo), *_shared_flags(args)], cwd=REPO, env=env,
@@ -291,7 +285,7 @@ def main(argv: list[str] | None = None) -> int:
     if "catchup" not in args.skip:
         result.update(measure_catchup(args))
     if "fanout" not in args.skip:
-        from fthsdp.channel_simulation import simulate_fanout_and_vote
+        from bench.channel_simulation import simulate_fanout_and_vote
 
         t = simulate_fanout_and_vote(args.fanout_ranks)
         result.update({"fanout_ranks": t.ranks, "fanout_leader_broadcast_s": round(t.broadcast_s, 3),

@@ -147,7 +147,7 @@ def fanout(ranks: int, rounds: int, relay_fanout: int = 0, relay_processes: int 
            prefix: str = "") -> dict:
     """One replica's real coordinator rounds at full rank count: through relays (relay_fanout as
     RuntimeSettings', 0 automatic; >= ranks: every rank talks to the coordinator)."""
-    from fthsdp.channel_simulation import simulate_rounds
+    from bench.channel_simulation import simulate_rounds
 
     rounds_ = simulate_rounds(ranks, rounds, relay_fanout=relay_fanout, relay_processes=relay_processes,
                               rank_processes=rank_processes)
