@@ -15,6 +15,11 @@ FTAR sends per direction, 2(n-1)/n x size, to its right neighbour while it `recv
 from its left, preallocated buffers, no reduce): at 2 ranks exactly bench.limits'
 two-stream loopback. `tcp_busbw_gbs` is its bus bandwidth, `ftar_busbw_of_limit` FTAR's over it
 (medians), `paired_of_limit` the median of per-iteration ratios.
+
+One JSON line per point (FIELDS): world, bytes, ftar_busbw_gbs, gloo_busbw_gbs, ratio,
+ftar_median_s, gloo_median_s, paired_ratio, tcp_busbw_gbs, ftar_busbw_of_limit, paired_of_limit,
+iters, results_match, chunk_bytes, chunks_in_flight, load. A point that failed prints world,
+bytes and `error` instead of the figures.
 """
 
 from __future__ import annotations
@@ -32,6 +37,12 @@ import time
 from datetime import timedelta
 
 from bench.common import free_port, load, parse_size
+
+#: the fields of each JSON line (`python -m bench.ftar --json`) and their types
+FIELDS = {"world": int, "bytes": int, "ftar_busbw_gbs": float, "gloo_busbw_gbs": float, "ratio": float,
+          "ftar_median_s": float, "gloo_median_s": float, "paired_ratio": float, "tcp_busbw_gbs": float,
+          "ftar_busbw_of_limit": float, "paired_of_limit": float, "iters": int, "results_match": bool,
+          "chunk_bytes": int, "chunks_in_flight": int, "load": list[float]}
 
 
 def _worker(rank, world, nbytes, iters, warmup, gloo_port, addr_q, members_q, out_q, chunk_bytes, chunks, sockbuf):

@@ -12,7 +12,9 @@
    replicas from FSDP's all-reduce hook over FTAR (CuPy kernel, pinned staging) and the
    optimizer steps on the device. One line per dtype: median step time (the slower replica),
    gradient bytes FTAR moved per step and replica, and whether both replicas ended bitwise equal.
-Prints one JSON line per measurement. Exits 0 with a message when no GPU is present.
+Prints one JSON line per measurement (FIELDS: what, dtype, correct; then each measurement's own
+figures). Without a CUDA device or CuPy it measures nothing: it says why on stderr and exits
+with NO_DEVICE (3).
 """
 
 from __future__ import annotations
@@ -27,6 +29,11 @@ import time
 from pathlib import Path
 
 from bench.common import free_port, parse_size
+
+#: the fields every JSON line (`python -m bench.ftar_gpu --json`) carries, and their types
+FIELDS = {"what": str, "dtype": str, "correct": bool}
+#: the exit status without a CUDA device or CuPy: nothing was measured
+NO_DEVICE = 3
 
 
 def bench_kernel(torch, dtype, blocks: int, threads: int, nbytes: int, iters: int) -> dict:
@@ -158,6 +165,17 @@ def bench_runtime(dtype: str, args) -> dict:
             "step_ms": round(step * 1e3, 2), "correct": results[0]["digest"] == results[1]["digest"]}
 
 
+def _no_device(torch) -> str:
+    """Why the CUDA path cannot run here ("" when it can)."""
+    if not torch.cuda.is_available():
+        return "no CUDA device (torch.cuda.is_available() is False)"
+    try:
+        import cupy  # noqa: F401
+    except ImportError:
+        return "CuPy is not installed (pip install 'fthsdp[cuda]')"
+    return ""
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--world", type=int, nargs="+", default=[2, 4])
@@ -178,9 +196,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     import torch
 
-    if not torch.cuda.is_available():
-        print("no CUDA device: nothing to measure")
-        return 0
+    why = _no_device(torch)
+    if why:
+        print(f"bench.ftar_gpu: {why}: nothing measured (this benchmark is the CUDA path of FTAR only; "
+              f"bench.ftar measures it on CPUs)", file=sys.stderr)
+        return NO_DEVICE
     from ftar_kernels import FtarSettings
 
     dtypes = (torch.float32, torch.bfloat16, torch.float16)

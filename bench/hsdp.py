@@ -23,6 +23,10 @@ before the workers start and one just after they end; catchup_shard_of_limit =
 catchup_replica_gbs / tcp_one_stream_gbs: the two ranks fetch at once on this machine's cores,
 which one stream already keeps busy (its sender and its receiver), so together they have what
 one stream has (on real hosts each rank has its own).
+
+One JSON line (FIELDS): replicas, ranks_per_replica, params, steps, the two state sizes,
+step_ms_torch_hsdp, step_ms_ft_hsdp, overhead_pct, catchup_shard_bytes, catchup_shard_gbs,
+catchup_repeats, catchup_replica_gbs, tcp_one_stream_gbs, catchup_shard_of_limit.
 """
 
 from __future__ import annotations
@@ -43,6 +47,11 @@ from protos import job_secret
 
 REPO = Path(__file__).resolve().parents[1]
 REPLICAS, RANKS = 2, 2
+#: the fields of the JSON line (`python -m bench.hsdp --json`) and their types
+FIELDS = {"replicas": int, "ranks_per_replica": int, "params": int, "steps": int, "state_bytes_per_rank_fsdp": int,
+          "state_bytes_per_rank_replicated": int, "step_ms_torch_hsdp": float, "step_ms_ft_hsdp": float,
+          "overhead_pct": float, "catchup_shard_bytes": int, "catchup_shard_gbs": float, "catchup_repeats": int,
+          "catchup_replica_gbs": float, "tcp_one_stream_gbs": float, "catchup_shard_of_limit": float}
 
 
 def _held_bytes(model, opt) -> int:

@@ -19,6 +19,11 @@ catchup_gbs = bytes / seconds / 1e9 (best of --catchup-repeats); catchup_of_limi
 one-stream loopback TCP measured in the same run (bench/limits.py: tcp_one_stream_gbs).
 Fan-out: one plan broadcast + commit vote + decision round of the real leader channel
 against --fanout-ranks simulated ranks (all on this machine, so the ranks' own work counts).
+
+One JSON line (FIELDS; a --skip leaves its part's fields out): replicas, steps, step_ms_plain,
+step_ms_ft, overhead_pct, protocol_us_per_step, telemetry_us_per_step, telemetry_pct, digest_ms,
+digest_every_steps, digest_pct_at_default, catchup_bytes, catchup_s, catchup_gbs,
+tcp_one_stream_gbs, catchup_of_limit, fanout_ranks, fanout_s, fanout_vote_decision_s.
 """
 
 from __future__ import annotations
@@ -40,6 +45,12 @@ from fthsdp.telemetry import ENV_TELEMETRY_FILE
 from protos import job_secret
 
 REPO = Path(__file__).resolve().parents[1]
+#: the fields of the JSON line (`python -m bench.overhead --json`) and their types
+FIELDS = {"replicas": int, "steps": int, "step_ms_plain": float, "step_ms_ft": float, "overhead_pct": float,
+          "protocol_us_per_step": float, "telemetry_us_per_step": float, "telemetry_pct": float,
+          "digest_ms": float, "digest_every_steps": int, "digest_pct_at_default": float, "catchup_bytes": int,
+          "catchup_s": float, "catchup_gbs": float, "tcp_one_stream_gbs": float, "catchup_of_limit": float,
+          "fanout_ranks": int, "fanout_s": float, "fanout_vote_decision_s": float}
 
 
 def _model(hidden: int, width: int):

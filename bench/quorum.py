@@ -37,6 +37,11 @@ Fairness on a shared machine: same N, same number of rounds, the same layout (ea
 its own process, every client in this one), and the systems take turns in blocks of
 `BLOCK_ROUNDS` rounds, so a change of load hits all of them alike. Each JSON line carries
 the 1-minute load average at its start and end.
+
+One JSON line per replica count (FIELDS): replicas, rounds, store, p50_ms, p99_ms, stream_p50_ms,
+stream_p99_ms, report_p50_ms, report_p99_ms, stream_report_p50_ms, stream_report_p99_ms,
+load_avg_1m; with the options above their fields too (unary_*, new_id_*, torchft_lighthouse_*,
+torchft_manager_*, ratio_p50, ratio_p99).
 """
 
 from __future__ import annotations
@@ -70,6 +75,10 @@ ROUND_TIMEOUT_S = 30.0
 #: store write (the controller refuses settings under which it might not).
 CONTROLLER_SETTINGS = {"max_id_chars": 32, "max_reason_chars": 256}
 CLOSE_TIMEOUT_S = 5.0
+#: the fields of every JSON line (`python -m bench.quorum --json`) and their types
+FIELDS = {"replicas": int, "rounds": int, "store": str, "p50_ms": float, "p99_ms": float, "stream_p50_ms": float,
+          "stream_p99_ms": float, "report_p50_ms": float, "report_p99_ms": float, "stream_report_p50_ms": float,
+          "stream_report_p99_ms": float, "load_avg_1m": list[float]}
 
 
 def percentile(values: list[float], q: float) -> float:

@@ -18,6 +18,7 @@ SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
     "demo": ("fthsdp.demo", "main", "train a small model on this machine with injected failures"),
     "compare-checkpoints": ("fthsdp.checkpoint_compare", "main",
                             "name the ranks whose shards differ between two checkpoints of one step"),
+    "bench": ("bench.suite", "main", "measure this cluster: quorum, FTAR vs Gloo, catch-up, recovery, failover"),
 }
 
 
