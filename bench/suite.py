@@ -61,7 +61,7 @@ SUITES: dict[str, tuple[Run, ...]] = {
         Run("ftar", ("--world", "2", "--sizes", *_SIZES, "--iters", "3", "--warmup", "1"), len(_SIZES)),
         Run("overhead", ("--steps", "10", "--warmup", "2", "--catchup-bytes", str(256 << 20), "--catchup-repeats",
                          "2", "--fanout-ranks", "256"), 1),
-        Run("recovery", ("--cases", "kill-rank", "kill-host", "hang-rank", "--steps", "12", "--step-s", "0.2"), 3),
+        Run("recovery", ("--cases", "kill-rank", "kill-host", "hang-rank", "--steps", "24", "--step-s", "0.4"), 3),
         Run("failover", ("--trials", "2", "--lease-ttl-s", "1"), 1),
     ),
     # the benchmarks at their own defaults (tens of minutes)

@@ -118,6 +118,9 @@ def check_offline(argv: list[str], workdir: Path) -> None:
         assert "kubectl" in argv[0] and run(["kubectl", "get", "--help"]).returncode == 0
     elif argv[:2] == ["fthsdp", "demo"]:  # tests/demo runs the demo itself
         assert run([str(BIN / "fthsdp"), "demo", "--help"]).returncode == 0
+    elif argv[:2] == ["fthsdp", "bench"]:  # tests/bench/test_suite.py runs it itself: the flags exist
+        proc = run([str(BIN / "fthsdp"), "bench", "--help"])
+        assert proc.returncode == 0 and all(f in proc.stdout for f in argv[2:] if f.startswith("--")), proc.stdout
 
 
 def check_kubectl(argv: list[str], workdir: Path) -> None:
@@ -145,7 +148,7 @@ def test_commands_that_need_no_controller(doc, tmp_path):
     assert shutil.which("kubectl"), "kubectl is needed to render the kustomizations the docs apply"
     checked = 0
     for argv in shell_commands(doc):
-        if argv[0] in ("fthsdp", "curl") and argv[:2] != ["fthsdp", "demo"]:
+        if argv[0] in ("fthsdp", "curl") and argv[:2] not in (["fthsdp", "demo"], ["fthsdp", "bench"]):
             continue  # run against a live controller below
         check_offline(argv, tmp_path)
         checked += 1
