@@ -134,13 +134,13 @@ def _limits(results: list[dict]) -> str:
 
 
 def _overhead(results: list[dict]) -> str:
-    rows = [[r.get("catchup_bytes"), r.get("catchup_s"), r.get("catchup_gbs"), r.get("tcp_one_stream_gbs"),
+    rows = [[size_text(r["catchup_bytes"]) if "catchup_bytes" in r else None, r.get("catchup_s"), r.get("catchup_gbs"), r.get("tcp_one_stream_gbs"),
              r.get("catchup_of_limit")] for r in results]
     steps = [[r.get("replicas"), r.get("steps"), r.get("step_ms_plain"), r.get("step_ms_ft"), r.get("overhead_pct"),
               r.get("protocol_us_per_step")] for r in results]
     return ("## Catch-up against the loopback ceiling (`python -m bench.overhead`)\n\nA replica fetching a peer's "
             "state over loopback; the ceiling is one loopback TCP stream measured in the same run.\n\n"
-            + table(["bytes", "seconds", "GB/s", "one TCP stream GB/s", "of ceiling"], rows)
+            + table(["state", "seconds", "GB/s", "one TCP stream GB/s", "of ceiling"], rows)
             + "\n## Overhead against plain training (`python -m bench.overhead`)\n\nThe same model and data, "
             "step by step in alternation: plain torch.distributed (Gloo) and through fthsdp (quorum, FTAR, vote, "
             "commit).\n\n"

@@ -133,6 +133,9 @@ def run_suite(suite: str, out: Path) -> int:
                 rows.append({"bench": spec.bench, "suite": suite, **environment_now(env), **row})
             failed = [r["error"] for r in got if "error" in r]
             progress.update(task, note=f"[red]failed: {failed[0][:60]}" if failed else "done")
+            if not console.is_terminal:  # no live bars in a log: a line per benchmark instead
+                console.print(f"{spec.bench}: {'failed: ' + failed[0] if failed else 'done'} "
+                              f"({next(t for t in progress.tasks if t.id == task).elapsed:.0f} s)")
             if spec.bench == "quorum" and torchft:
                 rows.append({"bench": "quorum", "suite": suite, **environment_now(env),
                              "note": f"torchft's lighthouse not measured: {torchft}"})
