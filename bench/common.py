@@ -59,11 +59,11 @@ def load() -> list[float]:
     return [round(x, 2) for x in os.getloadavg()]
 
 
-def secret_file(directory: str | Path) -> Path:
-    """A job secret made for this run, written as a user makes one (`openssl rand -hex 32 >
-    job-secret`), readable only by its owner: give it with --job-secret-file."""
+def secret_file(directory: str | Path, text: str = "") -> Path:
+    """A job secret (`text`, else one made for this run) written as a user makes one (`openssl
+    rand -hex 32 > job-secret`), readable only by its owner: give it with --job-secret-file."""
     path = Path(directory) / "job-secret"
-    path.write_text(job_secret.generate() + "\n")
+    path.write_text((text or job_secret.generate()) + "\n")
     path.chmod(0o600)
     return path
 

@@ -24,11 +24,12 @@ import json
 import os
 import statistics
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
 
-from bench.common import free_port, parse_size
+from bench.common import free_port, parse_size, secret_file
 
 #: the fields every JSON line (`python -m bench.ftar_gpu --json`) carries, and their types
 FIELDS = {"what": str, "dtype": str, "correct": bool}
@@ -147,9 +148,11 @@ def bench_runtime(dtype: str, args) -> dict:
 
     repo = Path(__file__).resolve().parents[1]
     # the replicas' ports authenticate as in production, with one secret for this run
-    env = {**os.environ, "PYTHONPATH": str(repo), job_secret.ENV_JOB_SECRET: job_secret.generate()}
-    ctl = launch("--replicas", "2", "--min-replicas", "2", "--join-timeout-s", "60", "--job-id", "gpu-bench", env=env,
-                 cwd=str(repo))
+    text = job_secret.generate()
+    env = {**os.environ, "PYTHONPATH": str(repo), job_secret.ENV_JOB_SECRET: text}
+    with tempfile.TemporaryDirectory(prefix="fthsdp-bench-gpu-") as tmp:
+        ctl = launch("--replicas", "2", "--min-replicas", "2", "--join-timeout-s", "60", "--job-id", "gpu-bench",
+                     "--job-secret-file", str(secret_file(tmp, text)), env=env, cwd=str(repo))
     try:
         flags = ["--iters", str(args.iters), "--runtime-layers", str(args.runtime_layers),
                  "--runtime-d-model", str(args.runtime_d_model), "--dtype", dtype, "--controller", ctl.grpc]

@@ -37,11 +37,12 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from datetime import timedelta
 from pathlib import Path
 
-from bench.common import free_port
+from bench.common import free_port, secret_file
 from controller.launch import launch
 from protos import job_secret
 
@@ -180,8 +181,10 @@ def measure(args: argparse.Namespace) -> dict:
 
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     limits = [measure_tcp(1, 256 << 20, 2)]
-    ctl = launch("--replicas", str(REPLICAS), "--min-replicas", "1", "--join-timeout-s", "30",
-                 "--heartbeat-timeout-s", "60", "--job-id", "bench", env=env)
+    with tempfile.TemporaryDirectory(prefix="fthsdp-bench-") as tmp:  # the run's secret, as a file
+        ctl = launch("--replicas", str(REPLICAS), "--min-replicas", "1", "--join-timeout-s", "30",
+                     "--heartbeat-timeout-s", "60", "--job-id", "bench",
+                     "--job-secret-file", str(secret_file(tmp, os.environ[job_secret.ENV_JOB_SECRET])), env=env)
     try:
         gloo, coordinators = free_port(), ",".join(f"127.0.0.1:{free_port()}" for _ in range(REPLICAS))
         flags = ["--layers", str(args.layers), "--d-model", str(args.d_model), "--heads", str(args.heads),

@@ -39,7 +39,7 @@ import time
 from pathlib import Path
 
 from agent.telemetry import ring_dir
-from bench.common import free_port
+from bench.common import free_port, secret_file
 from controller.launch import launch
 from fthsdp.telemetry import ENV_TELEMETRY_FILE
 from protos import job_secret
@@ -148,8 +148,10 @@ def _time_recording(ring) -> list[float]:
 
 def measure_overhead(args: argparse.Namespace) -> dict:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    ctl = launch("--replicas", str(args.replicas), "--min-replicas", "1", "--join-timeout-s", "5",
-                 "--heartbeat-timeout-s", "10", "--job-id", "bench", env=env)
+    with tempfile.TemporaryDirectory(prefix="fthsdp-bench-") as tmp:  # the run's secret, as a file
+        ctl = launch("--replicas", str(args.replicas), "--min-replicas", "1", "--join-timeout-s", "5",
+                     "--heartbeat-timeout-s", "10", "--job-id", "bench",
+                     "--job-secret-file", str(secret_file(tmp, os.environ[job_secret.ENV_JOB_SECRET])), env=env)
     try:
         controller = ctl.grpc
         gloo = free_port()

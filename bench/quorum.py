@@ -55,17 +55,20 @@ import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import grpc
 
+from bench.common import secret_file
 from controller.launch import launch
 from fthsdp.step.quorum_port_client import QuorumPortClient, resolve
 from protos import controller_pb2 as pb
 from protos import controller_pb2_grpc as pbg
 from protos import credentials, job_secret
 
-#: The controller's job secret: every measurement runs with authentication on.
-SECRET = job_secret.parse(job_secret.generate(), "bench.quorum")
+#: The controller's job secret, made for this run: every measurement runs with authentication on.
+SECRET_TEXT = job_secret.generate()
+SECRET = job_secret.parse(SECRET_TEXT, "bench.quorum")
 
 WARMUP_ROUNDS = 5
 #: rounds one system runs before the next takes its turn
@@ -274,15 +277,13 @@ def measure(replicas: int, rounds: int, *, unary: bool = False, torchft: bool = 
             etcd: str = "", telemetry: bool = True) -> dict:
     load_start = os.getloadavg()[0]
     job = f"bench-{replicas}-{os.getpid()}"  # a job of its own: an etcd outlives one measurement
-    with tempfile.NamedTemporaryFile("w", suffix=".json", prefix="bench-quorum-", delete=False) as f:
-        json.dump(CONTROLLER_SETTINGS, f)
-    try:
+    with tempfile.TemporaryDirectory(prefix="bench-quorum-") as tmp:
+        settings = Path(tmp, "settings.json")
+        settings.write_text(json.dumps(CONTROLLER_SETTINGS))
         ctl = launch("--replicas", str(replicas), "--min-replicas", str(replicas), "--heartbeat-timeout-s", "600",
-                     "--join-timeout-s", "60", "--job-id", job, "--log-level", "WARNING", "--settings", f.name,
+                     "--join-timeout-s", "60", "--job-id", job, "--log-level", "WARNING", "--settings", str(settings),
                      *(("--etcd", etcd) if etcd else ()), *(() if telemetry else ("--no-telemetry",)),
-                     env={**os.environ, job_secret.ENV_JOB_SECRET: SECRET.hex()})
-    finally:
-        os.unlink(f.name)
+                     "--job-secret-file", str(secret_file(tmp, SECRET_TEXT)))
     ours = yardstick = None
     try:
         wait_leading(ctl.grpc)

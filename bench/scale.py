@@ -32,10 +32,12 @@ import json
 import os
 import statistics
 import sys
+import tempfile
 import time
 
 import grpc
 
+from bench.common import secret_file
 from bench.procstat import cpu_seconds, rss_mib
 from bench.quorum import percentile
 from controller.launch import launch
@@ -99,11 +101,12 @@ async def heartbeat_forever(stub, hosts: dict[str, str], interval_s: float, stop
 async def run(args) -> dict:
     text = job_secret.generate()  # one per run: the simulated agents and leaders prove it as real ones do
     secret = job_secret.parse(text, "bench.scale")
-    ctl = launch("--job-id", JOB, "--replicas", str(args.replicas), "--min-replicas",
-                 str(max(1, args.replicas // 2 + 1)), "--join-timeout-s", "30", "--heartbeat-timeout-s",
-                 str(args.heartbeat_timeout_s), "--log-level", "WARNING",
-                 *(["--no-telemetry"] if args.no_telemetry else []),
-                 env={**os.environ, job_secret.ENV_JOB_SECRET: text})
+    with tempfile.TemporaryDirectory(prefix="fthsdp-bench-scale-") as tmp:
+        ctl = launch("--job-id", JOB, "--replicas", str(args.replicas), "--min-replicas",
+                     str(max(1, args.replicas // 2 + 1)), "--join-timeout-s", "30", "--heartbeat-timeout-s",
+                     str(args.heartbeat_timeout_s), "--log-level", "WARNING",
+                     *(["--no-telemetry"] if args.no_telemetry else []),
+                     "--job-secret-file", str(secret_file(tmp, text)))
     pid, info = ctl.pid, {"grpc": ctl.grpc}
     try:
         channels = [grpc.aio.insecure_channel(info["grpc"], options=[("grpc.max_send_message_length", 64 << 20),

@@ -55,11 +55,11 @@ class Run:
 
 _SIZES = ("1MiB", "4MiB", "16MiB", "64MiB")
 SUITES: dict[str, tuple[Run, ...]] = {
-    # under ~3 minutes on 2 cores
+    # a few minutes on 2 idle cores (its first runs, on 2 cores at load 12-26, took 12 minutes)
     "quick": (
         Run("quorum", ("--replicas", "2", "8", "16", "--rounds", "20"), 3),
         Run("ftar", ("--world", "2", "--sizes", *_SIZES, "--iters", "3", "--warmup", "1"), len(_SIZES)),
-        Run("overhead", ("--steps", "10", "--warmup", "2", "--catchup-bytes", str(256 << 20), "--catchup-repeats",
+        Run("overhead", ("--steps", "6", "--warmup", "1", "--catchup-bytes", str(256 << 20), "--catchup-repeats",
                          "2", "--fanout-ranks", "256"), 1),
         Run("recovery", ("--cases", "kill-rank", "kill-host", "hang-rank", "--steps", "24", "--step-s", "0.4"), 3),
         Run("failover", ("--trials", "2", "--lease-ttl-s", "1"), 1),
@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="fthsdp bench", description=__doc__.splitlines()[0])
     which = p.add_mutually_exclusive_group()
     which.add_argument("--quick", dest="suite", action="store_const", const="quick",
-                       help="the quick suite (the default): a few minutes on 2 cores")
+                       help="the quick suite (the default): a few minutes on 2 idle cores")
     which.add_argument("--full", dest="suite", action="store_const", const="full",
                        help="every benchmark at its own default size (tens of minutes)")
     which.add_argument("--suite", choices=sorted(SUITES), help=argparse.SUPPRESS)
@@ -115,33 +115,38 @@ def run_suite(suite: str, out: Path) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+    from rich.markup import escape
+
     (out / "logs").mkdir(parents=True, exist_ok=True)
     env = environment()
     rows: list[dict] = []
     torchft = _torchft_missing()
     console = Console(stderr=True)
     console.print(f"fthsdp bench --suite {suite}: {env['host']}, {env['cpus']} CPUs, git {env['git']}; "
-                  f"writing {out}/")
-    with Progress(TextColumn("{task.description:<10}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  TextColumn("{task.fields[note]}"), console=console) as progress:
+                  f"writing {out}/", markup=False)
+    with open(out / "results.jsonl", "w") as results, \
+            Progress(TextColumn("{task.description:<10}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                     TextColumn("{task.fields[note]}"), console=console) as progress:
+
+        def keep(bench: str, row: dict) -> None:  # each line as it comes: a stopped run keeps what it measured
+            rows.append({"bench": bench, "suite": suite, **environment_now(env), **row})
+            results.write(json.dumps(rows[-1]) + "\n")
+            results.flush()
+
         for spec in SUITES[suite]:
             args = spec.args + ((TORCHFT_FLAG,) if spec.bench == "quorum" and not torchft else ())
             task = progress.add_task(spec.bench, total=spec.lines, note="")
             got = run_one(spec, args, out / "logs" / f"{spec.bench}.err",
                           on_line=lambda _row, task=task: progress.advance(task))
             for row in got:
-                rows.append({"bench": spec.bench, "suite": suite, **environment_now(env), **row})
+                keep(spec.bench, row)
             failed = [r["error"] for r in got if "error" in r]
-            progress.update(task, note=f"[red]failed: {failed[0][:60]}" if failed else "done")
+            progress.update(task, note=f"[red]failed: {escape(failed[0][:60])}" if failed else "done")
             if not console.is_terminal:  # no live bars in a log: a line per benchmark instead
                 console.print(f"{spec.bench}: {'failed: ' + failed[0] if failed else 'done'} "
-                              f"({next(t for t in progress.tasks if t.id == task).elapsed:.0f} s)")
+                              f"({next(t for t in progress.tasks if t.id == task).elapsed:.0f} s)", markup=False)
             if spec.bench == "quorum" and torchft:
-                rows.append({"bench": "quorum", "suite": suite, **environment_now(env),
-                             "note": f"torchft's lighthouse not measured: {torchft}"})
-    with open(out / "results.jsonl", "w") as f:
-        for row in rows:
-            f.write(json.dumps(row) + "\n")
+                keep("quorum", {"note": f"torchft's lighthouse not measured: {torchft}"})
     text = report.markdown(rows)
     plots = _plots(rows, out)
     (out / "report.md").write_text(text + "".join(f"\n![{p.stem}]({p.name})\n" for p in plots))
