@@ -85,7 +85,9 @@ TORCHFT_FLAG = "--compare-torchft"
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="fthsdp bench", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="fthsdp bench", description="How fault tolerance performs on this machine: "
+                                "quorum latency, FTAR vs Gloo, catch-up, recovery, failover and overhead, as tables, "
+                                "plots and results.jsonl in --out (bench/suite.py says what each measures).")
     which = p.add_mutually_exclusive_group()
     which.add_argument("--quick", dest="suite", action="store_const", const="quick",
                        help="the quick suite (the default): a few minutes on 2 idle cores")
