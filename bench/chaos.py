@@ -5,8 +5,9 @@
 Each seed is one job (3 replicas x 2 ranks, a warm spare, two controllers on a real etcd,
 agents supervising the demo's trainers) with the seed's fault schedule (tests/chaos/
 schedule.py) carried out by tests/chaos/executor.py and checked by tests/chaos/invariants.py.
-Prints one JSON line per seed (its faults, violations and numbers), then a summary line:
-seeds, violations (their total count), failed_seeds, faults_by_kind, wall_s. Exit status 1
+Prints one JSON line per seed (FIELDS: seed, schedule, violations, faults, wall_s, injections,
+logs, and the invariants' numbers), then a summary line (SUMMARY_FIELDS): seeds, violations
+(their total count), failed_seeds, faults_by_kind, faults, wall_s. Exit status 1
 when any seed has a violation. Runs go one after another (the machine has few cores);
 their logs go to --keep (default: a temporary folder removed after each seed that passed).
 """
@@ -26,6 +27,13 @@ from pathlib import Path
 from tests.chaos.executor import ChaosRun
 from tests.chaos.invariants import check
 from tests.chaos.schedule import ChaosSettings, make_schedule, parse_seeds
+
+#: the fields of each seed's JSON line (`python -m bench.chaos --json`) and their types
+FIELDS = {"seed": int, "schedule": list[str], "violations": list[str], "faults": dict, "wall_s": float,
+          "injections": list[dict], "logs": str}
+#: the fields of the last line, the summary
+SUMMARY_FIELDS = {"summary": bool, "seeds": int, "violations": int, "failed_seeds": list[int], "faults_by_kind": dict,
+                  "faults": int, "wall_s": float}
 
 
 def run_seed(seed: int, settings: ChaosSettings, workdir: Path) -> dict:

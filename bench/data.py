@@ -16,6 +16,9 @@ its ledger position (`--resume-at`): a new ShuffledLoader, its workers forked, t
 served (median over rounds); `seek_s` the cost of a position jump in a running loader (a
 retried step, a catch-up): the prefetched batches dropped, the asked one served (its prefetch
 is refilled, untimed, before the next round: the rates are steady-state ones).
+
+One JSON line (FIELDS): samples_per_s_fthsdp, samples_per_s_plain, ratio, resume_s, seek_s,
+and the settings (workers, batch_size, batches, rounds, resume_at).
 """
 
 from __future__ import annotations
@@ -33,6 +36,10 @@ from fthsdp.data import ReplicaShard, ShuffledLoader
 
 #: batches read from one loader before the other has its turn
 CHUNK_BATCHES = 20
+#: the fields of the JSON line (`python -m bench.data --json`) and their types
+FIELDS = {"bench": str, "samples_per_s_fthsdp": float, "samples_per_s_plain": float, "ratio": float,
+          "resume_s": float, "seek_s": float, "workers": int, "batch_size": int, "batches": int, "rounds": int,
+          "resume_at": int}
 
 
 class Synthetic(Dataset):

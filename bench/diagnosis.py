@@ -25,7 +25,7 @@ hosts (each host's clock offset by up to +-30 s: ages are taken on the host's cl
 cancels, and the bench computes them that way), 0.3 % of hosts whose report arrived one
 round late, a software divergence (a replica differing on 40 % of its ranks) in 2 % of the steps.
 
-One JSON line: accuracy_pct (the faulty host named first), in_candidates_pct, median_candidates,
+One JSON line (FIELDS): ranks, replicas, hosts, faults, accuracy_pct (and accuracy_by_kind_pct per fault kind) (the faulty host named first), in_candidates_pct, median_candidates,
 false_findings (confident findings naming a healthy host), analysis_p99_s (one round: every
 host's report ingested plus the analysis; wall time, so a loaded machine shows in it) and
 analysis_cpu_p99_s (the same in this process's CPU time), telemetry_bytes_per_rank (the ring), and
@@ -55,6 +55,11 @@ from protos import telemetry_ring as ring
 from protos.telemetry_ring import Kind
 
 PER_HOST = 8
+#: the fields of the JSON line (`python -m bench.diagnosis --json`) and their types
+FIELDS = {"ranks": int, "replicas": int, "hosts": int, "faults": int, "accuracy_pct": float,
+          "in_candidates_pct": float, "median_candidates": float, "accuracy_by_kind_pct": dict,
+          "false_findings": int, "analysis_p99_s": float, "analysis_cpu_p99_s": float,
+          "telemetry_bytes_per_rank": int, "summary_bytes_per_rank": int}
 INTRA, CROSS = "replica", "ftar.q1"
 ROUND_S = 5.0
 OWN_INTRA_S, OWN_CROSS_S = 3.0, 0.05

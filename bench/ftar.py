@@ -15,6 +15,11 @@ FTAR sends per direction, 2(n-1)/n x size, to its right neighbour while it `recv
 from its left, preallocated buffers, no reduce): at 2 ranks exactly bench.limits'
 two-stream loopback. `tcp_busbw_gbs` is its bus bandwidth, `ftar_busbw_of_limit` FTAR's over it
 (medians), `paired_of_limit` the median of per-iteration ratios.
+
+One JSON line per point (FIELDS): world, bytes, ftar_busbw_gbs, gloo_busbw_gbs, ratio,
+ftar_median_s, gloo_median_s, paired_ratio, tcp_busbw_gbs, ftar_busbw_of_limit, paired_of_limit,
+iters, results_match, chunk_bytes, chunks_in_flight, load. A point that failed prints world,
+bytes and `error` instead of the figures.
 """
 
 from __future__ import annotations
@@ -31,22 +36,13 @@ import threading
 import time
 from datetime import timedelta
 
-from bench.limits import load
+from bench.common import free_port, load, parse_size
 
-UNITS = {"KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "B": 1}
-
-
-def parse_size(text: str) -> int:
-    for unit, factor in UNITS.items():
-        if text.endswith(unit):
-            return int(float(text[: -len(unit)]) * factor)
-    return int(text)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+#: the fields of each JSON line (`python -m bench.ftar --json`) and their types
+FIELDS = {"world": int, "bytes": int, "ftar_busbw_gbs": float, "gloo_busbw_gbs": float, "ratio": float,
+          "ftar_median_s": float, "gloo_median_s": float, "paired_ratio": float, "tcp_busbw_gbs": float,
+          "ftar_busbw_of_limit": float, "paired_of_limit": float, "iters": int, "results_match": bool,
+          "chunk_bytes": int, "chunks_in_flight": int, "load": list[float]}
 
 
 def _worker(rank, world, nbytes, iters, warmup, gloo_port, addr_q, members_q, out_q, chunk_bytes, chunks, sockbuf):

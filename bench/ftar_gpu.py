@@ -12,7 +12,9 @@
    replicas from FSDP's all-reduce hook over FTAR (CuPy kernel, pinned staging) and the
    optimizer steps on the device. One line per dtype: median step time (the slower replica),
    gradient bytes FTAR moved per step and replica, and whether both replicas ended bitwise equal.
-Prints one JSON line per measurement. Exits 0 with a message when no GPU is present.
+Prints one JSON line per measurement (FIELDS: what, dtype, correct; then each measurement's own
+figures). Without a CUDA device or CuPy it measures nothing: it says why on stderr and exits
+with NO_DEVICE (3).
 """
 
 from __future__ import annotations
@@ -22,16 +24,17 @@ import json
 import os
 import statistics
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
 
+from bench.common import free_port, parse_size, secret_file
 
-def parse_size(text: str) -> int:
-    for unit, factor in (("KiB", 1 << 10), ("MiB", 1 << 20), ("GiB", 1 << 30)):
-        if text.endswith(unit):
-            return int(float(text[: -len(unit)]) * factor)
-    return int(text)
+#: the fields every JSON line (`python -m bench.ftar_gpu --json`) carries, and their types
+FIELDS = {"what": str, "dtype": str, "correct": bool}
+#: the exit status without a CUDA device or CuPy: nothing was measured
+NO_DEVICE = 3
 
 
 def bench_kernel(torch, dtype, blocks: int, threads: int, nbytes: int, iters: int) -> dict:
@@ -138,27 +141,23 @@ def _runtime_worker(args) -> None:
 
 def bench_runtime(dtype: str, args) -> dict:
     import os
-    import socket
     import subprocess
 
     from controller.launch import launch
     from protos import job_secret
 
-    def free() -> int:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            return s.getsockname()[1]
-
     repo = Path(__file__).resolve().parents[1]
     # the replicas' ports authenticate as in production, with one secret for this run
-    env = {**os.environ, "PYTHONPATH": str(repo), job_secret.ENV_JOB_SECRET: job_secret.generate()}
-    ctl = launch("--replicas", "2", "--min-replicas", "2", "--join-timeout-s", "60", "--job-id", "gpu-bench", env=env,
-                 cwd=str(repo))
+    text = job_secret.generate()
+    env = {**os.environ, "PYTHONPATH": str(repo), job_secret.ENV_JOB_SECRET: text}
+    with tempfile.TemporaryDirectory(prefix="fthsdp-bench-gpu-") as tmp:
+        ctl = launch("--replicas", "2", "--min-replicas", "2", "--join-timeout-s", "60", "--job-id", "gpu-bench",
+                     "--job-secret-file", str(secret_file(tmp, text)), env=env, cwd=str(repo))
     try:
         flags = ["--iters", str(args.iters), "--runtime-layers", str(args.runtime_layers),
                  "--runtime-d-model", str(args.runtime_d_model), "--dtype", dtype, "--controller", ctl.grpc]
         workers = [subprocess.Popen([sys.executable, "-m", "bench.ftar_gpu", "--role", "runtime-worker",
-                                     "--replica", str(r), "--port", str(free()), *flags], stdout=subprocess.PIPE,
+                                     "--replica", str(r), "--port", str(free_port()), *flags], stdout=subprocess.PIPE,
                                     text=True, env=env, cwd=repo) for r in range(2)]
         results = [json.loads(w.communicate(timeout=900)[0].strip().splitlines()[-1]) for w in workers]
     finally:
@@ -167,6 +166,17 @@ def bench_runtime(dtype: str, args) -> dict:
     return {"what": "runtime", "replicas": 2, "dtype": dtype, "params": results[0]["params"],
             "grad_bytes_per_step": results[0]["params"] * 4,  # 16-bit shards travel as float32
             "step_ms": round(step * 1e3, 2), "correct": results[0]["digest"] == results[1]["digest"]}
+
+
+def _no_device(torch) -> str:
+    """Why the CUDA path cannot run here ("" when it can)."""
+    if not torch.cuda.is_available():
+        return "no CUDA device (torch.cuda.is_available() is False)"
+    try:
+        import cupy  # noqa: F401
+    except ImportError:
+        return "CuPy is not installed (pip install 'fthsdp[cuda]')"
+    return ""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -189,9 +199,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     import torch
 
-    if not torch.cuda.is_available():
-        print("no CUDA device: nothing to measure")
-        return 0
+    why = _no_device(torch)
+    if why:
+        print(f"bench.ftar_gpu: {why}: nothing measured (this benchmark is the CUDA path of FTAR only; "
+              f"bench.ftar measures it on CPUs)", file=sys.stderr)
+        return NO_DEVICE
     from ftar_kernels import FtarSettings
 
     dtypes = (torch.float32, torch.bfloat16, torch.float16)

@@ -1,6 +1,7 @@
 """Goodput model: effective training time under failures, synchronous restart vs FT-HSDP.
 
-Run ``python -m bench.goodput --json`` for one JSON line per scenario.
+Run ``python -m bench.goodput --json`` for one JSON line per scenario (FIELDS): scenario,
+effective_training_pct (simulated), closed_form_pct, failures, horizon_h, seed, parameters.
 
 The model is a discrete-event simulation over a long horizon. Failures arrive as a Poisson
 process (mean time between failures ``mtbf_s`` for the whole job); each failure has a cause drawn
@@ -49,6 +50,10 @@ import json
 import math
 import random
 from dataclasses import dataclass
+
+#: the fields of each JSON line (`python -m bench.goodput --json`) and their types
+FIELDS = {"scenario": str, "effective_training_pct": float, "closed_form_pct": float, "failures": int,
+          "horizon_h": float, "seed": int, "parameters": dict}
 
 # --- Figures from the paper (arXiv 2602.00277; section numbers are the paper's) -------------
 PAPER_MTBF_S = 18 * 60.0  # §1/§4: one failure every ~18 minutes at 100K GPUs.

@@ -23,6 +23,10 @@ before the workers start and one just after they end; catchup_shard_of_limit =
 catchup_replica_gbs / tcp_one_stream_gbs: the two ranks fetch at once on this machine's cores,
 which one stream already keeps busy (its sender and its receiver), so together they have what
 one stream has (on real hosts each rank has its own).
+
+One JSON line (FIELDS): replicas, ranks_per_replica, params, steps, the two state sizes,
+step_ms_torch_hsdp, step_ms_ft_hsdp, overhead_pct, catchup_shard_bytes, catchup_shard_gbs,
+catchup_repeats, catchup_replica_gbs, tcp_one_stream_gbs, catchup_shard_of_limit.
 """
 
 from __future__ import annotations
@@ -30,25 +34,25 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from datetime import timedelta
 from pathlib import Path
 
+from bench.common import free_port, secret_file
 from controller.launch import launch
 from protos import job_secret
 
 REPO = Path(__file__).resolve().parents[1]
 REPLICAS, RANKS = 2, 2
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+#: the fields of the JSON line (`python -m bench.hsdp --json`) and their types
+FIELDS = {"replicas": int, "ranks_per_replica": int, "params": int, "steps": int, "state_bytes_per_rank_fsdp": int,
+          "state_bytes_per_rank_replicated": int, "step_ms_torch_hsdp": float, "step_ms_ft_hsdp": float,
+          "overhead_pct": float, "catchup_shard_bytes": int, "catchup_shard_gbs": float, "catchup_repeats": int,
+          "catchup_replica_gbs": float, "tcp_one_stream_gbs": float, "catchup_shard_of_limit": float}
 
 
 def _held_bytes(model, opt) -> int:
@@ -177,10 +181,12 @@ def measure(args: argparse.Namespace) -> dict:
 
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     limits = [measure_tcp(1, 256 << 20, 2)]
-    ctl = launch("--replicas", str(REPLICAS), "--min-replicas", "1", "--join-timeout-s", "30",
-                 "--heartbeat-timeout-s", "60", "--job-id", "bench", env=env)
+    with tempfile.TemporaryDirectory(prefix="fthsdp-bench-") as tmp:  # the run's secret, as a file
+        ctl = launch("--replicas", str(REPLICAS), "--min-replicas", "1", "--join-timeout-s", "30",
+                     "--heartbeat-timeout-s", "60", "--job-id", "bench",
+                     "--job-secret-file", str(secret_file(tmp, os.environ[job_secret.ENV_JOB_SECRET])), env=env)
     try:
-        gloo, coordinators = _free_port(), ",".join(f"127.0.0.1:{_free_port()}" for _ in range(REPLICAS))
+        gloo, coordinators = free_port(), ",".join(f"127.0.0.1:{free_port()}" for _ in range(REPLICAS))
         flags = ["--layers", str(args.layers), "--d-model", str(args.d_model), "--heads", str(args.heads),
                  "--seq-len", str(args.seq_len), "--rows", str(args.rows), "--steps", str(args.steps),
                  "--warmup", str(args.warmup), "--catchup-repeats", str(args.catchup_repeats)]

@@ -21,7 +21,8 @@
 Each socket figure is the best of --repeats runs (the machine is shared: the best run is the
 one least disturbed). Every data-plane benchmark measures the ceiling it is compared with in
 its own run (`measure_tcp`), and prints its figure as a fraction of it (`*_of_limit`).
-GB/s are 1e9 bytes per second.
+GB/s are 1e9 bytes per second. One JSON line (FIELDS): the seven figures above, add_chunk_bytes,
+bytes_per_stream, cpus, load.
 """
 
 from __future__ import annotations
@@ -34,10 +35,15 @@ import sys
 import threading
 import time
 
+from bench.common import load, parse_size
 from ftar_kernels.woken_receive import WokenReceiver
 
 GB = 1e9
 BUFFER_BYTES = 4 << 20
+#: the fields of the JSON line (`python -m bench.limits --json`) and their types
+FIELDS = {"tcp_one_stream_gbs": float, "tcp_one_stream_mem_gbs": float, "tcp_two_stream_gbs": float,
+          "tcp_one_stream_woken_gbs": float, "tcp_two_stream_woken_gbs": float, "memcpy_gbs": float, "add_gbs": float,
+          "add_chunk_bytes": int, "bytes_per_stream": int, "cpus": int, "load": list[float]}
 
 
 def _send(sock: socket.socket, total: int, buf: memoryview) -> None:
@@ -148,13 +154,7 @@ def _timed(fn) -> float:
     return time.perf_counter() - t0
 
 
-def load() -> list[float]:
-    """The machine's 1/5/15-minute load averages (what else ran during the measurement)."""
-    return [round(x, 2) for x in os.getloadavg()]
-
-
 def main(argv: list[str] | None = None) -> int:
-    from bench.ftar import parse_size
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--total", default="1GiB", help="bytes per stream")
     ap.add_argument("--repeats", type=int, default=3)

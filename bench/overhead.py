@@ -19,6 +19,11 @@ catchup_gbs = bytes / seconds / 1e9 (best of --catchup-repeats); catchup_of_limi
 one-stream loopback TCP measured in the same run (bench/limits.py: tcp_one_stream_gbs).
 Fan-out: one plan broadcast + commit vote + decision round of the real leader channel
 against --fanout-ranks simulated ranks (all on this machine, so the ranks' own work counts).
+
+One JSON line (FIELDS; a --skip leaves its part's fields out): replicas, steps, step_ms_plain,
+step_ms_ft, overhead_pct, protocol_us_per_step, telemetry_us_per_step, telemetry_pct, digest_ms,
+digest_every_steps, digest_pct_at_default, catchup_bytes, catchup_s, catchup_gbs,
+tcp_one_stream_gbs, catchup_of_limit, fanout_ranks, fanout_s, fanout_vote_decision_s.
 """
 
 from __future__ import annotations
@@ -26,7 +31,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -35,17 +39,18 @@ import time
 from pathlib import Path
 
 from agent.telemetry import ring_dir
+from bench.common import free_port, secret_file
 from controller.launch import launch
 from fthsdp.telemetry import ENV_TELEMETRY_FILE
 from protos import job_secret
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+#: the fields of the JSON line (`python -m bench.overhead --json`) and their types
+FIELDS = {"replicas": int, "steps": int, "step_ms_plain": float, "step_ms_ft": float, "overhead_pct": float,
+          "protocol_us_per_step": float, "telemetry_us_per_step": float, "telemetry_pct": float,
+          "digest_ms": float, "digest_every_steps": int, "digest_pct_at_default": float, "catchup_bytes": int,
+          "catchup_s": float, "catchup_gbs": float, "tcp_one_stream_gbs": float, "catchup_of_limit": float,
+          "fanout_ranks": int, "fanout_s": float, "fanout_vote_decision_s": float}
 
 
 def _model(hidden: int, width: int):
@@ -143,11 +148,13 @@ def _time_recording(ring) -> list[float]:
 
 def measure_overhead(args: argparse.Namespace) -> dict:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    ctl = launch("--replicas", str(args.replicas), "--min-replicas", "1", "--join-timeout-s", "5",
-                 "--heartbeat-timeout-s", "10", "--job-id", "bench", env=env)
+    with tempfile.TemporaryDirectory(prefix="fthsdp-bench-") as tmp:  # the run's secret, as a file
+        ctl = launch("--replicas", str(args.replicas), "--min-replicas", "1", "--join-timeout-s", "5",
+                     "--heartbeat-timeout-s", "10", "--job-id", "bench",
+                     "--job-secret-file", str(secret_file(tmp, os.environ[job_secret.ENV_JOB_SECRET])), env=env)
     try:
         controller = ctl.grpc
-        gloo = _free_port()
+        gloo = free_port()
         workers = [subprocess.Popen(
             [sys.executable, "-m", "bench.overhead", "--role", "step-worker", "--rank", str(r), "--controller",
              controller, "--gloo-port", str(gloo), *_shared_flags(args)], cwd=REPO, env=env,
@@ -291,7 +298,7 @@ def main(argv: list[str] | None = None) -> int:
     if "catchup" not in args.skip:
         result.update(measure_catchup(args))
     if "fanout" not in args.skip:
-        from fthsdp.channel_simulation import simulate_fanout_and_vote
+        from bench.channel_simulation import simulate_fanout_and_vote
 
         t = simulate_fanout_and_vote(args.fanout_ranks)
         result.update({"fanout_ranks": t.ranks, "fanout_leader_broadcast_s": round(t.broadcast_s, 3),

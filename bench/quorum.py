@@ -37,6 +37,11 @@ Fairness on a shared machine: same N, same number of rounds, the same layout (ea
 its own process, every client in this one), and the systems take turns in blocks of
 `BLOCK_ROUNDS` rounds, so a change of load hits all of them alike. Each JSON line carries
 the 1-minute load average at its start and end.
+
+One JSON line per replica count (FIELDS): replicas, rounds, store, p50_ms, p99_ms, stream_p50_ms,
+stream_p99_ms, report_p50_ms, report_p99_ms, stream_report_p50_ms, stream_report_p99_ms,
+load_avg_1m; with the options above their fields too (unary_*, new_id_*, torchft_lighthouse_*,
+torchft_manager_*, ratio_p50, ratio_p99).
 """
 
 from __future__ import annotations
@@ -50,17 +55,20 @@ import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import grpc
 
+from bench.common import secret_file
 from controller.launch import launch
 from fthsdp.step.quorum_port_client import QuorumPortClient, resolve
 from protos import controller_pb2 as pb
 from protos import controller_pb2_grpc as pbg
 from protos import credentials, job_secret
 
-#: The controller's job secret: every measurement runs with authentication on.
-SECRET = job_secret.parse(job_secret.generate(), "bench.quorum")
+#: The controller's job secret, made for this run: every measurement runs with authentication on.
+SECRET_TEXT = job_secret.generate()
+SECRET = job_secret.parse(SECRET_TEXT, "bench.quorum")
 
 WARMUP_ROUNDS = 5
 #: rounds one system runs before the next takes its turn
@@ -70,6 +78,10 @@ ROUND_TIMEOUT_S = 30.0
 #: store write (the controller refuses settings under which it might not).
 CONTROLLER_SETTINGS = {"max_id_chars": 32, "max_reason_chars": 256}
 CLOSE_TIMEOUT_S = 5.0
+#: the fields of every JSON line (`python -m bench.quorum --json`) and their types
+FIELDS = {"replicas": int, "rounds": int, "store": str, "p50_ms": float, "p99_ms": float, "stream_p50_ms": float,
+          "stream_p99_ms": float, "report_p50_ms": float, "report_p99_ms": float, "stream_report_p50_ms": float,
+          "stream_report_p99_ms": float, "load_avg_1m": list[float]}
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -265,15 +277,13 @@ def measure(replicas: int, rounds: int, *, unary: bool = False, torchft: bool = 
             etcd: str = "", telemetry: bool = True) -> dict:
     load_start = os.getloadavg()[0]
     job = f"bench-{replicas}-{os.getpid()}"  # a job of its own: an etcd outlives one measurement
-    with tempfile.NamedTemporaryFile("w", suffix=".json", prefix="bench-quorum-", delete=False) as f:
-        json.dump(CONTROLLER_SETTINGS, f)
-    try:
+    with tempfile.TemporaryDirectory(prefix="bench-quorum-") as tmp:
+        settings = Path(tmp, "settings.json")
+        settings.write_text(json.dumps(CONTROLLER_SETTINGS))
         ctl = launch("--replicas", str(replicas), "--min-replicas", str(replicas), "--heartbeat-timeout-s", "600",
-                     "--join-timeout-s", "60", "--job-id", job, "--log-level", "WARNING", "--settings", f.name,
+                     "--join-timeout-s", "60", "--job-id", job, "--log-level", "WARNING", "--settings", str(settings),
                      *(("--etcd", etcd) if etcd else ()), *(() if telemetry else ("--no-telemetry",)),
-                     env={**os.environ, job_secret.ENV_JOB_SECRET: SECRET.hex()})
-    finally:
-        os.unlink(f.name)
+                     "--job-secret-file", str(secret_file(tmp, SECRET_TEXT)))
     ours = yardstick = None
     try:
         wait_leading(ctl.grpc)

@@ -53,6 +53,12 @@ suspect at once, so the survivors' round closes in a step, not after the heartbe
 
 The paper's figures for comparison (`paper_downtime_s`): 180 s per failure with FT-HSDP, 90 s
 after its fixes (the synchronous baseline restarts the whole job: about 600 s).
+
+One JSON line per case (FIELDS): case, failure, target (what was hit), the figures above (null
+where a moment never came), window_s (the window lost_replica_s counts over), rejoin_s (failure
+-> r1 HEALTHY again), survivor_retry_reason, and the run's settings: replicas,
+ranks_per_replica, step_s, warm_spare, warm_restarts, join_timeout_s, heartbeat_timeout_s,
+paper_downtime_s. A case whose failure was never injected prints `error` instead of figures.
 """
 
 from __future__ import annotations
@@ -76,6 +82,13 @@ PAPER_DOWNTIME_S = (180.0, 90.0)
 FAILED = "r1"
 #: how long a case may watch the job after the failure before it gives up on a return
 AFTER_FAILURE_S = 40.0
+#: the fields of each JSON line (`python -m bench.recovery --json`) and their types
+FIELDS = {"case": str, "failure": str, "step_period_s": float, "survivor_stall_s": float | None,
+          "replica_down_s": float | None, "lost_replica_s": float, "window_s": float, "survivor_catch_ups": int,
+          "split_rounds": int, "detected_by": str | None, "detection_s": float | None, "rejoin_s": float | None,
+          "target": str, "survivor_retry_reason": str | None, "replicas": int, "ranks_per_replica": int,
+          "step_s": float, "warm_spare": bool, "warm_restarts": bool, "paper_downtime_s": list[float],
+          "join_timeout_s": float, "heartbeat_timeout_s": float}
 
 
 def settings(step_s: float, steps: int, timeout_s: float, warm_restarts: bool = True,

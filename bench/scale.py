@@ -3,14 +3,23 @@
     python -m bench.scale --replicas 12 --ranks-per-replica 8192 --hosts-per-replica 1024 --json
 
 The real controller runs as its own process. Simulated agents register every host and keep a
-real heartbeat for each of them (multiplexed: one message carries many host ids); simulated
+real heartbeat for each of them (many hosts' beats on one stream, each with the agent secret its
+registration gave it: the controller checks every one, as from real agents); simulated
 replica leaders (real gRPC, one QuorumStream each) join quorums with every rank's addresses
 and commit steps; quorum latency is timed from the release of a round to its last answer
 (commit reports go between rounds). Then one replica's real intra-replica rounds (begin, plan
 fan-out, vote, decision) run at full rank count (the production coordinator service on rank
 0's side, the production relays in their own processes -- about sqrt(N) of them, one event
 loop per process -- the ranks simulated as sockets on one selector in one process; the
-leader's CPU per round is the coordinator process's). Prints one JSON line.
+leader's CPU per round is the coordinator process's). The controller runs with a job secret
+made for the run: the simulated agents register with its proofs and the leaders show their
+hosts' trainer tokens, so authentication is in every figure.
+
+Prints one JSON line (FIELDS): replicas, ranks_per_replica, hosts, gpus, rounds, quorum_p50_ms,
+quorum_p99_ms, register_all_hosts_s, host_heartbeats_sent, controller_cpu_pct,
+controller_rss_mib; the fan-out part's fanout_commit_p50_ms, fanout_commit_p99_ms,
+fanout_p50_ms, leader_broadcast_p50_ms, leader_cpu_ms_per_round, relays; cpus and
+load_average_1m.
 
     python -m bench.scale --fanout-only --compare-direct --json   # the fan-out part, relays vs direct
 """
@@ -23,60 +32,81 @@ import json
 import os
 import statistics
 import sys
+import tempfile
 import time
 
 import grpc
 
+from bench.common import secret_file
 from bench.procstat import cpu_seconds, rss_mib
 from bench.quorum import percentile
 from controller.launch import launch
 from protos import controller_pb2 as pb
 from protos import controller_pb2_grpc as pbg
+from protos import credentials, job_secret
+from protos.job_secret import JobSecret
 
 JOB = "scale"
+#: the fields of the JSON line (`python -m bench.scale --json`, both parts) and their types
+FIELDS = {"replicas": int, "ranks_per_replica": int, "hosts": int, "gpus": int, "rounds": int,
+          "quorum_p50_ms": float, "quorum_p99_ms": float, "register_all_hosts_s": float, "host_heartbeats_sent": int,
+          "controller_cpu_pct": float, "controller_rss_mib": float, "fanout_commit_p50_ms": float,
+          "fanout_commit_p99_ms": float, "fanout_p50_ms": float, "leader_broadcast_p50_ms": float,
+          "leader_cpu_ms_per_round": float, "relays": int, "cpus": int, "load_average_1m": float}
 
 
-async def register_hosts(stub, replicas: int, hosts_per_replica: int, ranks: int, concurrency: int) -> list[str]:
+async def register_hosts(stub, secret: JobSecret, replicas: int, hosts_per_replica: int, ranks: int,
+                         concurrency: int) -> dict[str, str]:
+    """Every host registered as its agent would (a proof of the job secret); {host: agent secret}."""
     per_host = ranks // hosts_per_replica
     jobs = [(f"host-{r:02d}-{h:05d}", f"r{r:02d}", list(range(h * per_host, (h + 1) * per_host)))
             for r in range(replicas) for h in range(hosts_per_replica)]
     gate = asyncio.Semaphore(concurrency)
+    secrets: dict[str, str] = {}
 
     async def one(host, replica, host_ranks):
         async with gate:
-            await stub.RegisterAgent(pb.RegisterAgentRequest(
+            answer = await stub.RegisterAgent(pb.RegisterAgentRequest(
                 host_id=host, incarnation="1", slots=per_host, labels={"zone": f"z{int(replica[1:]) % 4}"},
-                assignment=pb.Assignment(replica_id=replica, ranks=host_ranks, world_size=ranks)), timeout=60)
+                assignment=pb.Assignment(replica_id=replica, ranks=host_ranks, world_size=ranks),
+                proof=credentials.registration_proof(secret, host, "1", time.time())), timeout=60)
+            secrets[host] = answer.agent_secret
 
     await asyncio.gather(*(one(*j) for j in jobs))
-    return [j[0] for j in jobs]
+    return {j[0]: secrets[j[0]] for j in jobs}
 
 
-async def heartbeat_forever(stub, ids: list[str], interval_s: float, batch: int, stop: asyncio.Event) -> int:
+async def heartbeat_forever(stub, hosts: dict[str, str], interval_s: float, stop: asyncio.Event) -> int:
+    """Each host's heartbeat with its own agent secret (an agent beats for its own host only),
+    every `interval_s`, many hosts multiplexed on one stream; the beats sent."""
     sent = 0
 
     async def beats():
         nonlocal sent
         while not stop.is_set():
-            for i in range(0, len(ids), batch):
-                yield pb.HeartbeatRequest(host_ids=ids[i:i + batch])
-                sent += len(ids[i:i + batch])
+            for host, agent_secret in hosts.items():
+                yield pb.HeartbeatRequest(host_ids=[host], agent_secret=agent_secret)
+                sent += 1
             try:
                 await asyncio.wait_for(stop.wait(), interval_s)
             except asyncio.TimeoutError:
                 pass
 
-    async for _ in stub.Heartbeat(beats()):
-        pass
+    async for answer in stub.Heartbeat(beats()):
+        if answer.unknown_ids:  # a refused beat would let the controller declare live hosts dead
+            raise RuntimeError(f"the controller does not know the hosts {list(answer.unknown_ids)[:5]}")
     return sent
 
 
 async def run(args) -> dict:
-    ctl = launch("--job-id", JOB, "--replicas", str(args.replicas), "--min-replicas",
-                 str(max(1, args.replicas // 2 + 1)), "--join-timeout-s", "30", "--heartbeat-timeout-s",
-                 str(args.heartbeat_timeout_s), "--log-level", "WARNING",
-                 *(["--no-telemetry"] if args.no_telemetry else []),
-                 insecure=True)  # the simulated hosts and leaders prove nothing
+    text = job_secret.generate()  # one per run: the simulated agents and leaders prove it as real ones do
+    secret = job_secret.parse(text, "bench.scale")
+    with tempfile.TemporaryDirectory(prefix="fthsdp-bench-scale-") as tmp:
+        ctl = launch("--job-id", JOB, "--replicas", str(args.replicas), "--min-replicas",
+                     str(max(1, args.replicas // 2 + 1)), "--join-timeout-s", "30", "--heartbeat-timeout-s",
+                     str(args.heartbeat_timeout_s), "--log-level", "WARNING",
+                     *(["--no-telemetry"] if args.no_telemetry else []),
+                     "--job-secret-file", str(secret_file(tmp, text)))
     pid, info = ctl.pid, {"grpc": ctl.grpc}
     try:
         channels = [grpc.aio.insecure_channel(info["grpc"], options=[("grpc.max_send_message_length", 64 << 20),
@@ -84,12 +114,17 @@ async def run(args) -> dict:
                     for _ in range(args.replicas + 1)]
         admin = pbg.ControllerStub(channels[-1])
         t0 = time.perf_counter()
-        hosts = await register_hosts(admin, args.replicas, args.hosts_per_replica, args.ranks_per_replica, 64)
+        hosts = await register_hosts(admin, secret, args.replicas, args.hosts_per_replica, args.ranks_per_replica, 64)
         register_s = time.perf_counter() - t0
         stop = asyncio.Event()
         streams = 4
-        beaters = [asyncio.create_task(heartbeat_forever(admin, hosts[i::streams], args.heartbeat_interval_s, 1024, stop))
+        names = list(hosts)
+        beaters = [asyncio.create_task(heartbeat_forever(admin, {h: hosts[h] for h in names[i::streams]},
+                                                         args.heartbeat_interval_s, stop))
                    for i in range(streams)]
+        # each leader shows the trainer token of the host holding its rank 0, as its agent hands it
+        leads = [credentials.host_credential(credentials.trainer_token(secret, f"host-{r:02d}-00000"))
+                 for r in range(args.replicas)]
         leaders = [pbg.ControllerStub(c) for c in channels[:-1]]
         known = [0] * args.replicas
         world = args.ranks_per_replica
@@ -102,7 +137,7 @@ async def run(args) -> dict:
             first = known[r] == 0
             await quorum_streams[r].write(pb.QuorumRequest(
                 job_id=JOB, replica_id=f"r{r:02d}", step=step, world_size=world, known_quorum_id=known[r],
-                host_id=f"host-{r:02d}-00000",  # the host holding rank 0 leads
+                host_id=f"host-{r:02d}-00000", credential=leads[r],  # the host holding rank 0 leads
                 ftar_addresses=addresses[r][0] if first else [], state_addresses=addresses[r][1] if first else []))
             reply = await asyncio.wait_for(quorum_streams[r].read(), 60)
             if reply is grpc.aio.EOF:
@@ -112,7 +147,7 @@ async def run(args) -> dict:
         async def report(r: int, step: int) -> None:
             await leaders[r].ReportStep(pb.ReportStepRequest(job_id=JOB, replica_id=f"r{r:02d}", step=step,
                                                              quorum_id=known[r], step_time_s=1.0,
-                                                             host_id=f"host-{r:02d}-00000"))
+                                                             host_id=f"host-{r:02d}-00000", credential=leads[r]))
 
         await asyncio.gather(*(leader(r, 0) for r in range(args.replicas)))  # first join carries addresses
         await asyncio.gather(*(report(r, 0) for r in range(args.replicas)))
@@ -147,7 +182,7 @@ def fanout(ranks: int, rounds: int, relay_fanout: int = 0, relay_processes: int 
            prefix: str = "") -> dict:
     """One replica's real coordinator rounds at full rank count: through relays (relay_fanout as
     RuntimeSettings', 0 automatic; >= ranks: every rank talks to the coordinator)."""
-    from fthsdp.channel_simulation import simulate_rounds
+    from bench.channel_simulation import simulate_rounds
 
     rounds_ = simulate_rounds(ranks, rounds, relay_fanout=relay_fanout, relay_processes=relay_processes,
                               rank_processes=rank_processes)

@@ -26,8 +26,12 @@ reports its step). The bench SIGKILLs rank 1 of r0 (its second host): the contro
 r0 as a unit (a RESTART order to both its hosts), both ranks start cold, and r0's new rank 0
 rejoins behind r1 and commits. `replica_restart_s` is the time from the kill to that commit.
 
-Prints the median over trials of each, as one JSON line with --json:
-    {"swap_warm_s": ..., "swap_cold_s": ..., "replica_restart_s": ..., "trials": N, "weights_mb": MB}
+Every trial runs the product as the docs start it: `fthsdp controller` and `fthsdp agent` with
+a job secret made for the trial (`--job-secret-file`); the scripted leader shows the trainer
+token its agent handed it.
+
+Prints the median over trials of each, as one JSON line with --json (FIELDS):
+    swap_warm_s, swap_cold_s, replica_restart_s (seconds), trials, weights_mb
 """
 
 from __future__ import annotations
@@ -43,8 +47,12 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench.common import secret_file
+
 CLI = [sys.executable, "-m", "fthsdp.cli"]
 BOUND_S = 60.0
+#: the fields of the JSON line (`python -m bench.swap --json`) and their types
+FIELDS = {"swap_warm_s": float, "swap_cold_s": float, "replica_restart_s": float, "trials": int, "weights_mb": int}
 
 
 def trainer(ready_dir: str, weights_mb: int, lead: bool = False) -> None:
@@ -83,10 +91,13 @@ def _lead(first_commit: Path) -> None:
 
     from protos import controller_pb2 as pb
     from protos import controller_pb2_grpc as pb_grpc
+    from protos import credentials
 
     env = os.environ
     stub = pb_grpc.ControllerStub(grpc.insecure_channel(env["FTHSDP_CONTROLLER"]))
-    ids = {"job_id": env["FTHSDP_JOB_ID"], "replica_id": env["FTHSDP_REPLICA_ID"], "host_id": env["FTHSDP_HOST_ID"]}
+    # the credential its agent handed it (the trainer token of its host), as a real leader shows
+    ids = {"job_id": env["FTHSDP_JOB_ID"], "replica_id": env["FTHSDP_REPLICA_ID"], "host_id": env["FTHSDP_HOST_ID"],
+           "credential": credentials.host_credential(env[credentials.ENV_TRAINER_TOKEN])}
     incarnation, step, known = uuid.uuid4().hex, 0, 0
     while True:
         try:
@@ -102,14 +113,17 @@ def _lead(first_commit: Path) -> None:
         time.sleep(0.05)
 
 
-def _wait(what: str, check):
+def _wait(what: str, check, log: Path | None = None):
+    """`check()`'s first truthy value within BOUND_S; TimeoutError naming `what` (and the last
+    lines of `log`, where the process that should have answered says why) otherwise."""
     deadline = time.monotonic() + BOUND_S
     while time.monotonic() < deadline:
         value = check()
         if value:
             return value
         time.sleep(0.005)
-    raise TimeoutError(f"bench: timed out waiting for {what}")
+    tail = "".join(log.read_text().splitlines(keepends=True)[-5:]) if log and log.exists() else ""
+    raise TimeoutError(f"bench: timed out waiting for {what}" + (f"; its log ends:\n{tail}" if tail else ""))
 
 
 def _stamps(ready_dir: Path) -> list[dict]:
@@ -129,6 +143,7 @@ class Processes:
         self.root, self.procs = root, []
         self.ready_dir = root / "ready"
         self.ready_dir.mkdir()
+        self.secret = str(secret_file(root))  # one per trial, as a user makes one per job
 
     def spawn(self, name: str, args: list[str]) -> subprocess.Popen:
         with open(self.root / f"{name}.out", "wb") as out, open(self.root / f"{name}.err", "wb") as err:
@@ -141,8 +156,13 @@ class Processes:
 
     def controller(self, *flags: str) -> str:
         self.spawn("controller", CLI + ["controller", "--grpc-port", "0", "--http-port", "0",
-                                        "--heartbeat-timeout-s", "3", *flags])
-        return _wait("controller", lambda: self.first_line("controller"))["grpc"]
+                                        "--heartbeat-timeout-s", "3", "--job-secret-file", self.secret, *flags])
+        return _wait("controller", lambda: self.first_line("controller"), self.root / "controller.err")["grpc"]
+
+    def agent(self, grpc_address: str, host: str, *flags: str) -> list[str]:
+        """`fthsdp agent` as the docs start one, with this trial's job secret."""
+        return CLI + ["agent", "--controller", grpc_address, "--host-id", host, "--heartbeat-interval-s", "0.5",
+                      "--job-secret-file", self.secret, *flags]
 
     def trainer_command(self, weights_mb: int, *flags: str) -> list[str]:
         return ["--", sys.executable, "-m", "bench.swap", "--as-trainer", str(self.ready_dir), str(weights_mb), *flags]
@@ -164,13 +184,12 @@ def trial(root: Path, warm: bool, weights_mb: int) -> float:
     try:
         # restart budget 0: the first death replaces the host
         grpc_address = run.controller("--replicas", "1", "--restart-budget", "0")
-        agent = CLI + ["agent", "--controller", grpc_address, "--heartbeat-interval-s", "0.5", "--insecure"]
         command = run.trainer_command(weights_mb)
-        run.spawn("h1", agent + ["--host-id", "h1", "--replica-id", "r0", "--ranks", "0",
-                                 "--world-size", "1"] + command)
-        run.spawn("h2", agent + ["--host-id", "h2", "--spare"] + (["--standby"] if warm else []) + command)
+        run.spawn("h1", run.agent(grpc_address, "h1", "--replica-id", "r0", "--ranks", "0", "--world-size", "1")
+                  + command)
+        run.spawn("h2", run.agent(grpc_address, "h2", "--spare", *(["--standby"] if warm else [])) + command)
         victim = _wait("h1's trainer", lambda: _ready(run.ready_dir, "h1"))
-        _wait("h2 registered", lambda: run.first_line("h2"))
+        _wait("h2 registered", lambda: run.first_line("h2"), run.root / "h2.err")
         if warm:
             _wait("h2's standby", lambda: list(run.ready_dir.glob("standby-*")))
         killed_at = time.time()
@@ -190,10 +209,9 @@ def replica_restart_trial(root: Path, weights_mb: int) -> float:
                                       "--join-timeout-s", "1")
         command = run.trainer_command(weights_mb, "--lead")
         for i in range(4):  # in this order: h1, h2 hold r0; h3, h4 hold r1
-            run.spawn(f"h{i + 1}", CLI + ["agent", "--controller", grpc_address, "--host-id", f"h{i + 1}",
-                                          "--advertise-address", f"127.0.0.{i + 2}", "--heartbeat-interval-s",
-                                          "0.5", "--insecure"] + command)
-            _wait(f"h{i + 1} registered", lambda: run.first_line(f"h{i + 1}"))
+            run.spawn(f"h{i + 1}", run.agent(grpc_address, f"h{i + 1}", "--advertise-address", f"127.0.0.{i + 2}")
+                      + command)
+            _wait(f"h{i + 1} registered", lambda: run.first_line(f"h{i + 1}"), run.root / f"h{i + 1}.err")
         leaders = {_wait(f"{host}'s trainer", lambda: _ready(run.ready_dir, host))["pid"] for host in ("h1", "h3")}
         _wait("both replicas commit", lambda: all(run.ready_dir.joinpath(f"commit-{p}.json").exists() for p in leaders))
         victim = _ready(run.ready_dir, "h2")

@@ -27,6 +27,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 
+from bench.common import free_port
+
 os.environ.setdefault("RUST_LOG", "warn")  # before torchft's Rust logger starts in this process
 
 CONNECT_TIMEOUT = timedelta(seconds=15)
@@ -51,12 +53,6 @@ def missing() -> str:
     return ""
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class Lighthouse:
     """The lighthouse binary on a loopback port (picked free just before it starts)."""
 
@@ -64,7 +60,7 @@ class Lighthouse:
         # The port is free when picked, but another process may take it before the binary
         # binds (a shared machine): then the binary exits, and we try a new port.
         for _ in range(attempts):
-            port = _free_port()
+            port = free_port()
             self.address = f"http://127.0.0.1:{port}"
             self.proc = subprocess.Popen(
                 [_binary(), "--bind", f"127.0.0.1:{port}", "--min_replicas", str(replicas), "--join_timeout_ms",

@@ -28,7 +28,6 @@ _EXPORTS = {
     "CheckpointStore": "fthsdp.state.checkpoint",
     "CheckpointError": "fthsdp.errors",
     "state_digest": "fthsdp.state.digest",
-    "simulate_fanout_and_vote": "fthsdp.channel_simulation",
     # A warm spare's trainer: set up, then wait for the agent's hand-over (agent/env.py).
     "is_standby": "agent.env",
     "wait_for_assignment": "agent.env",

@@ -24,6 +24,7 @@ SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
                             "name the ranks whose shards differ between two checkpoints of one step"),
     "timeouts": ("fthsdp.timeouts", "main",
                  "print a configuration's timeouts by process and check them against the rules"),
+    "bench": ("bench.suite", "main", "measure this cluster: quorum, FTAR vs Gloo, catch-up, recovery, failover"),
 }
 
 

@@ -44,13 +44,15 @@ def controller_process():
 #: rest (controllers, agents with light trainers, unit tests), which mostly wait on sockets.
 TRAINER_FILES = ("tests/runtime/test_cluster_*.py", "tests/runtime/test_endings_*.py", "tests/runtime/test_race_rendezvous.py", "tests/runtime/test_example_gpt.py", "tests/runtime/test_torchrun.py",
                  "tests/runtime/test_fsdp_shards.py", "tests/runtime/test_gpu_hsdp.py",
-                 "tests/runtime/test_deterministic_mode.py", "tests/runtime/test_compare_checkpoints.py")
+                 "tests/runtime/test_deterministic_mode.py", "tests/runtime/test_compare_checkpoints.py",
+                 "tests/bench/test_smoke_trainers.py")
 #: The end-to-end runs that start a dozen trainers at once (the demos, the diagnosis, chaos, the
 #: DaemonSets): marked `solo`; `make test` runs them after the rest, one at a time, with the machine
 #: to themselves. Beside the other worker a replica's trainers could take longer to import than
 #: the run's schedule allows for.
 SOLO_FILES = ("tests/demo/test_demo_cli.py", "tests/demo/test_demo_gpt.py", "tests/demo/test_diagnosis_end_to_end.py",
-              "tests/chaos/test_chaos_run.py", "tests/deploy/test_daemonsets_on_loopback.py")
+              "tests/chaos/test_chaos_run.py", "tests/deploy/test_daemonsets_on_loopback.py",
+              "tests/bench/test_smoke_jobs.py")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -122,6 +122,9 @@ def check_offline(argv: list[str], workdir: Path) -> None:
     elif argv[:2] == ["fthsdp", "timeouts"]:  # the configurations the docs show keep every rule
         proc = run([str(BIN / "fthsdp"), *argv[1:]])
         assert proc.returncode == 0 and "rules hold" in proc.stdout, (argv, proc.stdout[-2000:], proc.stderr)
+    elif argv[:2] == ["fthsdp", "bench"]:  # tests/bench/test_suite.py runs it itself: the flags exist
+        proc = run([str(BIN / "fthsdp"), "bench", "--help"])
+        assert proc.returncode == 0 and all(f in proc.stdout for f in argv[2:] if f.startswith("--")), proc.stdout
 
 
 def check_kubectl(argv: list[str], workdir: Path) -> None:
@@ -149,7 +152,7 @@ def test_commands_that_need_no_controller(doc, tmp_path):
     assert shutil.which("kubectl"), "kubectl is needed to render the kustomizations the docs apply"
     checked = 0
     for argv in shell_commands(doc):
-        if argv[0] in ("fthsdp", "curl") and argv[:2] not in (["fthsdp", "demo"], ["fthsdp", "timeouts"]):
+        if argv[0] in ("fthsdp", "curl") and argv[:2] not in (["fthsdp", "demo"], ["fthsdp", "timeouts"], ["fthsdp", "bench"]):
             continue  # run against a live controller below
         check_offline(argv, tmp_path)
         checked += 1

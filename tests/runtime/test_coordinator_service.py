@@ -8,7 +8,7 @@ import struct
 
 import pytest
 
-from fthsdp.channel_simulation import simulate_fanout_and_vote
+from bench.channel_simulation import simulate_fanout_and_vote
 from fthsdp.errors import ChannelError
 from fthsdp.settings import RuntimeSettings
 from fthsdp.step import messages as msg

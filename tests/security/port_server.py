@@ -25,7 +25,7 @@ def _coordinator(cfg: dict):
     """A replica coordinator; `reset` replaces it by a fresh one (a new replica: CONNECTING again).
     Its controller is the at-scale simulation's stand-in, which answers every quorum at once: the
     attacks are on the coordinator's port, not on the controller."""
-    from fthsdp.channel_simulation import InstantController
+    from bench.channel_simulation import InstantController
     from fthsdp.settings import RuntimeSettings
     from fthsdp.step.coordinator import CoordinatorService
 

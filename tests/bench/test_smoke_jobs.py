@@ -1,0 +1,17 @@
+"""The benchmarks that run a whole job of trainers (bench.recovery: the demo's job with one
+failure; bench.chaos: one seed on a real etcd), at their smallest size: they run and print the
+fields they declare (tests/bench/smoke.py). `solo` (tests/conftest.py): the machine to themselves."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.bench import smoke
+
+
+@pytest.mark.timeout(1200)
+@pytest.mark.parametrize("name", smoke.group(smoke.SOLO))
+def test_the_job_benchmark_runs_at_a_tiny_size_and_prints_its_declared_fields(name):
+    lines = smoke.check(name)
+    if name == "recovery":  # the failure really was injected and measured
+        assert lines[0]["case"] == "kill-rank" and "error" not in lines[0]
