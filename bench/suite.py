@@ -98,7 +98,7 @@ def parser() -> argparse.ArgumentParser:
     which.add_argument("--suite", choices=sorted(SUITES),
                        help="a named suite (smoke: the tests' tiny run; default: quick)")
     which.add_argument("--compare", nargs=2, metavar=("OLD_DIR", "NEW_DIR"),
-                       help="print the change of every figure between two reports (their results.jsonl)")
+                       help="print the change of every figure between two reports (their results.jsonl; default: run a suite)")
     p.add_argument("--out", default="bench-report", help="the report's folder (default: bench-report)")
     flags.add_version(p)
     return p
