@@ -25,7 +25,8 @@ Prints one JSON line to stdout once first registered, then logs to stderr:
 
 Exit status: 0 after SIGTERM/SIGINT (trainers stopped, the host deregistered: its work moves
 to a spare) or once the controller says the job is COMPLETED (trainers stopped; with
---on-job-complete idle the agent stays instead), 2 for bad arguments, 3 when the controller
+--on-job-complete idle the agent stays instead; with pool it serves the next job its
+--controller address answers for, a different job id), 2 for bad arguments, 3 when the controller
 refuses the registration (e.g. a duplicate assignment), 4 once the controller says the job
 is FAILED (trainers stopped; no replica could make progress), 5 when no controller address
 answered for --connect-timeout-s (every failed attempt is logged with its backoff). While another live agent holds the
@@ -130,7 +131,8 @@ def parse(argv: list[str]) -> AgentSettings:
                    help="with --warm-restarts: start a reserve this long after its trainer")
     p.add_argument("--on-job-complete", choices=ON_JOB_COMPLETE, default="exit",
                    help="when the job is COMPLETED (or FAILED): stop trainers and exit 0 (4 when FAILED; "
-                        "default), or stop them and idle")
+                        "default), or stop them and idle, or (pool) stop them and serve the next job that the "
+                        "--controller address answers for (a node pool's DaemonSet: never gives up between jobs)")
     p.add_argument("--connect-timeout-s", type=float, default=300.0,
                    help="give up (exit 5) once no controller address answered for this long (default 300)")
     p.add_argument("--heartbeat-interval-s", type=float, default=1.0)
