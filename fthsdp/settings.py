@@ -45,6 +45,7 @@ ENV_LOCAL_RANK = "FTHSDP_LOCAL_RANK"
 ENV_CONTROLLER = "FTHSDP_CONTROLLER"
 ENV_COORDINATOR_ADDRESS = "FTHSDP_COORDINATOR_ADDRESS"
 ENV_CHECKPOINT_DIR = "FTHSDP_CHECKPOINT_DIR"
+ENV_CHECKPOINT_EVERY_STEPS = "FTHSDP_CHECKPOINT_EVERY_STEPS"
 ENV_MAX_STEPS = "FTHSDP_MAX_STEPS"
 ENV_RELAY_FANOUT = "FTHSDP_RELAY_FANOUT"
 ENV_REPLICA_VERSION = "FTHSDP_REPLICA_VERSION"
@@ -305,6 +306,7 @@ _ENV_FIELDS: tuple[tuple[str, Callable[[str], object], tuple[str, ...]], ...] = 
     ("controller_address", str, (ENV_CONTROLLER,)),
     ("coordinator_address", str, (ENV_COORDINATOR_ADDRESS,)),
     ("checkpoint_dir", str, (ENV_CHECKPOINT_DIR,)),
+    ("checkpoint_every_steps", _int, (ENV_CHECKPOINT_EVERY_STEPS,)),
     ("max_steps", _int, (ENV_MAX_STEPS,)),
     ("deterministic", lambda text: _flag(ENV_DETERMINISTIC, text), (ENV_DETERMINISTIC,)),
     ("relay_fanout", _int, (ENV_RELAY_FANOUT,)),

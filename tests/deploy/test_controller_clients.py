@@ -196,7 +196,7 @@ def _check_configmap(data: dict, tmp_path: Path) -> ControllerSettings:
 
 
 def test_base_configmap_loads_as_controller_settings(tmp_path):
-    (cm,) = _load_all((DEPLOY / "kustomize" / "base" / "configmap.yaml").read_text())
+    (cm,) = _load_all((DEPLOY / "kustomize" / "common" / "configmap.yaml").read_text())
     settings = _check_configmap(cm["data"], tmp_path)
     for key, value in yaml.safe_load(cm["data"]["controller.json"]).items():
         assert getattr(settings, key) == value
@@ -209,7 +209,7 @@ def test_rendered_configmap_loads_as_controller_settings(rel, tmp_path):
 
 def test_an_unknown_configmap_key_is_refused(tmp_path):
     """The check above would catch drift: the loader refuses names it does not know."""
-    (cm,) = _load_all((DEPLOY / "kustomize" / "base" / "configmap.yaml").read_text())
+    (cm,) = _load_all((DEPLOY / "kustomize" / "common" / "configmap.yaml").read_text())
     data = dict(cm["data"], **{"controller.json": '{"join_timeout": 30}'})
     with pytest.raises(ValueError, match="unknown keys: join_timeout"):
         _check_configmap(data, tmp_path)

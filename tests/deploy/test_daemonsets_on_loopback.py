@@ -52,7 +52,7 @@ def pod_command(daemonset: dict, configmap: dict, node: str, pod_ip: str, contro
     """The agent container's command line and environment on `node`, as kubelet would start it."""
     c = next(c for c in daemonset["spec"]["template"]["spec"]["containers"] if c["name"] == "agent")
     downward = {"spec.nodeName": node, "status.podIP": pod_ip,
-                "metadata.labels['topology.kubernetes.io/zone']": ""}
+                "metadata.labels['topology.kubernetes.io/zone']": "", "metadata.labels['fthsdp.io/block']": ""}
     env = {}
     for e in c.get("env", []):
         source = e.get("valueFrom", {})
@@ -79,11 +79,17 @@ def pod_command(daemonset: dict, configmap: dict, node: str, pod_ip: str, contro
 
 def volumes(spec: dict, container: dict, pod_dir: Path) -> dict[str, str]:
     """The container's mounts, made under `pod_dir` as kubelet would: an emptyDir is an empty
-    folder, a Secret a folder with one file per key (SECRETS). Returns mount path -> folder."""
+    folder, a Secret a folder with one file per key (SECRETS), a PersistentVolumeClaim a folder
+    beside the pods' that every pod mounting the claim shares. Returns mount path -> folder."""
     out = {}
     for mount in container.get("volumeMounts", []):
         volume = next(v for v in spec["volumes"] if v["name"] == mount["name"])
         folder = pod_dir / mount["name"]
+        if "persistentVolumeClaim" in volume:
+            folder = pod_dir.parent / f"pvc-{volume['persistentVolumeClaim']['claimName']}"
+            folder.mkdir(exist_ok=True)
+            out[mount["mountPath"]] = str(folder)
+            continue
         folder.mkdir(parents=True)
         if "secret" in volume:
             for key, value in SECRETS[volume["secret"]["secretName"]].items():

@@ -19,11 +19,17 @@ ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
 K8S_VERSION = "1.37.0"  # newest schemas kubernetes-validate ships; bump with it
 # Directories under deploy/ that hold a kustomization.yaml.
-KUSTOMIZATIONS = ["kustomize/base", "kustomize/etcd", "kustomize/etcd-tls", "kustomize/overlays/dev",
-                  "kustomize/overlays/production"]
+KUSTOMIZATIONS = ["kustomize/common", "kustomize/base", "kustomize/etcd", "kustomize/etcd-tls",
+                  "kustomize/overlays/dev", "kustomize/overlays/production", "kustomize/jobset",
+                  "kustomize/overlays/jobset-namespace", "kustomize/overlays/jobset", "kustomize/overlays/jobset-dev"]
+#: The pool layout's overlays: a namespace with the agent DaemonSets and a job's controller.
 OVERLAYS = ["kustomize/overlays/dev", "kustomize/overlays/production"]
+#: The per-job layout: one JobSet each (tests/deploy/test_jobset.py checks them further).
+JOBSET_OVERLAYS = ["kustomize/overlays/jobset", "kustomize/overlays/jobset-dev"]
+#: Kinds of custom resources: no schema in kubernetes-validate; test_jobset.py checks them.
+CUSTOM_KINDS = {"JobSet", "LocalQueue"}
 WORKLOAD_KINDS = {"Deployment", "DaemonSet", "StatefulSet", "Job"}
-CLUSTER_SCOPED = {"Namespace"}
+CLUSTER_SCOPED = {"Namespace", "PriorityClass"}
 KUBECTL = shutil.which("kubectl")
 
 
@@ -39,6 +45,8 @@ def _listed_files(key: str) -> set[Path]:
     out = set()
     for rel in KUSTOMIZATIONS:
         for entry in _kustomization(rel).get(key, []):
+            if isinstance(entry, dict) and "path" not in entry:
+                continue  # an inline patch
             path = (DEPLOY / rel / (entry["path"] if isinstance(entry, dict) else entry)).resolve()
             if path.is_file():
                 out.add(path)
@@ -70,6 +78,8 @@ def render(rel: str) -> list[dict]:
 
 
 def _validate(doc: dict) -> None:
+    if doc["kind"] in CUSTOM_KINDS:
+        return
     try:
         kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
     except kubernetes_validate.ValidationError as err:
@@ -90,9 +100,21 @@ def _containers(obj: dict):
             yield spec, c
 
 
+def jobset_jobs(jobset: dict) -> list[dict]:
+    """A JobSet's replicated jobs as the Jobs it creates (one per replicated job: the shape)."""
+    name = jobset["metadata"]["name"]
+    return [{"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": f"{name}-{rj['name']}"},
+             "spec": rj["template"]["spec"]} for rj in jobset["spec"]["replicatedJobs"]]
+
+
 def _everything() -> list[tuple[str, list[dict]]]:
-    """Every rendered overlay (each is a whole job: controller, agents and their trainers)."""
-    return [(rel, render(rel)) for rel in OVERLAYS]
+    """Every rendered job: the pool overlays (controller, agents and their trainers) and the
+    JobSet overlays, each JobSet as the Jobs it creates."""
+    out = [(rel, render(rel)) for rel in OVERLAYS]
+    for rel in JOBSET_OVERLAYS:
+        docs = render(rel)
+        out.append((rel, [j for d in docs if d["kind"] == "JobSet" for j in jobset_jobs(d)]))
+    return out
 
 
 def _by(docs: list[dict], kind: str, name: str) -> dict:
@@ -167,7 +189,7 @@ def test_no_secret_values_are_committed():
     for path in DEPLOY.rglob("*"):
         if path.is_file() and path.suffix in {".yaml", ".yml", ".json"}:
             for doc in _load_all(path.read_text()):
-                if doc.get("kind") == "Secret":
+                if isinstance(doc, dict) and doc.get("kind") == "Secret":  # (a JSON patch is a list)
                     assert not doc.get("data") and not doc.get("stringData"), _rel(path)
     for where, docs in _everything():
         for obj in docs:
@@ -190,7 +212,8 @@ def test_every_referenced_secret_is_documented_for_operators():
 
 def test_every_agent_and_trainer_pod_gets_the_job_secret_from_its_secret_file():
     for where, docs in _everything():
-        pods = [o for o in docs if o["kind"] in ("DaemonSet", "Job")]
+        pods = [o for o in docs if o["kind"] in ("DaemonSet", "Job")
+                and o["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/component"] == "agent"]
         assert pods, where
         for obj in pods:
             spec, c = next(_containers(obj))
@@ -298,7 +321,9 @@ def test_network_policy_lets_agents_and_trainers_reach_grpc_and_nobody_else(rel)
 
 
 @pytest.mark.parametrize("rel", OVERLAYS)
-def test_agents_split_active_and_spare_hosts(rel):
+def test_agents_split_active_and_spare_hosts_of_the_node_pool_and_serve_job_after_job(rel):
+    """The pool layout: both DaemonSets select the pool's node label (not every GPU node), the
+    agents outlive jobs (--on-job-complete=pool) and a template change rolls host by host."""
     docs = render(rel)
     active, spare = _by(docs, "DaemonSet", "fthsdp-agent"), _by(docs, "DaemonSet", "fthsdp-agent-spare")
     a_args = active["spec"]["template"]["spec"]["containers"][0]["args"]
@@ -310,11 +335,16 @@ def test_agents_split_active_and_spare_hosts(rel):
     assert {"key": "fthsdp.io/spare", "operator": "NotIn", "values": ["true"]} in terms[0]["matchExpressions"]
     assert "--standby" in s_args and "--standby" not in a_args  # warm spares: trainers set up, waiting
     for ds in (active, spare):
-        assert ds["spec"]["updateStrategy"]["type"] == "OnDelete"
-        args = ds["spec"]["template"]["spec"]["containers"][0]["args"]
+        assert ds["spec"]["updateStrategy"] == {"type": "RollingUpdate",
+                                                "rollingUpdate": {"maxUnavailable": 1, "maxSurge": 0}}
+        pod = ds["spec"]["template"]["spec"]
+        assert pod["nodeSelector"]["fthsdp.io/node-pool"] == "fthsdp"
+        assert "nvidia.com/gpu.present" not in pod["nodeSelector"]
+        args = pod["containers"][0]["args"]
         assert "--host-id=$(NODE_NAME)" in args and any(a.startswith("--controller=fthsdp-controller-grpc:") for a in args)
-        assert "--replica-id" not in " ".join(args)  # the controller lays the replicas out
-        assert "--on-job-complete=idle" in args  # a DaemonSet would restart an agent that exits
+        assert "--replica-id" not in " ".join(args) and "--job-id" not in " ".join(args)  # the controller's
+        assert "--on-job-complete=pool" in args  # a DaemonSet would restart an agent that exits
+        assert pod["priorityClassName"] == _by(docs, "PriorityClass", "fthsdp-training")["metadata"]["name"]
     if rel == "overlays/production":
         assert "nvidia.com/gpu" in active["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]
 
