@@ -21,7 +21,6 @@ job's length does not race the faults.
 from __future__ import annotations
 
 import os
-import re
 import secrets
 import signal
 import subprocess
@@ -34,6 +33,7 @@ import pytest
 from controller.launch import launch, read_json_line
 from tests.waiting import wait_for_blocking
 
+from . import pods
 from .test_manifests import ROOT, _by, render
 
 pytestmark = pytest.mark.slow
@@ -42,7 +42,7 @@ OVERLAY = "kustomize/overlays/dev"
 MAX_STEPS = "120"
 HOSTS = {"node-a": "127.0.0.2", "node-b": "127.0.0.3", "node-c": "127.0.0.4", "node-d": "127.0.0.5"}
 SPARE = ("node-s", "127.0.0.6")
-BIN = Path(sys.executable).parent
+TRAIN_PY = str(ROOT / "deploy" / "examples" / "train.py")
 # The Secrets an operator creates (deploy/README.md, "Secrets"), by name and key.
 SECRETS = {"fthsdp-job-secret": {"secret": secrets.token_hex(32)}}
 
@@ -50,55 +50,15 @@ SECRETS = {"fthsdp-job-secret": {"secret": secrets.token_hex(32)}}
 def pod_command(daemonset: dict, configmap: dict, node: str, pod_ip: str, controller: str,
                 pod_dir: Path) -> tuple[list[str], dict[str, str]]:
     """The agent container's command line and environment on `node`, as kubelet would start it."""
-    c = next(c for c in daemonset["spec"]["template"]["spec"]["containers"] if c["name"] == "agent")
+    spec = daemonset["spec"]["template"]["spec"]
+    c = next(c for c in spec["containers"] if c["name"] == "agent")
     downward = {"spec.nodeName": node, "status.podIP": pod_ip,
                 "metadata.labels['topology.kubernetes.io/zone']": "", "metadata.labels['fthsdp.io/block']": ""}
-    env = {}
-    for e in c.get("env", []):
-        source = e.get("valueFrom", {})
-        if "value" in e:
-            env[e["name"]] = e["value"]
-        elif "fieldRef" in source:
-            env[e["name"]] = downward[source["fieldRef"]["fieldPath"]]
-        else:
-            env[e["name"]] = configmap[source["configMapKeyRef"]["key"]]
-    args = [re.sub(r"\$\((\w+)\)", lambda m: env[m.group(1)], a) for a in c["args"]]
-    here = {"fthsdp-controller-grpc:50051": controller,
-            "/opt/fthsdp/train.py": str(ROOT / "deploy" / "examples" / "train.py")}
-    here.update(volumes(daemonset["spec"]["template"]["spec"], c, pod_dir))
-    # one pass, whole names only (a mount at /tmp must not rewrite a path already moved there)
-    names = re.compile("|".join(re.escape(n) + r"(?=/|$)" for n in sorted(here, key=len, reverse=True)))
-    args = [names.sub(lambda m: here[m.group(0)], a) for a in args]
-    env = {k: names.sub(lambda m: here[m.group(0)], v) for k, v in env.items()}
-    cut = args.index("--")
-    assert args[cut + 1] == "python", args
-    args[cut + 1] = sys.executable
+    env = pods.environment(c, downward, {"fthsdp-controller": configmap})
+    here = {"fthsdp-controller-grpc:50051": controller, "/opt/fthsdp/train.py": TRAIN_PY}
+    here.update(pods.volumes(spec, c, pod_dir, SECRETS))
     assert c["command"] == ["fthsdp", "agent"]
-    return [str(BIN / "fthsdp"), "agent", *args], env
-
-
-def volumes(spec: dict, container: dict, pod_dir: Path) -> dict[str, str]:
-    """The container's mounts, made under `pod_dir` as kubelet would: an emptyDir is an empty
-    folder, a Secret a folder with one file per key (SECRETS), a PersistentVolumeClaim a folder
-    beside the pods' that every pod mounting the claim shares. Returns mount path -> folder."""
-    out = {}
-    for mount in container.get("volumeMounts", []):
-        volume = next(v for v in spec["volumes"] if v["name"] == mount["name"])
-        folder = pod_dir / mount["name"]
-        if "persistentVolumeClaim" in volume:
-            folder = pod_dir.parent / f"pvc-{volume['persistentVolumeClaim']['claimName']}"
-            folder.mkdir(exist_ok=True)
-            out[mount["mountPath"]] = str(folder)
-            continue
-        folder.mkdir(parents=True)
-        if "secret" in volume:
-            for key, value in SECRETS[volume["secret"]["secretName"]].items():
-                (folder / key).write_text(value)
-                (folder / key).chmod(volume["secret"].get("defaultMode", 0o644))
-        else:
-            assert "emptyDir" in volume, volume
-        out[mount["mountPath"]] = str(folder)
-    return out
+    return pods.command_line(c, env, here)
 
 
 def children(pid: int) -> list[int]:
