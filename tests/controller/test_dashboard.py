@@ -130,7 +130,7 @@ def test_monitoring_kustomization_renders_the_dashboard_configmap():
     assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
     assert set(monitor["spec"]) == {"selector", "podMetricsEndpoints"}
     for endpoint in monitor["spec"]["podMetricsEndpoints"]:
-        assert set(endpoint) <= {"port", "path", "interval", "scrapeTimeout", "authorization"}
+        assert set(endpoint) <= {"port", "path", "interval", "scrapeTimeout", "authorization", "scheme", "tlsConfig"}
         if "authorization" in endpoint:  # the read token (--read-token-file), from its Secret
             assert endpoint["authorization"] == {"type": "Bearer",
                                                  "credentials": {"name": "fthsdp-read-token", "key": "token"}}

@@ -315,7 +315,7 @@ async def test_production_controller_agent_and_probe_talk_mtls(tmp_path):
     (secret_dir / "secret").write_text(secret)
     args = [a.replace("/etc/fthsdp/tls/", f"{server_dir}/").replace("/etc/fthsdp/controller.json", str(settings))
             .replace("/etc/fthsdp/job-secret/", f"{secret_dir}/")
-            for a in _expand(c, docs) if not a.startswith(("--etcd", "--admin-token-file="))]
+            for a in _expand(c, docs) if not a.startswith(("--etcd", "--admin-token-file=", "--read-token-file="))]
     args = [a for a in args if not a.startswith(("--grpc-port=", "--http-port=", "--host="))]
     server = controller_main.build_server(controller_main.parse_args(
         args + ["--host=127.0.0.1", "--grpc-port=0", "--http-port=0"]))

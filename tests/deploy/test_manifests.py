@@ -125,7 +125,7 @@ def _by(docs: list[dict], kind: str, name: str) -> dict:
 
 
 # Prometheus Operator resources have no schema here: tests/controller/test_dashboard.py checks them.
-CUSTOM_RESOURCE_FILES = {DEPLOY / "monitoring" / "podmonitor.yaml"}
+CUSTOM_RESOURCE_FILES = {DEPLOY / "monitoring" / "podmonitor.yaml", DEPLOY / "monitoring-production" / "https.yaml"}
 
 
 def test_every_yaml_file_is_a_manifest_a_patch_or_a_kustomization():
@@ -256,7 +256,7 @@ def test_controller_command_line_uses_the_cli_flags_and_its_env_resolves(rel):
     assert c["command"] == ["fthsdp", "controller"]
     flags = {a.split("=", 1)[0] for a in c["args"]}
     assert {"--grpc-port", "--http-port", "--replicas", "--min-replicas", "--etcd", "--settings",
-            "--admin-token-file"} <= flags
+            "--admin-token-file", "--job-id"} <= flags
     env = {e["name"]: e for e in c.get("env", [])}
     for arg in c["args"]:
         for var in re.findall(r"\$\((\w+)\)", arg):
