@@ -21,7 +21,8 @@ K8S_VERSION = "1.37.0"  # newest schemas kubernetes-validate ships; bump with it
 # Directories under deploy/ that hold a kustomization.yaml.
 KUSTOMIZATIONS = ["kustomize/common", "kustomize/base", "kustomize/etcd", "kustomize/etcd-tls",
                   "kustomize/overlays/dev", "kustomize/overlays/production", "kustomize/jobset",
-                  "kustomize/overlays/jobset-namespace", "kustomize/overlays/jobset", "kustomize/overlays/jobset-dev"]
+                  "kustomize/overlays/jobset-namespace", "kustomize/overlays/jobset", "kustomize/overlays/jobset-dev",
+                  "kustomize/overlays/rdma"]
 #: The pool layout's overlays: a namespace with the agent DaemonSets and a job's controller.
 OVERLAYS = ["kustomize/overlays/dev", "kustomize/overlays/production"]
 #: The per-job layout: one JobSet each (tests/deploy/test_jobset.py checks them further).
