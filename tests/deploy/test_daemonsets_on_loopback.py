@@ -4,8 +4,8 @@ exactly as the rendered DaemonSets start a pod, training the example trainer.
 The agents' command, flags and environment are read from `kubectl kustomize` output. Only what
 a cluster provides is substituted, as kubelet would: the downward-API values (spec.nodeName,
 status.podIP: each host gets its own loopback address 127.0.0.2, 127.0.0.3, ...; the zone
-label), the ConfigMap keys (`max_steps` made short for a test), the Service name
-fthsdp-controller-grpc (here: the address of a controller this test starts, shaped like the
+label), the ConfigMap keys (`max_steps` made short for a test), the controller pods' names
+fthsdp-controller-N.fthsdp-controller (here: the address of a controller this test starts, shaped like the
 dev ConfigMap: 2 replicas x 2 hosts x 1 rank), the image's paths (/opt/fthsdp/train.py is
 deploy/examples/train.py; `python` is this interpreter; `fthsdp` is this virtualenv's) and the
 pod's volumes (each mount a folder of the test's: emptyDirs empty, Secrets holding their keys).
@@ -55,7 +55,9 @@ def pod_command(daemonset: dict, configmap: dict, node: str, pod_ip: str, contro
     downward = {"spec.nodeName": node, "status.podIP": pod_ip,
                 "metadata.labels['topology.kubernetes.io/zone']": "", "metadata.labels['fthsdp.io/block']": ""}
     env = pods.environment(c, downward, {"fthsdp-controller": configmap})
-    here = {"fthsdp-controller-grpc:50051": controller, "/opt/fthsdp/train.py": TRAIN_PY}
+    # the controller pods' names (fthsdp-controller-N.fthsdp-controller): all the one controller here
+    here = {f"fthsdp-controller-{n}.fthsdp-controller:50051": controller for n in range(3)}
+    here["/opt/fthsdp/train.py"] = TRAIN_PY
     here.update(pods.volumes(spec, c, pod_dir, SECRETS))
     assert c["command"] == ["fthsdp", "agent"]
     return pods.command_line(c, env, here)

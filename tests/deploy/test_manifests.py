@@ -231,28 +231,33 @@ def test_every_agent_and_trainer_pod_gets_the_job_secret_from_its_secret_file():
 
 
 @pytest.mark.parametrize("rel", OVERLAYS)
-def test_controller_readiness_is_grpc_health_and_liveness_is_not(rel):
-    deploy = _by(render(rel), "Deployment", "fthsdp-controller")
-    assert deploy["spec"]["replicas"] == 3
-    c = next(c for c in deploy["spec"]["template"]["spec"]["containers"] if c["name"] == "controller")
-    probe, tls = c["readinessProbe"], any(a.startswith("--tls-cert-file") for a in c["args"])
-    if tls:  # kubelet's native gRPC probe cannot do TLS: the exec probe must carry the TLS files
-        cmd = probe["exec"]["command"]
-        assert cmd[0] == "fthsdp-grpc-health" and "--addr=127.0.0.1:50051" in cmd
-        assert {"--ca-file", "--cert-file", "--key-file"} <= {a.split("=")[0] for a in cmd}
-        assert "grpc" not in probe
-    else:
-        assert probe["grpc"]["port"] == 50051 and "exec" not in probe
-    # Standbys answer NOT_SERVING on purpose: a gRPC-health liveness probe would kill them.
+def test_controllers_have_stable_names_that_clients_dial_and_a_pdb_that_lets_one_go(rel):
+    """A StatefulSet of 3 behind a headless Service: each pod advertises its stable name, every
+    client is given all three (a standby's refusal names the leader's, which must be one of
+    them: protos/dial.py), liveness is no gRPC health (it would kill standbys), and the PDB lets
+    a drain take one controller at a time, the leader included."""
+    docs = render(rel)
+    sts = _by(docs, "StatefulSet", "fthsdp-controller")
+    assert sts["spec"]["replicas"] == 3 and sts["spec"]["podManagementPolicy"] == "Parallel"
+    headless = _by(docs, "Service", sts["spec"]["serviceName"])
+    assert headless["spec"]["clusterIP"] == "None" and headless["spec"]["publishNotReadyAddresses"] is True
+    c = next(c for c in sts["spec"]["template"]["spec"]["containers"] if c["name"] == "controller")
+    advertised = next(a for a in c["args"] if a.startswith("--advertise-address=")).split("=", 1)[1]
+    assert advertised == f"$(POD_NAME).{headless['metadata']['name']}:50051"
+    names = [advertised.replace("$(POD_NAME)", f"{sts['metadata']['name']}-{n}") for n in range(3)]
+    for ds in (d for d in docs if d["kind"] == "DaemonSet"):
+        args = ds["spec"]["template"]["spec"]["containers"][0]["args"]
+        assert f"--controller={','.join(names)}" in args, ds["metadata"]["name"]
     assert "grpc" not in c["livenessProbe"] and "exec" not in c["livenessProbe"]
-    # Only one pod is ever Ready, so a rollout must not wait for standbys to become Ready.
-    assert deploy["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] == "100%"
+    pdb = _by(docs, "PodDisruptionBudget", "fthsdp-controller")
+    assert pdb["spec"] == {"maxUnavailable": 1, "unhealthyPodEvictionPolicy": "AlwaysAllow",
+                           "selector": {"matchLabels": sts["spec"]["selector"]["matchLabels"]}}
 
 
 @pytest.mark.parametrize("rel", OVERLAYS)
 def test_controller_command_line_uses_the_cli_flags_and_its_env_resolves(rel):
     docs = render(rel)
-    deploy = _by(docs, "Deployment", "fthsdp-controller")
+    deploy = _by(docs, "StatefulSet", "fthsdp-controller")
     c = deploy["spec"]["template"]["spec"]["containers"][0]
     assert c["command"] == ["fthsdp", "controller"]
     flags = {a.split("=", 1)[0] for a in c["args"]}
@@ -313,7 +318,7 @@ def test_network_policy_lets_agents_and_trainers_reach_grpc_and_nobody_else(rel)
     assert len(clients) == 2
     for o in clients:
         assert any(_selects(p, o["spec"]["template"]["metadata"]["labels"]) for p in peers), o["metadata"]["name"]
-    controller = _by(docs, "Deployment", "fthsdp-controller")
+    controller = _by(docs, "StatefulSet", "fthsdp-controller")
     assert not any(_selects(p, controller["spec"]["template"]["metadata"]["labels"]) for p in peers)
     assert {"fthsdp.io/operator": "true"} in [p.get("podSelector", {}).get("matchLabels") for p in http_rule["from"]]
     etcd_policy = _by(docs, "NetworkPolicy", "fthsdp-etcd")
@@ -342,7 +347,7 @@ def test_agents_split_active_and_spare_hosts_of_the_node_pool_and_serve_job_afte
         assert pod["nodeSelector"]["fthsdp.io/node-pool"] == "fthsdp"
         assert "nvidia.com/gpu.present" not in pod["nodeSelector"]
         args = pod["containers"][0]["args"]
-        assert "--host-id=$(NODE_NAME)" in args and any(a.startswith("--controller=fthsdp-controller-grpc:") for a in args)
+        assert "--host-id=$(NODE_NAME)" in args and any(a.startswith("--controller=fthsdp-controller-0.") for a in args)
         assert "--replica-id" not in " ".join(args) and "--job-id" not in " ".join(args)  # the controller's
         assert "--on-job-complete=pool" in args  # a DaemonSet would restart an agent that exits
         assert pod["priorityClassName"] == _by(docs, "PriorityClass", "fthsdp-training")["metadata"]["name"]
@@ -430,7 +435,7 @@ def test_only_pods_of_the_job_reach_the_trainer_ports(rel):
     assert peers and all(set(p) == {"podSelector"} for p in peers), "trainer ports open beyond the namespace"
     for o in trainers:
         assert any(_selects(p["podSelector"], _labels(o)) for p in peers), o["metadata"]["name"]
-    for other in (_by(docs, "Deployment", "fthsdp-controller"), _by(docs, "StatefulSet", "fthsdp-etcd")):
+    for other in (_by(docs, "StatefulSet", "fthsdp-controller"), _by(docs, "StatefulSet", "fthsdp-etcd")):
         assert not any(_selects(p["podSelector"], _labels(other)) for p in peers), other["metadata"]["name"]
 
 
@@ -438,7 +443,7 @@ def test_only_pods_of_the_job_reach_the_trainer_ports(rel):
 def test_etcd_speaks_tls_exactly_when_the_controller_dials_it_with_tls(rel):
     docs = render(rel)
     etcd_args = _by(docs, "StatefulSet", "fthsdp-etcd")["spec"]["template"]["spec"]["containers"][0]["args"]
-    controller_args = _by(docs, "Deployment", "fthsdp-controller")["spec"]["template"]["spec"]["containers"][0]["args"]
+    controller_args = _by(docs, "StatefulSet", "fthsdp-controller")["spec"]["template"]["spec"]["containers"][0]["args"]
     endpoints = _by(docs, "ConfigMap", "fthsdp-controller")["data"]["etcd_endpoints"].split(",")
     client = {a.split("=")[0] for a in controller_args if a.startswith("--etcd-")}
     if any(a.startswith("--cert-file=") for a in etcd_args):

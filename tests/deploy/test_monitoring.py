@@ -27,7 +27,7 @@ def _flag(args: list[str], name: str) -> str | None:
 
 @pytest.mark.parametrize("overlay, monitoring", PAIRS)
 def test_the_podmonitor_scrapes_as_the_controller_serves(overlay, monitoring):
-    pod = _by(render(overlay), "Deployment", "fthsdp-controller")["spec"]["template"]["spec"]
+    pod = _by(render(overlay), "StatefulSet", "fthsdp-controller")["spec"]["template"]["spec"]
     [c] = [c for c in pod["containers"] if c["name"] == "controller"]
     secret_at = {m["mountPath"]: next(v["secret"]["secretName"] for v in pod["volumes"] if v["name"] == m["name"])
                  for m in c["volumeMounts"] if any(v["name"] == m["name"] and "secret" in v for v in pod["volumes"])}

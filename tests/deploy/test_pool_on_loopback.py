@@ -2,10 +2,9 @@
 rendered DaemonSet starts a pod (tests/deploy/test_daemonsets_on_loopback.py says how), serve
 two jobs in turn without being restarted.
 
-Each job is its own controller with its own job id on the same etcd, behind the same address
-(the pool's Service fthsdp-controller-grpc: here one loopback port that the first job's
-controller leaves and the second one's takes, as the Service's endpoint moves from the old
-job's pods to the new one's). The first job trains to COMPLETED; its controller goes
+Each job is its own controller with its own job id on the same etcd, at the same address (the
+controller pods' names the agents dial: here one loopback port that the first job's controller
+leaves and the second one's takes, as the names move from the old job's pods to the new one's). The first job trains to COMPLETED; its controller goes
 (`kubectl delete`); the agents, still the same processes, wait in the pool (--on-job-complete
 =pool), register with the next job's controller and train it from step 0 to COMPLETED. Each
 job's checkpoints go to its own folder of the shared checkpoint volume.
