@@ -160,8 +160,8 @@ async def _job_to_serve(args, asked: str) -> str:
     choice = choose_job_id(asked, endings, args.new_job)
     if not choice.job_id:
         raise ValueError(choice.reason)
-    (logging.getLogger("fthsdp.controller").warning if choice.job_id != asked else
-     logging.getLogger("fthsdp.controller").info)("%s", choice.reason)
+    log = logging.getLogger("fthsdp.controller")
+    (log.warning if choice.job_id != asked else log.info)("%s", choice.reason)
     return choice.job_id
 
 
