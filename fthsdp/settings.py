@@ -108,8 +108,9 @@ class RuntimeSettings:
         a controller that is gone ends the replica non-zero, every failed attempt logged with
         its backoff, as the agent's --connect-timeout-s (same default). Keep it above a
         controller failover's time.
-    checkpoint_dir: durable checkpoints go here ("" disables them).
-    checkpoint_every_steps: write a checkpoint after every N-th committed step.
+    checkpoint_dir: durable checkpoints go here ("" disables them; FTHSDP_CHECKPOINT_DIR).
+    checkpoint_every_steps: write a checkpoint after every N-th committed step
+        (FTHSDP_CHECKPOINT_EVERY_STEPS).
     checkpoint_keep_last: how many complete checkpoints to keep (older ones are removed; 0: all).
     ftar_chunk_bytes / ftar_chunks_in_flight: FTAR transport tuning.
     job_secret: the job's secret; it authenticates the coordinator's hello, FTAR hellos and
