@@ -6,7 +6,8 @@ name <jobset>-controller-0-0.<jobset> resolved to the controller pod's IP).
 
 The job trains; one host pod's processes are SIGKILLed mid-run (its ranks go to the warm
 spare) and, as the Job controller would, a new pod takes its completion index; the job runs to
-COMPLETED and every agent exits 0. The exit codes are then read through the JobSet's own
+COMPLETED and every agent exits 0. A second job in the same namespace (the JobSet under a fresh
+name) then trains from step 0. The exit codes are then read through the JobSet's own
 podFailurePolicy, successPolicy and failurePolicy (test_jobset.py reads them as the Job and
 JobSet controllers do): the JobSet Completed. The ConfigMap's timeouts and the job's length are
 made short for a test, as in test_daemonsets_on_loopback.py.
@@ -42,9 +43,11 @@ SECRETS = {"fthsdp-job-secret": {"secret": secrets.token_hex(32)}, "fthsdp-admin
 
 
 class JobSetPods:
-    def __init__(self, root: Path, etcd) -> None:
+    def __init__(self, root: Path, etcd, name: str = "") -> None:
+        """The overlay's JobSet, or a copy of it named `name` (the next job's overlay)."""
         self.root = root
         [self.js] = [d for d in render("kustomize/overlays/jobset-dev") if d["kind"] == "JobSet"]
+        self.js = {**self.js, "metadata": {**self.js["metadata"], "name": name or self.js["metadata"]["name"]}}
         self.name = self.js["metadata"]["name"]
         cm = dict(_by(render("kustomize/overlays/jobset-namespace"), "ConfigMap", "fthsdp-controller")["data"])
         settings = dict(json.loads(cm["controller.json"]), join_timeout_s=2, heartbeat_timeout_s=4)
@@ -68,9 +71,10 @@ class JobSetPods:
         attempt = len(self.procs.get((rjob, index), []))
         here = {f"{self.name}-controller-0-0.{self.name}": IPS[("controller", 0)], "0.0.0.0": ip,
                 "/opt/fthsdp/train.py": TRAIN_PY}
-        here.update(pods.volumes(spec, c, self.root / f"{rjob}-{index}-{attempt}", SECRETS, self.configmaps))
+        pod = f"{self.name}-{rjob}-{index}-{attempt}"
+        here.update(pods.volumes(spec, c, self.root / pod, SECRETS, self.configmaps))
         argv, env = pods.command_line(c, env, here)
-        with open(self.root / f"{rjob}-{index}-{attempt}.err", "wb") as err:
+        with open(self.root / f"{pod}.err", "wb") as err:
             proc = subprocess.Popen(argv, env={**os.environ, **env}, stdout=subprocess.PIPE, stderr=err,
                                     stdin=subprocess.DEVNULL, text=True)
         self.procs.setdefault((rjob, index), []).append(proc)
@@ -158,3 +162,19 @@ async def test_the_jobset_pods_train_survive_a_lost_host_pod_and_complete(tmp_pa
         raise
     finally:
         job.stop()
+
+    # The next job in the same namespace: the same JobSet under a fresh name (its job id), the same
+    # etcd and checkpoint volume. It trains from step 0, not from the first one's end.
+    second = JobSetPods(tmp_path, etcd, name="dev-2")
+    try:
+        for key in (("controller", 0), ("hosts", 0), ("hosts", 1)):
+            second.start(*key)
+        await second.until("the second job COMPLETED", lambda: second.get("/api/v1/job")["job_state"] == "COMPLETED")
+        assert second.get("/api/v1/job")["job_id"] == "dev-2"
+        assert min(q["max_step"] for q in second.get("/api/v1/quorums")["recent"]) == 0
+        assert sorted(p.name for p in (tmp_path / "pvc-fthsdp-checkpoints").iterdir()) == [job.name, "dev-2"]
+    except BaseException:
+        print(second.logs(), file=sys.stderr)
+        raise
+    finally:
+        second.stop()
