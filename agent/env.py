@@ -130,11 +130,13 @@ def trainer_environment(
     insecure_trainer_ports: bool = False,
     telemetry_file: str = "",
     replica_version: int = 0,
+    slot: int = 0,
 ) -> dict[str, str]:
     """The environment of one trainer: `base` plus our variables (ours win).
 
     `placement is None` builds a standby's environment: FTHSDP_STANDBY=1 and none of the
-    assignment's variables, not even inherited ones.
+    assignment's variables, not even inherited ones, but LOCAL_RANK: its `slot` on the host
+    (the device it builds on; the placement it is handed in that slot has that local rank).
     """
     drop = ASSIGNMENT_VARIABLES if placement is None else (REPLICA_ID, RANK, WORLD_SIZE)
     env = {k: v for k, v in base.items() if k not in drop and k not in _REPLACED}
@@ -155,6 +157,7 @@ def trainer_environment(
                 env[name] = value
     if placement is None:
         env[STANDBY] = "1"
+        env[LOCAL_RANK] = str(slot)
     else:
         env.update(assignment_environment(placement, host_id=host_id, job_id=job_id, controller=controller,
                                           replica_version=replica_version))

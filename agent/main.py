@@ -26,7 +26,8 @@ Prints one JSON line to stdout once first registered, then logs to stderr:
 
 Exit status: 0 after SIGTERM/SIGINT (trainers stopped, the host deregistered: its work moves
 to a spare) or once the controller says the job is COMPLETED (trainers stopped; with
---on-job-complete idle the agent stays instead), 2 for bad arguments, 3 when the controller
+--on-job-complete idle the agent stays instead; with pool it serves the next job its
+--controller address answers for, a different job id), 2 for bad arguments, 3 when the controller
 refuses the registration (e.g. a duplicate assignment), 4 once the controller says the job
 is FAILED (trainers stopped; no replica could make progress), 5 when no controller address
 answered for --connect-timeout-s (every failed attempt is logged with its backoff). While another live agent holds the
@@ -164,7 +165,8 @@ def parser() -> argparse.ArgumentParser:
                         "the trainer must be replaced (a restart starts no cold process)")
     p.add_argument("--on-job-complete", choices=ON_JOB_COMPLETE, default="exit",
                    help="when the job is COMPLETED (or FAILED): stop trainers and exit 0 (4 when FAILED), "
-                        "or stop them and idle")
+                        "or stop them and idle, or (pool) stop them and serve the next job that the "
+                        "--controller address answers for (a node pool's DaemonSet: never gives up between jobs)")
     add_timeout_flags(p)
     p.add_argument("--tls-ca-file", type=flags.existing_file,
                    help=f"CA of the controller's certificate: turns TLS on (default: env {dial.ENV_TLS_CA_FILE}; "

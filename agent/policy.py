@@ -24,7 +24,9 @@ supervisor executing `next_action` (the state diagram):
                                                              finish from an early exit)
     halted --(new generation: an order)--> empty
     any --(job COMPLETED: every slot wants IDLE)--> empty    then the agent exits 0, or idles and
-                                                             starts nothing (`after_job_state`)
+                                                             starts nothing, or (pool) waits for the
+                                                             next job (`after_job_state`,
+                                                             `serves_next_job`)
 
 With warm restarts (`Spec.warm_restarts`) a slot that trains also holds a *reserve*: one
 pre-started standby next to its trainer, decided by `reserve_action` (the same supervisor
@@ -263,10 +265,25 @@ class JobEnd(enum.Enum):
     RUN = "run"      # the job runs: slots do what orders want
     EXIT = "exit"    # the job COMPLETED (FAILED): stop every trainer gracefully, then the agent exits 0 (4)
     IDLE = "idle"    # the job COMPLETED: stop every trainer, stay registered, start nothing
+    POOL = "pool"    # the job ended: stop every trainer, stay, and serve the next job the controller
+                     # address answers for (`serves_next_job`); waits for it without giving up
 
 
 #: What an agent does once the job is COMPLETED (the `on_job_complete` setting).
-ON_JOB_COMPLETE = (JobEnd.EXIT.value, JobEnd.IDLE.value)
+ON_JOB_COMPLETE = (JobEnd.EXIT.value, JobEnd.IDLE.value, JobEnd.POOL.value)
+
+
+def serves_next_job(on_job_complete: str, ended_job: str, answered_job: str, running: bool) -> bool:
+    """A pool agent (`--on-job-complete pool`) whose job ended goes back to work once its
+    controller address answers for another job id, and that job runs. The same id answering
+    again (the ended job's own controller, a standby of it) keeps it in the pool."""
+    return on_job_complete == JobEnd.POOL.value and answered_job != ended_job and running
+
+
+def gives_up_on_controller(on_job_complete: str, serving: bool) -> bool:
+    """Whether a controller outage longer than connect_timeout_s ends the agent. A pool agent
+    that serves no job (none yet, or its job ended) waits for the next one's controller."""
+    return serving or on_job_complete != JobEnd.POOL.value
 
 
 def after_job_state(completed: bool, on_job_complete: str) -> JobEnd:

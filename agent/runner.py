@@ -29,7 +29,7 @@ import grpc
 
 from agent import orders, refusals, state_file
 from agent.orders import Assignment, Effect
-from agent.policy import JobEnd, Want, after_job_state
+from agent.policy import JobEnd, Want, after_job_state, gives_up_on_controller, serves_next_job
 from agent.ports import pick_ports
 from agent.proofs import registration_proof
 from agent.process import ProcessHooks, SubprocessHooks
@@ -194,14 +194,19 @@ class Agent:
                 outage += 1
                 now = self._clock()
                 outage_since = now if outage_since is None else outage_since
-                if now - outage_since + delay > s.connect_timeout_s:
+                serving = self.registered.is_set() and not self.job_completed.is_set()
+                if not gives_up_on_controller(s.on_job_complete, serving):
+                    if outage == 1:
+                        log.info("host %s: in the pool, waiting for a job's controller at %s (%s)", s.host_id,
+                                 address, why)
+                elif now - outage_since + delay > s.connect_timeout_s:
                     raise ConnectTimeout(
                         f"host {s.host_id}: no controller answered for {now - outage_since:.1f} s ({outage} attempt(s), "
                         f"last {address}: {why}); giving up (--connect-timeout-s {s.connect_timeout_s:g})") from exc
-                # Every failed attempt, with its backoff: a wrong address shows at once.
-                log.warning("host %s: controller %s failed (%s), attempt %d; trying %s in %.2f s (giving up after "
-                            "%g s without an answer)", s.host_id, address, why, outage, rotation.current, delay,
-                            s.connect_timeout_s)
+                else:  # every failed attempt, with its backoff: a wrong address shows at once
+                    log.warning("host %s: controller %s failed (%s), attempt %d; trying %s in %.2f s (giving up after "
+                                "%g s without an answer)", s.host_id, address, why, outage, rotation.current,
+                                delay, s.connect_timeout_s)
             try:
                 await asyncio.wait_for(stop.wait(), delay)
             except asyncio.TimeoutError:
@@ -239,6 +244,9 @@ class Agent:
             self._secret, self._previous_secret = response.agent_secret, ""
             if self._state_path:
                 state_file.write_secret(self._state_path, self._secret)
+        if self.job_completed.is_set() and serves_next_job(s.on_job_complete, self.supervisor.job_id,
+                                                           response.job_id, response.job_state == pb.RUNNING):
+            self._back_from_pool(response.job_id, address)
         if not s.job_id and response.job_id:
             self.supervisor.job_id = response.job_id
         given = Assignment.from_proto(response.assignment)
@@ -403,10 +411,21 @@ class Agent:
         self.job_ending = pb.JobState.Name(job_state)
         log.log(logging.ERROR if job_state == pb.FAILED else logging.INFO,
                 "host %s: the job is %s (%s%s): stopping trainers%s", self.settings.host_id, self.job_ending,
-                source, f": {reason}" if reason else "", " and exiting" if end is JobEnd.EXIT else "; idling")
+                source, f": {reason}" if reason else "",
+                {JobEnd.EXIT: " and exiting", JobEnd.IDLE: "; idling"}.get(end, "; back in the pool"))
         self.supervisor.set_wants([])
         if end is JobEnd.EXIT:
             self._quit.set()
+        if end is JobEnd.POOL:  # the next job lays its replicas out afresh
+            self.assignment, self.version = None, 0
+
+    def _back_from_pool(self, job_id: str, address: str) -> None:
+        """A pool agent whose job ended serves the next one (`policy.serves_next_job`)."""
+        log.info("host %s: job %s ended (%s); serving job %s at %s", self.settings.host_id,
+                 self.supervisor.job_id or "?", self.job_ending, job_id, address)
+        self.job_completed.clear()
+        self.job_ending = ""
+        self.supervisor.resume()
 
     def _wants(self, assignment: Assignment | None, effect: Effect) -> list[Want]:
         if self.job_completed.is_set():

@@ -89,7 +89,8 @@ class AgentSettings:
     # The supervisor looks at its processes at least this often (exits wake it at once).
     poll_interval_s: float = 0.5
     # Once the controller says the job is COMPLETED: "exit" (stop trainers gracefully, exit 0)
-    # or "idle" (stop trainers, stay registered and start nothing).
+    # or "idle" (stop trainers, stay registered and start nothing) or "pool" (stop trainers, then
+    # serve the next job the controller address answers for: agent.policy.serves_next_job).
     on_job_complete: str = "exit"
     # TLS to the controller (CA file turns it on; cert + key for mTLS). Trainers get the same
     # files through the FTHSDP_TLS_* environment (see protos.dial).
@@ -178,6 +179,9 @@ class AgentSettings:
         if self.on_job_complete not in ON_JOB_COMPLETE:
             raise ValueError(f"on_job_complete must be one of {', '.join(ON_JOB_COMPLETE)}, got "
                              f"{self.on_job_complete!r}.")
+        if self.on_job_complete == "pool" and self.job_id:
+            raise ValueError(f"on_job_complete 'pool' serves whichever job its controller address answers for: give "
+                             f"no job_id (got {self.job_id!r}).")
         if self.telemetry_interval_s < 0:
             raise ValueError(f"telemetry_interval_s must be >= 0 (0: off), got {self.telemetry_interval_s}.")
         if not 1 <= self.telemetry_window_collectives <= MAX_WINDOW_COLLECTIVES:

@@ -265,7 +265,8 @@ class Supervisor:
                                                 controller=",".join(s.controller_addresses), tls=s.tls,
                                                 secret=s.job_secret, insecure_trainer_ports=s.insecure_trainer_ports,
                                                 telemetry_file=self.telemetry_file(slot.index),
-                                                replica_version=slot.want.version if p else 0),
+                                                replica_version=slot.want.version if p else 0,
+                                                slot=slot.index),
             standby=p is None,
             label=f"{s.host_id} {p.replica_id}/{p.rank}" if p else f"{s.host_id} {label}{slot.index}")
 

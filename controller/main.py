@@ -7,6 +7,9 @@ The job secret (--job-secret-file, else FTHSDP_JOB_SECRET_FILE, else FTHSDP_JOB_
 same secret the agents and trainers hold) is what every caller proves (protos/credentials.py).
 Without one the controller refuses to start, unless --insecure says that every claimed host
 and replica id is to be believed (tests on one machine only).
+
+A job id is never reused silently: on an etcd that holds --job-id finished, the controller
+refuses (exit 2), or with --new-job serves the next free id (controller/core/job_ids.py).
 """
 
 from __future__ import annotations
@@ -31,6 +34,8 @@ ENV_ETCD_PASSWORD = "FTHSDP_ETCD_PASSWORD"
 #: The flag that sets each listener's port (controller/service/server.py PortInUse.listener).
 PORT_FLAGS = {"grpc": "--grpc-port", "http": "--http-port", "quorum": "--quorum-port"}
 _DEFAULTS = ControllerSettings()
+#: How long a starting controller waits for etcd to answer which jobs it holds.
+STORE_WAIT_S = 60.0
 
 
 def _add_security_flags(p: argparse.ArgumentParser) -> None:
@@ -108,7 +113,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--settings", type=flags.existing_file, metavar="PATH",
                    help="JSON file with ControllerSettings fields; flags win over it (default: none, the "
                         "defaults shown here)")
-    p.add_argument("--job-id", help=f"the job's id, unique per job (default {d.job_id!r})")
+    p.add_argument("--job-id", help=f"the job's id, unique per job (default {d.job_id!r}); a store that holds a "
+                                    "finished job under it makes the controller refuse to start "
+                                    "(controller/core/job_ids.py)")
+    p.add_argument("--new-job", action="store_true",
+                   help="when the store holds --job-id finished (COMPLETED or FAILED): serve the next free id "
+                        "(ID-2, ID-3, ...) instead of refusing; the serving line and the log name it")
     p.add_argument("--replicas", type=int, help=f"configured replica count (default {d.replicas})")
     p.add_argument("--min-replicas", type=int,
                    help=f"fewest replicas a quorum may have (default {d.min_replicas})")
@@ -173,6 +183,49 @@ def _etcd_store(args, job_id: str):
                                  key_file=args.etcd_key_file, username=args.etcd_user,
                                  password=password if args.etcd_user else None)
     return EtcdStore(endpoints=args.etcd.split(","), prefix=f"/fthsdp/{job_id}", settings=settings)
+
+
+async def _job_to_serve(args, asked: str) -> str:
+    """The job id this controller serves (controller/core/job_ids.py): the one asked for unless
+    the store holds it finished; ValueError when it must refuse. Reads the store's durable
+    replicas section of each candidate in turn; an unreachable store is retried, bounded."""
+    from controller.core.job_ids import MAX_CANDIDATES, candidates, choose_job_id, ending_of
+    from controller.store import StoreError
+
+    endings = []
+    for job_id in candidates(asked, MAX_CANDIDATES if args.new_job else 1):
+        store = _etcd_store(args, job_id)
+        try:
+            found = await _read_bounded(store, f"jobs/{job_id}/replicas", STORE_WAIT_S)
+        except StoreError as exc:
+            raise ValueError(f"cannot read job {job_id!r} from etcd {args.etcd} within {STORE_WAIT_S:g} s: {exc}")
+        finally:
+            await store.close()
+        endings.append(ending_of(json.loads(found) if found else None))
+        if endings[-1] is None:
+            break
+    choice = choose_job_id(asked, endings, args.new_job)
+    if not choice.job_id:
+        raise ValueError(choice.reason)
+    log = logging.getLogger("fthsdp.controller")
+    (log.warning if choice.job_id != asked else log.info)("%s", choice.reason)
+    return choice.job_id
+
+
+async def _read_bounded(store, key: str, bound_s: float) -> bytes | None:
+    """store.get(key), retried every half second while the store cannot be reached, for at
+    most `bound_s` (a controller may start before its etcd does)."""
+    from controller.store import StoreError
+
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + bound_s
+    while True:
+        try:
+            return (await asyncio.wait_for(store.get(key), max(deadline - loop.time(), 0.1))).value
+        except (StoreError, asyncio.TimeoutError) as exc:
+            if loop.time() >= deadline:
+                raise StoreError(str(exc) or type(exc).__name__) from exc
+            await asyncio.sleep(0.5)
 
 
 def _credentials(args):
@@ -250,13 +303,19 @@ def build_server(args):
 
 async def serve(args) -> int:
     server = build_server(args)
+    if args.etcd:  # a job id is never reused silently (controller/core/job_ids.py)
+        job_id = await _job_to_serve(args, server.settings.job_id)
+        if job_id != server.settings.job_id:
+            args.job_id = job_id
+            server = build_server(args)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await server.start()
     print(json.dumps({"event": "serving", "grpc": server.grpc_address, "http": server.http_url,
-                      "quorum": server.quorum_address, "pid": os.getpid(), "candidate": server.candidate}), flush=True)
+                      "quorum": server.quorum_address, "pid": os.getpid(), "candidate": server.candidate,
+                      "job_id": server.settings.job_id}), flush=True)
     await stop.wait()
     await server.stop()
     return 0

@@ -53,6 +53,7 @@ ENV_LOCAL_RANK = "FTHSDP_LOCAL_RANK"
 ENV_CONTROLLER = "FTHSDP_CONTROLLER"
 ENV_COORDINATOR_ADDRESS = "FTHSDP_COORDINATOR_ADDRESS"
 ENV_CHECKPOINT_DIR = "FTHSDP_CHECKPOINT_DIR"
+ENV_CHECKPOINT_EVERY_STEPS = "FTHSDP_CHECKPOINT_EVERY_STEPS"
 ENV_MAX_STEPS = "FTHSDP_MAX_STEPS"
 ENV_RELAY_FANOUT = "FTHSDP_RELAY_FANOUT"
 ENV_REPLICA_VERSION = "FTHSDP_REPLICA_VERSION"
@@ -141,8 +142,9 @@ class RuntimeSettings:
         a controller that is gone ends the replica non-zero, every failed attempt logged with
         its backoff, as the agent's --connect-timeout-s (same default). Keep it above a
         controller failover's time.
-    checkpoint_dir: durable checkpoints go here ("" disables them).
-    checkpoint_every_steps: write a checkpoint after every N-th committed step.
+    checkpoint_dir: durable checkpoints go here ("" disables them; FTHSDP_CHECKPOINT_DIR).
+    checkpoint_every_steps: write a checkpoint after every N-th committed step
+        (FTHSDP_CHECKPOINT_EVERY_STEPS).
     checkpoint_keep_last: how many complete checkpoints to keep (older ones are removed; 0: all).
     ftar_chunk_bytes / ftar_chunks_in_flight: FTAR transport tuning.
     job_secret: the job's secret; it authenticates the coordinator's hello, FTAR hellos and
@@ -355,6 +357,7 @@ _ENV_FIELDS: tuple[tuple[str, Callable[[str], object], tuple[str, ...]], ...] = 
     ("controller_address", str, (ENV_CONTROLLER,)),
     ("coordinator_address", str, (ENV_COORDINATOR_ADDRESS,)),
     ("checkpoint_dir", str, (ENV_CHECKPOINT_DIR,)),
+    ("checkpoint_every_steps", _int, (ENV_CHECKPOINT_EVERY_STEPS,)),
     ("max_steps", _int, (ENV_MAX_STEPS,)),
     ("deterministic", lambda text: _flag(ENV_DETERMINISTIC, text), (ENV_DETERMINISTIC,)),
     ("relay_fanout", _int, (ENV_RELAY_FANOUT,)),

@@ -10,6 +10,12 @@ variables (replica, controller, coordinator address); the flags below override s
 fields. `bind_host` (where FTAR, the state server and, on rank 0, the coordinator listen)
 defaults to $POD_IP when set.
 
+The device: with CUDA present, rank LOCAL_RANK's GPU (the agent gives each trainer its slot, a
+standby too), NCCL inside the replica and FTAR on CUDA tensors across replicas (the `cuda`
+extra); without, the CPU and Gloo. Checkpoints (FTHSDP_CHECKPOINT_DIR, every
+FTHSDP_CHECKPOINT_EVERY_STEPS) go to a folder of their own per job, <dir>/<job id>: a new job
+starts from step 0, a restarted one resumes from its own.
+
 On a warm spare the agent starts it as a standby (FTHSDP_STANDBY=1, `--standby`): it does
 everything that does not depend on its assignment first (imports, the model built with the
 job's seed, the optimizer, one forward/backward on a dummy batch to prime the kernels, the
@@ -47,11 +53,27 @@ def batch_at(replica_id: str, position: int) -> tuple[torch.Tensor, torch.Tensor
     return x, x.sum(dim=1, keepdim=True)
 
 
-def build(lr: float) -> tuple[torch.nn.Module, torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler]:
+def device() -> torch.device:
+    """This rank's device: GPU LOCAL_RANK when CUDA is present (a standby gets its slot as
+    LOCAL_RANK from the agent, so standbys on one host build on different GPUs), else the CPU."""
+    if not torch.cuda.is_available():
+        return torch.device("cpu")
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    torch.cuda.set_device(local)
+    return torch.device("cuda", local)
+
+
+def job_checkpoints(checkpoint_dir: str, job_id: str) -> str:
+    """The job's own checkpoint folder under the shared volume ("" when checkpoints are off)."""
+    return os.path.join(checkpoint_dir, job_id) if checkpoint_dir else ""
+
+
+def build(lr: float, on: torch.device) -> tuple[torch.nn.Module, torch.optim.Optimizer,
+                                                 torch.optim.lr_scheduler.LRScheduler]:
     """The model, optimizer and schedule: nothing here depends on the replica or rank, so a
     standby builds them before it has an assignment."""
     torch.manual_seed(0)  # every replica starts from the same weights
-    model = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
+    model = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1)).to(on)
     optimizer = torch.optim.SGD(model.parameters(), lr=lr)
     return model, optimizer, torch.optim.lr_scheduler.StepLR(optimizer, step_size=200, gamma=0.5)
 
@@ -60,8 +82,9 @@ def prime(model: torch.nn.Module) -> None:
     """One forward/backward on a dummy batch (made by the data path, from its own generator):
     kernels, autograd and the allocator are warm. The weights, the global RNG and the
     optimizer are untouched; the gradients are dropped."""
+    on = next(model.parameters()).device
     x, y = batch_at("standby-warm-up", 0)
-    torch.nn.functional.mse_loss(model(x), y).backward()
+    torch.nn.functional.mse_loss(model(x.to(on)), y.to(on)).backward()
     model.zero_grad(set_to_none=True)
 
 
@@ -78,7 +101,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
-    model, optimizer, scheduler = build(args.lr)
+    on = device()
+    model, optimizer, scheduler = build(args.lr, on)
     prime(model)
     if is_standby():  # a warm spare: everything above is done; now wait for the ranks of a failed host
         log.info("standby: set up, waiting for an assignment")
@@ -87,6 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     if "bind_host" not in overrides and os.environ.get("POD_IP"):
         overrides["bind_host"] = os.environ["POD_IP"]
     settings = RuntimeSettings.from_env(**overrides)
+    settings = replace(settings, checkpoint_dir=job_checkpoints(settings.checkpoint_dir, settings.job_id))
     log.info("replica %s rank %d of %d (local rank %d) starts", settings.replica_id, settings.rank,
              settings.world_size, settings.local_rank)
 
@@ -97,7 +122,8 @@ def main(argv: list[str] | None = None) -> int:
         # 5 minutes (a restarted rank 0 imports torch first); a collective that waits longer fails.
         # A rank meets under its rank 0's replica version (in a first layout it may have been
         # given a newer one) and says so in its hello.
-        met = init_replica_group("gloo", settings.rank, settings.world_size, timedelta(minutes=5))
+        backend = "nccl" if on.type == "cuda" else "gloo"
+        met = init_replica_group(backend, settings.rank, settings.world_size, timedelta(minutes=5))
         if met:
             settings = replace(settings, replica_version=met)
         group = dist.group.WORLD
@@ -113,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     # exits non-zero and the controller restarts its replica; the replica is then not FINISHED.
     for x, y in manager.batches(batch_at):
         ft_optimizer.zero_grad()
-        loss = torch.nn.functional.mse_loss(model(x[rows]), y[rows])
+        loss = torch.nn.functional.mse_loss(model(x[rows].to(on)), y[rows].to(on))
         loss.backward()
         # Averages gradients inside the replica and across replicas, votes, then commits
         # (True) or rolls back for a retry of the same batch (False).

@@ -4,8 +4,8 @@ It records registrations, heartbeats, acks and exit reports, and lets a test pus
 to a host's order stream. `refuse` makes RegisterAgent answer `refuse_code` (FAILED_PRECONDITION),
 `refuse_claims` refuses registrations that claim an assignment with INVALID_ARGUMENT, `busy`
 makes it answer ABORTED (another live agent holds the host) that many times; `job_state` is
-what heartbeat and registration answers say about the job; registration answers carry
-assignment version `version`. Deregistrations are recorded in `deregistrations`. Like the real
+what heartbeat and registration answers say about the job, `job_id` which job registration
+answers name; registration answers carry assignment version `version`. Deregistrations are recorded in `deregistrations`. Like the real
 controller it hands out an agent secret per new incarnation, and it records the secret each
 order stream, ack and exit report presented (`presented`).
 """
@@ -42,6 +42,7 @@ class FakeController(pb_grpc.ControllerServicer):
         self.version = 3
         self.deregistrations: list[pb.DeregisterAgentRequest] = []
         self.job_state = pb.RUNNING
+        self.job_id = "job"  # the job id registration answers name
         self.server: grpc.aio.Server | None = None
         self.address = ""
         #: incarnation -> the secret handed out for it; (rpc, secret) for every call that
@@ -49,13 +50,13 @@ class FakeController(pb_grpc.ControllerServicer):
         self.secrets: dict[str, str] = {}
         self.presented: list[tuple[str, str]] = []
 
-    async def start(self, credentials: grpc.ServerCredentials | None = None) -> "FakeController":
+    async def start(self, credentials: grpc.ServerCredentials | None = None, port: int = 0) -> "FakeController":
         self.server = grpc.aio.server()
         pb_grpc.add_ControllerServicer_to_server(self, self.server)
         if credentials is not None:
-            port = self.server.add_secure_port("127.0.0.1:0", credentials)
+            port = self.server.add_secure_port(f"127.0.0.1:{port}", credentials)
         else:
-            port = self.server.add_insecure_port("127.0.0.1:0")
+            port = self.server.add_insecure_port(f"127.0.0.1:{port}")
         self.address = f"127.0.0.1:{port}"
         await self.server.start()
         return self
@@ -84,7 +85,7 @@ class FakeController(pb_grpc.ControllerServicer):
         new = request.incarnation not in self.secrets
         secret = self.secrets.setdefault(request.incarnation, f"secret-{len(self.secrets)}")
         return pb.RegisterAgentResponse(assignment=assignment, reason="fake", job_state=self.job_state,
-                                        agent_secret=secret if new else "")
+                                        agent_secret=secret if new else "", job_id=self.job_id)
 
     async def Heartbeat(self, request_iterator, context):
         async for request in request_iterator:

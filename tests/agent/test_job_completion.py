@@ -26,7 +26,7 @@ def test_after_job_state(completed, setting, end):
 
 def test_on_job_complete_setting_and_flag():
     base = dict(controller_addresses=("127.0.0.1:1",), host_id="h1", command=("t",), spare=True)
-    with pytest.raises(ValueError, match="on_job_complete must be one of exit, idle, got 'linger'"):
+    with pytest.raises(ValueError, match="on_job_complete must be one of exit, idle, pool, got 'linger'"):
         AgentSettings(**base, on_job_complete="linger").validate()
     assert parse(["--controller", "127.0.0.1:1", "--host-id", "h1", "--spare", "--", "t"]).on_job_complete == "exit"
     assert parse(["--controller", "127.0.0.1:1", "--host-id", "h1", "--spare", "--on-job-complete", "idle",

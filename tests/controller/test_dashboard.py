@@ -130,7 +130,7 @@ def test_monitoring_kustomization_renders_the_dashboard_configmap():
     assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
     assert set(monitor["spec"]) == {"selector", "podMetricsEndpoints"}
     for endpoint in monitor["spec"]["podMetricsEndpoints"]:
-        assert set(endpoint) <= {"port", "path", "interval", "scrapeTimeout", "authorization"}
+        assert set(endpoint) <= {"port", "path", "interval", "scrapeTimeout", "authorization", "scheme", "tlsConfig"}
         if "authorization" in endpoint:  # the read token (--read-token-file), from its Secret
             assert endpoint["authorization"] == {"type": "Bearer",
                                                  "credentials": {"name": "fthsdp-read-token", "key": "token"}}
@@ -139,7 +139,7 @@ def test_monitoring_kustomization_renders_the_dashboard_configmap():
 def test_podmonitor_selects_the_controller_pods_port():
     monitor = yaml.safe_load((MONITORING / "podmonitor.yaml").read_text())
     docs = [d for d in yaml.safe_load_all((ROOT / "deploy/kustomize/base/controller.yaml").read_text()) if d]
-    deployment = next(d for d in docs if d["kind"] == "Deployment")
+    deployment = next(d for d in docs if d["kind"] == "StatefulSet")
     pod = deployment["spec"]["template"]
     selector = monitor["spec"]["selector"]["matchLabels"]
     assert selector.items() <= pod["metadata"]["labels"].items()

@@ -5,7 +5,7 @@ import pytest
 from controller.core.errors import FailedPrecondition, InvalidArgument, NotFound, RetryLater
 from controller.core.model import Assignment, HostState, JoinRequest, ReplicaState
 from controller.core.rendezvous import Endpoints
-from controller.core.spares import pick_spare
+from controller.core.spares import SpareChoice, pick_spare
 from controller.core.host_records import HOST_SHARDS
 from controller.core.state import ControllerState
 from controller.settings import ControllerSettings
@@ -75,6 +75,24 @@ def test_spare_choice_prefers_same_zone():
     assert choice.host_id == "s1" and "same zone (z2)" in choice.reason
     choice = pick_spare(s.hosts["h0"], list(s.hosts.values()))
     assert choice.host_id == "s0" and "no spare in zone z1" in choice.reason
+
+
+def test_spare_choice_prefers_the_same_block_then_the_same_zone_and_ignores_empty_labels():
+    s = cluster(spares=("s0", "s1", "s2"), spare_zone="z9")
+    s.hosts["h1"].labels = {"zone": "z2", "block": "b7"}
+    s.hosts["s0"].labels = {"zone": "z2", "block": "b1"}
+    s.hosts["s1"].labels = {"zone": "z3", "block": "b7"}
+    s.hosts["s2"].labels = {"zone": "z2", "block": ""}
+    choice = pick_spare(s.hosts["h1"], list(s.hosts.values()))
+    assert choice == SpareChoice("s1", "spare s1 is in the same block (b7)")
+    s.hosts["s1"].labels = {"zone": "z3", "block": "b8"}  # no spare in b7: the same zone then
+    choice = pick_spare(s.hosts["h1"], list(s.hosts.values()))
+    assert choice == SpareChoice("s0", "spare s0 is in the same zone (z2)")
+    s.hosts["h1"].labels = {"zone": "", "block": ""}  # the downward API's empty values
+    assert pick_spare(s.hosts["h1"], list(s.hosts.values())) == SpareChoice("s0", "spare s0 is the first free one")
+    s.hosts["h1"].labels = {"zone": "z5", "block": "b5"}
+    assert pick_spare(s.hosts["h1"], list(s.hosts.values())).reason == (
+        "no spare in block b5; spare s0 is the nearest free one")
 
 
 def test_repaired_host_returns_to_the_pool():

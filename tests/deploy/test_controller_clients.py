@@ -21,6 +21,7 @@ import re
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 import yaml
 
@@ -39,7 +40,7 @@ if "GRPC_ENABLE_FORK_SUPPORT" not in _saved_env:
 
 TLS_FLAGS = ("--tls-ca-file", "--tls-cert-file", "--tls-key-file")
 TLS_ENV = {"--tls-ca-file": "FTHSDP_TLS_CA_FILE", "--tls-cert-file": "FTHSDP_TLS_CERT_FILE",
-           "--tls-key-file": "FTHSDP_TLS_KEY_FILE"}
+           "--tls-key-file": "FTHSDP_TLS_KEY_FILE", "--tls-server-name": "FTHSDP_TLS_SERVER_NAME"}
 SECRET_KEYS = {"ca.crt", "tls.crt", "tls.key"}  # the keys deploy/README.md documents
 MOUNT_ROOT = "/etc/fthsdp/"
 
@@ -58,7 +59,7 @@ def _flags(args: list[str]) -> dict[str, str]:
 
 def _controller_tls(docs: list[dict]) -> tuple[bool, bool]:
     """(TLS on, client certificates required) for the overlay's controller."""
-    flags = _flags(_container(_by(docs, "Deployment", "fthsdp-controller"), "controller")["args"])
+    flags = _flags(_container(_by(docs, "StatefulSet", "fthsdp-controller"), "controller")["args"])
     return "--tls-cert-file" in flags, "--tls-client-ca-file" in flags
 
 
@@ -123,7 +124,7 @@ def test_production_agent_args_are_the_base_args_plus_tls():
     base = render("kustomize/base")
     for ds in (d for d in render("kustomize/overlays/production") if d["kind"] == "DaemonSet"):
         args = _container(ds, "agent")["args"]
-        kept = [a for a in args if a.split("=", 1)[0] not in TLS_FLAGS]
+        kept = [a for a in args if a.split("=", 1)[0] not in TLS_ENV]
         assert kept == _container(_by(base, "DaemonSet", ds["metadata"]["name"]), "agent")["args"]
 
 
@@ -174,7 +175,7 @@ def test_controller_args_parse_and_bind_all_interfaces(rel, tmp_path):
     from controller import main as controller_main
 
     docs = render(rel)
-    c = _container(_by(docs, "Deployment", "fthsdp-controller"), "controller")
+    c = _container(_by(docs, "StatefulSet", "fthsdp-controller"), "controller")
     args = controller_main.parse_args(_localize(_expand(c, docs), tmp_path))
     assert args.host == "0.0.0.0"  # the default, 127.0.0.1, is unreachable from Services and kubelet
     assert args.grpc_port == 50051 and args.http_port == 8080
@@ -196,7 +197,7 @@ def _check_configmap(data: dict, tmp_path: Path) -> ControllerSettings:
 
 
 def test_base_configmap_loads_as_controller_settings(tmp_path):
-    (cm,) = _load_all((DEPLOY / "kustomize" / "base" / "configmap.yaml").read_text())
+    (cm,) = _load_all((DEPLOY / "kustomize" / "common" / "configmap.yaml").read_text())
     settings = _check_configmap(cm["data"], tmp_path)
     for key, value in yaml.safe_load(cm["data"]["controller.json"]).items():
         assert getattr(settings, key) == value
@@ -209,7 +210,7 @@ def test_rendered_configmap_loads_as_controller_settings(rel, tmp_path):
 
 def test_an_unknown_configmap_key_is_refused(tmp_path):
     """The check above would catch drift: the loader refuses names it does not know."""
-    (cm,) = _load_all((DEPLOY / "kustomize" / "base" / "configmap.yaml").read_text())
+    (cm,) = _load_all((DEPLOY / "kustomize" / "common" / "configmap.yaml").read_text())
     data = dict(cm["data"], **{"controller.json": '{"join_timeout": 30}'})
     with pytest.raises(ValueError, match="unknown keys: join_timeout"):
         _check_configmap(data, tmp_path)
@@ -218,23 +219,20 @@ def test_an_unknown_configmap_key_is_refused(tmp_path):
 # ---------------------------------------------------------------- readiness
 
 
-def _readiness_service(rel: str) -> str:
-    probe = _container(_by(render(rel), "Deployment", "fthsdp-controller"), "controller")["readinessProbe"]
-    if "grpc" in probe:
-        assert "service" in probe["grpc"], f"{rel}: say which health service readiness asks"
-        return probe["grpc"]["service"]
-    services = [a.split("=", 1)[1] for a in probe["exec"]["command"] if a.startswith("--service=")]
-    assert len(services) == 1, f"{rel}: say which health service readiness asks (--service=)"
-    return services[0]
-
-
-def test_readiness_asks_the_leader_only_health_service_in_every_overlay():
-    services = {_readiness_service(rel) for rel in OVERLAYS}
-    # The controller sets exactly these two to SERVING on the leader, NOT_SERVING on standbys.
-    assert services in ({SERVICE_NAME}, {""}), services
+def test_every_serving_controller_is_ready_and_https_is_probed_as_https():
+    """Readiness is the REST port's /healthz, which standbys answer too (they serve reads): the
+    StatefulSet shows 3/3 and the PDB can let one go at a time. HTTPS exactly when it serves
+    HTTPS. gRPC health (SERVING on the leader only) is no readiness: it would hold standbys
+    out of the read Services."""
+    for rel in OVERLAYS:
+        c = _container(_by(render(rel), "StatefulSet", "fthsdp-controller"), "controller")
+        probe = c["readinessProbe"]
+        assert set(probe) >= {"httpGet"} and "grpc" not in probe and "exec" not in probe, rel
+        assert probe["httpGet"]["path"] == "/healthz" and probe["httpGet"]["port"] == "http", rel
+        https = "--http-tls-cert-file" in _flags(c["args"])
+        assert probe["httpGet"].get("scheme", "HTTP") == ("HTTPS" if https else "HTTP"), rel
     readme = (DEPLOY / "README.md").read_text()
-    (service,) = services
-    assert (service or '""') in readme and "NOT_SERVING" in readme
+    assert f"`{SERVICE_NAME}`" in readme and "NOT_SERVING" in readme and "3/3" in readme
 
 
 # ---------------------------------------------------------------- end to end over mTLS
@@ -292,7 +290,6 @@ def _secret_dir(tmp_path: Path, pki: Path, stem: str) -> Path:
 
 async def test_production_controller_agent_and_probe_talk_mtls(tmp_path):
     import asyncio
-    import dataclasses
 
     from controller import main as controller_main
     from protos import controller_pb2 as pb
@@ -308,14 +305,14 @@ async def test_production_controller_agent_and_probe_talk_mtls(tmp_path):
     settings = tmp_path / "controller.json"
     settings.write_text(_by(docs, "ConfigMap", "fthsdp-controller")["data"]["controller.json"])
 
-    c = _container(_by(docs, "Deployment", "fthsdp-controller"), "controller")
+    c = _container(_by(docs, "StatefulSet", "fthsdp-controller"), "controller")
     secret_dir = tmp_path / "job-secret"
     secret_dir.mkdir()
     secret = job_secret.generate()
     (secret_dir / "secret").write_text(secret)
     args = [a.replace("/etc/fthsdp/tls/", f"{server_dir}/").replace("/etc/fthsdp/controller.json", str(settings))
             .replace("/etc/fthsdp/job-secret/", f"{secret_dir}/")
-            for a in _expand(c, docs) if not a.startswith(("--etcd", "--admin-token-file="))]
+            for a in _expand(c, docs) if not a.startswith(("--etcd", "--admin-token-file=", "--read-token-file="))]
     args = [a for a in args if not a.startswith(("--grpc-port=", "--http-port=", "--host="))]
     server = controller_main.build_server(controller_main.parse_args(
         args + ["--host=127.0.0.1", "--grpc-port=0", "--http-port=0"]))
@@ -328,20 +325,32 @@ async def test_production_controller_agent_and_probe_talk_mtls(tmp_path):
         agent_args = [a.replace("/etc/fthsdp/tls/", f"{client_dir}/").replace("$(POD_IP)", "10.0.0.7")
                       for a in agent["args"]]
         s = agent_main.parse(agent_args)
-        assert s.controller_addresses == ("fthsdp-controller-grpc:50051",)
-        # The Service name resolves to the leader in a cluster; here it is 127.0.0.1:port.
-        tls = dataclasses.replace(s.tls, server_name="fthsdp-controller-grpc")
-        async with aio_channel(f"127.0.0.1:{port}", tls) as channel:
+        assert s.controller_addresses == tuple(f"fthsdp-controller-{n}.fthsdp-controller:50051" for n in range(3))
+        # Each pod name resolves to its pod in a cluster; here the leader is 127.0.0.1:port. The
+        # agent checks the name the certificate bears, whichever pod it dials.
+        assert s.tls.server_name == "fthsdp-controller-grpc"
+        async with aio_channel(f"127.0.0.1:{port}", s.tls) as channel:
             reply = await pbg.ControllerStub(channel).RegisterAgent(pb.RegisterAgentRequest(
                 host_id="node-1", incarnation="i1", spare=s.spare, address=s.advertise_address,
                 rendezvous_port=29500, coordinator_port=29501, proof=credentials.registration_proof(
                     job_secret.parse(secret, "the test"), "node-1", "i1", time.time())), timeout=5)
         assert "spare" in reply.reason
 
-        probe_cmd = c["readinessProbe"]["exec"]["command"]
-        probe_args = [a.replace("/etc/fthsdp/tls/", f"{server_dir}/").replace(
-            "127.0.0.1:50051", f"127.0.0.1:{port}") for a in probe_cmd[1:]]
-        assert await asyncio.to_thread(spec.main, probe_args) == 0  # the leader is Ready
+        # Readiness: HTTPS on the REST port (kubelet checks no certificate; we check its chain,
+        # not its name: the probe dials the pod's IP)
+        import ssl
+
+        probe = c["readinessProbe"]["httpGet"]
+        chain = ssl.create_default_context(cafile=str(server_dir / "ca.crt"))
+        chain.check_hostname = False
+        answer = await asyncio.to_thread(lambda: httpx.get(f"{server.http_url}{probe['path']}", verify=chain,
+                                                           timeout=5))
+        assert server.http_url.startswith("https://") and answer.json()["ok"] is True
+        # Which pod leads: fthsdp-grpc-health against the leader-only health service, over mTLS.
+        assert await asyncio.to_thread(spec.main, [
+            f"--addr=127.0.0.1:{port}", f"--service={SERVICE_NAME}", "--server-name=fthsdp-controller-grpc",
+            f"--ca-file={server_dir}/ca.crt", f"--cert-file={server_dir}/tls.crt",
+            f"--key-file={server_dir}/tls.key"]) == 0
         await server.stop()
         server = None
     finally:

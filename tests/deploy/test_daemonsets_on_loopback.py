@@ -4,8 +4,8 @@ exactly as the rendered DaemonSets start a pod, training the example trainer.
 The agents' command, flags and environment are read from `kubectl kustomize` output. Only what
 a cluster provides is substituted, as kubelet would: the downward-API values (spec.nodeName,
 status.podIP: each host gets its own loopback address 127.0.0.2, 127.0.0.3, ...; the zone
-label), the ConfigMap keys (`max_steps` made short for a test), the Service name
-fthsdp-controller-grpc (here: the address of a controller this test starts, shaped like the
+label), the ConfigMap keys (`max_steps` made short for a test), the controller pods' names
+fthsdp-controller-N.fthsdp-controller (here: the address of a controller this test starts, shaped like the
 dev ConfigMap: 2 replicas x 2 hosts x 1 rank), the image's paths (/opt/fthsdp/train.py is
 deploy/examples/train.py; `python` is this interpreter; `fthsdp` is this virtualenv's) and the
 pod's volumes (each mount a folder of the test's: emptyDirs empty, Secrets holding their keys).
@@ -21,7 +21,6 @@ job's length does not race the faults.
 from __future__ import annotations
 
 import os
-import re
 import secrets
 import signal
 import subprocess
@@ -34,6 +33,7 @@ import pytest
 from controller.launch import launch, read_json_line
 from tests.waiting import wait_for_blocking
 
+from . import pods
 from .test_manifests import ROOT, _by, render
 
 pytestmark = pytest.mark.slow
@@ -42,7 +42,7 @@ OVERLAY = "kustomize/overlays/dev"
 MAX_STEPS = "120"
 HOSTS = {"node-a": "127.0.0.2", "node-b": "127.0.0.3", "node-c": "127.0.0.4", "node-d": "127.0.0.5"}
 SPARE = ("node-s", "127.0.0.6")
-BIN = Path(sys.executable).parent
+TRAIN_PY = str(ROOT / "deploy" / "examples" / "train.py")
 # The Secrets an operator creates (deploy/README.md, "Secrets"), by name and key.
 SECRETS = {"fthsdp-job-secret": {"secret": secrets.token_hex(32)}}
 
@@ -50,49 +50,17 @@ SECRETS = {"fthsdp-job-secret": {"secret": secrets.token_hex(32)}}
 def pod_command(daemonset: dict, configmap: dict, node: str, pod_ip: str, controller: str,
                 pod_dir: Path) -> tuple[list[str], dict[str, str]]:
     """The agent container's command line and environment on `node`, as kubelet would start it."""
-    c = next(c for c in daemonset["spec"]["template"]["spec"]["containers"] if c["name"] == "agent")
+    spec = daemonset["spec"]["template"]["spec"]
+    c = next(c for c in spec["containers"] if c["name"] == "agent")
     downward = {"spec.nodeName": node, "status.podIP": pod_ip,
-                "metadata.labels['topology.kubernetes.io/zone']": ""}
-    env = {}
-    for e in c.get("env", []):
-        source = e.get("valueFrom", {})
-        if "value" in e:
-            env[e["name"]] = e["value"]
-        elif "fieldRef" in source:
-            env[e["name"]] = downward[source["fieldRef"]["fieldPath"]]
-        else:
-            env[e["name"]] = configmap[source["configMapKeyRef"]["key"]]
-    args = [re.sub(r"\$\((\w+)\)", lambda m: env[m.group(1)], a) for a in c["args"]]
-    here = {"fthsdp-controller-grpc:50051": controller,
-            "/opt/fthsdp/train.py": str(ROOT / "deploy" / "examples" / "train.py")}
-    here.update(volumes(daemonset["spec"]["template"]["spec"], c, pod_dir))
-    # one pass, whole names only (a mount at /tmp must not rewrite a path already moved there)
-    names = re.compile("|".join(re.escape(n) + r"(?=/|$)" for n in sorted(here, key=len, reverse=True)))
-    args = [names.sub(lambda m: here[m.group(0)], a) for a in args]
-    env = {k: names.sub(lambda m: here[m.group(0)], v) for k, v in env.items()}
-    cut = args.index("--")
-    assert args[cut + 1] == "python", args
-    args[cut + 1] = sys.executable
+                "metadata.labels['topology.kubernetes.io/zone']": "", "metadata.labels['fthsdp.io/block']": ""}
+    env = pods.environment(c, downward, {"fthsdp-controller": configmap})
+    # the controller pods' names (fthsdp-controller-N.fthsdp-controller): all the one controller here
+    here = {f"fthsdp-controller-{n}.fthsdp-controller:50051": controller for n in range(3)}
+    here["/opt/fthsdp/train.py"] = TRAIN_PY
+    here.update(pods.volumes(spec, c, pod_dir, SECRETS))
     assert c["command"] == ["fthsdp", "agent"]
-    return [str(BIN / "fthsdp"), "agent", *args], env
-
-
-def volumes(spec: dict, container: dict, pod_dir: Path) -> dict[str, str]:
-    """The container's mounts, made under `pod_dir` as kubelet would: an emptyDir is an empty
-    folder, a Secret a folder with one file per key (SECRETS). Returns mount path -> folder."""
-    out = {}
-    for mount in container.get("volumeMounts", []):
-        volume = next(v for v in spec["volumes"] if v["name"] == mount["name"])
-        folder = pod_dir / mount["name"]
-        folder.mkdir(parents=True)
-        if "secret" in volume:
-            for key, value in SECRETS[volume["secret"]["secretName"]].items():
-                (folder / key).write_text(value)
-                (folder / key).chmod(volume["secret"].get("defaultMode", 0o644))
-        else:
-            assert "emptyDir" in volume, volume
-        out[mount["mountPath"]] = str(folder)
-    return out
+    return pods.command_line(c, env, here)
 
 
 def children(pid: int) -> list[int]:

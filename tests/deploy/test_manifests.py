@@ -19,11 +19,18 @@ ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
 K8S_VERSION = "1.37.0"  # newest schemas kubernetes-validate ships; bump with it
 # Directories under deploy/ that hold a kustomization.yaml.
-KUSTOMIZATIONS = ["kustomize/base", "kustomize/etcd", "kustomize/etcd-tls", "kustomize/overlays/dev",
-                  "kustomize/overlays/production"]
+KUSTOMIZATIONS = ["kustomize/common", "kustomize/base", "kustomize/etcd", "kustomize/etcd-tls",
+                  "kustomize/overlays/dev", "kustomize/overlays/production", "kustomize/jobset",
+                  "kustomize/overlays/jobset-namespace", "kustomize/overlays/jobset", "kustomize/overlays/jobset-dev",
+                  "kustomize/overlays/rdma"]
+#: The pool layout's overlays: a namespace with the agent DaemonSets and a job's controller.
 OVERLAYS = ["kustomize/overlays/dev", "kustomize/overlays/production"]
+#: The per-job layout: one JobSet each (tests/deploy/test_jobset.py checks them further).
+JOBSET_OVERLAYS = ["kustomize/overlays/jobset", "kustomize/overlays/jobset-dev"]
+#: Kinds of custom resources: no schema in kubernetes-validate; test_jobset.py checks them.
+CUSTOM_KINDS = {"JobSet", "LocalQueue"}
 WORKLOAD_KINDS = {"Deployment", "DaemonSet", "StatefulSet", "Job"}
-CLUSTER_SCOPED = {"Namespace"}
+CLUSTER_SCOPED = {"Namespace", "PriorityClass"}
 KUBECTL = shutil.which("kubectl")
 
 
@@ -39,6 +46,8 @@ def _listed_files(key: str) -> set[Path]:
     out = set()
     for rel in KUSTOMIZATIONS:
         for entry in _kustomization(rel).get(key, []):
+            if isinstance(entry, dict) and "path" not in entry:
+                continue  # an inline patch
             path = (DEPLOY / rel / (entry["path"] if isinstance(entry, dict) else entry)).resolve()
             if path.is_file():
                 out.add(path)
@@ -70,6 +79,8 @@ def render(rel: str) -> list[dict]:
 
 
 def _validate(doc: dict) -> None:
+    if doc["kind"] in CUSTOM_KINDS:
+        return
     try:
         kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
     except kubernetes_validate.ValidationError as err:
@@ -90,9 +101,21 @@ def _containers(obj: dict):
             yield spec, c
 
 
+def jobset_jobs(jobset: dict) -> list[dict]:
+    """A JobSet's replicated jobs as the Jobs it creates (one per replicated job: the shape)."""
+    name = jobset["metadata"]["name"]
+    return [{"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": f"{name}-{rj['name']}"},
+             "spec": rj["template"]["spec"]} for rj in jobset["spec"]["replicatedJobs"]]
+
+
 def _everything() -> list[tuple[str, list[dict]]]:
-    """Every rendered overlay (each is a whole job: controller, agents and their trainers)."""
-    return [(rel, render(rel)) for rel in OVERLAYS]
+    """Every rendered job: the pool overlays (controller, agents and their trainers) and the
+    JobSet overlays, each JobSet as the Jobs it creates."""
+    out = [(rel, render(rel)) for rel in OVERLAYS]
+    for rel in JOBSET_OVERLAYS:
+        docs = render(rel)
+        out.append((rel, [j for d in docs if d["kind"] == "JobSet" for j in jobset_jobs(d)]))
+    return out
 
 
 def _by(docs: list[dict], kind: str, name: str) -> dict:
@@ -103,7 +126,7 @@ def _by(docs: list[dict], kind: str, name: str) -> dict:
 
 
 # Prometheus Operator resources have no schema here: tests/controller/test_dashboard.py checks them.
-CUSTOM_RESOURCE_FILES = {DEPLOY / "monitoring" / "podmonitor.yaml"}
+CUSTOM_RESOURCE_FILES = {DEPLOY / "monitoring" / "podmonitor.yaml", DEPLOY / "monitoring-production" / "https.yaml"}
 
 
 def test_every_yaml_file_is_a_manifest_a_patch_or_a_kustomization():
@@ -167,7 +190,7 @@ def test_no_secret_values_are_committed():
     for path in DEPLOY.rglob("*"):
         if path.is_file() and path.suffix in {".yaml", ".yml", ".json"}:
             for doc in _load_all(path.read_text()):
-                if doc.get("kind") == "Secret":
+                if isinstance(doc, dict) and doc.get("kind") == "Secret":  # (a JSON patch is a list)
                     assert not doc.get("data") and not doc.get("stringData"), _rel(path)
     for where, docs in _everything():
         for obj in docs:
@@ -190,7 +213,8 @@ def test_every_referenced_secret_is_documented_for_operators():
 
 def test_every_agent_and_trainer_pod_gets_the_job_secret_from_its_secret_file():
     for where, docs in _everything():
-        pods = [o for o in docs if o["kind"] in ("DaemonSet", "Job")]
+        pods = [o for o in docs if o["kind"] in ("DaemonSet", "Job")
+                and o["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/component"] == "agent"]
         assert pods, where
         for obj in pods:
             spec, c = next(_containers(obj))
@@ -207,33 +231,38 @@ def test_every_agent_and_trainer_pod_gets_the_job_secret_from_its_secret_file():
 
 
 @pytest.mark.parametrize("rel", OVERLAYS)
-def test_controller_readiness_is_grpc_health_and_liveness_is_not(rel):
-    deploy = _by(render(rel), "Deployment", "fthsdp-controller")
-    assert deploy["spec"]["replicas"] == 3
-    c = next(c for c in deploy["spec"]["template"]["spec"]["containers"] if c["name"] == "controller")
-    probe, tls = c["readinessProbe"], any(a.startswith("--tls-cert-file") for a in c["args"])
-    if tls:  # kubelet's native gRPC probe cannot do TLS: the exec probe must carry the TLS files
-        cmd = probe["exec"]["command"]
-        assert cmd[0] == "fthsdp-grpc-health" and "--addr=127.0.0.1:50051" in cmd
-        assert {"--ca-file", "--cert-file", "--key-file"} <= {a.split("=")[0] for a in cmd}
-        assert "grpc" not in probe
-    else:
-        assert probe["grpc"]["port"] == 50051 and "exec" not in probe
-    # Standbys answer NOT_SERVING on purpose: a gRPC-health liveness probe would kill them.
+def test_controllers_have_stable_names_that_clients_dial_and_a_pdb_that_lets_one_go(rel):
+    """A StatefulSet of 3 behind a headless Service: each pod advertises its stable name, every
+    client is given all three (a standby's refusal names the leader's, which must be one of
+    them: protos/dial.py), liveness is no gRPC health (it would kill standbys), and the PDB lets
+    a drain take one controller at a time, the leader included."""
+    docs = render(rel)
+    sts = _by(docs, "StatefulSet", "fthsdp-controller")
+    assert sts["spec"]["replicas"] == 3 and sts["spec"]["podManagementPolicy"] == "Parallel"
+    headless = _by(docs, "Service", sts["spec"]["serviceName"])
+    assert headless["spec"]["clusterIP"] == "None" and headless["spec"]["publishNotReadyAddresses"] is True
+    c = next(c for c in sts["spec"]["template"]["spec"]["containers"] if c["name"] == "controller")
+    advertised = next(a for a in c["args"] if a.startswith("--advertise-address=")).split("=", 1)[1]
+    assert advertised == f"$(POD_NAME).{headless['metadata']['name']}:50051"
+    names = [advertised.replace("$(POD_NAME)", f"{sts['metadata']['name']}-{n}") for n in range(3)]
+    for ds in (d for d in docs if d["kind"] == "DaemonSet"):
+        args = ds["spec"]["template"]["spec"]["containers"][0]["args"]
+        assert f"--controller={','.join(names)}" in args, ds["metadata"]["name"]
     assert "grpc" not in c["livenessProbe"] and "exec" not in c["livenessProbe"]
-    # Only one pod is ever Ready, so a rollout must not wait for standbys to become Ready.
-    assert deploy["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] == "100%"
+    pdb = _by(docs, "PodDisruptionBudget", "fthsdp-controller")
+    assert pdb["spec"] == {"maxUnavailable": 1, "unhealthyPodEvictionPolicy": "AlwaysAllow",
+                           "selector": {"matchLabels": sts["spec"]["selector"]["matchLabels"]}}
 
 
 @pytest.mark.parametrize("rel", OVERLAYS)
 def test_controller_command_line_uses_the_cli_flags_and_its_env_resolves(rel):
     docs = render(rel)
-    deploy = _by(docs, "Deployment", "fthsdp-controller")
+    deploy = _by(docs, "StatefulSet", "fthsdp-controller")
     c = deploy["spec"]["template"]["spec"]["containers"][0]
     assert c["command"] == ["fthsdp", "controller"]
     flags = {a.split("=", 1)[0] for a in c["args"]}
     assert {"--grpc-port", "--http-port", "--replicas", "--min-replicas", "--etcd", "--settings",
-            "--admin-token-file"} <= flags
+            "--admin-token-file", "--job-id"} <= flags
     env = {e["name"]: e for e in c.get("env", [])}
     for arg in c["args"]:
         for var in re.findall(r"\$\((\w+)\)", arg):
@@ -289,7 +318,7 @@ def test_network_policy_lets_agents_and_trainers_reach_grpc_and_nobody_else(rel)
     assert len(clients) == 2
     for o in clients:
         assert any(_selects(p, o["spec"]["template"]["metadata"]["labels"]) for p in peers), o["metadata"]["name"]
-    controller = _by(docs, "Deployment", "fthsdp-controller")
+    controller = _by(docs, "StatefulSet", "fthsdp-controller")
     assert not any(_selects(p, controller["spec"]["template"]["metadata"]["labels"]) for p in peers)
     assert {"fthsdp.io/operator": "true"} in [p.get("podSelector", {}).get("matchLabels") for p in http_rule["from"]]
     etcd_policy = _by(docs, "NetworkPolicy", "fthsdp-etcd")
@@ -298,7 +327,9 @@ def test_network_policy_lets_agents_and_trainers_reach_grpc_and_nobody_else(rel)
 
 
 @pytest.mark.parametrize("rel", OVERLAYS)
-def test_agents_split_active_and_spare_hosts(rel):
+def test_agents_split_active_and_spare_hosts_of_the_node_pool_and_serve_job_after_job(rel):
+    """The pool layout: both DaemonSets select the pool's node label (not every GPU node), the
+    agents outlive jobs (--on-job-complete=pool) and a template change rolls host by host."""
     docs = render(rel)
     active, spare = _by(docs, "DaemonSet", "fthsdp-agent"), _by(docs, "DaemonSet", "fthsdp-agent-spare")
     a_args = active["spec"]["template"]["spec"]["containers"][0]["args"]
@@ -310,11 +341,16 @@ def test_agents_split_active_and_spare_hosts(rel):
     assert {"key": "fthsdp.io/spare", "operator": "NotIn", "values": ["true"]} in terms[0]["matchExpressions"]
     assert "--standby" in s_args and "--standby" not in a_args  # warm spares: trainers set up, waiting
     for ds in (active, spare):
-        assert ds["spec"]["updateStrategy"]["type"] == "OnDelete"
-        args = ds["spec"]["template"]["spec"]["containers"][0]["args"]
-        assert "--host-id=$(NODE_NAME)" in args and any(a.startswith("--controller=fthsdp-controller-grpc:") for a in args)
-        assert "--replica-id" not in " ".join(args)  # the controller lays the replicas out
-        assert "--on-job-complete=idle" in args  # a DaemonSet would restart an agent that exits
+        assert ds["spec"]["updateStrategy"] == {"type": "RollingUpdate",
+                                                "rollingUpdate": {"maxUnavailable": 1, "maxSurge": 0}}
+        pod = ds["spec"]["template"]["spec"]
+        assert pod["nodeSelector"]["fthsdp.io/node-pool"] == "fthsdp"
+        assert "nvidia.com/gpu.present" not in pod["nodeSelector"]
+        args = pod["containers"][0]["args"]
+        assert "--host-id=$(NODE_NAME)" in args and any(a.startswith("--controller=fthsdp-controller-0.") for a in args)
+        assert "--replica-id" not in " ".join(args) and "--job-id" not in " ".join(args)  # the controller's
+        assert "--on-job-complete=pool" in args  # a DaemonSet would restart an agent that exits
+        assert pod["priorityClassName"] == _by(docs, "PriorityClass", "fthsdp-training")["metadata"]["name"]
     if rel == "overlays/production":
         assert "nvidia.com/gpu" in active["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]
 
@@ -346,21 +382,23 @@ def test_agents_advertise_their_pod_ip_and_nothing_points_at_loopback(rel):
 
 def test_image_references_are_consistent_across_overlays_and_match_the_version():
     version = re.search(r'^version = "([^"]+)"', (ROOT / "pyproject.toml").read_text(), re.M).group(1)
-    images: dict[str, set[str]] = {}
-    for _, docs in _everything():
+    for where, docs in _everything():
+        images: dict[str, set[str]] = {}
         for obj in docs:
             for _, c in _containers(obj):
                 images.setdefault(c["name"], set()).add(c["image"])
-    assert set(images) >= {"controller", "agent", "etcd"}
-    for name, refs in images.items():
-        assert len(refs) == 1, f"{name} uses several images: {sorted(refs)}"
-    (agent,) = images["agent"]
-    assert "/trainer:" in agent  # the agent starts trainers from its own image: the trainer image
-    for name in ("controller", "agent"):
-        (ref,) = images[name]
-        assert ref.endswith(f":{version}"), f"{name} image {ref} is not tagged {version}"
-    (etcd,) = images["etcd"]
-    assert not etcd.endswith(":latest")
+        assert {"controller", "agent"} <= set(images), where
+        for name, refs in images.items():
+            assert len(refs) == 1, f"{where}: {name} uses several images: {sorted(refs)}"
+        (agent,) = images["agent"]
+        assert "/trainer" in agent  # the agent starts trainers from its own image: the trainer image
+        for name in ("controller", "agent"):
+            (ref,) = images[name]
+            if where == "kustomize/overlays/production":  # a tag can move; a digest cannot
+                assert re.fullmatch(r"registry\.example\.com/fthsdp/\w+@sha256:[0-9a-f]{64}", ref), ref
+            else:
+                assert ref.endswith(f":{version}"), f"{where}: {name} image {ref} is not tagged {version}"
+        assert not any(ref.endswith(":latest") for refs in images.values() for ref in refs), where
 
 
 def test_dockerfiles_run_as_non_root_and_copy_files_that_exist():
@@ -376,6 +414,10 @@ def test_dockerfiles_run_as_non_root_and_copy_files_that_exist():
     assert (ROOT / default.group(1)).exists()
     controller = (DEPLOY / "images" / "controller.Dockerfile").read_text()
     assert "/usr/local/bin/fthsdp-grpc-health" in controller  # the production readiness probe
+    trainer = (DEPLOY / "images" / "trainer.Dockerfile").read_text()
+    extras = re.search(r"^ARG EXTRAS=(\S+)", trainer, re.M).group(1).split(",")
+    assert {"train", "cuda"} <= set(extras) and '"${WHEEL}[${EXTRAS}]"' in trainer  # FTAR on CUDA imports cupy
+    assert "HOME=/home/fthsdp" in trainer and "--home-dir /home/fthsdp" in trainer
 
 
 def _labels(obj: dict) -> dict:
@@ -393,7 +435,7 @@ def test_only_pods_of_the_job_reach_the_trainer_ports(rel):
     assert peers and all(set(p) == {"podSelector"} for p in peers), "trainer ports open beyond the namespace"
     for o in trainers:
         assert any(_selects(p["podSelector"], _labels(o)) for p in peers), o["metadata"]["name"]
-    for other in (_by(docs, "Deployment", "fthsdp-controller"), _by(docs, "StatefulSet", "fthsdp-etcd")):
+    for other in (_by(docs, "StatefulSet", "fthsdp-controller"), _by(docs, "StatefulSet", "fthsdp-etcd")):
         assert not any(_selects(p["podSelector"], _labels(other)) for p in peers), other["metadata"]["name"]
 
 
@@ -401,7 +443,7 @@ def test_only_pods_of_the_job_reach_the_trainer_ports(rel):
 def test_etcd_speaks_tls_exactly_when_the_controller_dials_it_with_tls(rel):
     docs = render(rel)
     etcd_args = _by(docs, "StatefulSet", "fthsdp-etcd")["spec"]["template"]["spec"]["containers"][0]["args"]
-    controller_args = _by(docs, "Deployment", "fthsdp-controller")["spec"]["template"]["spec"]["containers"][0]["args"]
+    controller_args = _by(docs, "StatefulSet", "fthsdp-controller")["spec"]["template"]["spec"]["containers"][0]["args"]
     endpoints = _by(docs, "ConfigMap", "fthsdp-controller")["data"]["etcd_endpoints"].split(",")
     client = {a.split("=")[0] for a in controller_args if a.startswith("--etcd-")}
     if any(a.startswith("--cert-file=") for a in etcd_args):

@@ -38,7 +38,7 @@ JOB_SECRET = "job-secret"
 TOP = ("protos", "controller", "agent", "fthsdp", "ftar_kernels", "deploy", "bench", "tests", "docs", ".ci")
 TOP_FILES = ("Makefile", "pyproject.toml", "requirements-test.txt", "README.md")
 #: commands that only make sense on a cluster or a workstation: their verb must exist
-KUBECTL_HELP_ONLY = {"label", "port-forward", "rollout", "delete", "get"}
+KUBECTL_HELP_ONLY = {"label", "port-forward", "rollout", "delete", "get", "patch", "drain"}
 
 
 def shell_commands(doc: str) -> list[list[str]]:
