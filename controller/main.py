@@ -23,6 +23,7 @@ from pathlib import Path
 
 from controller.settings import LR_POLICIES, ControllerSettings
 from protos import job_secret
+from protos.sync_modes import SYNC_MODES
 
 ENV_ADMIN_TOKEN = "FTHSDP_ADMIN_TOKEN"
 ENV_READ_TOKEN = "FTHSDP_READ_TOKEN"
@@ -72,6 +73,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--join-timeout-s", type=float)
     p.add_argument("--heartbeat-timeout-s", type=float)
     p.add_argument("--lr-policy", choices=LR_POLICIES)
+    p.add_argument("--sync-mode", choices=SYNC_MODES,
+                   help="how replicas meet: every step (sync, the default) or every --sync-every inner steps "
+                        "(local_sgd, diloco); the trainers' FTHSDP_SYNC_MODE must agree")
+    p.add_argument("--sync-every", type=int, metavar="H", help="inner steps between two syncs (local_sgd, diloco)")
     p.add_argument("--hosts-per-replica", type=int,
                    help="lay replicas out here: agents without an assignment get a free host slot")
     p.add_argument("--ranks-per-host", type=int, help="ranks (GPUs) per host in that layout")
@@ -180,7 +185,7 @@ def build_server(args):
     settings = ControllerSettings.from_file(
         args.settings, job_id=args.job_id, replicas=args.replicas, min_replicas=args.min_replicas,
         join_timeout_s=args.join_timeout_s, heartbeat_timeout_s=args.heartbeat_timeout_s, lr_policy=args.lr_policy,
-        hosts_per_replica=args.hosts_per_replica, ranks_per_host=args.ranks_per_host,
+        sync_mode=args.sync_mode, sync_every_steps=args.sync_every, hosts_per_replica=args.hosts_per_replica, ranks_per_host=args.ranks_per_host,
         restart_budget=args.restart_budget, restart_window_s=args.restart_window_s,
         fail_after_s=args.fail_after_s,
         lease_ttl_s=args.lease_ttl_s, telemetry=False if args.no_telemetry else None,

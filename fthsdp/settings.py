@@ -36,6 +36,7 @@ from typing import Callable, Mapping
 from fthsdp.step.relay_tree import RelayTree
 from protos import job_secret
 from protos.job_secret import JobSecret
+from protos.sync_modes import SYNC_MODES
 
 ENV_JOB_ID = "FTHSDP_JOB_ID"
 ENV_REPLICA_ID = "FTHSDP_REPLICA_ID"
@@ -70,8 +71,6 @@ COORDINATOR_PORT_OFFSET = 1
 GRACE_S = 5.0
 
 MAX_WORLD_SIZE = 8192
-#: how replicas meet (fthsdp/sync/outer.py): every step, or every sync_every_steps inner steps
-SYNC_MODES = ("sync", "local_sgd", "diloco")
 #: the most ranks one relay serves (fthsdp/step/relay_messages.py bounds its frames by it)
 MAX_RELAY_GROUP_RANKS = 1024
 

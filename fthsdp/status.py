@@ -26,10 +26,16 @@ def _goodput_line(job: dict) -> list[str]:
             f"{g['effective_training_ratio']:.1%} over {g['wall_s']:.0f}s  {g['committed_steps_per_s']:.2f} steps/s"]
 
 
+def _sync(job: dict) -> str:
+    """The job's sync mode, when replicas do not meet every step (absent from older controllers)."""
+    mode = job.get("sync_mode", "sync")
+    return "" if mode == "sync" else f"  sync {mode} every {job.get('sync_every_steps', '?')} inner steps"
+
+
 def render(job: dict, replicas: list, hosts: list, quorums: dict, events: list) -> str:
     out = [
         f"job {job['job_id']} {job['job_state']}  leader {job['leader'] or '?'}  quorum {job['quorum_id']}  "
-        f"step {job['max_step']}  lr_scale {job['lr_scale']:.3f}",
+        f"step {job['max_step']}  lr_scale {job['lr_scale']:.3f}{_sync(job)}",
         f"replicas {job['replicas_healthy']} healthy / {job['replicas_behind']} behind / "
         f"{job['replicas_diverged']} diverged / {job['replicas_finished']} finished / {job['replicas_dead']} dead "
         f"of {job['replicas_total']}  spares free {job['spares_free']}  swaps {job['swaps']}  "

@@ -2,7 +2,8 @@
 
 A plan frame becomes PlanArrived with this rank's plan (or the reason none could be derived),
 or ResumeOrdered on a rollback quorum; the address book keeps the addresses a later quorum
-may omit.
+may omit. A quorum of a controller whose sync mode is not this rank's is refused for good
+(PlanRefused FATAL, naming both).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from fthsdp.settings import RuntimeSettings
 from fthsdp.step import events as ev
 from fthsdp.step.plan import AddressBook, PlanError, plan_for_rank
 from protos import replica_pb2 as rpb
+from protos import sync_modes
 
 _REFUSALS = {rpb.NoPlan.RETRY: ev.Refusal.RETRY, rpb.NoPlan.FINISHED: ev.Refusal.FINISHED,
              rpb.NoPlan.FATAL: ev.Refusal.FATAL}
@@ -27,7 +29,11 @@ def event_of(kind: str, message, book: AddressBook, s: RuntimeSettings) -> ev.Ev
     return ev.FinishedArrived(message.clean, message.reason)
 
 
-def _plan_arrived(message: rpb.StepPlan, book: AddressBook, s: RuntimeSettings) -> ev.PlanArrived | ev.ResumeOrdered:
+def _plan_arrived(message: rpb.StepPlan, book: AddressBook,
+                  s: RuntimeSettings) -> ev.PlanArrived | ev.ResumeOrdered | ev.PlanRefused:
+    q = message.quorum
+    if refused := sync_modes.mismatch(q.sync_mode, q.sync_every_steps, s.sync_mode, s.sync_every_steps):
+        return ev.PlanRefused(message.attempt, ev.Refusal.FATAL, refused)
     if message.quorum.HasField("resume_checkpoint_step"):  # the coordinator orders a resume
         try:
             book.fill(message)  # the next quorum may omit the addresses this frame carries

@@ -19,6 +19,7 @@ pytestmark = pytest.mark.slow
 
 H = 4
 DILOCO = {"sync_mode": "diloco", "sync_every": H}
+CONTROLLER = {"sync_mode": "diloco", "sync_every_steps": H}
 WORKER = "tests.runtime.semisync_worker"
 
 
@@ -30,7 +31,7 @@ def _committed_batches(rec: Records) -> dict[str, list[int]]:
 
 def test_diloco_replicas_are_bitwise_equal_after_every_sync_and_train_each_batch_once(tmp_path):
     rec = Cluster(tmp_path, replicas=2, ranks=1, steps=3, join_timeout_s=10.0, worker=DILOCO, module=WORKER,
-                  controller_settings={"min_replicas": 2}).run(timeout_s=120.0)
+                  controller_settings={**CONTROLLER, "min_replicas": 2}).run(timeout_s=120.0)
     assert hc.check_bitwise_identical_after_every_commit(rec) == 3
     for r in ("0", "1"):
         assert [row["step"] for row in rec.where(event="trained", replica=r)] == [0] * H + [1] * H + [2] * H
@@ -39,7 +40,8 @@ def test_diloco_replicas_are_bitwise_equal_after_every_sync_and_train_each_batch
 
 def test_a_replica_killed_between_syncs_loses_its_inner_steps_and_catches_up_at_a_sync(tmp_path):
     rec = Cluster(tmp_path, replicas=2, ranks=1, steps=4, join_timeout_s=1.0, worker=DILOCO, module=WORKER,
-                  faults=Faults().sigkill_inner(replica=1, at_step=1, inner=2)).run(timeout_s=150.0)
+                  faults=Faults().sigkill_inner(replica=1, at_step=1, inner=2),
+                  controller_settings=CONTROLLER).run(timeout_s=150.0)
     [killed] = rec.where(event="killed")
     assert (killed["step"], killed["inner"], killed["position"]) == (1, 2, H + 2)
     # the survivor synced on alone (weights by contributors)
@@ -56,7 +58,7 @@ def test_a_replica_killed_between_syncs_loses_its_inner_steps_and_catches_up_at_
 
 
 def test_a_job_killed_between_syncs_resumes_from_the_checkpoint_of_its_last_sync(tmp_path):
-    ckpt, both = tmp_path / "ckpt", {"min_replicas": 2}
+    ckpt, both = tmp_path / "ckpt", {**CONTROLLER, "min_replicas": 2}
     first = Cluster(tmp_path / "run1", replicas=2, ranks=1, steps=50, join_timeout_s=10.0, checkpoint_every=1,
                     checkpoint_dir=ckpt, worker={**DILOCO, "stop_inner": 2}, module=WORKER, kill_all_after=1,
                     controller_settings=both).run(timeout_s=120.0)

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from fthsdp import FaultTolerantOptimizer, Manager, RuntimeSettings
+from fthsdp.errors import Fatal
 from fthsdp.sync.outer import OUTER_STATE_NAME
 from tests.runtime.cluster import start_controller
 from tests.trainer_secret import SECRET
@@ -17,10 +18,19 @@ LR = 0.1
 
 
 @pytest.fixture
-def controller(tmp_path):
-    ctl = start_controller(tmp_path / "controller.log", replicas=2, join_timeout_s=5.0, heartbeat_timeout_s=5.0)
-    yield ctl
-    ctl.stop()
+def controllers(tmp_path):
+    """Start a controller of 2 replicas in a sync mode (its settings must be the trainers')."""
+    started = []
+
+    def start(mode: str = "sync", every: int = 1, join_timeout_s: float = 5.0):
+        log = tmp_path / f"controller-{len(started)}.log"
+        started.append(start_controller(log, replicas=2, join_timeout_s=join_timeout_s, heartbeat_timeout_s=5.0,
+                                        settings={"sync_mode": mode, "sync_every_steps": every}))
+        return started[-1]
+
+    yield start
+    for ctl in started:
+        ctl.stop()
 
 
 def batch_at(replica: str, position: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -84,14 +94,9 @@ def inner(params: list[torch.Tensor], replica: str, first: int, h: int) -> list[
     return [p.detach().clone() for p in model.parameters()]
 
 
-def test_local_sgd_with_one_inner_step_of_plain_sgd_is_sync_training(controller, tmp_path):
-    sync_a, sync_b = both(controller, 4)
-    controller.stop()
-    other = start_controller(tmp_path / "controller2.log", replicas=2, join_timeout_s=5.0, heartbeat_timeout_s=5.0)
-    try:
-        local_a, local_b = both(other, 4, sync_mode="local_sgd", sync_every_steps=1)
-    finally:
-        other.stop()
+def test_local_sgd_with_one_inner_step_of_plain_sgd_is_sync_training(controllers):
+    sync_a, sync_b = both(controllers(), 4)
+    local_a, local_b = both(controllers("local_sgd", 1), 4, sync_mode="local_sgd", sync_every_steps=1)
     for a, b in zip(local_a["params"], local_b["params"]):
         assert torch.equal(a, b)  # bitwise equal replicas
     for s, l in zip(sync_a["params"], local_a["params"]):
@@ -101,9 +106,9 @@ def test_local_sgd_with_one_inner_step_of_plain_sgd_is_sync_training(controller,
     assert local_a["ledger"] == sync_a["ledger"] == {"0": 4, "1": 4}
 
 
-def test_diloco_outer_nesterov_step_matches_a_reference_computed_by_hand(controller):
+def test_diloco_outer_nesterov_step_matches_a_reference_computed_by_hand(controllers):
     h, lr, mu = 2, 0.7, 0.9
-    a, b = both(controller, 2, sync_mode="diloco", sync_every_steps=h, outer_lr=lr, outer_momentum=mu)
+    a, b = both(controllers("diloco", h), 2, sync_mode="diloco", sync_every_steps=h, outer_lr=lr, outer_momentum=mu)
     assert a["positions"] == [0, 1, 2, 3] and a["ledger"] == {"0": 4, "1": 4}
     assert [d for d in a["digests"]] == [d for d in b["digests"]] and [s for s, _ in a["digests"]] == [1, 2]
     for pa, pb in zip(a["params"], b["params"]):
@@ -121,6 +126,14 @@ def test_diloco_outer_nesterov_step_matches_a_reference_computed_by_hand(control
     buffers = [s["momentum_buffer"] for s in a["outer"]["state"].values()]
     for got, want in zip(buffers, momentum):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("mode, every", [("diloco", 2), ("local_sgd", 3)])
+def test_a_trainer_whose_sync_mode_is_not_the_controllers_refuses_to_train_naming_both(controllers, mode, every):
+    ctl = controllers("diloco", 3, join_timeout_s=0.2)  # one trainer: its quorum closes on the timeout
+    with pytest.raises(Fatal, match=rf"the controller runs the job with --sync-mode diloco --sync-every 3, this trainer "
+                                    rf"with sync_mode '{mode}' sync_every_steps {every}"):
+        train(ctl, "0", 2, sync_mode=mode, sync_every_steps=every)
 
 
 def test_a_sync_mode_that_is_not_known_is_refused_by_name():
