@@ -10,7 +10,8 @@ reads them):
   parameters, outer optimizer, ledger; the inner optimizer is each replica's own);
 - "killed" right before a fault's SIGKILL, "stopped" where the whole-job kill waits.
 Faults (first incarnation only): {"kind": "sigkill_inner", "replica", "step", "inner"} SIGKILLs
-the process in that inner step of that sync, before its optimizer step. With "stop_after": after
+the process in that inner step of that sync, before its optimizer step; {"kind": "sigkill",
+"replica", "step"} once the FTAR all-reduce of that sync's pseudo-gradient started (mid-sync). With "stop_after": after
 committing that sync and training "stop_inner" more inner steps, the worker waits to be killed.
 """
 
@@ -25,7 +26,8 @@ import time
 
 import torch
 
-from fthsdp import FaultTolerantOptimizer, Manager, RuntimeSettings
+from fthsdp import FaultTolerantOptimizer, Manager, RuntimeSettings, Seams
+from tests.runtime.faults import KillWhenAllreduceStarts
 from tests.runtime.train_worker import batch_at, build_model
 
 
@@ -37,8 +39,9 @@ def main(cfg: dict) -> int:
         record.write(json.dumps({"t": time.time(), "replica": cfg["replica_id"], "rank": cfg["rank"],
                                  "incarnation": cfg["incarnation"], **fields}) + "\n")
 
-    kills = {(f["step"], f["inner"]) for f in cfg.get("faults", []) if f["kind"] == "sigkill_inner"
-             and f["replica"] == cfg["replica_id"] and cfg["incarnation"] == 0}
+    mine = [f for f in cfg.get("faults", []) if f["replica"] == cfg["replica_id"] and cfg["incarnation"] == 0]
+    kills = {(f["step"], f["inner"]) for f in mine if f["kind"] == "sigkill_inner"}
+    mid_sync = {f["step"] for f in mine if f["kind"] == "sigkill"}
     h = cfg["sync_every"]
     model = build_model()
     opt = torch.optim.AdamW(model.parameters(), lr=0.01)
@@ -55,7 +58,13 @@ def main(cfg: dict) -> int:
         if sys.stdin.readline().strip() != "go":
             raise SystemExit("no go from the cluster")
 
-    manager = Manager(model, opt, settings, pre_init=pre_init).start()
+    def killing_now() -> bool:
+        return manager.plan is not None and manager.plan.step in mid_sync
+
+    seams = Seams(endpoint=lambda ep: KillWhenAllreduceStarts(
+        ep, killing_now, lambda: write(event="killed", step=manager.plan.step, inner=h),
+        lambda: os.kill(os.getpid(), signal.SIGKILL)))
+    manager = Manager(model, opt, settings, pre_init=pre_init, seams=seams).start()
     write(event="started", step=manager.step, position=manager.ledger.position(cfg["replica_id"]))
     ft_opt = FaultTolerantOptimizer(manager, opt)
     batches = manager.batches(batch_at)

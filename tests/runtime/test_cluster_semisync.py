@@ -57,6 +57,20 @@ def test_a_replica_killed_between_syncs_loses_its_inner_steps_and_catches_up_at_
     assert lost == [H, H + 1] and set(lost) <= set(batches["1"])
 
 
+def test_a_replica_killed_during_a_sync_is_left_out_of_its_retry_and_catches_up_at_the_next(tmp_path):
+    rec = Cluster(tmp_path, replicas=2, ranks=1, steps=4, join_timeout_s=1.0, worker=DILOCO, module=WORKER,
+                  faults=Faults().sigkill(replica=1, at_step=1), controller_settings=CONTROLLER).run(timeout_s=150.0)
+    [killed] = rec.where(event="killed")
+    assert (killed["replica"], killed["step"]) == ("1", 1)
+    # the survivor's sync 1 committed without it: its pseudo-gradient, not the dead replica's
+    [sync_1] = [r for r in rec.where(event="commit", replica="0", step=1)]
+    assert sync_1["included"] == ["0"]
+    hc.check_restarted_replica_caught_up(rec, "1")
+    assert hc.check_bitwise_identical_after_every_commit(rec) >= 4
+    batches = _committed_batches(rec)
+    assert batches["1"][:2 * H] == list(range(2 * H))  # its inner steps of sync 1 were trained again
+
+
 def test_a_job_killed_between_syncs_resumes_from_the_checkpoint_of_its_last_sync(tmp_path):
     ckpt, both = tmp_path / "ckpt", {**CONTROLLER, "min_replicas": 2}
     first = Cluster(tmp_path / "run1", replicas=2, ranks=1, steps=50, join_timeout_s=10.0, checkpoint_every=1,
