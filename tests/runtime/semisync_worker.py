@@ -2,7 +2,8 @@
 
 Run as `python -m tests.runtime.semisync_worker CONFIG_JSON` by tests/runtime/cluster.py: train_worker's
 model and data, AdamW inside the replica, the loop a sync-mode script would write; the mode comes
-from the config ("sync_mode", "sync_every"). Rows written to config["record"] (fthsdp/history.py
+from the config ("sync_mode", "sync_every"). A replica of several ranks trains through DDP
+(its own all-reduce inside the replica: no comm hook), each rank on its rows of the batch. Rows written to config["record"] (fthsdp/history.py
 reads them):
 - "trained" per inner step: the sync it trains for (step) and the batch position;
 - "commit" per committed sync: included, positions_before, batches (H), behind, before (the
@@ -23,8 +24,10 @@ import os
 import signal
 import sys
 import time
+from datetime import timedelta
 
 import torch
+import torch.distributed as dist
 
 from fthsdp import FaultTolerantOptimizer, Manager, RuntimeSettings, Seams
 from tests.runtime.faults import KillWhenAllreduceStarts
@@ -42,11 +45,16 @@ def main(cfg: dict) -> int:
     mine = [f for f in cfg.get("faults", []) if f["replica"] == cfg["replica_id"] and cfg["incarnation"] == 0]
     kills = {(f["step"], f["inner"]) for f in mine if f["kind"] == "sigkill_inner"}
     mid_sync = {f["step"] for f in mine if f["kind"] == "sigkill"}
-    h = cfg["sync_every"]
+    h, world = cfg["sync_every"], cfg["world_size"]
+    group = None
+    if world > 1:
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{cfg['gloo_port']}", rank=cfg["rank"],
+                                world_size=world, timeout=timedelta(seconds=20))
+        group = dist.group.WORLD
     model = build_model()
     opt = torch.optim.AdamW(model.parameters(), lr=0.01)
     settings = RuntimeSettings.from_env(
-        job_id="t", replica_id=cfg["replica_id"], rank=cfg["rank"], world_size=cfg["world_size"],
+        job_id="t", replica_id=cfg["replica_id"], rank=cfg["rank"], world_size=world,
         controller_address=cfg["controller"], coordinator_address=cfg["coordinator_address"], max_retries=4,
         quorum_timeout_s=30.0, allreduce_timeout_s=10.0, gather_timeout_s=15.0, fetch_timeout_s=10.0,
         fetch_hold_timeout_s=5.0, heartbeat_interval_s=0.5, checkpoint_dir=cfg.get("checkpoint_dir", ""),
@@ -64,7 +72,8 @@ def main(cfg: dict) -> int:
     seams = Seams(endpoint=lambda ep: KillWhenAllreduceStarts(
         ep, killing_now, lambda: write(event="killed", step=manager.plan.step, inner=h),
         lambda: os.kill(os.getpid(), signal.SIGKILL)))
-    manager = Manager(model, opt, settings, pre_init=pre_init, seams=seams).start()
+    manager = Manager(model, opt, settings, process_group=group, pre_init=pre_init, seams=seams).start()
+    forward = torch.nn.parallel.DistributedDataParallel(model, process_group=group) if world > 1 else model
     write(event="started", step=manager.step, position=manager.ledger.position(cfg["replica_id"]))
     ft_opt = FaultTolerantOptimizer(manager, opt)
     batches = manager.batches(batch_at)
@@ -83,7 +92,8 @@ def main(cfg: dict) -> int:
             os.kill(os.getpid(), signal.SIGKILL)
         write(event="trained", step=step, position=batches.last_position)
         ft_opt.zero_grad()
-        torch.nn.functional.mse_loss(model(x), y).backward()
+        rows = slice(cfg["rank"], None, world)
+        torch.nn.functional.mse_loss(forward(x[rows]), y[rows]).backward()
         ft_opt.step()
         if manager.step == step:
             continue  # an inner step; the sync comes with the H-th

@@ -1,4 +1,5 @@
-"""Real processes: two DiLoCo replicas (H = 4 inner steps per sync) on a real controller.
+"""Real processes: two DiLoCo replicas (H = 4 inner steps per sync) on a real controller; replicas of one
+rank, and of two DDP ranks (the pseudo-gradient split between the ranks on its way across replicas).
 
 After every committed sync the global state (parameters, outer optimizer, ledger) is bitwise
 equal on every replica; along the committed history each replica's batches are committed exactly
@@ -29,12 +30,13 @@ def _committed_batches(rec: Records) -> dict[str, list[int]]:
     return {r: sorted(p for (rep, p) in batches if rep == r) for r in ("0", "1")}
 
 
-def test_diloco_replicas_are_bitwise_equal_after_every_sync_and_train_each_batch_once(tmp_path):
-    rec = Cluster(tmp_path, replicas=2, ranks=1, steps=3, join_timeout_s=10.0, worker=DILOCO, module=WORKER,
-                  controller_settings={**CONTROLLER, "min_replicas": 2}).run(timeout_s=120.0)
-    assert hc.check_bitwise_identical_after_every_commit(rec) == 3
-    for r in ("0", "1"):
-        assert [row["step"] for row in rec.where(event="trained", replica=r)] == [0] * H + [1] * H + [2] * H
+def test_diloco_replicas_of_two_ddp_ranks_are_bitwise_equal_after_every_sync_and_train_each_batch_once(tmp_path):
+    rec = Cluster(tmp_path, replicas=2, ranks=2, steps=3, join_timeout_s=10.0, worker=DILOCO, module=WORKER,
+                  controller_settings={**CONTROLLER, "min_replicas": 2}).run(timeout_s=150.0)
+    assert hc.check_bitwise_identical_after_every_commit(rec) == 3  # every rank of every replica: one state
+    assert {r["rank"] for r in rec.where(event="commit")} == {0, 1}
+    for r in ("0", "1"):  # H inner steps per sync, none of them seen by the controller
+        assert [row["step"] for row in rec.where(event="trained", replica=r, rank=0)] == [0] * H + [1] * H + [2] * H
     assert _committed_batches(rec) == {"0": list(range(3 * H)), "1": list(range(3 * H))}
 
 
