@@ -3,7 +3,8 @@
 Run as `python -m tests.runtime.semisync_worker CONFIG_JSON` by tests/runtime/cluster.py: train_worker's
 model and data, AdamW inside the replica, the loop a sync-mode script would write; the mode comes
 from the config ("sync_mode", "sync_every"). A replica of several ranks trains through DDP
-(its own all-reduce inside the replica: no comm hook), each rank on its rows of the batch. Rows written to config["record"] (fthsdp/history.py
+(its own all-reduce inside the replica: no comm hook), or with "fsdp" through FSDP2's
+fully_shard (each rank syncs its own shards), each rank on its rows of the batch. Rows written to config["record"] (fthsdp/history.py
 reads them):
 - "trained" per inner step: the sync it trains for (step) and the batch position;
 - "commit" per committed sync: included, positions_before, batches (H), behind, before (the
@@ -31,7 +32,7 @@ import torch.distributed as dist
 
 from fthsdp import FaultTolerantOptimizer, Manager, RuntimeSettings, Seams
 from tests.runtime.faults import KillWhenAllreduceStarts
-from tests.runtime.train_worker import batch_at, build_model
+from tests.runtime.train_worker import batch_at, build_model, shard_model
 
 
 def main(cfg: dict) -> int:
@@ -52,6 +53,10 @@ def main(cfg: dict) -> int:
                                 world_size=world, timeout=timedelta(seconds=20))
         group = dist.group.WORLD
     model = build_model()
+    if cfg.get("fsdp"):
+        from torch.distributed.device_mesh import init_device_mesh
+
+        shard_model(model, init_device_mesh("cpu", (world,)))
     opt = torch.optim.AdamW(model.parameters(), lr=0.01)
     settings = RuntimeSettings.from_env(
         job_id="t", replica_id=cfg["replica_id"], rank=cfg["rank"], world_size=world,
@@ -73,7 +78,8 @@ def main(cfg: dict) -> int:
         ep, killing_now, lambda: write(event="killed", step=manager.plan.step, inner=h),
         lambda: os.kill(os.getpid(), signal.SIGKILL)))
     manager = Manager(model, opt, settings, process_group=group, pre_init=pre_init, seams=seams).start()
-    forward = torch.nn.parallel.DistributedDataParallel(model, process_group=group) if world > 1 else model
+    ddp = world > 1 and not cfg.get("fsdp")
+    forward = torch.nn.parallel.DistributedDataParallel(model, process_group=group) if ddp else model
     write(event="started", step=manager.step, position=manager.ledger.position(cfg["replica_id"]))
     ft_opt = FaultTolerantOptimizer(manager, opt)
     batches = manager.batches(batch_at)

@@ -40,6 +40,16 @@ def test_diloco_replicas_of_two_ddp_ranks_are_bitwise_equal_after_every_sync_and
     assert _committed_batches(rec) == {"0": list(range(3 * H)), "1": list(range(3 * H))}
 
 
+def test_fsdp2_replicas_sync_each_ranks_own_shards_and_stay_bitwise_equal_rank_by_rank(tmp_path):
+    rec = Cluster(tmp_path, replicas=2, ranks=2, steps=2, join_timeout_s=10.0, worker={**DILOCO, "fsdp": True},
+                  module=WORKER, controller_settings={**CONTROLLER, "min_replicas": 2}).run(timeout_s=150.0)
+    assert hc.check_bitwise_identical_after_every_commit(rec, sharded=True) == 2
+    digests = {r["rank"]: r["digest"] for r in rec.where(event="commit", replica="0", step=1)}
+    assert digests[0] != digests[1]  # each rank holds (and digests) its own shards
+    rank_0 = Records([r for r in rec.rows if r["rank"] == 0])  # the history of one rank's shards
+    assert _committed_batches(rank_0) == {"0": list(range(2 * H)), "1": list(range(2 * H))}
+
+
 def test_a_replica_killed_between_syncs_loses_its_inner_steps_and_catches_up_at_a_sync(tmp_path):
     rec = Cluster(tmp_path, replicas=2, ranks=1, steps=4, join_timeout_s=1.0, worker=DILOCO, module=WORKER,
                   faults=Faults().sigkill_inner(replica=1, at_step=1, inner=2),
