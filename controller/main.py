@@ -27,6 +27,7 @@ from pathlib import Path
 from controller.settings import LR_POLICIES, ControllerSettings
 from protos import cli_flags as flags
 from protos import job_secret, timeout_rules
+from protos.sync_modes import SYNC_MODES
 
 ENV_ADMIN_TOKEN = "FTHSDP_ADMIN_TOKEN"
 ENV_READ_TOKEN = "FTHSDP_READ_TOKEN"
@@ -125,6 +126,11 @@ def parser() -> argparse.ArgumentParser:
     add_timeout_flags(p)
     p.add_argument("--lr-policy", choices=LR_POLICIES,
                    help=f"how the learning rate scales with healthy/total replicas (default {d.lr_policy})")
+    p.add_argument("--sync-mode", choices=SYNC_MODES,
+                   help=f"how replicas meet: every step (sync) or every --sync-every inner steps "
+                        f"(local_sgd, diloco); the trainers' FTHSDP_SYNC_MODE must agree (default {d.sync_mode})")
+    p.add_argument("--sync-every", type=int, metavar="H",
+                   help=f"inner steps between two syncs (local_sgd, diloco; default {d.sync_every_steps})")
     p.add_argument("--hosts-per-replica", type=int,
                    help=f"lay replicas out here: agents without an assignment get a free host slot "
                         f"(default {d.hosts_per_replica}: no layout, agents say their replica)")
@@ -279,7 +285,7 @@ def build_server(args):
     settings = ControllerSettings.from_file(
         args.settings, job_id=args.job_id, replicas=args.replicas, min_replicas=args.min_replicas,
         join_timeout_s=args.join_timeout_s, heartbeat_timeout_s=args.heartbeat_timeout_s, lr_policy=args.lr_policy,
-        hosts_per_replica=args.hosts_per_replica, ranks_per_host=args.ranks_per_host,
+        sync_mode=args.sync_mode, sync_every_steps=args.sync_every, hosts_per_replica=args.hosts_per_replica, ranks_per_host=args.ranks_per_host,
         restart_budget=args.restart_budget, restart_window_s=args.restart_window_s,
         fail_after_s=args.fail_after_s,
         lease_ttl_s=args.lease_ttl_s, telemetry=False if args.no_telemetry else None,

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from controller.core.diagnosis.settings import DiagnosisSettings
 from protos import timeout_rules
+from protos.sync_modes import SYNC_MODES
 
 LR_POLICIES = ("none", "linear", "sqrt")
 #: Hard ceilings on the settings themselves (a settings file is input too).
@@ -36,6 +37,10 @@ class ControllerSettings:
     heartbeat_timeout_s: float = 10.0
     #: How the learning rate follows the healthy fraction: none | linear | sqrt.
     lr_policy: str = "sqrt"
+    #: How replicas meet (protos/sync_modes.py): sync | local_sgd | diloco, and the inner steps
+    #: between two syncs (1 for sync). Stated in every quorum answer: trainers must agree.
+    sync_mode: str = "sync"
+    sync_every_steps: int = 1
     #: When set, the controller lays replicas out itself: an agent that registers without an
     #: assignment (and not as a spare) gets the first free host slot of replicas r0..r{N-1},
     #: each made of this many hosts of `ranks_per_host` ranks. 0: agents bring assignments.
@@ -203,6 +208,12 @@ class ControllerSettings:
             problems.append(f"rollback_wait_s must not be negative, got {self.rollback_wait_s}.")
         if self.lr_policy not in LR_POLICIES:
             problems.append(f"lr_policy must be one of {', '.join(LR_POLICIES)}, got {self.lr_policy!r}.")
+        if self.sync_mode not in SYNC_MODES:
+            problems.append(f"sync_mode must be one of {', '.join(SYNC_MODES)}, got {self.sync_mode!r}.")
+        elif not isinstance(self.sync_every_steps, int) or self.sync_every_steps < 1 or (
+                self.sync_mode == "sync" and self.sync_every_steps != 1):
+            problems.append(f"sync_every_steps must be 1 with sync_mode sync and >= 1 otherwise, got "
+                            f"{self.sync_every_steps!r} with {self.sync_mode}.")
         if self.hosts_per_replica < 0:
             problems.append(f"hosts_per_replica must not be negative, got {self.hosts_per_replica}.")
         if self.hosts_per_replica * self.ranks_per_host > self.max_world_size:

@@ -29,11 +29,12 @@ class DataLedger:
         """Next unread position of `replica_id`'s stream (0 for a replica never included)."""
         return self.positions.get(replica_id, 0)
 
-    def advanced(self, included: Iterable[str]) -> "DataLedger":
-        """The ledger after a commit that included these replicas' gradients (each once)."""
+    def advanced(self, included: Iterable[str], batches: int = 1) -> "DataLedger":
+        """The ledger after a commit that included these replicas' gradients (each once), each
+        having trained `batches` batches for it (a semi-synchronous sync: its inner steps)."""
         new = dict(self.positions)
         for replica_id in set(included):
-            new[replica_id] = new.get(replica_id, 0) + 1
+            new[replica_id] = new.get(replica_id, 0) + batches
         return DataLedger(new)
 
     def to_json(self) -> str:
@@ -60,12 +61,14 @@ class LedgerBatches(Generic[T]):
     when it returns False the replica has no more steps and the iteration ends. The
     position is never advanced here: a retried step yields the same batch again, a
     committed one moves on, a caught-up replica continues where the ledger it fetched
-    says. `batch_at(replica_id, position)` must be deterministic.
+    says. `batch_at(replica_id, position)` must be deterministic. Between two syncs of a
+    semi-synchronous replica, `offset()` counts the inner steps since the ledger last moved.
     """
 
     def __init__(self, ledger_of: Callable[[], DataLedger], replica_id: str,
-                 batch_at: Callable[[str, int], T], begin: Callable[[], bool] = lambda: True) -> None:
-        self._ledger_of = ledger_of
+                 batch_at: Callable[[str, int], T], begin: Callable[[], bool] = lambda: True,
+                 offset: Callable[[], int] = lambda: 0) -> None:
+        self._ledger_of, self._offset = ledger_of, offset
         self._replica_id = replica_id
         self._batch_at = batch_at
         self._begin = begin
@@ -77,5 +80,5 @@ class LedgerBatches(Generic[T]):
     def __next__(self) -> T:
         if not self._begin():
             raise StopIteration
-        self.last_position = self._ledger_of().position(self._replica_id)
+        self.last_position = self._ledger_of().position(self._replica_id) + self._offset()
         return self._batch_at(self._replica_id, self.last_position)

@@ -21,6 +21,9 @@ one rank of each replica when the model is sharded (rank k's shards differ from 
   caught up), behind, included (replicas), positions_before (the ledger it read), t;
 - "trained" (step, position), and "commit"/"retry" not behind (step, position): the batch
   that replica computed at that step.
+A semi-synchronous run's commit row also says "batches": H, the inner steps (one batch each) a
+sync commits for every contributor, at positions_before[r] .. + H - 1; one "trained" row per
+inner step names the sync (step) it trains for.
 """
 
 from __future__ import annotations
@@ -38,12 +41,13 @@ class Commit:
     included: tuple[str, ...]
     ledger_before: dict[str, int]        # positions the step read (zeros dropped)
     rows: tuple[dict, ...]
+    batches: int = 1                     # per contributor: a semi-synchronous sync commits H
 
     @property
     def ledger_after(self) -> dict[str, int]:
         after = dict(self.ledger_before)
         for r in self.included:
-            after[r] = after.get(r, 0) + 1
+            after[r] = after.get(r, 0) + self.batches
         return after
 
     @property
@@ -77,15 +81,16 @@ def commits(rows: list[dict]) -> tuple[list[Commit], list[str]]:
             nodes[(row["step"], row["digest"])].append(row)
     out, problems = [], []
     for (step, digest), group in sorted(nodes.items()):
-        views = {(tuple(r["included"]), tuple(sorted(_nonzero(r["positions_before"]).items()))) for r in group}
+        views = {(tuple(r["included"]), tuple(sorted(_nonzero(r["positions_before"]).items())), r.get("batches", 1))
+                 for r in group}
         befores = {r["before"] for r in group if r.get("before") and not r["behind"]}
         if len(views) != 1:
             problems.append(f"step {step} was committed into one state from different contents: {sorted(views)}")
         elif len(befores) > 1:
             problems.append(f"step {step} was committed into one state from different states: {sorted(befores)}")
         else:
-            included, ledger = next(iter(views))
-            out.append(Commit(step, digest, next(iter(befores), ""), included, dict(ledger), tuple(group)))
+            included, ledger, batches = next(iter(views))
+            out.append(Commit(step, digest, next(iter(befores), ""), included, dict(ledger), tuple(group), batches))
     return out, problems
 
 
@@ -135,7 +140,8 @@ def trained_positions(rows: list[dict]) -> dict[tuple[str, int], set[int]]:
     """(replica, step) -> the positions of the batches that replica computed at that step."""
     trained: dict[tuple[str, int], set[int]] = defaultdict(set)
     for row in rows:
-        if row.get("event") == "trained" or (row.get("event") in ("commit", "retry") and not row["behind"]):
+        if row.get("event") == "trained" or (row.get("event") in ("commit", "retry") and not row["behind"]
+                                             and "position" in row):  # a sync's rows: its "trained" ones
             trained[(row["replica"], row["step"])].add(row["position"])
     return trained
 
@@ -149,12 +155,12 @@ def exactly_once_along(history: History, trained: dict[tuple[str, int], set[int]
     batches: Counter = Counter()
     for c in history.chain:
         for replica in c.included:
-            position = c.ledger_before.get(replica, 0)
-            batches[(replica, position)] += 1
             mine = sorted(trained.get((replica, c.step), ()))
-            if position not in mine:
-                problems.append(f"step {c.step} included batch {position} of replica {replica}, which trained "
-                                f"{mine} at that step")
+            for position in range(c.ledger_before.get(replica, 0), c.ledger_before.get(replica, 0) + c.batches):
+                batches[(replica, position)] += 1
+                if position not in mine:
+                    problems.append(f"step {c.step} included batch {position} of replica {replica}, which trained "
+                                    f"{mine} at that step")
     problems += [f"batch {p} of replica {r} was trained {n} times along the committed history"
                  for (r, p), n in sorted(batches.items()) if n > 1]
     for replica in replicas:

@@ -6,6 +6,10 @@
         manager.end_step(loss)                # average, vote, then commit or retry -> bool
     manager.close()                           # the replica is FINISHED once every rank got here
 
+With settings.sync_mode local_sgd or diloco the same loop trains sync_every_steps inner steps
+on the replica's own group per step of the protocol, and the end_step() of the last one syncs
+(fthsdp/sync/outer.py; the protocol decides which is which).
+
 Every step decision is made by the pure protocol (fthsdp/step/protocol.py), and which rank
 reads and writes durable checkpoints by fthsdp/state/replica_checkpoints.py; this class feeds
 the protocol events -- what the training script called, what the coordinator said, what the catch-up
@@ -19,6 +23,7 @@ fthsdp/errors.py: recoverable ones become "no" votes; fatal ones are raised.
 from __future__ import annotations
 
 import collections
+import functools
 import logging
 import threading
 import time
@@ -48,10 +53,12 @@ from fthsdp.step import messages as msg
 from fthsdp.step.client import CoordinatorClient
 from fthsdp.step.controller_client import COMPLETED_PREFIX, ControllerClient
 from fthsdp.step.coordinator import CoordinatorService
-from fthsdp.step.plan import AddressBook, PlanError, RankPlan, plan_for_rank
+from fthsdp.step import frames
+from fthsdp.step.plan import AddressBook, RankPlan
 from fthsdp.step.protocol import INF, Phase, ProtocolError, advance, initial_state, next_deadline
 from fthsdp.sync import fsdp
 from fthsdp.sync.gradients import GradientSync, SyncResult, flatten_grads, unflatten_grads_
+from fthsdp.sync.outer import OUTER_STATE_NAME, OuterSync, scaled_step
 from fthsdp.telemetry import Collectives, Telemetry
 from protos import job_secret
 from protos import replica_pb2 as rpb
@@ -96,6 +103,12 @@ class Manager:
         self._params = [p for p in model.parameters() if p.requires_grad]
         #: FSDP2-wrapped: FTAR reduces each group's gradient shard from FSDP's hook
         self.sharded = fsdp.is_sharded(model)
+        #: semi-synchronous: the global copy, pseudo-gradient and outer optimizer (registered state)
+        self.outer = OuterSync(self._params, self.settings, self.sharded) if self.settings.semi_synchronous else None
+        if self.outer is not None:
+            self.registry.register(OUTER_STATE_NAME, self.outer)
+        #: a commit's update, learning rate × the quorum's lr_scale: the script's optimizer, or the outer one
+        self._apply = self.outer.apply if self.outer is not None else functools.partial(scaled_step, optimizer)
         self._flat: torch.Tensor | None = None
         self._book = AddressBook()
         self._fetch: FetchJob | None = None
@@ -133,7 +146,7 @@ class Manager:
 
     @property
     def plan(self) -> RankPlan | None:
-        return self._state.plan if self._state.phase in (Phase.TRAINING, Phase.VOTING) else None
+        return self._state.plan if self._state.phase in (Phase.TRAINING, Phase.SYNCING, Phase.VOTING) else None
 
     @property
     def is_behind(self) -> bool:
@@ -168,14 +181,17 @@ class Manager:
         """SHA-256 (hex) of this rank's committed state at the start of `step`: the step, the
         ledger, the model, the optimizer and every registered object (fthsdp/state/digest.py).
         The digest the controller compares: equal on every replica that committed the same step
-        (rank by rank when sharded). Call it between steps."""
+        (rank by rank when sharded). Call it between steps. Semi-synchronous: the global state and
+        the outer optimizer (registered); the inner optimizer's state is each replica's own."""
         st = self._state
-        return rank_digest(st.step, st.ledger.to_json(), self.model, self.optimizer, self.registry.state_dicts()).hex()
+        optimizer = None if self.outer is not None else self.optimizer
+        return rank_digest(st.step, st.ledger.to_json(), self.model, optimizer, self.registry.state_dicts()).hex()
 
     def batches(self, batch_at: Callable[[str, int], T]) -> Iterator[T]:
         """This replica's batches at its ledger position, one per step attempt (exactly once);
         each next() begins the step; the iteration ends when the replica has no more steps."""
-        return LedgerBatches(lambda: self._state.ledger, self.settings.replica_id, batch_at, self._begin_for_batch)
+        return LedgerBatches(lambda: self._state.ledger, self.settings.replica_id, batch_at, self._begin_for_batch,
+                             lambda: self._state.inner)
 
     # ------------------------------------------------------------------ set-up and shutdown
 
@@ -198,7 +214,7 @@ class Manager:
             self.collectives = Collectives(Telemetry.from_env(s.replica_id, s.rank, time.monotonic()), s.world_size)
             self.sync = self._seams.sync(GradientSync(self.endpoint, s.rank, s.world_size, s.allreduce_timeout_s,
                                                       self.process_group, self.collectives))
-            if self.sharded:
+            if self.sharded and self.outer is None:  # inner steps reduce inside the replica only
                 fsdp.install_all_reduce_hooks(self.model, self._reduce_shard)
             self.state_server = self._seams.state_server(
                 StateServer(s.bind_host, 0, self._source.snapshot, f"{s.replica_id}/{s.rank}",
@@ -279,13 +295,13 @@ class Manager:
         quorum answer did not fit this rank: it then votes no). Idempotent within a step.
         Raises ReplicaFinished when there are no more steps."""
         self._require_started()
-        while self._state.phase not in (Phase.TRAINING, Phase.VOTING):
+        while self._state.phase not in (Phase.TRAINING, Phase.VOTING, Phase.INNER):
             if self._state.phase is Phase.ENDED:
                 self._feed(ev.Begin())  # re-states why (Ended), changes nothing
                 self._check_not_too_late()
                 raise ReplicaFinished(self._state.reason)
             self._feed(ev.Begin())
-            self._wait_while(Phase.PLANNING)
+            self._wait_while(Phase.PLANNING, Phase.SYNCING, Phase.VOTING)  # a sync runs to its decision
             if self._state.phase is Phase.ENDED:
                 self._check_not_too_late()
                 raise ReplicaFinished(self._state.reason)
@@ -341,15 +357,27 @@ class Manager:
         if not self._in_step:
             raise ProtocolError(f"end_step() while the step is {self._state.phase.name}: begin_step() first")
         self._drain()  # an early decision (another rank voted no) may be waiting
+        value = 0.0 if loss is None else float(loss.detach() if isinstance(loss, torch.Tensor) else loss)
+        if self._state.phase is Phase.INNER:
+            self._feed(ev.End(value, tokens))
+            self._in_step = False
+            return self._sync_if_due()
         if self._state.phase is Phase.TRAINING:
             if not self._state.reduced:
                 self.sync_gradients()
-            value = 0.0 if loss is None else float(loss.detach() if isinstance(loss, torch.Tensor) else loss)
             self._feed(ev.End(value, tokens))
             self._wait_while(Phase.TRAINING, Phase.VOTING)
         self._in_step = False
         assert self.last_outcome is not None
         return self.last_outcome.committed
+
+    def _sync_if_due(self) -> bool:
+        """Semi-synchronous, after the last inner step: the sync, attempt after attempt (bounded by
+        max_retries), until it commits (True) or the replica has no more steps (False)."""
+        while self._state.phase is Phase.IDLE and self._state.inner == self.settings.sync_every_steps:
+            self._feed(ev.Begin())
+            self._wait_while(Phase.PLANNING, Phase.SYNCING, Phase.VOTING)
+        return self._state.phase is Phase.IDLE
 
     # ------------------------------------------------------------------ feeding the protocol
 
@@ -406,38 +434,13 @@ class Manager:
             self._feed(self._event_of(*frame))
 
     def _event_of(self, kind: str, message) -> ev.Event:
-        if kind == "plan":
-            event = self._plan_arrived(message)
-            planned = isinstance(event, ev.PlanArrived) and event.plan is not None  # a resume order has no plan
-            self.collectives.planned(event.plan.step if planned else event.step)
-            return event
+        event = frames.event_of(kind, message, self._book, self.settings)
         if kind == "decision":
             self.collectives.decided()
-        elif kind == "no_plan":
-            self.collectives.planned(message.step)
-        if kind == "no_plan":
-            refusal = {rpb.NoPlan.RETRY: ev.Refusal.RETRY, rpb.NoPlan.FINISHED: ev.Refusal.FINISHED,
-                       rpb.NoPlan.FATAL: ev.Refusal.FATAL}[message.kind]
-            return ev.PlanRefused(message.attempt, refusal, message.reason)
-        if kind == "decision":
-            return ev.DecisionArrived(message.attempt, message.outcome == rpb.StepDecision.COMMIT, message.reason)
-        return ev.FinishedArrived(message.clean, message.reason)
-
-    def _plan_arrived(self, message: rpb.StepPlan) -> ev.PlanArrived | ev.ResumeOrdered:
-        s = self.settings
-        if message.quorum.HasField("resume_checkpoint_step"):  # the coordinator orders a resume
-            try:
-                self._book.fill(message)  # the next quorum may omit the addresses this frame carries
-            except PlanError:
-                pass  # no plan is derived from this quorum
-            return ev.ResumeOrdered(message.attempt, message.step, message.quorum.quorum_id,
-                                    message.quorum.resume_checkpoint_step)
-        try:
-            addresses = self._book.fill(message)
-            plan = plan_for_rank(message.quorum, addresses, s.job_id, s.replica_id, s.rank, s.digest_every_steps)
-        except PlanError as exc:
-            return ev.PlanArrived(message.attempt, message.step, None, str(exc))
-        return ev.PlanArrived(message.attempt, message.step, plan)
+        elif kind in ("plan", "no_plan"):
+            planned = isinstance(event, ev.PlanArrived) and event.plan is not None  # a resume order has no plan
+            self.collectives.planned(event.plan.step if planned else message.step)
+        return event
 
     # ------------------------------------------------------------------ executing effects
 
@@ -460,9 +463,7 @@ class Manager:
         self._send(msg.vote(e.attempt, e.ok, e.reason, e.loss, e.tokens))
 
     def _do_SendDigest(self, e: ev.SendDigest) -> None:  # noqa: N802
-        st = self._state
-        digest = rank_digest(st.step, st.ledger.to_json(), self.model, self.optimizer, self.registry.state_dicts())
-        self._send(msg.digest(e.attempt, e.step, digest))
+        self._send(msg.digest(e.attempt, e.step, bytes.fromhex(self.digest())))
 
     def _do_SendClose(self, e: ev.SendClose) -> None:  # noqa: N802
         self._send(msg.close(e.step, e.reason))
@@ -524,19 +525,27 @@ class Manager:
             return
         self._queue.append(ev.CheckpointLoaded(step, ledger))
 
-    def _do_ApplyStep(self, e: ev.ApplyStep) -> None:  # noqa: N802
+    def _do_ApplyStep(self, e: ev.ApplyStep | ev.ApplyOuterStep) -> None:  # noqa: N802
         scale = e.plan.lr_scale if self.settings.apply_lr_scale else 1.0
-        groups = self.optimizer.param_groups
-        user_lrs = [g["lr"] for g in groups]
-        for group, lr in zip(groups, user_lrs):
-            group["lr"] = lr * scale
-        try:
-            self.optimizer.step()
-        finally:
-            for group, lr in zip(groups, user_lrs):
-                group["lr"] = lr
+        self._apply(scale)
         if self.registry.rng is not None:
             self.registry.rng.advance()
+
+    _do_ApplyOuterStep = _do_ApplyStep  # noqa: N815 - the outer optimizer's commit (fthsdp/sync/outer.py)
+
+    def _do_BeginInner(self, e: ev.BeginInner) -> None:  # noqa: N802
+        if e.index == 0:
+            self.outer.begin_outer_step()
+
+    def _do_InnerStep(self, e: ev.InnerStep) -> None:  # noqa: N802
+        self.optimizer.step()
+
+    def _do_TakePseudoGradient(self, e: ev.TakePseudoGradient) -> None:  # noqa: N802
+        self.outer.take_pseudo_gradient()
+
+    def _do_ReducePseudoGradient(self, e: ev.ReducePseudoGradient) -> None:  # noqa: N802
+        result = self.outer.reduce(self.sync, e.plan)
+        self._queue.append(ev.Reduced(result.ok, result.reason))
 
     def _do_DropGradients(self, e: ev.DropGradients) -> None:  # noqa: N802
         self.optimizer.zero_grad(set_to_none=True)

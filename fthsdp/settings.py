@@ -44,6 +44,7 @@ from typing import Callable, Mapping
 from fthsdp.step.relay_tree import RelayTree
 from protos import job_secret, timeout_rules
 from protos.job_secret import JobSecret
+from protos.sync_modes import SYNC_MODES
 
 ENV_JOB_ID = "FTHSDP_JOB_ID"
 ENV_REPLICA_ID = "FTHSDP_REPLICA_ID"
@@ -83,6 +84,11 @@ TIMEOUT_ENV: dict[str, str] = {
     "controller_heartbeat_timeout_s": ENV_CONTROLLER_HEARTBEAT_TIMEOUT_S,
     "connect_timeout_s": ENV_CONNECT_TIMEOUT_S,
 }
+ENV_SYNC_MODE = "FTHSDP_SYNC_MODE"
+ENV_SYNC_EVERY_STEPS = "FTHSDP_SYNC_EVERY_STEPS"
+ENV_OUTER_LR = "FTHSDP_OUTER_LR"
+ENV_OUTER_MOMENTUM = "FTHSDP_OUTER_MOMENTUM"
+ENV_OUTER_NESTEROV = "FTHSDP_OUTER_NESTEROV"
 # torchrun's, read when the FTHSDP_* variable of the same meaning is not set
 TORCHRUN_RANK = "RANK"
 TORCHRUN_WORLD_SIZE = "WORLD_SIZE"
@@ -163,6 +169,17 @@ class RuntimeSettings:
     replica_version: the controller's version of the replica's restart this process was started
         under (FTHSDP_REPLICA_VERSION, set by the agent; 0: unknown). Carried in the rank's
         hello: a coordinator or relay of another restart refuses it (fthsdp/step/incarnations.py).
+    sync_mode: how replicas meet (FTHSDP_SYNC_MODE; the controller's --sync-mode must agree):
+        "sync" (every step: gradients are averaged); "local_sgd" (every sync_every_steps inner
+        steps on the replica's own group, the parameters are averaged); "diloco" (every
+        sync_every_steps inner steps, the pseudo-gradient global - local is averaged and the
+        outer optimizer, SGD with outer_lr / outer_momentum / outer_nesterov, applies it). In the
+        semi-synchronous modes a step of the protocol (`Manager.step`, max_steps, checkpoint
+        and digest periods) is one sync; see docs/architecture.md.
+    sync_every_steps: H, the inner steps between two syncs (FTHSDP_SYNC_EVERY_STEPS; 1 in "sync").
+    outer_lr / outer_momentum / outer_nesterov: DiLoCo's outer SGD (FTHSDP_OUTER_LR,
+        FTHSDP_OUTER_MOMENTUM, FTHSDP_OUTER_NESTEROV=0|1); the quorum's lr_scale multiplies
+        outer_lr (the inner optimizer's learning rate is the script's). Unused by other modes.
     """
 
     job_id: str = "job"
@@ -199,6 +216,11 @@ class RuntimeSettings:
     deterministic_seed: int = 0
     relay_fanout: int = 0
     replica_version: int = 0
+    sync_mode: str = "sync"
+    sync_every_steps: int = 1
+    outer_lr: float = 0.7
+    outer_momentum: float = 0.9
+    outer_nesterov: bool = True
 
     def validate(self) -> "RuntimeSettings":
         problems = []
@@ -259,9 +281,34 @@ class RuntimeSettings:
         elif self.relay_fanout < self.world_size and self.relay_fanout > MAX_RELAY_GROUP_RANKS:
             problems.append(f"relay_fanout must be at most {MAX_RELAY_GROUP_RANKS} ranks per relay (or >= world_size "
                             f"{self.world_size}: no relays), got {self.relay_fanout}.")
+        problems += self._sync_problems()
         if problems:
             raise ValueError("Invalid RuntimeSettings: " + " ".join(problems))
         return self
+
+    def _sync_problems(self) -> list[str]:
+        problems = []
+        if self.sync_mode not in SYNC_MODES:
+            return [f"sync_mode must be one of {', '.join(SYNC_MODES)}, got {self.sync_mode!r}."]
+        if not isinstance(self.sync_every_steps, int) or self.sync_every_steps < 1:
+            problems.append(f"sync_every_steps must be a number of inner steps >= 1, got {self.sync_every_steps!r}.")
+        elif self.sync_mode == "sync" and self.sync_every_steps != 1:
+            problems.append(f"sync_every_steps={self.sync_every_steps} needs sync_mode local_sgd or diloco "
+                            f"(sync_mode 'sync' meets every step).")
+        if not (isinstance(self.outer_lr, (int, float)) and math.isfinite(self.outer_lr) and self.outer_lr > 0):
+            problems.append(f"outer_lr must be a finite number > 0, got {self.outer_lr!r}.")
+        if not (isinstance(self.outer_momentum, (int, float)) and 0 <= self.outer_momentum < 1):
+            problems.append(f"outer_momentum must be in [0, 1), got {self.outer_momentum!r}.")
+        if not isinstance(self.outer_nesterov, bool):
+            problems.append(f"outer_nesterov must be True or False, got {self.outer_nesterov!r}.")
+        elif self.outer_nesterov and self.sync_mode == "diloco" and self.outer_momentum == 0:
+            problems.append("outer_nesterov needs outer_momentum > 0 (torch's SGD refuses Nesterov without it).")
+        return problems
+
+    @property
+    def semi_synchronous(self) -> bool:
+        """Replicas meet every sync_every_steps inner steps, not every step."""
+        return self.sync_mode != "sync"
 
     def port_key(self, purpose: str) -> bytes | None:
         """The key of one trainer port (protos.job_secret.PURPOSE_*); None when the ports run
@@ -363,6 +410,11 @@ _ENV_FIELDS: tuple[tuple[str, Callable[[str], object], tuple[str, ...]], ...] = 
     ("relay_fanout", _int, (ENV_RELAY_FANOUT,)),
     ("replica_version", _int, (ENV_REPLICA_VERSION,)),
     *((name, functools.partial(_seconds, env), (env,)) for name, env in TIMEOUT_ENV.items()),
+    ("sync_mode", str, (ENV_SYNC_MODE,)),
+    ("sync_every_steps", _int, (ENV_SYNC_EVERY_STEPS,)),
+    ("outer_lr", lambda text: _number(ENV_OUTER_LR, text), (ENV_OUTER_LR,)),
+    ("outer_momentum", lambda text: _number(ENV_OUTER_MOMENTUM, text), (ENV_OUTER_MOMENTUM,)),
+    ("outer_nesterov", lambda text: _flag(ENV_OUTER_NESTEROV, text), (ENV_OUTER_NESTEROV,)),
 )
 
 
@@ -370,6 +422,13 @@ def timeouts_from_env(environ: Mapping[str, str]) -> dict[str, float]:
     """The runtime timeouts `environ` sets (TIMEOUT_ENV), by field name; ValueError naming a
     variable that is not a number of seconds."""
     return {name: _seconds(env, environ[env]) for name, env in TIMEOUT_ENV.items() if environ.get(env, "") != ""}
+
+
+def _number(name: str, text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise ValueError(f"Invalid RuntimeSettings: environment variable {name}={text!r} is not a number.") from None
 
 
 def _flag(name: str, text: str) -> bool:

@@ -32,7 +32,7 @@ def job_line(job: dict) -> str:
         state = f"FAILING (FAILED in {job['fails_in_s']:.0f}s)"
     quorum = (f"quorum {job['quorum_id']} trains step {job['max_step']}  lr_scale {job['lr_scale']:.3f}"
               if job["quorum_id"] else "no quorum yet")
-    return f'job "{job["job_id"]}" {state}  leader {job["leader"] or "?"}  {quorum}'
+    return f'job "{job["job_id"]}" {state}  leader {job["leader"] or "?"}  {quorum}{_sync(job)}'
 
 
 def _goodput_line(job: dict) -> list[str]:
@@ -42,6 +42,12 @@ def _goodput_line(job: dict) -> list[str]:
         return []
     return [f"committed step {step_text(job.get('committed_step', '?'))}  effective training time "
             f"{g['effective_training_ratio']:.1%} over {g['wall_s']:.0f}s  {g['committed_steps_per_s']:.2f} steps/s"]
+
+
+def _sync(job: dict) -> str:
+    """The job's sync mode, when replicas do not meet every step (absent from older controllers)."""
+    mode = job.get("sync_mode", "sync")
+    return "" if mode == "sync" else f"  sync {mode} every {job.get('sync_every_steps', '?')} inner steps"
 
 
 def render(job: dict, replicas: list, hosts: list, quorums: dict, events: list) -> str:

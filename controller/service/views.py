@@ -61,6 +61,8 @@ def job_view(state, leader: str, leading: bool, now: float) -> dict:
         "quorum_id": state.quorum.quorum_id if state.quorum else 0,
         "max_step": state.quorum.max_step if state.quorum else 0,
         "lr_scale": state.quorum.lr_scale if state.quorum else 1.0,
+        "sync_mode": state.settings.sync_mode,
+        "sync_every_steps": state.settings.sync_every_steps,
         "round": {"joined": sorted(state.round_joined), "reason": state.round_reason},
         # the job's newest committed step (-1: none yet)
         "committed_step": state.max_committed_step,

@@ -49,17 +49,19 @@ def feed(h: "hashlib._Hash", obj: Any) -> None:
         h.update(f"O{type(obj).__qualname__}:{obj!r}\0".encode())
 
 
-def rank_digest(step: int, ledger_json: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+def rank_digest(step: int, ledger_json: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None,
                 user_states: Mapping[str, Any] | None = None) -> bytes:
-    """SHA-256 (32 bytes) of this rank's committed state at the start of `step`."""
+    """SHA-256 (32 bytes) of this rank's committed state at the start of `step`. `optimizer`
+    None: a semi-synchronous replica's inner optimizer, whose state is its own by design (the
+    outer optimizer is registered state)."""
     h = hashlib.sha256(f"fthsdp-state-v1|{step}|{ledger_json}|".encode())
     feed(h, model.state_dict())
-    feed(h, optimizer.state_dict())
+    feed(h, optimizer.state_dict() if optimizer is not None else None)
     feed(h, dict(user_states or {}))
     return h.digest()
 
 
-def state_digest(model: torch.nn.Module, optimizer: torch.optim.Optimizer, ledger_json: str = "", step: int = -1,
+def state_digest(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, ledger_json: str = "", step: int = -1,
                  user_states: Mapping[str, Any] | None = None) -> str:
     """The same digest in hex, for logs, records and tests."""
     return rank_digest(step, ledger_json, model, optimizer, user_states).hex()

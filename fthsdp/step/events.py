@@ -200,6 +200,42 @@ class ApplyStep:
 
 
 @dataclass(frozen=True)
+class BeginInner:
+    """Semi-synchronous: inner step `index` (0..H-1) of the outer step `step` starts on the
+    replica's own group; at index 0 the model holds the global state (keep a copy of it)."""
+    step: int
+    index: int
+
+
+@dataclass(frozen=True)
+class InnerStep:
+    """The script's optimizer steps on this inner step's gradients (no one outside the replica)."""
+    step: int
+    index: int
+
+
+@dataclass(frozen=True)
+class TakePseudoGradient:
+    """After the last inner step: pseudo-gradient = global - local; the model goes back to the
+    global state (kept for every attempt of the sync)."""
+    step: int
+
+
+@dataclass(frozen=True)
+class ReducePseudoGradient:
+    """Average the pseudo-gradient across the sync's contributors (zeros when behind; every
+    rank runs it, with or without a plan), then feed Reduced."""
+    plan: RankPlan | None
+
+
+@dataclass(frozen=True)
+class ApplyOuterStep:
+    """Commit of a sync: the outer optimizer applies the average to the global state (outer
+    learning rate × plan.lr_scale); the model takes the new global state; registered state moves on."""
+    plan: RankPlan
+
+
+@dataclass(frozen=True)
 class DropGradients:
     """Retry: drop this attempt's gradients; the weights are untouched."""
     reason: str
@@ -246,5 +282,5 @@ class Fail:
 
 
 Effect = Union[SendBegin, ServeState, StopServing, ConfigureRing, StartFetch, CancelFetch, AdoptFetched,
-               LoadCheckpoint, SendVote, ApplyStep, DropGradients, SendDigest, Checkpoint, Concluded, SendClose, Closed,
-               Ended, Fail]
+               LoadCheckpoint, SendVote, ApplyStep, BeginInner, InnerStep, TakePseudoGradient, ReducePseudoGradient,
+               ApplyOuterStep, DropGradients, SendDigest, Checkpoint, Concluded, SendClose, Closed, Ended, Fail]

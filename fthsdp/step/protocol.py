@@ -26,6 +26,20 @@ applies the one decision the coordinator sends for that attempt.
     FAILED ◀── no plan, or no decision after voting, within its bound (a rank that voted yes
                is in doubt: it never guesses); the coordinator gone; a fatal refusal
 
+Semi-synchronous replicas (settings.sync_mode local_sgd or diloco, H = sync_every_steps): a
+step is one *sync*, and H inner steps on the replica's own group come before it. `inner`
+counts them; they never reach the coordinator:
+
+          Begin (inner < H): BeginInner          End: InnerStep (+ TakePseudoGradient at the H-th)
+    IDLE ───────────────────────────────▶ INNER ─────────────────────────────────────▶ IDLE, inner + 1
+    IDLE ── Begin (inner = H) ──▶ PLANNING ── PlanArrived: ReducePseudoGradient ──▶ SYNCING
+    SYNCING ── Reduced (and the fetch done) ──▶ VOTING ── commit: ApplyOuterStep ──▶ IDLE, step + 1, inner 0
+                                                          retry ──▶ IDLE, inner = H (the same pseudo-gradient)
+
+The commit advances the ledger by H for every contributor (its inner steps' batches enter the
+committed history only now); a behind replica adopts its source's state and ledger there, its
+own inner steps thrown away; a checkpoint loaded on a rollback sets inner to 0.
+
 A behind replica (its member is not healthy: a late joiner, a restarted or a DIVERGED
 replica) fetches its source's state while it contributes zeros, and takes it as its own
 only when the step commits (AdoptFetched, then ApplyStep): after a retry every rank of the
@@ -52,12 +66,13 @@ from typing import Callable, Union
 
 from fthsdp.data_ledger import DataLedger
 from fthsdp.settings import RuntimeSettings
-from fthsdp.step.events import (FROM_COORDINATOR, AdoptFetched, ApplyStep, Begin, CancelFetch, Checkpoint,
-                                CheckpointLoaded, Close, Closed, Concluded, ConfigureRing, CoordinatorLost,
-                                DecisionArrived, DropGradients, Effect, End, Ended, Event, Fail, FetchFinished,
-                                FinishedArrived, LoadCheckpoint, PlanArrived, PlanRefused, Reduced, Refusal,
-                                ResumeOrdered, SendBegin, SendClose, SendDigest, SendVote, ServeState, StartFetch,
-                                StepOutcome, StopServing, Tick)
+from fthsdp.step.events import (FROM_COORDINATOR, AdoptFetched, ApplyOuterStep, ApplyStep, Begin, BeginInner,
+                                CancelFetch, Checkpoint, CheckpointLoaded, Close, Closed, Concluded, ConfigureRing,
+                                CoordinatorLost, DecisionArrived, DropGradients, Effect, End, Ended, Event, Fail,
+                                FetchFinished, FinishedArrived, InnerStep, LoadCheckpoint, PlanArrived, PlanRefused,
+                                ReducePseudoGradient, Reduced, Refusal, ResumeOrdered, SendBegin, SendClose,
+                                SendDigest, SendVote, ServeState, StartFetch, StepOutcome, StopServing,
+                                TakePseudoGradient, Tick)
 from fthsdp.step.plan import RankPlan
 
 INF = float("inf")
@@ -70,7 +85,9 @@ class ProtocolError(RuntimeError):
 class Phase(enum.Enum):
     IDLE = "idle"              # between steps: the state is the committed state at `step`
     PLANNING = "planning"      # begin sent; waiting for the coordinator's plan
+    INNER = "inner"            # semi-synchronous: an inner step on the replica's own group
     TRAINING = "training"      # plan in hand: reducing gradients (behind: fetching meanwhile)
+    SYNCING = "syncing"        # semi-synchronous: plan in hand, reducing the pseudo-gradient
     VOTING = "voting"          # vote sent; waiting for the decision
     RESUMING = "resuming"      # loading the durable checkpoint a rollback quorum offered
     ENDED = "ended"            # no more steps (max_steps, a rank closed, job COMPLETED)
@@ -113,6 +130,7 @@ class RankState:
     last_failure: str = ""
     reason: str = ""                    # why ENDED, FINISHED or FAILED
     resume_to: int = -1                 # RESUMING: the step the checkpoint being loaded starts
+    inner: int = 0                      # semi-synchronous: inner steps trained since the last sync
 
 
 def initial_state(settings: RuntimeSettings, step: int = 0, ledger: DataLedger | None = None) -> RankState:
@@ -138,8 +156,10 @@ def advance(state: RankState, event: Event, now: float) -> Result:
 
 def next_deadline(state: RankState) -> float:
     """When a Tick can next change something (INF: only another event can)."""
-    if state.phase is Phase.TRAINING:
+    if state.phase in (Phase.TRAINING, Phase.SYNCING):
         return state.fetch_deadline if state.fetch is Fetch.RUNNING else INF
+    if state.phase is Phase.INNER:
+        return INF
     return state.deadline
 
 
@@ -150,9 +170,14 @@ def _begin(state: RankState, _ev: Begin, now: float, s: RuntimeSettings) -> Resu
     if s.max_steps and state.step >= s.max_steps:
         reason = f"max_steps={s.max_steps} reached"
         return _replace(state, phase=Phase.ENDED, reason=reason), (Ended(reason),)
+    if s.semi_synchronous and state.inner < s.sync_every_steps:  # an inner step: no coordinator
+        first = state.inner == 0
+        new = _replace(state, phase=Phase.INNER, loss=0.0 if first else state.loss, tokens=0 if first else state.tokens)
+        return new, (BeginInner(state.step, state.inner),)
+    sums = s.semi_synchronous  # a sync reports what its inner steps trained
     new = _replace(state, phase=Phase.PLANNING, deadline=now + s.plan_timeout_s, plan=None, quorum_id=0,
                    reduced=False, failure="", fetch=Fetch.NONE, fetch_deadline=INF, ending=False,
-                   loss=0.0, tokens=0, ledger_before=state.ledger)
+                   loss=state.loss if sums else 0.0, tokens=state.tokens if sums else 0, ledger_before=state.ledger)
     if state.torn:  # its live state is not the state at its step: nobody may fetch it
         return new, (SendBegin(state.step),)
     return new, (ServeState(state.step), SendBegin(state.step))
@@ -178,14 +203,21 @@ def _plan(state: RankState, ev: PlanArrived, now: float, s: RuntimeSettings) -> 
     plan = ev.plan
     new = _replace(state, phase=Phase.TRAINING, attempt=ev.attempt, deadline=INF, plan=plan,
                    quorum_id=plan.quorum_id if plan else 0, ledger_before=state.ledger)
+    new, effects = _planned(new, plan, ev.error, now, s)
+    if s.semi_synchronous:  # a sync: no training script between plan and vote
+        return _replace(new, phase=Phase.SYNCING), (*effects, ReducePseudoGradient(new.plan))
+    return new, effects
+
+
+def _planned(new: RankState, plan: RankPlan | None, error: str, now: float, s: RuntimeSettings) -> Result:
     if plan is None:
-        return _replace(new, failure=ev.error or "no plan"), ()
-    if not plan.behind and plan.step != state.step:
+        return _replace(new, failure=error or "no plan"), ()
+    if not plan.behind and plan.step != new.step:
         # Taking part with the wrong state could put a wrong gradient into other replicas' sums:
         # stay out of the ring (every replica of the ring retries) and vote no.
         return _replace(new, plan=None, failure=f"quorum {plan.quorum_id} calls replica {s.replica_id} healthy "
-                                                f"at step {plan.step} but it is at step {state.step}"), ()
-    if not plan.behind and state.torn:
+                                                f"at step {plan.step} but it is at step {new.step}"), ()
+    if not plan.behind and new.torn:
         return _replace(new, plan=None, failure=f"quorum {plan.quorum_id} calls replica {s.replica_id} healthy at "
                                                 f"step {plan.step}, but rank {s.rank}'s state was partly overwritten "
                                                 f"by a catch-up that never committed; it waits to be caught up "
@@ -193,7 +225,7 @@ def _plan(state: RankState, ev: PlanArrived, now: float, s: RuntimeSettings) -> 
     if plan.behind:
         new = _replace(new, fetch=Fetch.RUNNING, fetch_deadline=now + s.fetch_budget_s, torn=True)
         return new, (StopServing(), ConfigureRing(plan), StartFetch(plan))
-    return new, (ServeState(state.step, plan.fetchers), ConfigureRing(plan))
+    return new, (ServeState(new.step, plan.fetchers), ConfigureRing(plan))
 
 
 def _resume(state: RankState, ev: ResumeOrdered, _now: float, s: RuntimeSettings) -> Result:
@@ -214,7 +246,7 @@ def _loaded(state: RankState, ev: CheckpointLoaded, _now: float, s: RuntimeSetti
         return _fail(state, f"rank {s.rank} cannot resume from the checkpoint of step {state.resume_to - 1} that "
                             f"quorum {state.quorum_id} offered: {why}; exit so the replica is restarted")
     new = _replace(state, phase=Phase.IDLE, step=ev.step, ledger=ev.ledger, ledger_before=None, resume_to=-1,
-                   torn=False)
+                   torn=False, inner=0)
     return new, ()
 
 
@@ -242,6 +274,22 @@ def _planning_decision(state: RankState, ev: DecisionArrived, now: float, s: Run
 def _reduced(state: RankState, ev: Reduced, _now: float, _s: RuntimeSettings) -> Result:
     failure = state.failure or ("" if ev.ok else ev.reason or "gradient reduction failed")
     return _replace(state, reduced=True, failure=failure), ()
+
+
+def _inner_end(state: RankState, ev: End, _now: float, s: RuntimeSettings) -> Result:
+    inner = state.inner + 1
+    effects: tuple[Effect, ...] = (InnerStep(state.step, state.inner),)
+    if inner == s.sync_every_steps:
+        effects += (TakePseudoGradient(state.step),)
+    return _replace(state, phase=Phase.IDLE, inner=inner, loss=ev.loss, tokens=state.tokens + ev.tokens), effects
+
+
+def _sync_reduced(state: RankState, ev: Reduced, now: float, s: RuntimeSettings) -> Result:
+    """The pseudo-gradient is averaged (or failed): the rank votes once its catch-up is in too."""
+    state, _ = _reduced(state, ev, now, s)
+    if state.fetch is Fetch.RUNNING:
+        return _replace(state, ending=True), ()
+    return _vote(state, now, s)
 
 
 def _fetched(state: RankState, ev: FetchFinished, now: float, s: RuntimeSettings) -> Result:
@@ -337,15 +385,15 @@ def _commit(state: RankState, s: RuntimeSettings) -> Result:
     effects: list[Effect] = [StopServing(plan.fetchers, s.fetch_hold_timeout_s if plan.fetchers else 0.0)]
     if plan.behind:
         effects.append(AdoptFetched(plan.step))
-    effects += [ApplyStep(plan), Concluded(outcome)]
+    effects += [ApplyOuterStep(plan) if s.semi_synchronous else ApplyStep(plan), Concluded(outcome)]
     if plan.report_digest:
         effects.append(SendDigest(state.attempt, plan.step))
     if s.checkpoint_every_steps and next_step % s.checkpoint_every_steps == 0:
         # every rank: a sharded replica's ranks write their shards together (the Manager knows)
         effects.append(Checkpoint(next_step, plan.writes_checkpoint_state))
-    new = _replace(state, phase=Phase.IDLE, step=next_step, ledger=before.advanced(plan.included), deadline=INF,
-                   fetch=Fetch.NONE, fetched_ledger=None, failures_in_a_row=0, last_failure="",
-                   torn=state.torn and not plan.behind)
+    new = _replace(state, phase=Phase.IDLE, step=next_step, ledger=before.advanced(plan.included, s.sync_every_steps),
+                   deadline=INF, fetch=Fetch.NONE, fetched_ledger=None, failures_in_a_row=0, last_failure="",
+                   torn=state.torn and not plan.behind, inner=0)
     return new, tuple(effects)
 
 
@@ -353,7 +401,7 @@ def _retry(state: RankState, reason: str, s: RuntimeSettings) -> Result:
     effects: list[Effect] = []
     if state.fetch in _HELD:
         effects.append(CancelFetch(reason))
-    if state.phase in (Phase.TRAINING, Phase.VOTING):
+    if state.phase in (Phase.TRAINING, Phase.SYNCING, Phase.VOTING):
         effects.append(DropGradients(reason))
     plan = state.plan
     before = state.ledger_before or state.ledger
@@ -384,7 +432,7 @@ def _close(state: RankState, ev: Close, now: float, s: RuntimeSettings) -> Resul
     effects: list[Effect] = []
     if state.fetch in _HELD:
         effects.append(CancelFetch(ev.reason))
-    if state.phase is Phase.TRAINING:
+    if state.phase in (Phase.TRAINING, Phase.SYNCING):
         effects.append(DropGradients(ev.reason))
     effects.append(SendClose(state.step, ev.reason))
     new = _replace(state, phase=Phase.FINISHING, deadline=now + s.finish_timeout_s, fetch=Fetch.NONE, reason=ev.reason)
@@ -431,6 +479,17 @@ _TABLE: dict[tuple[Phase, type], Handler] = {
     (P.PLANNING, Tick): _planning_tick,
     (P.PLANNING, Close): _close,
     (P.PLANNING, CoordinatorLost): _lost,
+    (P.INNER, End): _inner_end,
+    (P.INNER, Close): _close,
+    (P.INNER, CoordinatorLost): _lost,
+    (P.SYNCING, Reduced): _sync_reduced,
+    (P.SYNCING, FetchFinished): _fetched,
+    (P.SYNCING, Tick): _training_tick,
+    (P.SYNCING, PlanArrived): _training_message,
+    (P.SYNCING, PlanRefused): _training_message,
+    (P.SYNCING, DecisionArrived): _training_message,
+    (P.SYNCING, Close): _close,
+    (P.SYNCING, CoordinatorLost): _lost,
     (P.TRAINING, Reduced): _reduced,
     (P.TRAINING, FetchFinished): _fetched,
     (P.TRAINING, End): _end,

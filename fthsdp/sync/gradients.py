@@ -144,11 +144,13 @@ class GradientSync:
 
     # -- replicated models (plain, DDP)
 
-    def reduce_(self, flat: torch.Tensor, plan: RankPlan | None) -> SyncResult:
-        """Average `flat` (this rank's gradient, 1-D float) across the step's contributors, in place."""
+    def reduce_(self, flat: torch.Tensor, plan: RankPlan | None, in_replica: bool = True) -> SyncResult:
+        """Average `flat` (this rank's gradient, 1-D float) across the step's contributors, in place.
+        `in_replica=False`: `flat` is equal on every rank of the replica already (a replicated
+        model's pseudo-gradient): it is not averaged inside the replica, only split and gathered."""
         if plan is not None and plan.behind:  # the whole replica is behind: every rank skips this
             flat.zero_()
-        elif self.world_size > 1:  # without a plan too: the other ranks are in this all-reduce
+        elif self.world_size > 1 and in_replica:  # without a plan too: the other ranks are in this all-reduce
             token = self.collectives.join(Kind.ALL_REDUCE, flat.numel() * flat.element_size())
             dist.all_reduce(flat, group=self.process_group)
             self.collectives.done(token)
@@ -167,6 +169,13 @@ class GradientSync:
         if work is not flat:
             flat.copy_(work[:flat.numel()])
         return result
+
+    def reduce_across_(self, flat: torch.Tensor, plan: RankPlan | None) -> SyncResult:
+        """Average this rank's own piece (a shard's pseudo-gradient) with the same rank of the
+        other contributors only, in place (a behind replica contributes zeros)."""
+        if plan is not None and plan.behind:
+            flat.zero_()
+        return self._cross_replica_(flat, plan)
 
     def _cross_replica_(self, shard: torch.Tensor, plan: RankPlan | None) -> SyncResult:
         if plan is None:

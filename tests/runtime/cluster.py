@@ -57,6 +57,13 @@ class Faults:
         self.items.append({"kind": "kill_source", "replica": str(replica), "step": -1, "rank": None})
         return self
 
+    def sigkill_inner(self, replica: int, at_step: int, inner: int) -> "Faults":
+        """A semi-synchronous replica gets a real SIGKILL in inner step `inner` of sync `at_step`
+        (tests/runtime/semisync_worker.py)."""
+        self.items.append({"kind": "sigkill_inner", "replica": str(replica), "step": at_step, "inner": inner,
+                           "rank": None})
+        return self
+
     def fresh_start(self, replica: int) -> "Faults":
         """The replica's first start finds no checkpoint (as if it started before any was written)."""
         self.items.append({"kind": "fresh_start", "replica": str(replica), "step": -1, "rank": None})

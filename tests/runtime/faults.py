@@ -56,8 +56,8 @@ class FailingSync(_Delegate):
         super().__init__(sync)
         self._reason_for = reason_for
 
-    def reduce_(self, flat, plan) -> SyncResult:
-        result = self._inner.reduce_(flat, plan)
+    def reduce_(self, flat, plan, in_replica: bool = True) -> SyncResult:
+        result = self._inner.reduce_(flat, plan, in_replica)
         reason = self._reason_for(plan)
         return SyncResult(False, reason) if reason else result
 

@@ -160,3 +160,25 @@ def test_a_batch_twice_or_skipped_along_a_chain_is_found():
     assert batches[("a", 1)] == 2 and batches[("b", 2)] == 1
     assert problems == ["batch 1 of replica a was trained 2 times along the committed history",
                         "replica a skipped batches [2]"]
+
+
+def _sync_rows(n: int, before: str, digest: str, read: dict[str, int], h: int, trained: dict[str, range]) -> list[dict]:
+    rows = [{"event": "trained", "replica": r, "rank": 0, "step": n, "position": p, "t": n}
+            for r, positions in trained.items() for p in positions]
+    return rows + [{"event": "commit", "replica": r, "rank": 0, "step": n, "t": n + 0.5, "behind": False,
+                    "included": ["a", "b"], "positions_before": dict(read), "batches": h, "before": before,
+                    "digest": digest} for r in ("a", "b")]
+
+
+def test_a_semi_synchronous_sync_commits_h_batches_of_each_contributor():
+    h = 3
+    rows = _sync_rows(0, "", "s0", {}, h, {"a": range(0, 3), "b": range(0, 3)})
+    rows += _sync_rows(1, "s0", "s1", {"a": 3, "b": 3}, h, {"a": range(3, 6), "b": range(3, 6)})
+    walked, problems = history.walk(rows)
+    assert problems == [] and walked.chain[-1].ledger_after == {"a": 6, "b": 6}
+    batches, problems = history.exactly_once_along(walked, history.trained_positions(rows), R)
+    assert problems == [] and sorted(batches) == [(r, p) for r in R for p in range(6)]
+    # a contributor that trained only two of its three inner-step batches for sync 1
+    short = [r for r in rows if not (r["event"] == "trained" and r["replica"] == "b" and r["position"] == 5)]
+    _, problems = history.exactly_once_along(walked, history.trained_positions(short), R)
+    assert problems == ["step 1 included batch 5 of replica b, which trained [3, 4] at that step"]

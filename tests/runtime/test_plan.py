@@ -88,6 +88,8 @@ def test_ledger_advances_included_replicas_once_each():
     assert ledger.positions == {"a": 3, "b": 1}
     assert DataLedger.from_json(ledger.to_json()) == ledger
     assert ledger.advanced([]).positions == ledger.positions
+    # a semi-synchronous sync commits each contributor's H inner-step batches at once
+    assert ledger.advanced(["b"], 8).positions == {"a": 3, "b": 9}
 
 
 @pytest.mark.parametrize("text", ['{"positions": {"a": -1}}', "[]", '{"positions": {"a": "x"}}', "nope",

@@ -23,6 +23,12 @@ TORCHRUN = {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "MASTER_ADDR": "1
     ("apply_lr_scale", "yes", "apply_lr_scale must be True or False, got 'yes'"),
     ("coordinator_address", "nohost", "coordinator_address must be host:port, got 'nohost'"),
     ("relay_fanout", -1, "relay_fanout must be 0 (automatic) or a number of ranks >= 1, got -1"),
+    ("sync_mode", "async", "sync_mode must be one of sync, local_sgd, diloco, got 'async'"),
+    ("sync_every_steps", 8, "sync_every_steps=8 needs sync_mode local_sgd or diloco"),
+    ("sync_every_steps", 0, "sync_every_steps must be a number of inner steps >= 1, got 0"),
+    ("outer_lr", -0.5, "outer_lr must be a finite number > 0, got -0.5"),
+    ("outer_momentum", 1.0, "outer_momentum must be in [0, 1), got 1.0"),
+    ("outer_nesterov", "on", "outer_nesterov must be True or False, got 'on'"),
 ])
 def test_validate_names_bad_values(field, value, message):
     base = dict(controller_address="x:1", world_size=2, coordinator_address="y:2", job_secret=SECRET)
@@ -42,6 +48,20 @@ def test_fthsdp_variables_win_over_torchrun_and_keywords_over_both():
            "FTHSDP_MAX_STEPS": "50"}
     s = RuntimeSettings.from_env(env, max_steps=60)
     assert (s.rank, s.coordinator_address, s.controller_address, s.max_steps) == (0, "h:7", "c:1", 60)
+
+
+def test_the_sync_mode_comes_from_the_environment_and_keywords_win():
+    env = {**TORCHRUN, "FTHSDP_SYNC_MODE": "diloco", "FTHSDP_SYNC_EVERY_STEPS": "8", "FTHSDP_OUTER_LR": "0.5",
+           "FTHSDP_OUTER_MOMENTUM": "0.8", "FTHSDP_OUTER_NESTEROV": "0"}
+    s = RuntimeSettings.from_env(env)
+    assert (s.sync_mode, s.sync_every_steps, s.outer_lr, s.outer_momentum, s.outer_nesterov) == (
+        "diloco", 8, 0.5, 0.8, False)
+    assert s.semi_synchronous and not RuntimeSettings.from_env(TORCHRUN).semi_synchronous
+    assert RuntimeSettings.from_env(env, sync_mode="local_sgd").sync_mode == "local_sgd"
+    with pytest.raises(ValueError, match="FTHSDP_OUTER_NESTEROV='yes' must be 0 or 1"):
+        RuntimeSettings.from_env({**env, "FTHSDP_OUTER_NESTEROV": "yes"})
+    with pytest.raises(ValueError, match="FTHSDP_OUTER_LR='fast' is not a number"):
+        RuntimeSettings.from_env({**env, "FTHSDP_OUTER_LR": "fast"})
 
 
 @pytest.mark.parametrize("drop, named", [("MASTER_ADDR", "MASTER_ADDR is not set on this rank"),

@@ -1,0 +1,49 @@
+"""What the coordinator sent, as the rank protocol's events (frames in, events out; no I/O).
+
+A plan frame becomes PlanArrived with this rank's plan (or the reason none could be derived),
+or ResumeOrdered on a rollback quorum; the address book keeps the addresses a later quorum
+may omit. A quorum of a controller whose sync mode is not this rank's is refused for good
+(PlanRefused FATAL, naming both).
+"""
+
+from __future__ import annotations
+
+from fthsdp.settings import RuntimeSettings
+from fthsdp.step import events as ev
+from fthsdp.step.plan import AddressBook, PlanError, plan_for_rank
+from protos import replica_pb2 as rpb
+from protos import sync_modes
+
+_REFUSALS = {rpb.NoPlan.RETRY: ev.Refusal.RETRY, rpb.NoPlan.FINISHED: ev.Refusal.FINISHED,
+             rpb.NoPlan.FATAL: ev.Refusal.FATAL}
+
+
+def event_of(kind: str, message, book: AddressBook, s: RuntimeSettings) -> ev.Event:
+    """The event of one frame the rank's channel received (`kind` as CoordinatorClient.receive names it)."""
+    if kind == "plan":
+        return _plan_arrived(message, book, s)
+    if kind == "no_plan":
+        return ev.PlanRefused(message.attempt, _REFUSALS[message.kind], message.reason)
+    if kind == "decision":
+        return ev.DecisionArrived(message.attempt, message.outcome == rpb.StepDecision.COMMIT, message.reason)
+    return ev.FinishedArrived(message.clean, message.reason)
+
+
+def _plan_arrived(message: rpb.StepPlan, book: AddressBook,
+                  s: RuntimeSettings) -> ev.PlanArrived | ev.ResumeOrdered | ev.PlanRefused:
+    q = message.quorum
+    if refused := sync_modes.mismatch(q.sync_mode, q.sync_every_steps, s.sync_mode, s.sync_every_steps):
+        return ev.PlanRefused(message.attempt, ev.Refusal.FATAL, refused)
+    if message.quorum.HasField("resume_checkpoint_step"):  # the coordinator orders a resume
+        try:
+            book.fill(message)  # the next quorum may omit the addresses this frame carries
+        except PlanError:
+            pass  # no plan is derived from this quorum
+        return ev.ResumeOrdered(message.attempt, message.step, message.quorum.quorum_id,
+                                message.quorum.resume_checkpoint_step)
+    try:
+        addresses = book.fill(message)
+        plan = plan_for_rank(message.quorum, addresses, s.job_id, s.replica_id, s.rank, s.digest_every_steps)
+    except PlanError as exc:
+        return ev.PlanArrived(message.attempt, message.step, None, str(exc))
+    return ev.PlanArrived(message.attempt, message.step, plan)
