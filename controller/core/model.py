@@ -32,12 +32,12 @@ class ReplicaState(str, enum.Enum):
     DEAD / FINISHED ──(a late caught-up commit of one that must re-sync)──▶ HEALTHY / DIVERGED
 
     Killed: heartbeat silence, a failure report, a trainer's death, its host's death, or its
-    coordinator restarted (a new incarnation) while it was live (controller.core.model
-    DeathCause). A DIVERGED replica stays a member of rounds (controller.core.divergence); it
-    leaves that state only by re-syncing, dying or finishing, and `must_resync` keeps it
-    re-syncing through a restart. A DEAD or FINISHED replica (SETTLED) is not waited for in
-    rounds; a FINISHED one is not declared dead by silence nor killed by its trainers' exits.
-    The last row is what the code does with a commit report that arrives after its replica
+    coordinator restarted (a new incarnation) while it was live (DeathCause below). A
+    DIVERGED replica stays a member of rounds (controller.core.divergence); it leaves that
+    state only by re-syncing, dying or finishing, and `must_resync` keeps it re-syncing
+    through a restart. A DEAD or FINISHED replica (SETTLED) is not waited for in rounds; a
+    FINISHED one is not declared dead by silence nor killed by its trainers' exits. The last
+    row is what the code does with a caught-up commit report that arrives after its replica
     was declared DEAD (or FINISHED): a re-sync heals the record without a join. Whether the
     job is COMPLETED or FAILED is JobState's.
     """

@@ -26,7 +26,9 @@ from controller.settings import ControllerSettings
 
 CONTROLLER = Path(__file__).resolve().parents[2] / "controller"
 LIFECYCLES = [(ReplicaState, REPLICA_MOVES), (HostState, HOST_MOVES), (JobState, JOB_MOVES)]
-EDGE = re.compile(r"^\s*(?P<sources>[A-Z /]+?)\s*──\((?P<why>[^)]*(?:\([^)]*\)[^)]*)*)\)──▶\s*(?P<targets>[A-Z /]+?)\s*$")
+#: `A / B ──(why, which may hold (parentheses))──▶ C / D`
+EDGE = re.compile(r"^\s*(?P<sources>[A-Z /]+?)\s*──\((?P<why>[^)]*(?:\([^)]*\)[^)]*)*)\)──▶"
+                  r"\s*(?P<targets>[A-Z /]+?)\s*$")
 
 
 def drawn_moves(enum) -> frozenset:
@@ -45,7 +47,7 @@ def drawn_moves(enum) -> frozenset:
     return frozenset(edges)
 
 
-@pytest.mark.parametrize("enum, table", LIFECYCLES, ids=lambda x: getattr(x, "__name__", ""))
+@pytest.mark.parametrize("enum, table", LIFECYCLES, ids=[e.__name__ for e, _ in LIFECYCLES])
 def test_the_drawing_is_the_table(enum, table):
     drawn = drawn_moves(enum)
     assert drawn == table, (f"{enum.__name__}: drawn but not in the table {sorted(drawn - table)}; "
@@ -91,24 +93,25 @@ def test_a_move_outside_its_table_raises():
 
 # -- the code changes a state only where the move is checked ------------------------------------
 
-#: attribute -> which lifecycle it holds (`state`: a replica's or a host's, `completed_at`/`failed_at`: the job's)
+#: the attributes that hold a lifecycle's state: a replica's or a host's `state`, the job's
+#: `completed_at` / `failed_at`
 STATE_ATTRIBUTES = {"state", "completed_at", "failed_at"}
 #: where a state may be set without a move: a record made or loaded, not moved
 NOT_A_MOVE = {"__init__", "restore"}
 
 
 def _assigned_attributes(fn: ast.AST) -> set[str]:
+    """The STATE_ATTRIBUTES that `fn` assigns (`self.state` is the core's state object, not a
+    record's state)."""
     out = set()
     for node in ast.walk(fn):
-        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(
-            node, (ast.AugAssign, ast.AnnAssign)) else []
+        targets = (node.targets if isinstance(node, ast.Assign)
+                   else [node.target] if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else [])
         for t in targets:
             for leaf in (t.elts if isinstance(t, ast.Tuple) else [t]):
-                if isinstance(leaf, ast.Attribute) and leaf.attr in STATE_ATTRIBUTES:
-                    # `self.state` of the core and the REST app is the state object, not a record's
-                    if not (leaf.attr == "state" and isinstance(leaf.value, ast.Name) and leaf.value.id in (
-                            "self", "app")) and not (isinstance(leaf.value, ast.Attribute) and leaf.value.attr == "app"):
-                        out.add(leaf.attr)
+                if isinstance(leaf, ast.Attribute) and leaf.attr in STATE_ATTRIBUTES and not (
+                        leaf.attr == "state" and isinstance(leaf.value, ast.Name) and leaf.value.id == "self"):
+                    out.add(leaf.attr)
     return out
 
 
