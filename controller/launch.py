@@ -19,7 +19,7 @@ log = logging.getLogger("fthsdp.launch")
 #: What a controller started with --insecure does not check (the warning names it).
 UNCHECKED = ("registration proofs (any caller may claim any host id, a dead one included)",
              "agent secrets on heartbeats, orders and reports",
-             "leader credentials on Quorum, QuorumStream, the quorum port, ReportStep, ReportFailure and "
+             "coordinator credentials on Quorum, QuorumStream, the quorum port, ReportStep, ReportFailure and "
              "ReportFinished")
 
 

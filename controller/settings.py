@@ -32,7 +32,7 @@ class ControllerSettings:
     min_replicas: int = 1
     #: How long a round waits for missing live replicas, from its first joiner.
     join_timeout_s: float = 5.0
-    #: A replica leader or agent silent for longer than this is declared dead. At least a
+    #: A replica coordinator or agent silent for longer than this is declared dead. At least a
     #: client's reconnect cycle and 3 of its heartbeat intervals (protos/timeout_rules.py).
     heartbeat_timeout_s: float = 10.0
     #: How the learning rate follows the healthy fraction: none | linear | sqrt.
@@ -92,22 +92,22 @@ class ControllerSettings:
     digest_wait_s: float = 30.0
     #: Largest gRPC answer sent (a quorum answer carries every member's addresses).
     max_message_bytes: int = 64 << 20
-    #: A connection to the quorum port (the leaders' fast path beside QuorumStream) must send
+    #: A connection to the quorum port (the coordinators' fast path beside QuorumStream) must send
     #: its first join (and finish its TLS handshake) within this long, or it is closed.
     quorum_port_hello_s: float = 5.0
     #: Once a frame has begun on a quorum port connection, the rest of it must arrive within
-    #: this long (a leader's 8 MiB join takes milliseconds), or the connection is closed...
+    #: this long (a coordinator's 8 MiB join takes milliseconds), or the connection is closed...
     quorum_port_frame_s: float = 5.0
     #: ...and the bytes of unfinished frames held over all its connections together stay under
     #: this (whatever the job's size): a connection that would pass it is refused
-    #: (RESOURCE_EXHAUSTED; its leader uses gRPC). At least one largest frame.
+    #: (RESOURCE_EXHAUSTED; its coordinator uses gRPC). At least one largest frame.
     quorum_port_buffer_bytes: int = 32 << 20
     #: Grace period for in-flight calls when the server stops.
     stop_grace_s: float = 2.0
     #: The leader's lease in the store (etcd: whole seconds, at least 1): a standby takes over
     #: about this long after the leader stopped renewing it.
     lease_ttl_s: float = 5.0
-    #: What the controller may assume of its clients (agents, replica leaders): the longest
+    #: What the controller may assume of its clients (agents, replica coordinators): the longest
     #: pause between two passes over the controller addresses (agents: reconnect_cap_s)...
     client_backoff_cap_s: float = 1.0
     #: ...how long a working controller may take to answer the call that reconnects a client

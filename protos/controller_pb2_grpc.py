@@ -100,7 +100,7 @@ class ControllerServicer:
     """Missing associated documentation comment in .proto file."""
 
     def Quorum(self, request, context):
-        """A replica leader asks for the membership of its next step. Answered when the
+        """A replica's coordinator asks for the membership of its next step. Answered when the
         round closes (every live replica joined, or join_timeout after min_replicas).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -108,9 +108,9 @@ class ControllerServicer:
         raise NotImplementedError('Method not implemented!')
 
     def QuorumStream(self, request_iterator, context):
-        """The same, on one long-lived stream per leader: each request is one round's join and
+        """The same, on one long-lived stream per coordinator: each request is one round's join and
         gets exactly one answer (in order) before the next request is read. A refusal ends
-        the stream with its status code; the leader opens a new one. One stream carries one
+        the stream with its status code; the coordinator opens a new one. One stream carries one
         replica: a request naming another replica_id ends it (FAILED_PRECONDITION).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -118,7 +118,7 @@ class ControllerServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Heartbeat(self, request_iterator, context):
-        """Liveness for agents (host_ids) and replica leaders (replica_ids). One message may
+        """Liveness for agents (host_ids) and replica coordinators (replica_ids). One message may
         carry many ids, so a simulator can multiplex thousands of hosts on one stream.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -126,14 +126,14 @@ class ControllerServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ReportStep(self, request, context):
-        """A leader reports a committed step.
+        """A coordinator reports a committed step.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def ReportFailure(self, request, context):
-        """A leader reports a failed commit (its step will be retried) or its own death.
+        """A coordinator reports a failed commit (its step will be retried) or its own death.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -178,7 +178,7 @@ class ControllerServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ReportFinished(self, request, context):
-        """A leader reports that its replica finished training (Manager.close() or max_steps):
+        """A coordinator reports that its replica finished training (Manager.close() or max_steps):
         the replica becomes FINISHED (not dead); the job is COMPLETED when every replica finished.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)

@@ -18,31 +18,31 @@ def arguments(command, *skip: str) -> dict:
     return {f.name: getattr(command, f.name) for f in fields(command) if f.name not in skip}
 
 
-# -- a replica leader's calls -------------------------------------------------------------
+# -- a replica coordinator's calls -----------------------------------------------------------
 
 @dataclass(frozen=True)
 class Join:
-    """A replica leader enters this round (its answer comes when the round closes)."""
+    """A replica's coordinator enters this round (its answer comes when the round closes)."""
     request: JoinRequest
 
 
 @dataclass(frozen=True)
 class LeaveRound:
-    """A leader's join ended without its answer (it hung up)."""
+    """A coordinator's join ended without its answer (it hung up)."""
     replica_id: str
     why: str
 
 
 @dataclass(frozen=True)
 class ConnectionLost:
-    """A leader's connection closed without goodbye: its replica becomes suspect."""
+    """A coordinator's connection closed without goodbye: its replica becomes suspect."""
     replica_id: str
     how: str
 
 
 @dataclass(frozen=True)
 class ReportStep:
-    """A leader's commit report."""
+    """A coordinator's commit report."""
     replica_id: str
     step: int
     quorum_id: int

@@ -5,20 +5,9 @@
             back as core.step(WriteFailed(sections), now)
 
 The state the core decides on (`ControllerState`, controller/core/state.py) holds three
-kinds of record, each with its own lifecycle (controller/core/model.py):
-
-    host:     (registers) SPARE (in the pool) | ACTIVE (runs an assignment)
-              --(agent silent past the heartbeat timeout, or it deregisters)--> DEAD
-              a cordon (drain, evict, its trainers dying past its restart budget) is a flag
-              with a reason; a DEAD or cordoned host's work moves to a spare (a swap: ASSIGN
-              to the spare, STOP to the old host)
-    replica:  (joins) JOINING --(in a quorum at max_step)--> HEALTHY, or --(below it)-->
-              BEHIND (catches up from a healthy peer) --(caught up, committed)--> HEALTHY;
-              HEALTHY/BEHIND --(late for a round)--> JOINING; any --(heartbeat silence, a
-              failure report, a trainer's death, its host's death, divergence)--> DEAD
-              --(joins again)--> JOINING; --(trained to the end)--> FINISHED
-    job:      RUNNING --(every replica FINISHED)--> COMPLETED (final)
-              RUNNING --(no replica can make progress for fail_after_s)--> FAILED (final)
+kinds of record -- hosts, replicas and the job -- each with its own lifecycle, drawn once in
+its state enum's docstring with the transition table the code checks (controller/core/model.py:
+HostState, ReplicaState, JobState).
 
 Every command below is one handler: it changes the state through the components'
 public methods, and the step collects what that asks of the shell into one `Ready`:

@@ -1,5 +1,5 @@
-"""Does a caller prove what it claims? The checks on registration proofs and leader
-credentials (protos/credentials.py says how they are made). Pure: the time is an argument.
+"""Does a caller prove what it claims? The checks on registration proofs and
+coordinator credentials (protos/credentials.py says how they are made). Pure: the time is an argument.
 
 `Credentials(None)` is a controller started with `--insecure`: every check passes, and a
 claimed name is believed (the attacks in tests/security then succeed). With a job secret:
@@ -10,9 +10,9 @@ claimed name is believed (the attacks in tests/security then succeed). With a jo
 | Heartbeat for hosts, Orders, AckOrder,  | the agent secret that host's registration was given     |
 | ReportTrainerExit, ReportTelemetry,     | (checked by HostRegistry.authenticate_agent)            |
 | DeregisterAgent                         |                                                         |
-| Quorum, QuorumStream, the quorum port,  | a leader credential: the trainer token of the host that |
-| ReportStep, ReportFailure,              | holds the replica's rank 0, or the replica's own token  |
-| ReportFinished, Heartbeat for replicas  | (a leader without an agent)                             |
+| Quorum, QuorumStream, the quorum port,  | a coordinator credential: the trainer token of the host |
+| ReportStep, ReportFailure,              | that holds the replica's rank 0, or the replica's own   |
+| ReportFinished, Heartbeat for replicas  | token (a coordinator without an agent)                  |
 """
 
 from __future__ import annotations
@@ -55,18 +55,18 @@ class Credentials:
             raise PermissionDenied(f"the registration of host {host_id[:64]!r} is refused: {why}. An agent proves "
                                    f"the job secret (fthsdp agent --job-secret-file) to register a host.")
 
-    def check_leader(self, credential: str, replica_id: str, host_id: str, rank0_holder: str | None) -> None:
-        """PermissionDenied unless `credential` lets its holder lead `replica_id`: the token of
+    def check_coordinator(self, credential: str, replica_id: str, host_id: str, rank0_holder: str | None) -> None:
+        """PermissionDenied unless `credential` lets its holder coordinate `replica_id`: the token of
         `host_id`, which must hold the replica's rank 0 (`rank0_holder`), or the replica's own."""
         if self.secret is None:
             return
-        why = self._leader_problem(credential, replica_id, host_id, rank0_holder)
+        why = self._coordinator_problem(credential, replica_id, host_id, rank0_holder)
         if why:
-            raise PermissionDenied(f"a leader of replica {replica_id[:64]!r} is refused: {why}. A leader shows its "
+            raise PermissionDenied(f"a coordinator of replica {replica_id[:64]!r} is refused: {why}. A coordinator shows its "
                                    f"agent's trainer token ({wire.ENV_TRAINER_TOKEN}) or, without an agent, "
                                    f"proves the job secret (FTHSDP_JOB_SECRET_FILE).")
 
-    def _leader_problem(self, credential: str, replica_id: str, host_id: str, rank0_holder: str | None) -> str:
+    def _coordinator_problem(self, credential: str, replica_id: str, host_id: str, rank0_holder: str | None) -> str:
         if not credential:
             return "it shows no credential"
         if len(credential) > wire.MAX_CHARS:

@@ -1,6 +1,6 @@
 """Replica digests: do the replicas that committed the same step hold the same state? Pure.
 
-A replica leader may send, with a committed step, a digest of its whole training state after
+A replica's coordinator may send, with a committed step, a digest of its whole training state after
 that step (hex, combined over its ranks). Replicas that committed the same step must hold
 bitwise-identical state, so their digests must be equal; a difference is divergence (a bug)
 or silent data corruption (a host).

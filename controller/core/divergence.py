@@ -1,6 +1,6 @@
 """Divergent replicas: digests in, DIVERGED replicas and their re-sync out. Time passed in.
 
-Every committed step a leader reports may carry a digest of the replica's state; the ledger
+Every committed step a coordinator reports may carry a digest of the replica's state; the ledger
 (`controller.core.digests`) compares the digests of one step once every member of the quorum
 reported it. A mismatch is one `digest_mismatch` event naming every digest and the replicas
 holding it; the replicas outside the reference group become DIVERGED. A DIVERGED replica stays

@@ -18,7 +18,7 @@ KINDS: dict[str, tuple[str, str]] = {
     "job_stuck": ("warning", "no replica can make progress (all DEAD, waiting on hosts that cannot run, no free "
                              "spare): the job FAILS after fail_after_s unless one can train again"),
     "job_failed": ("error", "the job FAILED: no replica could make progress for fail_after_s; final"),
-    "suspect": ("warning", "a replica's leader connection closed without goodbye: rounds stop waiting for it until "
+    "suspect": ("warning", "a replica's coordinator connection closed without goodbye: rounds stop waiting for it until "
                            "it joins again or a heartbeat proves it alive"),
     "death": ("warning", "a replica became DEAD; `cause` says how it was detected"),
     "quorum": ("info", "a new quorum formed: its members, max step, lr scale and the reason it closed"),

@@ -1,21 +1,20 @@
-"""Replicas that finish, and the job that completes or fails. Time passed in.
-
-    RUNNING ──(every replica FINISHED or DEAD, at least one FINISHED)──▶ COMPLETED
-    RUNNING ──(no replica can make progress for fail_after_s)──▶ FAILED
-    RUNNING ──(no replica can make progress, a crash loop of one cause before any commit)──▶ FAILED
+"""Replicas that finish, and the job that completes or fails: `JobLifecycle`, which owns the
+job's state and makes its moves (drawn in controller.core.model.JobState, with the table
+JOB_MOVES it checks). Time passed in.
 
 While no replica can make progress and the job has not FAILED yet it is *failing*
 (`failing_since`; REST and the status page show FAILING with the time left).
 
 Both endings are final, durable (persisted with their time and reason) and carry a reason
 (`job_state_reason`); no quorum forms after either, agents learn it and exit (0 COMPLETED,
-non-zero FAILED: agent/main.py), and a leader's join is refused with a message naming the
+non-zero FAILED: agent/main.py), and a coordinator's join is refused with a message naming the
 state. When the job is FAILED is decided by controller.core.job_failure.
 
-A leader reports its replica finished (`ControllerState.report_finished`): the replica becomes FINISHED. The
-job is COMPLETED once every registered replica is FINISHED or DEAD and at least one finished.
-COMPLETED is final and durable: no quorum forms after it (a join is refused with a message
-that says COMPLETED), agents learn it from heartbeat and registration answers and stop.
+A replica's coordinator reports it finished (`ControllerState.report_finished`): the replica
+becomes FINISHED. The job is COMPLETED once every registered replica is FINISHED or DEAD and at
+least one finished (`replica_settled`). COMPLETED is final and durable: no quorum forms after it
+(a join is refused with a message that says COMPLETED), agents learn it from heartbeat and
+registration answers and stop.
 
 A trainer that exits with code 0 after its replica finished (or after the job completed) ends
 normally: an event, no death. Exiting 0 earlier is still a death: the replica had not
@@ -30,7 +29,9 @@ from controller.core.checks import clip_text
 from controller.core.errors import FailedPrecondition
 from controller.core.intents import Announce, EndRounds, Intent, KillReplica, Persist
 from controller.core.job_failure import ReplicaOutlook, crash_loop_cause, failure_decision, stuck_reason
-from controller.core.model import DeathCause, Host, HostState, JobState, Replica, ReplicaState, host_can_run
+from controller.core.model import (
+    JOB_MOVES, DeathCause, Host, HostState, JobState, Replica, ReplicaState, check_move, host_can_run,
+)
 from controller.core.pending_writes import REPLICAS
 from controller.settings import ControllerSettings
 
@@ -92,6 +93,7 @@ class JobLifecycle:
         self.stuck_since, self.stuck_note = decision.stuck_since, clip_text(decision.reason, self.settings.max_reason_chars)
         if not decision.fail:
             return out
+        check_move(JOB_MOVES, job, self.job_state, JobState.FAILED)
         self.failed_at, self.job_end_reason = now, clip_text(decision.reason, self.settings.max_reason_chars)
         return out + [Persist(REPLICAS), EndRounds("the job is FAILED"),
                       Announce("job_failed", job_id, f"{job} FAILED: {decision.reason}")]
@@ -132,6 +134,7 @@ class JobLifecycle:
         if not finished:
             return []
         job = job_name(self.settings.job_id)
+        check_move(JOB_MOVES, job, self.job_state, JobState.COMPLETED)
         self.completed_at = now
         self.job_end_reason = f"{finished} replica(s) finished, {len(states) - finished} dead"
         return [Persist(REPLICAS), EndRounds("the job is COMPLETED"),

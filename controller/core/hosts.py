@@ -14,7 +14,7 @@ from controller.core.errors import FailedPrecondition, NotFound, PermissionDenie
 from controller.core.host_checks import check_exit, checked_registration, free_slot, orders_summary
 from controller.core.host_records import HostShards, host_shard
 from controller.core.identity import secret_matches
-from controller.core.model import Assignment, DeathCause, Host, HostState, OrderOut, host_can_run
+from controller.core.model import Assignment, DeathCause, Host, HostState, OrderOut, host_can_run, move_host
 from controller.core.pending_writes import REPLICAS, PendingWrites, host_section
 from controller.core.rendezvous import Endpoints, endpoints
 from controller.core.spares import pick_spare
@@ -147,7 +147,7 @@ class HostRegistry:
         new_rank0 = h.assignment is None and assignment is not None and 0 in assignment.ranks
         if h.assignment is None and assignment is not None:
             self._assign(h, assignment)
-        h.state = HostState.ACTIVE if h.assignment else HostState.SPARE
+        move_host(h, HostState.ACTIVE if h.assignment else HostState.SPARE)
         # Urgent: a new incarnation carries a new secret, which a successor must know.
         self.touch(h, urgent=True)
         if h.state == HostState.SPARE and not h.cordoned:
@@ -217,7 +217,7 @@ class HostRegistry:
         why = f"its agent stopped: {clip_text(reason, self.settings.max_reason_chars) or 'no reason given'}"
         if h.state == HostState.DEAD:
             return f"host {host_id} had left already"
-        h.state = HostState.DEAD
+        move_host(h, HostState.DEAD)
         self.touch(h, urgent=True)
         self._announce(now, "host_left", host_id, f"host {host_id} left: {why}")
         if h.assignment is not None:
@@ -345,7 +345,7 @@ class HostRegistry:
         self._announce(now, "cordon", h.host_id, f"host {h.host_id} cordoned: {reason}")
 
     def _host_died(self, h: Host, why: str, now: float) -> None:
-        h.state = HostState.DEAD
+        move_host(h, HostState.DEAD)
         self.touch(h, urgent=True)
         self._announce(now, "host_death", h.host_id, f"host {h.host_id} died: {why}", "heartbeat")
         if h.assignment is not None:
@@ -372,9 +372,9 @@ class HostRegistry:
         first = len(self.outbox)
         self._assign(failed, None)
         self._assign(spare, a)
-        spare.state = HostState.ACTIVE
+        move_host(spare, HostState.ACTIVE)
         if failed.state != HostState.DEAD:
-            failed.state = HostState.SPARE
+            move_host(failed, HostState.SPARE)
         # A dead host is told too: if its agent still listens (it was only slow), it stops now;
         # if not, it learns its (empty) assignment when it reconnects.
         self._order(failed.host_id, "STOP", None, f"its work moved to host {spare.host_id}")

@@ -1,25 +1,11 @@
-"""Records the controller keeps: replicas, hosts, quorums, events.
+"""Records the controller keeps: replicas, hosts, quorums, events -- and their lifecycles.
 
-Replica states (every transition carries a reason and becomes an event):
-
-    JOINING ──(in a quorum, at max_step)──▶ HEALTHY
-    JOINING ──(in a quorum, below max_step)─▶ BEHIND
-    HEALTHY ◀──────(caught up, commits)───── BEHIND
-    HEALTHY / BEHIND ──(late for a round)──▶ JOINING
-    any ──(heartbeat silence, failure report, trainer exit, host death)──▶ DEAD
-    DEAD ──(joins again, usually a new incarnation)──▶ JOINING
-    HEALTHY / BEHIND ──(its digest is in the minority for a step)──▶ DIVERGED
-    DIVERGED ──(in a quorum: not healthy, re-syncs from the reference; commits caught up)──▶ HEALTHY
-    any ──(its coordinator reports it finished)──▶ FINISHED
-    FINISHED ──(a new incarnation joins while the job runs)──▶ JOINING
-
-A DIVERGED replica is still a member of rounds; it leaves that state only by re-syncing (or
-dying). A FINISHED replica is not waited for in rounds, not declared dead by silence, and not
-killed by its trainers' exits: only a new incarnation takes it back. The job is COMPLETED once
-every registered replica is FINISHED or DEAD and at least one finished; that is final.
-
-Host states: ACTIVE (runs an assignment), SPARE (in the pool), DEAD (agent silent);
-`cordon` is a separate flag with a reason (an admin action or a failure).
+Each lifecycle is drawn once, in its state enum's docstring below (`ReplicaState`,
+`HostState`, `JobState`), beside the transition table the code that changes the state
+checks (`REPLICA_MOVES`, `HOST_MOVES`, `JOB_MOVES`, through `check_move`): a move that is
+not in its table is a bug and raises `IllegalMove` before anything changes.
+tests/controller/test_lifecycles.py reads every drawing and checks it against its table.
+A drawing's edge lines read `FROM / FROM ──(why)──▶ TO / TO`.
 """
 
 from __future__ import annotations
@@ -30,6 +16,32 @@ from dataclasses import dataclass, field
 
 
 class ReplicaState(str, enum.Enum):
+    """A replica's lifecycle (controller.core.replicas.ReplicaRegistry.transition moves it;
+    every move carries a reason and becomes an event). A record is born JOINING, at its
+    first join.
+
+    JOINING / HEALTHY / BEHIND / DIVERGED ──(seated in a quorum at max_step)──▶ HEALTHY
+    JOINING / HEALTHY / BEHIND ──(seated below max_step: catches up from a peer)──▶ BEHIND
+    BEHIND ──(caught up: committed the quorum's max_step)──▶ HEALTHY
+    HEALTHY / BEHIND ──(left out of a quorum)──▶ JOINING
+    JOINING / HEALTHY / BEHIND / DIVERGED ──(its digest in the minority; seated to re-sync)──▶ DIVERGED
+    DIVERGED ──(re-synced: a caught-up commit that matches the reference)──▶ HEALTHY
+    JOINING / HEALTHY / BEHIND / DIVERGED ──(killed: silence, a report, a death, a restart)──▶ DEAD
+    JOINING / HEALTHY / BEHIND / DIVERGED / DEAD ──(its coordinator says it finished)──▶ FINISHED
+    DEAD / FINISHED ──(joins again; FINISHED only as a new incarnation)──▶ JOINING
+    DEAD / FINISHED ──(a late caught-up commit of one that must re-sync)──▶ HEALTHY / DIVERGED
+
+    Killed: heartbeat silence, a failure report, a trainer's death, its host's death, or its
+    coordinator restarted (a new incarnation) while it was live (DeathCause below). A
+    DIVERGED replica stays a member of rounds (controller.core.divergence); it leaves that
+    state only by re-syncing, dying or finishing, and `must_resync` keeps it re-syncing
+    through a restart. A DEAD or FINISHED replica (SETTLED) is not waited for in rounds; a
+    FINISHED one is not declared dead by silence nor killed by its trainers' exits. The last
+    row is what the code does with a caught-up commit report that arrives after its replica
+    was declared DEAD (or FINISHED): a re-sync heals the record without a join. Whether the
+    job is COMPLETED or FAILED is JobState's.
+    """
+
     JOINING = "JOINING"
     HEALTHY = "HEALTHY"
     BEHIND = "BEHIND"
@@ -43,15 +55,81 @@ SETTLED = (ReplicaState.DEAD, ReplicaState.FINISHED)
 
 
 class JobState(str, enum.Enum):
+    """The job's lifecycle (controller.core.finishing.JobLifecycle moves it; the rules are
+    there and in controller.core.job_failure). Both endings are final and durable, each
+    with its reason.
+
+    RUNNING ──(every replica FINISHED or DEAD, at least one FINISHED)──▶ COMPLETED
+    RUNNING ──(no replica can progress for fail_after_s; a crash loop at once)──▶ FAILED
+
+    FAILING is not a state: it is how REST and the status page show a RUNNING job while no
+    replica can make progress (`failing_since`), with the time left before it FAILS.
+    """
+
     RUNNING = "RUNNING"
     COMPLETED = "COMPLETED"
     FAILED = "FAILED"
 
 
 class HostState(str, enum.Enum):
+    """A host's lifecycle (controller.core.hosts.HostRegistry moves it, through `move_host`).
+    A record is born SPARE, at its agent's first registration, and takes its work at once.
+
+    SPARE ──(given work: its registration claims it, or a failed host's)──▶ ACTIVE
+    ACTIVE ──(its work moved to a spare while its agent lives)──▶ SPARE
+    ACTIVE / SPARE ──(agent silent past the heartbeat timeout, or it deregisters)──▶ DEAD
+    DEAD ──(its agent registers again: with its work, or into the pool)──▶ ACTIVE / SPARE
+
+    A cordon is not a state: it is a flag with a reason and who set it ("admin",
+    "diagnosis" or "failure": drain, evict, a trainer crash loop past the restart budget, a
+    death). The status API shows CORDONED for a live cordoned host that runs nothing or
+    whose work waits for a spare (controller/service/views.py host_view).
+    """
+
     ACTIVE = "ACTIVE"
     SPARE = "SPARE"
     DEAD = "DEAD"
+
+
+_LIVE = (ReplicaState.JOINING, ReplicaState.HEALTHY, ReplicaState.BEHIND, ReplicaState.DIVERGED)
+
+
+def _moves(*rows) -> frozenset:
+    return frozenset((a, b) for sources, targets in rows for a in sources for b in targets if a != b)
+
+
+R, H, J = ReplicaState, HostState, JobState
+#: The replica moves the code makes: (from, to); ReplicaState's docstring draws them.
+REPLICA_MOVES = _moves(
+    (_LIVE, (R.HEALTHY, R.DIVERGED, R.DEAD)),
+    ((R.JOINING, R.HEALTHY, R.BEHIND), (R.BEHIND,)),
+    ((R.HEALTHY, R.BEHIND), (R.JOINING,)),
+    (_LIVE + (R.DEAD,), (R.FINISHED,)),
+    ((R.DEAD, R.FINISHED), (R.JOINING, R.HEALTHY, R.DIVERGED)),
+)
+#: The host moves: HostState's docstring draws them.
+HOST_MOVES = _moves(((H.SPARE,), (H.ACTIVE, H.DEAD)), ((H.ACTIVE,), (H.SPARE, H.DEAD)),
+                    ((H.DEAD,), (H.ACTIVE, H.SPARE)))
+#: The job moves: JobState's docstring draws them.
+JOB_MOVES = _moves(((J.RUNNING,), (J.COMPLETED, J.FAILED)))
+del R, H, J
+
+
+class IllegalMove(RuntimeError):
+    """A state change its lifecycle's table does not allow: a bug in the caller (raised
+    before anything changed)."""
+
+
+def check_move(table: frozenset, what: str, old: enum.Enum, new: enum.Enum) -> None:
+    """Raise IllegalMove unless `what` may move from `old` to `new` (staying is no move)."""
+    if old != new and (old, new) not in table:
+        raise IllegalMove(f"{what} may not move from {old.value} to {new.value}")
+
+
+def move_host(h: Host, state: HostState) -> None:
+    """The one way a host record changes state (HOST_MOVES checked)."""
+    check_move(HOST_MOVES, f"host {h.host_id}", h.state, state)
+    h.state = state
 
 
 class DeathCause(str, enum.Enum):

@@ -34,7 +34,7 @@ class RoundView:
     unregistered: int = 0
     #: replicas that are DEAD (not waited for, but named among the missing)
     dead: frozenset[str] = frozenset()
-    #: live replicas whose leader's connection closed without goodbye (controller.core.suspects):
+    #: live replicas whose coordinator's connection closed without goodbye (controller.core.suspects):
     #: not waited for, not counted in the majority, named among the missing
     suspect: frozenset[str] = frozenset()
     #: when this round first had a majority of the live replicas (None: take its first join)
@@ -85,7 +85,7 @@ def compute_quorum(view: RoundView, now: float, *, min_replicas: int, join_timeo
     # Every live replica is here, and no configured one is still to come: close at once.
     if not missing and not view.unregistered:
         return QuorumDecision(joined, f"all {len(joined)} live replicas joined" + (
-            f" ({_names(view.suspect)} suspect: its leader's connection closed)" if view.suspect else ""))
+            f" ({_names(view.suspect)} suspect: its coordinator's connection closed)" if view.suspect else ""))
     # Split-brain guard: never close with a minority of the live replicas.
     if 2 * len(joined) <= len(view.live):
         return QuorumDecision(

@@ -1,7 +1,7 @@
 """Which replicas may join: the configured set, at their configured size. A pure rule.
 
 Where agents run the job (some host holds an assignment), the replicas are the ones the hosts
-hold: a leader may join a replica whose rank 0 a host holds only with the world size of that
+hold: a coordinator may join a replica whose rank 0 a host holds only with the world size of that
 assignment, and a new replica that no host holds only while the job has fewer replicas than
 configured (`replicas`). A trainer that starts as another replica (a standby that did not wait for
 its assignment and took the defaults, a typo in FTHSDP_REPLICA_ID) or with another rank
@@ -39,8 +39,8 @@ def coordinator_host_problem(replica_id: str, host_id: str, holder: str | None) 
     if holder is None or holder == host_id:
         return ""
     if not host_id:
-        return (f"replica {replica_id}'s leader named no host_id, but host {holder} holds its rank 0: "
-                f"a leader must name its host (FTHSDP_HOST_ID).")
+        return (f"replica {replica_id}'s coordinator named no host_id, but host {holder} holds its rank 0: "
+                f"a coordinator must name its host (FTHSDP_HOST_ID).")
     return (f"host {host_id} does not hold rank 0 of replica {replica_id} (host {holder} does): "
             f"a trainer left on a replaced host must stop.")
 

@@ -1,9 +1,7 @@
 """Replica registry: the replica records, their states, liveness and suspects. A component. Time passed in.
 
-    (joins) JOINING --(seated in a quorum at max_step)--> HEALTHY, or --(below it)--> BEHIND
-    --(caught up, committed)--> HEALTHY; HEALTHY/BEHIND --(left out of a quorum)--> JOINING;
-    any --(`kill`: silence, a report, a trainer's or its host's death, a restart)--> DEAD
-    --(joins again)--> JOINING; --(trained to the end)--> FINISHED
+`transition` is the one place a replica's state changes: the lifecycle is drawn in
+controller.core.model.ReplicaState, and every move is checked against REPLICA_MOVES.
 
 It owns the records (and the deaths counted, the suspects) and changes nothing else: the
 open round and the quorum are the rounds' (controller.core.rounds), who may act for a replica
@@ -25,7 +23,9 @@ from controller.core.checks import (
 from controller.core.diagnosis.sdc import check_rank_digests
 from controller.core.digests import check_digest
 from controller.core.errors import FailedPrecondition, InvalidArgument
-from controller.core.model import SETTLED, DeathCause, JoinRequest, Quorum, Replica, ReplicaState, refresh_seen
+from controller.core.model import (
+    REPLICA_MOVES, SETTLED, DeathCause, JoinRequest, Quorum, Replica, ReplicaState, check_move, refresh_seen,
+)
 from controller.core.pending_writes import REPLICAS, PendingWrites, addresses_section
 from controller.core.sizes import addresses_problem
 from controller.core.snapshots import addresses_snapshot
@@ -62,7 +62,7 @@ class ReplicaRegistry:
         #: (live, dead) replica ids, until a replica registers or changes state (None: to be computed)
         self._live: tuple[frozenset[str], frozenset[str]] | None = None
         self.deaths: dict[str, int] = {}
-        #: replicas whose leader's connection closed without goodbye (controller.core.suspects)
+        #: replicas whose coordinator's connection closed without goodbye (controller.core.suspects)
         self.suspects = Suspects()
         #: whether this controller said that the job writes no durable checkpoint (once)
         self.told_no_checkpoint = False
@@ -124,7 +124,7 @@ class ReplicaRegistry:
                                                      f"{r.incarnation} → {req.incarnation})", now)
         elif plan.restarted and r.state != ReplicaState.DEAD:
             self.kill(rid, DeathCause.RESTARTED,
-                      f"its leader restarted (incarnation {r.incarnation} → {req.incarnation})", now)
+                      f"its coordinator restarted (incarnation {r.incarnation} → {req.incarnation})", now)
         if plan.restarted:  # a restarted replica may resume from an older checkpoint
             r.committed_step = min(r.committed_step, req.step - 1)
         if r.state == ReplicaState.DEAD:
@@ -143,7 +143,7 @@ class ReplicaRegistry:
         if r.checkpoint_every_steps != req.checkpoint_every_steps:
             r.checkpoint_every_steps = req.checkpoint_every_steps
             self._writes.mark(REPLICAS)
-        self.suspects.cleared(rid)  # its leader is back
+        self.suspects.cleared(rid)  # its coordinator is back
         if self.durable_checkpoint() is False and not self.told_no_checkpoint:
             self.told_no_checkpoint = True
             self._announce(now, "no_checkpoint", rid, f"replica {rid} writes no durable checkpoint, and no replica "
@@ -272,7 +272,7 @@ class ReplicaRegistry:
                 f"{r.committed_step}; steps never go backwards.")
 
     def finish(self, r: Replica, step: int, reason: str, now: float) -> bool:
-        """Its leader says `r` trained to the end (checked): FINISHED. False if it already was
+        """Its coordinator says `r` trained to the end (checked): FINISHED. False if it already was
         (a retried call). Its last step report may have been lost: the replica knows best."""
         r.last_seen = now
         if r.state == ReplicaState.FINISHED:
@@ -322,10 +322,10 @@ class ReplicaRegistry:
         return True
 
     def beat(self, replica_ids, now: float) -> list[str]:
-        """Heartbeats of replicas' leaders; returns the ids unknown or DEAD (they must join again)."""
+        """Heartbeats of replicas' coordinators; returns the ids unknown or DEAD (they must join again)."""
         if self.suspects.since:
             for rid in replica_ids:
-                self.heard(rid, "its leader's heartbeat", now)
+                self.heard(rid, "its coordinator's heartbeat", now)
         return refresh_seen(self.replicas, replica_ids, ReplicaState.DEAD, now)
 
     def heard(self, replica_id: str, what: str, now: float) -> None:
@@ -351,6 +351,7 @@ class ReplicaRegistry:
         return self._live
 
     def transition(self, r: Replica, state: ReplicaState, reason: str, now: float, cause: str = "") -> None:
+        check_move(REPLICA_MOVES, f"replica {r.replica_id}", r.state, state)
         reason = clip_text(reason, self.settings.max_reason_chars)
         if r.state == state and r.reason == reason:
             return

@@ -40,7 +40,7 @@ class Rounds:
         self._writes, self._announce, self._goodput = writes, announce, goodput
         self.quorum: Quorum | None = None
         #: Quorum ids count up from here. A controller that starts with an empty store starts
-        #: from its clock (ms), so trainers that outlive it never see a generation go back.
+        #: from its clock (ms), so trainers that outlive it never see a quorum id go back.
         self.first_quorum_id = 1
         self.quorum_history: list[Quorum] = []
         self.round_joined: dict[str, int] = {}
@@ -56,7 +56,7 @@ class Rounds:
         self.max_committed_step = -1
         #: the job's current history (see controller.core.rollback): its newest committed
         #: step, its number (bumped by every rollback and roll-forward), the step its latest
-        #: rollback resumed at (-1: none), and the newest durable checkpoint leaders reported
+        #: rollback resumed at (-1: none), and the newest durable checkpoint coordinators reported
         self.history_step = -1
         self.history_epoch = 0
         self.branch_start_step = -1

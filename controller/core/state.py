@@ -168,15 +168,15 @@ class ControllerState:
         return q
 
     def leave_round(self, replica_id: str, why: str, now: float) -> bool:
-        """A joiner whose leader is gone (its call ended unanswered) leaves the open round at
-        once: no quorum may count it. Its state is left alone (a leader that gave up waiting
+        """A joiner whose coordinator is gone (its call ended unanswered) leaves the open round at
+        once: no quorum may count it. Its state is left alone (a coordinator that gave up waiting
         joins again). Returns whether it had joined."""
         if not self.rounds.leave(replica_id):
             return False
         self._event(now, "replica", replica_id, f"replica {replica_id} left the open round: {why}")
         return True
 
-    # -- leaders' reports ----------------------------------------------------------------------
+    # -- coordinators' reports -----------------------------------------------------------------
 
     def report_step(self, replica_id: str, step: int, now: float, *, quorum_id: int, loss: float | None = None,
                     step_time_s: float | None = None, tokens: int = 0, host_id: str = "",
@@ -210,7 +210,7 @@ class ControllerState:
 
     def report_finished(self, replica_id: str, step: int, now: float, *, reason: str = "",
                         host_id: str = "") -> JobState:
-        """Its leader says the replica trained to the end: FINISHED (controller.core.finishing)."""
+        """Its coordinator says the replica trained to the end: FINISHED (controller.core.finishing)."""
         replicas = self.replica_registry
         r = replicas.known(replica_id)
         self._check_coordinator_host(replica_id, host_id)

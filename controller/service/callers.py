@@ -13,19 +13,19 @@ def check_registration(server, request) -> None:
     server.credentials.check_registration(request.host_id, request.incarnation, request.proof, server.clock())
 
 
-def check_leader(server, state, request) -> None:
-    """A leader's call (a join, a commit, a failure or finish report): its credential must let
-    it lead the replica it names."""
+def check_coordinator(server, state, request) -> None:
+    """A coordinator's call (a join, a commit, a failure or finish report): its credential must
+    let it act for the replica it names."""
     limit = server.settings.max_id_chars
     check_id("replica_id", request.replica_id, limit)  # bounded before anything is computed of it
     check_optional_id("host_id", request.host_id, limit)
-    server.credentials.check_leader(request.credential, request.replica_id, request.host_id,
-                                    state.host_registry.rank_holders.get((request.replica_id, 0)))
+    server.credentials.check_coordinator(request.credential, request.replica_id, request.host_id,
+                                         state.host_registry.rank_holders.get((request.replica_id, 0)))
 
 
 def check_beat(server, state, beat) -> None:
     """A heartbeat: each live host it names proves its agent's secret, each replica its
-    leader's credential. Unknown and dead ids are left to the answer (register or join again)."""
+    coordinator's credential. Unknown and dead ids are left to the answer (register or join again)."""
     if not server.credentials.enabled:
         return
     for host_id in beat.host_ids:
@@ -33,5 +33,5 @@ def check_beat(server, state, beat) -> None:
             state.host_registry.authenticate_agent(host_id, beat.agent_secret)
     for replica_id in beat.replica_ids:
         if replica_id in state.replicas:
-            server.credentials.check_leader(beat.credential, replica_id, beat.host_id,
-                                            state.host_registry.rank_holders.get((replica_id, 0)))
+            server.credentials.check_coordinator(beat.credential, replica_id, beat.host_id,
+                                                 state.host_registry.rank_holders.get((replica_id, 0)))

@@ -59,10 +59,10 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
         self._check_job(request.job_id)
         if request.host_id:
             self.server.check_peer_may_act_as(context, request.host_id)
-        callers.check_leader(self.server, self.server.require_leader(), request)
+        callers.check_coordinator(self.server, self.server.require_leader(), request)
 
     def begin_join(self, request: pb.QuorumRequest, context, encoded: bool) -> asyncio.Future:
-        """Check a leader's join and enter it in this round; returns the future the settle
+        """Check a coordinator's join and enter it in this round; returns the future the settle
         answers once the round closes: with the answer's bytes (`encoded`) or the message.
         The quorum port (quorum_port.py) joins through here too; `context` is the call, or
         the port's connection, which answers `auth_context()` alike."""
@@ -83,8 +83,8 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
         try:
             return await fut
         except asyncio.CancelledError:
-            # The leader hung up (its process died, or it gave up waiting): its join goes too.
-            self.server.forget_waiter(request.replica_id, fut, "its leader's Quorum call ended (cancelled or "
+            # The coordinator hung up (its process died, or it gave up waiting): its join goes too.
+            self.server.forget_waiter(request.replica_id, fut, "its coordinator's Quorum call ended (cancelled or "
                                                                 "connection closed)")
             raise
 
@@ -95,7 +95,7 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
         return await self._join(request, context, encoded=False)
 
     async def QuorumStream(self, request_iterator, context):
-        """One leader's rounds on one stream: read a join, answer it, read the next. A refusal
+        """One coordinator's rounds on one stream: read a join, answer it, read the next. A refusal
         ends the stream with its code (as the unary call would have failed)."""
         replica_id = None
         try:
@@ -113,10 +113,10 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
         except (RequestError, NotLeader, StoreError) as exc:
             refuse(context, "QuorumStream", exc)
         except asyncio.CancelledError:
-            # cancelled without goodbye, while its leader waited for an answer, between two
+            # cancelled without goodbye, while its coordinator waited for an answer, between two
             # joins, or just after its requests ended: its process or host may be gone
             if replica_id is not None and self.server.leading:
-                self.server.coordinator_connection_lost(replica_id, "its leader's QuorumStream")
+                self.server.coordinator_connection_lost(replica_id, "its coordinator's QuorumStream")
             raise
 
     async def Heartbeat(self, request_iterator, context):
@@ -139,7 +139,7 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
         return await self.report_step(request, context)
 
     async def report_step(self, request: pb.ReportStepRequest, context) -> pb.ReportStepResponse:
-        """A leader's commit report, answered once the store holds it (the quorum port's too)."""
+        """A coordinator's commit report, answered once the store holds it (the quorum port's too)."""
         self._check_coordinator(request, context)
         await self.server.apply(c.ReportStep(
             request.replica_id, request.step, quorum_id=request.quorum_id, loss=request.loss,

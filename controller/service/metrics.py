@@ -143,7 +143,7 @@ class StateCollector:
         yield _labelled(GaugeMetricFamily, "fthsdp_replica_effective_training_ratio",
                         "The replica's covered time over the job's wall time", job, "replica",
                         {rid: g["effective_training_ratio"] for rid, g in per.items()})
-        yield _labelled(CounterMetricFamily, "fthsdp_replica_commits", "Commits reported by the replica's leader",
+        yield _labelled(CounterMetricFamily, "fthsdp_replica_commits", "Commits reported by the replica's coordinator",
                         job, "replica", {rid: g["commits"] for rid, g in per.items()})
         yield _labelled(CounterMetricFamily, "fthsdp_replica_failures", "Times the replica was declared DEAD",
                         job, "replica", {rid: g["failures"] for rid, g in per.items()})

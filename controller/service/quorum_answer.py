@@ -1,8 +1,8 @@
 """The quorum answer in wire form, built and encoded once per round and shared by every member.
 
 Addresses make the answer large at scale (12 replicas × 8,192 ranks × 2), so each round has
-two forms: without addresses (built always: what leaders that already hold this quorum id
-get) and with them (built only when some leader asks for it). Addresses cannot change
+two forms: without addresses (built always: what coordinators that already hold this quorum
+id get) and with them (built only when some coordinator asks for it). Addresses cannot change
 without a new quorum id, so the bare form is never stale.
 
 Each form is serialized once (`encoded`): the QuorumStream handler sends those bytes as they

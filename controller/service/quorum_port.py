@@ -1,22 +1,22 @@
-"""The quorum port: leaders' joins, commit reports and their answers on plain TCP or TLS
+"""The quorum port: coordinators' joins, commit reports and their answers on plain TCP or TLS
 (protos/quorum_wire.py).
 
 The same join as `QuorumStream` (`ControllerServicer.begin_join`: the job, the certificate
 binding, every bound and check of the state), the same shared answer bytes, the same
-refusals (by their gRPC code's name, a standby's with the leader's address); a leader that
-hangs up while waiting leaves the round as a cancelled stream does. A commit report takes
+refusals (by their gRPC code's name, a standby's with the leader's address); a coordinator
+that hangs up while waiting leaves the round as a cancelled stream does. A commit report takes
 the path of `Controller.ReportStep` (`ControllerServicer.report_step`) and is answered once
 the store holds it. What differs is the cost: one read and one write per message, no HTTP/2.
 
-Every connection is bounded: at most 2 x `max_replica_records` at once (a leader's two,
-with room for restarts), the preamble and first message within `quorum_port_hello_s` (a
+Every connection is bounded: at most 2 x `max_replica_records` at once (a coordinator's
+two, with room for restarts), the preamble and first message within `quorum_port_hello_s` (a
 stranger that connects and says nothing is cut off), frames up to `max_request_bytes`, one
 message at a time, one replica; once a frame has begun, the rest of it within
 `quorum_port_frame_s` (a connection that joined cannot then trickle a frame forever), and the
 bytes of unfinished frames over all connections under `quorum_port_buffer_bytes`, whatever the
 job's size (a connection that would pass it is refused with RESOURCE_EXHAUSTED). With TLS on gRPC the port speaks TLS with the same server
 certificate and client CA (without an SSL context it is not opened at all, never plain
-beside a TLS gRPC port). When the port is refused, full or unreachable, leaders use gRPC:
+beside a TLS gRPC port). When the port is refused, full or unreachable, coordinators use gRPC:
 nothing depends on it.
 """
 
@@ -55,7 +55,7 @@ class QuorumPort:
     def __init__(self, server, servicer, ssl_context: ssl.SSLContext | None) -> None:
         self.server, self.servicer, self.ssl_context = server, servicer, ssl_context
         self.connections: set[_Connection] = set()
-        #: answers sent, and refusals by code (the metrics: are leaders on the port, is it under attack?)
+        #: answers sent, and refusals by code (the metrics: are coordinators on the port, is it under attack?)
         self.answers = self.reports = 0
         self.refusals: dict[str, int] = {}
         #: bytes of unfinished frames held by all connections (bounded: quorum_port_buffer_bytes)
@@ -64,7 +64,7 @@ class QuorumPort:
 
     @property
     def max_connections(self) -> int:
-        """Two per replica record: a leader's joins and its commit reports."""
+        """Two per replica record: a coordinator's joins and its commit reports."""
         return 2 * self.server.settings.max_replica_records
 
     async def start(self, host: str, port: int) -> int:
@@ -88,7 +88,7 @@ class QuorumPort:
 
 
 class _Connection(asyncio.Protocol):
-    """One leader's connection (or a stranger's, until it proves otherwise)."""
+    """One coordinator's connection (or a stranger's, until it proves otherwise)."""
 
     def __init__(self, port: QuorumPort) -> None:
         self.port = port
@@ -105,7 +105,7 @@ class _Connection(asyncio.Protocol):
         #: this connection's share of port.buffered
         self._held = 0
         self._facts: dict[str, list[bytes]] = {}
-        #: this side closed the connection (a refusal): its end is no sign of the leader's death
+        #: this side closed the connection (a refusal): its end is no sign of the coordinator's death
         self.closed_here = False
 
     # -- what begin_join asks of a gRPC call ----------------------------------------------------
@@ -160,7 +160,7 @@ class _Connection(asyncio.Protocol):
         self._arm(bool(frames))
 
     def eof_received(self) -> bool:
-        return False  # the leader is done: close our side too (connection_lost follows)
+        return False  # the coordinator is done: close our side too (connection_lost follows)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.port.connections.discard(self)
@@ -172,14 +172,14 @@ class _Connection(asyncio.Protocol):
         if fut is not None and not fut.done():
             fut.cancel()  # a report's state change stands: its store write goes on, shielded
             if self.pending_join:
-                self.port.server.forget_waiter(self.replica_id, fut, "its leader's quorum port connection closed")
+                self.port.server.forget_waiter(self.replica_id, fut, "its coordinator's quorum port connection closed")
         if self.replica_id is not None and not self.closed_here:
-            self.port.server.coordinator_connection_lost(self.replica_id, "its leader's quorum port connection")
+            self.port.server.coordinator_connection_lost(self.replica_id, "its coordinator's quorum port connection")
 
     # -- joins and answers --------------------------------------------------------------------------
 
     def _decode(self, message, payload: bytes, what: str):
-        """The message, from a leader of this connection's replica (None: refused)."""
+        """The message, from the coordinator of this connection's replica (None: refused)."""
         try:
             request = message.FromString(payload)
         except DecodeError as exc:

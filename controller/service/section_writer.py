@@ -3,7 +3,7 @@
 Each section is one store value, written with compare-and-set against the revision this
 leader last saw; a refused write means another controller leads now. Writes happen one
 at a time (a lock), and the callers of `write_shared` in one pass of the event loop share
-one write: N leaders' commit reports that arrive together cost one write of the replicas
+one write: N coordinators' commit reports that arrive together cost one write of the replicas
 section, not N (each write encodes every replica). Failures count towards stepping down
 (`WriteStreak`); sections not written come back in `SectionsUnwritten` for the core to mark
 again (`WriteFailed`).

@@ -102,7 +102,7 @@ class ControllerServer:
         self.quorum_port, self.quorum_tls = quorum_port, quorum_tls
         #: the quorum port once started (None when there is none)
         self.quorum: QuorumPort | None = None
-        #: where leaders reach the quorum port (in every answer; ":port" means at the host they
+        #: where coordinators reach the quorum port (in every answer; ":port" means at the host they
         #: reach gRPC at); "" when there is none
         self.quorum_address = ""
         #: (certificate file, key file) for HTTPS on the REST port; None: plain HTTP
@@ -179,7 +179,7 @@ class ControllerServer:
             raise listen_problem("grpc", self.host, self.grpc_port) from None
         await self._grpc.start()
         self.grpc_address = f"{self.host}:{port}"
-        # The quorum port's host is the advertised one; without one, leaders use the host they
+        # The quorum port's host is the advertised one; without one, coordinators use the host they
         # reach gRPC at (":port": behind a Service, both ports share its name).
         quorum_host = self.advertise_address.rsplit(":", 1)[0] if self.advertise_address else ""
         self.advertise_address = self.advertise_address or self.grpc_address
@@ -392,7 +392,7 @@ class ControllerServer:
             await self._carry_out(ready, answered)
         except (NotLeader, StoreError) as exc:  # the joiners' futures carry it
             log.warning("could not carry out a step: %s", exc)
-        except Exception as exc:  # noqa: BLE001 - a bug must not leave leaders waiting for ever
+        except Exception as exc:  # noqa: BLE001 - a bug must not leave coordinators waiting for ever
             self._settle_failed(exc)
 
     def _spawn(self, coro) -> None:
@@ -430,10 +430,10 @@ class ControllerServer:
             except NotLeader as exc:  # stepped down: step_down failed the waiters
                 log.warning("could not settle the round: %s", exc)
                 return
-            except Exception as exc:  # noqa: BLE001 - a bug must not leave leaders waiting for ever
+            except Exception as exc:  # noqa: BLE001 - a bug must not leave coordinators waiting for ever
                 self._settle_failed(exc)
                 return
-            if joins:  # what the joins asked goes with the round's answer (a leader's new addresses)
+            if joins:  # what the joins asked goes with the round's answer (a coordinator's new addresses)
                 ready = replace(ready, writes=write_order({w: None for j in joins for w in j.writes} | dict.fromkeys(
                     ready.writes)), orders=tuple(o for j in joins for o in j.orders) + ready.orders)
             if not ready.writes and not self.writer.busy:

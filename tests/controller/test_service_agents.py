@@ -74,7 +74,7 @@ async def test_a_leader_that_hangs_up_leaves_the_open_round(server, stub):
         await stub.Quorum(quorum_request("r0", 0, world=1), timeout=0.5)  # min_replicas is 2: no answer
     assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
     await wait_for(lambda: "r0" not in server.state.round_joined, what="r0 dropped from the round")
-    assert any(e.kind == "replica" and "r0 left the open round: its leader's Quorum call ended" in e.message
+    assert any(e.kind == "replica" and "r0 left the open round: its coordinator's Quorum call ended" in e.message
                for e in server.state.events)
     call = stub.Quorum(quorum_request("r1", 0, world=1), timeout=10)
     await wait_for(lambda: "r1" in server.state.round_joined, what="r1 joined")

@@ -102,7 +102,7 @@ async def test_replicas_finish_and_the_job_completes(server, stub):
     (pb.ReportFinishedRequest(job_id="other", replica_id="r0"), grpc.StatusCode.FAILED_PRECONDITION,
      "job_id 'other' does not match"),
     (finished("r0", host_id="h1"), grpc.StatusCode.FAILED_PRECONDITION, "host h1 does not hold rank 0 of replica r0"),
-    (finished("r0"), grpc.StatusCode.FAILED_PRECONDITION, "r0's leader named no host_id"),
+    (finished("r0"), grpc.StatusCode.FAILED_PRECONDITION, "r0's coordinator named no host_id"),
     (finished("r0", step=-5, host_id="h0"), grpc.StatusCode.INVALID_ARGUMENT, "got -5"),
     (finished("r0", step=2**40, host_id="h0"), grpc.StatusCode.FAILED_PRECONDITION, "no quorum gave it a step after 0"),
 ])

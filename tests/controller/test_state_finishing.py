@@ -159,7 +159,7 @@ def test_a_long_finish_reason_is_cut_with_a_marker():
     ("r0", -2, "h0", "", InvalidArgument, "step must be -1 (nothing committed) or more, got -2."),
     ("r0", 2, "h0", "", FailedPrecondition, "finished at step 2, but it already committed step 3"),
     ("r0", 3, "h1", "", FailedPrecondition, "host h1 does not hold rank 0 of replica r0"),
-    ("r0", 3, "", "", FailedPrecondition, "r0's leader named no host_id, but host h0 holds its rank 0"),
+    ("r0", 3, "", "", FailedPrecondition, "r0's coordinator named no host_id, but host h0 holds its rank 0"),
     ("r0", 4, "h0", "", FailedPrecondition, "finished at step 4, but no quorum gave it a step after 3"),
 ])
 def test_bad_finish_reports_are_refused_and_change_nothing(rid, step, host, reason, error, message):

@@ -49,7 +49,7 @@ def test_a_lost_connection_lets_the_survivor_form_its_quorum_at_once():
     s.join(JoinRequest("r0", 1, 1, incarnation="one", host_id="h0"), 1.1)
     q = s.try_close_round(1.1)
     assert q is not None and q.member_ids == {"r0"}
-    assert q.reason == "all 1 live replicas joined (r1 suspect: its leader's connection closed)"
+    assert q.reason == "all 1 live replicas joined (r1 suspect: its coordinator's connection closed)"
     # suspicion is no death: r1 is left out of the quorum, not DEAD, and no death is counted
     assert s.replicas["r1"].state == ReplicaState.JOINING and s.deaths == {}
 

@@ -176,6 +176,6 @@ def test_a_killed_host_is_suspect_at_once_and_the_survivor_goes_on_before_its_he
     [suspected] = [e for e in events if e["seq"] == suspect]
     assert "replica r1 is suspect: " in suspected["message"] and "closed without goodbye" in suspected["message"]
     [quorum] = [e for e in events if e["seq"] == alone]
-    assert "r1 suspect: its leader's connection closed" in quorum["message"], quorum
+    assert "r1 suspect: its coordinator's connection closed" in quorum["message"], quorum
     [died] = [e for e in events if e["seq"] == death]
     assert "h1" in died["message"] and "silent" in died["message"], died

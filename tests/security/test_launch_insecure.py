@@ -49,7 +49,7 @@ def test_without_a_secret_the_controller_is_insecure_and_says_so_unless_asked(ca
     [record] = _launch_records(caplog)
     if insecure is None:
         assert record.levelno == logging.WARNING
-        for unchecked in ("--insecure", "registration proofs", "agent secrets on heartbeats", "leader credentials",
+        for unchecked in ("--insecure", "registration proofs", "agent secrets on heartbeats", "coordinator credentials",
                           "pass insecure=True"):
             assert unchecked in record.getMessage(), record.getMessage()
     else:

@@ -1,7 +1,7 @@
 """Silent data corruption: digest disagreements attributed to hosts, tracked over time. Pure.
 
 Replicas that committed the same step hold bitwise-identical state, and so does rank k of
-every replica (each holds the same shard). A leader that reports its replica digest may also
+every replica (each holds the same shard). A coordinator that reports its replica digest may also
 send one digest per rank (`ReportStepRequest.rank_digests`). When a step's replica digests
 disagree (`controller.core.digests`), each replica outside the reference is compared rank by
 rank with the other replicas (per rank, the most common digest among them): the ranks that
