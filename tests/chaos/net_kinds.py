@@ -1,0 +1,134 @@
+"""The chaos run's network faults: carried out on a ChaosRun built on a test network
+(tests/chaos/network.py), each healed `stop_s` after it began, as ChaosRun._inject does for
+the process faults (first action now, the follow-up `now -> (next or None, poll fast)`).
+
+| kind                      | what is done for `stop_s`                                | touches         |
+|---------------------------|----------------------------------------------------------|-----------------|
+| partition_host            | the replica's host exchanges nothing with any node       | replica, host   |
+| cut_host_from_peers       | the host reaches the controllers and etcd, not the other | nothing*        |
+|                           | hosts (its replica's FTAR and catch-up fail)             |                 |
+| cut_host_from_controllers | the host reaches its peers, not the controllers          | replica, host   |
+| cut_leader_from_etcd      | the leading controller loses etcd, agents still reach it | the controller  |
+|                           | (it must step down within its lease; the other leads)    |                 |
+| lossy_host                | `percent` % of the host's packets lost each way          | nothing         |
+| capped_host               | the host's link capped at `rate_kbit` kbit/s (tbf)       | nothing         |
+
+*the controller may declare either replica dead when their all-reduce fails: deaths of
+replicas are allowed in its window (`touched` below lists every replica then).
+A fault whose kind "touches" a replica expects it declared dead and HEALTHY again (the
+executor's `_settled`); the others expect nobody dead and only slower steps.
+
+`make_net_schedule(seed, settings)` draws a seeded schedule of these kinds (bench.chaos
+--network), one of each in a seeded order when there are as many faults as kinds.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
+
+from tests.chaos.schedule import ChaosSettings, Fault
+
+if TYPE_CHECKING:
+    from tests.chaos.executor import ChaosRun, Injection
+
+KINDS = ("partition_host", "cut_host_from_peers", "cut_host_from_controllers", "cut_leader_from_etcd",
+         "lossy_host", "capped_host")
+#: kinds after which the replica cut off from its quorum may commit nothing until healed
+CUT_OFF_KINDS = ("partition_host", "cut_host_from_controllers")
+#: kinds that take a replica out (declared dead, then back)
+OUT_KINDS = ("partition_host", "cut_host_from_controllers")
+
+
+@dataclass(frozen=True)
+class NetSettings(ChaosSettings):
+    """A network chaos cluster: fewer processes than the process-fault run needs (no double
+    kill, no rank kill), so 2 replicas of 1 rank and no spare by default."""
+    replicas: int = 2
+    ranks: int = 1
+    spares: int = 0
+    faults: int = len(KINDS)
+    fault_s: tuple[float, float] = (5.0, 7.0)     # each fault lasts this long (past the heartbeat timeout)
+    loss_percent: tuple[int, int] = (1, 5)
+    rate_kbit: tuple[int, int] = (2000, 8000)
+
+    def validate(self) -> "NetSettings":
+        problems = []
+        if self.replicas < 2:
+            problems.append(f"replicas must be at least 2 (a cut needs a peer), got {self.replicas}.")
+        if self.ranks < 1:
+            problems.append(f"ranks must be at least 1, got {self.ranks}.")
+        low, high = self.fault_s
+        if not self.heartbeat_timeout_s < low <= high:
+            problems.append(f"fault_s must be a range (low, high) above heartbeat_timeout_s "
+                            f"({self.heartbeat_timeout_s:g}s) so a cut replica is declared dead, got {self.fault_s}.")
+        if not 1 <= self.loss_percent[0] <= self.loss_percent[1] <= 99:
+            problems.append(f"loss_percent must be a range within 1..99, got {self.loss_percent}.")
+        if not 8 <= self.rate_kbit[0] <= self.rate_kbit[1]:
+            problems.append(f"rate_kbit must be a range from at least 8, got {self.rate_kbit}.")
+        if problems:
+            raise ValueError(" ".join(problems))
+        ChaosSettings.validate(replace(self, replicas=max(self.replicas, 3), ranks=max(self.ranks, 2)))
+        return self
+
+
+def make_net_schedule(seed: int, s: NetSettings) -> tuple[Fault, ...]:
+    """The network faults of run `seed`: a seeded permutation of KINDS taken in turn."""
+    s.validate()
+    rng = random.Random(seed)
+    kinds = list(KINDS)
+    rng.shuffle(kinds)
+    out = []
+    for i in range(s.faults):
+        kind = kinds[i % len(kinds)]
+        lasts = round(rng.uniform(*s.fault_s), 1)
+        target = () if kind == "cut_leader_from_etcd" else (rng.choice(s.replica_ids),)
+        out.append(Fault(kind, target, stop_s=lasts,
+                         percent=rng.randint(*s.loss_percent) if kind == "lossy_host" else 0,
+                         rate_kbit=rng.randint(*s.rate_kbit) if kind == "capped_host" else 0))
+    return tuple(out)
+
+
+def inject(run: "ChaosRun", f: Fault, inj: "Injection"):
+    """Carry out network fault `f` on `run` now; returns the follow-up that heals it."""
+    net = run.net
+    if net is None:
+        raise ValueError(f"fault {f.describe()} needs a test network: give ChaosRun net=Network()")
+    faults = net.faults
+    if f.kind == "cut_leader_from_etcd":
+        leader, _ = run._leader()
+        if leader is None:
+            raise RuntimeError("no controller leads: cannot cut the leader from etcd")
+        fid = faults.cut(f"c{leader.name}", ["etcd"])
+        inj.controller_killed_at, inj.controller = inj.at, leader.name
+        inj.detail.append(f"controller {leader.name} cut from etcd (agents still reach it) for {f.stop_s:g}s")
+    else:
+        rid = f.replicas[0]
+        host = run._host_of(rid)
+        others = [n for n in net.nodes if n != host]
+        hosts = [n for n in others if n.startswith(("h", "spare"))]
+        if f.kind == "partition_host":
+            fid = faults.partition(host)
+        elif f.kind == "cut_host_from_peers":
+            fid = faults.cut(host, hosts)
+        elif f.kind == "cut_host_from_controllers":
+            fid = faults.cut(host, ["ca", "cb"])
+        elif f.kind == "lossy_host":
+            fid = faults.loss(host, f.percent)
+        elif f.kind == "capped_host":
+            fid = faults.bandwidth(host, f.rate_kbit)
+        else:
+            raise ValueError(f"unknown network fault kind {f.kind!r} (kinds: {', '.join(KINDS)})")
+        if f.kind in OUT_KINDS:
+            run._touch(inj, rid)
+            inj.hosts.append(host)
+        inj.detail.append(f"{faults.records[-1].detail} for {f.stop_s:g}s")
+
+    def heal(now: float):
+        if now < inj.at + f.stop_s:
+            return heal, False
+        faults.heal(fid)
+        inj.detail.append(f"healed after {now - inj.at:.1f}s")
+        return None, False
+    return heal
