@@ -132,3 +132,43 @@ def inject(run: "ChaosRun", f: Fault, inj: "Injection"):
         inj.detail.append(f"healed after {now - inj.at:.1f}s")
         return None, False
     return heal
+
+
+def figures(rec, s: ChaosSettings) -> list[dict]:
+    """Per network fault, what it cost (pure, from the run's record): `exclude_s` from the cut
+    to the controller declaring the replica dead, `back_s` from the heal to the replica HEALTHY
+    again, `survivors_stall_s` the longest a replica it did not touch went without a commit
+    while it lasted, `steps_missed` the steps the job committed without the cut replica."""
+    commits: dict[str, list[tuple[float, int]]] = {}
+    for r in rec.rows:
+        if r.get("event") == "commit" and r.get("rank") == 0:
+            commits.setdefault(r["replica"], []).append((r["t"], r["step"]))
+    out = []
+    for inj in rec.injections:
+        if inj.kind not in KINDS:
+            continue
+        end = inj.settled_at if inj.settled_at is not None else rec.ended_at
+        row = {"kind": inj.kind, "scheduled": inj.scheduled, "lasted_s": _round(inj.done_at, inj.at)}
+        for rid in inj.replicas:
+            died = [e["at"] for e in rec.events if e["kind"] == "death" and e["subject"] == rid and e["at"] >= inj.at - 1]
+            back = [e["at"] for e in rec.events if e["kind"] == "replica" and e["subject"] == rid
+                    and "became HEALTHY" in e["message"] and inj.done_at is not None and e["at"] >= inj.done_at]
+            row["exclude_s"] = _round(min(died, default=None), inj.at)
+            row["back_s"] = _round(min(back, default=None), inj.done_at)
+            mine = {step for t, step in commits.get(rid, [])}
+            others = {step for other, rows in commits.items() if other != rid for t, step in rows if inj.at <= t <= end}
+            row["steps_missed"] = len(others - mine)
+        stall = 0.0
+        for rid in s.replica_ids:
+            if rid in inj.replicas:
+                continue
+            times = [t for t, _ in sorted(commits.get(rid, [])) if inj.at < t < end]
+            points = [inj.at, *times, end]
+            stall = max(stall, *(b - a for a, b in zip(points, points[1:])))
+        row["survivors_stall_s"] = round(stall, 2)
+        out.append(row)
+    return out
+
+
+def _round(t: float | None, since: float | None) -> float | None:
+    return None if t is None or since is None else round(t - since, 2)

@@ -38,6 +38,8 @@ import threading
 from dataclasses import dataclass
 from typing import Iterator
 
+from fthsdp.demo.procs import alive
+
 SUBNET = "10.77.0"          # /24; nodes get .1 upwards, the observer (the bridge) .254
 OBSERVER_HOST = 254
 PREFIX = "ftn"              # namespaces: ftn<pid>-<name>
@@ -224,17 +226,7 @@ def remove_leftovers() -> list[str]:
     gone = []
     for name in ours(list_namespaces()):
         pid = _run_pid(name)
-        if pid is not None and not _alive(pid):
+        if pid is not None and not alive(pid):
             _delete_namespace(name)
             gone.append(name)
     return gone
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
