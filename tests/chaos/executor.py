@@ -75,6 +75,7 @@ class Recorded:
     ended_at: float
     error: str = ""
     leadership: dict[str, list[dict]] = field(default_factory=dict)  # controller -> its leader events, from its log
+    leftover: list[str] = field(default_factory=list)  # processes still running once the run stopped everything
 
     def to_json(self) -> dict:
         return {"seed": self.seed, "injections": [asdict(i) for i in self.injections], "skipped": self.skipped,
@@ -220,9 +221,21 @@ class ChaosRun:
             except Exception:  # noqa: BLE001 - no leader at the very end: the events seen so far stand
                 pass
             self._stop(etcd)
+            leftover = self._leftover()
         return Recorded(self.seed, load_rows(self.records), sorted(self.events.values(), key=lambda e: e["at"]),
                         injections, skipped, finished, started, time.time(), error,
-                        {c.name: leadership_lines(c.log_path) for c in self.controllers})
+                        {c.name: leadership_lines(c.log_path) for c in self.controllers}, leftover)
+
+    def _leftover(self) -> list[str]:
+        """On a network: the processes still in its namespaces once everything was stopped
+        (a SIGKILLed trainer is gone once reaped: waited for, bounded)."""
+        if self.net is None:
+            return []
+        try:
+            wait_until(lambda: not self.net.pids(), 10.0, "every process of the run to end", every_s=0.1)
+        except AssertionError:
+            return [f"pid {pid} on {node}" for node, pids in self.net.pids().items() for pid in pids]
+        return []
 
     def _stop(self, etcd: EtcdServer) -> None:
         trainers = [pid for agent in self.agents.values() if agent.poll() is None

@@ -73,6 +73,8 @@ def check(rec: Recorded, s: ChaosSettings) -> Verdict:
         v.violations.append(f"the run broke: {rec.error}")
     if not rec.finished:
         v.violations.append("not every trainer of every replica finished")
+    if rec.leftover:
+        v.violations.append(f"processes still running after the run stopped everything: {', '.join(rec.leftover)}")
     _check_data(rec, v)
     _check_deaths(rec, v)
     _check_detected_and_rejoined(rec, s, v)

@@ -13,8 +13,8 @@ the process faults (first action now, the follow-up `now -> (next or None, poll 
 | lossy_host                | `percent` % of the host's packets lost each way          | nothing         |
 | capped_host               | the host's link capped at `rate_kbit` kbit/s (tbf)       | nothing         |
 
-*the controller may declare either replica dead when their all-reduce fails: deaths of
-replicas are allowed in its window (`touched` below lists every replica then).
+*the controller still hears both replicas, so nobody is declared dead: their all-reduce fails
+and both retry until the cut heals (the job stalls for the cut, within the stall bound).
 A fault whose kind "touches" a replica expects it declared dead and HEALTHY again (the
 executor's `_settled`); the others expect nobody dead and only slower steps.
 

@@ -201,6 +201,15 @@ class Network:
     def namespaces(self) -> list[str]:
         return [self.bridge_ns, *(n.namespace for n in self.nodes.values())]
 
+    def pids(self) -> dict[str, list[int]]:
+        """node -> the processes running in its namespace now (only those with any)."""
+        out = {}
+        for node in self.nodes.values():
+            found = [int(p) for p in run("ip", "netns", "pids", node.namespace).split()]
+            if found:
+                out[node.name] = found
+        return out
+
 
 def _delete_namespace(name: str) -> None:
     with contextlib.suppress(NetworkError):

@@ -235,3 +235,16 @@ def test_a_skewed_clock_shifts_wall_time_of_the_process_and_its_children_not_mon
     assert mono < time.monotonic() + 1  # not shifted
     with pytest.raises(ValueError, match="nan"):
         skewed_clock(float("nan"))
+
+
+def test_a_process_started_from_an_entered_thread_runs_in_that_namespace_with_its_own_pid():
+    with Network() as net:
+        net.add("a"), net.add("b")
+        with net.entered("a"):
+            proc = subprocess.Popen([sys.executable, "-c", "import signal; signal.pause()"])
+        try:
+            assert net.pids() == {"a": [proc.pid]}
+        finally:
+            proc.kill()
+            proc.wait(10)
+        assert net.pids() == {}
