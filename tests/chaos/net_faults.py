@@ -5,6 +5,7 @@
     fid = net.faults.cut("ca", ["etcd"])             # a controller cut from etcd, agents still reach it
     fid = net.faults.loss("h1", 3)                   # 3 % of h1's packets, each way, dropped
     fid = net.faults.bandwidth("h1", 2000)           # h1's link capped at 2000 kbit/s each way (tbf)
+    fid = net.faults.delay("h1", 100, 20)            # what h1 sends waits 100 +- 20 ms
     net.faults.heal(fid)                             # undone; net.faults.records says when each began and ended
     env = skewed_clock(400)                          # a process started with env sees its clock 400 s ahead
 
@@ -17,8 +18,11 @@ How each is made, and why that way:
   uses `numgen random mod 100 < P`: each packet independently.
 - bandwidth is a tbf qdisc on both ends of the node's veth pair (the bridge's end shapes what
   the node receives, the node's `eth0` what it sends).
-- delay with jitter would be netem; this machine's kernel is built without it
-  (CONFIG_NET_SCH_NETEM), so `delay()` says so in its error instead of pretending.
+- delay with jitter would be netem, but this machine's kernel is built without it
+  (CONFIG_NET_SCH_NETEM). It has NFQUEUE: an iptables rule in the node's namespace queues
+  every packet it sends to the other nodes (loopback stays fast), and a delayer process there
+  (tests/chaos/delayer.py) accepts each one `delay` +- `jitter` later (uniform, seeded;
+  reordering included, as netem does). `--queue-bypass`: a queue nobody serves passes packets.
 - a skewed clock is libfaketime (Debian's `faketime`) preloaded into a process through its
   environment: every time it reads (time(), clock_gettime(CLOCK_REALTIME)) is shifted, the
   monotonic clock is not (FAKETIME_DONT_FAKE_MONOTONIC), and its children inherit it. The
@@ -30,18 +34,21 @@ from __future__ import annotations
 
 import itertools
 import os
+import subprocess
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable
 
-from tests.chaos.network import NetworkError, run
+from controller.launch import read_json_line
+from tests.chaos.network import SUBNET, NetworkError, run
 
 if TYPE_CHECKING:
     from tests.chaos.network import Network
 
 TABLE = "chaos"
 FAKETIME_LIBRARY = "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1"
-KINDS = ("partition", "cut", "loss", "bandwidth")
+KINDS = ("partition", "cut", "loss", "bandwidth", "delay")
 
 
 @dataclass(frozen=True)
@@ -69,6 +76,8 @@ class FaultRecord:
     ended_at: float | None = None
     rules: tuple[Rule, ...] = field(default=(), repr=False)
     shaped: tuple[str, ...] = field(default=(), repr=False)  # "namespace dev" pairs with a tbf
+    delayer: subprocess.Popen | None = field(default=None, repr=False)  # the NFQUEUE delayer (delay)
+    queued: tuple[str, ...] = field(default=(), repr=False)  # (namespace, *iptables rule) of the delay
 
     def to_json(self) -> dict:
         return {"kind": self.kind, "target": self.target, "detail": self.detail, "began_at": self.began_at,
@@ -152,17 +161,28 @@ class Faults:
                 "burst", str(burst), "latency", "200ms", namespace=ns)
         return self._add("bandwidth", name, f"{name}'s link capped at {rate_kbit} kbit/s", shaped=ends)
 
-    def delay(self, name: str, delay_ms: float, jitter_ms: float) -> int:
-        """netem delay with jitter on `name`'s link; NetworkError when the kernel has no netem."""
+    def delay(self, name: str, delay_ms: float, jitter_ms: float, seed: int = 0) -> int:
+        """What `name` sends to the other nodes waits `delay_ms` +- `jitter_ms` (an NFQUEUE
+        delayer, see the module docstring)."""
+        if not 0 < delay_ms <= 10_000 or not 0 <= jitter_ms <= delay_ms:
+            raise ValueError(f"delay must be 0 < delay_ms <= 10000 and 0 <= jitter_ms <= delay_ms, got "
+                             f"{delay_ms!r} +- {jitter_ms!r}")
         node = self.net.node(name)
+        if any(r.delayer is not None and r.target == name for r in self.active()):
+            raise ValueError(f"{name!r} is delayed already (heal that first)")
+        with self.net.entered(name):
+            delayer = subprocess.Popen([sys.executable, "-m", "tests.chaos.delayer", "--queue", "0", "--delay-ms",
+                                        f"{delay_ms:g}", "--jitter-ms", f"{jitter_ms:g}", "--seed", str(seed)],
+                                       stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
+        rule = ("OUTPUT", "-d", f"{SUBNET}.0/24", "-j", "NFQUEUE", "--queue-num", "0", "--queue-bypass")
         try:
-            run("tc", "qdisc", "replace", "dev", "eth0", "root", "netem", "delay", f"{delay_ms:g}ms",
-                f"{jitter_ms:g}ms", namespace=node.namespace)
-        except NetworkError as exc:
-            raise NetworkError(f"delay needs the netem qdisc, which this kernel lacks (CONFIG_NET_SCH_NETEM): "
-                               f"{exc}") from None
+            read_json_line(delayer, 30.0, f"the delayer of {name}")
+            run("iptables", "-A", *rule, namespace=node.namespace)
+        except BaseException:
+            _stop(delayer)
+            raise
         return self._add("delay", name, f"{name} delayed {delay_ms:g} ms +- {jitter_ms:g} ms",
-                         shaped=(f"{node.namespace} eth0",))
+                         delayer=delayer, queued=(node.namespace, *rule))
 
     def heal(self, fault_id: int) -> FaultRecord:
         """Undo fault `fault_id` (the others stay); ValueError names one not active."""
@@ -175,6 +195,10 @@ class Faults:
         for end in record.shaped:
             ns, dev = end.split()
             run("tc", "qdisc", "del", "dev", dev, "root", namespace=ns)
+        if record.queued:  # no new packet for the delayer, then it lets the held ones go and ends
+            run("iptables", "-D", *record.queued[1:], namespace=record.queued[0])
+        if record.delayer is not None:
+            _stop(record.delayer)
         return record
 
     def heal_all(self) -> None:
@@ -184,8 +208,8 @@ class Faults:
     # ------------------------------------------------------------------ the rules
 
     def _add(self, kind: str, target: str, detail: str, rules: tuple[Rule, ...] = (),
-             shaped: tuple[str, ...] = ()) -> int:
-        record = FaultRecord(next(self._ids), kind, target, detail, self.clock(), rules=rules, shaped=shaped)
+             shaped: tuple[str, ...] = (), **undo) -> int:
+        record = FaultRecord(next(self._ids), kind, target, detail, self.clock(), rules=rules, shaped=shaped, **undo)
         self.records.append(record)
         if rules:
             try:
@@ -198,3 +222,16 @@ class Faults:
     def _apply(self) -> None:
         rules = [rule for r in self.active() for rule in r.rules]
         run("nft", "-f", "-", namespace=self.net.bridge_ns, stdin=render(rules))
+
+
+def _stop(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
+    """SIGTERM (the delayer lets its held packets go), SIGKILL after `grace_s`."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(grace_s)
+    if proc.stdout is not None:
+        proc.stdout.close()

@@ -12,6 +12,7 @@ the process faults (first action now, the follow-up `now -> (next or None, poll 
 |                           | (it must step down within its lease; the other leads)    |                 |
 | lossy_host                | `percent` % of the host's packets lost each way          | nothing         |
 | capped_host               | the host's link capped at `rate_kbit` kbit/s (tbf)       | nothing         |
+| slow_host                 | what the host sends waits `delay_ms` +- a fifth of it    | nothing         |
 
 *the controller still hears both replicas, so nobody is declared dead: their all-reduce fails
 and both retry until the cut heals (the job stalls for the cut, within the stall bound).
@@ -34,7 +35,7 @@ if TYPE_CHECKING:
     from tests.chaos.executor import ChaosRun, Injection
 
 KINDS = ("partition_host", "cut_host_from_peers", "cut_host_from_controllers", "cut_leader_from_etcd",
-         "lossy_host", "capped_host")
+         "lossy_host", "capped_host", "slow_host")
 #: kinds after which the replica cut off from its quorum may commit nothing until healed
 CUT_OFF_KINDS = ("partition_host", "cut_host_from_controllers")
 #: kinds that take a replica out (declared dead, then back)
@@ -52,6 +53,7 @@ class NetSettings(ChaosSettings):
     fault_s: tuple[float, float] = (5.0, 7.0)     # each fault lasts this long (past the heartbeat timeout)
     loss_percent: tuple[int, int] = (1, 5)
     rate_kbit: tuple[int, int] = (2000, 8000)
+    delay_ms: tuple[int, int] = (50, 150)
 
     def validate(self) -> "NetSettings":
         problems = []
@@ -67,6 +69,8 @@ class NetSettings(ChaosSettings):
             problems.append(f"loss_percent must be a range within 1..99, got {self.loss_percent}.")
         if not 8 <= self.rate_kbit[0] <= self.rate_kbit[1]:
             problems.append(f"rate_kbit must be a range from at least 8, got {self.rate_kbit}.")
+        if not 1 <= self.delay_ms[0] <= self.delay_ms[1] <= 10_000:
+            problems.append(f"delay_ms must be a range within 1..10000, got {self.delay_ms}.")
         if problems:
             raise ValueError(" ".join(problems))
         ChaosSettings.validate(replace(self, replicas=max(self.replicas, 3), ranks=max(self.ranks, 2)))
@@ -86,7 +90,8 @@ def make_net_schedule(seed: int, s: NetSettings) -> tuple[Fault, ...]:
         target = () if kind == "cut_leader_from_etcd" else (rng.choice(s.replica_ids),)
         out.append(Fault(kind, target, stop_s=lasts,
                          percent=rng.randint(*s.loss_percent) if kind == "lossy_host" else 0,
-                         rate_kbit=rng.randint(*s.rate_kbit) if kind == "capped_host" else 0))
+                         rate_kbit=rng.randint(*s.rate_kbit) if kind == "capped_host" else 0,
+                         delay_ms=rng.randint(*s.delay_ms) if kind == "slow_host" else 0))
     return tuple(out)
 
 
@@ -118,6 +123,8 @@ def inject(run: "ChaosRun", f: Fault, inj: "Injection"):
             fid = faults.loss(host, f.percent)
         elif f.kind == "capped_host":
             fid = faults.bandwidth(host, f.rate_kbit)
+        elif f.kind == "slow_host":
+            fid = faults.delay(host, f.delay_ms, f.delay_ms / 5, seed=run.seed)
         else:
             raise ValueError(f"unknown network fault kind {f.kind!r} (kinds: {', '.join(KINDS)})")
         if f.kind in OUT_KINDS:

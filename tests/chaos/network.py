@@ -48,7 +48,7 @@ _NAME = re.compile(r"^[a-z][a-z0-9]{0,11}$")
 _CLONE_NEWNET = 0x40000000
 _COMMAND_TIMEOUT_S = 20.0
 #: the commands a network needs, and the Debian package of each (`make test` installs them)
-TOOLS = {"ip": "iproute2", "tc": "iproute2", "nft": "nftables"}
+TOOLS = {"ip": "iproute2", "tc": "iproute2", "nft": "nftables", "iptables": "iptables"}
 
 
 class NetworkError(RuntimeError):

@@ -141,6 +141,7 @@ class Fault:
     down_s: float = 0.0              # a controller kill (CONTROLLER_KINDS): how long the killed one stays down
     percent: int = 0                 # lossy_host (tests/chaos/net_kinds.py): the share of packets lost
     rate_kbit: int = 0               # capped_host: the link's rate
+    delay_ms: int = 0                # slow_host: what the host sends waits this long (jitter: a fifth of it)
 
     def describe(self) -> str:
         target = "+".join(self.replicas) or "controller"
@@ -148,6 +149,7 @@ class Fault:
         extra += f" for {self.stop_s:.1f}s" if self.stop_s else ""
         extra += f" {self.percent}%" if self.percent else ""
         extra += f" at {self.rate_kbit} kbit/s" if self.rate_kbit else ""
+        extra += f" delayed {self.delay_ms} ms" if self.delay_ms else ""
         return f"{self.kind}:{target}{extra}"
 
 

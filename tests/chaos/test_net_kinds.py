@@ -24,6 +24,7 @@ def test_a_schedule_of_as_many_faults_as_kinds_has_one_of_each_and_the_same_seed
             assert SETTINGS.fault_s[0] <= f.stop_s <= SETTINGS.fault_s[1]
             assert (1 <= f.percent <= 5) == (f.kind == "lossy_host")
             assert (f.rate_kbit > 0) == (f.kind == "capped_host")
+            assert (50 <= f.delay_ms <= 150) == (f.kind == "slow_host")
             assert (f.replicas == ()) == (f.kind == "cut_leader_from_etcd")
     assert len({make_net_schedule(s, SETTINGS) for s in range(41, 61)}) > 10
 
@@ -33,6 +34,7 @@ def test_a_schedule_of_as_many_faults_as_kinds_has_one_of_each_and_the_same_seed
     ({"fault_s": (2.0, 5.0)}, "(2.0, 5.0)"),
     ({"loss_percent": (0, 5)}, "(0, 5)"),
     ({"rate_kbit": (4, 100)}, "(4, 100)"),
+    ({"delay_ms": (0, 100)}, "(0, 100)"),
     ({"join_timeout_s": 0}, "join_timeout_s must be above 0 seconds, got 0"),
 ])
 def test_bad_settings_are_refused_by_name(bad, named):

@@ -201,15 +201,28 @@ def test_a_bandwidth_cap_is_a_token_bucket_on_both_ends_until_healed():
         assert "tbf" not in network.run("tc", "qdisc", "show", "dev", "eth0", namespace=h0.namespace)
 
 
-def test_delay_works_or_names_the_missing_netem():
+def test_a_delay_holds_what_the_node_sends_until_healed():
     with Network() as net:
-        net.add("h0")
-        try:
-            fid = net.faults.delay("h0", 50, 10)
-        except NetworkError as exc:
-            assert "netem" in str(exc)
-        else:
+        net.add("h0"), net.add("h1")
+        with _listener(net, "h1"):
+            fid = net.faults.delay("h0", 300, 50)
+            record = net.faults.records[-1]
+            with net.entered("h0"):
+                s = socket.socket()
+            with s:
+                s.settimeout(10.0)
+                began = time.monotonic()
+                s.connect((net.node("h1").address, PORT))  # its SYN waited 250-350 ms in the queue
+                # a lower bound only: a loaded machine makes it later, never earlier
+                assert time.monotonic() - began >= 0.25
+            assert "NFQUEUE" in network.run("iptables", "-S", "OUTPUT", namespace=net.node("h0").namespace)
             net.faults.heal(fid)
+            assert record.delayer.returncode == 0  # it let its held packets go and ended
+            assert "NFQUEUE" not in network.run("iptables", "-S", "OUTPUT", namespace=net.node("h0").namespace)
+            assert _connects(net, "h0", net.node("h1").address) is True
+            for bad in ((0, 0), (100, 200), (20_000, 0)):
+                with pytest.raises(ValueError, match="delay must be"):
+                    net.faults.delay("h0", *bad)
 
 
 def test_the_rules_are_drawn_from_the_active_faults():
