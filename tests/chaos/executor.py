@@ -213,7 +213,10 @@ class ChaosRun:
             error = f"{type(exc).__name__}: {exc}"
         finally:
             if self.net is not None:
-                self.net.faults.heal_all()
+                try:
+                    self.net.faults.heal_all()
+                except Exception as exc:  # noqa: BLE001 - reported; the processes must still be stopped
+                    error = error or f"healing the network failed: {type(exc).__name__}: {exc}"
             finished = self._done()
             try:
                 with self._watching():
