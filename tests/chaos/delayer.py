@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import heapq
 import json
+import os
 import random
 import select
 import signal
@@ -67,7 +68,7 @@ def packet_ids(data: bytes) -> list[int]:
         if kind == NLMSG_ERROR:
             (err,) = struct.unpack_from("=i", data, offset + 16)
             if err:
-                raise OSError(-err, f"nfnetlink_queue refused a request: {os_error(-err)}")
+                raise OSError(-err, f"nfnetlink_queue refused a request: {os.strerror(-err)}")
         elif kind == (NFNL_SUBSYS_QUEUE << 8) | NFQNL_MSG_PACKET:
             at = offset + 20  # netlink header + nfgenmsg
             while at + 4 <= offset + length:
@@ -79,11 +80,6 @@ def packet_ids(data: bytes) -> list[int]:
                 at += (alen + 3) & ~3
         offset += (length + 3) & ~3
     return ids
-
-
-def os_error(code: int) -> str:
-    import os
-    return os.strerror(code)
 
 
 def bind(queue: int) -> socket.socket:
