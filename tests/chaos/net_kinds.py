@@ -16,8 +16,11 @@ the process faults (first action now, the follow-up `now -> (next or None, poll 
 
 *the controller still hears both replicas, so nobody is declared dead: their all-reduce fails
 and both retry until the cut heals (the job stalls for the cut, within the stall bound).
+
 A fault whose kind "touches" a replica expects it declared dead and HEALTHY again (the
-executor's `_settled`); the others expect nobody dead and only slower steps.
+executor's `_settled`); the others expect nobody dead and only slower steps. A cut that takes
+a replica out (OUT_KINDS) lasts past a takeover's grace when one runs, as stop_replica does
+(`ChaosRun._past_the_timeouts`): until then silence costs nobody a death.
 
 `make_net_schedule(seed, settings)` draws a seeded schedule of these kinds (bench.chaos
 --network), one of each in a seeded order when there are as many faults as kinds.
@@ -101,6 +104,7 @@ def inject(run: "ChaosRun", f: Fault, inj: "Injection"):
     if net is None:
         raise ValueError(f"fault {f.describe()} needs a test network: give ChaosRun net=Network()")
     faults = net.faults
+    lasts = f.stop_s
     if f.kind == "cut_leader_from_etcd":
         leader, _ = run._leader()
         if leader is None:
@@ -130,10 +134,14 @@ def inject(run: "ChaosRun", f: Fault, inj: "Injection"):
         if f.kind in OUT_KINDS:
             run._touch(inj, rid)
             inj.hosts.append(host)
-        inj.detail.append(f"{faults.records[-1].detail} for {f.stop_s:g}s")
+            # right after a takeover the new leader forgives silence for its grace: a cut that
+            # must cost the replica a death lasts past it (as stop_replica's SIGSTOP does)
+            lasts = run._past_the_timeouts(f.stop_s, inj.at)
+        inj.detail.append(f"{faults.records[-1].detail} for {lasts:g}s" + (
+            f" (not {f.stop_s:g}s: a takeover's grace forgives silence)" if lasts > f.stop_s else ""))
 
     def heal(now: float):
-        if now < inj.at + f.stop_s:
+        if now < inj.at + lasts:
             return heal, False
         faults.heal(fid)
         inj.detail.append(f"healed after {now - inj.at:.1f}s")
