@@ -25,11 +25,13 @@ test: $(STAMP) tools
 	$(BIN)/python -m pytest -m solo $(PYTEST_ARGS) || [ $$? -eq 5 ]
 
 # Tools some tests drive, from Debian's packages: chromium (the status-page test), kubectl
-# (rendering the kustomizations the docs apply) and g++ (the CUDA kernels emulated on the CPU). Installed here when missing (as root, as on
+# (rendering the kustomizations the docs apply), g++ (the CUDA kernels emulated on the CPU), and
+# for the chaos run's test network (tests/chaos/network.py) iproute2 (ip, tc), nftables (nft),
+# iptables (its NFQUEUE delays packets) and faketime (a skewed clock). Each is command:package. Installed here when missing (as root, as on
 # CI); anyone else is told the one command to run.
-TOOLS := chromium kubectl g++
+TOOLS := chromium:chromium kubectl:kubectl g++:g++ ip:iproute2 tc:iproute2 nft:nftables iptables:iptables faketime:faketime
 tools:
-	@missing="$$(for t in $(TOOLS); do command -v $$t >/dev/null 2>&1 || printf '%s ' $$t; done)"; \
+	@missing="$$(for t in $(TOOLS); do command -v $${t%%:*} >/dev/null 2>&1 || printf '%s ' $${t#*:}; done)"; \
 	[ -z "$$missing" ] || { [ "$$(id -u)" = 0 ] && apt-get update -q && \
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $$missing; } || \
 	  { echo "make test: some tests need $$missing: run 'apt-get install $$missing' as root" >&2; exit 1; }

@@ -1,6 +1,7 @@
 """Seeded chaos over a real job: random faults on real processes, invariants checked after each run.
 
     python -m bench.chaos --seeds 1-50 --json [--faults 4] [--keep DIR]
+    python -m bench.chaos --network --seeds 41-60 --json      # network faults (root, iproute2, nftables)
 
 Each seed is one job (3 replicas x 2 ranks, a warm spare, two controllers on a real etcd,
 agents supervising the demo's trainers) with the seed's fault schedule (tests/chaos/
@@ -10,6 +11,13 @@ logs, and the invariants' numbers), then a summary line (SUMMARY_FIELDS): seeds,
 (their total count), failed_seeds, faults_by_kind, faults, wall_s. Exit status 1
 when any seed has a violation. Runs go one after another (the machine has few cores);
 their logs go to --keep (default: a temporary folder removed after each seed that passed).
+
+--network runs each seed on a test network (tests/chaos/network.py: etcd, two controllers and
+every host in network namespaces of their own, joined by a bridge) with the seed's network
+faults instead (tests/chaos/net_kinds.py: a host partitioned, cut from its peers or from the
+controllers, the leader cut from etcd, a lossy, a capped and a slow host; 2 replicas x 1 rank, each
+fault lasting --fault-s); each seed's line carries `figures` per fault (time to exclude the
+cut replica, its time back after healing, survivors' stall, steps it missed).
 """
 
 from __future__ import annotations
@@ -24,8 +32,10 @@ from collections import Counter
 from dataclasses import replace
 from pathlib import Path
 
+from tests.chaos import net_kinds
 from tests.chaos.executor import ChaosRun
 from tests.chaos.invariants import check
+from tests.chaos.network import Network
 from tests.chaos.schedule import ChaosSettings, make_schedule, parse_seeds
 
 #: the fields of each seed's JSON line (`python -m bench.chaos --json`) and their types
@@ -37,9 +47,27 @@ SUMMARY_FIELDS = {"summary": bool, "seeds": int, "violations": int, "failed_seed
 
 
 def run_seed(seed: int, settings: ChaosSettings, workdir: Path) -> dict:
+    if isinstance(settings, net_kinds.NetSettings):
+        return run_network_seed(seed, settings, workdir)
     schedule = make_schedule(seed, settings)
     recorded = ChaosRun(workdir, settings, schedule, seed).run()
-    verdict = check(recorded, settings)
+    return _line(seed, schedule, recorded, check(recorded, settings))
+
+
+def run_network_seed(seed: int, settings: "net_kinds.NetSettings", workdir: Path) -> dict:
+    schedule = net_kinds.make_net_schedule(seed, settings)
+    hosts = [f"h{i}" for i in range(settings.replicas)] + [f"spare{j}" for j in range(settings.spares)]
+    with Network() as net:
+        for name in ("etcd", "ca", "cb", *hosts):
+            net.add(name)
+        recorded = ChaosRun(workdir, settings, schedule, seed, net=net).run()
+        faults = [r.to_json() for r in net.faults.records]
+    line = _line(seed, schedule, recorded, check(recorded, settings))
+    line.update(figures=net_kinds.figures(recorded, settings), network_faults=faults)
+    return line
+
+
+def _line(seed: int, schedule, recorded, verdict) -> dict:
     return {"seed": seed, "schedule": [f.describe() for f in schedule], "violations": verdict.violations,
             **{k: val for k, val in verdict.stats.items() if k != "seed"},
             "injections": [{"kind": i.kind, "replicas": i.replicas, "hosts": i.hosts, "detail": i.detail,
@@ -50,17 +78,28 @@ def run_seed(seed: int, settings: ChaosSettings, workdir: Path) -> dict:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--seeds", default="1-5", help="seeds to run: N, N-M or a comma-separated list of them")
-    p.add_argument("--faults", type=int, default=ChaosSettings.faults, help="faults per seed")
+    p.add_argument("--faults", type=int, help=f"faults per seed (default {ChaosSettings.faults}; with --network "
+                                               f"{net_kinds.NetSettings.faults}, one of each network kind)")
     p.add_argument("--keep", type=Path, help="keep every seed's logs and records under this folder")
     p.add_argument("--json", action="store_true", help="JSON lines (the default output)")
+    p.add_argument("--network", action="store_true",
+                   help="network faults on a test network of namespaces (needs root, iproute2, nftables)")
+    p.add_argument("--fault-s", type=float, nargs=2, metavar=("LOW", "HIGH"),
+                   default=net_kinds.NetSettings.fault_s, help="--network: how long each fault lasts (seconds)")
     args = p.parse_args(argv)
     try:
         seeds = parse_seeds(args.seeds)
-        settings = replace(ChaosSettings(), faults=args.faults).validate()
+        if args.network:
+            settings = net_kinds.NetSettings(faults=net_kinds.NetSettings.faults if args.faults is None else args.faults,
+                                             fault_s=tuple(args.fault_s)).validate()
+        else:
+            settings = replace(ChaosSettings(), faults=ChaosSettings.faults if args.faults is None else args.faults
+                               ).validate()
     except ValueError as exc:
         p.error(str(exc))
     started = time.monotonic()
     kinds: Counter = Counter()
+    figures: dict[str, dict[str, float]] = {}
     failed = []
     violations = 0
     for seed in seeds:
@@ -70,6 +109,11 @@ def main(argv: list[str] | None = None) -> int:
         line["logs"] = str(workdir) if args.keep or line["violations"] else ""
         print(json.dumps(line), flush=True)
         kinds.update(line["faults"])
+        for row in line.get("figures", ()):
+            worst = figures.setdefault(row["kind"], {})
+            for name, value in row.items():
+                if isinstance(value, (int, float)) and value is not None:
+                    worst[f"{name}_max"] = max(worst.get(f"{name}_max", value), value)
         violations += len(line["violations"])
         if line["violations"]:
             failed.append(seed)
@@ -77,6 +121,7 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(base, ignore_errors=True)
     print(json.dumps({"summary": True, "seeds": len(seeds), "violations": violations, "failed_seeds": failed,
                       "faults_by_kind": dict(sorted(kinds.items())), "faults": sum(kinds.values()),
+                      **({"figures_by_kind": dict(sorted(figures.items()))} if figures else {}),
                       "wall_s": round(time.monotonic() - started, 1)}), flush=True)
     return 1 if violations else 0
 

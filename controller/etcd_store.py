@@ -352,19 +352,24 @@ class EtcdStore:
             if not fence.keepalive_paused:
                 sent = loop.time()
                 try:
-                    reply = await self._call("lease refresh",
-                                             lambda c: c.refresh_lease(fence.lease_id))
+                    # No call may outlive the deadline (op_timeout_s can be longer than the
+                    # lease): the leader lets go on its own clock, before etcd expires the lease
+                    # and elects another, however long a silent network holds the call.
+                    reply = await self._by_deadline(fence, self._call(
+                        "lease refresh", lambda c: c.refresh_lease(fence.lease_id)))
                     if reply is None or reply.TTL <= 0:
                         self._lose(leadership, "etcd says its lease expired")
                         return
                     fence.deadline = max(fence.deadline, sent + reply.TTL)
-                    kv = await self._call("get", lambda c: c.get(fence.election_key))
+                    kv = await self._by_deadline(fence, self._call("get", lambda c: c.get(fence.election_key)))
                     if not self._still_ours(fence, [(None, kv)] if kv else []):
                         self._lose(leadership, "the election key is no longer its own")
                         return
                 except StoreError as error:
                     log.debug("lease refresh for %s failed: %s", leadership.candidate, error)
                     pause = self.settings.poll_interval_s
+                except asyncio.TimeoutError:
+                    continue  # the deadline passed during the call: the check above lets go
             # Sleep, but wake at once when resign() sets `lost`: cancelling alone is not
             # enough, as asyncio.wait_for (3.11) can swallow a cancel that races a reply.
             lost = loop.create_task(leadership.lost.wait())
@@ -373,6 +378,11 @@ class EtcdStore:
                 await asyncio.wait({lost}, timeout=pause)
             finally:
                 lost.cancel()
+
+    @staticmethod
+    async def _by_deadline(fence: _Fence, call):
+        """`call`, cancelled when the fence's deadline passes (asyncio.TimeoutError)."""
+        return await asyncio.wait_for(call, max(0.0, fence.deadline - asyncio.get_running_loop().time()))
 
     def _lose(self, leadership: Leadership, reason: str) -> None:
         if not leadership.lost.is_set():

@@ -51,7 +51,7 @@ TRAINER_FILES = ("tests/runtime/test_cluster_*.py", "tests/runtime/test_endings_
 #: to themselves. Beside the other worker a replica's trainers could take longer to import than
 #: the run's schedule allows for.
 SOLO_FILES = ("tests/demo/test_demo_cli.py", "tests/demo/test_demo_gpt.py", "tests/demo/test_diagnosis_end_to_end.py",
-              "tests/chaos/test_chaos_run.py", "tests/deploy/test_daemonsets_on_loopback.py",
+              "tests/chaos/test_chaos_run.py", "tests/chaos/test_net_run.py", "tests/deploy/test_daemonsets_on_loopback.py",
               "tests/bench/test_smoke_jobs.py", "tests/deploy/test_pool_on_loopback.py",
               "tests/deploy/test_jobset_on_loopback.py")
 

@@ -76,8 +76,9 @@ class EtcdServer:
 
     def __init__(self, binary: str, *, start_timeout_s: float = 20.0,
                  stop_timeout_s: float = 5.0, tls: EtcdTls | None = None,
-                 extra_args: tuple[str, ...] = ()) -> None:
+                 extra_args: tuple[str, ...] = (), host: str = "127.0.0.1") -> None:
         self.binary = binary
+        self.host = host  # where it listens (a test network's node address: tests/chaos/network.py)
         self.tls = tls
         self.extra_args = tuple(extra_args)
         self.start_timeout_s = start_timeout_s
@@ -96,7 +97,7 @@ class EtcdServer:
 
     @property
     def endpoint(self) -> str:
-        return f"127.0.0.1:{self.client_port}"
+        return f"{self.host}:{self.client_port}"
 
     @property
     def url(self) -> str:
@@ -202,8 +203,8 @@ class EtcdServer:
     # -- internals ---------------------------------------------------------------------
 
     def _spawn(self) -> None:
-        client = f"{'https' if self.tls else 'http'}://127.0.0.1:{self.client_port}"
-        peer = f"http://127.0.0.1:{self.peer_port}"
+        client = f"{'https' if self.tls else 'http'}://{self.host}:{self.client_port}"
+        peer = f"http://{self.host}:{self.peer_port}"
         name = "fthsdp-test"
         args = [
             self.binary,

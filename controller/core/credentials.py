@@ -106,8 +106,11 @@ def _registration_problem(secret: JobSecret, host_id: str, incarnation: str, pro
         return "its proof does not start with the time it was made (milliseconds since the epoch)"
     age_s = now_unix_s - int(ms) / 1000
     if not math.isfinite(age_s) or abs(age_s) > wire.REGISTRATION_WINDOW_S:
-        return (f"its proof was made {age_s:.0f}s from this controller's clock (at most "
-                f"{wire.REGISTRATION_WINDOW_S:g}s either way: are the clocks synchronized?)")
+        # the proof carries the agent's clock: a proof from the future is a clock ahead
+        side = "ahead of" if age_s < 0 else "behind"
+        return (f"its proof's time is {abs(age_s):.0f}s {side} this controller's clock, a clock skew past the "
+                f"{wire.REGISTRATION_WINDOW_S:g}s allowed either way (or a replayed proof): synchronize the "
+                f"host's clock (NTP) and register again")
     if not hmac.compare_digest(mac, wire.registration_mac(secret, host_id, incarnation, int(ms))):
         return "its proof is not an HMAC of the host id and incarnation under the job secret"
     return ""

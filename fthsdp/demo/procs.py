@@ -49,8 +49,9 @@ AGENT_TIMEOUTS = {"heartbeat_interval_s": 0.5, "stop_grace_s": 2.0, "telemetry_i
 def start_agent(log: Path, *, controller: str, host_id: str, job_id: str, command: list[str], secret: str,
                 replica_id: str = "", ranks: int = 1, spare: bool = False, standby: bool = False,
                 heartbeat_interval_s: float = AGENT_TIMEOUTS["heartbeat_interval_s"],
-                extra: tuple[str, ...] = ()) -> subprocess.Popen:
-    """`extra`: more agent flags (e.g. --standby-restart-budget)."""
+                extra: tuple[str, ...] = (), env: dict[str, str] | None = None) -> subprocess.Popen:
+    """`extra`: more agent flags (e.g. --standby-restart-budget); `env`: more environment
+    variables (its trainers inherit them too)."""
     args = FTHSDP + ["agent", "--controller", controller, "--host-id", host_id, "--job-id", job_id,
                      "--heartbeat-interval-s", str(heartbeat_interval_s),
                      "--stop-grace-s", str(AGENT_TIMEOUTS["stop_grace_s"]), "--slots", str(ranks),
@@ -62,7 +63,7 @@ def start_agent(log: Path, *, controller: str, host_id: str, job_id: str, comman
                  "--world-size", str(ranks)]
     with open(log, "w") as err:
         return subprocess.Popen(args + ["--"] + command, stdout=subprocess.PIPE, stderr=err,
-                                stdin=subprocess.DEVNULL, text=True, env=environment(secret))
+                                stdin=subprocess.DEVNULL, text=True, env=environment(secret, env))
 
 
 def start_trainer(log: Path, config: Path, env: dict[str, str], secret: str) -> subprocess.Popen:

@@ -190,6 +190,9 @@ def main(argv: list[str]) -> int:
     settings = RuntimeSettings.from_env(
         job_id=cfg["job_id"], replica_id=rid, rank=rank, world_size=world, controller_address=controller,
         coordinator_address=f"127.0.0.1:{ports['leader']}", max_retries=30,
+        # where other replicas reach this rank's FTAR and state server: the host's own address
+        # on a test network (tests/chaos/network.py), else loopback
+        bind_host=cfg.get("bind_hosts", {}).get(host, "127.0.0.1"),
         quorum_timeout_s=t["quorum_s"], allreduce_timeout_s=t["allreduce_s"], gather_timeout_s=t["vote_s"],
         fetch_timeout_s=t["fetch_s"], fetch_hold_timeout_s=t["fetch_hold_s"],
         heartbeat_interval_s=t["heartbeat_s"],

@@ -35,6 +35,7 @@ def kill_active_controller(run: "ChaosRun", inj: "Injection", down_s: float):
     leader.signal(signal.SIGKILL)
     leader.proc.wait(10)
     killed_at = inj.controller_killed_at = time.time()
+    inj.controller = leader.name
     inj.detail.append(f"SIGKILL controller {leader.name} (pid {leader.proc.pid}), back in {down_s:g}s")
 
     def restart(now: float):

@@ -17,6 +17,7 @@ processes this run started are signalled, by PID. Every wait is bounded.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -32,8 +33,9 @@ from fthsdp.demo import procs
 from fthsdp.demo.data import prepare
 from fthsdp.demo.run import RunSettings, load_rows
 from protos import job_secret
-from tests.chaos import composed
+from tests.chaos import composed, net_kinds
 from tests.chaos.schedule import ChaosSettings, Fault, stop_past_the_timeouts
+from tests.chaos.leadership import leadership_lines
 from tests.etcd_server import EtcdServer
 from tests.ha.cluster import JOB, ControllerProcess
 from tests.ports import free_port
@@ -56,7 +58,8 @@ class Injection:
     done_at: float | None = None           # its last action (SIGCONT, the controller back, the source killed)
     settled_at: float | None = None        # every replica HEALTHY again after it (None: never)
     hit_at: dict[str, float] = field(default_factory=dict)  # replica -> when it was hit (a source: later)
-    controller_killed_at: float | None = None  # when it SIGKILLed the active controller (CONTROLLER_KINDS)
+    controller_killed_at: float | None = None  # when it SIGKILLed (or cut off) the active controller
+    controller: str = ""                   # ...and that controller's name
     quiet_after: float | None = None       # no death of what it touched may follow this (swap_then_kill_controller)
 
 
@@ -71,6 +74,8 @@ class Recorded:
     started_at: float
     ended_at: float
     error: str = ""
+    leadership: dict[str, list[dict]] = field(default_factory=dict)  # controller -> its leader events, from its log
+    leftover: list[str] = field(default_factory=list)  # processes still running once the run stopped everything
 
     def to_json(self) -> dict:
         return {"seed": self.seed, "injections": [asdict(i) for i in self.injections], "skipped": self.skipped,
@@ -90,9 +95,26 @@ def _last_action(inj: Injection) -> float:
     return max(inj.at, *inj.hit_at.values(), inj.done_at or 0.0)
 
 
+class PlacedController(ControllerProcess):
+    """A controller that (re)starts inside `place()` (a network node's namespace, or here)."""
+    place = staticmethod(contextlib.nullcontext)
+
+    def start(self) -> "PlacedController":
+        with self.place():
+            return super().start()
+
+
 class ChaosRun:
-    def __init__(self, workdir: Path, settings: ChaosSettings, schedule: tuple[Fault, ...], seed: int = 0) -> None:
+    """`net`: a started test network (tests/chaos/network.py) with nodes "etcd", "ca", "cb" and
+    one per host (h0.., spare0..): each process starts in its node's namespace and listens on its
+    address, and the run watches from the bridge's namespace; None: everything on loopback.
+    `clock_skew_s`: host -> seconds its agent and trainers see their clock off by (libfaketime)."""
+
+    def __init__(self, workdir: Path, settings: ChaosSettings, schedule: tuple[Fault, ...], seed: int = 0,
+                 net=None, clock_skew_s: dict[str, float] | None = None) -> None:
         self.s, self.schedule, self.seed = settings.validate(), schedule, seed
+        self.net = net
+        self.clock_skew_s = dict(clock_skew_s or {})
         self.workdir = workdir
         self.records = workdir / "records"
         self.steps_file = workdir / "steps"
@@ -102,6 +124,17 @@ class ChaosRun:
         self._seen_seq: dict[str, int] = {}
         self._last_leader = ""
         self.view: dict = {}
+
+    def _in(self, node: str):
+        """Processes started (and sockets opened) in the block live on `node` of the network."""
+        return self.net.entered(node) if self.net else contextlib.nullcontext()
+
+    def _address(self, node: str) -> str:
+        return self.net.node(node).address if self.net else "127.0.0.1"
+
+    def _watching(self):
+        """The run's own connections (REST polls) go out from the bridge's namespace."""
+        return self.net.observer() if self.net else contextlib.nullcontext()
 
     # ------------------------------------------------------------------ set-up
 
@@ -119,12 +152,14 @@ class ChaosRun:
                                              "diagnosis": {"straggler_min_span_s": s.straggler_min_span_s}}))
         ports = [free_port() for _ in range(2)]
         for i, name in enumerate("ab"):
-            self.controllers.append(ControllerProcess(
+            c = PlacedController(
                 etcd.endpoint, replicas=s.replicas, lease_ttl_s=s.lease_ttl_s, name=name,
                 heartbeat_timeout_s=s.heartbeat_timeout_s, log_path=self.workdir / f"controller-{name}.log",
                 extra=("--grpc-port", str(ports[i]), "--min-replicas", "1", "--join-timeout-s",
-                       str(s.join_timeout_s), "--settings", str(settings_file))).start())
-        addresses = ",".join(f"127.0.0.1:{p}" for p in ports)
+                       str(s.join_timeout_s), "--settings", str(settings_file), "--host", self._address(f"c{name}")))
+            c.place = lambda node=f"c{name}": self._in(node)
+            self.controllers.append(c.start())
+        addresses = ",".join(f"{self._address(f'c{name}')}:{p}" for name, p in zip("ab", ports))
         hosts = [f"h{i}" for i in range(s.replicas)] + [f"spare{j}" for j in range(s.spares)]
         run = RunSettings(replicas=s.replicas, ranks_per_replica=s.ranks, steps=1, seed=self.seed,
                           lr_policy="sqrt", min_step_s=s.min_step_s, join_timeout_s=s.join_timeout_s,
@@ -132,6 +167,7 @@ class ChaosRun:
         cfg = run.trainer_config(prepare(self.workdir / "digits.npz", self.seed), self.records,
                                  {h: {"leader": free_port(), "gloo": free_port()} for h in hosts})
         cfg["timeouts"]["allreduce_s"] = s.allreduce_timeout_s
+        cfg["bind_hosts"] = {h: self._address(h) for h in hosts}
         # The run decides when the job ends (steps_file), however long the faults keep it.
         cfg.update(job_id=JOB, ports_by="host", checkpoint_dir=str(self.workdir / "ckpt"),
                    checkpoint_every=s.checkpoint_every, steps_file=str(self.steps_file), max_steps=1 << 40)
@@ -141,38 +177,68 @@ class ChaosRun:
         budget = ("--standby-restart-budget", "50")  # every fault here is one the job must survive
         secret = job_secret.generate()  # one per run: the trainer ports authenticate with it
         for i, rid in enumerate(s.replica_ids):
-            self.agents[f"h{i}"] = procs.start_agent(
-                self.workdir / f"agent-h{i}.log", controller=addresses, host_id=f"h{i}", job_id=JOB,
-                command=command, replica_id=rid, ranks=s.ranks, secret=secret, extra=budget)
+            with self._in(f"h{i}"):
+                self.agents[f"h{i}"] = procs.start_agent(
+                    self.workdir / f"agent-h{i}.log", controller=addresses, host_id=f"h{i}", job_id=JOB,
+                    command=command, replica_id=rid, ranks=s.ranks, secret=secret, extra=budget,
+                    env=self._clock_of(f"h{i}"))
         for j in range(s.spares):
-            self.agents[f"spare{j}"] = procs.start_agent(
-                self.workdir / f"agent-spare{j}.log", controller=addresses, host_id=f"spare{j}", job_id=JOB,
-                command=command, ranks=s.ranks, spare=True, standby=True, secret=secret,
-                extra=budget)
+            with self._in(f"spare{j}"):
+                self.agents[f"spare{j}"] = procs.start_agent(
+                    self.workdir / f"agent-spare{j}.log", controller=addresses, host_id=f"spare{j}", job_id=JOB,
+                    command=command, ranks=s.ranks, spare=True, standby=True, secret=secret,
+                    extra=budget, env=self._clock_of(f"spare{j}"))
         for host, agent in self.agents.items():
             procs.read_json_line(agent, 60.0, f"agent {host} (log {self.workdir / f'agent-{host}.log'})")
+
+    def _clock_of(self, host: str) -> dict[str, str] | None:
+        if host not in self.clock_skew_s:
+            return None
+        from tests.chaos.net_faults import skewed_clock
+        return skewed_clock(self.clock_skew_s[host])
 
     def run(self) -> Recorded:
         self.workdir.mkdir(parents=True, exist_ok=True)
         started = time.time()
-        etcd = EtcdServer.start_new()
+        with self._in("etcd"):
+            etcd = EtcdServer.start_new(host=self._address("etcd"))
         injections: list[Injection] = []
         skipped: list[str] = []
         error = ""
         try:
             self._start(etcd)
-            self._follow(injections, skipped)
+            with self._watching():
+                self._follow(injections, skipped)
         except Exception as exc:  # noqa: BLE001 - a broken run is a finding: reported, processes still stopped
             error = f"{type(exc).__name__}: {exc}"
         finally:
+            if self.net is not None:
+                try:
+                    self.net.faults.heal_all()
+                except Exception as exc:  # noqa: BLE001 - reported; the processes must still be stopped
+                    error = error or f"healing the network failed: {type(exc).__name__}: {exc}"
             finished = self._done()
             try:
-                self._poll_events()
+                with self._watching():
+                    self._poll_events()
             except Exception:  # noqa: BLE001 - no leader at the very end: the events seen so far stand
                 pass
             self._stop(etcd)
+            leftover = self._leftover()
         return Recorded(self.seed, load_rows(self.records), sorted(self.events.values(), key=lambda e: e["at"]),
-                        injections, skipped, finished, started, time.time(), error)
+                        injections, skipped, finished, started, time.time(), error,
+                        {c.name: leadership_lines(c.log_path) for c in self.controllers}, leftover)
+
+    def _leftover(self) -> list[str]:
+        """On a network: the processes still in its namespaces once everything was stopped
+        (a SIGKILLed trainer is gone once reaped: waited for, bounded)."""
+        if self.net is None:
+            return []
+        try:
+            wait_until(lambda: not self.net.pids(), 10.0, "every process of the run to end", every_s=0.1)
+        except AssertionError:
+            return [f"pid {pid} on {node}" for node, pids in self.net.pids().items() for pid in pids]
+        return []
 
     def _stop(self, etcd: EtcdServer) -> None:
         trainers = [pid for agent in self.agents.values() if agent.poll() is None
@@ -373,6 +439,8 @@ class ChaosRun:
             return composed.kill_active_controller(self, inj, f.down_s)
         elif f.kind in ("swap_then_kill_controller", "kill_controller_catching_up", "kill_host_in_grace"):
             return getattr(composed, f.kind)(self, f, inj)
+        elif f.kind in net_kinds.KINDS:
+            return net_kinds.inject(self, f, inj)
         else:
             raise ValueError(f"unknown fault kind {f.kind!r}")
         return None

@@ -20,6 +20,12 @@ Faults (the controller's events against the executor's injections):
   every fault, and every trainer finished;
 - bounded stalls: a replica a fault did not touch went at most `settings.stall_bound_s`
   between two commits while the fault lasted.
+Leadership (each controller's own log, tests/chaos/leadership.py):
+- no two controllers acted as leader at once: one stepped down (or was killed) before the
+  next became the leader, a controller cut from etcd included.
+Network faults (tests/chaos/net_kinds.py):
+- no commit by a replica cut off from its quorum: a partitioned replica commits nothing from
+  `allreduce_timeout_s` after the cut (a step past its all-reduce may still end) until healed.
 """
 
 from __future__ import annotations
@@ -27,7 +33,9 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
+from tests.chaos import leadership
 from tests.chaos.executor import Injection, Recorded
+from tests.chaos.net_kinds import CUT_OFF_KINDS, KINDS as NET_KINDS
 from tests.chaos.schedule import ChaosSettings
 from tests.runtime import history_checks as hc
 from tests.runtime.cluster import Records
@@ -65,11 +73,38 @@ def check(rec: Recorded, s: ChaosSettings) -> Verdict:
         v.violations.append(f"the run broke: {rec.error}")
     if not rec.finished:
         v.violations.append("not every trainer of every replica finished")
+    if rec.leftover:
+        v.violations.append(f"processes still running after the run stopped everything: {', '.join(rec.leftover)}")
     _check_data(rec, v)
     _check_deaths(rec, v)
     _check_detected_and_rejoined(rec, s, v)
     _check_stalls(rec, s, v)
+    _check_one_leader(rec, v)
+    _check_no_commit_cut_off(rec, s, v)
     return v
+
+
+def _check_one_leader(rec: Recorded, v: Verdict) -> None:
+    killed: dict[str, list[float]] = {}
+    for inj in rec.injections:
+        if inj.controller and inj.controller_killed_at is not None and inj.kind not in NET_KINDS:
+            killed.setdefault(inj.controller, []).append(inj.controller_killed_at)
+    spans = leadership.leader_spans(rec.leadership, killed, rec.ended_at)
+    v.stats["leader_terms"] = len(spans)
+    v.violations.extend(leadership.overlaps(spans))
+
+
+def _check_no_commit_cut_off(rec: Recorded, s: ChaosSettings, v: Verdict) -> None:
+    for inj in rec.injections:
+        if inj.kind not in CUT_OFF_KINDS or inj.done_at is None:
+            continue
+        for rid in inj.replicas:
+            late = [r for r in rec.rows if r.get("event") == "commit" and r.get("replica") == rid
+                    and inj.at + s.allreduce_timeout_s < r["t"] < inj.done_at]
+            if late:
+                v.violations.append(f"{inj.scheduled} at {_when(rec, inj.at)}: {rid} committed step "
+                                    f"{late[0].get('step')} at {_when(rec, late[0]['t'])} while cut off from its "
+                                    f"quorum (healed at {_when(rec, inj.done_at)})")
 
 
 def _check_data(rec: Recorded, v: Verdict) -> None:

@@ -139,11 +139,17 @@ class Fault:
     #                                  kill_controller_catching_up: the rank whose catch-up is watched
     stop_s: float = 0.0              # stop_replica: how long the trainers stay stopped
     down_s: float = 0.0              # a controller kill (CONTROLLER_KINDS): how long the killed one stays down
+    percent: int = 0                 # lossy_host (tests/chaos/net_kinds.py): the share of packets lost
+    rate_kbit: int = 0               # capped_host: the link's rate
+    delay_ms: int = 0                # slow_host: what the host sends waits this long (jitter: a fifth of it)
 
     def describe(self) -> str:
         target = "+".join(self.replicas) or "controller"
         extra = f" rank {self.rank}" if self.kind in ("kill_rank", "kill_source", "kill_controller_catching_up") else ""
         extra += f" for {self.stop_s:.1f}s" if self.stop_s else ""
+        extra += f" {self.percent}%" if self.percent else ""
+        extra += f" at {self.rate_kbit} kbit/s" if self.rate_kbit else ""
+        extra += f" delayed {self.delay_ms} ms" if self.delay_ms else ""
         return f"{self.kind}:{target}{extra}"
 
 
