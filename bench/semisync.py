@@ -17,6 +17,9 @@ the same number of samples per replica. One JSON line per configuration:
 - `heldout_loss`: the mean squared error of the final global model on held-out samples, at
   equal samples; `heldout_loss_sync` and, with --seeds > 1, the synchronous run's band over seeds.
 - torchft's own DiLoCo is not run (`torchft`: why).
+
+Every line also names its `mode`, `sync_every`, `replicas`, `inner_steps`, `batch_size`, `link`,
+`params`, `commits` (syncs committed) and `replicas_agree` (one global model at the end).
 """
 
 from __future__ import annotations
@@ -31,6 +34,13 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+#: The fields every line has (tests/bench/smoke.py checks them); non-sync lines add
+#: bytes_ratio_vs_sync, speedup_vs_sync, heldout_loss_sync, heldout_loss_sync_band and torchft.
+FIELDS: dict[str, object] = {
+    "mode": str, "sync_every": int, "replicas": int, "inner_steps": int, "batch_size": int, "link": str,
+    "bytes_across_replicas_per_sample": float, "samples_per_s": float, "heldout_loss": float,
+    "replicas_agree": bool, "params": int, "commits": int,
+}
 TORCHFT = ("not run: torchft 0.2 is not installed in this environment (its wheel downloads, but it is not in the "
            "shared venv), and its Gloo traffic could not be put on this token-bucket link; no comparison")
 

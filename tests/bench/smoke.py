@@ -2,7 +2,10 @@
 runs it (a subprocess, the worktree on PYTHONPATH), its lines checked against the fields the
 module declares (`FIELDS`; the last line against `SUMMARY_FIELDS` where a module ends with a
 summary). One table, SMOKE, says how each is run and on which pytest worker group; the test
-files run their group's rows, and test_smoke.py fails for a benchmark the table lacks."""
+files run their group's rows, and test_smoke.py fails for a benchmark the table lacks.
+(bench.goodput, bench.diagnosis, bench.data, bench.quorum, bench.limits, bench.ftar, bench.swap,
+bench.failover, bench.scale, bench.ftar_gpu: test_smoke.py; bench.overhead, bench.hsdp:
+test_smoke_trainers.py; bench.recovery, bench.chaos: test_smoke_jobs.py.)"""
 
 from __future__ import annotations
 
@@ -18,6 +21,9 @@ from bench.common import fields_problems
 
 ROOT = Path(__file__).resolve().parents[2]
 LIGHT, TRAINERS, SOLO = "light", "trainers", "solo"
+#: a benchmark whose own test file runs it at a tiny size and checks more than its fields
+#: (bench.semisync: tests/bench/test_semisync_bench.py); the smoke files do not run it again
+OWN = "own"
 
 
 @dataclass(frozen=True)
@@ -48,6 +54,7 @@ SMOKE: dict[str, Smoke] = {
                    "--warmup", "1", "--catchup-repeats", "1"), TRAINERS, 600.0),
     "recovery": Smoke(("--cases", "kill-rank", "--steps", "40", "--step-s", "0.25"), SOLO, 600.0),
     "chaos": Smoke(("--seeds", "1", "--faults", "1"), SOLO, 900.0),
+    "semisync": Smoke((), OWN),
     # GPU only: without a CUDA device it must refuse (test_smoke.py); with one, the smallest run
     "ftar_gpu": Smoke(("--world", "2", "--sizes", "1MiB", "--iters", "1", "--kernel-bytes", "1MiB",
                        "--runtime-layers", "1", "--runtime-d-model", "64"), LIGHT, 600.0),

@@ -10,6 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from bench import semisync
+from bench.common import fields_problems
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -19,6 +22,7 @@ def test_bench_semisync_prints_one_line_per_configuration_and_diloco_sends_fewer
                           "--features", "8", "--batch-size", "4", "--heldout", "64", "--configs", "diloco:4",
                           "--link-mb-s", "1000"], cwd=ROOT, capture_output=True, text=True, timeout=600, check=True)
     sync, diloco = [json.loads(line) for line in out.stdout.splitlines()]
+    assert fields_problems(sync, semisync.FIELDS) == fields_problems(diloco, semisync.FIELDS) == []
     assert (sync["mode"], sync["sync_every"], diloco["mode"], diloco["sync_every"]) == ("sync", 1, "diloco", 4)
     assert sync["commits"] == 8 and diloco["commits"] == 2  # one sync per 4 inner steps
     assert 0 < diloco["bytes_across_replicas_per_sample"] < 0.5 * sync["bytes_across_replicas_per_sample"]
