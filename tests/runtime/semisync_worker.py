@@ -20,11 +20,9 @@ committing that sync and training "stop_inner" more inner steps, the worker wait
 from __future__ import annotations
 
 import json
-import logging
 import os
 import signal
 import sys
-import time
 from datetime import timedelta
 
 import torch
@@ -32,16 +30,11 @@ import torch.distributed as dist
 
 from fthsdp import FaultTolerantOptimizer, Manager, RuntimeSettings, Seams
 from tests.runtime.faults import KillWhenAllreduceStarts
-from tests.runtime.train_worker import batch_at, build_model, shard_model
+from tests.runtime.train_worker import batch_at, build_model, record_writer, shard_model
 
 
 def main(cfg: dict) -> int:
-    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s r{cfg['replica_id']}/{cfg['rank']} %(name)s: %(message)s")
-    record = open(cfg["record"], "a", buffering=1)
-
-    def write(**fields) -> None:
-        record.write(json.dumps({"t": time.time(), "replica": cfg["replica_id"], "rank": cfg["rank"],
-                                 "incarnation": cfg["incarnation"], **fields}) + "\n")
+    write = record_writer(cfg)
 
     mine = [f for f in cfg.get("faults", []) if f["replica"] == cfg["replica_id"] and cfg["incarnation"] == 0]
     kills = {(f["step"], f["inner"]) for f in mine if f["kind"] == "sigkill_inner"}

@@ -92,13 +92,20 @@ def rng_digest() -> str:
     return h.hexdigest()[:16]
 
 
-def main(cfg: dict) -> int:
+def record_writer(cfg: dict):
+    """Logging set up for this rank, and `write(**fields)`: one row of config["record"], stamped
+    with the time, the replica, the rank and the incarnation."""
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s r{cfg['replica_id']}/{cfg['rank']} %(name)s: %(message)s")
     record = open(cfg["record"], "a", buffering=1)
 
     def write(**fields) -> None:
         record.write(json.dumps({"t": time.time(), "replica": cfg["replica_id"], "rank": cfg["rank"],
                                  "incarnation": cfg["incarnation"], **fields}) + "\n")
+    return write
+
+
+def main(cfg: dict) -> int:
+    write = record_writer(cfg)
 
     # Faults apply to this process's first incarnation only; they wrap real parts (tests/runtime/faults.py).
     faults = [f for f in cfg.get("faults", []) if f["replica"] == cfg["replica_id"] and cfg["incarnation"] == 0
