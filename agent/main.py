@@ -24,8 +24,9 @@ Prints one JSON line to stdout once first registered, then logs to stderr:
     {"event": "registered", "host_id": "h1", "assignment": {...} | null, "pid": PID}
 
 Exit status: 0 after SIGTERM/SIGINT (trainers stopped, the host deregistered: its work moves
-to a spare) or once the controller says the job is COMPLETED (trainers stopped; with
---on-job-complete idle the agent stays instead), 2 for bad arguments, 3 when the controller
+to a spare) or once the controller says the job is COMPLETED and its trainers ended (each may
+finish its own work after Manager.close() and exit on its own for --finish-grace-s, then it is
+stopped; with --on-job-complete idle the agent stays instead), 2 for bad arguments, 3 when the controller
 refuses the registration (e.g. a duplicate assignment), 4 once the controller says the job
 is FAILED (trainers stopped; no replica could make progress), 5 when no controller address
 answered for --connect-timeout-s (every failed attempt is logged with its backoff). While another live agent holds the
@@ -134,7 +135,12 @@ def parse(argv: list[str]) -> AgentSettings:
     p.add_argument("--connect-timeout-s", type=float, default=300.0,
                    help="give up (exit 5) once no controller address answered for this long (default 300)")
     p.add_argument("--heartbeat-interval-s", type=float, default=1.0)
-    p.add_argument("--stop-grace-s", type=float, default=5.0)
+    p.add_argument("--stop-grace-s", type=float, default=5.0,
+                   help="a trainer is stopped with SIGTERM, then SIGKILL after this many seconds (default 5)")
+    p.add_argument("--finish-grace-s", type=float, default=600.0,
+                   help="once the job is COMPLETED, trainers may finish their own work after Manager.close() "
+                        "(export, evaluation) and exit on their own for this long before they are stopped "
+                        "(default 600)")
     p.add_argument("--tls-ca-file", help=f"CA of the controller's certificate: turns TLS on "
                                           f"(or env {dial.ENV_TLS_CA_FILE}; flags win)")
     p.add_argument("--tls-cert-file", help=f"client certificate for mTLS (or env "
@@ -172,7 +178,7 @@ def parse(argv: list[str]) -> AgentSettings:
         restart_window_s=args.restart_window_s, standby=args.standby, warm_restarts=args.warm_restarts,
         reserve_delay_s=args.reserve_delay_s,
         heartbeat_interval_s=args.heartbeat_interval_s, connect_timeout_s=args.connect_timeout_s,
-        stop_grace_s=args.stop_grace_s, tls=tls,
+        stop_grace_s=args.stop_grace_s, finish_grace_s=args.finish_grace_s, tls=tls,
         on_job_complete=args.on_job_complete, job_secret=secret,
         insecure_trainer_ports=insecure,
         telemetry_interval_s=args.telemetry_interval_s,

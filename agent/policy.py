@@ -25,6 +25,13 @@ supervisor executing `next_action` (the state diagram):
     halted --(new generation: an order)--> empty
     any --(job COMPLETED: every slot wants IDLE)--> empty    then the agent exits 0, or idles and
                                                              starts nothing (`after_job_state`)
+    running(trainer) --(job COMPLETED)--> finishing          after Manager.close() the process is the
+                                                             user's (export, evaluation, upload): it
+                                                             may exit on its own until
+                                                             `Spec.finish_by_s` (the agent's
+                                                             finish_grace_s after COMPLETED)
+    finishing --exits--> exited                              reported like any exit (a clean one)
+    finishing --(finish_by_s passed)--STOP--> empty          it did not exit within the grace
 
 With warm restarts (`Spec.warm_restarts`) a slot that trains also holds a *reserve*: one
 pre-started standby next to its trainer, decided by `reserve_action` (the same supervisor
@@ -68,6 +75,16 @@ class ActionKind(enum.Enum):
     WAIT = "wait"          # nothing to do now
     GIVE_UP = "give_up"    # a standby exited and the restart budget is spent
     HALT_REPLICA = "halt_replica"  # a trainer died: halt every slot of its replica until an order
+
+
+#: How a trainer still running after the job COMPLETED is shown (logs, REST).
+FINISHING = "finishing"
+
+
+def is_finishing(proc: "Proc | None", spec: "Spec") -> bool:
+    """A trainer still running after the job COMPLETED (stopped once its finish grace is over)."""
+    return (proc is not None and not proc.exited and proc.role is Role.TRAIN and spec.want.role is Role.IDLE
+            and spec.finish_by_s is not None)
 
 
 @dataclass(frozen=True)
@@ -143,6 +160,10 @@ class Spec:
     # this long after the trainer (its imports would slow the trainer's own start).
     warm_restarts: bool = False
     reserve_delay_s: float = 0.0
+    # The job COMPLETED: a trainer still running is *finishing* (its work after
+    # Manager.close()) and may exit on its own until this time; then it is stopped. None: the
+    # job runs (or FAILED), and a trainer nobody wants is stopped at once.
+    finish_by_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -168,6 +189,12 @@ def next_action(observed: Observed, spec: Spec) -> Action:
     halted = observed.halted_generation == want.generation
 
     if proc is not None and not proc.exited:
+        # The job COMPLETED: a trainer's work after close is the user's, until the grace ends.
+        if want.role is Role.IDLE and proc.role is Role.TRAIN and spec.finish_by_s is not None:
+            if observed.now_s < spec.finish_by_s:
+                return Action(ActionKind.WAIT, f"{FINISHING}: the job COMPLETED; it may exit on its own for "
+                                               f"{spec.finish_by_s - observed.now_s:.0f} s more")
+            return Action(ActionKind.STOP, "the job COMPLETED and it did not exit within the finish grace")
         # Nothing should run here (STOP order, or a spare without standby).
         if want.role is Role.IDLE:
             return Action(ActionKind.STOP, "no trainer is wanted on this slot")

@@ -118,6 +118,8 @@ class Agent:
         #: how the job ended, as the controller said ("COMPLETED", "FAILED"; "" while it runs)
         self.job_ending = ""
         self._quit = asyncio.Event()
+        #: once the job COMPLETED with on_job_complete "exit": ends the sessions when no trainer finishes
+        self._leaving: asyncio.Task | None = None
 
     # ------------------------------------------------------------------ top level
 
@@ -153,6 +155,10 @@ class Agent:
             relay.cancel()
             if stop.is_set() and self._secret and not self.job_completed.is_set():
                 await self._deregister()  # a clean stop: the controller moves the work at once
+            if self.supervisor.finish_by_s is not None:  # trainers' own work after close is theirs
+                await self.supervisor.finished()
+            if self._leaving is not None:
+                self._leaving.cancel()
             supervising.set()
             self.supervisor.wake.set()
             await loop_task
@@ -284,7 +290,8 @@ class Agent:
 
         async def beats() -> AsyncIterator[pb.HeartbeatRequest]:
             while True:
-                yield pb.HeartbeatRequest(host_ids=[host_id], agent_secret=self._secret)
+                yield pb.HeartbeatRequest(host_ids=[host_id], agent_secret=self._secret,
+                                          finishing_trainers=len(self.supervisor.finishing()))
                 await asyncio.sleep(interval_s)
 
         call = stub.Heartbeat(beats())
@@ -401,12 +408,28 @@ class Agent:
             return
         self.job_completed.set()
         self.job_ending = pb.JobState.Name(job_state)
-        log.log(logging.ERROR if job_state == pb.FAILED else logging.INFO,
-                "host %s: the job is %s (%s%s): stopping trainers%s", self.settings.host_id, self.job_ending,
-                source, f": {reason}" if reason else "", " and exiting" if end is JobEnd.EXIT else "; idling")
-        self.supervisor.set_wants([])
+        s, failed = self.settings, job_state == pb.FAILED
+        then = " and exiting" if end is JobEnd.EXIT else "; idling"
+        if failed:
+            log.error("host %s: the job is FAILED (%s%s): stopping trainers%s", s.host_id, source,
+                      f": {reason}" if reason else "", then)
+            self.supervisor.set_wants([])
+            if end is JobEnd.EXIT:
+                self._quit.set()
+            return
+        # COMPLETED: after Manager.close() a trainer's process is the user's (export, evaluation)
+        self.supervisor.finish(s.finish_grace_s)
+        log.info("host %s: the job is COMPLETED (%s%s): its trainers may finish their own work and exit for up to "
+                 "%g s (--finish-grace-s), then they are stopped%s", s.host_id, source,
+                 f": {reason}" if reason else "", s.finish_grace_s, then)
         if end is JobEnd.EXIT:
-            self._quit.set()
+            self._leaving = asyncio.create_task(self._leave_when_finished())
+
+    async def _leave_when_finished(self) -> None:
+        """The job COMPLETED: the agent ends once no trainer is finishing (heartbeats go on
+        meanwhile, saying how many are)."""
+        await self.supervisor.finished()
+        self._quit.set()
 
     def _wants(self, assignment: Assignment | None, effect: Effect) -> list[Want]:
         if self.job_completed.is_set():

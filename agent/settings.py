@@ -70,6 +70,10 @@ class AgentSettings:
     heartbeat_interval_s: float = 1.0
     # Stop = SIGTERM to the process group, SIGKILL after this grace.
     stop_grace_s: float = 5.0
+    # Once the job COMPLETED, a trainer still running is finishing its own work after
+    # Manager.close() (export, evaluation, upload): it may exit on its own for this long, then it
+    # is stopped (stop_grace_s). Kubernetes' terminationGracePeriodSeconds should cover it.
+    finish_grace_s: float = 600.0
     # Lines of a trainer's stderr kept and sent with its exit report.
     stderr_tail_lines: int = 20
     # Reconnect (protos.dial.AddressRotation): every address once at once, then pauses of
@@ -166,6 +170,8 @@ class AgentSettings:
             raise ValueError(f"reserve_delay_s must be 0..3600, got {self.reserve_delay_s}.")
         if self.stop_grace_s < 0:
             raise ValueError(f"stop_grace_s must be >= 0, got {self.stop_grace_s}.")
+        if not 0 <= self.finish_grace_s <= 86400:
+            raise ValueError(f"finish_grace_s must be 0..86400, got {self.finish_grace_s}.")
         if self.stderr_tail_lines < 0:
             raise ValueError(f"stderr_tail_lines must be >= 0, got {self.stderr_tail_lines}.")
         if self.on_job_complete not in ON_JOB_COMPLETE:

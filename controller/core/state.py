@@ -418,8 +418,11 @@ class ControllerState:
     def heartbeat_replicas(self, replica_ids, now: float) -> list[str]:
         return self.replica_registry.beat(replica_ids, now)
 
-    def heartbeat_hosts(self, host_ids, now: float) -> list[str]:
+    def heartbeat_hosts(self, host_ids, now: float, finishing_trainers: int = 0) -> list[str]:
         hosts, suspects = self.host_registry, self.replica_registry.suspects
+        for hid in host_ids:
+            if (h := hosts.hosts.get(hid)) is not None:
+                h.finishing_trainers = finishing_trainers
         if suspects.since:
             holders = {hosts.rank_holders.get((rid, 0)): rid for rid in suspects.since}
             for hid in host_ids:

@@ -7,7 +7,7 @@ import random
 import pytest
 
 from agent.policy import (ActionKind, Observed, Placement, Proc, RestartBudget, Role, Spec, Want,
-                          next_action, restarts_in_window)
+                          is_finishing, next_action, restarts_in_window)
 
 A = ActionKind
 R0 = Placement("r0", 0, 2, rendezvous="10.0.0.1:29500", coordinator="10.0.0.1:29501")
@@ -97,3 +97,25 @@ def test_restarts_in_window_matches_a_naive_count():
         naive = len([t for t in times if t > now - window and not t > now])
         assert restarts_in_window(times, now, window) == naive
 
+
+
+FINISH_CASES = [
+    # (name, proc, now, finish_by, expected action, words in reason)
+    ("a trainer after COMPLETED, within the grace", proc(), 100.0, 700.0, A.WAIT, "finishing"),
+    ("a trainer after COMPLETED, the grace just ending", proc(), 699.9, 700.0, A.WAIT, "finishing"),
+    ("a trainer after COMPLETED, the grace over", proc(), 700.0, 700.0, A.STOP, "did not exit within the finish grace"),
+    ("a standby after COMPLETED is stopped at once", proc(Role.STANDBY), 100.0, 700.0, A.STOP, "no trainer"),
+    ("a trainer nobody wants while the job runs", proc(), 100.0, None, A.STOP, "no trainer"),
+    ("a finishing trainer that exited", proc(exited=True, code=0), 100.0, 700.0, A.WAIT, "no longer wanted"),
+]
+
+
+@pytest.mark.parametrize("name,p,now,finish_by,kind,words", FINISH_CASES, ids=[c[0] for c in FINISH_CASES])
+def test_a_trainer_finishes_its_own_work_after_completed_until_the_grace_ends(name, p, now, finish_by, kind, words):
+    """On a fake clock: after the job COMPLETED a trainer's process is the user's (its work after
+    Manager.close()) until `finish_by_s`; only then is it stopped."""
+    action = next_action(Observed(now, p), Spec(IDLE, BUDGET, finish_by_s=finish_by))
+    assert action.kind is kind, action.reason
+    assert words in action.reason
+    still_runs = words in ("finishing", "did not exit within the finish grace")
+    assert is_finishing(p, Spec(IDLE, BUDGET, finish_by_s=finish_by)) is still_runs
