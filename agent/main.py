@@ -26,12 +26,16 @@ Prints one JSON line to stdout once first registered, then logs to stderr:
 Exit status: 0 after SIGTERM/SIGINT (trainers stopped, the host deregistered: its work moves
 to a spare) or once the controller says the job is COMPLETED and its trainers ended (each may
 finish its own work after Manager.close() and exit on its own for --finish-grace-s, then it is
-stopped; with --on-job-complete idle the agent stays instead), 2 for bad arguments, 3 when the controller
-refuses the registration (e.g. a duplicate assignment), 4 once the controller says the job
-is FAILED (trainers stopped; no replica could make progress), 5 when no controller address
-answered for --connect-timeout-s (every failed attempt is logged with its backoff). While another live agent holds the
-host id, the agent waits and registers again (or takes the host over at once with the secret
-its predecessor kept in --state-dir).
+stopped; with --on-job-complete idle the agent stays instead), 2 for bad arguments, 3 when the
+controller refuses the registration (a duplicate assignment, a job secret that differs from the
+controller's, another live agent with the same host id), 4 once the controller says the job is
+FAILED (trainers stopped; no replica could make progress), 5 when no controller address answered
+a first registration for --connect-timeout-s (default 60), or answered again within
+--reconnect-timeout-s (default 300) after a working session. Failed attempts are logged once per
+doubling of their count, each line with the address and the reason. While another live agent
+holds the host id, the agent waits and registers again (or takes the host over at once with the
+secret its predecessor kept in --state-dir); if that agent is still alive after
+--connect-timeout-s, this one exits 3 naming its incarnation.
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ import logging
 import os
 import signal
 import sys
+from collections.abc import Mapping
 
 # Trainers are fork+exec'ed at once and never use the agent's gRPC state, so gRPC's fork
 # handlers (and their "skipping fork() handlers" warning) are not needed. Set before import;
@@ -90,8 +95,20 @@ def _ranks(text: str) -> tuple[int, ...]:
         raise argparse.ArgumentTypeError(f"ranks {text!r} are not comma-separated integers")
 
 
-def parse(argv: list[str]) -> AgentSettings:
-    """Settings from the command line; raises ValueError naming a bad value."""
+def _seconds_from_env(environ: Mapping[str, str], name: str, default: float) -> float:
+    text = environ.get(name, "")
+    if not text:
+        return default
+    try:
+        return float(text)
+    except ValueError:
+        raise ValueError(f"environment variable {name}={text!r} is not a number of seconds") from None
+
+
+def parse(argv: list[str], environ: Mapping[str, str] | None = None) -> AgentSettings:
+    """Settings from the command line (and the connect timeouts' variables in `environ`, by
+    default this process's environment; flags win); raises ValueError naming a bad value."""
+    environ = os.environ if environ is None else environ
     command: list[str] = []
     if "--" in argv:
         cut = argv.index("--")
@@ -132,8 +149,14 @@ def parse(argv: list[str]) -> AgentSettings:
     p.add_argument("--on-job-complete", choices=ON_JOB_COMPLETE, default="exit",
                    help="when the job is COMPLETED (or FAILED): stop trainers and exit 0 (4 when FAILED; "
                         "default), or stop them and idle")
-    p.add_argument("--connect-timeout-s", type=float, default=300.0,
-                   help="give up (exit 5) once no controller address answered for this long (default 300)")
+    p.add_argument("--connect-timeout-s", type=float, default=_seconds_from_env(environ, dial.ENV_CONNECT_TIMEOUT_S,
+                                                                               dial.CONNECT_TIMEOUT_S),
+                   help=f"give up (exit 5) once no controller address answered a first registration for this long "
+                        f"(or env {dial.ENV_CONNECT_TIMEOUT_S}; default {dial.CONNECT_TIMEOUT_S:g})")
+    p.add_argument("--reconnect-timeout-s", type=float,
+                   default=_seconds_from_env(environ, dial.ENV_RECONNECT_TIMEOUT_S, dial.RECONNECT_TIMEOUT_S),
+                   help=f"the same once a controller had answered: a failover or restart may take this long "
+                        f"(or env {dial.ENV_RECONNECT_TIMEOUT_S}; default {dial.RECONNECT_TIMEOUT_S:g})")
     p.add_argument("--heartbeat-interval-s", type=float, default=1.0)
     p.add_argument("--stop-grace-s", type=float, default=5.0,
                    help="a trainer is stopped with SIGTERM, then SIGKILL after this many seconds (default 5)")
@@ -178,6 +201,7 @@ def parse(argv: list[str]) -> AgentSettings:
         restart_window_s=args.restart_window_s, standby=args.standby, warm_restarts=args.warm_restarts,
         reserve_delay_s=args.reserve_delay_s,
         heartbeat_interval_s=args.heartbeat_interval_s, connect_timeout_s=args.connect_timeout_s,
+        reconnect_timeout_s=args.reconnect_timeout_s,
         stop_grace_s=args.stop_grace_s, finish_grace_s=args.finish_grace_s, tls=tls,
         on_job_complete=args.on_job_complete, job_secret=secret,
         insecure_trainer_ports=insecure,

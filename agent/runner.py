@@ -54,17 +54,20 @@ class PermanentError(Exception):
 
 
 class ConnectTimeout(Exception):
-    """No controller address answered for connect_timeout_s: the agent gives up."""
+    """No controller address answered for connect_timeout_s (reconnect_timeout_s once one had
+    answered): the agent gives up."""
 
 
 class _Reconnect(Exception):
     """Register again with the same controller: it forgot this host, ended the stream, or
     asked to be asked again later (another live agent holds the host)."""
 
-    def __init__(self, why: str, forgotten: bool = False, delay_s: float = 0.0) -> None:
+    def __init__(self, why: str, forgotten: bool = False, delay_s: float = 0.0, held: bool = False) -> None:
         super().__init__(why)
         self.forgotten = forgotten
         self.delay_s = delay_s
+        #: another live agent holds the host id
+        self.held = held
 
 
 class _NotLeader(Exception):
@@ -168,8 +171,9 @@ class Agent:
         s = self.settings
         rotation = dial.AddressRotation(s.controller_addresses, base_s=s.reconnect_base_s,
                                         cap_s=s.reconnect_cap_s)
-        outage = 0
-        outage_since = self._clock()  # no controller answered since (None: a session works)
+        outage = dial.Outage(s.connect_timeout_s, s.reconnect_timeout_s)
+        outage.since = self._clock()  # no controller answered since
+        held_since: float | None = None  # since when another live agent holds this host id
         while not stop.is_set():
             address = rotation.current
             try:
@@ -177,7 +181,8 @@ class Agent:
                     stub = pb_grpc.ControllerStub(channel)
                     await self._register(stub, address)
                     rotation.succeeded()
-                    outage, outage_since = 0, None
+                    outage.succeeded()
+                    held_since = None
                     await self._session(stub, stop)
                 continue
             except _Reconnect as exc:
@@ -186,6 +191,18 @@ class Agent:
                     # this is a new agent, so it gets a new identity (a same-incarnation
                     # registration would be read as the old, dead one).
                     self.incarnation, self._secret = uuid.uuid4().hex, ""
+                if exc.held:
+                    # Another agent holds the host id: wait while it may be a dead predecessor
+                    # (declared dead after the controller's heartbeat timeout); one that stays
+                    # alive this long is a second agent started with the same host id.
+                    now = self._clock()
+                    held_since = now if held_since is None else held_since
+                    if now - held_since + exc.delay_s > s.connect_timeout_s:
+                        raise PermanentError(
+                            f"host {s.host_id}: another agent with the same host id is alive and registered: "
+                            f"{exc}; refused for {now - held_since:.0f} s (--connect-timeout-s "
+                            f"{s.connect_timeout_s:g}): give this agent another --host-id, or stop the other "
+                            f"one") from exc
                 if not exc.delay_s or not self._retry_logged:
                     log.log(logging.WARNING if exc.delay_s else logging.INFO, "host %s: %s; registering again",
                             s.host_id, exc)
@@ -197,17 +214,17 @@ class Agent:
                 else:
                     why, hint = str(exc), exc.leader_address
                 delay = rotation.failed(hint, jitter=random.random() * 0.5)
-                outage += 1
                 now = self._clock()
-                outage_since = now if outage_since is None else outage_since
-                if now - outage_since + delay > s.connect_timeout_s:
+                flag = "--reconnect-timeout-s" if outage.answered else "--connect-timeout-s"
+                if outage.failed(now, delay):
                     raise ConnectTimeout(
-                        f"host {s.host_id}: no controller answered for {now - outage_since:.1f} s ({outage} attempt(s), "
-                        f"last {address}: {why}); giving up (--connect-timeout-s {s.connect_timeout_s:g})") from exc
-                # Every failed attempt, with its backoff: a wrong address shows at once.
-                log.warning("host %s: controller %s failed (%s), attempt %d; trying %s in %.2f s (giving up after "
-                            "%g s without an answer)", s.host_id, address, why, outage, rotation.current, delay,
-                            s.connect_timeout_s)
+                        f"host {s.host_id}: no controller answered for {outage.length(now):.1f} s "
+                        f"({outage.attempts} attempt(s), last {address}: {why}); giving up ({flag} "
+                        f"{outage.limit_s:g})") from exc
+                if outage.worth_a_line:  # once per doubling of the attempts, never one line per attempt
+                    log.warning("host %s: controller %s failed (%s), attempt %d; trying %s in %.2f s (giving up "
+                                "after %g s without an answer, %s)", s.host_id, address, why, outage.attempts,
+                                rotation.current, delay, outage.limit_s, flag)
             try:
                 await asyncio.wait_for(stop.wait(), delay)
             except asyncio.TimeoutError:
@@ -228,7 +245,8 @@ class Agent:
             response = await stub.RegisterAgent(request, timeout=s.rpc_timeout_s)
         except grpc.aio.AioRpcError as exc:
             if exc.code() == grpc.StatusCode.ABORTED:  # another live agent holds the host: wait
-                raise _Reconnect(f"controller {address}: {exc.details()}", delay_s=s.reconnect_cap_s) from exc
+                raise _Reconnect(f"controller {address}: {exc.details()}", delay_s=s.reconnect_cap_s,
+                                 held=True) from exc
             verdict = refusals.after_refusal(exc.code().name, request.HasField("assignment"),
                                              self.registered.is_set())
             if verdict is not None and verdict.drop_claim:

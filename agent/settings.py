@@ -10,7 +10,7 @@ import re
 from dataclasses import dataclass, field
 
 from agent.policy import ON_JOB_COMPLETE
-from protos.dial import TlsFiles
+from protos.dial import CONNECT_TIMEOUT_S, RECONNECT_TIMEOUT_S, TlsFiles
 from protos.job_secret import JobSecret
 from protos.telemetry_ring import MAX_WINDOW_COLLECTIVES
 
@@ -86,8 +86,12 @@ class AgentSettings:
     # (ControllerSettings.client_timeout_s).
     rpc_timeout_s: float = 5.0
     # The agent gives up (exit status 5, so a DaemonSet restarts it visibly) once no controller
-    # address answered for this long: from its start, or since its last working session.
-    connect_timeout_s: float = 300.0
+    # address answered for connect_timeout_s from its start (a wrong address, a missing
+    # controller: said soon), or for reconnect_timeout_s since its last working session (a
+    # failover or a restarted controller takes a while). A second agent started with the host id
+    # of a live one is refused (exit 3) once refused for connect_timeout_s.
+    connect_timeout_s: float = CONNECT_TIMEOUT_S
+    reconnect_timeout_s: float = RECONNECT_TIMEOUT_S
     # The supervisor looks at its processes at least this often (exits wake it at once).
     poll_interval_s: float = 0.5
     # Once the controller says the job is COMPLETED: "exit" (stop trainers gracefully, exit 0)
@@ -156,7 +160,8 @@ class AgentSettings:
         if self.restart_budget < 0:
             raise ValueError(f"restart_budget must be >= 0, got {self.restart_budget}.")
         for name in ("restart_window_s", "heartbeat_interval_s", "reconnect_base_s",
-                     "reconnect_cap_s", "rpc_timeout_s", "poll_interval_s", "connect_timeout_s"):
+                     "reconnect_cap_s", "rpc_timeout_s", "poll_interval_s", "connect_timeout_s",
+                     "reconnect_timeout_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}.")
         if self.reconnect_base_s > self.reconnect_cap_s:

@@ -207,7 +207,7 @@ class Manager:
             if s.rank == 0:  # the coordinator lives here; rank 0 is its client below like everyone
                 controller = self._seams.controller(ControllerClient(
                     s.controller_address, s.job_id, s.replica_id, self.incarnation, job_secret=s.job_secret,
-                    connect_timeout_s=s.connect_timeout_s))
+                    connect_timeout_s=s.connect_timeout_s, reconnect_timeout_s=s.reconnect_timeout_s))
                 host, _, port = address.rpartition(":") if address else (s.bind_host, "", "0")
                 self.coordinator = CoordinatorService(s, controller, host, int(port)).start()
                 address = self.coordinator.address

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from typing import Callable, Mapping
 
 from fthsdp.step.relay_tree import RelayTree
-from protos import job_secret
+from protos import dial, job_secret
 from protos.job_secret import JobSecret
 
 ENV_JOB_ID = "FTHSDP_JOB_ID"
@@ -52,7 +52,8 @@ ENV_JOB_SECRET_FILE = job_secret.ENV_JOB_SECRET_FILE
 ENV_JOB_SECRET = job_secret.ENV_JOB_SECRET
 ENV_INSECURE_TRAINER_PORTS = job_secret.ENV_INSECURE_TRAINER_PORTS
 ENV_DETERMINISTIC = "FTHSDP_DETERMINISTIC"
-ENV_CONNECT_TIMEOUT_S = "FTHSDP_CONNECT_TIMEOUT_S"
+ENV_CONNECT_TIMEOUT_S = dial.ENV_CONNECT_TIMEOUT_S
+ENV_RECONNECT_TIMEOUT_S = dial.ENV_RECONNECT_TIMEOUT_S
 # torchrun's, read when the FTHSDP_* variable of the same meaning is not set
 TORCHRUN_RANK = "RANK"
 TORCHRUN_WORLD_SIZE = "WORLD_SIZE"
@@ -103,10 +104,13 @@ class RuntimeSettings:
         only after catch-ups).
     heartbeat_interval_s: how often rank 0 tells the controller the replica is alive.
     connect_timeout_s: rank 0 gives up (ControllerUnreachable, a Fatal error) when no controller
-        address answered any call for this long (FTHSDP_CONNECT_TIMEOUT_S): a wrong address or
-        a controller that is gone ends the replica non-zero, every failed attempt logged with
-        its backoff, as the agent's --connect-timeout-s (same default). Keep it above a
-        controller failover's time.
+        address answered its first call for this long (FTHSDP_CONNECT_TIMEOUT_S, default 60 s): a
+        wrong address or a missing controller ends the replica non-zero soon, as the agent's
+        --connect-timeout-s (same default). Failed attempts are logged once per doubling of
+        their count, with the address and the reason (protos.dial.Outage).
+    reconnect_timeout_s: the same once a controller had answered (FTHSDP_RECONNECT_TIMEOUT_S,
+        default 300 s, as the agent's --reconnect-timeout-s): keep it above a controller
+        failover's or restart's time.
     checkpoint_dir: durable checkpoints go here ("" disables them).
     checkpoint_every_steps: write a checkpoint after every N-th committed step.
     checkpoint_keep_last: how many complete checkpoints to keep (older ones are removed; 0: all).
@@ -149,7 +153,8 @@ class RuntimeSettings:
     copy_state_to_serve: bool = False
     digest_every_steps: int = 100
     heartbeat_interval_s: float = 1.0
-    connect_timeout_s: float = 300.0
+    connect_timeout_s: float = dial.CONNECT_TIMEOUT_S
+    reconnect_timeout_s: float = dial.RECONNECT_TIMEOUT_S
     checkpoint_dir: str = ""
     checkpoint_every_steps: int = 0
     checkpoint_keep_last: int = 3
@@ -201,7 +206,8 @@ class RuntimeSettings:
         if self.job_secret is None and self.insecure_trainer_ports is not True:
             problems.append(f"The trainer ports need the job secret: {job_secret.HOW_TO_PROVIDE}.")
         for name in ("quorum_timeout_s", "gather_timeout_s", "allreduce_timeout_s", "fetch_timeout_s",
-                     "fetch_hold_timeout_s", "heartbeat_interval_s", "hello_timeout_s", "connect_timeout_s"):
+                     "fetch_hold_timeout_s", "heartbeat_interval_s", "hello_timeout_s", "connect_timeout_s",
+                     "reconnect_timeout_s"):
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
                 problems.append(f"{name} must be a finite number of seconds > 0, got {value!r}.")
@@ -310,6 +316,7 @@ _ENV_FIELDS: tuple[tuple[str, Callable[[str], object], tuple[str, ...]], ...] = 
     ("relay_fanout", _int, (ENV_RELAY_FANOUT,)),
     ("replica_version", _int, (ENV_REPLICA_VERSION,)),
     ("connect_timeout_s", lambda text: _seconds(ENV_CONNECT_TIMEOUT_S, text), (ENV_CONNECT_TIMEOUT_S,)),
+    ("reconnect_timeout_s", lambda text: _seconds(ENV_RECONNECT_TIMEOUT_S, text), (ENV_RECONNECT_TIMEOUT_S,)),
 )
 
 
