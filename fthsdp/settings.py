@@ -33,6 +33,7 @@ import sys
 from dataclasses import dataclass
 from typing import Callable, Mapping
 
+from fthsdp.errors import InvalidSettings
 from fthsdp.step.relay_tree import RelayTree
 from protos import dial, job_secret
 from protos.job_secret import JobSecret
@@ -226,7 +227,7 @@ class RuntimeSettings:
             problems.append(f"relay_fanout must be at most {MAX_RELAY_GROUP_RANKS} ranks per relay (or >= world_size "
                             f"{self.world_size}: no relays), got {self.relay_fanout}.")
         if problems:
-            raise ValueError("Invalid RuntimeSettings: " + " ".join(problems))
+            raise InvalidSettings("Invalid RuntimeSettings: " + " ".join(problems))
         return self
 
     def port_key(self, purpose: str) -> bytes | None:
@@ -236,7 +237,7 @@ class RuntimeSettings:
             return self.job_secret.key(purpose)
         if self.insecure_trainer_ports is True:
             return None
-        raise ValueError(f"The trainer ports need the job secret: {job_secret.HOW_TO_PROVIDE}.")
+        raise InvalidSettings(f"The trainer ports need the job secret: {job_secret.HOW_TO_PROVIDE}.")
 
     def relay_tree(self) -> RelayTree:
         """This replica's relay tree (fthsdp/step/relay_tree.py)."""
@@ -282,7 +283,7 @@ class RuntimeSettings:
                 values["job_secret"] = job_secret.from_env(env)
             values["insecure_trainer_ports"] = job_secret.insecure_from_env(env)
         except ValueError as exc:
-            raise ValueError(f"Invalid RuntimeSettings: {exc}.") from None
+            raise InvalidSettings(f"Invalid RuntimeSettings: {exc}.") from None
         values.update(overrides)
         return dataclasses.replace(cls(), **values).validate()
 
@@ -324,13 +325,13 @@ def _seconds(name: str, text: str) -> float:
     try:
         return float(text)
     except ValueError:
-        raise ValueError(f"Invalid RuntimeSettings: environment variable {name}={text!r} is not a number of "
+        raise InvalidSettings(f"Invalid RuntimeSettings: environment variable {name}={text!r} is not a number of "
                          f"seconds.") from None
 
 
 def _flag(name: str, text: str) -> bool:
     if text not in ("0", "1"):
-        raise ValueError(f"Invalid RuntimeSettings: environment variable {name}={text!r} must be 0 or 1.")
+        raise InvalidSettings(f"Invalid RuntimeSettings: environment variable {name}={text!r} must be 0 or 1.")
     return text == "1"
 
 
@@ -340,7 +341,7 @@ def _convert(name: str, text: str, conv: Callable[[str], object]) -> object:
     except ValueError as exc:
         if str(exc).startswith("Invalid RuntimeSettings"):
             raise
-        raise ValueError(f"Invalid RuntimeSettings: environment variable {name}={text!r} is not a number.") from None
+        raise InvalidSettings(f"Invalid RuntimeSettings: environment variable {name}={text!r} is not a number.") from None
 
 
 def _coordinator_from_torchrun(env: Mapping[str, str]) -> str:
@@ -351,11 +352,11 @@ def _coordinator_from_torchrun(env: Mapping[str, str]) -> str:
         return ""
     if not addr or not port:
         missing = TORCHRUN_MASTER_ADDR if not addr else TORCHRUN_MASTER_PORT
-        raise ValueError(f"Invalid RuntimeSettings: {missing} is not set on this rank (the coordinator address "
+        raise InvalidSettings(f"Invalid RuntimeSettings: {missing} is not set on this rank (the coordinator address "
                          f"is derived from {TORCHRUN_MASTER_ADDR}:{TORCHRUN_MASTER_PORT}+{COORDINATOR_PORT_OFFSET}); "
                          f"set it, or {ENV_COORDINATOR_ADDRESS}.")
     if not port.isdigit() or not 0 < int(port) + COORDINATOR_PORT_OFFSET < 65536:
-        raise ValueError(f"Invalid RuntimeSettings: {TORCHRUN_MASTER_PORT}={port!r} is not a port below 65535.")
+        raise InvalidSettings(f"Invalid RuntimeSettings: {TORCHRUN_MASTER_PORT}={port!r} is not a port below 65535.")
     return f"{addr}:{int(port) + COORDINATOR_PORT_OFFSET}"
 
 

@@ -120,7 +120,11 @@ class ControllerState:
         # Validated: from here on the request changes state.
         if plan.restarted and plan.record is not None and plan.record.state == ReplicaState.FINISHED:
             self.lifecycle.trains_again(plan.replica_id)
-        renewed = self.replica_registry.admit(plan, req, now)
+        renewed = self.replica_registry.admit(plan, req, now, job_over=lambda: self.lifecycle.job_over)
+        if self.lifecycle.job_over:
+            # Its old process's death (the restart) ended the job: every other replica had
+            # finished. The new process trains nothing: its join is refused as the round's end.
+            return
         self.rounds.joined(plan.replica_id, req.step, renewed, now)
 
     def _checked_join(self, req: JoinRequest) -> JoinPlan:

@@ -32,7 +32,8 @@ from typing import Callable, Iterator, TypeVar
 
 import grpc
 
-from fthsdp.errors import ControllerRefused, ControllerUnavailable, ControllerUnreachable, JobCompleted, JobFailed
+from fthsdp.errors import (ControllerRefused, ControllerRefusedConfiguration, ControllerUnavailable,
+                           ControllerUnreachable, JobCompleted, JobFailed)
 from fthsdp.step import coordination as co
 from fthsdp.step.leader_credential import leader_credential
 from fthsdp.step.quorum_port_client import QuorumPortClient, resolve
@@ -47,6 +48,16 @@ from protos.job_secret import JobSecret
 log = logging.getLogger(__name__)
 #: How a refusal because the job is COMPLETED begins (the Manager tells it apart by this).
 COMPLETED_PREFIX = "the controller says the job is COMPLETED: "
+#: How a refusal of the replica's configuration begins (it reaches every rank as text: the
+#: Manager raises ConfigurationError for it).
+CONFIGURATION_PREFIX = "the controller refused this replica's configuration: "
+#: Refusals of who the replica says it is: its job secret (it differs from the controller's, or
+#: there is none), or a request the controller can never take from it.
+CONFIGURATION_CODES = frozenset({grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNAUTHENTICATED,
+                                 grpc.StatusCode.INVALID_ARGUMENT})
+#: FAILED_PRECONDITION refusals of the replica's configuration: a replica id or rank count the
+#: job is not configured with (controller.core.replica_set, check_room), another job's id.
+CONFIGURATION_REFUSALS = ("configured", "does not match this controller's job")
 T = TypeVar("T")
 
 ENV_HOST_ID = "FTHSDP_HOST_ID"  # the agent's name for it (agent/env.py HOST_ID)
@@ -129,6 +140,11 @@ class ControllerClient:
                             from None
                     if code is grpc.StatusCode.FAILED_PRECONDITION and "COMPLETED" in details:
                         raise JobCompleted(f"{COMPLETED_PREFIX}{details}") from None
+                    if code in CONFIGURATION_CODES or (code is grpc.StatusCode.FAILED_PRECONDITION and any(
+                            phrase in details for phrase in CONFIGURATION_REFUSALS)):
+                        raise ControllerRefusedConfiguration(
+                            f"{CONFIGURATION_PREFIX}{name} was refused: {code.name}: {details}; a restart changes "
+                            f"nothing: fix the configuration, then start the replica again") from None
                     raise ControllerRefused(f"{name} was refused: {code.name}: {details}; fix the settings "
                                             f"or the controller's flags, then restart this replica") from None
                 self._sent_addresses = None  # the next controller may not know our addresses
