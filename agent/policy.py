@@ -286,6 +286,25 @@ def reserve_action(observed: Observed, spec: Spec) -> Action:
     return Action(ActionKind.START, f"pre-starting a reserve standby next to {proc.placement}")
 
 
+def keep_trainers_past_timeout(outage_s: float, limit_s: float, answered: bool, trainers: int) -> str:
+    """Whether an agent whose controller has been silent for `outage_s`, past its reconnect
+    timeout `limit_s`, keeps trying instead of giving up (and stopping its trainers): the reason
+    to keep trying, or "" to give up. Trainers that trained hold the replica's state, perhaps
+    the only copy since the last checkpoint; they wait at their next quorum, so a controller
+    that comes back finds them. The wait is bounded: twice the timeout."""
+    # A first connection never answered: nothing trained here, a configuration error shows.
+    if not answered:
+        return ""
+    # Nothing runs that a longer wait could save.
+    if trainers == 0:
+        return ""
+    # Bounded: a controller gone this long is not coming back for these trainers.
+    if outage_s > 2 * limit_s:
+        return ""
+    return (f"{trainers} trainer(s) still run and hold their replica's state: kept (they wait at their next "
+            f"quorum) while the agent retries, up to {2 * limit_s:g} s without a controller")
+
+
 class JobEnd(enum.Enum):
     RUN = "run"      # the job runs: slots do what orders want
     EXIT = "exit"    # the job COMPLETED (FAILED): stop every trainer gracefully, then the agent exits 0 (4)

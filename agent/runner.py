@@ -29,7 +29,7 @@ import grpc
 
 from agent import orders, refusals, state_file
 from agent.orders import Assignment, Effect
-from agent.policy import JobEnd, Want, after_job_state
+from agent.policy import JobEnd, Want, after_job_state, keep_trainers_past_timeout
 from agent.ports import pick_ports
 from agent.proofs import registration_proof
 from agent.process import ProcessHooks, SubprocessHooks
@@ -174,6 +174,7 @@ class Agent:
         outage = dial.Outage(s.connect_timeout_s, s.reconnect_timeout_s)
         outage.since = self._clock()  # no controller answered since
         held_since: float | None = None  # since when another live agent holds this host id
+        kept = ""  # why trainers are kept past the reconnect timeout ("" : they are not)
         while not stop.is_set():
             address = rotation.current
             try:
@@ -182,7 +183,7 @@ class Agent:
                     await self._register(stub, address)
                     rotation.succeeded()
                     outage.succeeded()
-                    held_since = None
+                    held_since, kept = None, ""
                     await self._session(stub, stop)
                 continue
             except _Reconnect as exc:
@@ -216,7 +217,14 @@ class Agent:
                 delay = rotation.failed(hint, jitter=random.random() * 0.5)
                 now = self._clock()
                 flag = "--reconnect-timeout-s" if outage.answered else "--connect-timeout-s"
-                if outage.failed(now, delay):
+                past = outage.failed(now, delay)
+                keep = keep_trainers_past_timeout(outage.length(now) + delay, outage.limit_s, outage.answered,
+                                                  len(self.supervisor.training())) if past else ""
+                if keep and not kept:
+                    log.warning("host %s: no controller answered for %.1f s (%s %g): %s", s.host_id,
+                                outage.length(now), flag, outage.limit_s, keep)
+                kept = keep or kept
+                if past and not keep:
                     raise ConnectTimeout(
                         f"host {s.host_id}: no controller answered for {outage.length(now):.1f} s "
                         f"({outage.attempts} attempt(s), last {address}: {why}); giving up ({flag} "

@@ -88,8 +88,10 @@ class AgentSettings:
     # The agent gives up (exit status 5, so a DaemonSet restarts it visibly) once no controller
     # address answered for connect_timeout_s from its start (a wrong address, a missing
     # controller: said soon), or for reconnect_timeout_s since its last working session (a
-    # failover or a restarted controller takes a while). A second agent started with the host id
-    # of a live one is refused (exit 3) once refused for connect_timeout_s.
+    # failover or a restarted controller takes a while; trainers that still run are kept, and the
+    # agent retries, up to twice reconnect_timeout_s: policy.keep_trainers_past_timeout). A second
+    # agent started with the host id of a live one is refused (exit 3) once refused for
+    # connect_timeout_s.
     connect_timeout_s: float = CONNECT_TIMEOUT_S
     reconnect_timeout_s: float = RECONNECT_TIMEOUT_S
     # The supervisor looks at its processes at least this often (exits wake it at once).

@@ -7,7 +7,7 @@ import random
 import pytest
 
 from agent.policy import (ActionKind, Observed, Placement, Proc, RestartBudget, Role, Spec, Want,
-                          is_finishing, next_action, restarts_in_window)
+                          is_finishing, keep_trainers_past_timeout, next_action, restarts_in_window)
 
 A = ActionKind
 R0 = Placement("r0", 0, 2, rendezvous="10.0.0.1:29500", coordinator="10.0.0.1:29501")
@@ -119,3 +119,24 @@ def test_a_trainer_finishes_its_own_work_after_completed_until_the_grace_ends(na
     assert words in action.reason
     still_runs = words in ("finishing", "did not exit within the finish grace")
     assert is_finishing(p, Spec(IDLE, BUDGET, finish_by_s=finish_by)) is still_runs
+
+
+KEEP_CASES = [
+    # (name, outage_s, answered, trainers, kept)
+    ("trainers that trained are kept past the timeout", 301.0, True, 2, True),
+    ("up to twice the timeout", 600.0, True, 1, True),
+    ("then the agent gives up", 600.1, True, 1, False),
+    ("no trainer runs: nothing to keep", 301.0, True, 0, False),
+    ("a first connection never answered: give up", 301.0, False, 2, False),
+]
+
+
+@pytest.mark.parametrize("name,outage_s,answered,trainers,kept", KEEP_CASES, ids=[c[0] for c in KEEP_CASES])
+def test_an_agent_that_lost_its_controller_keeps_trainers_that_trained(name, outage_s, answered, trainers, kept):
+    """Issue 41, on a fake clock: past the reconnect timeout (300 s here), an agent that had a
+    working session keeps retrying while its trainers run (they hold the replica's state), for
+    at most twice the timeout."""
+    why = keep_trainers_past_timeout(outage_s, 300.0, answered, trainers)
+    assert bool(why) is kept, why
+    if kept:
+        assert f"{trainers} trainer(s) still run" in why and "up to 600 s" in why
