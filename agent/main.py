@@ -25,14 +25,19 @@ Prints one JSON line to stdout once first registered, then logs to stderr:
     {"event": "registered", "host_id": "h1", "assignment": {...} | null, "pid": PID}
 
 Exit status: 0 after SIGTERM/SIGINT (trainers stopped, the host deregistered: its work moves
-to a spare) or once the controller says the job is COMPLETED (trainers stopped; with
---on-job-complete idle the agent stays instead; with pool it serves the next job its
---controller address answers for, a different job id), 2 for bad arguments, 3 when the controller
-refuses the registration (e.g. a duplicate assignment), 4 once the controller says the job
-is FAILED (trainers stopped; no replica could make progress), 5 when no controller address
-answered for --connect-timeout-s (every failed attempt is logged with its backoff). While another live agent holds the
-host id, the agent waits and registers again (or takes the host over at once with the secret
-its predecessor kept in --state-dir).
+to a spare) or once the controller says the job is COMPLETED and its trainers ended (each may
+finish its own work after Manager.close() and exit on its own for --finish-grace-s, then it is
+stopped; with --on-job-complete idle the agent stays instead; with pool it serves the next job its
+--controller address answers for, a different job id), 2 for bad arguments, 3 when the
+controller refuses the registration (a duplicate assignment, a job secret that differs from the
+controller's, another live agent with the same host id), 4 once the controller says the job is
+FAILED (trainers stopped; no replica could make progress), 5 when no controller address answered
+a first registration for --connect-timeout-s (default 60), or answered again within
+--reconnect-timeout-s (default 300) after a working session. Failed attempts are logged once per
+doubling of their count, each line with the address and the reason. While another live agent
+holds the host id, the agent waits and registers again (or takes the host over at once with the
+secret its predecessor kept in --state-dir); if that agent is still alive after
+--connect-timeout-s, this one exits 3 naming its incarnation.
 """
 
 from __future__ import annotations
@@ -44,6 +49,7 @@ import logging
 import os
 import signal
 import sys
+from collections.abc import Mapping
 
 # Trainers are fork+exec'ed at once and never use the agent's gRPC state, so gRPC's fork
 # handlers (and their "skipping fork() handlers" warning) are not needed. Set before import;
@@ -92,18 +98,38 @@ def _ranks(text: str) -> tuple[int, ...]:
         raise argparse.ArgumentTypeError(f"ranks {text!r} are not comma-separated integers")
 
 
-def add_timeout_flags(p: argparse.ArgumentParser) -> None:
+def _seconds_from_env(environ: Mapping[str, str], name: str, default: float) -> float:
+    text = environ.get(name, "")
+    if not text:
+        return default
+    try:
+        return float(text)
+    except ValueError:
+        raise ValueError(f"environment variable {name}={text!r} is not a number of seconds") from None
+
+
+def add_timeout_flags(p: argparse.ArgumentParser, environ: Mapping[str, str] | None = None) -> None:
     """The agent's timeout flags (also `fthsdp timeouts`'): each must keep the rules of
-    protos/timeout_rules.py with the others (docs/operations.md, "Timeouts")."""
-    d = AgentSettings
-    p.add_argument("--connect-timeout-s", type=timeout_rules.seconds, default=d.connect_timeout_s, metavar="S",
-                   help=f"give up (exit 5) once no controller address answered for this long (default "
-                        f"{d.connect_timeout_s:g})")
+    protos/timeout_rules.py with the others (docs/operations.md, "Timeouts"). The connect
+    timeouts' defaults come from `environ`'s variables where set (flags win)."""
+    d, env = AgentSettings, {} if environ is None else environ
+    p.add_argument("--connect-timeout-s", type=timeout_rules.seconds, metavar="S",
+                   default=_seconds_from_env(env, dial.ENV_CONNECT_TIMEOUT_S, d.connect_timeout_s),
+                   help=f"give up (exit 5) once no controller address answered a first registration for this long "
+                        f"(or env {dial.ENV_CONNECT_TIMEOUT_S}; default {d.connect_timeout_s:g})")
+    p.add_argument("--reconnect-timeout-s", type=timeout_rules.seconds, metavar="S",
+                   default=_seconds_from_env(env, dial.ENV_RECONNECT_TIMEOUT_S, d.reconnect_timeout_s),
+                   help=f"the same once a controller had answered: a failover or restart may take this long "
+                        f"(or env {dial.ENV_RECONNECT_TIMEOUT_S}; default {d.reconnect_timeout_s:g})")
     p.add_argument("--heartbeat-interval-s", type=timeout_rules.seconds, default=d.heartbeat_interval_s, metavar="S",
                    help=f"beat this often (default {d.heartbeat_interval_s:g}); at most a third of the controller's "
                         f"--heartbeat-timeout-s, at most half the agent's call timeout ({d.rpc_timeout_s:g} s)")
     p.add_argument("--stop-grace-s", type=float, default=d.stop_grace_s, metavar="S",
                    help=f"a stopped trainer gets SIGTERM, then SIGKILL this long after (default {d.stop_grace_s:g})")
+    p.add_argument("--finish-grace-s", type=float, default=d.finish_grace_s, metavar="S",
+                   help=f"once the job is COMPLETED, trainers may finish their own work after Manager.close() "
+                        f"(export, evaluation) and exit on their own for this long before they are stopped "
+                        f"(default {d.finish_grace_s:g})")
     p.add_argument("--reserve-delay-s", type=float, default=d.reserve_delay_s, metavar="S",
                    help=f"with --warm-restarts: start a reserve this long after its trainer (default "
                         f"{d.reserve_delay_s:g})")
@@ -113,8 +139,9 @@ def add_timeout_flags(p: argparse.ArgumentParser) -> None:
                         "telemetry_stale_s")
 
 
-def parser() -> argparse.ArgumentParser:
-    """The command line (without the trainer's command template, which follows `--`)."""
+def parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentParser:
+    """The command line (without the trainer's command template, which follows `--`); the
+    connect timeouts' defaults from `environ` (none: the built-in ones)."""
     p = argparse.ArgumentParser(
         prog="fthsdp agent", description=__doc__, formatter_class=flags.DefaultsFormatter,
         usage="%(prog)s --controller ADDR[,ADDR...] --host-id ID [options] -- COMMAND TEMPLATE...")
@@ -167,7 +194,7 @@ def parser() -> argparse.ArgumentParser:
                    help="when the job is COMPLETED (or FAILED): stop trainers and exit 0 (4 when FAILED), "
                         "or stop them and idle, or (pool) stop them and serve the next job that the "
                         "--controller address answers for (a node pool's DaemonSet: never gives up between jobs)")
-    add_timeout_flags(p)
+    add_timeout_flags(p, environ)
     p.add_argument("--tls-ca-file", type=flags.existing_file,
                    help=f"CA of the controller's certificate: turns TLS on (default: env {dial.ENV_TLS_CA_FILE}; "
                         f"flags win)")
@@ -196,13 +223,15 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def parse(argv: list[str]) -> AgentSettings:
-    """Settings from the command line; raises ValueError naming a bad value."""
+def parse(argv: list[str], environ: Mapping[str, str] | None = None) -> AgentSettings:
+    """Settings from the command line (and the connect timeouts' variables in `environ`, by
+    default this process's environment; flags win); raises ValueError naming a bad value."""
+    environ = os.environ if environ is None else environ
     command: list[str] = []
     if "--" in argv:
         cut = argv.index("--")
         argv, command = argv[:cut], argv[cut + 1:]
-    p = parser()
+    p = parser(environ)
     args = p.parse_args(argv)
     secret = job_secret.from_env(file=args.job_secret_file)
     insecure = args.insecure or job_secret.insecure_from_env()
@@ -218,7 +247,8 @@ def parse(argv: list[str]) -> AgentSettings:
         restart_window_s=args.restart_window_s, standby=args.standby, warm_restarts=args.warm_restarts,
         reserve_delay_s=args.reserve_delay_s,
         heartbeat_interval_s=args.heartbeat_interval_s, connect_timeout_s=args.connect_timeout_s,
-        stop_grace_s=args.stop_grace_s, tls=tls,
+        reconnect_timeout_s=args.reconnect_timeout_s,
+        stop_grace_s=args.stop_grace_s, finish_grace_s=args.finish_grace_s, tls=tls,
         on_job_complete=args.on_job_complete, job_secret=secret,
         insecure_trainer_ports=insecure,
         telemetry_interval_s=args.telemetry_interval_s,

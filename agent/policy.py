@@ -27,6 +27,13 @@ supervisor executing `next_action` (the state diagram):
                                                              starts nothing, or (pool) waits for the
                                                              next job (`after_job_state`,
                                                              `serves_next_job`)
+    running(trainer) --(job COMPLETED)--> finishing          after Manager.close() the process is the
+                                                             user's (export, evaluation, upload): it
+                                                             may exit on its own until
+                                                             `Spec.finish_by_s` (the agent's
+                                                             finish_grace_s after COMPLETED)
+    finishing --exits--> exited                              reported like any exit (a clean one)
+    finishing --(finish_by_s passed)--STOP--> empty          it did not exit within the grace
 
 With warm restarts (`Spec.warm_restarts`) a slot that trains also holds a *reserve*: one
 pre-started standby next to its trainer, decided by `reserve_action` (the same supervisor
@@ -70,6 +77,16 @@ class ActionKind(enum.Enum):
     WAIT = "wait"          # nothing to do now
     GIVE_UP = "give_up"    # a standby exited and the restart budget is spent
     HALT_REPLICA = "halt_replica"  # a trainer died: halt every slot of its replica until an order
+
+
+#: How a trainer still running after the job COMPLETED is shown (logs, REST).
+FINISHING = "finishing"
+
+
+def is_finishing(proc: "Proc | None", spec: "Spec") -> bool:
+    """A trainer still running after the job COMPLETED (stopped once its finish grace is over)."""
+    return (proc is not None and not proc.exited and proc.role is Role.TRAIN and spec.want.role is Role.IDLE
+            and spec.finish_by_s is not None)
 
 
 @dataclass(frozen=True)
@@ -145,6 +162,10 @@ class Spec:
     # this long after the trainer (its imports would slow the trainer's own start).
     warm_restarts: bool = False
     reserve_delay_s: float = 0.0
+    # The job COMPLETED: a trainer still running is *finishing* (its work after
+    # Manager.close()) and may exit on its own until this time; then it is stopped. None: the
+    # job runs (or FAILED), and a trainer nobody wants is stopped at once.
+    finish_by_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -170,6 +191,12 @@ def next_action(observed: Observed, spec: Spec) -> Action:
     halted = observed.halted_generation == want.generation
 
     if proc is not None and not proc.exited:
+        # The job COMPLETED: a trainer's work after close is the user's, until the grace ends.
+        if want.role is Role.IDLE and proc.role is Role.TRAIN and spec.finish_by_s is not None:
+            if observed.now_s < spec.finish_by_s:
+                return Action(ActionKind.WAIT, f"{FINISHING}: the job COMPLETED; it may exit on its own for "
+                                               f"{spec.finish_by_s - observed.now_s:.0f} s more")
+            return Action(ActionKind.STOP, "the job COMPLETED and it did not exit within the finish grace")
         # Nothing should run here (STOP order, or a spare without standby).
         if want.role is Role.IDLE:
             return Action(ActionKind.STOP, "no trainer is wanted on this slot")
@@ -259,6 +286,25 @@ def reserve_action(observed: Observed, spec: Spec) -> Action:
     if proc.started_s is not None and observed.now_s - proc.started_s < spec.reserve_delay_s:
         return Action(ActionKind.WAIT, f"a reserve starts {spec.reserve_delay_s:g} s after its trainer")
     return Action(ActionKind.START, f"pre-starting a reserve standby next to {proc.placement}")
+
+
+def keep_trainers_past_timeout(outage_s: float, limit_s: float, answered: bool, trainers: int) -> str:
+    """Whether an agent whose controller has been silent for `outage_s`, past its reconnect
+    timeout `limit_s`, keeps trying instead of giving up (and stopping its trainers): the reason
+    to keep trying, or "" to give up. Trainers that trained hold the replica's state, perhaps
+    the only copy since the last checkpoint; they wait at their next quorum, so a controller
+    that comes back finds them. The wait is bounded: twice the timeout."""
+    # A first connection never answered: nothing trained here, a configuration error shows.
+    if not answered:
+        return ""
+    # Nothing runs that a longer wait could save.
+    if trainers == 0:
+        return ""
+    # Bounded: a controller gone this long is not coming back for these trainers.
+    if outage_s > 2 * limit_s:
+        return ""
+    return (f"{trainers} trainer(s) still run and hold their replica's state: kept (they wait at their next "
+            f"quorum) while the agent retries, up to {2 * limit_s:g} s without a controller")
 
 
 class JobEnd(enum.Enum):

@@ -29,7 +29,8 @@ import grpc
 
 from agent import orders, refusals, state_file
 from agent.orders import Assignment, Effect
-from agent.policy import JobEnd, Want, after_job_state, gives_up_on_controller, serves_next_job
+from agent.policy import (JobEnd, Want, after_job_state, gives_up_on_controller, keep_trainers_past_timeout,
+                          serves_next_job)
 from agent.ports import pick_ports
 from agent.proofs import registration_proof
 from agent.process import ProcessHooks, SubprocessHooks
@@ -54,17 +55,20 @@ class PermanentError(Exception):
 
 
 class ConnectTimeout(Exception):
-    """No controller address answered for connect_timeout_s: the agent gives up."""
+    """No controller address answered for connect_timeout_s (reconnect_timeout_s once one had
+    answered): the agent gives up."""
 
 
 class _Reconnect(Exception):
     """Register again with the same controller: it forgot this host, ended the stream, or
     asked to be asked again later (another live agent holds the host)."""
 
-    def __init__(self, why: str, forgotten: bool = False, delay_s: float = 0.0) -> None:
+    def __init__(self, why: str, forgotten: bool = False, delay_s: float = 0.0, held: bool = False) -> None:
         super().__init__(why)
         self.forgotten = forgotten
         self.delay_s = delay_s
+        #: another live agent holds the host id
+        self.held = held
 
 
 class _NotLeader(Exception):
@@ -118,6 +122,8 @@ class Agent:
         #: how the job ended, as the controller said ("COMPLETED", "FAILED"; "" while it runs)
         self.job_ending = ""
         self._quit = asyncio.Event()
+        #: once the job COMPLETED with on_job_complete "exit": ends the sessions when no trainer finishes
+        self._leaving: asyncio.Task | None = None
 
     # ------------------------------------------------------------------ top level
 
@@ -153,6 +159,10 @@ class Agent:
             relay.cancel()
             if stop.is_set() and self._secret and not self.job_completed.is_set():
                 await self._deregister()  # a clean stop: the controller moves the work at once
+            if self.supervisor.finish_by_s is not None:  # trainers' own work after close is theirs
+                await self.supervisor.finished()
+            if self._leaving is not None:
+                self._leaving.cancel()
             supervising.set()
             self.supervisor.wake.set()
             await loop_task
@@ -162,8 +172,10 @@ class Agent:
         s = self.settings
         rotation = dial.AddressRotation(s.controller_addresses, base_s=s.reconnect_base_s,
                                         cap_s=s.reconnect_cap_s)
-        outage = 0
-        outage_since = self._clock()  # no controller answered since (None: a session works)
+        outage = dial.Outage(s.connect_timeout_s, s.reconnect_timeout_s)
+        outage.since = self._clock()  # no controller answered since
+        held_since: float | None = None  # since when another live agent holds this host id
+        kept = ""  # why trainers are kept past the reconnect timeout ("" : they are not)
         while not stop.is_set():
             address = rotation.current
             try:
@@ -171,7 +183,8 @@ class Agent:
                     stub = pb_grpc.ControllerStub(channel)
                     await self._register(stub, address)
                     rotation.succeeded()
-                    outage, outage_since = 0, None
+                    outage.succeeded()
+                    held_since, kept = None, ""
                     await self._session(stub, stop)
                 continue
             except _Reconnect as exc:
@@ -180,6 +193,18 @@ class Agent:
                     # this is a new agent, so it gets a new identity (a same-incarnation
                     # registration would be read as the old, dead one).
                     self.incarnation, self._secret = uuid.uuid4().hex, ""
+                if exc.held:
+                    # Another agent holds the host id: wait while it may be a dead predecessor
+                    # (declared dead after the controller's heartbeat timeout); one that stays
+                    # alive this long is a second agent started with the same host id.
+                    now = self._clock()
+                    held_since = now if held_since is None else held_since
+                    if now - held_since + exc.delay_s > s.connect_timeout_s:
+                        raise PermanentError(
+                            f"host {s.host_id}: another agent with the same host id is alive and registered: "
+                            f"{exc}; refused for {now - held_since:.0f} s (--connect-timeout-s "
+                            f"{s.connect_timeout_s:g}): give this agent another --host-id, or stop the other "
+                            f"one") from exc
                 if not exc.delay_s or not self._retry_logged:
                     log.log(logging.WARNING if exc.delay_s else logging.INFO, "host %s: %s; registering again",
                             s.host_id, exc)
@@ -191,22 +216,31 @@ class Agent:
                 else:
                     why, hint = str(exc), exc.leader_address
                 delay = rotation.failed(hint, jitter=random.random() * 0.5)
-                outage += 1
                 now = self._clock()
-                outage_since = now if outage_since is None else outage_since
+                flag = "--reconnect-timeout-s" if outage.answered else "--connect-timeout-s"
+                past = outage.failed(now, delay)
                 serving = self.registered.is_set() and not self.job_completed.is_set()
-                if not gives_up_on_controller(s.on_job_complete, serving):
-                    if outage == 1:
+                gives_up = gives_up_on_controller(s.on_job_complete, serving)
+                if not gives_up:  # a pool agent between jobs waits for the next job's controller
+                    if outage.attempts == 1:
                         log.info("host %s: in the pool, waiting for a job's controller at %s (%s)", s.host_id,
                                  address, why)
-                elif now - outage_since + delay > s.connect_timeout_s:
+                    past = False
+                keep = keep_trainers_past_timeout(outage.length(now) + delay, outage.limit_s, outage.answered,
+                                                  len(self.supervisor.training())) if past else ""
+                if keep and not kept:
+                    log.warning("host %s: no controller answered for %.1f s (%s %g): %s", s.host_id,
+                                outage.length(now), flag, outage.limit_s, keep)
+                kept = keep or kept
+                if past and not keep:
                     raise ConnectTimeout(
-                        f"host {s.host_id}: no controller answered for {now - outage_since:.1f} s ({outage} attempt(s), "
-                        f"last {address}: {why}); giving up (--connect-timeout-s {s.connect_timeout_s:g})") from exc
-                else:  # every failed attempt, with its backoff: a wrong address shows at once
-                    log.warning("host %s: controller %s failed (%s), attempt %d; trying %s in %.2f s (giving up after "
-                                "%g s without an answer)", s.host_id, address, why, outage, rotation.current,
-                                delay, s.connect_timeout_s)
+                        f"host {s.host_id}: no controller answered for {outage.length(now):.1f} s "
+                        f"({outage.attempts} attempt(s), last {address}: {why}); giving up ({flag} "
+                        f"{outage.limit_s:g})") from exc
+                if outage.worth_a_line and gives_up:  # once per doubling of the attempts, never one per attempt
+                    log.warning("host %s: controller %s failed (%s), attempt %d; trying %s in %.2f s (giving up "
+                                "after %g s without an answer, %s)", s.host_id, address, why, outage.attempts,
+                                rotation.current, delay, outage.limit_s, flag)
             try:
                 await asyncio.wait_for(stop.wait(), delay)
             except asyncio.TimeoutError:
@@ -227,7 +261,8 @@ class Agent:
             response = await stub.RegisterAgent(request, timeout=s.rpc_timeout_s)
         except grpc.aio.AioRpcError as exc:
             if exc.code() == grpc.StatusCode.ABORTED:  # another live agent holds the host: wait
-                raise _Reconnect(f"controller {address}: {exc.details()}", delay_s=s.reconnect_cap_s) from exc
+                raise _Reconnect(f"controller {address}: {exc.details()}", delay_s=s.reconnect_cap_s,
+                                 held=True) from exc
             verdict = refusals.after_refusal(exc.code().name, request.HasField("assignment"),
                                              self.registered.is_set())
             if verdict is not None and verdict.drop_claim:
@@ -292,7 +327,8 @@ class Agent:
 
         async def beats() -> AsyncIterator[pb.HeartbeatRequest]:
             while True:
-                yield pb.HeartbeatRequest(host_ids=[host_id], agent_secret=self._secret)
+                yield pb.HeartbeatRequest(host_ids=[host_id], agent_secret=self._secret,
+                                          finishing_trainers=len(self.supervisor.finishing()))
                 await asyncio.sleep(interval_s)
 
         call = stub.Heartbeat(beats())
@@ -409,15 +445,30 @@ class Agent:
             return
         self.job_completed.set()
         self.job_ending = pb.JobState.Name(job_state)
-        log.log(logging.ERROR if job_state == pb.FAILED else logging.INFO,
-                "host %s: the job is %s (%s%s): stopping trainers%s", self.settings.host_id, self.job_ending,
-                source, f": {reason}" if reason else "",
-                {JobEnd.EXIT: " and exiting", JobEnd.IDLE: "; idling"}.get(end, "; back in the pool"))
-        self.supervisor.set_wants([])
+        s, failed = self.settings, job_state == pb.FAILED
+        then = {JobEnd.EXIT: " and exiting", JobEnd.IDLE: "; idling"}.get(end, "; back in the pool")
+        if failed or end is JobEnd.POOL:  # a pool agent's next job lays its replicas out afresh
+            log.log(logging.ERROR if failed else logging.INFO, "host %s: the job is %s (%s%s): stopping trainers%s",
+                    s.host_id, self.job_ending, source, f": {reason}" if reason else "", then)
+            self.supervisor.set_wants([])
+            if end is JobEnd.EXIT:
+                self._quit.set()
+            if end is JobEnd.POOL:
+                self.assignment, self.version = None, 0
+            return
+        # COMPLETED: after Manager.close() a trainer's process is the user's (export, evaluation)
+        self.supervisor.finish(s.finish_grace_s)
+        log.info("host %s: the job is COMPLETED (%s%s): its trainers may finish their own work and exit for up to "
+                 "%g s (--finish-grace-s), then they are stopped%s", s.host_id, source,
+                 f": {reason}" if reason else "", s.finish_grace_s, then)
         if end is JobEnd.EXIT:
-            self._quit.set()
-        if end is JobEnd.POOL:  # the next job lays its replicas out afresh
-            self.assignment, self.version = None, 0
+            self._leaving = asyncio.create_task(self._leave_when_finished())
+
+    async def _leave_when_finished(self) -> None:
+        """The job COMPLETED: the agent ends once no trainer is finishing (heartbeats go on
+        meanwhile, saying how many are)."""
+        await self.supervisor.finished()
+        self._quit.set()
 
     def _back_from_pool(self, job_id: str, address: str) -> None:
         """A pool agent whose job ended serves the next one (`policy.serves_next_job`)."""

@@ -10,7 +10,7 @@ import re
 from dataclasses import dataclass, field
 
 from agent.policy import ON_JOB_COMPLETE
-from protos.dial import TlsFiles
+from protos.dial import CONNECT_TIMEOUT_S, RECONNECT_TIMEOUT_S, TlsFiles
 from protos.job_secret import JobSecret
 from protos import timeout_rules
 from protos.telemetry_ring import MAX_WINDOW_COLLECTIVES
@@ -71,6 +71,10 @@ class AgentSettings:
     heartbeat_interval_s: float = 1.0
     # Stop = SIGTERM to the process group, SIGKILL after this grace.
     stop_grace_s: float = 5.0
+    # Once the job COMPLETED, a trainer still running is finishing its own work after
+    # Manager.close() (export, evaluation, upload): it may exit on its own for this long, then it
+    # is stopped (stop_grace_s). Kubernetes' terminationGracePeriodSeconds should cover it.
+    finish_grace_s: float = 600.0
     # Lines of a trainer's stderr kept and sent with its exit report.
     stderr_tail_lines: int = 20
     # Reconnect (protos.dial.AddressRotation): every address once at once, then pauses of
@@ -84,8 +88,14 @@ class AgentSettings:
     # ControllerSettings.client_timeout_s; at least 2 heartbeat intervals).
     rpc_timeout_s: float = 5.0
     # The agent gives up (exit status 5, so a DaemonSet restarts it visibly) once no controller
-    # address answered for this long: from its start, or since its last working session.
-    connect_timeout_s: float = 300.0
+    # address answered for connect_timeout_s from its start (a wrong address, a missing
+    # controller: said soon), or for reconnect_timeout_s since its last working session (a
+    # failover or a restarted controller takes a while; trainers that still run are kept, and the
+    # agent retries, up to twice reconnect_timeout_s: policy.keep_trainers_past_timeout). A second
+    # agent started with the host id of a live one is refused (exit 3) once refused for
+    # connect_timeout_s.
+    connect_timeout_s: float = CONNECT_TIMEOUT_S
+    reconnect_timeout_s: float = RECONNECT_TIMEOUT_S
     # The supervisor looks at its processes at least this often (exits wake it at once).
     poll_interval_s: float = 0.5
     # Once the controller says the job is COMPLETED: "exit" (stop trainers gracefully, exit 0)
@@ -164,7 +174,8 @@ class AgentSettings:
         if self.restart_budget < 0:
             raise ValueError(f"restart_budget must be >= 0, got {self.restart_budget}.")
         for name in ("restart_window_s", "heartbeat_interval_s", "reconnect_base_s",
-                     "reconnect_cap_s", "rpc_timeout_s", "poll_interval_s", "connect_timeout_s"):
+                     "reconnect_cap_s", "rpc_timeout_s", "poll_interval_s", "connect_timeout_s",
+                     "reconnect_timeout_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}.")
         broken = timeout_rules.problems(timeout_rules.AGENT, self.timeout_values())
@@ -174,6 +185,8 @@ class AgentSettings:
             raise ValueError(f"reserve_delay_s must be 0..3600, got {self.reserve_delay_s}.")
         if self.stop_grace_s < 0:
             raise ValueError(f"stop_grace_s must be >= 0, got {self.stop_grace_s}.")
+        if not 0 <= self.finish_grace_s <= 86400:
+            raise ValueError(f"finish_grace_s must be 0..86400, got {self.finish_grace_s}.")
         if self.stderr_tail_lines < 0:
             raise ValueError(f"stderr_tail_lines must be >= 0, got {self.stderr_tail_lines}.")
         if self.on_job_complete not in ON_JOB_COMPLETE:

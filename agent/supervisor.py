@@ -23,7 +23,7 @@ from typing import Callable
 
 from agent import env as trainer_env
 from agent.policy import (Action, ActionKind, Observed, Placement, Proc, RestartBudget, Role, Spec,
-                          Want, next_action, reserve_action)
+                          Want, is_finishing, next_action, reserve_action)
 from agent.process import ExitStatus, Handle, Launch, ProcessHooks
 from agent.settings import AgentSettings, substitute
 
@@ -75,6 +75,8 @@ class Supervisor:
         self.wake = asyncio.Event()
         #: where trainers keep their telemetry rings (set by the agent before it supervises)
         self.telemetry_dir: str | None = None
+        #: once the job COMPLETED: until when its trainers may finish on their own (`finish`)
+        self.finish_by_s: float | None = None
 
     def telemetry_file(self, slot_index: int) -> str:
         """The ring file of a slot ('' when telemetry is off)."""
@@ -101,6 +103,28 @@ class Supervisor:
                 if slot.proc is not None and slot.proc.generation == slot.want.generation:
                     slot.proc = replace(slot.proc, version=want.version)
         self.wake.set()
+
+    def finish(self, grace_s: float) -> None:
+        """The job COMPLETED: nothing more starts; a trainer still running finishes its own work
+        (after Manager.close()) and is stopped only if it has not exited within `grace_s`."""
+        if self.finish_by_s is None:
+            self.finish_by_s = self._clock() + grace_s
+        self.set_wants([])
+
+    def finishing(self) -> list[Slot]:
+        """The slots whose trainer runs on after the job COMPLETED (within the finish grace)."""
+        return [slot for slot in self.slots if is_finishing(slot.proc, self._spec(slot))]
+
+    async def finished(self) -> None:
+        """Return once no trainer is finishing: each exited on its own, or was stopped once the
+        grace had passed (the run loop's passes do that; bounded by the grace plus a stop)."""
+        while True:
+            await self.reconcile()
+            if not self.finishing():
+                return
+            self.wake.clear()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self.wake.wait(), self.settings.poll_interval_s)
 
     def resume(self) -> None:
         """Halted slots (gave up, finished, failed to start) may start again."""
@@ -196,7 +220,7 @@ class Supervisor:
 
     def _spec(self, slot: Slot) -> Spec:
         return Spec(slot.want, self._budget, warm_restarts=self.settings.warm_restarts,
-                    reserve_delay_s=self.settings.reserve_delay_s)
+                    reserve_delay_s=self.settings.reserve_delay_s, finish_by_s=self.finish_by_s)
 
     async def _execute_reserve(self, slot: Slot, action: Action) -> None:
         tag = f"slot {slot.index} reserve"

@@ -6,9 +6,10 @@ across replicas over FTAR, rank k with rank k of the other replicas, and keeps t
 a replica dies: the dead one restarts and catches up from the live ones, shard by shard.
 
 One replica of 2 ranks, launched by torchrun (MASTER_ADDR:MASTER_PORT+1 is the coordinator,
-so replicas on one machine need master ports at least 2 apart):
+so replicas on one machine need master ports at least 2 apart; job-secret is the controller's
+--job-secret-file):
 
-    FTHSDP_CONTROLLER=127.0.0.1:50051 FTHSDP_REPLICA_ID=r0 \\
+    FTHSDP_CONTROLLER=127.0.0.1:50051 FTHSDP_REPLICA_ID=r0 FTHSDP_JOB_SECRET_FILE=job-secret \\
         torchrun --nproc-per-node 2 --master-port 29500 --max-restarts 3 examples/train_gpt.py --steps 200
 
 `--max-restarts` lets torchrun restart the replica's ranks when one dies (without it a killed
@@ -21,9 +22,13 @@ host and a free port pair come from MASTER_ADDR and MASTER_PORT, as under torchr
 many replicas (distinct FTHSDP_REPLICA_IDs) as the controller's --replicas. The text is Python's
 own documentation (`pydoc_data`), so nothing is downloaded.
 
-Exit status: 0 once trained (the replica finished), 3 when this replica started after the job
-had COMPLETED (JobAlreadyCompleted: nothing trained, nothing written), non-zero with the
-runtime's error otherwise (a Fatal error, e.g. JobFailed when the job FAILED).
+Exit status: 0 once trained (the replica finished); 3 when this process started, or torchrun
+restarted it, after the job had COMPLETED (JobAlreadyCompleted: nothing trained, nothing
+written); 78 for a configuration error that no restart can fix (ConfigurationError: no job
+secret, a job secret that differs from the controller's, a replica id or job id the controller
+refuses): fix it instead of restarting (torchrun restarts every non-zero exit up to
+--max-restarts, so a wrong secret fails the same way each time and then ends torchrun); non-zero
+with the runtime's error otherwise (a Fatal error, e.g. JobFailed when the job FAILED).
 """
 
 from __future__ import annotations
@@ -42,20 +47,18 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
-from fthsdp import FaultTolerantOptimizer, JobAlreadyCompleted, Manager, RuntimeSettings, state_digest
+from fthsdp import (EXIT_JOB_ALREADY_COMPLETED, ConfigurationError, FaultTolerantOptimizer, JobAlreadyCompleted,
+                    Manager, RuntimeSettings, exit_status, state_digest)
 from fthsdp.settings import ENV_CHECKPOINT_DIR
 from fthsdp.process_group import init_replica_group
 from fthsdp.demo.gpt import Corpus, GptConfig, TinyGPT, evaluate, parameter_count, shard
 
-#: The exit status of a replica that started after the job COMPLETED.
-EXIT_JOB_ALREADY_COMPLETED = 3
 #: Where checkpoints go unless told: CHECKPOINT_ROOT/<job id>, in the working directory.
 CHECKPOINT_ROOT = "fthsdp-checkpoints"
 #: How often by default: with the default model one checkpoint costs about 1.3 steps (2 ranks on
 #: CPU: 1.0 s a step, 2.3 s a step with a checkpoint after every one), so every 200 steps costs
 #: under 1% of the training time.
 CHECKPOINT_EVERY_STEPS = 200
-
 
 def _args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -172,5 +175,15 @@ def main(argv: list[str]) -> int:
     return 0
 
 
+def run(argv: list[str]) -> int:
+    """main, with the exit status of a configuration error (78: do not restart on it)."""
+    try:
+        return main(argv)
+    except ConfigurationError as exc:
+        logging.basicConfig(level=logging.INFO)
+        logging.error("configuration error (exit status %d; a restart cannot fix it): %s", exit_status(exc), exc)
+        return exit_status(exc)
+
+
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(run(sys.argv[1:]))

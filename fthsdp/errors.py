@@ -13,11 +13,26 @@ The two endings are neither kind:
   the job is COMPLETED). `Manager.batches()` turns it into the end of the loop.
 - `JobCompleted`: the controller refused a quorum because the job is COMPLETED; the replica's
   coordinator turns it into the replica's end (every rank then sees `ReplicaFinished`). A
-  replica that started after the end gets the `Fatal` `JobAlreadyCompleted` instead: it
-  trained nothing.
+  process that had committed no step when it learned the end (it started, or torchrun
+  restarted it, after the job COMPLETED, early or late) gets the `Fatal` `JobAlreadyCompleted`
+  instead: it trained nothing.
+
+Two `Fatal` errors mean "nothing will change if you restart": `JobAlreadyCompleted`, and a
+`ConfigurationError` (no job secret, a job secret that differs from the controller's, a replica
+id the controller refuses, invalid settings). A training script exits with the status named
+below for each (examples/train_gpt.py does, `exit_status` maps an error to it), so that a
+launcher can tell them from a crash: under torchrun, which restarts every non-zero exit up to
+--max-restarts, a rank that exits EXIT_CONFIGURATION_ERROR fails the same way each time.
 """
 
 from __future__ import annotations
+
+#: The exit status of a replica's process that started (or was restarted) after the job
+#: COMPLETED: nothing to train, nothing written (JobAlreadyCompleted).
+EXIT_JOB_ALREADY_COMPLETED = 3
+#: The exit status of a process whose configuration can never work (ConfigurationError):
+#: sysexits.h's EX_CONFIG. Do not restart on it; fix the settings.
+EXIT_CONFIGURATION_ERROR = 78
 
 
 class RuntimeFailure(Exception):
@@ -56,6 +71,21 @@ class ControllerRefused(Fatal):
     """The controller refused a request for good (another job, a fenced host, bad input)."""
 
 
+class ConfigurationError(Fatal):
+    """This process's configuration can never work: restarting it changes nothing; the message
+    says what to fix. Exit with EXIT_CONFIGURATION_ERROR."""
+
+
+class InvalidSettings(ConfigurationError, ValueError):
+    """RuntimeSettings (or their environment) are invalid or incomplete (no job secret): the
+    message names the bad value. A ValueError too."""
+
+
+class ControllerRefusedConfiguration(ControllerRefused, ConfigurationError):
+    """The controller refused who this replica says it is, for good: its job secret differs from
+    the controller's (PERMISSION_DENIED), or its replica id, job id or shape is not the job's."""
+
+
 class ControllerUnreachable(ControllerRefused):
     """No controller answered any call for connect_timeout_s (a wrong address, a controller
     that is gone): the replica gives up, as an agent does after --connect-timeout-s."""
@@ -83,3 +113,13 @@ class CheckpointError(Recoverable):
 
 class ReplicaFinished(Exception):
     """This replica has no more steps to train: leave the training loop and call close()."""
+
+
+def exit_status(error: BaseException) -> int:
+    """The exit status a training script ends with for `error`: EXIT_JOB_ALREADY_COMPLETED,
+    EXIT_CONFIGURATION_ERROR, or 1 for anything else."""
+    if isinstance(error, JobAlreadyCompleted):
+        return EXIT_JOB_ALREADY_COMPLETED
+    if isinstance(error, ConfigurationError):
+        return EXIT_CONFIGURATION_ERROR
+    return 1

@@ -37,23 +37,20 @@ import torch.distributed as dist
 from ftar_kernels import FtarEndpoint, FtarSettings
 from fthsdp import determinism
 from fthsdp.data_ledger import DataLedger, LedgerBatches
-from fthsdp.errors import (
-    ChannelError, Fatal, JobAlreadyCompleted, ReplicaFinished, RetryLimitExceeded,
-)
+from fthsdp.errors import (EXIT_JOB_ALREADY_COMPLETED, ChannelError, ConfigurationError, Fatal, JobAlreadyCompleted,
+                           ReplicaFinished, RetryLimitExceeded)
 from fthsdp.settings import RuntimeSettings
 from fthsdp.state.checkpoint import CheckpointStore
 from fthsdp.state.replica_checkpoints import LOAD_ERRORS, ReplicaCheckpoints
 from fthsdp.state.digest import rank_digest
 from fthsdp.state.fetch_job import FetchJob
-from fthsdp.state.registry import StateRegistry, Stateful
 from fthsdp.state import snapshot
+from fthsdp.state.registry import StateRegistry, Stateful
 from fthsdp.state.serve import StateServer
-from fthsdp.step import events as ev
-from fthsdp.step import messages as msg
+from fthsdp.step import events as ev, frames, messages as msg
 from fthsdp.step.client import CoordinatorClient
-from fthsdp.step.controller_client import COMPLETED_PREFIX, ControllerClient
+from fthsdp.step.controller_client import COMPLETED_PREFIX, CONFIGURATION_PREFIX, ControllerClient
 from fthsdp.step.coordinator import CoordinatorService
-from fthsdp.step import frames
 from fthsdp.step.plan import AddressBook, RankPlan
 from fthsdp.step.protocol import INF, Phase, ProtocolError, advance, initial_state, next_deadline
 from fthsdp.sync import fsdp
@@ -95,6 +92,8 @@ class Manager:
         self.registry = StateRegistry()
         self.incarnation = uuid.uuid4().hex[:12]
         self.last_outcome: StepOutcome | None = None
+        #: whether this process committed a step (one that did not trained nothing)
+        self._committed_any = False
         #: bytes of the last catch-up transfer this rank adopted (its shards only, when sharded)
         self.last_catch_up_bytes = 0
         #: time spent inside the pure protocol, and how many events it took
@@ -223,7 +222,7 @@ class Manager:
             if s.rank == 0:  # the coordinator lives here; rank 0 is its client below like everyone
                 controller = self._seams.controller(ControllerClient(
                     s.controller_address, s.job_id, s.replica_id, self.incarnation, job_secret=s.job_secret,
-                    connect_timeout_s=s.connect_timeout_s,
+                    connect_timeout_s=s.connect_timeout_s, reconnect_timeout_s=s.reconnect_timeout_s,
                     checkpoint_every_steps=s.checkpoint_every_steps if s.checkpoint_dir else 0))
                 host, _, port = address.rpartition(":") if address else (s.bind_host, "", "0")
                 self.coordinator = CoordinatorService(s, controller, host, int(port)).start()
@@ -311,12 +310,13 @@ class Manager:
         return self._state.plan
 
     def _check_not_too_late(self) -> None:
-        """A replica whose first quorum is refused because the job is COMPLETED started too late:
+        """A process that committed no step when it learns the job is COMPLETED started (or was
+        restarted) too late, whether its first quorum was refused or an earlier one had failed:
         it must not end as if it had trained (JobAlreadyCompleted, not the end of its loop)."""
-        if self.last_outcome is None and COMPLETED_PREFIX in self._state.reason:
+        if not self._committed_any and COMPLETED_PREFIX in self._state.reason:
             raise JobAlreadyCompleted(
                 f"replica {self.settings.replica_id} started after the job COMPLETED and trained nothing "
-                f"({self._state.reason}); write no results and exit non-zero")
+                f"({self._state.reason}); write no results and exit with status {EXIT_JOB_ALREADY_COMPLETED}")
 
     def _begin_for_batch(self) -> bool:
         try:
@@ -393,7 +393,8 @@ class Manager:
                 self.protocol_events += 1
                 for effect in effects:
                     if isinstance(effect, ev.Fail):
-                        error = RetryLimitExceeded if effect.retries_exhausted else Fatal
+                        error = RetryLimitExceeded if effect.retries_exhausted else (
+                            ConfigurationError if CONFIGURATION_PREFIX in effect.message else Fatal)
                         raise error(effect.message)
                     self._execute(effect)
         except BaseException:
@@ -564,6 +565,7 @@ class Manager:
 
     def _do_Concluded(self, e: ev.Concluded) -> None:  # noqa: N802
         o = self.last_outcome = e.outcome
+        self._committed_any = self._committed_any or o.committed
         s = self.settings
         if not o.committed:
             log.warning("replica %s rank %s: step %s (attempt %s, quorum %s) will be retried: %s", s.replica_id,

@@ -41,8 +41,9 @@ import sys
 from dataclasses import dataclass
 from typing import Callable, Mapping
 
+from fthsdp.errors import InvalidSettings
 from fthsdp.step.relay_tree import RelayTree
-from protos import job_secret, timeout_rules
+from protos import dial, job_secret, timeout_rules
 from protos.job_secret import JobSecret
 from protos.sync_modes import SYNC_MODES
 
@@ -62,7 +63,8 @@ ENV_JOB_SECRET_FILE = job_secret.ENV_JOB_SECRET_FILE
 ENV_JOB_SECRET = job_secret.ENV_JOB_SECRET
 ENV_INSECURE_TRAINER_PORTS = job_secret.ENV_INSECURE_TRAINER_PORTS
 ENV_DETERMINISTIC = "FTHSDP_DETERMINISTIC"
-ENV_CONNECT_TIMEOUT_S = "FTHSDP_CONNECT_TIMEOUT_S"
+ENV_CONNECT_TIMEOUT_S = dial.ENV_CONNECT_TIMEOUT_S
+ENV_RECONNECT_TIMEOUT_S = dial.ENV_RECONNECT_TIMEOUT_S
 ENV_QUORUM_TIMEOUT_S = "FTHSDP_QUORUM_TIMEOUT_S"
 ENV_GATHER_TIMEOUT_S = "FTHSDP_GATHER_TIMEOUT_S"
 ENV_ALLREDUCE_TIMEOUT_S = "FTHSDP_ALLREDUCE_TIMEOUT_S"
@@ -83,6 +85,7 @@ TIMEOUT_ENV: dict[str, str] = {
     "heartbeat_interval_s": ENV_HEARTBEAT_INTERVAL_S,
     "controller_heartbeat_timeout_s": ENV_CONTROLLER_HEARTBEAT_TIMEOUT_S,
     "connect_timeout_s": ENV_CONNECT_TIMEOUT_S,
+    "reconnect_timeout_s": ENV_RECONNECT_TIMEOUT_S,
 }
 ENV_SYNC_MODE = "FTHSDP_SYNC_MODE"
 ENV_SYNC_EVERY_STEPS = "FTHSDP_SYNC_EVERY_STEPS"
@@ -144,10 +147,13 @@ class RuntimeSettings:
         lost beats within it. Set it (FTHSDP_CONTROLLER_HEARTBEAT_TIMEOUT_S) when the controller
         runs with another heartbeat timeout than its default.
     connect_timeout_s: rank 0 gives up (ControllerUnreachable, a Fatal error) when no controller
-        address answered any call for this long (FTHSDP_CONNECT_TIMEOUT_S): a wrong address or
-        a controller that is gone ends the replica non-zero, every failed attempt logged with
-        its backoff, as the agent's --connect-timeout-s (same default). Keep it above a
-        controller failover's time.
+        address answered its first call for this long (FTHSDP_CONNECT_TIMEOUT_S, default 60 s): a
+        wrong address or a missing controller ends the replica non-zero soon, as the agent's
+        --connect-timeout-s (same default). Failed attempts are logged once per doubling of
+        their count, with the address and the reason (protos.dial.Outage).
+    reconnect_timeout_s: the same once a controller had answered (FTHSDP_RECONNECT_TIMEOUT_S,
+        default 300 s, as the agent's --reconnect-timeout-s): keep it above a controller
+        failover's or restart's time.
     checkpoint_dir: durable checkpoints go here ("" disables them; FTHSDP_CHECKPOINT_DIR).
     checkpoint_every_steps: write a checkpoint after every N-th committed step
         (FTHSDP_CHECKPOINT_EVERY_STEPS).
@@ -203,7 +209,8 @@ class RuntimeSettings:
     digest_every_steps: int = 100
     heartbeat_interval_s: float = 1.0
     controller_heartbeat_timeout_s: float = 10.0
-    connect_timeout_s: float = 300.0
+    connect_timeout_s: float = dial.CONNECT_TIMEOUT_S
+    reconnect_timeout_s: float = dial.RECONNECT_TIMEOUT_S
     checkpoint_dir: str = ""
     checkpoint_every_steps: int = 0
     checkpoint_keep_last: int = 3
@@ -283,7 +290,7 @@ class RuntimeSettings:
                             f"{self.world_size}: no relays), got {self.relay_fanout}.")
         problems += self._sync_problems()
         if problems:
-            raise ValueError("Invalid RuntimeSettings: " + " ".join(problems))
+            raise InvalidSettings("Invalid RuntimeSettings: " + " ".join(problems))
         return self
 
     def _sync_problems(self) -> list[str]:
@@ -317,7 +324,7 @@ class RuntimeSettings:
             return self.job_secret.key(purpose)
         if self.insecure_trainer_ports is True:
             return None
-        raise ValueError(f"The trainer ports need the job secret: {job_secret.HOW_TO_PROVIDE}.")
+        raise InvalidSettings(f"The trainer ports need the job secret: {job_secret.HOW_TO_PROVIDE}.")
 
     def relay_tree(self) -> RelayTree:
         """This replica's relay tree (fthsdp/step/relay_tree.py)."""
@@ -367,7 +374,7 @@ class RuntimeSettings:
                 values["job_secret"] = job_secret.from_env(env)
             values["insecure_trainer_ports"] = job_secret.insecure_from_env(env)
         except ValueError as exc:
-            raise ValueError(f"Invalid RuntimeSettings: {exc}.") from None
+            raise InvalidSettings(f"Invalid RuntimeSettings: {exc}.") from None
         values.update(overrides)
         return dataclasses.replace(cls(), **values).validate()
 
@@ -387,8 +394,8 @@ def _seconds(name: str, text: str) -> float:
     try:
         return float(text)
     except ValueError:
-        raise ValueError(f"Invalid RuntimeSettings: environment variable {name}={text!r} is not a number of "
-                         f"seconds.") from None
+        raise InvalidSettings(f"Invalid RuntimeSettings: environment variable {name}={text!r} is not a number of "
+                              f"seconds.") from None
 
 
 def _int(text: str) -> int:
@@ -428,12 +435,13 @@ def _number(name: str, text: str) -> float:
     try:
         return float(text)
     except ValueError:
-        raise ValueError(f"Invalid RuntimeSettings: environment variable {name}={text!r} is not a number.") from None
+        raise InvalidSettings(f"Invalid RuntimeSettings: environment variable {name}={text!r} is not a number.") \
+            from None
 
 
 def _flag(name: str, text: str) -> bool:
     if text not in ("0", "1"):
-        raise ValueError(f"Invalid RuntimeSettings: environment variable {name}={text!r} must be 0 or 1.")
+        raise InvalidSettings(f"Invalid RuntimeSettings: environment variable {name}={text!r} must be 0 or 1.")
     return text == "1"
 
 
@@ -443,7 +451,7 @@ def _convert(name: str, text: str, conv: Callable[[str], object]) -> object:
     except ValueError as exc:
         if str(exc).startswith("Invalid RuntimeSettings"):
             raise
-        raise ValueError(f"Invalid RuntimeSettings: environment variable {name}={text!r} is not a number.") from None
+        raise InvalidSettings(f"Invalid RuntimeSettings: environment variable {name}={text!r} is not a number.") from None
 
 
 def _coordinator_from_torchrun(env: Mapping[str, str]) -> str:
@@ -454,11 +462,11 @@ def _coordinator_from_torchrun(env: Mapping[str, str]) -> str:
         return ""
     if not addr or not port:
         missing = TORCHRUN_MASTER_ADDR if not addr else TORCHRUN_MASTER_PORT
-        raise ValueError(f"Invalid RuntimeSettings: {missing} is not set on this rank (the coordinator address "
+        raise InvalidSettings(f"Invalid RuntimeSettings: {missing} is not set on this rank (the coordinator address "
                          f"is derived from {TORCHRUN_MASTER_ADDR}:{TORCHRUN_MASTER_PORT}+{COORDINATOR_PORT_OFFSET}); "
                          f"set it, or {ENV_COORDINATOR_ADDRESS}.")
     if not port.isdigit() or not 0 < int(port) + COORDINATOR_PORT_OFFSET < 65536:
-        raise ValueError(f"Invalid RuntimeSettings: {TORCHRUN_MASTER_PORT}={port!r} is not a port below 65535.")
+        raise InvalidSettings(f"Invalid RuntimeSettings: {TORCHRUN_MASTER_PORT}={port!r} is not a port below 65535.")
     return f"{addr}:{int(port) + COORDINATOR_PORT_OFFSET}"
 
 

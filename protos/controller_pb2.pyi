@@ -107,18 +107,20 @@ class QuorumPortRefusal(_message.Message):
     def __init__(self, code: _Optional[str] = ..., details: _Optional[str] = ..., leader_address: _Optional[str] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
-    __slots__ = ("host_ids", "replica_ids", "agent_secret", "credential", "host_id")
+    __slots__ = ("host_ids", "replica_ids", "agent_secret", "credential", "host_id", "finishing_trainers")
     HOST_IDS_FIELD_NUMBER: _ClassVar[int]
     REPLICA_IDS_FIELD_NUMBER: _ClassVar[int]
     AGENT_SECRET_FIELD_NUMBER: _ClassVar[int]
     CREDENTIAL_FIELD_NUMBER: _ClassVar[int]
     HOST_ID_FIELD_NUMBER: _ClassVar[int]
+    FINISHING_TRAINERS_FIELD_NUMBER: _ClassVar[int]
     host_ids: _containers.RepeatedScalarFieldContainer[str]
     replica_ids: _containers.RepeatedScalarFieldContainer[str]
     agent_secret: str
     credential: str
     host_id: str
-    def __init__(self, host_ids: _Optional[_Iterable[str]] = ..., replica_ids: _Optional[_Iterable[str]] = ..., agent_secret: _Optional[str] = ..., credential: _Optional[str] = ..., host_id: _Optional[str] = ...) -> None: ...
+    finishing_trainers: int
+    def __init__(self, host_ids: _Optional[_Iterable[str]] = ..., replica_ids: _Optional[_Iterable[str]] = ..., agent_secret: _Optional[str] = ..., credential: _Optional[str] = ..., host_id: _Optional[str] = ..., finishing_trainers: _Optional[int] = ...) -> None: ...
 
 class HeartbeatResponse(_message.Message):
     __slots__ = ("unknown_ids", "not_leader", "job_state", "leader_address", "job_state_reason")

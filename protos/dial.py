@@ -22,6 +22,13 @@ ENV_TLS_CA_FILE = "FTHSDP_TLS_CA_FILE"
 ENV_TLS_CERT_FILE = "FTHSDP_TLS_CERT_FILE"
 ENV_TLS_KEY_FILE = "FTHSDP_TLS_KEY_FILE"
 ENV_TLS_SERVER_NAME = "FTHSDP_TLS_SERVER_NAME"
+#: How long an agent or a trainer's rank 0 tries to reach a controller before it gives up: for
+#: a first connection that never got an answer (a wrong address shows soon), and again after
+#: one did (a controller failover or restart takes a while). Flags win over these variables.
+ENV_CONNECT_TIMEOUT_S = "FTHSDP_CONNECT_TIMEOUT_S"
+ENV_RECONNECT_TIMEOUT_S = "FTHSDP_RECONNECT_TIMEOUT_S"
+CONNECT_TIMEOUT_S = 60.0
+RECONNECT_TIMEOUT_S = 300.0
 
 
 @dataclass(frozen=True)
@@ -157,6 +164,53 @@ class AddressRotation:
         delay = backoff_s(self.failed_passes, self.base_s, self.cap_s)
         self.failed_passes += 1
         return delay * (1.0 - min(max(jitter, 0.0), 0.99))
+
+
+class Outage:
+    """Connection attempts that got no answer from any controller since the last one that did:
+    when to say so and when to give up. Pure (time passed in); the agent and the trainer
+    runtime follow it alike.
+
+    A client that never had an answer gives up once the next pause would take the outage past
+    `connect_timeout_s` (a wrong address or a missing controller is a configuration error: say
+    so soon); one that had an answer waits `reconnect_timeout_s` (a failover, a restarted
+    controller). Failed attempts are logged once per doubling of their count (the 1st, 2nd,
+    4th, 8th...): a few lines, each with the address and the reason, never one per attempt.
+    """
+
+    def __init__(self, connect_timeout_s: float, reconnect_timeout_s: float) -> None:
+        self.connect_timeout_s, self.reconnect_timeout_s = connect_timeout_s, reconnect_timeout_s
+        #: when the outage began (None: the last attempt was answered), and its failed attempts
+        self.since: float | None = None
+        self.attempts = 0
+        #: a controller answered once: outages from now on are reconnections
+        self.answered = False
+
+    @property
+    def limit_s(self) -> float:
+        return self.reconnect_timeout_s if self.answered else self.connect_timeout_s
+
+    @property
+    def limit_name(self) -> str:
+        """The setting that bounds this outage (for messages)."""
+        return "reconnect timeout" if self.answered else "connect timeout"
+
+    def failed(self, now: float, pause_s: float) -> bool:
+        """One more attempt failed at `now`, the next one `pause_s` later: True to give up."""
+        self.since = now if self.since is None else self.since
+        self.attempts += 1
+        return now - self.since + pause_s > self.limit_s
+
+    @property
+    def worth_a_line(self) -> bool:
+        """Whether the attempt just failed is logged: the 1st, 2nd, 4th, 8th... of the outage."""
+        return self.attempts > 0 and self.attempts & (self.attempts - 1) == 0
+
+    def length(self, now: float) -> float:
+        return 0.0 if self.since is None else now - self.since
+
+    def succeeded(self) -> None:
+        self.since, self.attempts, self.answered = None, 0, True
 
 
 class FailoverChannel:

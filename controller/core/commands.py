@@ -83,9 +83,11 @@ class ReportFinished:
 
 @dataclass(frozen=True)
 class Heartbeat:
-    """Hosts and replicas alive; the answer is the ids unknown or dead (they must register or join)."""
+    """Hosts and replicas alive; the answer is the ids unknown or dead (they must register or join).
+    `finishing_trainers`: how many trainers of `host_ids` still run after the job COMPLETED."""
     host_ids: tuple[str, ...] = ()
     replica_ids: tuple[str, ...] = ()
+    finishing_trainers: int = 0
 
 
 # -- an agent's calls ----------------------------------------------------------------------

@@ -46,7 +46,7 @@ def _register(s: ControllerState, cmd: c.RegisterAgent, now: float):
 
 
 def _heartbeat(s: ControllerState, cmd: c.Heartbeat, now: float) -> list[str]:
-    return s.heartbeat_hosts(cmd.host_ids, now) + s.heartbeat_replicas(cmd.replica_ids, now)
+    return s.heartbeat_hosts(cmd.host_ids, now, cmd.finishing_trainers) + s.heartbeat_replicas(cmd.replica_ids, now)
 
 
 def _trainer_exit(s: ControllerState, cmd: c.TrainerExit, now: float) -> None:

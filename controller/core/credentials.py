@@ -26,6 +26,8 @@ from protos.job_secret import JobSecret
 
 #: Tokens kept per kind (ids are bounded, a stranger's too; past this the cache starts over).
 CACHED = 4096
+#: What a proof or credential made with another job secret means, said plainly.
+SECRET_DIFFERS = "the job secret differs from the controller's"
 
 
 class Credentials:
@@ -81,7 +83,7 @@ class Credentials:
             return ""
         if kind == wire.REPLICA_KIND:
             if not hmac.compare_digest(token, self._replica_token(replica_id)):
-                return "its credential is not that replica's token"
+                return f"its credential is not that replica's token: {SECRET_DIFFERS}"
             return ""
         return f"its credential is of no known kind ({kind[:16]!r}; want {wire.HOST_KIND} or {wire.REPLICA_KIND})"
 
@@ -112,7 +114,7 @@ def _registration_problem(secret: JobSecret, host_id: str, incarnation: str, pro
                 f"{wire.REGISTRATION_WINDOW_S:g}s allowed either way (or a replayed proof): synchronize the "
                 f"host's clock (NTP) and register again")
     if not hmac.compare_digest(mac, wire.registration_mac(secret, host_id, incarnation, int(ms))):
-        return "its proof is not an HMAC of the host id and incarnation under the job secret"
+        return f"its proof was made with another job secret: {SECRET_DIFFERS}"
     return ""
 
 

@@ -103,16 +103,21 @@ class JobLifecycle:
         """Since when the running job could make no progress (None: it can, or it ended)."""
         return None if self.job_over else self.stuck_since
 
+    def join_refusal(self, replica_id: str) -> str:
+        """Why no join is answered any more once the job ended ("" while it runs)."""
+        if self.failed_at is not None:
+            return (f"{job_name(self.settings.job_id)} is FAILED: {self.job_end_reason}; replica {replica_id} may "
+                    f"not join a quorum.")
+        if self.completed_at is not None:
+            return (f"{job_name(self.settings.job_id)} is COMPLETED: every replica finished or died; replica "
+                    f"{replica_id} may not join a quorum.")
+        return ""
+
     def check_join_allowed(self, replica_id: str, r: Replica | None, restarted: bool) -> None:
         """Refuse a join once the job ended, or of a FINISHED replica's same process."""
-        if self.failed_at is not None:
-            raise FailedPrecondition(
-                f"{job_name(self.settings.job_id)} is FAILED: {self.job_end_reason}; replica {replica_id} may not join "
-                f"a quorum.")
-        if self.completed_at is not None:
-            raise FailedPrecondition(
-                f"{job_name(self.settings.job_id)} is COMPLETED: every replica finished or died; replica "
-                f"{replica_id} may not join a quorum.")
+        refusal = self.join_refusal(replica_id)
+        if refusal:
+            raise FailedPrecondition(refusal)
         if r is not None and r.state == ReplicaState.FINISHED and not restarted:
             raise FailedPrecondition(
                 f"replica {replica_id} is FINISHED ({r.reason}); only a new process (a new incarnation) may "

@@ -18,7 +18,8 @@ HOSTS_SNAPSHOT_VERSION = 1
 HOST_SHARDS = 64
 #: What of a host survives a failover (last_seen starts anew, as does the restart budget,
 #: controller.core.restarts; the assignment is written apart).
-HOST_DURABLE_FIELDS = tuple(f.name for f in fields(Host) if f.name not in ("last_seen", "assignment"))
+HOST_DURABLE_FIELDS = tuple(f.name for f in fields(Host)
+                            if f.name not in ("last_seen", "assignment", "finishing_trainers"))
 
 
 def host_shard(host_id: str) -> int:

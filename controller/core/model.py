@@ -225,6 +225,9 @@ class Host:
     coordinator_port: int = 0
     #: Its agent pre-starts standby trainers while the host has no assignment (shown, not acted on).
     standby: bool = False
+    #: How many of its trainers still run after the job COMPLETED, finishing their own work after
+    #: Manager.close() (its agent's heartbeats say; shown, not persisted).
+    finishing_trainers: int = 0
 
 
 def host_can_run(h: Host) -> bool:

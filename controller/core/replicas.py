@@ -111,9 +111,10 @@ class ReplicaRegistry:
                 f"{r.committed_step}; a step may go back only after a failed-commit report."
             )
 
-    def admit(self, plan: JoinPlan, req: JoinRequest, now: float) -> bool:
+    def admit(self, plan: JoinPlan, req: JoinRequest, now: float, job_over: Callable[[], bool] = lambda: False) -> bool:
         """The checked join changes the record. Returns whether the replica joins renewed (a
-        new process or new addresses: the quorum id must change)."""
+        new process or new addresses: the quorum id must change). A replica whose old process's
+        death ended the job (`job_over` after it) stays DEAD: it does not rejoin a COMPLETED job."""
         rid, r = plan.replica_id, plan.record
         if r is None:
             r = self.replicas[rid] = Replica(replica_id=rid, incarnation=req.incarnation, step=req.step)
@@ -127,7 +128,7 @@ class ReplicaRegistry:
                       f"its coordinator restarted (incarnation {r.incarnation} → {req.incarnation})", now)
         if plan.restarted:  # a restarted replica may resume from an older checkpoint
             r.committed_step = min(r.committed_step, req.step - 1)
-        if r.state == ReplicaState.DEAD:
+        if r.state == ReplicaState.DEAD and not job_over():
             self.transition(r, ReplicaState.JOINING, f"rejoined at step {req.step}", now)
         r.incarnation = req.incarnation or r.incarnation
         r.step = req.step

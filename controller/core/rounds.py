@@ -96,8 +96,11 @@ class Rounds:
         return True
 
     def end(self, reason: str) -> None:
-        """No round closes any more (the job ended), for `reason`."""
+        """No round closes any more (the job ended), for `reason`: the joins waiting in it leave
+        (the shell refuses them at once, saying how the job ended)."""
         self.round_reason, self.round_wake_at = reason, None
+        self.round_joined.clear()
+        self.round_first_join_at = None
 
     def decide(self, replicas: Mapping[str, Replica], live: frozenset[str], dead: frozenset[str],
                suspect: frozenset[str], now: float) -> Decided | None:

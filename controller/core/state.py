@@ -120,7 +120,11 @@ class ControllerState:
         # Validated: from here on the request changes state.
         if plan.restarted and plan.record is not None and plan.record.state == ReplicaState.FINISHED:
             self.lifecycle.trains_again(plan.replica_id)
-        renewed = self.replica_registry.admit(plan, req, now)
+        renewed = self.replica_registry.admit(plan, req, now, job_over=lambda: self.lifecycle.job_over)
+        if self.lifecycle.job_over:
+            # Its old process's death (the restart) ended the job: every other replica had
+            # finished. The new process trains nothing: its join is refused as the round's end.
+            return
         self.rounds.joined(plan.replica_id, req.step, renewed, now)
 
     def _checked_join(self, req: JoinRequest) -> JoinPlan:
@@ -421,8 +425,11 @@ class ControllerState:
     def heartbeat_replicas(self, replica_ids, now: float) -> list[str]:
         return self.replica_registry.beat(replica_ids, now)
 
-    def heartbeat_hosts(self, host_ids, now: float) -> list[str]:
+    def heartbeat_hosts(self, host_ids, now: float, finishing_trainers: int = 0) -> list[str]:
         hosts, suspects = self.host_registry, self.replica_registry.suspects
+        for hid in host_ids:
+            if (h := hosts.hosts.get(hid)) is not None:
+                h.finishing_trainers = finishing_trainers
         if suspects.since:
             holders = {hosts.rank_holders.get((rid, 0)): rid for rid in suspects.since}
             for hid in host_ids:

@@ -130,7 +130,8 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
                 refuse(context, "Heartbeat", exc)
                 return
             state = self.server.state
-            unknown = self.server.step_now(c.Heartbeat(tuple(beat.host_ids), tuple(beat.replica_ids)))
+            unknown = self.server.step_now(c.Heartbeat(tuple(beat.host_ids), tuple(beat.replica_ids),
+                                                       max(beat.finishing_trainers, 0)))
             yield pb.HeartbeatResponse(unknown_ids=unknown, job_state=JOB_STATES[state.job_state],
                                        job_state_reason=state.job_end_reason if state.job_over else "")
 

@@ -24,7 +24,7 @@ import uvicorn
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from controller.core.credentials import Credentials
-from controller.core.errors import PermissionDenied
+from controller.core.errors import FailedPrecondition, PermissionDenied
 from controller.core.host_records import HOST_SHARDS
 from controller.core.identity import CertBinding
 from controller.core.model import Event, JoinRequest, OrderOut
@@ -350,9 +350,11 @@ class ControllerServer:
             for rid in [rid for rid in self.waiters if rid not in ready.round_members]:
                 r = self.state.replicas.get(rid)
                 reason = r.reason if r is not None else "unknown replica"
+                ended = self.state.lifecycle.join_refusal(rid)  # the job ended: said at once, no retry
                 for fut, *_ in self.waiters.pop(rid):
                     if not fut.done():
-                        fut.set_exception(NotLeader(f"replica {rid} was dropped from the round: {reason}"))
+                        fut.set_exception(FailedPrecondition(ended) if ended else
+                                          NotLeader(f"replica {rid} was dropped from the round: {reason}"))
         return answered
 
     async def _carry_out(self, ready: Ready, answered: list[tuple[asyncio.Future, int, bool]],

@@ -135,10 +135,12 @@ def host_view(h, now: float, reasons: dict | None = None) -> dict:
         "host_id": h.host_id, "state": state, "spare": pooled, "standby": h.standby,
         "assignment": asdict(h.assignment) if h.assignment else None, "labels": h.labels, "slots": h.slots,
         "cordoned": h.cordoned, "cordon_reason": h.cordon_reason, "cordoned_by": h.cordon_by,
-        "incarnation": h.incarnation,
+        "incarnation": h.incarnation, "finishing_trainers": h.finishing_trainers,
         "assignment_version": h.assignment_version, "address": h.address,
         "seconds_since_seen": round(max(now - h.last_seen, 0.0), 3),
-        "state_reason": (reasons or {}).get(h.host_id, ""),
+        "state_reason": (reasons or {}).get(h.host_id, "") or (
+            f"finishing: {h.finishing_trainers} trainer(s) still run their own work after the job COMPLETED"
+            if h.finishing_trainers else ""),
     }
 
 

@@ -14,10 +14,11 @@ Quorums and commit reports go to the leader's quorum port once an answer named i
 QuorumStream, unary ReportStep); a port that cannot serve is left for PORT_RETRY_S, and
 gRPC, with its failover, takes over.
 A controller that does not answer at all -- a wrong address, a controller that is gone -- is
-logged at every failed attempt with its backoff, and after `connect_timeout_s` without any
-answer (RuntimeSettings.connect_timeout_s, FTHSDP_CONNECT_TIMEOUT_S; the rule the agent's
---connect-timeout-s follows, `Outage` below) the call raises ControllerUnreachable, a Fatal
-error: the replica ends non-zero instead of retrying for ever.
+logged once per doubling of the failed attempts (the address and the reason each time), and
+after `connect_timeout_s` without a first answer, or `reconnect_timeout_s` once one came
+(RuntimeSettings, FTHSDP_CONNECT_TIMEOUT_S / FTHSDP_RECONNECT_TIMEOUT_S; the rule the agent's
+--connect-timeout-s / --reconnect-timeout-s follow, `protos.dial.Outage`), the call raises
+ControllerUnreachable, a Fatal error: the replica ends non-zero instead of retrying for ever.
 """
 
 from __future__ import annotations
@@ -31,19 +32,32 @@ from typing import Callable, Iterator, TypeVar
 
 import grpc
 
-from fthsdp.errors import ControllerRefused, ControllerUnavailable, ControllerUnreachable, JobCompleted, JobFailed
+from fthsdp.errors import (ControllerRefused, ControllerRefusedConfiguration, ControllerUnavailable,
+                           ControllerUnreachable, JobCompleted, JobFailed)
 from fthsdp.step import coordination as co
 from fthsdp.step.leader_credential import leader_credential
 from fthsdp.step.quorum_port_client import QuorumPortClient, resolve
 from fthsdp.step.quorum_stream import QuorumStream, StreamFailed
 from protos import controller_pb2 as pb
 from protos import controller_pb2_grpc
-from protos.dial import FAILOVER_CODES, AddressRotation, TlsFiles, leader_hint, parse_addresses, sync_channel
+from protos.dial import (CONNECT_TIMEOUT_S, ENV_CONNECT_TIMEOUT_S, ENV_RECONNECT_TIMEOUT_S, FAILOVER_CODES,
+                         RECONNECT_TIMEOUT_S, AddressRotation, Outage, TlsFiles, leader_hint, parse_addresses,
+                         sync_channel)
 from protos.job_secret import JobSecret
 
 log = logging.getLogger(__name__)
 #: How a refusal because the job is COMPLETED begins (the Manager tells it apart by this).
 COMPLETED_PREFIX = "the controller says the job is COMPLETED: "
+#: How a refusal of the replica's configuration begins (it reaches every rank as text: the
+#: Manager raises ConfigurationError for it).
+CONFIGURATION_PREFIX = "the controller refused this replica's configuration: "
+#: Refusals of who the replica says it is: its job secret (it differs from the controller's, or
+#: there is none), or a request the controller can never take from it.
+CONFIGURATION_CODES = frozenset({grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNAUTHENTICATED,
+                                 grpc.StatusCode.INVALID_ARGUMENT})
+#: FAILED_PRECONDITION refusals of the replica's configuration: a replica id or rank count the
+#: job is not configured with (controller.core.replica_set, check_room), another job's id.
+CONFIGURATION_REFUSALS = ("configured", "does not match this controller's job")
 T = TypeVar("T")
 
 ENV_HOST_ID = "FTHSDP_HOST_ID"  # the agent's name for it (agent/env.py HOST_ID)
@@ -55,37 +69,11 @@ PORT_RETRY_S = 60.0
 #: What the quorum port answers when it, not the join, is the problem: unreachable, a
 #: standby's, full (strangers may fill it), or no answer in time.
 PORT_CANNOT_SERVE = FAILOVER_CODES | {grpc.StatusCode.RESOURCE_EXHAUSTED}
-#: The environment variable that sets RuntimeSettings.connect_timeout_s (named in the give-up message).
-ENV_CONNECT_TIMEOUT_S = "FTHSDP_CONNECT_TIMEOUT_S"
-
-
-class Outage:
-    """Calls that got no answer from any controller since the last one that did: a pure rule
-    (time passed in). The client gives up when the next pause would take the outage past
-    `limit_s`, as the agent does for --connect-timeout-s."""
-
-    def __init__(self, limit_s: float) -> None:
-        self.limit_s = limit_s
-        self.since: float | None = None
-        self.attempts = 0
-
-    def failed(self, now: float, pause_s: float) -> bool:
-        """One more attempt failed at `now`, the next one `pause_s` later: True to give up."""
-        self.since = now if self.since is None else self.since
-        self.attempts += 1
-        return now - self.since + pause_s > self.limit_s
-
-    def length(self, now: float) -> float:
-        return 0.0 if self.since is None else now - self.since
-
-    def succeeded(self) -> None:
-        self.since, self.attempts = None, 0
-
-
 class ControllerClient:
     def __init__(self, address: str, job_id: str, replica_id: str, incarnation: str,
                  tls: TlsFiles | None = None, job_secret: JobSecret | None = None,
-                 connect_timeout_s: float = 300.0, checkpoint_every_steps: int = 0) -> None:
+                 connect_timeout_s: float = CONNECT_TIMEOUT_S,
+                 reconnect_timeout_s: float = RECONNECT_TIMEOUT_S, checkpoint_every_steps: int = 0) -> None:
         self.job_id, self.replica_id, self.incarnation = job_id, replica_id, incarnation
         #: how often this replica writes a durable checkpoint (0: never), told in every join
         self.checkpoint_every_steps = checkpoint_every_steps
@@ -98,7 +86,7 @@ class ControllerClient:
         self._tls = tls if tls is not None else TlsFiles.from_env()
         self._lock = threading.Lock()
         #: calls without any answer since the last answered one (guarded by _lock)
-        self._outage = Outage(connect_timeout_s)
+        self._outage = Outage(connect_timeout_s, reconnect_timeout_s)
         self._quorum_stream = QuorumStream()
         self._port = QuorumPortClient(self._tls)
         self._report_port = QuorumPortClient(self._tls)
@@ -154,28 +142,36 @@ class ControllerClient:
                             from None
                     if code is grpc.StatusCode.FAILED_PRECONDITION and "COMPLETED" in details:
                         raise JobCompleted(f"{COMPLETED_PREFIX}{details}") from None
+                    if code in CONFIGURATION_CODES or (code is grpc.StatusCode.FAILED_PRECONDITION and any(
+                            phrase in details for phrase in CONFIGURATION_REFUSALS)):
+                        raise ControllerRefusedConfiguration(
+                            f"{CONFIGURATION_PREFIX}{name} was refused: {code.name}: {details}; a restart changes "
+                            f"nothing: fix the configuration, then start the replica again") from None
                     raise ControllerRefused(f"{name} was refused: {code.name}: {details}; fix the settings "
                                             f"or the controller's flags, then restart this replica") from None
                 self._sent_addresses = None  # the next controller may not know our addresses
                 failed, now = self.address, time.monotonic()
                 pause = self._failed_over(exc)
                 with self._lock:
-                    give_up = self._outage.failed(now, pause)
-                    attempts, outage_s, limit_s = self._outage.attempts, self._outage.length(now), self._outage.limit_s
+                    o = self._outage
+                    give_up, say = o.failed(now, pause), o.worth_a_line
+                    attempts, outage_s, limit_s, again = o.attempts, o.length(now), o.limit_s, o.answered
+                setting = ("reconnect_timeout_s", ENV_RECONNECT_TIMEOUT_S) if again else \
+                    ("connect_timeout_s", ENV_CONNECT_TIMEOUT_S)
                 if give_up:
                     raise ControllerUnreachable(
                         f"replica {self.replica_id}: no controller answered for {outage_s:.1f} s ({attempts} "
-                        f"attempt(s), last {failed}: {code.name}: {details}); giving up (connect_timeout_s "
-                        f"{limit_s:g}, {ENV_CONNECT_TIMEOUT_S}). Check the controller address "
+                        f"attempt(s), last {failed}: {code.name}: {details}); giving up ({setting[0]} "
+                        f"{limit_s:g}, {setting[1]}). Check the controller address "
                         f"({', '.join(self._controllers)}) and that the controller runs") from None
                 if now >= deadline:
                     raise ControllerUnavailable(f"{name} got no answer within {timeout_s:g}s from "
                                                 f"{', '.join(self._controllers)}: last {code.name}: "
                                                 f"{details}") from None
-                # Every failed attempt, with its backoff: a wrong address shows at once.
-                log.warning("replica %s: controller %s failed %s (%s: %s), attempt %d; trying %s in %.2f s "
-                            "(giving up after %g s without an answer)", self.replica_id, failed, name, code.name,
-                            details, attempts, self.address, pause, limit_s)
+                if say:  # once per doubling of the attempts: a wrong address shows at once, then seldom
+                    log.warning("replica %s: controller %s failed %s (%s: %s), attempt %d; trying %s in %.2f s "
+                                "(giving up after %g s without an answer, %s)", self.replica_id, failed, name,
+                                code.name, details, attempts, self.address, pause, limit_s, setting[1])
                 if pause:
                     self._stop.wait(min(pause, max(deadline - time.monotonic(), 0.0)))
 

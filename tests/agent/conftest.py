@@ -39,7 +39,7 @@ async def start_agent(tmp_path):
     def start(addresses, **kw) -> Running:
         base = dict(controller_addresses=tuple(addresses), host_id="h1",
                     command=trainer_command(tmp_path), replica_id="r0", ranks=(0,),
-                    world_size=2, heartbeat_interval_s=0.1, stop_grace_s=2.0,
+                    world_size=2, heartbeat_interval_s=0.1, stop_grace_s=2.0, finish_grace_s=2.0,
                     reconnect_base_s=0.05)
         base.update(kw)
         started.append(Running(AgentSettings(**base).validate()))

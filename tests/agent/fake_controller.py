@@ -25,6 +25,8 @@ class FakeController(pb_grpc.ControllerServicer):
     def __init__(self) -> None:
         self.registrations: list[pb.RegisterAgentRequest] = []
         self.heartbeats: defaultdict[str, int] = defaultdict(int)
+        #: host id -> trainers still finishing after COMPLETED, as its last heartbeat said
+        self.finishing: dict[str, int] = {}
         self.acks: dict[str, pb.AckOrderRequest] = {}
         self.exits: list[pb.TrainerExitRequest] = []
         self.queues: defaultdict[str, asyncio.Queue] = defaultdict(asyncio.Queue)
@@ -91,6 +93,7 @@ class FakeController(pb_grpc.ControllerServicer):
         async for request in request_iterator:
             for host_id in request.host_ids:
                 self.heartbeats[host_id] += 1
+                self.finishing[host_id] = request.finishing_trainers
             if self.mute:
                 continue
             unknown = list(request.host_ids) if self.forget > 0 else []

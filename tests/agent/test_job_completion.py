@@ -50,17 +50,22 @@ async def test_a_trainer_that_exits_0_is_done_and_completed_ends_the_agent(contr
     assert run.agent.job_completed.is_set() and not run.stop.is_set()
 
 
-async def test_completed_stops_running_trainers_gracefully_then_the_agent_exits(controller, start_agent, tmp_path):
-    run = start_agent([controller.address])
+async def test_completed_stops_running_trainers_after_the_finish_grace_then_the_agent_exits(controller, start_agent,
+                                                                                          tmp_path):
+    """A trainer that does not exit on its own after COMPLETED is finishing (the heartbeats say
+    so) until --finish-grace-s has passed; then it is stopped and the agent exits."""
+    run = start_agent([controller.address], finish_grace_s=1.0)
     [info] = await wait_for(lambda: ready_files(tmp_path), 10, "trainer ready")
     controller.job_state = pb.COMPLETED
+    await wait_for(lambda: controller.finishing.get("h1") == 1, 10, "a heartbeat saying one trainer finishes")
+    assert alive(info["pid"])
     await asyncio.wait_for(run.task, 10)
     assert not alive(info["pid"])
     assert controller.exits == []  # a stop is no exit of the trainer's own
 
 
 async def test_completed_with_idle_stops_trainers_and_starts_nothing(controller, start_agent, tmp_path):
-    run = start_agent([controller.address], on_job_complete="idle")
+    run = start_agent([controller.address], on_job_complete="idle", finish_grace_s=0.5)
     [info] = await wait_for(lambda: ready_files(tmp_path), 10, "trainer ready")
     controller.job_state = pb.COMPLETED
     await wait_for(lambda: not alive(info["pid"]), 10, "the trainer stopped")

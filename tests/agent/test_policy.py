@@ -7,7 +7,7 @@ import random
 import pytest
 
 from agent.policy import (ActionKind, Observed, Placement, Proc, RestartBudget, Role, Spec, Want,
-                          next_action, restarts_in_window)
+                          is_finishing, keep_trainers_past_timeout, next_action, restarts_in_window)
 
 A = ActionKind
 R0 = Placement("r0", 0, 2, rendezvous="10.0.0.1:29500", coordinator="10.0.0.1:29501")
@@ -97,3 +97,46 @@ def test_restarts_in_window_matches_a_naive_count():
         naive = len([t for t in times if t > now - window and not t > now])
         assert restarts_in_window(times, now, window) == naive
 
+
+
+FINISH_CASES = [
+    # (name, proc, now, finish_by, expected action, words in reason)
+    ("a trainer after COMPLETED, within the grace", proc(), 100.0, 700.0, A.WAIT, "finishing"),
+    ("a trainer after COMPLETED, the grace just ending", proc(), 699.9, 700.0, A.WAIT, "finishing"),
+    ("a trainer after COMPLETED, the grace over", proc(), 700.0, 700.0, A.STOP, "did not exit within the finish grace"),
+    ("a standby after COMPLETED is stopped at once", proc(Role.STANDBY), 100.0, 700.0, A.STOP, "no trainer"),
+    ("a trainer nobody wants while the job runs", proc(), 100.0, None, A.STOP, "no trainer"),
+    ("a finishing trainer that exited", proc(exited=True, code=0), 100.0, 700.0, A.WAIT, "no longer wanted"),
+]
+
+
+@pytest.mark.parametrize("name,p,now,finish_by,kind,words", FINISH_CASES, ids=[c[0] for c in FINISH_CASES])
+def test_a_trainer_finishes_its_own_work_after_completed_until_the_grace_ends(name, p, now, finish_by, kind, words):
+    """On a fake clock: after the job COMPLETED a trainer's process is the user's (its work after
+    Manager.close()) until `finish_by_s`; only then is it stopped."""
+    action = next_action(Observed(now, p), Spec(IDLE, BUDGET, finish_by_s=finish_by))
+    assert action.kind is kind, action.reason
+    assert words in action.reason
+    still_runs = words in ("finishing", "did not exit within the finish grace")
+    assert is_finishing(p, Spec(IDLE, BUDGET, finish_by_s=finish_by)) is still_runs
+
+
+KEEP_CASES = [
+    # (name, outage_s, answered, trainers, kept)
+    ("trainers that trained are kept past the timeout", 301.0, True, 2, True),
+    ("up to twice the timeout", 600.0, True, 1, True),
+    ("then the agent gives up", 600.1, True, 1, False),
+    ("no trainer runs: nothing to keep", 301.0, True, 0, False),
+    ("a first connection never answered: give up", 301.0, False, 2, False),
+]
+
+
+@pytest.mark.parametrize("name,outage_s,answered,trainers,kept", KEEP_CASES, ids=[c[0] for c in KEEP_CASES])
+def test_an_agent_that_lost_its_controller_keeps_trainers_that_trained(name, outage_s, answered, trainers, kept):
+    """Issue 41, on a fake clock: past the reconnect timeout (300 s here), an agent that had a
+    working session keeps retrying while its trainers run (they hold the replica's state), for
+    at most twice the timeout."""
+    why = keep_trainers_past_timeout(outage_s, 300.0, answered, trainers)
+    assert bool(why) is kept, why
+    if kept:
+        assert f"{trainers} trainer(s) still run" in why and "up to 600 s" in why

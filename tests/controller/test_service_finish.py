@@ -97,6 +97,24 @@ async def test_replicas_finish_and_the_job_completes(server, stub):
         assert metrics[("fthsdp_replica_deaths_total", (("cause", "trainer_exit"),))] == 1
 
 
+async def test_a_restarted_replicas_join_after_the_others_finished_is_refused_at_once(server, stub):
+    """Issue 39, finding 4: r1 restarts (a new incarnation) after r0 and r2 finished. Its join
+    ends the old process, which completes the job: the join is answered at once with the
+    COMPLETED refusal (it used to wait in a round that never closes until its own timeout), and
+    REST shows r1 DEAD, not JOINING, in the COMPLETED job."""
+    await start(stub)
+    for rid in ("r0", "r2"):
+        await stub.ReportFinished(finished(rid, host_id=host(rid)))
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await stub.Quorum(quorum_request("r1", 0, incarnation="restarted", host_id="h1"), timeout=30)
+    assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION, err.value.details()
+    assert "job t is COMPLETED" in err.value.details()
+    assert server.state.job_state == JobState.COMPLETED and server.state.replicas["r1"].state == ReplicaState.DEAD
+    async with httpx.AsyncClient(base_url=server.http_url) as http:
+        reps = {r["replica_id"]: r["state"] for r in (await http.get("/api/v1/replicas")).json()}
+    assert reps == {"r0": "FINISHED", "r1": "DEAD", "r2": "FINISHED"}
+
+
 @pytest.mark.parametrize("request_, code, text", [
     (finished("ghost"), grpc.StatusCode.FAILED_PRECONDITION, "replica 'ghost' is unknown"),
     (pb.ReportFinishedRequest(job_id="other", replica_id="r0"), grpc.StatusCode.FAILED_PRECONDITION,

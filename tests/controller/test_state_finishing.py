@@ -180,3 +180,33 @@ def test_trainer_exit_of_an_unknown_host_is_refused():
     s = started()
     with pytest.raises(NotFound):
         s.trainer_exit("h9", "r0", 0, 1.0, exit_code=0)
+
+
+def test_a_replica_restarted_after_the_others_finished_ends_the_job_and_does_not_rejoin_it():
+    """Issue 39, finding 4 (torchrun --max-restarts): r1's rank restarts just before the end and
+    its new process joins while r0 and r2 have finished. Its old process's death completes the
+    job at that join; the new process is not left JOINING in a COMPLETED job, waiting for a
+    round that never closes: it stays DEAD and is not in the round (the shell refuses its join
+    at once), and any later join is refused as COMPLETED."""
+    s = started()
+    s.report_finished("r0", 0, 1.0, host_id="h0")
+    s.report_finished("r2", 0, 1.0, host_id="h2")
+    assert s.job_state == JobState.RUNNING  # r1's old process still counts as live
+    s.join(JoinRequest("r1", 0, 1, incarnation="restarted", host_id="h1"), 2.0)
+    assert s.job_state == JobState.COMPLETED
+    r1 = s.replicas["r1"]
+    assert r1.state == ReplicaState.DEAD and "its leader restarted" in r1.reason
+    assert "r1" not in s.round_joined and s.round_reason == "the job is COMPLETED"
+    assert s.lifecycle.join_refusal("r1").startswith("job job is COMPLETED")
+    with pytest.raises(FailedPrecondition, match="job job is COMPLETED"):
+        s.join(JoinRequest("r1", 0, 1, incarnation="restarted", host_id="h1"), 3.0)
+
+
+def test_the_end_of_the_job_empties_the_open_round():
+    s = started()
+    s.join(JoinRequest("r1", 1, 1, incarnation="one", host_id="h1"), 2.0)
+    assert "r1" in s.round_joined
+    s.report_finished("r0", 0, 3.0, host_id="h0")
+    s.report_replica_dead("r1", "GPU lost", 3.0, host_id="h1")
+    s.report_finished("r2", 0, 3.0, host_id="h2")
+    assert s.job_state == JobState.COMPLETED and dict(s.round_joined) == {}

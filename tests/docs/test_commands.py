@@ -57,10 +57,16 @@ def all_commands() -> list[tuple[str, list[str]]]:
     return [(doc, argv) for doc in SHELL_DOCS for argv in shell_commands(doc)]
 
 
+#: README's torchrun line (FTHSDP_CONTROLLER=... torchrun ...) runs as written, ports and steps
+#: made small, in tests/runtime/test_torchrun.py (it starts torch trainers)
+TORCHRUN_LINE = "FTHSDP_CONTROLLER"
+
+
 def test_the_docs_hold_commands_of_every_kind():
     programs = {argv[0].split("=")[0] for _, argv in all_commands()}
-    assert {"make", "fthsdp", ".venv/bin/python", "kubectl", "docker", "curl", "TOKEN"} <= programs, programs
-    unknown = programs - {"make", "fthsdp", ".venv/bin/python", "kubectl", "docker", "curl", "TOKEN"}
+    kinds = {"make", "fthsdp", ".venv/bin/python", "kubectl", "docker", "curl", "TOKEN", TORCHRUN_LINE}
+    assert kinds <= programs, programs
+    unknown = programs - kinds
     assert not unknown, f"commands no test exercises: {unknown}"
 
 
@@ -125,6 +131,8 @@ def check_offline(argv: list[str], workdir: Path) -> None:
     elif argv[:2] == ["fthsdp", "bench"]:  # tests/bench/test_suite.py runs it itself: the flags exist
         proc = run([str(BIN / "fthsdp"), "bench", "--help"])
         assert proc.returncode == 0 and all(f in proc.stdout for f in argv[2:] if f.startswith("--")), proc.stdout
+    elif program.startswith(f"{TORCHRUN_LINE}="):  # run for real by tests/runtime/test_torchrun.py
+        assert "torchrun" in argv and any(a.startswith("FTHSDP_JOB_SECRET") for a in argv), argv
 
 
 def check_kubectl(argv: list[str], workdir: Path) -> None:

@@ -50,3 +50,47 @@ def test_a_torchrun_replica_needs_only_torchruns_variables_and_the_controller(tm
     assert ranks[0]["digest"] == ranks[1]["digest"]
     # the replica reported itself FINISHED before its ranks exited: the job is COMPLETED
     assert httpx.get(f"{ctl.http}/api/v1/job", timeout=5.0).json()["job_state"] == "COMPLETED"
+
+
+def readme_torchrun_line() -> tuple[dict[str, str], list[str]]:
+    """README's torchrun command: (its environment assignments, the command)."""
+    from tests.docs.test_commands import TORCHRUN_LINE, shell_commands
+
+    [argv] = [a for a in shell_commands("README.md") if a[0].startswith(f"{TORCHRUN_LINE}=")]
+    cut = next(i for i, a in enumerate(argv) if "=" not in a)
+    return dict(a.split("=", 1) for a in argv[:cut]), argv[cut:]
+
+
+@pytest.mark.timeout(900)  # two torchrun launches of two torch ranks each
+def test_readmes_torchrun_line_trains_as_written_and_a_restart_after_the_end_exits_3(tmp_path, controller_process):
+    """README's line as a user runs it (issue 39, finding 4): its controller address, master port
+    and secret file pointed at this test's, and 3 steps on the CPU instead of 200. It trains to
+    COMPLETED; run again after the end (what torchrun's late restart is), every rank exits 3."""
+    secret = tmp_path / "job-secret"
+    secret.write_text(trainer_secret.SECRET_HEX + "\n")
+    ctl = controller_process("--replicas", "1", "--min-replicas", "1", "--join-timeout-s", "0.2",
+                             "--job-secret-file", str(secret))
+    assigned, command = readme_torchrun_line()
+    assert set(assigned) == {"FTHSDP_CONTROLLER", "FTHSDP_REPLICA_ID", "FTHSDP_JOB_SECRET_FILE"}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FTHSDP_")
+           and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
+    env.update({**assigned, "FTHSDP_CONTROLLER": ctl.grpc, "FTHSDP_JOB_SECRET_FILE": str(secret),
+                "PYTHONPATH": str(REPO)})
+    command = [TORCHRUN if a == "torchrun" else a for a in command]
+
+    def run(name: str, *more: str) -> tuple[int, str]:
+        argv = list(command)
+        argv[argv.index("--master-port") + 1] = str(two_free_ports())
+        with open(tmp_path / f"{name}.log", "w") as log:
+            done = subprocess.run([*argv, "--steps", "3", "--cpu", *more], cwd=REPO, env=env, stdout=log,
+                                  stderr=subprocess.STDOUT, timeout=400)
+        return done.returncode, (tmp_path / f"{name}.log").read_text()
+
+    code, log = run("first")
+    assert code == 0, log[-3000:]
+    assert httpx.get(f"{ctl.http}/api/v1/job", timeout=5.0).json()["job_state"] == "COMPLETED"
+    restart = command.index("--max-restarts") + 1
+    command[restart] = "0"  # one attempt is enough to see its ranks' exit status
+    code, log = run("after-the-end")
+    assert code != 0 and "started after the job COMPLETED" in log, log[-3000:]
+    assert "exitcode  : 3" in log and "exitcode  : 1 " not in log, log[-3000:]

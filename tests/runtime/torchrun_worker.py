@@ -3,7 +3,9 @@
     FTHSDP_CONTROLLER=host:port torchrun --nproc-per-node 2 tests/runtime/torchrun_worker.py OUT STEPS
 
 RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT come from torchrun; the
-coordinator address is derived from them. Writes OUT/rank-<RANK>.json at the end.
+coordinator address is derived from them. Writes OUT/rank-<RANK>.json at the end. A rank that
+starts (or torchrun restarts) after the job COMPLETED exits 3, a configuration error exits 78
+(`fthsdp.exit_status`), as the docs tell torchrun users to write it.
 """
 
 from __future__ import annotations
@@ -15,7 +17,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from fthsdp import FaultTolerantOptimizer, Manager, RuntimeSettings, state_digest
+from fthsdp import ConfigurationError, FaultTolerantOptimizer, JobAlreadyCompleted, Manager, RuntimeSettings, exit_status
+from fthsdp import state_digest
 
 
 def main(out: Path, steps: int) -> int:
@@ -46,4 +49,8 @@ def main(out: Path, steps: int) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(Path(sys.argv[1]), int(sys.argv[2])))
+    try:
+        sys.exit(main(Path(sys.argv[1]), int(sys.argv[2])))
+    except (JobAlreadyCompleted, ConfigurationError) as exc:
+        print(f"{type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+        sys.exit(exit_status(exc))
