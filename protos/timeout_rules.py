@@ -57,7 +57,12 @@ WAITS: dict[str, str] = {
     "agent.heartbeat_interval_s": "the agent beats this often on its heartbeat stream",
     "agent.rpc_timeout_s": "one call to the controller (or a heartbeat stream without answer) gives up "
                            "after this and reconnects",
-    "agent.connect_timeout_s": "the agent exits 5 once no controller address answered for this long",
+    "agent.connect_timeout_s": "the agent exits 5 once no controller address answered its first registration "
+                               "for this long",
+    "agent.reconnect_timeout_s": "the same once a controller had answered (a failover or restart may take this "
+                                 "long); trainers that trained are kept up to twice this while it retries",
+    "agent.finish_grace_s": "once the job is COMPLETED, a trainer may finish its own work after Manager.close() "
+                            "and exit on its own for this long before it is stopped",
     "agent.reconnect_base_s": "the first pause after a whole pass over the addresses failed",
     "agent.reconnect_cap_s": "the longest pause between two passes over the addresses",
     "agent.stop_grace_s": "a stopped trainer gets SIGKILL this long after SIGTERM",
@@ -77,7 +82,9 @@ WAITS: dict[str, str] = {
     "runtime.controller_heartbeat_timeout_s": "the controller's heartbeat_timeout_s as this replica assumes it "
                                               "(the runtime cannot ask the controller)",
     "runtime.connect_timeout_s": "rank 0 ends the replica (ControllerUnreachable) once no controller answered "
-                                 "for this long",
+                                 "its first call for this long",
+    "runtime.reconnect_timeout_s": "the same once a controller had answered (a failover or restart may take "
+                                   "this long)",
 }
 
 
