@@ -108,7 +108,7 @@ async def test_a_restarted_replicas_join_after_the_others_finished_is_refused_at
     with pytest.raises(grpc.aio.AioRpcError) as err:
         await stub.Quorum(quorum_request("r1", 0, incarnation="restarted", host_id="h1"), timeout=30)
     assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION, err.value.details()
-    assert "job t is COMPLETED" in err.value.details()
+    assert 'job "t" is COMPLETED' in err.value.details()
     assert server.state.job_state == JobState.COMPLETED and server.state.replicas["r1"].state == ReplicaState.DEAD
     async with httpx.AsyncClient(base_url=server.http_url) as http:
         reps = {r["replica_id"]: r["state"] for r in (await http.get("/api/v1/replicas")).json()}

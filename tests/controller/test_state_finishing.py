@@ -195,10 +195,10 @@ def test_a_replica_restarted_after_the_others_finished_ends_the_job_and_does_not
     s.join(JoinRequest("r1", 0, 1, incarnation="restarted", host_id="h1"), 2.0)
     assert s.job_state == JobState.COMPLETED
     r1 = s.replicas["r1"]
-    assert r1.state == ReplicaState.DEAD and "its leader restarted" in r1.reason
+    assert r1.state == ReplicaState.DEAD and "its coordinator restarted" in r1.reason
     assert "r1" not in s.round_joined and s.round_reason == "the job is COMPLETED"
-    assert s.lifecycle.join_refusal("r1").startswith("job job is COMPLETED")
-    with pytest.raises(FailedPrecondition, match="job job is COMPLETED"):
+    assert s.lifecycle.join_refusal("r1").startswith('job "job" is COMPLETED')
+    with pytest.raises(FailedPrecondition, match="job \"job\" is COMPLETED"):
         s.join(JoinRequest("r1", 0, 1, incarnation="restarted", host_id="h1"), 3.0)
 
 
