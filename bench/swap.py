@@ -226,8 +226,10 @@ def replica_restart_trial(root: Path, weights_mb: int) -> float:
                     return stamp
             return None
         again = _wait("r0 committing again", committed_again)
-        restarted = [s for s in _stamps(run.ready_dir) if s["replica"] == "r0" and s["time"] > killed_at]
-        assert {s["rank"] for s in restarted} == {"0", "1"}, restarted  # both ranks restarted together
+        def restarted_ranks():  # both ranks restarted together (rank 1's stamp may follow rank 0's commit)
+            ranks = {s["rank"] for s in _stamps(run.ready_dir) if s["replica"] == "r0" and s["time"] > killed_at}
+            return ranks if ranks == {"0", "1"} else None
+        _wait("both ranks of r0 restarted", restarted_ranks)
         return again["time"] - killed_at
     finally:
         run.stop()

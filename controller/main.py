@@ -94,6 +94,20 @@ def add_timeout_flags(p: argparse.ArgumentParser) -> None:
                    help=f"leader lease in etcd (default {d.lease_ttl_s:g})")
 
 
+def _add_layout_flags(p: argparse.ArgumentParser, d: ControllerSettings) -> None:
+    """Where replicas run and how often a host's trainers may restart before it is replaced."""
+    p.add_argument("--hosts-per-replica", type=int,
+                   help=f"lay replicas out here: agents without an assignment get a free host slot "
+                        f"(default {d.hosts_per_replica}: no layout, agents say their replica)")
+    p.add_argument("--ranks-per-host", type=int,
+                   help=f"ranks (GPUs) per host in that layout (default {d.ranks_per_host})")
+    p.add_argument("--restart-budget", type=int,
+                   help=f"replica restarts one host's trainer deaths may cause per --restart-window-s; "
+                        f"the next death replaces the host by a spare (default {d.restart_budget})")
+    p.add_argument("--restart-window-s", type=float,
+                   help=f"the restart budget's window (default {d.restart_window_s:g})")
+
+
 def parser() -> argparse.ArgumentParser:
     """The command line. Settings flags default to None ("not given": the --settings file or
     ControllerSettings decides); their help names ControllerSettings' default."""
@@ -131,16 +145,7 @@ def parser() -> argparse.ArgumentParser:
                         f"(local_sgd, diloco); the trainers' FTHSDP_SYNC_MODE must agree (default {d.sync_mode})")
     p.add_argument("--sync-every", type=int, metavar="H",
                    help=f"inner steps between two syncs (local_sgd, diloco; default {d.sync_every_steps})")
-    p.add_argument("--hosts-per-replica", type=int,
-                   help=f"lay replicas out here: agents without an assignment get a free host slot "
-                        f"(default {d.hosts_per_replica}: no layout, agents say their replica)")
-    p.add_argument("--ranks-per-host", type=int,
-                   help=f"ranks (GPUs) per host in that layout (default {d.ranks_per_host})")
-    p.add_argument("--restart-budget", type=int,
-                   help=f"replica restarts one host's trainer deaths may cause per --restart-window-s; "
-                        f"the next death replaces the host by a spare (default {d.restart_budget})")
-    p.add_argument("--restart-window-s", type=float,
-                   help=f"the restart budget's window (default {d.restart_window_s:g})")
+    _add_layout_flags(p, d)
     p.add_argument("--etcd", help="comma-separated etcd endpoints (host:port, http(s)://host:port); "
                                    "default: in-memory store")
     p.add_argument("--advertise-address",

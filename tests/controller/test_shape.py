@@ -1,4 +1,6 @@
-"""The controller stays in small pieces: no file over 500 lines, no function over 60.
+"""The controller stays readable: no function over 60 lines, no file over 800 (a module is as
+long as its one job needs; the old 500-line cap split concepts across files to stay under a
+number, so the cap now guards what it was meant to: long functions and files with two jobs).
 
 Lines are counted as `ast` sees them (end_lineno - lineno + 1, a function's nested functions
 included). ALLOWED holds the functions still over the limit, each at its present length: it
@@ -12,7 +14,7 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2] / "controller"
-MAX_FILE_LINES = 500
+MAX_FILE_LINES = 800
 MAX_FUNCTION_LINES = 60
 
 #: (file under controller/, qualified name) -> its length today. To be split, then removed.
@@ -40,7 +42,7 @@ def _measure() -> tuple[dict[str, int], dict[tuple[str, str], int]]:
     return files, functions
 
 
-def test_no_controller_file_is_over_500_lines():
+def test_no_controller_file_is_over_800_lines():
     files, _ = _measure()
     long = {f: n for f, n in files.items() if n > MAX_FILE_LINES}
     assert not long, f"files over {MAX_FILE_LINES} lines in controller/ (split them): {long}"
