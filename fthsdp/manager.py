@@ -92,8 +92,8 @@ class Manager:
         self.registry = StateRegistry()
         self.incarnation = uuid.uuid4().hex[:12]
         self.last_outcome: StepOutcome | None = None
-        #: whether this process committed a step (one that did not trained nothing)
-        self._committed_any = False
+        #: whether this process committed a step; whether it resumed at max_steps (nothing to train)
+        self._committed_any = self._resumed_at_end = False
         #: bytes of the last catch-up transfer this rank adopted (its shards only, when sharded)
         self.last_catch_up_bytes = 0
         #: time spent inside the pure protocol, and how many events it took
@@ -286,6 +286,7 @@ class Manager:
         resumed = self.checkpoints.resume_point() if self.checkpoints is not None else None
         if resumed is not None:
             self._state = initial_state(self.settings, *resumed)
+        self._resumed_at_end = resumed is not None and 0 < self.settings.max_steps <= self._state.step
 
     # ------------------------------------------------------------------ the step
 
@@ -310,13 +311,14 @@ class Manager:
         return self._state.plan
 
     def _check_not_too_late(self) -> None:
-        """A process that committed no step when it learns the job is COMPLETED started (or was
-        restarted) too late, whether its first quorum was refused or an earlier one had failed:
-        it must not end as if it had trained (JobAlreadyCompleted, not the end of its loop)."""
-        if not self._committed_any and COMPLETED_PREFIX in self._state.reason:
+        """A process that committed no step and learns the job is COMPLETED (or resumed from a checkpoint
+        of the last step) started too late: JobAlreadyCompleted, never the end of its loop."""
+        if not self._committed_any and (COMPLETED_PREFIX in self._state.reason or self._resumed_at_end):
+            why = self._state.reason if COMPLETED_PREFIX in self._state.reason else f"its checkpoint is at step " \
+                f"{self._state.step}, the last of max_steps={self.settings.max_steps}"
             raise JobAlreadyCompleted(
-                f"replica {self.settings.replica_id} started after the job COMPLETED and trained nothing "
-                f"({self._state.reason}); write no results and exit with status {EXIT_JOB_ALREADY_COMPLETED}")
+                f"replica {self.settings.replica_id} started after the job COMPLETED and trained nothing ({why}); "
+                f"write no results and exit with status {EXIT_JOB_ALREADY_COMPLETED}")
 
     def _begin_for_batch(self) -> bool:
         try:
@@ -583,7 +585,6 @@ class Manager:
         log.debug("replica %s rank %s has no more steps: %s", self.settings.replica_id, self.settings.rank, e.reason)
 
     # ------------------------------------------------------------------ checks
-
     def _require_not_started(self, what: str) -> None:
         if self._started:
             raise RuntimeError(f"{what} must come before Manager.start()")
