@@ -75,7 +75,10 @@ def test_readmes_torchrun_line_trains_as_written_and_a_restart_after_the_end_exi
     env = {k: v for k, v in os.environ.items() if not k.startswith("FTHSDP_")
            and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
     env.update({**assigned, "FTHSDP_CONTROLLER": ctl.grpc, "FTHSDP_JOB_SECRET_FILE": str(secret),
-                "PYTHONPATH": str(REPO)})
+                "PYTHONPATH": str(REPO),
+                # the example's default checkpoints (fthsdp-checkpoints/ in the working directory,
+                # the repository here) go to this test's folder instead
+                "FTHSDP_CHECKPOINT_DIR": str(tmp_path / "checkpoints")})
     command = [TORCHRUN if a == "torchrun" else a for a in command]
 
     def run(name: str, *more: str) -> tuple[int, str]:
