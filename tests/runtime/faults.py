@@ -48,6 +48,23 @@ class KillWhenAllreduceStarts(_Delegate):
         return handle
 
 
+class HoldWhenAllreduceStarts(_Delegate):
+    """An FTAR endpoint that, the first time `should_hold()` says so as an all-reduce is about
+    to be submitted, first calls `hold()` (which returns when the test lets the rank go on):
+    the rank sits inside a step (or sync) whose quorum was answered, before any byte of its
+    all-reduce left and before anything was committed."""
+
+    def __init__(self, endpoint, should_hold: Callable[[], bool], hold: Callable[[], None]) -> None:
+        super().__init__(endpoint)
+        self._should_hold, self._hold, self._held = should_hold, hold, False
+
+    def allreduce(self, tensor):
+        if not self._held and self._should_hold():
+            self._held = True
+            self._hold()
+        return self._inner.allreduce(tensor)
+
+
 class FailingSync(_Delegate):
     """A GradientSync whose reduction really runs (other replicas include this rank's
     gradient) but reports failure when `reason_for(plan)` returns a reason: this rank votes no."""

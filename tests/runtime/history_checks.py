@@ -156,3 +156,22 @@ def check_included_samples(walked: History, rec: Records, expected) -> int:
                                                          f"{replica}: it held {got}, not {want}")
             checked += 1
     return checked
+
+
+def check_loader_served_ledger_positions(rec: Records, dataset_len: int, batch_size: int, replicas: int,
+                                         loader_workers: int) -> int:
+    """Every step (inner step) trained the batch its ledger position names in its replica's
+    shuffled order (fthsdp.data.ShuffledOrder, seed 0), read by one of the DataLoader's worker
+    processes, not by the trainer itself: after a kill, a restart and a catch-up the loader
+    dropped what it had prefetched and served the ledger's position. Returns the rows checked."""
+    from fthsdp.data import ReplicaShard, ShuffledOrder  # torch: only for the runs that used a DataLoader
+
+    orders = {str(r): ShuffledOrder(dataset_len, batch_size, ReplicaShard.of(str(r), replicas))
+              for r in range(replicas)}
+    trained = rec.where(event="trained")
+    for row in trained:
+        want = orders[row["replica"]].indices(row["position"])
+        assert row["samples"] == want, (f"replica {row['replica']} trained {row['samples']} at position "
+                                        f"{row['position']}, not {want}")
+        assert row["workers"] and set(row["workers"]) <= set(range(loader_workers)), row
+    return len(trained)

@@ -15,6 +15,13 @@ Faults (first incarnation only): {"kind": "sigkill_inner", "replica", "step", "i
 the process in that inner step of that sync, before its optimizer step; {"kind": "sigkill",
 "replica", "step"} once the FTAR all-reduce of that sync's pseudo-gradient started (mid-sync). With "stop_after": after
 committing that sync and training "stop_inner" more inner steps, the worker waits to be killed.
+With "hold_at" (a sync) and "hold_release" (a path): right before the all-reduce of that sync's
+pseudo-gradient (its quorum answered, nothing committed) the worker writes "syncing" and waits,
+bounded, until that file exists ("released"): the test does its deed meanwhile (a controller failover).
+With "loader_workers": N >= 1, batches come through a real torch DataLoader with N worker processes
+(fthsdp.data.ShuffledLoader over data_worker's Samples, "samples" of them, BATCH_ROWS a batch, seed
+0: this replica's part of each shuffled epoch) at the ledger's position; each "trained" row names
+the batch's sample ids and the DataLoader workers that read it. Without it, train_worker's batch_at.
 """
 
 from __future__ import annotations
@@ -24,13 +31,27 @@ import os
 import signal
 import sys
 from datetime import timedelta
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
 from fthsdp import FaultTolerantOptimizer, Manager, RuntimeSettings, Seams
-from tests.runtime.faults import KillWhenAllreduceStarts
-from tests.runtime.train_worker import batch_at, build_model, record_writer, shard_model
+from fthsdp.data import ReplicaShard, ShuffledLoader
+from tests.runtime.data_worker import Samples
+from tests.runtime.faults import HoldWhenAllreduceStarts, KillWhenAllreduceStarts
+from tests.runtime.train_worker import BATCH_ROWS, batch_at, build_model, record_writer, shard_model
+from tests.waiting import wait_until
+
+#: how long a held sync waits for the test to let it go on
+HOLD_TIMEOUT_S = 60.0
+
+
+def loader_for(cfg: dict) -> ShuffledLoader:
+    """This replica's DataLoader (the test rebuilds its order to check what was served)."""
+    return ShuffledLoader(Samples(cfg["samples"]), batch_size=BATCH_ROWS,
+                          shard=ReplicaShard.of(cfg["replica_id"], cfg["replicas"]), seed=0,
+                          num_workers=cfg["loader_workers"])
 
 
 def main(cfg: dict) -> int:
@@ -45,6 +66,8 @@ def main(cfg: dict) -> int:
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{cfg['gloo_port']}", rank=cfg["rank"],
                                 world_size=world, timeout=timedelta(seconds=20))
         group = dist.group.WORLD
+    loader = loader_for(cfg) if cfg.get("loader_workers") else None
+    hold_at = cfg.get("hold_at") if cfg["incarnation"] == 0 and cfg["rank"] == 0 else None
     model = build_model()
     if cfg.get("fsdp"):
         from torch.distributed.device_mesh import init_device_mesh
@@ -52,7 +75,7 @@ def main(cfg: dict) -> int:
         shard_model(model, init_device_mesh("cpu", (world,)))
     opt = torch.optim.AdamW(model.parameters(), lr=0.01)
     settings = RuntimeSettings.from_env(
-        job_id="t", replica_id=cfg["replica_id"], rank=cfg["rank"], world_size=world,
+        job_id=cfg.get("job_id", "t"), replica_id=cfg["replica_id"], rank=cfg["rank"], world_size=world,
         controller_address=cfg["controller"], coordinator_address=cfg["coordinator_address"], max_retries=4,
         quorum_timeout_s=30.0, allreduce_timeout_s=10.0, gather_timeout_s=15.0, fetch_timeout_s=10.0,
         fetch_hold_timeout_s=5.0, heartbeat_interval_s=0.5, checkpoint_dir=cfg.get("checkpoint_dir", ""),
@@ -60,6 +83,8 @@ def main(cfg: dict) -> int:
         sync_mode=cfg["sync_mode"], sync_every_steps=h)
 
     def pre_init() -> None:
+        if loader is not None:
+            loader.start()  # the DataLoader's workers fork before the trainer's ports and threads start
         print("ready", flush=True)  # the cluster answers "go" once every first-incarnation worker is ready
         if sys.stdin.readline().strip() != "go":
             raise SystemExit("no go from the cluster")
@@ -67,18 +92,28 @@ def main(cfg: dict) -> int:
     def killing_now() -> bool:
         return manager.plan is not None and manager.plan.step in mid_sync
 
-    seams = Seams(endpoint=lambda ep: KillWhenAllreduceStarts(
+    def hold() -> None:
+        write(event="syncing", step=manager.plan.step, quorum_id=manager.plan.quorum_id)
+        release = Path(cfg["hold_release"])
+        wait_until(release.exists, HOLD_TIMEOUT_S, f"{release} (the test lets the sync go on)", every_s=0.02)
+        write(event="released", step=manager.plan.step)
+
+    seams = Seams(endpoint=lambda ep: HoldWhenAllreduceStarts(KillWhenAllreduceStarts(
         ep, killing_now, lambda: write(event="killed", step=manager.plan.step, inner=h),
-        lambda: os.kill(os.getpid(), signal.SIGKILL)))
+        lambda: os.kill(os.getpid(), signal.SIGKILL)),
+        lambda: manager.plan is not None and manager.plan.step == hold_at, hold))
     manager = Manager(model, opt, settings, process_group=group, pre_init=pre_init, seams=seams).start()
     ddp = world > 1 and not cfg.get("fsdp")
     forward = torch.nn.parallel.DistributedDataParallel(model, process_group=group) if ddp else model
     write(event="started", step=manager.step, position=manager.ledger.position(cfg["replica_id"]))
     ft_opt = FaultTolerantOptimizer(manager, opt)
-    batches = manager.batches(batch_at)
+    batches = manager.batches(batch_at if loader is None else loader.batch_at)
     full, before, stop_inner = False, "", None
     while not (manager.step >= cfg["steps"] and full) and manager.step < cfg["max_steps"]:
-        x, y = next(batches)
+        batch = next(batches)
+        x, y = (batch["x"], batch["y"]) if loader is not None else batch
+        served = {} if loader is None else {"samples": batch["index"].tolist(),
+                                            "workers": sorted(set(batch["worker"].tolist()))}
         step, inner = manager.step, batches.last_position - manager.ledger.position(cfg["replica_id"])
         if inner == 0:
             before = manager.digest()  # the global state this sync trains from (unless it turns out behind)
@@ -89,7 +124,7 @@ def main(cfg: dict) -> int:
         if (step, inner) in kills:
             write(event="killed", step=step, inner=inner, position=batches.last_position)
             os.kill(os.getpid(), signal.SIGKILL)
-        write(event="trained", step=step, position=batches.last_position)
+        write(event="trained", step=step, position=batches.last_position, **served)
         ft_opt.zero_grad()
         rows = slice(cfg["rank"], None, world)
         torch.nn.functional.mse_loss(forward(x[rows]), y[rows]).backward()
@@ -105,6 +140,8 @@ def main(cfg: dict) -> int:
             stop_inner = cfg.get("stop_inner", 0)
     write(event="done", step=manager.step)
     manager.close()
+    if loader is not None:
+        loader.close()
     return 0
 
 

@@ -5,8 +5,10 @@ After every committed sync the global state (parameters, outer optimizer, ledger
 equal on every replica; along the committed history each replica's batches are committed exactly
 once, H per sync it contributed to. A replica SIGKILLed in the middle of its inner steps loses
 them: the survivor syncs on alone, the rebuilt replica catches up at a sync point and ends
-bitwise equal, and the batches it lost are trained again. A whole job killed between two syncs
-resumes from the checkpoint of its last sync.
+bitwise equal, and the batches it lost are trained again. In the two SIGKILL tests the batches
+come through a real DataLoader with worker processes (prefetching ahead of the ledger): after the
+kill and the catch-up each inner step still trains the batch its ledger position names. A whole
+job killed between two syncs resumes from the checkpoint of its last sync.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import pytest
 
 from tests.runtime import history_checks as hc
 from tests.runtime.cluster import Cluster, Faults, Records
+from tests.runtime.train_worker import BATCH_ROWS
 
 pytestmark = pytest.mark.slow
 
@@ -22,6 +25,12 @@ H = 4
 DILOCO = {"sync_mode": "diloco", "sync_every": H}
 CONTROLLER = {"sync_mode": "diloco", "sync_every_steps": H}
 WORKER = "tests.runtime.semisync_worker"
+SAMPLES, LOADER_WORKERS = 256, 2  # each replica's part of an epoch: 16 batches, so the kill tests cross into epoch 1
+LOADER = {**DILOCO, "loader_workers": LOADER_WORKERS, "samples": SAMPLES}
+
+
+def _served_by_the_loader(rec: Records) -> int:
+    return hc.check_loader_served_ledger_positions(rec, SAMPLES, BATCH_ROWS, 2, LOADER_WORKERS)
 
 
 def _committed_batches(rec: Records) -> dict[str, list[int]]:
@@ -51,7 +60,7 @@ def test_fsdp2_replicas_sync_each_ranks_own_shards_and_stay_bitwise_equal_rank_b
 
 
 def test_a_replica_killed_between_syncs_loses_its_inner_steps_and_catches_up_at_a_sync(tmp_path):
-    rec = Cluster(tmp_path, replicas=2, ranks=1, steps=4, join_timeout_s=1.0, worker=DILOCO, module=WORKER,
+    rec = Cluster(tmp_path, replicas=2, ranks=1, steps=4, join_timeout_s=1.0, worker=LOADER, module=WORKER,
                   faults=Faults().sigkill_inner(replica=1, at_step=1, inner=2),
                   controller_settings=CONTROLLER).run(timeout_s=150.0)
     [killed] = rec.where(event="killed")
@@ -67,10 +76,11 @@ def test_a_replica_killed_between_syncs_loses_its_inner_steps_and_catches_up_at_
     assert batches["1"][:2 * H] == list(range(2 * H))
     lost = [r["position"] for r in rec.where(event="trained", replica="1", incarnation=0, step=1)]
     assert lost == [H, H + 1] and set(lost) <= set(batches["1"])
+    assert _served_by_the_loader(rec) >= 4 * 2 * H + 2
 
 
 def test_a_replica_killed_during_a_sync_is_left_out_of_its_retry_and_catches_up_at_the_next(tmp_path):
-    rec = Cluster(tmp_path, replicas=2, ranks=1, steps=4, join_timeout_s=1.0, worker=DILOCO, module=WORKER,
+    rec = Cluster(tmp_path, replicas=2, ranks=1, steps=4, join_timeout_s=1.0, worker=LOADER, module=WORKER,
                   faults=Faults().sigkill(replica=1, at_step=1), controller_settings=CONTROLLER).run(timeout_s=150.0)
     [killed] = rec.where(event="killed")
     assert (killed["replica"], killed["step"]) == ("1", 1)
@@ -81,6 +91,7 @@ def test_a_replica_killed_during_a_sync_is_left_out_of_its_retry_and_catches_up_
     assert hc.check_bitwise_identical_after_every_commit(rec) >= 4
     batches = _committed_batches(rec)
     assert batches["1"][:2 * H] == list(range(2 * H))  # its inner steps of sync 1 were trained again
+    assert _served_by_the_loader(rec) >= 4 * 2 * H + H
 
 
 def test_a_job_killed_between_syncs_resumes_from_the_checkpoint_of_its_last_sync(tmp_path):
