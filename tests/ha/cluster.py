@@ -23,8 +23,9 @@ class ControllerProcess:
     """One of several controllers sharing an etcd, watched through its REST API."""
 
     def __init__(self, etcd_endpoint: str, *, replicas: int = 3, lease_ttl_s: float = 2.0, name: str = "c",
-                 heartbeat_timeout_s: float = 10.0, extra: tuple[str, ...] = (), log_path: Path | None = None) -> None:
-        self.flags = ["--job-id", JOB, "--replicas", str(replicas), "--min-replicas", str(min(2, replicas)),
+                 heartbeat_timeout_s: float = 10.0, extra: tuple[str, ...] = (), log_path: Path | None = None,
+                 job_id: str = JOB) -> None:
+        self.flags = ["--job-id", job_id, "--replicas", str(replicas), "--min-replicas", str(min(2, replicas)),
                       "--join-timeout-s", "2", "--heartbeat-timeout-s", str(heartbeat_timeout_s),
                       "--etcd", etcd_endpoint, "--lease-ttl-s", str(lease_ttl_s), *extra]
         self.name = name

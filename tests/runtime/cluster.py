@@ -125,6 +125,9 @@ class Cluster:
     controller_settings: dict = field(default_factory=dict)  # more ControllerSettings fields
     kill_all_after: int | None = None  # every worker stops after committing this step; then all get SIGKILL
     module: str = "tests.runtime.train_worker"  # the trainer each worker runs (python -m MODULE CONFIG_JSON)
+    #: the controllers' gRPC addresses ("a,b": HA), started and stopped by the caller (default: the
+    #: cluster starts one of its own)
+    controller_address: str = ""
 
     def __post_init__(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -134,14 +137,14 @@ class Cluster:
         self._procs: dict[int, list[forked.Forked]] = {}
         self._incarnation: dict[int, int] = {}
 
-    def _spawn(self, controller: ControllerProcess, replica: int) -> None:
+    def _spawn(self, controller: str, replica: int) -> None:
         inc = self._incarnation.get(replica, -1) + 1
         self._incarnation[replica] = inc
         coordinator, gloo = f"127.0.0.1:{free_port()}", free_port()
         procs = []
         for rank in range(self.ranks):
             cfg = {"replica_id": str(replica), "rank": rank, "world_size": self.ranks, "incarnation": inc,
-                   "controller": controller.grpc, "coordinator_address": coordinator, "gloo_port": gloo,
+                   "controller": controller, "coordinator_address": coordinator, "gloo_port": gloo,
                    "steps": self.steps, "max_steps": self.max_steps, "replicas": self.replicas, "faults": self.faults.items,
                    "record": str(self.records_dir / f"{replica}-{rank}-{inc}.jsonl"),
                    "checkpoint_dir": str(self.checkpoint_dir) if self.checkpoint_every else "",
@@ -164,16 +167,16 @@ class Cluster:
             p.stdin.flush()
 
     def run(self, timeout_s: float = 90.0) -> "Records":
-        controller = start_controller(self.workdir / "controller.log", self.configured_replicas or self.replicas,
-                                      self.join_timeout_s,
-                                      self.heartbeat_timeout_s, self.controller_lr_policy,
-                                      self.controller_settings)
+        controller = None if self.controller_address else start_controller(
+            self.workdir / "controller.log", self.configured_replicas or self.replicas, self.join_timeout_s,
+            self.heartbeat_timeout_s, self.controller_lr_policy, self.controller_settings)
+        address = self.controller_address or controller.grpc
         try:
             for r in range(self.replicas):
                 if r not in self.late:
-                    self._spawn(controller, r)
+                    self._spawn(address, r)
             self._go([p for procs in self._procs.values() for p in procs], 120.0)
-            self._supervise(controller, time.monotonic() + timeout_s)
+            self._supervise(address, time.monotonic() + timeout_s)
         finally:
             for procs in self._procs.values():
                 for p in procs:
@@ -181,7 +184,8 @@ class Cluster:
                         p.kill()
                         p.wait()
                     p.close()
-            controller.stop()
+            if controller is not None:
+                controller.stop()
         return Records.load(self.records_dir)
 
     def _committed(self, replica: int) -> int:
@@ -191,7 +195,7 @@ class Cluster:
                  if line.endswith("}") and '"event": "commit"' in line] if path.exists() else []
         return max(steps, default=-1)
 
-    def _supervise(self, controller: ControllerProcess, deadline: float) -> None:
+    def _supervise(self, controller: str, deadline: float) -> None:
         restarts = {r: 0 for r in range(self.replicas)}
         left_dead: set[int] = set()
         waiting = dict(self.late)
