@@ -49,20 +49,35 @@ class KillWhenAllreduceStarts(_Delegate):
 
 
 class HoldWhenAllreduceStarts(_Delegate):
-    """An FTAR endpoint that, the first time `should_hold()` says so as an all-reduce is about
-    to be submitted, first calls `hold()` (which returns when the test lets the rank go on):
-    the rank sits inside a step (or sync) whose quorum was answered, before any byte of its
-    all-reduce left and before anything was committed."""
+    """An FTAR endpoint that, when `should_hold()` says so as an all-reduce is about to be
+    submitted (it is asked at every one: let it say yes once), first calls `hold()`, which
+    returns when the test lets the rank go on: the rank sits inside a step (or sync) whose
+    quorum was answered, before any byte of its all-reduce left and before anything was
+    committed."""
 
     def __init__(self, endpoint, should_hold: Callable[[], bool], hold: Callable[[], None]) -> None:
         super().__init__(endpoint)
-        self._should_hold, self._hold, self._held = should_hold, hold, False
+        self._should_hold, self._hold = should_hold, hold
 
     def allreduce(self, tensor):
-        if not self._held and self._should_hold():
-            self._held = True
+        if self._should_hold():
             self._hold()
         return self._inner.allreduce(tensor)
+
+
+class HoldBeforeQuorum(_Delegate):
+    """A coordinator's controller client that, when `should_hold(step)` says so, calls
+    `hold(step)` before it sends the replica's join for that step: the replica has not joined
+    the round yet while the others have (and wait for it at the controller)."""
+
+    def __init__(self, controller, should_hold: Callable[[int], bool], hold: Callable[[int], None]) -> None:
+        super().__init__(controller)
+        self._should_hold, self._hold = should_hold, hold
+
+    def quorum(self, request, *args, **kwargs):
+        if self._should_hold(request.step):
+            self._hold(request.step)
+        return self._inner.quorum(request, *args, **kwargs)
 
 
 class FailingSync(_Delegate):

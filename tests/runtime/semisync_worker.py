@@ -15,9 +15,11 @@ Faults (first incarnation only): {"kind": "sigkill_inner", "replica", "step", "i
 the process in that inner step of that sync, before its optimizer step; {"kind": "sigkill",
 "replica", "step"} once the FTAR all-reduce of that sync's pseudo-gradient started (mid-sync). With "stop_after": after
 committing that sync and training "stop_inner" more inner steps, the worker waits to be killed.
-With "hold_at" (a sync) and "hold_release" (a path): right before the all-reduce of that sync's
-pseudo-gradient (its quorum answered, nothing committed) the worker writes "syncing" and waits,
-bounded, until that file exists ("released"): the test does its deed meanwhile (a controller failover).
+With "holds" (a list of {"phase", "step", "release"}; rank 0 of the first incarnation): where the
+phase says, in that sync, the worker writes "held" and waits, bounded, until the file "release"
+names exists ("released"); the test does its deed meanwhile (a controller failover). Phases:
+"allreduce", right before the all-reduce of the sync's pseudo-gradient (its quorum answered,
+nothing committed); "quorum", before the replica's join for the sync is sent.
 With "loader_workers": N >= 1, batches come through a real torch DataLoader with N worker processes
 (fthsdp.data.ShuffledLoader over data_worker's Samples, "samples" of them, BATCH_ROWS a batch, seed
 0: this replica's part of each shuffled epoch) at the ledger's position; each "trained" row names
@@ -39,7 +41,7 @@ import torch.distributed as dist
 from fthsdp import FaultTolerantOptimizer, Manager, RuntimeSettings, Seams
 from fthsdp.data import ReplicaShard, ShuffledLoader
 from tests.runtime.data_worker import Samples
-from tests.runtime.faults import HoldWhenAllreduceStarts, KillWhenAllreduceStarts
+from tests.runtime.faults import HoldBeforeQuorum, HoldWhenAllreduceStarts, KillWhenAllreduceStarts
 from tests.runtime.train_worker import BATCH_ROWS, batch_at, build_model, record_writer, shard_model
 from tests.waiting import wait_until
 
@@ -67,7 +69,8 @@ def main(cfg: dict) -> int:
                                 world_size=world, timeout=timedelta(seconds=20))
         group = dist.group.WORLD
     loader = loader_for(cfg) if cfg.get("loader_workers") else None
-    hold_at = cfg.get("hold_at") if cfg["incarnation"] == 0 and cfg["rank"] == 0 else None
+    holds = {(x["phase"], x["step"]): x["release"] for x in cfg.get("holds", [])
+             if cfg["incarnation"] == 0 and cfg["rank"] == 0}
     model = build_model()
     if cfg.get("fsdp"):
         from torch.distributed.device_mesh import init_device_mesh
@@ -92,16 +95,21 @@ def main(cfg: dict) -> int:
     def killing_now() -> bool:
         return manager.plan is not None and manager.plan.step in mid_sync
 
-    def hold() -> None:
-        write(event="syncing", step=manager.plan.step, quorum_id=manager.plan.quorum_id)
-        release = Path(cfg["hold_release"])
+    def hold(phase: str, step: int, **seen) -> None:  # once per entry of `holds`
+        release = Path(holds.pop((phase, step)))
+        write(event="held", phase=phase, step=step, **seen)
         wait_until(release.exists, HOLD_TIMEOUT_S, f"{release} (the test lets the sync go on)", every_s=0.02)
-        write(event="released", step=manager.plan.step)
+        write(event="released", phase=phase, step=step)
+
+    def holding_sync() -> bool:
+        return manager.plan is not None and ("allreduce", manager.plan.step) in holds
 
     seams = Seams(endpoint=lambda ep: HoldWhenAllreduceStarts(KillWhenAllreduceStarts(
         ep, killing_now, lambda: write(event="killed", step=manager.plan.step, inner=h),
         lambda: os.kill(os.getpid(), signal.SIGKILL)),
-        lambda: manager.plan is not None and manager.plan.step == hold_at, hold))
+        holding_sync, lambda: hold("allreduce", manager.plan.step, quorum_id=manager.plan.quorum_id)),
+        controller=lambda c: HoldBeforeQuorum(c, lambda step: ("quorum", step) in holds,
+                                              lambda step: hold("quorum", step)))
     manager = Manager(model, opt, settings, process_group=group, pre_init=pre_init, seams=seams).start()
     ddp = world > 1 and not cfg.get("fsdp")
     forward = torch.nn.parallel.DistributedDataParallel(model, process_group=group) if ddp else model
