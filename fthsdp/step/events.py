@@ -74,6 +74,7 @@ class PlanRefused:
     attempt: int
     kind: Refusal
     reason: str
+    step: int = -1                      # the step of the begin this answers (-1: not said)
 
 
 @dataclass(frozen=True)
