@@ -23,7 +23,6 @@ fthsdp/errors.py: recoverable ones become "no" votes; fatal ones are raised.
 from __future__ import annotations
 
 import collections
-import functools
 import logging
 import threading
 import time
@@ -91,8 +90,6 @@ class Manager:
         self.outer = OuterSync(self._params, self.settings, self.sharded) if self.settings.semi_synchronous else None
         if self.outer is not None:
             self.registry.register(OUTER_STATE_NAME, self.outer)
-        #: a commit's update, learning rate × the quorum's lr_scale: the script's optimizer, or the outer one
-        self._apply = self.outer.apply if self.outer is not None else functools.partial(scaled_step, optimizer)
         self._flat: torch.Tensor | None = None
         self._book = AddressBook()
         self._fetch: FetchJob | None = None
@@ -120,6 +117,11 @@ class Manager:
     def step(self) -> int:
         """The next step to train: this rank holds the committed state at its start."""
         return self._state.step
+
+    @property
+    def inner(self) -> int:
+        """Semi-synchronous: the inner steps trained since the last sync (0 at every step start)."""
+        return self._state.inner
 
     @property
     def ledger(self) -> DataLedger:
@@ -167,10 +169,13 @@ class Manager:
         ledger, the model, the optimizer and every registered object (fthsdp/state/digest.py).
         The digest the controller compares: equal on every replica that committed the same step
         (rank by rank when sharded). Call it between steps. Semi-synchronous: the global state and
-        the outer optimizer (registered); the inner optimizer's state is each replica's own."""
+        the outer optimizer (registered); the inner optimizer's state is each replica's own. In
+        streaming_diloco the model holds local fragments between their syncs: the global copy is
+        registered state and the model is left out."""
         st = self._state
         optimizer = None if self.outer is not None else self.optimizer
-        return rank_digest(st.step, st.ledger.to_json(), self.model, optimizer, self.registry.state_dicts()).hex()
+        model = None if self.outer is not None and self.outer.streaming else self.model
+        return rank_digest(st.step, st.ledger.to_json(), model, optimizer, self.registry.state_dicts()).hex()
 
     def batches(self, batch_at: Callable[[str, int], T]) -> Iterator[T]:
         """This replica's batches at its ledger position, one per step attempt (exactly once);
@@ -333,7 +338,7 @@ class Manager:
     def _sync_if_due(self) -> bool:
         """Semi-synchronous, after the last inner step: the sync, attempt after attempt (bounded by
         max_retries), until it commits (True) or the replica has no more steps (False)."""
-        while self._state.phase is Phase.IDLE and self._state.inner == self.settings.sync_every_steps:
+        while self._state.phase is Phase.IDLE and self._state.inner == self.settings.inner_steps_per_sync:
             self._feed(ev.Begin())
             self._wait_while(Phase.PLANNING, Phase.SYNCING, Phase.VOTING)
         return self._state.phase is Phase.IDLE
@@ -478,12 +483,20 @@ class Manager:
             return
         self._queue.append(ev.CheckpointLoaded(step, ledger))
 
-    def _apply_step(self, e: ev.ApplyStep | ev.ApplyOuterStep) -> None:
-        """A commit's update: the script's optimizer, or the outer one's (fthsdp/sync/outer.py)."""
-        scale = e.plan.lr_scale if self.settings.apply_lr_scale else 1.0
-        self._apply(scale)
+    def _apply_step(self, e: ev.ApplyStep) -> None:
+        """A commit's update: the script's optimizer, learning rate × the quorum's lr_scale."""
+        scaled_step(self.optimizer, self._lr_scale(e.plan))
         if self.registry.rng is not None:
             self.registry.rng.advance()
+
+    def _apply_outer_step(self, e: ev.ApplyOuterStep) -> None:
+        """A sync's commit: the outer optimizer of its fragment (fthsdp/sync/outer.py)."""
+        self.outer.apply(self._lr_scale(e.plan), e.fragment)
+        if self.registry.rng is not None:
+            self.registry.rng.advance()
+
+    def _lr_scale(self, plan: RankPlan) -> float:
+        return plan.lr_scale if self.settings.apply_lr_scale else 1.0
 
     def _begin_inner(self, e: ev.BeginInner) -> None:
         if e.index == 0:
@@ -493,10 +506,10 @@ class Manager:
         self.optimizer.step()
 
     def _take_pseudo_gradient(self, e: ev.TakePseudoGradient) -> None:
-        self.outer.take_pseudo_gradient()
+        self.outer.take_pseudo_gradient(e.fragment)
 
     def _reduce_pseudo_gradient(self, e: ev.ReducePseudoGradient) -> None:
-        result = self.outer.reduce(self.sync, e.plan)
+        result = self.outer.reduce(self.sync, e.plan, e.fragment)
         self._queue.append(ev.Reduced(result.ok, result.reason))
 
     def _drop_gradients(self, e: ev.DropGradients) -> None:
@@ -568,7 +581,7 @@ _EFFECTS: dict[type, Callable[[Manager, Any], None]] = {
     ev.AdoptFetched: Manager._adopt_fetched,
     ev.LoadCheckpoint: Manager._load_checkpoint,
     ev.ApplyStep: Manager._apply_step,
-    ev.ApplyOuterStep: Manager._apply_step,
+    ev.ApplyOuterStep: Manager._apply_outer_step,
     ev.BeginInner: Manager._begin_inner,
     ev.InnerStep: Manager._inner_step,
     ev.TakePseudoGradient: Manager._take_pseudo_gradient,

@@ -51,7 +51,8 @@ def _finished(message, _book: AddressBook, _s: RuntimeSettings) -> ev.FinishedAr
 def _plan_arrived(message: rpb.StepPlan, book: AddressBook,
                   s: RuntimeSettings) -> ev.PlanArrived | ev.ResumeOrdered | ev.PlanRefused:
     q = message.quorum
-    if refused := sync_modes.mismatch(q.sync_mode, q.sync_every_steps, s.sync_mode, s.sync_every_steps):
+    if refused := sync_modes.mismatch(q.sync_mode, q.sync_every_steps, s.sync_mode, s.sync_every_steps,
+                                      q.sync_fragments, s.sync_fragments):
         return ev.PlanRefused(message.attempt, ev.Refusal.FATAL, refused, message.step)
     if message.quorum.HasField("resume_checkpoint_step"):  # the coordinator orders a resume
         try:

@@ -131,11 +131,11 @@ def test_diloco_outer_nesterov_step_matches_a_reference_computed_by_hand(control
 @pytest.mark.parametrize("mode, every", [("diloco", 2), ("local_sgd", 3)])
 def test_a_trainer_whose_sync_mode_is_not_the_controllers_refuses_to_train_naming_both(controllers, mode, every):
     ctl = controllers("diloco", 3, join_timeout_s=0.2)  # one trainer: its quorum closes on the timeout
-    with pytest.raises(Fatal, match=rf"the controller runs the job with --sync-mode diloco --sync-every 3, this trainer "
-                                    rf"with sync_mode '{mode}' sync_every_steps {every}"):
+    with pytest.raises(Fatal, match=rf"the controller runs the job with --sync-mode diloco --sync-every 3 --sync-fragments "
+                                    rf"1, this trainer with sync_mode '{mode}' sync_every_steps {every} sync_fragments 1"):
         train(ctl, "0", 2, sync_mode=mode, sync_every_steps=every)
 
 
 def test_a_sync_mode_that_is_not_known_is_refused_by_name():
-    with pytest.raises(ValueError, match="sync_mode must be one of sync, local_sgd, diloco, got 'diloko'"):
+    with pytest.raises(ValueError, match="sync_mode must be one of sync, local_sgd, diloco, streaming_diloco, got 'diloko'"):
         RuntimeSettings(sync_mode="diloko", insecure_trainer_ports=True).validate()
