@@ -8,7 +8,11 @@
 
 With settings.sync_mode local_sgd or diloco the same loop trains sync_every_steps inner steps
 on the replica's own group per step of the protocol, and the end_step() of the last one syncs
-(fthsdp/sync/outer.py; the protocol decides which is which).
+(fthsdp/sync/outer.py; the protocol decides which is which); streaming_diloco syncs one of
+sync_fragments fragments every sync_every_steps / sync_fragments inner steps.
+
+fthsdp/wiring.py opens the parts; `_EFFECTS` (the end of this module) maps each effect type to
+its handler; fthsdp/step/frames.py turns frames into events.
 
 Every step decision is made by the pure protocol (fthsdp/step/protocol.py), and which rank
 reads and writes durable checkpoints by fthsdp/state/replica_checkpoints.py; this class feeds

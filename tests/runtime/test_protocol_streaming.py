@@ -9,12 +9,13 @@ import dataclasses
 import random
 
 import pytest
+import torch
 
 from fthsdp.data_ledger import DataLedger
 from fthsdp.settings import RuntimeSettings
 from fthsdp.step import events as ev
 from fthsdp.step.protocol import Phase
-from fthsdp.sync.outer import fragments_of
+from fthsdp.sync.outer import OuterSync, fragments_of
 from protos import sync_modes
 from tests.runtime.protocol_helpers import SETTINGS, Run, plan, state
 
@@ -183,3 +184,42 @@ def test_the_controller_and_the_trainer_must_agree_on_the_fragments(controller, 
     assert bool(why) == refused
     if refused:
         assert "--sync-fragments 4" in why and "sync_fragments 2" in why and "FTHSDP_SYNC_FRAGMENTS" in why
+
+
+# ---------------------------------------------------------------- the outer state: checkpoints, catch-up, the wire
+
+
+def _outer(fragments: int) -> tuple[torch.nn.Module, OuterSync]:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 1))
+    s = dataclasses.replace(SETTINGS, sync_mode="streaming_diloco", sync_every_steps=4, sync_fragments=fragments)
+    return model, OuterSync(list(model.parameters()), s.validate(), sharded=False)
+
+
+def test_the_streaming_outer_state_holds_the_global_copy_and_each_fragments_optimizer_and_loads_back():
+    model, outer = _outer(2)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(1.0)  # inner steps moved the local model
+    outer.take_pseudo_gradient(1)
+    outer._work.copy_(outer._pseudo)  # as if reduced by one replica
+    outer.apply(1.0, 1)
+    state = outer.state_dict()
+    assert state["fragments"] == 2 and len(state["global"]) == 4 and len(state["outer"]) == 2
+    assert state["outer"][1]["state"] and not state["outer"][0]["state"]  # only fragment 1 has momentum
+    _, other = _outer(2)
+    other.load_state_dict(state)
+    assert all(torch.equal(a, b) for a, b in zip(other.global_tensors(), outer.global_tensors()))
+    _, four = _outer(4)
+    with pytest.raises(ValueError, match="holds 2 fragment\\(s\\) of 4 parameters, this rank syncs 4 of 4"):
+        four.load_state_dict(state)
+
+
+def test_bf16_on_the_wire_halves_the_bytes_of_every_fragment():
+    _, outer = _outer(2)
+    wide = outer.nbytes
+    s = dataclasses.replace(outer.settings, sync_wire_dtype="bfloat16").validate()
+    narrow = OuterSync(outer._params, s, sharded=False)
+    assert narrow.wire_dtype is torch.bfloat16 and 2 * narrow.nbytes == wide == 4 * sum(
+        p.numel() for p in outer._params)
+    assert [2 * narrow.fragment_nbytes(f) for f in range(2)] == [outer.fragment_nbytes(f) for f in range(2)]
