@@ -31,7 +31,6 @@ import logging
 import threading
 import time
 import uuid
-from dataclasses import dataclass
 from typing import Any, Callable, Iterator, TypeVar
 
 import torch
@@ -52,12 +51,12 @@ from fthsdp.state.registry import StateRegistry, Stateful
 from fthsdp.state.serve import StateServer
 from fthsdp.step import events as ev, frames, messages as msg
 from fthsdp.step.client import CoordinatorClient
-from fthsdp.step.controller_client import COMPLETED_PREFIX, CONFIGURATION_PREFIX, ControllerClient
+from fthsdp.step.controller_client import COMPLETED_PREFIX, CONFIGURATION_PREFIX
 from fthsdp.step.coordinator import CoordinatorService
 from fthsdp.step.plan import AddressBook, RankPlan
 from fthsdp.step.protocol import INF, Phase, ProtocolError, advance, initial_state, next_deadline
 from fthsdp.sync import fsdp
-from fthsdp.sync.gradients import GradientSync, SyncResult, flatten_grads, unflatten_grads_
+from fthsdp.sync.gradients import SyncResult, flatten_grads, unflatten_grads_
 from fthsdp.sync.outer import OUTER_STATE_NAME, OuterSync, scaled_step
 from fthsdp.telemetry import Collectives
 from fthsdp.wiring import Parts, Seams, open_parts
