@@ -65,6 +65,7 @@ def train(ctl, replica: str, steps: int, fragments: int, between: Callable[[Mana
     manager = Manager(model, opt, settings).start()
     ft = FaultTolerantOptimizer(manager, opt)
     positions, syncs = [], {}
+    start = (manager.step, [g.clone() for g in manager.outer.global_tensors()])
     batches = manager.batches(batch_at)
     for x, y in batches:
         positions.append(batches.last_position)
@@ -75,9 +76,9 @@ def train(ctl, replica: str, steps: int, fragments: int, between: Callable[[Mana
             syncs[manager.step] = (manager.digest(), [g.clone() for g in manager.outer.global_tensors()])
         if not between(manager):
             manager.abort()
-            return {"positions": positions, "syncs": syncs, "lost": True}
+            return {"positions": positions, "syncs": syncs, "lost": True, "start": start}
     manager.close()
-    return {"positions": positions, "syncs": syncs, "ledger": dict(manager.ledger.positions),
+    return {"positions": positions, "syncs": syncs, "ledger": dict(manager.ledger.positions), "start": start,
             "global": manager.outer.global_tensors(), "wire_bytes": manager.outer.nbytes}
 
 
@@ -181,3 +182,22 @@ def test_a_replica_lost_between_fragment_syncs_loses_only_its_uncommitted_inner_
     for step in common:
         assert a["syncs"][step][0] == b["syncs"][step][0]
     assert all(torch.equal(x, y) for x, y in zip(a["global"], b["global"]))
+
+
+def test_a_streaming_replica_resumes_from_its_checkpoint_at_its_place_in_the_schedule(controller, tmp_path):
+    """Killed (aborted) right after its third sync, a replica restarts from the checkpoint of that
+    sync: the global copy and outer states are the committed ones, its batches continue where the
+    ledger stands, and the next sync carries the fragment the schedule says (fragment_at(3) = 0)."""
+    fragments, k = 2, H // 2
+    ctl = controller(fragments, join_timeout_s=0.2)  # one replica: each quorum closes on the timeout
+    ckpt = {"checkpoint_dir": str(tmp_path / "ckpt"), "checkpoint_every_steps": 1}
+    first = train(ctl, "0", 5, fragments, lambda m: not (m.step == 3 and m.inner == 0), **ckpt)
+    assert first["lost"] and sorted(first["syncs"]) == [1, 2, 3]
+    second = train(ctl, "0", 5, fragments, **ckpt)
+    step, resumed = second["start"]
+    assert step == 3 and all(torch.equal(a, b) for a, b in zip(resumed, first["syncs"][3][1]))
+    assert second["positions"] == list(range(3 * k, 5 * k))  # exactly once: from the checkpoint's ledger on
+    after = second["syncs"][4][1]
+    cut = fragments_of([t.numel() for t in resumed], fragments)
+    assert all(not torch.equal(resumed[i], after[i]) for i in cut[0])  # the due fragment moved
+    assert all(torch.equal(resumed[i], after[i]) for i in cut[1])  # the other one waits for its turn
