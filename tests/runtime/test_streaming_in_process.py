@@ -13,33 +13,16 @@ import torch
 
 from fthsdp import FaultTolerantOptimizer, Manager, RuntimeSettings
 from fthsdp.sync.outer import fragments_of
-from tests.runtime.cluster import start_controller
+from tests.runtime.test_semisync_in_process import LR, batch_at, controllers, inner  # noqa: F401 - a fixture
 from tests.trainer_secret import SECRET
 
-LR, OUTER_LR, MU, H = 0.1, 0.7, 0.9, 4
+OUTER_LR, MU, H = 0.7, 0.9, 4
 
 
 @pytest.fixture
-def controller(tmp_path):
+def controller(controllers):
     """A controller of 2 replicas in streaming_diloco with H inner steps and `fragments`."""
-    started = []
-
-    def start(fragments: int, join_timeout_s: float = 5.0):
-        started.append(start_controller(tmp_path / f"controller-{len(started)}.log", replicas=2,
-                                        join_timeout_s=join_timeout_s, heartbeat_timeout_s=5.0, settings={
-                                            "sync_mode": "streaming_diloco", "sync_every_steps": H,
-                                            "sync_fragments": fragments}))
-        return started[-1]
-
-    yield start
-    for ctl in started:
-        ctl.stop()
-
-
-def batch_at(replica: str, position: int) -> tuple[torch.Tensor, torch.Tensor]:
-    g = torch.Generator().manual_seed(int(replica) * 1_000 + position)
-    x = torch.randn(4, 3, generator=g)
-    return x, x.sum(dim=1, keepdim=True)
+    return lambda fragments, join_timeout_s=5.0: controllers("streaming_diloco", H, join_timeout_s, fragments)
 
 
 def build() -> torch.nn.Module:
@@ -82,21 +65,6 @@ def train(ctl, replica: str, steps: int, fragments: int, between: Callable[[Mana
             "global": manager.outer.global_tensors(), "wire_bytes": manager.outer.nbytes}
 
 
-def inner(params: list[torch.Tensor], replica: str, first: int, k: int) -> list[torch.Tensor]:
-    """A naive reference: k plain SGD steps from `params` on replica's batches first..first+k-1."""
-    model = build()
-    with torch.no_grad():
-        for p, v in zip(model.parameters(), params):
-            p.copy_(v)
-    opt = torch.optim.SGD(model.parameters(), lr=LR)
-    for pos in range(first, first + k):
-        x, y = batch_at(replica, pos)
-        opt.zero_grad()
-        torch.nn.functional.mse_loss(model(x), y).backward()
-        opt.step()
-    return [p.detach().clone() for p in model.parameters()]
-
-
 def reference(steps: int, fragments: int, wire: torch.dtype = torch.float32) -> list[list[torch.Tensor]]:
     """Streaming DiLoCo by hand, two replicas: the global parameters after each sync."""
     g = [p.detach().clone() for p in build().parameters()]
@@ -104,7 +72,7 @@ def reference(steps: int, fragments: int, wire: torch.dtype = torch.float32) -> 
     momentum: list[torch.Tensor | None] = [None] * len(g)
     cut, k, after = fragments_of([t.numel() for t in g], fragments), H // fragments, []
     for step in range(steps):
-        local = {r: inner(local[r], r, step * k, k) for r in local}
+        local = {r: inner(local[r], r, step * k, k, build) for r in local}
         for i in cut[(step + 1) % fragments]:
             d0, d1 = (g[i] - local["0"][i]).to(wire), (g[i] - local["1"][i]).to(wire)
             delta = (d0 + d1).float() / 2  # FTAR sums in the wire dtype; the division is after
