@@ -142,9 +142,15 @@ def parser() -> argparse.ArgumentParser:
                    help=f"how the learning rate scales with healthy/total replicas (default {d.lr_policy})")
     p.add_argument("--sync-mode", choices=SYNC_MODES,
                    help=f"how replicas meet: every step (sync) or every --sync-every inner steps "
-                        f"(local_sgd, diloco); the trainers' FTHSDP_SYNC_MODE must agree (default {d.sync_mode})")
+                        f"(local_sgd, diloco, streaming_diloco); the trainers' FTHSDP_SYNC_MODE must agree "
+                        f"(default {d.sync_mode})")
     p.add_argument("--sync-every", type=int, metavar="H",
-                   help=f"inner steps between two syncs (local_sgd, diloco; default {d.sync_every_steps})")
+                   help=f"inner steps between two syncs of the same parameters (local_sgd, diloco, "
+                        f"streaming_diloco; default {d.sync_every_steps})")
+    p.add_argument("--sync-fragments", type=int, metavar="F",
+                   help=f"fragments the model is synced in, each every H inner steps on its own schedule "
+                        f"(streaming_diloco; H a multiple of F); the trainers' FTHSDP_SYNC_FRAGMENTS must agree "
+                        f"(default {d.sync_fragments})")
     _add_layout_flags(p, d)
     p.add_argument("--etcd", help="comma-separated etcd endpoints (host:port, http(s)://host:port); "
                                    "default: in-memory store")
@@ -290,7 +296,8 @@ def build_server(args):
     settings = ControllerSettings.from_file(
         args.settings, job_id=args.job_id, replicas=args.replicas, min_replicas=args.min_replicas,
         join_timeout_s=args.join_timeout_s, heartbeat_timeout_s=args.heartbeat_timeout_s, lr_policy=args.lr_policy,
-        sync_mode=args.sync_mode, sync_every_steps=args.sync_every, hosts_per_replica=args.hosts_per_replica, ranks_per_host=args.ranks_per_host,
+        sync_mode=args.sync_mode, sync_every_steps=args.sync_every, sync_fragments=args.sync_fragments,
+        hosts_per_replica=args.hosts_per_replica, ranks_per_host=args.ranks_per_host,
         restart_budget=args.restart_budget, restart_window_s=args.restart_window_s,
         fail_after_s=args.fail_after_s,
         lease_ttl_s=args.lease_ttl_s, telemetry=False if args.no_telemetry else None,

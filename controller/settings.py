@@ -37,10 +37,12 @@ class ControllerSettings:
     heartbeat_timeout_s: float = 10.0
     #: How the learning rate follows the healthy fraction: none | linear | sqrt.
     lr_policy: str = "sqrt"
-    #: How replicas meet (protos/sync_modes.py): sync | local_sgd | diloco, and the inner steps
-    #: between two syncs (1 for sync). Stated in every quorum answer: trainers must agree.
+    #: How replicas meet (protos/sync_modes.py): sync | local_sgd | diloco | streaming_diloco,
+    #: the inner steps between two syncs of the same parameters (1 for sync), and the fragments
+    #: (streaming_diloco; 1 otherwise). Stated in every quorum answer: trainers must agree.
     sync_mode: str = "sync"
     sync_every_steps: int = 1
+    sync_fragments: int = 1
     #: When set, the controller lays replicas out itself: an agent that registers without an
     #: assignment (and not as a spare) gets the first free host slot of replicas r0..r{N-1},
     #: each made of this many hosts of `ranks_per_host` ranks. 0: agents bring assignments.
@@ -214,6 +216,12 @@ class ControllerSettings:
                 self.sync_mode == "sync" and self.sync_every_steps != 1):
             problems.append(f"sync_every_steps must be 1 with sync_mode sync and >= 1 otherwise, got "
                             f"{self.sync_every_steps!r} with {self.sync_mode}.")
+        elif not isinstance(self.sync_fragments, int) or self.sync_fragments < 1 or (
+                self.sync_fragments > 1 and self.sync_mode != "streaming_diloco") or \
+                self.sync_every_steps % self.sync_fragments:
+            problems.append(f"sync_fragments must be 1, or with sync_mode streaming_diloco a divisor of "
+                            f"sync_every_steps ({self.sync_every_steps}), got {self.sync_fragments!r} with "
+                            f"{self.sync_mode}.")
         if self.hosts_per_replica < 0:
             problems.append(f"hosts_per_replica must not be negative, got {self.hosts_per_replica}.")
         if self.hosts_per_replica * self.ranks_per_host > self.max_world_size:

@@ -8,7 +8,11 @@
 
 With settings.sync_mode local_sgd or diloco the same loop trains sync_every_steps inner steps
 on the replica's own group per step of the protocol, and the end_step() of the last one syncs
-(fthsdp/sync/outer.py; the protocol decides which is which).
+(fthsdp/sync/outer.py; the protocol decides which is which); streaming_diloco syncs one of
+sync_fragments fragments every sync_every_steps / sync_fragments inner steps.
+
+fthsdp/wiring.py opens the parts; `_EFFECTS` (the end of this module) maps each effect type to
+its handler; fthsdp/step/frames.py turns frames into events.
 
 Every step decision is made by the pure protocol (fthsdp/step/protocol.py), and which rank
 reads and writes durable checkpoints by fthsdp/state/replica_checkpoints.py; this class feeds
@@ -23,18 +27,16 @@ fthsdp/errors.py: recoverable ones become "no" votes; fatal ones are raised.
 from __future__ import annotations
 
 import collections
-import functools
 import logging
 import threading
 import time
 import uuid
-from dataclasses import dataclass
-from typing import Callable, Iterator, TypeVar
+from typing import Any, Callable, Iterator, TypeVar
 
 import torch
 import torch.distributed as dist
 
-from ftar_kernels import FtarEndpoint, FtarSettings
+from ftar_kernels import FtarEndpoint
 from fthsdp import determinism
 from fthsdp.data_ledger import DataLedger, LedgerBatches
 from fthsdp.errors import (EXIT_JOB_ALREADY_COMPLETED, ChannelError, ConfigurationError, Fatal, JobAlreadyCompleted,
@@ -49,37 +51,22 @@ from fthsdp.state.registry import StateRegistry, Stateful
 from fthsdp.state.serve import StateServer
 from fthsdp.step import events as ev, frames, messages as msg
 from fthsdp.step.client import CoordinatorClient
-from fthsdp.step.controller_client import COMPLETED_PREFIX, CONFIGURATION_PREFIX, ControllerClient
+from fthsdp.step.controller_client import COMPLETED_PREFIX, CONFIGURATION_PREFIX
 from fthsdp.step.coordinator import CoordinatorService
 from fthsdp.step.plan import AddressBook, RankPlan
 from fthsdp.step.protocol import INF, Phase, ProtocolError, advance, initial_state, next_deadline
 from fthsdp.sync import fsdp
-from fthsdp.sync.gradients import GradientSync, SyncResult, flatten_grads, unflatten_grads_
+from fthsdp.sync.gradients import SyncResult, flatten_grads, unflatten_grads_
 from fthsdp.sync.outer import OUTER_STATE_NAME, OuterSync, scaled_step
-from fthsdp.telemetry import Collectives, Telemetry
+from fthsdp.telemetry import Collectives
+from fthsdp.wiring import Parts, Seams, open_parts
 from protos import job_secret
 from protos import replica_pb2 as rpb
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+__all__ = ["Manager", "Seams", "StepOutcome"]
 StepOutcome = ev.StepOutcome
-
-
-def _same(part: T) -> T:
-    return part
-
-
-@dataclass(frozen=True)
-class Seams:
-    """Wrappers around the parts `start()` builds, identity by default. Tests inject faults
-    by wrapping a real part from outside (tests/runtime/faults.py); no production code
-    checks for faults."""
-    endpoint: Callable[[FtarEndpoint], FtarEndpoint] = _same
-    sync: Callable[[GradientSync], GradientSync] = _same
-    state_server: Callable[[StateServer], StateServer] = _same
-    channel: Callable[[CoordinatorClient], CoordinatorClient] = _same
-    controller: Callable[[ControllerClient], ControllerClient] = _same
-    checkpoints: Callable[[CheckpointStore], CheckpointStore] = _same
 
 
 class Manager:
@@ -106,8 +93,6 @@ class Manager:
         self.outer = OuterSync(self._params, self.settings, self.sharded) if self.settings.semi_synchronous else None
         if self.outer is not None:
             self.registry.register(OUTER_STATE_NAME, self.outer)
-        #: a commit's update, learning rate × the quorum's lr_scale: the script's optimizer, or the outer one
-        self._apply = self.outer.apply if self.outer is not None else functools.partial(scaled_step, optimizer)
         self._flat: torch.Tensor | None = None
         self._book = AddressBook()
         self._fetch: FetchJob | None = None
@@ -121,6 +106,7 @@ class Manager:
             seams.checkpoints(CheckpointStore(settings.checkpoint_dir, key=key, keep_last=settings.checkpoint_keep_last)),
             self.settings, model, optimizer, self.registry, sharded=self.sharded, process_group=process_group,
         ) if settings.checkpoint_dir else None
+        self._parts: Parts | None = None
         self.coordinator: CoordinatorService | None = None
         self.client: CoordinatorClient | None = None
         self.state_server: StateServer | None = None
@@ -134,6 +120,11 @@ class Manager:
     def step(self) -> int:
         """The next step to train: this rank holds the committed state at its start."""
         return self._state.step
+
+    @property
+    def inner(self) -> int:
+        """Semi-synchronous: the inner steps trained since the last sync (0 at every step start)."""
+        return self._state.inner
 
     @property
     def ledger(self) -> DataLedger:
@@ -181,10 +172,13 @@ class Manager:
         ledger, the model, the optimizer and every registered object (fthsdp/state/digest.py).
         The digest the controller compares: equal on every replica that committed the same step
         (rank by rank when sharded). Call it between steps. Semi-synchronous: the global state and
-        the outer optimizer (registered); the inner optimizer's state is each replica's own."""
+        the outer optimizer (registered); the inner optimizer's state is each replica's own. In
+        streaming_diloco the model holds local fragments between their syncs: the global copy is
+        registered state and the model is left out."""
         st = self._state
         optimizer = None if self.outer is not None else self.optimizer
-        return rank_digest(st.step, st.ledger.to_json(), self.model, optimizer, self.registry.state_dicts()).hex()
+        model = None if self.outer is not None and self.outer.streaming else self.model
+        return rank_digest(st.step, st.ledger.to_json(), model, optimizer, self.registry.state_dicts()).hex()
 
     def batches(self, batch_at: Callable[[str, int], T]) -> Iterator[T]:
         """This replica's batches at its ledger position, one per step attempt (exactly once);
@@ -195,6 +189,7 @@ class Manager:
     # ------------------------------------------------------------------ set-up and shutdown
 
     def start(self) -> "Manager":
+        """The expensive set-up (fthsdp/wiring.py opens the parts), then this rank reports in."""
         self._require_not_started("start")
         s = self.settings
         if s.deterministic:
@@ -205,39 +200,14 @@ class Manager:
             self._pre_init()
         self._restore_checkpoint()
         try:
-            ftar_key = s.port_key(job_secret.PURPOSE_FTAR)
-            self.endpoint = self._seams.endpoint(FtarEndpoint.open(s.bind_host, 0, FtarSettings(
-                chunk_bytes=s.ftar_chunk_bytes, chunks_in_flight=s.ftar_chunks_in_flight,
-                timeout_s=s.allreduce_timeout_s, connect_timeout_s=min(10.0, s.allreduce_timeout_s),
-                auth_key=ftar_key or b"", allow_unauthenticated=ftar_key is None)))
-            self.collectives = Collectives(Telemetry.from_env(s.replica_id, s.rank, time.monotonic()), s.world_size)
-            self.sync = self._seams.sync(GradientSync(self.endpoint, s.rank, s.world_size, s.allreduce_timeout_s,
-                                                      self.process_group, self.collectives))
-            if self.sharded and self.outer is None:  # inner steps reduce inside the replica only
-                fsdp.install_all_reduce_hooks(self.model, self._reduce_shard)
-            self.state_server = self._seams.state_server(
-                StateServer(s.bind_host, 0, self._source.snapshot, f"{s.replica_id}/{s.rank}",
-                            key=s.port_key(job_secret.PURPOSE_STATE), hello_timeout_s=s.hello_timeout_s).start())
-            address = s.coordinator_address
-            if s.rank == 0:  # the coordinator lives here; rank 0 is its client below like everyone
-                controller = self._seams.controller(ControllerClient(
-                    s.controller_address, s.job_id, s.replica_id, self.incarnation, job_secret=s.job_secret,
-                    connect_timeout_s=s.connect_timeout_s, reconnect_timeout_s=s.reconnect_timeout_s,
-                    checkpoint_every_steps=s.checkpoint_every_steps if s.checkpoint_dir else 0))
-                host, _, port = address.rpartition(":") if address else (s.bind_host, "", "0")
-                self.coordinator = CoordinatorService(s, controller, host, int(port)).start()
-                address = self.coordinator.address
-                controller.start_heartbeats(s.heartbeat_interval_s)
-            hello = msg.hello(s.rank, s.world_size, s.job_id, s.replica_id, self.endpoint.address,
-                              self.state_server.address, self.incarnation, s.replica_version)
-            self.client = self._seams.channel(CoordinatorClient.for_rank(s, address, self.incarnation)).connect(
-                s.quorum_timeout_s, hello, s.port_key(job_secret.PURPOSE_COORDINATOR))
+            parts = open_parts(s, self._seams, self.incarnation, self.process_group, self._source.snapshot)
         except ChannelError as exc:
-            self._teardown()
             raise Fatal(f"{exc}; check the coordinator address (rank 0 must be running), then restart") from None
-        except BaseException:
-            self._teardown()
-            raise
+        self._parts = parts
+        self.endpoint, self.collectives, self.sync = parts.endpoint, parts.collectives, parts.sync
+        self.state_server, self.coordinator, self.client = parts.state_server, parts.coordinator, parts.client
+        if self.sharded and self.outer is None:  # inner steps reduce inside the replica only
+            fsdp.install_all_reduce_hooks(self.model, self._reduce_shard)
         self._started = True
         self._source.training_thread = threading.current_thread()
         log.info("replica %s rank %s started at step %s", s.replica_id, s.rank, self.step)
@@ -272,15 +242,10 @@ class Manager:
         if self._fetch is not None:
             self._fetch.cancel(self.settings.fetch_timeout_s)
             self._fetch = None
-        for part in (self.client, self.coordinator, self.state_server, self.endpoint):
-            if part is not None:
-                try:
-                    part.close()
-                except Exception as exc:  # noqa: BLE001 - closing is best effort
-                    log.debug("closing %s failed: %r", type(part).__name__, exc)
+        if self._parts is not None:
+            self._parts.close()
+        self._parts = None
         self.client = self.coordinator = self.state_server = self.endpoint = None
-        if self.collectives.telemetry is not None:
-            self.collectives.telemetry.close()
 
     def _restore_checkpoint(self) -> None:
         resumed = self.checkpoints.resume_point() if self.checkpoints is not None else None
@@ -376,7 +341,7 @@ class Manager:
     def _sync_if_due(self) -> bool:
         """Semi-synchronous, after the last inner step: the sync, attempt after attempt (bounded by
         max_retries), until it commits (True) or the replica has no more steps (False)."""
-        while self._state.phase is Phase.IDLE and self._state.inner == self.settings.sync_every_steps:
+        while self._state.phase is Phase.IDLE and self._state.inner == self.settings.inner_steps_per_sync:
             self._feed(ev.Begin())
             self._wait_while(Phase.PLANNING, Phase.SYNCING, Phase.VOTING)
         return self._state.phase is Phase.IDLE
@@ -394,11 +359,7 @@ class Manager:
                 self.protocol_s += time.perf_counter() - t0
                 self.protocol_events += 1
                 for effect in effects:
-                    if isinstance(effect, ev.Fail):
-                        error = RetryLimitExceeded if effect.retries_exhausted else (
-                            ConfigurationError if CONFIGURATION_PREFIX in effect.message else Fatal)
-                        raise error(effect.message)
-                    self._execute(effect)
+                    _EFFECTS[type(effect)](self, effect)
         except BaseException:
             self._queue.clear()  # nothing left over for the next call
             raise
@@ -437,18 +398,15 @@ class Manager:
             self._feed(self._event_of(*frame))
 
     def _event_of(self, kind: str, message) -> ev.Event:
+        """The frame's event (fthsdp/step/frames.py translates); the telemetry notes its arrival."""
         event = frames.event_of(kind, message, self._book, self.settings)
-        if kind == "decision":
+        if isinstance(event, ev.DecisionArrived):
             self.collectives.decided()
-        elif kind in ("plan", "no_plan"):
-            planned = isinstance(event, ev.PlanArrived) and event.plan is not None  # a resume order has no plan
-            self.collectives.planned(event.plan.step if planned else message.step)
+        elif (step := frames.planned_step(event)) is not None:
+            self.collectives.planned(step)
         return event
 
     # ------------------------------------------------------------------ executing effects
-
-    def _execute(self, effect: ev.Effect) -> None:
-        getattr(self, "_do_" + type(effect).__name__)(effect)
 
     def _send(self, frame: rpb.RankFrame) -> None:
         assert self.client is not None
@@ -457,50 +415,50 @@ class Manager:
         except ChannelError as exc:
             self._queue.append(ev.CoordinatorLost(str(exc)))
 
-    def _do_SendBegin(self, e: ev.SendBegin) -> None:  # noqa: N802 - named after the effect
+    def _send_begin(self, e: ev.SendBegin) -> None:
         self.collectives.begin(e.step)
         self._send(msg.begin(e.step))
 
-    def _do_SendVote(self, e: ev.SendVote) -> None:  # noqa: N802
+    def _send_vote(self, e: ev.SendVote) -> None:
         self.collectives.vote()
         self._send(msg.vote(e.attempt, e.ok, e.reason, e.loss, e.tokens))
 
-    def _do_SendDigest(self, e: ev.SendDigest) -> None:  # noqa: N802
+    def _send_digest(self, e: ev.SendDigest) -> None:
         self._send(msg.digest(e.attempt, e.step, bytes.fromhex(self.digest())))
 
-    def _do_SendClose(self, e: ev.SendClose) -> None:  # noqa: N802
+    def _send_close(self, e: ev.SendClose) -> None:
         self._send(msg.close(e.step, e.reason))
 
-    def _do_ServeState(self, e: ev.ServeState) -> None:  # noqa: N802
+    def _serve_state(self, e: ev.ServeState) -> None:
         assert self.state_server is not None
         if e.fetchers:  # the plan names fetchers: serving costs this rank time its peers train in
             self.collectives.disturb()
         self._source.serve(e.step, self._state.ledger.to_json())
         self.state_server.serve(e.step, e.fetchers)
 
-    def _do_StopServing(self, e: ev.StopServing) -> None:  # noqa: N802
+    def _stop_serving(self, e: ev.StopServing) -> None:
         assert self.state_server is not None
         copy = self._source.release()  # an immutable copy is served on while this rank trains on;
         # served() waits for its device-to-host copies: the optimizer step comes after this
         self.state_server.stop(e.wait_for, e.timeout_s, keep=copy.served() if copy is not None else None)
 
-    def _do_ConfigureRing(self, e: ev.ConfigureRing) -> None:  # noqa: N802
+    def _configure_ring(self, e: ev.ConfigureRing) -> None:
         if e.plan.fetchers and not e.plan.behind:
             self._source.snapshot()  # at the step boundary, before this step can change the state
         self.sync.configure(e.plan)
 
-    def _do_StartFetch(self, e: ev.StartFetch) -> None:  # noqa: N802
+    def _start_fetch(self, e: ev.StartFetch) -> None:
         self.collectives.disturb()  # fetching and adopting a catch-up is work its peers do not do
         self._fetch = FetchJob(e.plan, self.settings, self.model, self.optimizer, self.registry).start()
 
-    def _do_CancelFetch(self, e: ev.CancelFetch) -> None:  # noqa: N802
+    def _cancel_fetch(self, e: ev.CancelFetch) -> None:
         if self._fetch is not None:
             log.warning("replica %s rank %s: catch-up cancelled: %s", self.settings.replica_id, self.settings.rank,
                         e.reason)
             self._fetch.cancel(self.settings.fetch_timeout_s)
             self._fetch = None
 
-    def _do_AdoptFetched(self, e: ev.AdoptFetched) -> None:  # noqa: N802
+    def _adopt_fetched(self, e: ev.AdoptFetched) -> None:
         fetch, self._fetch = self._fetch, None
         assert fetch is not None and fetch.fetched is not None
         fetch.close()
@@ -513,7 +471,7 @@ class Manager:
             raise Fatal(f"the state fetched from {fetch.plan.source_replica} does not load here: {exc}; the "
                         f"replicas run different code or settings: fix that, then restart") from None
 
-    def _do_LoadCheckpoint(self, e: ev.LoadCheckpoint) -> None:  # noqa: N802
+    def _load_checkpoint(self, e: ev.LoadCheckpoint) -> None:
         s = self.settings
         if self.checkpoints is None:
             reason = "this rank has no checkpoint_dir (give every rank of the replica the same one)"
@@ -528,35 +486,42 @@ class Manager:
             return
         self._queue.append(ev.CheckpointLoaded(step, ledger))
 
-    def _do_ApplyStep(self, e: ev.ApplyStep | ev.ApplyOuterStep) -> None:  # noqa: N802
-        scale = e.plan.lr_scale if self.settings.apply_lr_scale else 1.0
-        self._apply(scale)
+    def _apply_step(self, e: ev.ApplyStep) -> None:
+        """A commit's update: the script's optimizer, learning rate × the quorum's lr_scale."""
+        scaled_step(self.optimizer, self._lr_scale(e.plan))
         if self.registry.rng is not None:
             self.registry.rng.advance()
 
-    _do_ApplyOuterStep = _do_ApplyStep  # noqa: N815 - the outer optimizer's commit (fthsdp/sync/outer.py)
+    def _apply_outer_step(self, e: ev.ApplyOuterStep) -> None:
+        """A sync's commit: the outer optimizer of its fragment (fthsdp/sync/outer.py)."""
+        self.outer.apply(self._lr_scale(e.plan), e.fragment)
+        if self.registry.rng is not None:
+            self.registry.rng.advance()
 
-    def _do_BeginInner(self, e: ev.BeginInner) -> None:  # noqa: N802
+    def _lr_scale(self, plan: RankPlan) -> float:
+        return plan.lr_scale if self.settings.apply_lr_scale else 1.0
+
+    def _begin_inner(self, e: ev.BeginInner) -> None:
         if e.index == 0:
             self.outer.begin_outer_step()
 
-    def _do_InnerStep(self, e: ev.InnerStep) -> None:  # noqa: N802
+    def _inner_step(self, e: ev.InnerStep) -> None:
         self.optimizer.step()
 
-    def _do_TakePseudoGradient(self, e: ev.TakePseudoGradient) -> None:  # noqa: N802
-        self.outer.take_pseudo_gradient()
+    def _take_pseudo_gradient(self, e: ev.TakePseudoGradient) -> None:
+        self.outer.take_pseudo_gradient(e.fragment)
 
-    def _do_ReducePseudoGradient(self, e: ev.ReducePseudoGradient) -> None:  # noqa: N802
-        result = self.outer.reduce(self.sync, e.plan)
+    def _reduce_pseudo_gradient(self, e: ev.ReducePseudoGradient) -> None:
+        result = self.outer.reduce(self.sync, e.plan, e.fragment)
         self._queue.append(ev.Reduced(result.ok, result.reason))
 
-    def _do_DropGradients(self, e: ev.DropGradients) -> None:  # noqa: N802
+    def _drop_gradients(self, e: ev.DropGradients) -> None:
         self.optimizer.zero_grad(set_to_none=True)
         self.sync.mark_broken(e.reason)  # the next attempt rebuilds the ring
         if self.registry.rng is not None:
             self.registry.rng.apply()  # the retry draws the same numbers again
 
-    def _do_Checkpoint(self, e: ev.Checkpoint) -> None:  # noqa: N802
+    def _checkpoint(self, e: ev.Checkpoint) -> None:
         """Every rank gets this effect; fthsdp/state/replica_checkpoints.py says who writes what."""
         if self.checkpoints is None or not self.checkpoints.writes():
             return
@@ -565,7 +530,7 @@ class Manager:
         saved = self.coordinator.checkpoint_saved if self.coordinator is not None else None
         self.checkpoints.save(e.step, e.write_state, self._state.ledger, saved)
 
-    def _do_Concluded(self, e: ev.Concluded) -> None:  # noqa: N802
+    def _concluded(self, e: ev.Concluded) -> None:
         o = self.last_outcome = e.outcome
         self._committed_any = self._committed_any or o.committed
         s = self.settings
@@ -576,13 +541,18 @@ class Manager:
             log.info("replica %s rank %s caught up and committed step %s in quorum %s", s.replica_id, s.rank,
                      o.step, o.quorum_id)
 
-    def _do_Closed(self, e: ev.Closed) -> None:  # noqa: N802
+    def _closed(self, e: ev.Closed) -> None:
         level = logging.INFO if e.clean else logging.WARNING
         last = f"after step {self.step - 1}" if self.step else "before its first commit"  # as the controller says it
         log.log(level, "replica %s rank %s closed %s: %s", self.settings.replica_id, self.settings.rank, last, e.reason)
 
-    def _do_Ended(self, e: ev.Ended) -> None:  # noqa: N802
+    def _ended(self, e: ev.Ended) -> None:
         log.debug("replica %s rank %s has no more steps: %s", self.settings.replica_id, self.settings.rank, e.reason)
+
+    def _fail(self, e: ev.Fail) -> None:
+        error = RetryLimitExceeded if e.retries_exhausted else (
+            ConfigurationError if CONFIGURATION_PREFIX in e.message else Fatal)
+        raise error(e.message)
 
     # ------------------------------------------------------------------ checks
     def _require_not_started(self, what: str) -> None:
@@ -598,3 +568,31 @@ class Manager:
         if self._state.phase is not phase:
             raise ProtocolError(f"{what} while the step is {self._state.phase.name}: begin_step() (or "
                                 f"FaultTolerantOptimizer.zero_grad()) first")
+
+
+#: the executor: one handler per effect of the step protocol (fthsdp/step/events.py)
+_EFFECTS: dict[type, Callable[[Manager, Any], None]] = {
+    ev.SendBegin: Manager._send_begin,
+    ev.SendVote: Manager._send_vote,
+    ev.SendDigest: Manager._send_digest,
+    ev.SendClose: Manager._send_close,
+    ev.ServeState: Manager._serve_state,
+    ev.StopServing: Manager._stop_serving,
+    ev.ConfigureRing: Manager._configure_ring,
+    ev.StartFetch: Manager._start_fetch,
+    ev.CancelFetch: Manager._cancel_fetch,
+    ev.AdoptFetched: Manager._adopt_fetched,
+    ev.LoadCheckpoint: Manager._load_checkpoint,
+    ev.ApplyStep: Manager._apply_step,
+    ev.ApplyOuterStep: Manager._apply_outer_step,
+    ev.BeginInner: Manager._begin_inner,
+    ev.InnerStep: Manager._inner_step,
+    ev.TakePseudoGradient: Manager._take_pseudo_gradient,
+    ev.ReducePseudoGradient: Manager._reduce_pseudo_gradient,
+    ev.DropGradients: Manager._drop_gradients,
+    ev.Checkpoint: Manager._checkpoint,
+    ev.Concluded: Manager._concluded,
+    ev.Closed: Manager._closed,
+    ev.Ended: Manager._ended,
+    ev.Fail: Manager._fail,
+}

@@ -92,6 +92,10 @@ ENV_SYNC_EVERY_STEPS = "FTHSDP_SYNC_EVERY_STEPS"
 ENV_OUTER_LR = "FTHSDP_OUTER_LR"
 ENV_OUTER_MOMENTUM = "FTHSDP_OUTER_MOMENTUM"
 ENV_OUTER_NESTEROV = "FTHSDP_OUTER_NESTEROV"
+ENV_SYNC_FRAGMENTS = "FTHSDP_SYNC_FRAGMENTS"
+ENV_SYNC_WIRE_DTYPE = "FTHSDP_SYNC_WIRE_DTYPE"
+#: the pseudo-gradient's precision on the cross-replica wire (fthsdp/sync/outer.py)
+SYNC_WIRE_DTYPES = ("float32", "bfloat16")
 # torchrun's, read when the FTHSDP_* variable of the same meaning is not set
 TORCHRUN_RANK = "RANK"
 TORCHRUN_WORLD_SIZE = "WORLD_SIZE"
@@ -179,10 +183,20 @@ class RuntimeSettings:
         "sync" (every step: gradients are averaged); "local_sgd" (every sync_every_steps inner
         steps on the replica's own group, the parameters are averaged); "diloco" (every
         sync_every_steps inner steps, the pseudo-gradient global - local is averaged and the
-        outer optimizer, SGD with outer_lr / outer_momentum / outer_nesterov, applies it). In the
-        semi-synchronous modes a step of the protocol (`Manager.step`, max_steps, checkpoint
-        and digest periods) is one sync; see docs/architecture.md.
-    sync_every_steps: H, the inner steps between two syncs (FTHSDP_SYNC_EVERY_STEPS; 1 in "sync").
+        outer optimizer, SGD with outer_lr / outer_momentum / outer_nesterov, applies it);
+        "streaming_diloco" (diloco with the model cut into sync_fragments fragments, each synced
+        every sync_every_steps inner steps on its own staggered schedule: one fragment's sync
+        every sync_every_steps / sync_fragments inner steps). In the semi-synchronous modes a
+        step of the protocol (`Manager.step`, max_steps, checkpoint and digest periods) is one
+        sync (of one fragment in streaming_diloco); see docs/architecture.md.
+    sync_every_steps: H, the inner steps between two syncs of the same parameters
+        (FTHSDP_SYNC_EVERY_STEPS; 1 in "sync"; a multiple of sync_fragments).
+    sync_fragments: F, the fragments of streaming_diloco (FTHSDP_SYNC_FRAGMENTS; 1 in every other
+        mode; at most the model's number of trainable parameters). The controller's
+        --sync-fragments must agree.
+    sync_wire_dtype: the pseudo-gradient's precision on the cross-replica wire
+        (FTHSDP_SYNC_WIRE_DTYPE): "float32", or "bfloat16" (half the bytes; every replica applies
+        the same reduced bytes, so the global state stays bitwise equal). Semi-synchronous modes only.
     outer_lr / outer_momentum / outer_nesterov: DiLoCo's outer SGD (FTHSDP_OUTER_LR,
         FTHSDP_OUTER_MOMENTUM, FTHSDP_OUTER_NESTEROV=0|1); the quorum's lr_scale multiplies
         outer_lr (the inner optimizer's learning rate is the script's). Unused by other modes.
@@ -228,6 +242,8 @@ class RuntimeSettings:
     outer_lr: float = 0.7
     outer_momentum: float = 0.9
     outer_nesterov: bool = True
+    sync_fragments: int = 1
+    sync_wire_dtype: str = "float32"
 
     def validate(self) -> "RuntimeSettings":
         problems = []
@@ -300,15 +316,30 @@ class RuntimeSettings:
         if not isinstance(self.sync_every_steps, int) or self.sync_every_steps < 1:
             problems.append(f"sync_every_steps must be a number of inner steps >= 1, got {self.sync_every_steps!r}.")
         elif self.sync_mode == "sync" and self.sync_every_steps != 1:
-            problems.append(f"sync_every_steps={self.sync_every_steps} needs sync_mode local_sgd or diloco "
-                            f"(sync_mode 'sync' meets every step).")
+            problems.append(f"sync_every_steps={self.sync_every_steps} needs sync_mode local_sgd, diloco or "
+                            f"streaming_diloco (sync_mode 'sync' meets every step).")
+        if not isinstance(self.sync_fragments, int) or self.sync_fragments < 1:
+            problems.append(f"sync_fragments must be a number of fragments >= 1, got {self.sync_fragments!r}.")
+        elif self.sync_fragments > 1 and self.sync_mode != "streaming_diloco":
+            problems.append(f"sync_fragments={self.sync_fragments} needs sync_mode streaming_diloco (got "
+                            f"{self.sync_mode!r}).")
+        elif isinstance(self.sync_every_steps, int) and self.sync_every_steps % self.sync_fragments:
+            problems.append(f"sync_every_steps={self.sync_every_steps} must be a multiple of sync_fragments="
+                            f"{self.sync_fragments} (each fragment syncs once per sync_every_steps inner steps, "
+                            f"one every sync_every_steps / sync_fragments).")
+        if self.sync_wire_dtype not in SYNC_WIRE_DTYPES:
+            problems.append(f"sync_wire_dtype must be one of {', '.join(SYNC_WIRE_DTYPES)}, got "
+                            f"{self.sync_wire_dtype!r}.")
+        elif self.sync_wire_dtype != "float32" and self.sync_mode == "sync":
+            problems.append(f"sync_wire_dtype={self.sync_wire_dtype} needs a semi-synchronous sync_mode (it is the "
+                            f"pseudo-gradient's precision); sync_mode 'sync' averages gradients in their own dtype.")
         if not (isinstance(self.outer_lr, (int, float)) and math.isfinite(self.outer_lr) and self.outer_lr > 0):
             problems.append(f"outer_lr must be a finite number > 0, got {self.outer_lr!r}.")
         if not (isinstance(self.outer_momentum, (int, float)) and 0 <= self.outer_momentum < 1):
             problems.append(f"outer_momentum must be in [0, 1), got {self.outer_momentum!r}.")
         if not isinstance(self.outer_nesterov, bool):
             problems.append(f"outer_nesterov must be True or False, got {self.outer_nesterov!r}.")
-        elif self.outer_nesterov and self.sync_mode == "diloco" and self.outer_momentum == 0:
+        elif self.outer_nesterov and self.sync_mode in ("diloco", "streaming_diloco") and self.outer_momentum == 0:
             problems.append("outer_nesterov needs outer_momentum > 0 (torch's SGD refuses Nesterov without it).")
         return problems
 
@@ -316,6 +347,17 @@ class RuntimeSettings:
     def semi_synchronous(self) -> bool:
         """Replicas meet every sync_every_steps inner steps, not every step."""
         return self.sync_mode != "sync"
+
+    @property
+    def inner_steps_per_sync(self) -> int:
+        """Inner steps between two syncs of the protocol (of any fragment): H / F (1 in "sync")."""
+        return self.sync_every_steps // self.sync_fragments
+
+    def fragment_at(self, step: int) -> int:
+        """The fragment the sync of protocol step `step` carries: after it the replica has trained
+        (step + 1)·H/F inner steps, and fragment f is due when that is ≡ f·H/F (mod H), as in the
+        Streaming DiLoCo paper. 0 in every mode but streaming_diloco."""
+        return (step + 1) % self.sync_fragments
 
     def port_key(self, purpose: str) -> bytes | None:
         """The key of one trainer port (protos.job_secret.PURPOSE_*); None when the ports run
@@ -422,6 +464,8 @@ _ENV_FIELDS: tuple[tuple[str, Callable[[str], object], tuple[str, ...]], ...] = 
     ("outer_lr", lambda text: _number(ENV_OUTER_LR, text), (ENV_OUTER_LR,)),
     ("outer_momentum", lambda text: _number(ENV_OUTER_MOMENTUM, text), (ENV_OUTER_MOMENTUM,)),
     ("outer_nesterov", lambda text: _flag(ENV_OUTER_NESTEROV, text), (ENV_OUTER_NESTEROV,)),
+    ("sync_fragments", _int, (ENV_SYNC_FRAGMENTS,)),
+    ("sync_wire_dtype", str, (ENV_SYNC_WIRE_DTYPE,)),
 )
 
 

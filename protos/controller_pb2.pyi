@@ -69,7 +69,7 @@ class RecoverAssignment(_message.Message):
     def __init__(self, replica_id: _Optional[str] = ..., sources_by_shard: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class QuorumResponse(_message.Message):
-    __slots__ = ("quorum_id", "members", "max_step", "recover", "lr_scale", "reason", "addresses_included", "total_replicas", "resume_checkpoint_step", "quorum_address", "sync_mode", "sync_every_steps")
+    __slots__ = ("quorum_id", "members", "max_step", "recover", "lr_scale", "reason", "addresses_included", "total_replicas", "resume_checkpoint_step", "quorum_address", "sync_mode", "sync_every_steps", "sync_fragments")
     QUORUM_ID_FIELD_NUMBER: _ClassVar[int]
     MEMBERS_FIELD_NUMBER: _ClassVar[int]
     MAX_STEP_FIELD_NUMBER: _ClassVar[int]
@@ -82,6 +82,7 @@ class QuorumResponse(_message.Message):
     QUORUM_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     SYNC_MODE_FIELD_NUMBER: _ClassVar[int]
     SYNC_EVERY_STEPS_FIELD_NUMBER: _ClassVar[int]
+    SYNC_FRAGMENTS_FIELD_NUMBER: _ClassVar[int]
     quorum_id: int
     members: _containers.RepeatedCompositeFieldContainer[Member]
     max_step: int
@@ -94,7 +95,8 @@ class QuorumResponse(_message.Message):
     quorum_address: str
     sync_mode: str
     sync_every_steps: int
-    def __init__(self, quorum_id: _Optional[int] = ..., members: _Optional[_Iterable[_Union[Member, _Mapping]]] = ..., max_step: _Optional[int] = ..., recover: _Optional[_Iterable[_Union[RecoverAssignment, _Mapping]]] = ..., lr_scale: _Optional[float] = ..., reason: _Optional[str] = ..., addresses_included: _Optional[bool] = ..., total_replicas: _Optional[int] = ..., resume_checkpoint_step: _Optional[int] = ..., quorum_address: _Optional[str] = ..., sync_mode: _Optional[str] = ..., sync_every_steps: _Optional[int] = ...) -> None: ...
+    sync_fragments: int
+    def __init__(self, quorum_id: _Optional[int] = ..., members: _Optional[_Iterable[_Union[Member, _Mapping]]] = ..., max_step: _Optional[int] = ..., recover: _Optional[_Iterable[_Union[RecoverAssignment, _Mapping]]] = ..., lr_scale: _Optional[float] = ..., reason: _Optional[str] = ..., addresses_included: _Optional[bool] = ..., total_replicas: _Optional[int] = ..., resume_checkpoint_step: _Optional[int] = ..., quorum_address: _Optional[str] = ..., sync_mode: _Optional[str] = ..., sync_every_steps: _Optional[int] = ..., sync_fragments: _Optional[int] = ...) -> None: ...
 
 class QuorumPortRefusal(_message.Message):
     __slots__ = ("code", "details", "leader_address")

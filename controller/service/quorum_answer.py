@@ -59,4 +59,5 @@ class QuorumAnswers:
             recover=[pb.RecoverAssignment(replica_id=b, sources_by_shard=list(src)) for b, src in sorted(q.recover.items())],
             total_replicas=self._state.settings.replicas, addresses_included=with_addresses,
             resume_checkpoint_step=q.resume_checkpoint_step, quorum_address=self._quorum_address,
-            sync_mode=self._state.settings.sync_mode, sync_every_steps=self._state.settings.sync_every_steps)
+            sync_mode=self._state.settings.sync_mode, sync_every_steps=self._state.settings.sync_every_steps,
+            sync_fragments=self._state.settings.sync_fragments)

@@ -77,8 +77,8 @@ def _split(tree: Tree) -> tuple[Tree, Tree]:
             t, r = _split(value)
             if t:
                 tensors[key] = t
-            if r:
-                rest[key] = r
+            if r or not t:  # an empty dict stays (a plain SGD's optimizer "state": {}; torch reads
+                rest[key] = r  # an optimizer state_dict without "state" as a flattened one)
         elif isinstance(value, torch.Tensor):
             tensors[key] = value
         else:

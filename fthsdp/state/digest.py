@@ -49,13 +49,14 @@ def feed(h: "hashlib._Hash", obj: Any) -> None:
         h.update(f"O{type(obj).__qualname__}:{obj!r}\0".encode())
 
 
-def rank_digest(step: int, ledger_json: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None,
+def rank_digest(step: int, ledger_json: str, model: torch.nn.Module | None, optimizer: torch.optim.Optimizer | None,
                 user_states: Mapping[str, Any] | None = None) -> bytes:
     """SHA-256 (32 bytes) of this rank's committed state at the start of `step`. `optimizer`
     None: a semi-synchronous replica's inner optimizer, whose state is its own by design (the
-    outer optimizer is registered state)."""
+    outer optimizer is registered state). `model` None: a streaming_diloco replica's model,
+    which holds its own local fragments between their syncs (the global copy is registered state)."""
     h = hashlib.sha256(f"fthsdp-state-v1|{step}|{ledger_json}|".encode())
-    feed(h, model.state_dict())
+    feed(h, model.state_dict() if model is not None else None)
     feed(h, optimizer.state_dict() if optimizer is not None else None)
     feed(h, dict(user_states or {}))
     return h.digest()

@@ -74,6 +74,7 @@ class PlanRefused:
     attempt: int
     kind: Refusal
     reason: str
+    step: int = -1                      # the step of the begin this answers (-1: not said)
 
 
 @dataclass(frozen=True)
@@ -216,9 +217,10 @@ class InnerStep:
 
 @dataclass(frozen=True)
 class TakePseudoGradient:
-    """After the last inner step: pseudo-gradient = global - local; the model goes back to the
-    global state (kept for every attempt of the sync)."""
+    """After the last inner step before a sync: pseudo-gradient = global - local of `fragment`;
+    its model tensors go back to the global state (kept for every attempt of the sync)."""
     step: int
+    fragment: int = 0                   # the fragment this sync carries (streaming_diloco; else 0)
 
 
 @dataclass(frozen=True)
@@ -226,13 +228,16 @@ class ReducePseudoGradient:
     """Average the pseudo-gradient across the sync's contributors (zeros when behind; every
     rank runs it, with or without a plan), then feed Reduced."""
     plan: RankPlan | None
+    fragment: int = 0                   # the quorum's fragment: that of the plan's step
 
 
 @dataclass(frozen=True)
 class ApplyOuterStep:
     """Commit of a sync: the outer optimizer applies the average to the global state (outer
-    learning rate × plan.lr_scale); the model takes the new global state; registered state moves on."""
+    learning rate × plan.lr_scale) to `fragment`; its model tensors take the new global state;
+    registered state moves on."""
     plan: RankPlan
+    fragment: int = 0
 
 
 @dataclass(frozen=True)

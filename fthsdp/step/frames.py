@@ -20,20 +20,40 @@ _REFUSALS = {rpb.NoPlan.RETRY: ev.Refusal.RETRY, rpb.NoPlan.FINISHED: ev.Refusal
 
 def event_of(kind: str, message, book: AddressBook, s: RuntimeSettings) -> ev.Event:
     """The event of one frame the rank's channel received (`kind` as CoordinatorClient.receive names it)."""
-    if kind == "plan":
-        return _plan_arrived(message, book, s)
-    if kind == "no_plan":
-        return ev.PlanRefused(message.attempt, _REFUSALS[message.kind], message.reason)
-    if kind == "decision":
-        return ev.DecisionArrived(message.attempt, message.outcome == rpb.StepDecision.COMMIT, message.reason)
+    translate = _EVENT_OF.get(kind)
+    if translate is None:
+        raise ValueError(f"a coordinator frame of kind {kind!r} is not an answer in the step protocol")
+    return translate(message, book, s)
+
+
+def planned_step(event: ev.Event) -> int | None:
+    """The step an answer to a begin plans (the plan's own step: a behind replica's source's),
+    None for an event that answers no begin."""
+    if isinstance(event, ev.PlanArrived) and event.plan is not None:
+        return event.plan.step
+    if isinstance(event, (ev.PlanArrived, ev.ResumeOrdered, ev.PlanRefused)):
+        return event.step
+    return None
+
+
+def _no_plan(message: rpb.NoPlan, _book: AddressBook, _s: RuntimeSettings) -> ev.PlanRefused:
+    return ev.PlanRefused(message.attempt, _REFUSALS[message.kind], message.reason, message.step)
+
+
+def _decision(message: rpb.StepDecision, _book: AddressBook, _s: RuntimeSettings) -> ev.DecisionArrived:
+    return ev.DecisionArrived(message.attempt, message.outcome == rpb.StepDecision.COMMIT, message.reason)
+
+
+def _finished(message, _book: AddressBook, _s: RuntimeSettings) -> ev.FinishedArrived:
     return ev.FinishedArrived(message.clean, message.reason)
 
 
 def _plan_arrived(message: rpb.StepPlan, book: AddressBook,
                   s: RuntimeSettings) -> ev.PlanArrived | ev.ResumeOrdered | ev.PlanRefused:
     q = message.quorum
-    if refused := sync_modes.mismatch(q.sync_mode, q.sync_every_steps, s.sync_mode, s.sync_every_steps):
-        return ev.PlanRefused(message.attempt, ev.Refusal.FATAL, refused)
+    if refused := sync_modes.mismatch(q.sync_mode, q.sync_every_steps, s.sync_mode, s.sync_every_steps,
+                                      q.sync_fragments, s.sync_fragments):
+        return ev.PlanRefused(message.attempt, ev.Refusal.FATAL, refused, message.step)
     if message.quorum.HasField("resume_checkpoint_step"):  # the coordinator orders a resume
         try:
             book.fill(message)  # the next quorum may omit the addresses this frame carries
@@ -47,3 +67,7 @@ def _plan_arrived(message: rpb.StepPlan, book: AddressBook,
     except PlanError as exc:
         return ev.PlanArrived(message.attempt, message.step, None, str(exc))
     return ev.PlanArrived(message.attempt, message.step, plan)
+
+
+#: one translator per frame kind (CoordinatorClient.receive's names)
+_EVENT_OF = {"plan": _plan_arrived, "no_plan": _no_plan, "decision": _decision, "finished": _finished}

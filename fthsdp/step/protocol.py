@@ -26,19 +26,26 @@ applies the one decision the coordinator sends for that attempt.
     FAILED ◀── no plan, or no decision after voting, within its bound (a rank that voted yes
                is in doubt: it never guesses); the coordinator gone; a fatal refusal
 
-Semi-synchronous replicas (settings.sync_mode local_sgd or diloco, H = sync_every_steps): a
-step is one *sync*, and H inner steps on the replica's own group come before it. `inner`
-counts them; they never reach the coordinator:
+Semi-synchronous replicas (settings.sync_mode local_sgd, diloco or streaming_diloco, H =
+sync_every_steps, F = sync_fragments, 1 but in streaming_diloco): a step is one *sync* (of one
+fragment in streaming), and K = H / F inner steps on the replica's own group come before it.
+`inner` counts them; they never reach the coordinator. The sync of step s carries fragment
+f(s) = (s + 1) mod F (settings.fragment_at): fragment f is due when the inner steps trained are
+≡ f·K (mod H), so each fragment syncs once per H inner steps, staggered:
 
-          Begin (inner < H): BeginInner          End: InnerStep (+ TakePseudoGradient at the H-th)
+          Begin (inner < K): BeginInner          End: InnerStep (+ TakePseudoGradient(f(step)) at the K-th)
     IDLE ───────────────────────────────▶ INNER ─────────────────────────────────────▶ IDLE, inner + 1
-    IDLE ── Begin (inner = H) ──▶ PLANNING ── PlanArrived: ReducePseudoGradient ──▶ SYNCING
-    SYNCING ── Reduced (and the fetch done) ──▶ VOTING ── commit: ApplyOuterStep ──▶ IDLE, step + 1, inner 0
-                                                          retry ──▶ IDLE, inner = H (the same pseudo-gradient)
+    IDLE ── Begin (inner = K) ──▶ PLANNING ── PlanArrived: ReducePseudoGradient(f(plan.step)) ──▶ SYNCING
+    SYNCING ── Reduced (and the fetch done) ──▶ VOTING ── commit: ApplyOuterStep(f(plan.step)) ──▶ IDLE, step + 1, inner 0
+                                                          retry ──▶ IDLE, inner = K (the same pseudo-gradient)
 
-The commit advances the ledger by H for every contributor (its inner steps' batches enter the
-committed history only now); a behind replica adopts its source's state and ledger there, its
-own inner steps thrown away; a checkpoint loaded on a rollback sets inner to 0.
+The commit advances the ledger by K for every contributor: the batches of the inner steps
+since its last committed sync enter the committed history with the next sync that commits
+with it as a contributor, whichever fragment that sync carries (each inner step is counted
+by exactly one sync: the first to commit after it). A behind replica adopts its source's
+state and ledger there, its own inner steps thrown away; a checkpoint loaded on a rollback
+sets inner to 0. The schedule position is the step itself (f(step), inner 0 at every step
+start), so catch-up and checkpoints carry it with the step.
 
 A behind replica (its member is not healthy: a late joiner, a restarted or a DIVERGED
 replica) fetches its source's state while it contributes zeros, and takes it as its own
@@ -170,7 +177,7 @@ def _begin(state: RankState, _ev: Begin, now: float, s: RuntimeSettings) -> Resu
     if s.max_steps and state.step >= s.max_steps:
         reason = f"max_steps={s.max_steps} reached"
         return _replace(state, phase=Phase.ENDED, reason=reason), (Ended(reason),)
-    if s.semi_synchronous and state.inner < s.sync_every_steps:  # an inner step: no coordinator
+    if s.semi_synchronous and state.inner < s.inner_steps_per_sync:  # an inner step: no coordinator
         first = state.inner == 0
         new = _replace(state, phase=Phase.INNER, loss=0.0 if first else state.loss, tokens=0 if first else state.tokens)
         return new, (BeginInner(state.step, state.inner),)
@@ -205,7 +212,8 @@ def _plan(state: RankState, ev: PlanArrived, now: float, s: RuntimeSettings) -> 
                    quorum_id=plan.quorum_id if plan else 0, ledger_before=state.ledger)
     new, effects = _planned(new, plan, ev.error, now, s)
     if s.semi_synchronous:  # a sync: no training script between plan and vote
-        return _replace(new, phase=Phase.SYNCING), (*effects, ReducePseudoGradient(new.plan))
+        fragment = s.fragment_at(new.plan.step if new.plan is not None else new.step)  # the quorum's fragment
+        return _replace(new, phase=Phase.SYNCING), (*effects, ReducePseudoGradient(new.plan, fragment))
     return new, effects
 
 
@@ -279,8 +287,8 @@ def _reduced(state: RankState, ev: Reduced, _now: float, _s: RuntimeSettings) ->
 def _inner_end(state: RankState, ev: End, _now: float, s: RuntimeSettings) -> Result:
     inner = state.inner + 1
     effects: tuple[Effect, ...] = (InnerStep(state.step, state.inner),)
-    if inner == s.sync_every_steps:
-        effects += (TakePseudoGradient(state.step),)
+    if inner == s.inner_steps_per_sync:
+        effects += (TakePseudoGradient(state.step, s.fragment_at(state.step)),)
     return _replace(state, phase=Phase.IDLE, inner=inner, loss=ev.loss, tokens=state.tokens + ev.tokens), effects
 
 
@@ -385,13 +393,14 @@ def _commit(state: RankState, s: RuntimeSettings) -> Result:
     effects: list[Effect] = [StopServing(plan.fetchers, s.fetch_hold_timeout_s if plan.fetchers else 0.0)]
     if plan.behind:
         effects.append(AdoptFetched(plan.step))
-    effects += [ApplyOuterStep(plan) if s.semi_synchronous else ApplyStep(plan), Concluded(outcome)]
+    effects += [ApplyOuterStep(plan, s.fragment_at(plan.step)) if s.semi_synchronous else ApplyStep(plan),
+                Concluded(outcome)]
     if plan.report_digest:
         effects.append(SendDigest(state.attempt, plan.step))
     if s.checkpoint_every_steps and next_step % s.checkpoint_every_steps == 0:
         # every rank: a sharded replica's ranks write their shards together (the Manager knows)
         effects.append(Checkpoint(next_step, plan.writes_checkpoint_state))
-    new = _replace(state, phase=Phase.IDLE, step=next_step, ledger=before.advanced(plan.included, s.sync_every_steps),
+    new = _replace(state, phase=Phase.IDLE, step=next_step, ledger=before.advanced(plan.included, s.inner_steps_per_sync),
                    deadline=INF, fetch=Fetch.NONE, fetched_ledger=None, failures_in_a_row=0, last_failure="",
                    torn=state.torn and not plan.behind, inner=0)
     return new, tuple(effects)

@@ -144,10 +144,12 @@ class GradientSync:
 
     # -- replicated models (plain, DDP)
 
-    def reduce_(self, flat: torch.Tensor, plan: RankPlan | None, in_replica: bool = True) -> SyncResult:
+    def reduce_(self, flat: torch.Tensor, plan: RankPlan | None, in_replica: bool = True,
+                wire_dtype: torch.dtype | None = None) -> SyncResult:
         """Average `flat` (this rank's gradient, 1-D float) across the step's contributors, in place.
         `in_replica=False`: `flat` is equal on every rank of the replica already (a replicated
-        model's pseudo-gradient): it is not averaged inside the replica, only split and gathered."""
+        model's pseudo-gradient): it is not averaged inside the replica, only split and gathered.
+        `wire_dtype`: the dtype this rank's shard crosses replicas in (see `_cross_replica_`)."""
         if plan is not None and plan.behind:  # the whole replica is behind: every rank skips this
             flat.zero_()
         elif self.world_size > 1 and in_replica:  # without a plan too: the other ranks are in this all-reduce
@@ -159,7 +161,7 @@ class GradientSync:
         work = flat if padded == flat.numel() else torch.cat([flat, flat.new_zeros(padded - flat.numel())])
         shards = list(work.chunk(self.world_size))
         shard = shards[self.rank]
-        result = self._cross_replica_(shard, plan)
+        result = self._cross_replica_(shard, plan, wire_dtype)
         if self.world_size > 1:
             gathered = [torch.empty_like(s) for s in shards]
             token = self.collectives.join(Kind.ALL_GATHER, work.numel() * work.element_size())
@@ -170,21 +172,28 @@ class GradientSync:
             flat.copy_(work[:flat.numel()])
         return result
 
-    def reduce_across_(self, flat: torch.Tensor, plan: RankPlan | None) -> SyncResult:
+    def reduce_across_(self, flat: torch.Tensor, plan: RankPlan | None,
+                       wire_dtype: torch.dtype | None = None) -> SyncResult:
         """Average this rank's own piece (a shard's pseudo-gradient) with the same rank of the
         other contributors only, in place (a behind replica contributes zeros)."""
         if plan is not None and plan.behind:
             flat.zero_()
-        return self._cross_replica_(flat, plan)
+        return self._cross_replica_(flat, plan, wire_dtype)
 
-    def _cross_replica_(self, shard: torch.Tensor, plan: RankPlan | None) -> SyncResult:
+    def _cross_replica_(self, shard: torch.Tensor, plan: RankPlan | None,
+                        wire_dtype: torch.dtype | None = None) -> SyncResult:
+        """All-reduce `shard` over FTAR, then divide by the contributors. With a `wire_dtype` other
+        than the shard's, a copy in that dtype travels and is summed (bfloat16: half the bytes) and
+        the sum is cast back: every contributor gets the same bytes, so the result is equal
+        everywhere; the division happens after, in the shard's dtype."""
         if plan is None:
             return SyncResult(False, "no plan for this step")
         if self._broken:
             return SyncResult(False, self._broken)
-        token = self.collectives.join_ftar(plan.quorum_id, len(plan.ftar_members), shard.numel() * shard.element_size())
+        wire = shard if wire_dtype in (None, shard.dtype) else shard.to(wire_dtype)
+        token = self.collectives.join_ftar(plan.quorum_id, len(plan.ftar_members), wire.numel() * wire.element_size())
         try:
-            self.endpoint.allreduce(shard).wait(self.timeout_s)
+            self.endpoint.allreduce(wire).wait(self.timeout_s)
         except RecoverableError as exc:
             self._broken = f"FTAR all-reduce of step {plan.step} failed: {exc}"
             return SyncResult(False, self._broken)
@@ -192,6 +201,8 @@ class GradientSync:
             raise _fatal(exc) from exc
         finally:
             self.collectives.done(token)
+        if wire is not shard:
+            shard.copy_(wire)
         shard.div_(plan.divisor)
         return SyncResult(True)
 

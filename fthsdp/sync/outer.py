@@ -1,24 +1,34 @@
 """A semi-synchronous replica's tensors: the global parameters, the pseudo-gradient, the outer step.
 
-In `local_sgd` and `diloco` modes (RuntimeSettings.sync_mode) a replica trains
-sync_every_steps (H) *inner* steps on its own group, then meets the others at a *sync*: one
-step of the ordinary protocol whose "gradient" is the pseudo-gradient. The protocol
-(fthsdp/step/protocol.py) decides when each of these happens; this class only moves tensors:
+In `local_sgd`, `diloco` and `streaming_diloco` modes (RuntimeSettings.sync_mode) a replica
+trains *inner* steps on its own group, then meets the others at a *sync*: one step of the
+ordinary protocol whose "gradient" is a pseudo-gradient. The protocol
+(fthsdp/step/protocol.py) decides when each of these happens and which fragment a sync
+carries; this class only moves tensors:
 
-    begin_outer_step()            the model holds the global state G (a commit or a catch-up
-                                  left it there): keep a copy of it
-    ...H inner steps change the model to L (the script's inner optimizer)...
-    take_pseudo_gradient()        pseudo = G - L (kept for every attempt of the sync); the model
-                                  goes back to G, so the state served to a catch-up and
-                                  digested is the global one
-    reduce(sync, plan)            average the pseudo-gradient over the sync's contributors
-                                  (a behind replica adds zeros), into a work buffer
-    apply(lr_scale)               G := outer_step(G, average): SGD with outer_lr × lr_scale,
-                                  outer_momentum, Nesterov (diloco), or G - average, i.e. the
-                                  mean of the replicas' L (local_sgd); the model takes G
+    begin_outer_step()            local_sgd / diloco: the model holds the global state G (a
+                                  commit or a catch-up left it there): keep a copy of it
+    ...inner steps change the model to L (the script's inner optimizer)...
+    take_pseudo_gradient(f)       pseudo_f = G_f - L_f (kept for every attempt of the sync); the
+                                  fragment's model tensors go back to G_f, so the state served to
+                                  a catch-up is the global one there
+    reduce(sync, plan, f)         average fragment f's pseudo-gradient over the sync's
+                                  contributors (a behind replica adds zeros), into a work buffer;
+                                  cast to sync_wire_dtype for the FTAR all-reduce, back after it
+    apply(lr_scale, f)            G_f := outer_step_f(G_f, average): SGD with outer_lr × lr_scale,
+                                  outer_momentum, Nesterov (diloco, streaming), or G - average,
+                                  i.e. the mean of the replicas' L (local_sgd); the fragment's
+                                  model tensors take G_f
 
-The outer optimizer runs on copies of this rank's local tensors (its shards when the model is
-FSDP2-sharded), so it is the same code for every layout; its state is registered state
+Fragments (`fragments_of`): the parameters in their order, cut into sync_fragments contiguous
+runs of about equal size (by each parameter's full element count, so every rank and every
+replica cuts the same way, sharded or not). local_sgd and diloco have one fragment, the whole
+model. In streaming_diloco each fragment has its own outer optimizer, and G lives on between
+its syncs (the model is G only in the fragment just synced): G is then part of the registered
+state, so it travels with catch-up and checkpoints and is digested instead of the model.
+
+The outer optimizers run on copies of this rank's local tensors (its shards when the model is
+FSDP2-sharded), so it is the same code for every layout; their state is registered state
 (`OUTER_STATE_NAME`): it travels with catch-up and checkpoints and is digested. Every replica
 applies the same bytes (the FTAR result) to the same G with the same outer state, so after a
 committed sync the global state is bitwise equal everywhere. The inner optimizer's state is
@@ -39,24 +49,60 @@ from fthsdp.sync.gradients import GradientSync, SyncResult
 #: the outer optimizer's name among the registered state
 OUTER_STATE_NAME = "fthsdp.outer_optimizer"
 
+_WIRE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def fragments_of(sizes: Sequence[int], count: int) -> list[range]:
+    """Cut parameters of these element counts, in order, into `count` contiguous runs of about
+    equal total size (each run at least one parameter): the runs' parameter indices. Pure and
+    deterministic: every rank and replica computes the same cut from the same model."""
+    if not 1 <= count <= len(sizes):
+        raise ValueError(f"sync_fragments={count} needs between 1 and the model's {len(sizes)} trainable "
+                         f"parameters: lower sync_fragments (FTHSDP_SYNC_FRAGMENTS)")
+    total, runs, start, done = sum(sizes), [], 0, 0
+    for f in range(1, count):
+        end, goal = start + 1, total * f / count  # at least one parameter each
+        done += sizes[start]
+        while end < len(sizes) - (count - f) and done + sizes[end] / 2 <= goal:
+            done += sizes[end]
+            end += 1
+        runs.append(range(start, end))
+        start = end
+    runs.append(range(start, len(sizes)))
+    return runs
+
 
 class OuterSync:
-    """One rank's global copy, pseudo-gradient and outer optimizer (allocated here, no threads)."""
+    """One rank's global copy, pseudo-gradient and outer optimizers (allocated here, no threads)."""
 
     def __init__(self, params: Sequence[torch.nn.Parameter], settings: RuntimeSettings, sharded: bool) -> None:
         self.settings, self.sharded = settings, sharded
+        self.streaming = settings.sync_mode == "streaming_diloco"
+        self.wire_dtype = _WIRE_DTYPES[settings.sync_wire_dtype]
         self._params = list(params)
+        self.fragments = fragments_of([p.numel() for p in self._params], settings.sync_fragments)
         with torch.no_grad():
             self._global = [torch.nn.Parameter(t.to(torch.float32, copy=True)) for t in self._locals]
-        total = sum(t.numel() for t in self._global)
+        offsets = [0]
+        for g in self._global:
+            offsets.append(offsets[-1] + g.numel())
+        #: each fragment's slice of the flat pseudo-gradient (its parameters are contiguous)
+        self._slices = [slice(offsets[r.start], offsets[r.stop]) for r in self.fragments]
         device = self._global[0].device if self._global else torch.device("cpu")
-        self._pseudo = torch.zeros(total, dtype=torch.float32, device=device)
+        self._pseudo = torch.zeros(offsets[-1], dtype=torch.float32, device=device)
         self._work = torch.zeros_like(self._pseudo)
-        if settings.sync_mode == "diloco":
-            self.optimizer = torch.optim.SGD(self._global, lr=settings.outer_lr, momentum=settings.outer_momentum,
-                                             nesterov=settings.outer_nesterov)
-        else:  # local_sgd: G - mean(G - L) = mean(L)
-            self.optimizer = torch.optim.SGD(self._global, lr=1.0)
+        self.optimizers = [self._outer_optimizer([self._global[i] for i in r]) for r in self.fragments]
+
+    def _outer_optimizer(self, params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
+        s = self.settings
+        if s.sync_mode == "local_sgd":  # G - mean(G - L) = mean(L)
+            return torch.optim.SGD(params, lr=1.0)
+        return torch.optim.SGD(params, lr=s.outer_lr, momentum=s.outer_momentum, nesterov=s.outer_nesterov)
+
+    @property
+    def optimizer(self) -> torch.optim.Optimizer:
+        """The outer optimizer of the whole model (local_sgd, diloco: one fragment)."""
+        return self.optimizers[0]
 
     @property
     def _locals(self) -> list[torch.Tensor]:
@@ -65,55 +111,88 @@ class OuterSync:
 
     @property
     def nbytes(self) -> int:
-        """Bytes of one pseudo-gradient (what crosses replicas at each sync, per rank)."""
-        return self._pseudo.numel() * self._pseudo.element_size()
+        """Bytes this rank puts on the cross-replica wire per sync_every_steps inner steps: the
+        whole pseudo-gradient in sync_wire_dtype (one sync of it, or F syncs of a fragment each)."""
+        return self._pseudo.numel() * self.wire_dtype.itemsize
 
-    # -- registered state (the outer optimizer's)
+    def fragment_nbytes(self, fragment: int) -> int:
+        """Bytes of one sync of `fragment` on the wire (this rank's part)."""
+        return self._pseudo[self._slices[fragment]].numel() * self.wire_dtype.itemsize
+
+    # -- registered state (the outer optimizers', and in streaming the global copy)
 
     def state_dict(self) -> dict[str, Any]:
-        return self.optimizer.state_dict()
+        if not self.streaming:
+            return self.optimizer.state_dict()
+        return {"fragments": len(self.fragments), "global": [g.detach() for g in self._global],
+                "outer": [o.state_dict() for o in self.optimizers]}
 
+    @torch.no_grad()
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.optimizer.load_state_dict(state)
+        if not self.streaming:
+            self.optimizer.load_state_dict(state)
+            return
+        if state.get("fragments") != len(self.fragments) or len(state.get("global", ())) != len(self._global):
+            raise ValueError(f"the outer state holds {state.get('fragments')!r} fragment(s) of "
+                             f"{len(state.get('global', ()))} parameters, this rank syncs {len(self.fragments)} of "
+                             f"{len(self._global)} (sync_fragments and the model must be the same everywhere)")
+        for g, saved in zip(self._global, state["global"]):
+            g.copy_(saved)
+        for o, saved in zip(self.optimizers, state["outer"]):
+            o.load_state_dict(saved)
 
     # -- the outer step's tensors, in the order the protocol asks for them
 
     @torch.no_grad()
     def begin_outer_step(self) -> None:
+        if self.streaming:  # G lives on between fragment syncs (set at start, by a catch-up or a checkpoint)
+            return
         for g, t in zip(self._global, self._locals):
             g.copy_(t)
 
     @torch.no_grad()
-    def take_pseudo_gradient(self) -> None:
-        offset = 0
-        for g, t in zip(self._global, self._locals):
+    def take_pseudo_gradient(self, fragment: int = 0) -> None:
+        locals_ = self._locals
+        offset = self._slices[fragment].start
+        for i in self.fragments[fragment]:
+            g, t = self._global[i], locals_[i]
             n = t.numel()
             torch.sub(g.reshape(-1), t.reshape(-1).float(), out=self._pseudo[offset:offset + n])
             t.copy_(g)
             offset += n
 
-    def reduce(self, sync: GradientSync, plan: RankPlan | None) -> SyncResult:
-        """Average the pseudo-gradient across the sync's contributors into the work buffer
-        (the pseudo-gradient itself stays for a retry). Sharded: each rank's shard with the
-        same rank of the other replicas; replicated: the ranks split the vector (equal on
-        every rank of the replica: no average inside it)."""
-        self._work.copy_(self._pseudo)
+    def reduce(self, sync: GradientSync, plan: RankPlan | None, fragment: int = 0) -> SyncResult:
+        """Average fragment `fragment`'s pseudo-gradient across the sync's contributors into the
+        work buffer (the pseudo-gradient itself stays for a retry). Sharded: each rank's shard
+        with the same rank of the other replicas; replicated: the ranks split the vector (equal
+        on every rank of the replica: no average inside it)."""
+        part = self._slices[fragment]
+        work = self._work[part]
+        work.copy_(self._pseudo[part])
         if self.sharded:
-            return sync.reduce_across_(self._work, plan)
-        return sync.reduce_(self._work, plan, in_replica=False)
+            return sync.reduce_across_(work, plan, self.wire_dtype)
+        return sync.reduce_(work, plan, in_replica=False, wire_dtype=self.wire_dtype)
 
     @torch.no_grad()
-    def apply(self, lr_scale: float) -> None:
-        offset = 0
-        for g, t in zip(self._global, self._locals):
+    def apply(self, lr_scale: float, fragment: int = 0) -> None:
+        locals_ = self._locals
+        offset = self._slices[fragment].start
+        for i in self.fragments[fragment]:
+            g, t = self._global[i], locals_[i]
             n = t.numel()
-            g.copy_(t)  # the global state: this rank's own, or the one a catch-up just adopted
+            if not self.streaming:
+                g.copy_(t)  # the global state: this rank's own, or the one a catch-up just adopted
             g.grad = self._work[offset:offset + n].view_as(g)
             offset += n
-        scaled_step(self.optimizer, lr_scale)
-        for g, t in zip(self._global, self._locals):
+        scaled_step(self.optimizers[fragment], lr_scale)
+        for i in self.fragments[fragment]:
+            g = self._global[i]
             g.grad = None
-            t.copy_(g)
+            locals_[i].copy_(g)
+
+    def global_tensors(self) -> list[torch.Tensor]:
+        """This rank's global copy (for checks: bitwise equal on every replica after a sync)."""
+        return [g.detach() for g in self._global]
 
 
 def scaled_step(optimizer: torch.optim.Optimizer, lr_scale: float) -> None:

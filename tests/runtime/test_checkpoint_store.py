@@ -50,6 +50,21 @@ def test_save_then_load_round_trips_model_optimizer_ledger_and_registered_state(
     assert store.ledger_entries(4) == {"0": 4}
 
 
+def test_an_optimizer_without_state_tensors_round_trips(tmp_path):
+    """Plain SGD keeps no per-parameter state: its state_dict's "state" is empty and must come back
+    as such (torch reads an optimizer state_dict without "state" as a flattened one)."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Tanh(), torch.nn.Linear(3, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    model(torch.randn(2, 4)).sum().backward()
+    opt.step()
+    CheckpointStore(tmp_path).save_state(1, LEDGER, model, opt, {})
+    other, _ = _model_opt(1, steps=0)
+    other_opt = torch.optim.SGD(other.parameters(), lr=0.1)
+    CheckpointStore(tmp_path).load(1, other, other_opt)
+    assert state_digest(other, other_opt) == state_digest(model, opt)
+
+
 def test_the_directory_is_a_standard_dcp_checkpoint(tmp_path):
     model, opt = _model_opt(0)
     path = CheckpointStore(tmp_path).save_state(2, LEDGER, model, opt)

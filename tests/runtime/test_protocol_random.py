@@ -25,14 +25,12 @@ from fthsdp.data_ledger import DataLedger
 from fthsdp.step import coordination as co
 from fthsdp.step import events as ev
 from fthsdp.step import messages as msg
-from fthsdp.step.plan import AddressBook, PlanError, plan_for_rank
+from fthsdp.step import frames
+from fthsdp.step.plan import AddressBook
 from fthsdp.step.protocol import Phase, advance, initial_state
 from protos import controller_pb2 as pb
 from protos import replica_pb2 as rpb
 from tests.runtime.protocol_helpers import SETTINGS
-
-REFUSALS = {rpb.NoPlan.RETRY: ev.Refusal.RETRY, rpb.NoPlan.FINISHED: ev.Refusal.FINISHED,
-            rpb.NoPlan.FATAL: ev.Refusal.FATAL}
 
 
 class World:
@@ -103,18 +101,8 @@ class World:
     # -- the ranks
 
     def _event_of(self, rank: int, kind: str, m) -> ev.Event:
-        if kind == "plan":
-            try:
-                addresses = self.books[rank].fill(m)
-                return ev.PlanArrived(m.attempt, m.step, plan_for_rank(m.quorum, addresses, "j", "b", rank,
-                                                                       self.settings.digest_every_steps))
-            except PlanError as exc:
-                return ev.PlanArrived(m.attempt, m.step, None, str(exc))
-        if kind == "no_plan":
-            return ev.PlanRefused(m.attempt, REFUSALS[m.kind], m.reason)
-        if kind == "decision":
-            return ev.DecisionArrived(m.attempt, m.outcome == rpb.StepDecision.COMMIT, m.reason)
-        return ev.FinishedArrived(m.clean, m.reason)
+        """The product's one translation (fthsdp/step/frames.py), with this rank's settings."""
+        return frames.event_of(kind, m, self.books[rank], self.ranks[rank].settings)
 
     def _rank(self, r: int, event) -> None:
         state = self.ranks[r]

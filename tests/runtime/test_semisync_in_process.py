@@ -4,6 +4,7 @@ checked against sync training and against a DiLoCo outer step computed by hand."
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
+from typing import Callable
 
 import pytest
 import torch
@@ -22,10 +23,11 @@ def controllers(tmp_path):
     """Start a controller of 2 replicas in a sync mode (its settings must be the trainers')."""
     started = []
 
-    def start(mode: str = "sync", every: int = 1, join_timeout_s: float = 5.0):
+    def start(mode: str = "sync", every: int = 1, join_timeout_s: float = 5.0, fragments: int = 1):
         log = tmp_path / f"controller-{len(started)}.log"
         started.append(start_controller(log, replicas=2, join_timeout_s=join_timeout_s, heartbeat_timeout_s=5.0,
-                                        settings={"sync_mode": mode, "sync_every_steps": every}))
+                                        settings={"sync_mode": mode, "sync_every_steps": every,
+                                                  "sync_fragments": fragments}))
         return started[-1]
 
     yield start
@@ -79,8 +81,10 @@ def both(controller, steps: int, **overrides) -> tuple[dict, dict]:
         return futures[0].result(timeout=120), futures[1].result(timeout=120)
 
 
-def inner(params: list[torch.Tensor], replica: str, first: int, h: int) -> list[torch.Tensor]:
-    """A naive reference: h plain SGD steps from `params` on replica's batches first..first+h-1."""
+def inner(params: list[torch.Tensor], replica: str, first: int, h: int,
+          build: Callable[[], torch.nn.Module] = build) -> list[torch.Tensor]:
+    """A naive reference: h plain SGD steps from `params` (of a `build()` model) on replica's
+    batches first..first+h-1."""
     model = build()
     with torch.no_grad():
         for p, v in zip(model.parameters(), params):
@@ -131,11 +135,11 @@ def test_diloco_outer_nesterov_step_matches_a_reference_computed_by_hand(control
 @pytest.mark.parametrize("mode, every", [("diloco", 2), ("local_sgd", 3)])
 def test_a_trainer_whose_sync_mode_is_not_the_controllers_refuses_to_train_naming_both(controllers, mode, every):
     ctl = controllers("diloco", 3, join_timeout_s=0.2)  # one trainer: its quorum closes on the timeout
-    with pytest.raises(Fatal, match=rf"the controller runs the job with --sync-mode diloco --sync-every 3, this trainer "
-                                    rf"with sync_mode '{mode}' sync_every_steps {every}"):
+    with pytest.raises(Fatal, match=rf"the controller runs the job with --sync-mode diloco --sync-every 3 --sync-fragments "
+                                    rf"1, this trainer with sync_mode '{mode}' sync_every_steps {every} sync_fragments 1"):
         train(ctl, "0", 2, sync_mode=mode, sync_every_steps=every)
 
 
 def test_a_sync_mode_that_is_not_known_is_refused_by_name():
-    with pytest.raises(ValueError, match="sync_mode must be one of sync, local_sgd, diloco, got 'diloko'"):
+    with pytest.raises(ValueError, match="sync_mode must be one of sync, local_sgd, diloco, streaming_diloco, got 'diloko'"):
         RuntimeSettings(sync_mode="diloko", insecure_trainer_ports=True).validate()
