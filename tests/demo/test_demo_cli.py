@@ -62,3 +62,54 @@ def test_bad_schedule_exits_2_naming_the_entry(tmp_path, failures, named):
     assert proc.returncode == 2
     assert "bad --failures" in proc.stderr and named in proc.stderr
     assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_diloco_demo_kills_a_host_in_a_sync_and_a_trainer_between_syncs(tmp_path):
+    """`fthsdp demo --sync diloco --sync-every 8` with its default failures, small: 3 replicas, 12 syncs."""
+    out = tmp_path / "report"
+    proc = subprocess.run(
+        [FTHSDP, "demo", "--sync", "diloco", "--sync-every", "8", "--replicas", "3", "--steps", "96",
+         "--step-time-s", "0.1", "--heartbeat-timeout-s", str(HEARTBEAT_TIMEOUT_S), "--no-baseline",
+         "--out", str(out), "--timeout-s", "300"],
+        capture_output=True, text=True, timeout=390, check=False)
+    assert proc.returncode == 0, f"{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
+    report = json.loads((out / "report.json").read_text())
+    assert all(report["checks"].values()), report["checks"]
+    assert report["sync"]["mode"] == "diloco" and report["sync"]["every_steps"] == 8
+    assert "mode diloco, a sync every 8 training steps" in proc.stdout
+    host, trainer = report["failures"]
+    assert (host["kind"], host["replica"], host["training_step"]) == ("kill-agent", "r2", 24)
+    assert (trainer["kind"], trainer["replica"], trainer["training_step"]) == ("kill-trainer", "r1", 60)
+    # the host died in a sync (its all-reduce held open for it): that round's 8 batches were lost;
+    # the trainer in an inner step: the batches since its last sync; the history trained each again
+    assert host["landed"].startswith("in sync ") and len(host["lost_batches"]) == 8, host["landed"]
+    assert trainer["landed"].startswith("in inner step 4 of 8") and len(trainer["lost_batches"]) == 5
+    assert report["checks"]["lost_batches_served_again"] and report["checks"]["identical_after_every_commit"]
+    assert report["history"]["steps"] == report["steps"] >= 12  # one committed chain of syncs
+
+
+@pytest.mark.parametrize("flags, named", [
+    (["--sync-every", "8"], "--sync-every 8 needs --sync local_sgd or diloco"),
+    (["--sync", "diloco", "--sync-every", "0"], "--sync-every must be between 1 and --steps (200), got 0"),
+    (["--sync", "local_sgd", "--outer-lr", "0.5"], "--outer-lr needs --sync diloco"),
+    (["--sync", "diloco", "--outer-momentum", "1.0"], "--outer-momentum must be in [0, 1), got 1.0"),
+    (["--sync", "diloco", "--outer-lr", "nan"], "--outer-lr must be a finite number > 0, got nan"),
+    (["--sync", "diloco", "--sync-fragments", "2"], "--sync-fragments 2 needs --sync streaming_diloco"),
+    (["--sync", "diloco", "--failures", "sdc@40:r1"], "'sdc@40:r1' is a host for the diagnosis"),
+])
+def test_bad_sync_flags_exit_2_naming_the_value(tmp_path, capsys, flags, named):
+    from fthsdp.demo.cli import main
+
+    assert main([*flags, "--out", str(tmp_path / "r")]) == 2
+    assert named in capsys.readouterr().err
+    assert not (tmp_path / "r").exists()
+
+
+def test_an_unknown_sync_mode_is_an_argparse_error(capsys):
+    from fthsdp.demo.cli import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["--sync", "gossip"])
+    assert exit_.value.code == 2 and "invalid choice: 'gossip'" in capsys.readouterr().err
