@@ -27,12 +27,24 @@ def leader_rows(rows: list[dict], event: str) -> list[dict]:
     return [r for r in rows if r.get("event") == event and r.get("rank") == 0]
 
 
-def identical_after_every_commit(rows: list[dict]) -> list[str]:
+def corrupting(rows: list[dict], injections: list[dict]) -> set[tuple[str, int]]:
+    """(replica, pid) of the processes an injected sdc fault made corrupt their state: those of
+    its replica that were running when it went live (the diagnosis judges them, and evicts)."""
+    return {(r["replica"], r["pid"]) for i in injections if i["kind"] == "sdc" for r in rows
+            if r.get("replica") == i["replica"] and r.get("t", 0) < i["injected_at"]}
+
+
+def identical_after_every_commit(rows: list[dict], injections: list[dict] = ()) -> list[str]:
     """Problems: a step committed in one quorum into different states (rank k of every replica
     holds shard k, so rank by rank). Semi-synchronous, the digest covers the global state: the
-    parameters after the outer step, the outer optimizer and the ledger."""
+    parameters after the outer step, the outer optimizer and the ledger. The commits of a
+    process an sdc fault corrupts (`corrupting`) from its injection on are the fault itself."""
+    bad = corrupting(rows, injections)
+    since = {i["replica"]: i["injected_at"] for i in injections if i["kind"] == "sdc"}
     digests: dict[tuple[int, int, int], dict[str, str]] = defaultdict(dict)
     for r in rows:
+        if (r.get("replica"), r.get("pid")) in bad and r.get("t", 0) >= since[r["replica"]]:
+            continue
         if r.get("event") == "commit":
             digests[(r["step"], r.get("quorum_id", 0), r["rank"])][f"{r['replica']}/{r['rank']}/{r.get('pid')}"] = r["digest"]
     return [f"step {step} (quorum {quorum}) committed into different states: "
@@ -214,7 +226,7 @@ def summary(rows: list[dict], replicas: list[str], ranks: int, batch_rows: int =
     losses = loss_by_step(rows)
     identical, problems = final_states(rows, replicas, ranks)
     walked, once, batches = _walk(rows, replicas)
-    differing = identical_after_every_commit(rows)
+    differing = identical_after_every_commit(rows, list(injections))
     return {
         "identical_after_every_commit": not differing, "landings": [landing(i, rows, batches, every) for i in injections],
         "steps": final.get("step", 0),

@@ -14,6 +14,14 @@ FTHSDP = str(Path(sys.executable).with_name("fthsdp"))
 HEARTBEAT_TIMEOUT_S = 2.0
 
 
+def run_demo(out: Path, *flags: str, timeout_s: float) -> tuple[subprocess.CompletedProcess, dict]:
+    """`fthsdp demo FLAGS --out OUT` to its end (it must pass); its output and report.json."""
+    proc = subprocess.run([FTHSDP, "demo", *flags, "--out", str(out)], capture_output=True, text=True,
+                          timeout=timeout_s, check=False)
+    assert proc.returncode == 0, f"{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
+    return proc, json.loads((out / "report.json").read_text())
+
+
 def _png_size(path: Path) -> tuple[int, int]:
     head = path.read_bytes()[:24]
     assert head[:8] == b"\x89PNG\r\n\x1a\n" and head[12:16] == b"IHDR", f"{path} is not a PNG"
@@ -68,14 +76,9 @@ def test_bad_schedule_exits_2_naming_the_entry(tmp_path, failures, named):
 @pytest.mark.timeout(400)
 def test_diloco_demo_kills_a_host_in_a_sync_and_a_trainer_between_syncs(tmp_path):
     """`fthsdp demo --sync diloco --sync-every 8` with its default failures, small: 3 replicas, 12 syncs."""
-    out = tmp_path / "report"
-    proc = subprocess.run(
-        [FTHSDP, "demo", "--sync", "diloco", "--sync-every", "8", "--replicas", "3", "--steps", "96",
-         "--step-time-s", "0.1", "--heartbeat-timeout-s", str(HEARTBEAT_TIMEOUT_S), "--no-baseline",
-         "--out", str(out), "--timeout-s", "300"],
-        capture_output=True, text=True, timeout=390, check=False)
-    assert proc.returncode == 0, f"{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
-    report = json.loads((out / "report.json").read_text())
+    proc, report = run_demo(tmp_path / "report", "--sync", "diloco", "--sync-every", "8", "--replicas", "3",
+                            "--steps", "96", "--step-time-s", "0.1", "--heartbeat-timeout-s", str(HEARTBEAT_TIMEOUT_S),
+                            "--no-baseline", "--timeout-s", "300", timeout_s=390)
     assert all(report["checks"].values()), report["checks"]
     assert report["sync"]["mode"] == "diloco" and report["sync"]["every_steps"] == 8
     assert "mode diloco, a sync every 8 training steps" in proc.stdout

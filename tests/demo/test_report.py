@@ -291,6 +291,18 @@ def test_a_diloco_record_that_skips_the_lost_batch_or_commits_two_states_fails_i
     assert not report.summary(torn, R, 1, every=2)["identical_after_every_commit"]
 
 
+def test_the_states_an_sdc_fault_corrupts_are_left_to_the_diagnosis():
+    rows = diloco_history()
+    for row in rows:
+        if row.get("pid") == 12 and row["event"] == "commit" and row["step"] == 3:
+            row["digest"] = "flipped"  # r1's restarted process corrupts its state after the sdc went live
+    assert report.identical_after_every_commit(rows) != []
+    sdc = {"kind": "sdc", "replica": "r1", "injected_at": 3.5}  # pid 12 ran before it (t = 3.0)
+    assert report.corrupting(rows, [sdc]) == {("r1", 11), ("r1", 12)}
+    assert report.identical_after_every_commit(rows, [sdc]) == []
+    assert report.identical_after_every_commit(rows, [{**sdc, "kind": "hang"}]) != []
+
+
 def test_each_mode_and_h_is_compared_with_its_own_band():
     assert report.band_path() == report.BAND_FILE
     assert report.band_path("diloco", 8).name == "baseline_band_diloco_h8.json"
