@@ -112,7 +112,8 @@ def _check_sync(args) -> None:
     outer = [name for name, value in (("--outer-lr", args.outer_lr), ("--outer-momentum", args.outer_momentum))
              if value is not None]
     if outer and "diloco" not in args.sync:
-        raise ValueError(f"{' and '.join(outer)} {'needs' if len(outer) == 1 else 'need'} --sync diloco (the outer optimizer), got --sync {args.sync}.")
+        raise ValueError(f"{' and '.join(outer)} {'needs' if len(outer) == 1 else 'need'} --sync diloco "
+                         f"(the outer optimizer), got --sync {args.sync}.")
     if args.outer_lr is not None and not (math.isfinite(args.outer_lr) and args.outer_lr > 0):
         raise ValueError(f"--outer-lr must be a finite number > 0, got {args.outer_lr}.")
     if args.outer_momentum is not None and not 0 <= args.outer_momentum < 1:
@@ -120,7 +121,8 @@ def _check_sync(args) -> None:
     if args.sync_fragments < 1:
         raise ValueError(f"--sync-fragments must be >= 1, got {args.sync_fragments}.")
     if args.sync_fragments > 1 and args.sync != "streaming_diloco":
-        raise ValueError(f"--sync-fragments {args.sync_fragments} needs --sync streaming_diloco, got --sync {args.sync}.")
+        raise ValueError(f"--sync-fragments {args.sync_fragments} needs --sync streaming_diloco, "
+                         f"got --sync {args.sync}.")
 
 
 def _check_failures(failures, sync: str) -> None:

@@ -46,7 +46,8 @@ def identical_after_every_commit(rows: list[dict], injections: list[dict] = ()) 
         if (r.get("replica"), r.get("pid")) in bad and r.get("t", 0) >= since[r["replica"]]:
             continue
         if r.get("event") == "commit":
-            digests[(r["step"], r.get("quorum_id", 0), r["rank"])][f"{r['replica']}/{r['rank']}/{r.get('pid')}"] = r["digest"]
+            who = f"{r['replica']}/{r['rank']}/{r.get('pid')}"
+            digests[(r["step"], r.get("quorum_id", 0), r["rank"])][who] = r["digest"]
     return [f"step {step} (quorum {quorum}) committed into different states: "
             f"{ {k: v[:12] for k, v in sorted(d.items())} }"
             for (step, quorum, _), d in sorted(digests.items()) if len(set(d.values())) > 1]
@@ -228,7 +229,8 @@ def summary(rows: list[dict], replicas: list[str], ranks: int, batch_rows: int =
     walked, once, batches = _walk(rows, replicas)
     differing = identical_after_every_commit(rows, list(injections))
     return {
-        "identical_after_every_commit": not differing, "landings": [landing(i, rows, batches, every) for i in injections],
+        "identical_after_every_commit": not differing,
+        "landings": [landing(i, rows, batches, every) for i in injections],
         "steps": final.get("step", 0),
         "final_train_loss": round(losses[max(losses)], 5) if losses else None,
         "test_loss": _round(final.get("test_loss")), "test_accuracy": _round(final.get("test_acc")),

@@ -165,8 +165,9 @@ def fault_specs(failures: list[Failure], s: RunSettings, records: Path) -> list[
     specs = [{"kind": f.kind, "host": host_of(f.replica, ids), "rank": s.ranks_per_replica - 1,
               "go": str(records / f"fault-{f.replica}.go"), "extra_s": (SLOW_FACTOR - 1) * s.min_step_s}
              for f in failures if f.kind in DIAGNOSED]
-    specs += [{"kind": HOLD_IN_SYNC, "host": host_of(f.replica, ids), "rank": 0, "go": str(_hold_file(records, f, "go")),
-               "held": str(_hold_file(records, f, "held")), "hold_s": TRAINER_TIMEOUTS["allreduce_s"]}
+    specs += [{"kind": HOLD_IN_SYNC, "host": host_of(f.replica, ids), "rank": 0,
+               "go": str(_hold_file(records, f, "go")), "held": str(_hold_file(records, f, "held")),
+               "hold_s": TRAINER_TIMEOUTS["allreduce_s"]}
               for f in failures if _in_sync(f, s)]
     return specs
 
@@ -397,8 +398,8 @@ def _kill(f: Failure, job: dict, hosts: list, agents: dict, records: Path, confi
         under = procs.kill_host(agents.pop(host))
         target = f"host {host} (agent and {len(under)} trainer process(es))"
     return {"kind": f.kind, "replica": f.replica, "scheduled_step": f.at_step, "injected_step": job["max_step"],
-            "injected_at": time.time(), "target": target, "signal": "SIGSTOP" if f.kind == "hang-trainer" else "SIGKILL",
-            "pid": leader}
+            "injected_at": time.time(), "target": target, "pid": leader,
+            "signal": "SIGSTOP" if f.kind == "hang-trainer" else "SIGKILL"}
 
 
 def _with_controller(workdir: Path, s: RunSettings, records: Path, body, secret: str) -> RunResult:

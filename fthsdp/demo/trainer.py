@@ -9,7 +9,12 @@ directly by the baseline run. Writes JSON lines to <records>/<replica>-<rank>-<p
 "trained" before each all-reduce (the batch this replica computed), "catching_up" when a step
 fetches the state of its source (named), "commit"/"retry" after each step (with the digests
 of the state it trained from and of the state after it), "done" with the held-out score and
-the state digest at the end. Exits 0 when the job reached its steps in a full step (one every
+the state digest at the end. Semi-synchronous (FTHSDP_SYNC_MODE local_sgd or diloco, which the
+runtime reads from the environment: the loop is the same), "trained" comes per inner step (the
+sync it trains for, its position, its inner index) and "commit" per committed sync (with
+"batches": H, the mean loss of its inner steps, and the digests of the global state: the
+parameters, the outer optimizer and the ledger; the inner optimizer is each replica's own).
+Exits 0 when the job reached its steps in a full step (one every
 configured replica contributed to, at or past the end, even if the end was read late), or when
 its replica ended first (another of its ranks read the end a step earlier). Optional
 config keys: "checkpoint_dir" and "checkpoint_every" (durable checkpoints), "ports_by": "host"
