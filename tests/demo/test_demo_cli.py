@@ -116,3 +116,20 @@ def test_an_unknown_sync_mode_is_an_argparse_error(capsys):
     with pytest.raises(SystemExit) as exit_:
         main(["--sync", "gossip"])
     assert exit_.value.code == 2 and "invalid choice: 'gossip'" in capsys.readouterr().err
+
+
+def test_the_trainers_get_the_mode_in_their_environment_and_the_choices_follow_the_runtime():
+    from fthsdp.demo.cli import parser
+    from fthsdp.demo.run import RunSettings
+    from protos.sync_modes import SYNC_MODES
+
+    base = RunSettings(replicas=4, ranks_per_replica=1, steps=25, seed=0, lr_policy="sqrt")
+    assert base.sync_environment() == {}  # every step: the runtime's default
+    diloco = RunSettings(**{**base.__dict__, "sync_mode": "diloco", "sync_every": 8, "outer_lr": 0.5})
+    assert diloco.sync_environment() == {"FTHSDP_SYNC_MODE": "diloco", "FTHSDP_SYNC_EVERY_STEPS": "8",
+                                         "FTHSDP_OUTER_LR": "0.5"}
+    streaming = RunSettings(**{**diloco.__dict__, "sync_mode": "streaming_diloco", "sync_fragments": 4})
+    assert streaming.sync_environment()["FTHSDP_SYNC_FRAGMENTS"] == "4"
+    assert "4 fragments" in streaming.describe_mode() and "lr 0.5, momentum 0.9" in streaming.describe_mode()
+    [sync] = [a for a in parser()._actions if a.dest == "sync"]
+    assert tuple(sync.choices) == SYNC_MODES  # streaming_diloco is offered once the runtime has it
