@@ -16,6 +16,14 @@ so replicas on one machine need master ports at least 2 apart; job-secret is the
 rank's replica stays dead): the restarted ranks rejoin as a new incarnation and catch up from
 the live replicas (fthsdp.process_group keeps each attempt's rendezvous apart).
 
+Replicas that meet every H steps instead (DiLoCo; the controller runs with --sync-mode diloco
+--sync-every 8) is configuration, not code: the same command with
+
+    FTHSDP_SYNC_MODE=diloco FTHSDP_SYNC_EVERY_STEPS=8
+
+trains 8 inner steps on the replica's own ranks between two syncs of the pseudo-gradient;
+--steps still counts training steps (ceil(steps / 8) syncs).
+
 or as the command of an agent (`fthsdp agent ... -- python examples/train_gpt.py --steps 200`):
 the agent sets FTHSDP_REPLICA_ID, FTHSDP_RANK, FTHSDP_WORLD_SIZE and FTHSDP_CONTROLLER; rank 0's
 host and a free port pair come from MASTER_ADDR and MASTER_PORT, as under torchrun. Start as
@@ -48,7 +56,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
 from fthsdp import (EXIT_JOB_ALREADY_COMPLETED, ConfigurationError, FaultTolerantOptimizer, JobAlreadyCompleted,
-                    Manager, RuntimeSettings, exit_status, state_digest)
+                    Manager, RuntimeSettings, exit_status)
 from fthsdp.settings import ENV_CHECKPOINT_DIR
 from fthsdp.process_group import init_replica_group
 from fthsdp.demo.gpt import Corpus, GptConfig, TinyGPT, evaluate, parameter_count, shard
@@ -99,8 +107,11 @@ def checkpointing(settings: RuntimeSettings, directory: str | None, every: int |
 
 def main(argv: list[str]) -> int:
     args = _args(argv)
-    settings = checkpointing(RuntimeSettings.from_env(max_steps=args.steps), args.checkpoint_dir,
-                             args.checkpoint_every, args.steps)
+    settings = RuntimeSettings.from_env()
+    # --steps counts training steps; semi-synchronous (FTHSDP_SYNC_MODE), a step of the protocol
+    # (max_steps, checkpoint periods, manager.step) is a sync of sync_every_steps of them
+    syncs = -(-args.steps // settings.sync_every_steps)
+    settings = checkpointing(replace(settings, max_steps=syncs), args.checkpoint_dir, args.checkpoint_every, syncs)
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {settings.replica_id}/{settings.rank} %(message)s")
     cuda = torch.cuda.is_available() and not args.cpu
     device = torch.device("cuda", settings.local_rank % torch.cuda.device_count()) if cuda else torch.device("cpu")
@@ -146,14 +157,17 @@ def main(argv: list[str]) -> int:
     committed = []
     try:
         for x, y in manager.batches(batch_at):  # JobAlreadyCompleted: it started after the job COMPLETED
+            step = manager.step
             ft_opt.zero_grad()
             loss = model.loss(x[rows].to(device), y[rows].to(device))
             loss.backward()
-            if ft_opt.step(loss, tokens=x.numel()):
+            if ft_opt.step(loss, tokens=x.numel()):  # semi-synchronous: an inner step, the H-th with its sync
                 schedule.step()  # registered state changes only between steps, after a commit
-                committed.append(manager.last_outcome.step)
-                if settings.rank == 0 and manager.step % 20 == 0:
-                    logging.info("step %d loss %.3f lr %.2e", manager.step, loss.item(), opt.param_groups[0]["lr"])
+                if manager.step != step:  # a step of the protocol committed
+                    committed.append(step)
+                    if settings.rank == 0 and manager.step % 20 == 0:
+                        logging.info("step %d loss %.3f lr %.2e", manager.step, loss.item(),
+                                     opt.param_groups[0]["lr"])
     except JobAlreadyCompleted as exc:  # started after the job ended: nothing trained, nothing written
         logging.error("%s", exc)
         return EXIT_JOB_ALREADY_COMPLETED
@@ -167,8 +181,7 @@ def main(argv: list[str]) -> int:
         (args.out / f"{settings.replica_id}-{settings.rank}.json").write_text(json.dumps({
             "replica": settings.replica_id, "rank": settings.rank, "step": manager.step, "committed": committed,
             "held_out_loss": held_out_loss, "accuracy": accuracy, "parameters": n_params,
-            "digest": state_digest(model, opt, manager.ledger.to_json(), manager.step,
-                                   manager.registry.state_dicts())}))
+            "digest": manager.digest()}))  # semi-synchronous: the global state (not the inner optimizer)
     manager.close()
     if group is not None:
         dist.destroy_process_group()

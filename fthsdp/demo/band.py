@@ -1,11 +1,15 @@
-"""Measure the baseline's seed-to-seed band once: the no-failure run for several seeds.
+"""Measure a configuration's seed-to-seed band once: the no-failure run for several seeds.
 
     python -m fthsdp.demo.band --seeds 0 1 2 3 4 --out /tmp/fthsdp-band [--write]
+    python -m fthsdp.demo.band --sync diloco --sync-every 8 --seeds 0 1 2 --write
 
 Runs the demo's baseline (controller plus trainers, no failures) with the default settings for
-each seed, prints one JSON object with every seed's test accuracy and final training loss, and
-with --write stores it as fthsdp/demo/baseline_band.json, which every report quotes beside its
-difference to the baseline. A few minutes on 2 cores: too slow to repeat in every demo run.
+each seed, in the mode given (every step by default), prints one JSON object with every seed's
+test accuracy and final training loss, and with --write stores it where the report looks for
+that mode and H (`report.band_path`: fthsdp/demo/baseline_band.json for the default mode,
+baseline_band_<mode>_h<H>.json beside it otherwise), which every report of that configuration
+quotes beside its difference to the baseline. A few minutes on 2 cores: too slow to repeat in
+every demo run.
 """
 
 from __future__ import annotations
@@ -17,21 +21,34 @@ from dataclasses import asdict
 from pathlib import Path
 
 from fthsdp.demo import report
+from protos.sync_modes import SYNC_MODES
 
-#: the configuration the band is measured for (the demo's defaults)
+#: the configuration the band is measured for (the demo's defaults); "steps" counts training steps
 CONFIG = {"replicas": 4, "ranks_per_replica": 1, "steps": 200, "batch_rows": 32, "hidden": 32, "lr": 0.05,
           "lr_policy": "sqrt"}
 
 
-def measure(seeds: list[int], out: Path) -> dict:
+#: longest one seed's run may take (trainers start slowly on a loaded machine)
+TIMEOUT_S = 900.0
+
+
+def config(sync_mode: str = "sync", sync_every: int = 1) -> dict:
+    """CONFIG in a mode (the default mode's band predates the mode and names none)."""
+    return CONFIG if sync_mode == "sync" else {**CONFIG, "sync_mode": sync_mode, "sync_every": sync_every}
+
+
+def measure(seeds: list[int], out: Path, sync_mode: str = "sync", sync_every: int = 1) -> dict:
     from fthsdp.demo import data, run
     from fthsdp.demo.schedule import replica_ids
 
+    cfg = config(sync_mode, sync_every)
     accuracy, losses = [], []
     for seed in seeds:
-        settings = run.RunSettings(replicas=CONFIG["replicas"], ranks_per_replica=CONFIG["ranks_per_replica"],
-                                   steps=CONFIG["steps"], seed=seed, lr_policy=CONFIG["lr_policy"])
-        assert {k: v for k, v in asdict(settings).items() if k in CONFIG} == CONFIG, "CONFIG and RunSettings differ"
+        settings = run.RunSettings(replicas=cfg["replicas"], ranks_per_replica=cfg["ranks_per_replica"],
+                                   steps=-(-cfg["steps"] // sync_every), seed=seed, lr_policy=cfg["lr_policy"],
+                                   sync_mode=sync_mode, sync_every=sync_every, timeout_s=TIMEOUT_S)
+        got = {**asdict(settings), "steps": cfg["steps"]}
+        assert {k: v for k, v in got.items() if k in cfg} == cfg, "CONFIG and RunSettings differ"
         out.mkdir(parents=True, exist_ok=True)  # the run's folder is made anew: the data lies beside it
         result = run.run_baseline(out / f"seed-{seed}", data.prepare(out / f"digits-{seed}.npz", seed), settings)
         if result.error:
@@ -39,22 +56,30 @@ def measure(seeds: list[int], out: Path) -> dict:
         s = report.summary(result.rows, replica_ids(settings.replicas), settings.ranks_per_replica)
         accuracy.append(s["test_accuracy"])
         losses.append(s["final_train_loss"])
-    return {"config": CONFIG, "seeds": seeds, "test_accuracy": accuracy, "final_train_loss": losses,
-            "measured_with": f"python -m fthsdp.demo.band --seeds {' '.join(map(str, seeds))} --write"}
+        print(f"band: seed {seed}: test accuracy {s['test_accuracy']}, final training loss {s['final_train_loss']}",
+              file=sys.stderr, flush=True)
+    mode = "" if sync_mode == "sync" else f"--sync {sync_mode} --sync-every {sync_every} "
+    return {"config": cfg, "seeds": seeds, "test_accuracy": accuracy, "final_train_loss": losses,
+            "measured_with": f"python -m fthsdp.demo.band {mode}--seeds {' '.join(map(str, seeds))} --write"}
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
     p.add_argument("--out", type=Path, default=Path("fthsdp-band"))
-    p.add_argument("--write", action="store_true", help=f"store the result as {report.BAND_FILE.name}")
+    p.add_argument("--sync", choices=SYNC_MODES, default="sync", help="the mode, as `fthsdp demo --sync`")
+    p.add_argument("--sync-every", type=int, metavar="H", help="as `fthsdp demo --sync-every` (default: 1 or 8)")
+    p.add_argument("--write", action="store_true", help="store the result where the report looks for it")
     args = p.parse_args(argv)
+    every = args.sync_every if args.sync_every is not None else 1 if args.sync == "sync" else 8
     if len(set(args.seeds)) < 2:
         p.error(f"--seeds needs at least two different seeds, got {args.seeds}")
-    band = measure(args.seeds, args.out.resolve())
+    if (args.sync == "sync") != (every == 1) or not 1 <= every <= CONFIG["steps"]:
+        p.error(f"--sync-every {every} does not fit --sync {args.sync} (1 for sync, 1..{CONFIG['steps']} otherwise)")
+    band = measure(args.seeds, args.out.resolve(), args.sync, every)
     print(json.dumps(band), flush=True)
     if args.write:
-        report.BAND_FILE.write_text(json.dumps(band, indent=1) + "\n")
+        report.band_path(args.sync, every).write_text(json.dumps(band, indent=1) + "\n")
     return 0
 
 

@@ -6,6 +6,13 @@ are injected on a schedule.
     fthsdp demo [--model mlp|gpt] [--replicas 4] [--steps 200]
                 [--failures kill-trainer@50:r1,kill-agent@130:r2] [--ranks-per-replica 1]
                 [--lr-policy sqrt] [--out fthsdp-report] [--seed 0] [--no-baseline] [--warm-restarts]
+                [--sync diloco --sync-every 8 [--outer-lr 0.7 --outer-momentum 0.9]]
+
+With --sync local_sgd or diloco the replicas meet every --sync-every (H) training steps
+instead of every step: the controller runs the job in that mode and every trainer gets it in
+its FTHSDP_SYNC_* environment (the trainer's loop is the same). --steps and the STEP of
+--failures then count training steps (one batch per replica each); a failure at step n with
+n % H != 0 lands in that inner step, one at a multiple of H in the sync before step n.
 
 Writes OUT/report.json, OUT/loss.png and OUT/healthy_replicas.png (logs and records under
 OUT/run and OUT/baseline). Exit status: 0 when every check passed, 1 when a check failed or
@@ -16,15 +23,17 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 from dataclasses import asdict, replace
 from pathlib import Path
 
 from controller.settings import LR_POLICIES  # the controller computes the learning-rate factor
-from fthsdp.demo.schedule import ScheduleError, default_text, parse
+from fthsdp.demo.schedule import DIAGNOSED, ScheduleError, default_text, parse
 from protos import timeout_rules
 from protos import cli_flags as flags
+from protos.sync_modes import SYNC_MODES  # streaming_diloco is offered once the runtime has it
 
 MODELS = ("mlp", "gpt")  # built by fthsdp/demo/workloads.py (not imported here: it imports torch)
 #: the gpt workload's run settings: 8 windows of 64 bytes per replica and step, AdamW
@@ -59,6 +68,16 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="seeds the model and the data order")
     p.add_argument("--no-baseline", action="store_true", help="skip the no-failure baseline run")
     p.add_argument("--timeout-s", type=float, default=150.0, help="longest one run may take")
+    p.add_argument("--sync", choices=SYNC_MODES, default="sync",
+                   help="how replicas meet: every step (sync), or every --sync-every training steps (local_sgd: "
+                        "parameters averaged; diloco: an outer Nesterov SGD step on the averaged pseudo-gradient)")
+    p.add_argument("--sync-every", type=int, metavar="H",
+                   help="training steps between two syncs (default: 1 with --sync sync, 8 otherwise)")
+    p.add_argument("--outer-lr", type=float, help="diloco's outer learning rate (default: the runtime's, 0.7)")
+    p.add_argument("--outer-momentum", type=float,
+                   help="diloco's outer Nesterov momentum (default: the runtime's, 0.9)")
+    p.add_argument("--sync-fragments", type=int, default=1, metavar="F",
+                   help="streaming_diloco: fragments synced on staggered schedules (FTHSDP_SYNC_FRAGMENTS)")
     p.add_argument("--diagnosis-dry-run", action="store_true",
                    help="the controller's diagnosis only reports what it would evict (a hung host then stays "
                         "hung: use it with slow or sdc)")
@@ -78,6 +97,40 @@ def _check(args) -> None:
         raise ValueError(f"--step-time-s must be between 0 and 10, got {args.step_time_s}.")
     if args.timeout_s <= 0:
         raise ValueError(f"--timeout-s must be > 0, got {args.timeout_s}.")
+    _check_sync(args)
+
+
+def _check_sync(args) -> None:
+    """The mode's flags: H, the outer optimizer's and the fragments' only where the mode uses them."""
+    if args.sync_every is None:
+        args.sync_every = 1 if args.sync == "sync" else 8
+    if args.sync == "sync" and args.sync_every != 1:
+        raise ValueError(f"--sync-every {args.sync_every} needs --sync local_sgd or diloco "
+                         f"(--sync sync meets every step).")
+    if not 1 <= args.sync_every <= args.steps:
+        raise ValueError(f"--sync-every must be between 1 and --steps ({args.steps}), got {args.sync_every}.")
+    outer = [name for name, value in (("--outer-lr", args.outer_lr), ("--outer-momentum", args.outer_momentum))
+             if value is not None]
+    if outer and "diloco" not in args.sync:
+        raise ValueError(f"{' and '.join(outer)} {'needs' if len(outer) == 1 else 'need'} --sync diloco "
+                         f"(the outer optimizer), got --sync {args.sync}.")
+    if args.outer_lr is not None and not (math.isfinite(args.outer_lr) and args.outer_lr > 0):
+        raise ValueError(f"--outer-lr must be a finite number > 0, got {args.outer_lr}.")
+    if args.outer_momentum is not None and not 0 <= args.outer_momentum < 1:
+        raise ValueError(f"--outer-momentum must be in [0, 1), got {args.outer_momentum}.")
+    if args.sync_fragments < 1:
+        raise ValueError(f"--sync-fragments must be >= 1, got {args.sync_fragments}.")
+    if args.sync_fragments > 1 and args.sync != "streaming_diloco":
+        raise ValueError(f"--sync-fragments {args.sync_fragments} needs --sync streaming_diloco, "
+                         f"got --sync {args.sync}.")
+
+
+def _check_failures(failures, sync: str) -> None:
+    """The diagnosis judges hosts by their steps' collectives: its faults run with --sync sync only."""
+    diagnosed = [f.describe() for f in failures if f.kind in DIAGNOSED]
+    if diagnosed and sync != "sync":
+        raise ScheduleError(f"failure {diagnosed[0]!r} is a host for the diagnosis to find, which the demo runs with "
+                            f"--sync sync only (got --sync {sync}); use kill-trainer, kill-agent or hang-trainer.")
 
 
 def main(argv: list[str]) -> int:
@@ -87,8 +140,9 @@ def main(argv: list[str]) -> int:
     try:
         _check(args)
         text = args.failures if args.failures is not None else default_text(
-            replicas=args.replicas, steps=args.steps, spares=args.spares)
+            replicas=args.replicas, steps=args.steps, spares=args.spares, every=args.sync_every)
         failures = parse(text, replicas=args.replicas, steps=args.steps, spares=args.spares)
+        _check_failures(failures, args.sync)
     except ScheduleError as exc:
         print(f"fthsdp demo: bad --failures: {exc}", file=sys.stderr)
         return 2
@@ -96,14 +150,17 @@ def main(argv: list[str]) -> int:
         print(f"fthsdp demo: {exc}", file=sys.stderr)
         return 2
 
-    from fthsdp.demo import data, plots, report, run
+    from fthsdp.demo import data, plots, report, run, schedule
     from fthsdp.demo.schedule import replica_ids
 
+    h = args.sync_every  # a run ends at a sync: the protocol's steps are syncs of H training steps
     settings = run.RunSettings(
-        replicas=args.replicas, ranks_per_replica=args.ranks_per_replica, steps=args.steps, seed=args.seed,
+        replicas=args.replicas, ranks_per_replica=args.ranks_per_replica, steps=-(-args.steps // h), seed=args.seed,
         lr_policy=args.lr_policy, spares=args.spares, standby=not args.cold_spares, warm_restarts=args.warm_restarts,
         heartbeat_timeout_s=args.heartbeat_timeout_s, timeout_s=args.timeout_s, min_step_s=args.step_time_s,
-        diagnosis_dry_run=args.diagnosis_dry_run, **GPT_SETTINGS if args.model == "gpt" else {})
+        diagnosis_dry_run=args.diagnosis_dry_run, sync_mode=args.sync, sync_every=h, outer_lr=args.outer_lr,
+        outer_momentum=args.outer_momentum, sync_fragments=args.sync_fragments,
+        **GPT_SETTINGS if args.model == "gpt" else {})
     broken = timeout_rules.check(settings.timeout_values())
     if broken:  # the demo runs every process: every rule of the timeout hierarchy applies
         print(f"fthsdp demo: {' '.join(v.message() for v in broken)}", file=sys.stderr)
@@ -113,36 +170,42 @@ def main(argv: list[str]) -> int:
     t0 = time.time()
     # the gpt workload reads its text from Python's own documentation topics (pydoc_data)
     dataset = data.prepare(out / "digits.npz", args.seed) if args.model == "mlp" else out / "no-data"
-    print(f"demo: {args.replicas} replicas x {args.ranks_per_replica} rank(s), {args.steps} steps, "
+    print(f"demo: {args.replicas} replicas x {args.ranks_per_replica} rank(s), {settings.describe_steps()}, "
           f"failures: {', '.join(f.describe() for f in failures) or 'none'}; output in {out}", flush=True)
+    if settings.semi_synchronous:
+        print(f"demo: mode {settings.describe_mode()}; failures: "
+              f"{'; '.join(f'{f.describe()} {schedule.moment(f.at_step, h)}' for f in failures) or 'none'}", flush=True)
     main_run = run.run_job(out / "run", dataset, settings, failures, tty=sys.stdout.isatty())
     if main_run.error:
         print(f"demo: the run failed: {main_run.error}", file=sys.stderr)
     ids = replica_ids(args.replicas)
-    main_summary = report.summary(main_run.rows, ids, args.ranks_per_replica, settings.batch_rows)
+    main_summary = report.summary(main_run.rows, ids, args.ranks_per_replica, settings.batch_rows,
+                                  main_run.injections, h)
     base_summary, base_run = None, None
     if not args.no_baseline:
         # The paper compares at equal tokens: the baseline trains until it has seen as many
         # samples as the run with failures did, so the difference is quality, not lost time.
-        base_steps = max(10, report.baseline_steps_for(main_summary["samples_seen"], args.replicas,
-                                                       settings.batch_rows))
-        print(f"demo: baseline run to the same samples seen ({main_summary['samples_seen']}: {base_steps} steps; "
-              f"same seed and data order; no failures, no agents)", flush=True)
+        base_steps = max(-(-10 // h), report.baseline_steps_for(main_summary["samples_seen"], args.replicas,
+                                                                settings.batch_rows * h))
+        print(f"demo: baseline run to the same samples seen ({main_summary['samples_seen']}: "
+              f"{replace(settings, steps=base_steps).describe_steps()}; same mode, seed and data order; "
+              f"no failures, no agents)", flush=True)
         base_run = run.run_baseline(out / "baseline", dataset, replace(settings, steps=base_steps))
         if base_run.error:
             print(f"demo: the baseline failed: {base_run.error}", file=sys.stderr)
         base_summary = report.summary(base_run.rows, ids, args.ranks_per_replica, settings.batch_rows)
     main_losses = report.loss_by_samples(main_run.rows, settings.batch_rows)
     base_losses = base_run and report.loss_by_samples(base_run.rows, settings.batch_rows)
-    window = 10 * args.replicas * settings.batch_rows  # about the last 10 steps
+    window = max(10, h) * args.replicas * settings.batch_rows  # about the last 10 steps (or one sync)
     seen = main_summary["samples_seen"]
     result = report.build(
-        settings={**asdict(settings), "failures": [f.describe() for f in failures]},
+        settings={**asdict(settings), "failures": [f.describe() for f in failures]}, sync=settings.sync_view(),
         main=main_summary, injections=main_run.injections, events=main_run.events, diagnoses=main_run.diagnoses,
         wall_s=main_run.ended_at - main_run.started_at,
         detection_bound_s=settings.heartbeat_timeout_s + 1.5, baseline=base_summary,
         baseline_wall_s=base_run and base_run.ended_at - base_run.started_at,
-        band=report.band_view(report.load_band(), {**asdict(settings), "steps": args.steps}),
+        band=report.band_view(report.load_band(report.band_path(args.sync, h)),
+                              {**asdict(settings), "steps": args.steps}),
         loss_window=base_losses and {"samples": [max(seen - window, 0), seen],
                                      "run": report.mean_loss_near(main_losses, seen, window),
                                      "baseline": report.mean_loss_near(base_losses, seen, window)})
@@ -161,11 +224,17 @@ def main(argv: list[str]) -> int:
 
 
 def _print_summary(r: dict, out: Path) -> None:
-    print(f"demo: {r['steps']} steps in {r['wall_s']:.1f}s; effective training time "
+    sync = r["sync"]
+    steps = f"{r['steps']} steps" if sync["mode"] == "sync" else \
+        f"{r['steps']} syncs ({r['steps'] * sync['every_steps']} training steps)"
+    print(f"demo: mode {sync['text']}: {steps} in {r['wall_s']:.1f}s; effective training time "
           f"{r['effective_training_time']:.1%}; test accuracy {r['final']['test_accuracy']}")
     for f in r["failures"]:
-        print(f"demo: {f['kind']} {f['replica']} at step {f['injected_step']}: detected after "
+        at = f"training step {f['training_step']} {f['moment']}" if f.get("moment") else f"step {f['injected_step']}"
+        print(f"demo: {f['kind']} {f['replica']} at {at}: detected after "
               f"{f['detection_s']}s, healthy again after {f['rejoin_s']}s")
+        if f.get("landed"):
+            print(f"demo:   landed {f['landed']}")
         d = f.get("diagnosis")
         if d is not None:
             print(f"demo:   diagnosis: {d['finding'] or 'not found'}" + (

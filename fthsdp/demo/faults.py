@@ -8,6 +8,10 @@ life, the way a bad host does:
     Slow(sync, extra_s, go)       takes extra_s longer to get to the step's all-reduce (a slow GPU)
     FlipsBits(optimizer, go)      flips the lowest mantissa bit of one weight after each step:
                                   silent data corruption, too small to disturb training
+
+Not a fault itself: HoldsInSync(endpoint, armed, holding, hold_s) stops (bounded) at the start of
+an all-reduce -- in a semi-synchronous run, a sync's -- so that the demo's SIGKILL of the trainer
+or its host lands in the sync (fthsdp/demo/run.py await_moment).
 """
 
 from __future__ import annotations
@@ -93,3 +97,18 @@ class FlipsBits(_Delegate):
                 bits = first.view(-1).view(torch.int32)
                 bits[0] ^= 1
         return out
+
+
+class HoldsInSync(_Delegate):
+    """An FTAR endpoint that, when `armed()`, says so (`holding()`) at the start of an all-reduce
+    and waits up to `hold_s` before it starts (the demo kills the process meanwhile)."""
+
+    def __init__(self, endpoint, armed: Go, holding: Callable[[], None], hold_s: float) -> None:
+        super().__init__(endpoint)
+        self._armed, self._holding, self._hold_s = armed, holding, hold_s
+
+    def allreduce(self, tensor):
+        if self._armed():
+            self._holding()
+            threading.Event().wait(self._hold_s)
+        return self._inner.allreduce(tensor)

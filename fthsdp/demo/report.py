@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections import defaultdict
+from collections import Counter, defaultdict
 from pathlib import Path
 from statistics import fmean
 
@@ -18,8 +18,64 @@ from fthsdp import history
 BAND_FILE = Path(__file__).with_name("baseline_band.json")
 
 
+def band_path(sync_mode: str = "sync", sync_every: int = 1) -> Path:
+    """Where the band of a mode and H is stored: each configuration is compared with its own."""
+    return BAND_FILE if sync_mode == "sync" else BAND_FILE.with_name(f"baseline_band_{sync_mode}_h{sync_every}.json")
+
+
 def leader_rows(rows: list[dict], event: str) -> list[dict]:
     return [r for r in rows if r.get("event") == event and r.get("rank") == 0]
+
+
+def corrupting(rows: list[dict], injections: list[dict]) -> set[tuple[str, int]]:
+    """(replica, pid) of the processes an injected sdc fault made corrupt their state: those of
+    its replica that were running when it went live (the diagnosis judges them, and evicts)."""
+    return {(r["replica"], r["pid"]) for i in injections if i["kind"] == "sdc" for r in rows
+            if r.get("replica") == i["replica"] and r.get("t", 0) < i["injected_at"]}
+
+
+def identical_after_every_commit(rows: list[dict], injections: list[dict] = ()) -> list[str]:
+    """Problems: a step committed in one quorum into different states (rank k of every replica
+    holds shard k, so rank by rank). Semi-synchronous, the digest covers the global state: the
+    parameters after the outer step, the outer optimizer and the ledger. The commits of a
+    process an sdc fault corrupts (`corrupting`) from its injection on are the fault itself."""
+    bad = corrupting(rows, injections)
+    since = {i["replica"]: i["injected_at"] for i in injections if i["kind"] == "sdc"}
+    digests: dict[tuple[int, int, int], dict[str, str]] = defaultdict(dict)
+    for r in rows:
+        if (r.get("replica"), r.get("pid")) in bad and r.get("t", 0) >= since[r["replica"]]:
+            continue
+        if r.get("event") == "commit":
+            who = f"{r['replica']}/{r['rank']}/{r.get('pid')}"
+            digests[(r["step"], r.get("quorum_id", 0), r["rank"])][who] = r["digest"]
+    return [f"step {step} (quorum {quorum}) committed into different states: "
+            f"{ {k: v[:12] for k, v in sorted(d.items())} }"
+            for (step, quorum, _), d in sorted(digests.items()) if len(set(d.values())) > 1]
+
+
+def landing(injection: dict, rows: list[dict], committed: Counter, every: int = 1) -> dict | None:
+    """Where a kill landed, from the killed rank 0's own rows (pid): the step (sync) it was
+    training for, the batches of that step it had trained that no commit included with it
+    (lost: a sync commits a replica's inner steps only with it), and whether the committed
+    history trained each of them later (`committed`: its batches). None without a pid."""
+    pid, replica = injection.get("pid"), injection["replica"]
+    mine = [r for r in rows if r.get("pid") == pid and r.get("rank") == 0]
+    trained = [r for r in mine if r.get("event") == "trained"]
+    if not pid or not trained:
+        return None
+    step = trained[-1]["step"]
+    included = [r for r in mine if r.get("event") == "commit" and r["step"] == step and replica in r["included"]]
+    lost = [] if included else sorted({r["position"] for r in trained if r["step"] == step})
+    served = all(committed[(replica, p)] == 1 for p in lost)
+    if every == 1:
+        where = f"in step {step}"
+    elif len(lost) == every and "sync" in injection.get("moment", ""):
+        where = f"in sync {step}, its all-reduce started"
+    else:
+        where = f"in inner step {trained[-1].get('inner', 0)} of {every} before sync {step}"
+    text = where + (f": batches {lost[0]}..{lost[-1]} lost, " + ("served again" if served else "NOT served again")
+                    if lost else ": nothing lost (the step committed with it)")
+    return {"step": step, "lost_batches": lost, "served_again": served, "text": text}
 
 
 def history_of(rows: list[dict], replicas: list[str]) -> tuple[dict | None, list[str]]:
@@ -31,13 +87,19 @@ def history_of(rows: list[dict], replicas: list[str]) -> tuple[dict | None, list
     Each included batch must be one that replica really computed at that step ("trained"
     rows are written before the all-reduce); no batch twice; no position skipped.
     """
+    view, problems, _ = _walk(rows, replicas)
+    return view, problems
+
+
+def _walk(rows: list[dict], replicas: list[str]) -> tuple[dict | None, list[str], Counter]:
+    """`history_of`, and the batches along the committed history (how often each)."""
     leaders = [r for r in rows if r.get("rank") == 0]  # rank k of a sharded model holds shard k
     walked, problems = history.walk(leaders)
     if walked is None:
-        return None, problems
-    _, problems = history.exactly_once_along(walked, history.trained_positions(leaders), replicas)
+        return None, problems, Counter()
+    batches, problems = history.exactly_once_along(walked, history.trained_positions(leaders), replicas)
     return {"steps": len(walked.chain), "abandoned_commits": len(walked.abandoned),
-            "abandoned_branches": walked.branches, "abandoned_steps": walked.abandoned_steps}, problems
+            "abandoned_branches": walked.branches, "abandoned_steps": walked.abandoned_steps}, problems, batches
 
 
 def exactly_once(rows: list[dict], replicas: list[str]) -> list[str]:
@@ -85,8 +147,8 @@ def samples_by_step(rows: list[dict], batch_rows: int) -> dict[int, int]:
     step included adds `batch_rows` (the paper's x-axis is tokens; ours is samples). Along the
     committed history: the batches of the steps a rollback abandoned are not in the model."""
     included: dict[int, int] = {}
-    for r in committed_rows(rows):
-        included.setdefault(r["step"], len(r["included"]))
+    for r in committed_rows(rows):  # a sync commits `batches` (H) per contributor
+        included.setdefault(r["step"], len(r["included"]) * r.get("batches", 1))
     total, out = 0, {}
     for step in sorted(included):
         total += included[step] * batch_rows
@@ -156,19 +218,25 @@ def _round(value: float | None, digits: int = 5) -> float | None:
     return None if value is None else round(value, digits)
 
 
-def summary(rows: list[dict], replicas: list[str], ranks: int, batch_rows: int = 0) -> dict:
+def summary(rows: list[dict], replicas: list[str], ranks: int, batch_rows: int = 0, injections: list[dict] = (),
+            every: int = 1) -> dict:
+    """What a run's records say; `injections` (the run's kills) get where each landed (`landing`),
+    `every`: H, the training steps per sync (1: every step is one)."""
     done = [r for r in rows if r.get("event") == "done" and r.get("rank") == 0]
     final = done[-1] if done else {}
     losses = loss_by_step(rows)
     identical, problems = final_states(rows, replicas, ranks)
-    walked, once = history_of(rows, replicas)
+    walked, once, batches = _walk(rows, replicas)
+    differing = identical_after_every_commit(rows, list(injections))
     return {
+        "identical_after_every_commit": not differing,
+        "landings": [landing(i, rows, batches, every) for i in injections],
         "steps": final.get("step", 0),
         "final_train_loss": round(losses[max(losses)], 5) if losses else None,
         "test_loss": _round(final.get("test_loss")), "test_accuracy": _round(final.get("test_acc")),
         "effective_training_time": round(effective_training_time(rows, len(replicas)), 4),
         "commits": len(leader_rows(rows, "commit")), "retries": len(leader_rows(rows, "retry")),
-        "exactly_once": not once, "bitwise_identical": identical, "problems": once + problems,
+        "exactly_once": not once, "bitwise_identical": identical, "problems": once + problems + differing,
         "samples_seen": max(samples_by_step(rows, batch_rows).values(), default=0),
         "history": walked,
     }
@@ -202,15 +270,19 @@ def diagnosis_of(injection: dict, diagnoses: list[dict], dry_run: bool = False) 
 
 def build(*, settings: dict, main: dict, injections: list[dict], events: list[dict], wall_s: float,
           detection_bound_s: float, baseline: dict | None, baseline_wall_s: float | None,
-          band: dict | None = None, loss_window: dict | None = None, diagnoses: list[dict] = ()) -> dict:
+          band: dict | None = None, loss_window: dict | None = None, diagnoses: list[dict] = (),
+          sync: dict | None = None) -> dict:
     """report.json. `main` and `baseline` are `summary` results; the baseline ran to the same
-    samples seen as the main run (`baseline_steps_for`), so their difference is quality lost,
-    not time lost. `band` is `band_view`; `loss_window` the two runs' mean training loss near
-    the main run's last samples; `diagnoses` the controller's findings."""
+    samples seen as the main run (`baseline_steps_for`) in the same mode, so their difference
+    is quality lost, not time lost. `band` is `band_view`; `loss_window` the two runs' mean
+    training loss near the main run's last samples; `diagnoses` the controller's findings;
+    `sync` the mode the replicas met in (mode, every_steps, text; default: every step)."""
     dry = bool(settings.get("diagnosis_dry_run"))
+    landings = main.get("landings") or [None] * len(injections)
     failures = [{**i, **recovery(i, events), "diagnosis": diagnosis_of(i, list(diagnoses), dry),
-                 "detection_bound_s": DIAGNOSIS_BOUND_S if i["kind"] in FINDING_OF else detection_bound_s}
-                for i in injections]
+                 "detection_bound_s": DIAGNOSIS_BOUND_S if i["kind"] in FINDING_OF else detection_bound_s,
+                 "landed": land and land["text"], "lost_batches": land and land["lost_batches"]}
+                for i, land in zip(injections, landings)]
     # in dry-run a diagnosed host is only reported: its replica neither dies nor rejoins
     recovering = [f for f in failures if not (dry and f["diagnosis"] is not None)]
     detected = [f["detection_s"] for f in recovering]
@@ -220,6 +292,7 @@ def build(*, settings: dict, main: dict, injections: list[dict], events: list[di
     wrong = [d for d in diagnoses if d["action"] == "evict"
              and d.get("decided_at", d["at"]) < bad_since.get(d["action_host"], float("inf")) - 0.05]
     report = {
+        "sync": sync or {"mode": "sync", "every_steps": 1, "text": "sync (gradients averaged every step)"},
         "settings": settings, "wall_s": round(wall_s, 2), "steps": main["steps"],
         "failures": failures, "effective_training_time": main["effective_training_time"],
         "final": {"train_loss": main["final_train_loss"], "test_loss": main["test_loss"],
@@ -231,6 +304,8 @@ def build(*, settings: dict, main: dict, injections: list[dict], events: list[di
             "detection_within_bound": all(f["detection_s"] is not None and 0 < f["detection_s"] <= f["detection_bound_s"]
                                           for f in recovering),
             "all_failures_rejoined": all(f["rejoin_s"] is not None for f in recovering),
+            "identical_after_every_commit": main.get("identical_after_every_commit", True),
+            "lost_batches_served_again": all(land["served_again"] for land in landings if land),
         },
         "diagnoses": list(diagnoses)[:50],
         "problems": main["problems"], "baseline": None, "accuracy_difference": None,
@@ -259,12 +334,18 @@ def _comparison(difference: float | None, main: dict, baseline: dict, band: dict
            "baseline_seed_band": band,
            "difference_within_band": None if difference is None or spread is None else abs(difference) <= spread,
            "train_loss_near_end": loss_window}
+    accuracy = main["test_accuracy"]
+    if accuracy is not None and band:  # where the run itself falls among the baseline's seeds
+        out["run_within_band_range"] = band["test_accuracy_min"] <= accuracy <= band["test_accuracy_max"]
     if difference is not None and band:
+        where = ("inside" if out["run_within_band_range"] else
+                 "below" if accuracy < band["test_accuracy_min"] else "above")
         out["statement"] = (
             f"at {main['samples_seen']} samples seen (baseline {baseline['samples_seen']}), test accuracy "
             f"differs by {difference:+.4f}; the baseline's seed-to-seed band is {spread:.4f} "
             f"({band['test_accuracy_min']:.4f}..{band['test_accuracy_max']:.4f} over seeds "
-            f"{', '.join(map(str, band['seeds']))}{'' if band['applies'] else ', measured for another configuration'})")
+            f"{', '.join(map(str, band['seeds']))}{'' if band['applies'] else ', measured for another configuration'}"
+            f"); the run's {accuracy:.4f} is {where} that range")
     return out
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import httpx
 
 from fthsdp.demo import procs
-from fthsdp.demo.schedule import DIAGNOSED, Failure, replica_ids
+from fthsdp.demo.schedule import DIAGNOSED, Failure, moment, placement, replica_ids
 from fthsdp.status import render
 from protos import job_secret
 from protos import timeout_rules as tr
@@ -52,6 +52,56 @@ class RunSettings:
     diagnosis_dry_run: bool = False
     #: False: the controller's own diagnosis defaults instead of the demo's quick DIAGNOSIS
     demo_diagnosis: bool = True
+    #: how replicas meet (protos/sync_modes.py); `steps` counts syncs of `sync_every` training steps
+    sync_mode: str = "sync"
+    sync_every: int = 1
+    outer_lr: float | None = None        # diloco's outer optimizer; None: the runtime's default
+    outer_momentum: float | None = None
+    sync_fragments: int = 1              # streaming_diloco
+
+    @property
+    def semi_synchronous(self) -> bool:
+        return self.sync_mode != "sync"
+
+    def describe_steps(self) -> str:
+        if not self.semi_synchronous:
+            return f"{self.steps} steps"
+        return f"{self.steps} syncs of {self.sync_every} training steps ({self.steps * self.sync_every} steps)"
+
+    def describe_mode(self) -> str:
+        if not self.semi_synchronous:
+            return "sync (gradients averaged every step)"
+        text = f"{self.sync_mode}, a sync every {self.sync_every} training steps"
+        if "diloco" in self.sync_mode:
+            from fthsdp.settings import RuntimeSettings
+
+            lr = RuntimeSettings.outer_lr if self.outer_lr is None else self.outer_lr
+            momentum = RuntimeSettings.outer_momentum if self.outer_momentum is None else self.outer_momentum
+            text += f" (outer Nesterov SGD, lr {lr:g}, momentum {momentum:g})"
+        if self.sync_fragments > 1:
+            text += f", {self.sync_fragments} fragments"
+        return text
+
+    def sync_view(self) -> dict:
+        """The mode as the report names it."""
+        return {"mode": self.sync_mode, "every_steps": self.sync_every, "outer_lr": self.outer_lr,
+                "outer_momentum": self.outer_momentum, "fragments": self.sync_fragments, "text": self.describe_mode()}
+
+    def sync_environment(self) -> dict[str, str]:
+        """What every trainer of the run gets in its environment: the runtime reads its mode there
+        (RuntimeSettings.from_env), as a user's script does; nothing for the default mode."""
+        from fthsdp import settings as rs
+
+        if not self.semi_synchronous:
+            return {}
+        env = {rs.ENV_SYNC_MODE: self.sync_mode, rs.ENV_SYNC_EVERY_STEPS: str(self.sync_every)}
+        if self.outer_lr is not None:
+            env[rs.ENV_OUTER_LR] = repr(self.outer_lr)
+        if self.outer_momentum is not None:
+            env[rs.ENV_OUTER_MOMENTUM] = repr(self.outer_momentum)
+        if self.sync_fragments > 1:
+            env[SYNC_FRAGMENTS_ENV] = str(self.sync_fragments)
+        return env
 
     def trainer_config(self, data: Path, records: Path, ports: dict, faults: list[dict] = ()) -> dict:
         return {"job_id": JOB_ID, "model": self.model, "data": str(data), "records": str(records),
@@ -81,6 +131,9 @@ class RunSettings:
                 **tr.qualified(tr.AGENT, agent.timeout_values()), **tr.qualified(tr.RUNTIME, runtime.timeout_values())}
 
 
+#: streaming_diloco's fragments, in the trainers' environment (set only when more than one)
+SYNC_FRAGMENTS_ENV = "FTHSDP_SYNC_FRAGMENTS"
+
 #: The trainers' timeouts in the demo (a step is 0.1-0.5 s here).
 TRAINER_TIMEOUTS = {"quorum_s": 30.0, "allreduce_s": 5.0, "vote_s": 10.0, "fetch_s": 10.0, "fetch_hold_s": 5.0,
                     "heartbeat_s": 0.5}
@@ -105,11 +158,36 @@ def host_of(replica: str, replicas: list[str]) -> str:
 
 def fault_specs(failures: list[Failure], s: RunSettings, records: Path) -> list[dict]:
     """What each trainer needs to know to go bad: on which host and rank, how, and the file
-    whose appearance lets it loose."""
+    whose appearance lets it loose. Semi-synchronous, a kill placed in a sync: the replica's
+    rank 0 holds at the start of its next sync's all-reduce once the file exists, and says so,
+    so that the kill lands there (`hold_in_sync`)."""
     ids = replica_ids(s.replicas)
-    return [{"kind": f.kind, "host": host_of(f.replica, ids), "rank": s.ranks_per_replica - 1,
-             "go": str(records / f"fault-{f.replica}.go"), "extra_s": (SLOW_FACTOR - 1) * s.min_step_s}
-            for f in failures if f.kind in DIAGNOSED]
+    specs = [{"kind": f.kind, "host": host_of(f.replica, ids), "rank": s.ranks_per_replica - 1,
+              "go": str(records / f"fault-{f.replica}.go"), "extra_s": (SLOW_FACTOR - 1) * s.min_step_s}
+             for f in failures if f.kind in DIAGNOSED]
+    specs += [{"kind": HOLD_IN_SYNC, "host": host_of(f.replica, ids), "rank": 0,
+               "go": str(_hold_file(records, f, "go")), "held": str(_hold_file(records, f, "held")),
+               "hold_s": TRAINER_TIMEOUTS["allreduce_s"]}
+              for f in failures if _in_sync(f, s)]
+    return specs
+
+
+#: the fault spec of a kill placed in a sync (fthsdp/demo/faults.py HoldsInSync)
+HOLD_IN_SYNC = "hold-in-sync"
+
+
+def _in_sync(f: Failure, s: RunSettings) -> bool:
+    return s.semi_synchronous and f.kind not in DIAGNOSED and placement(f.at_step, s.sync_every)[1] == 0
+
+
+def _due(f: Failure, s: RunSettings) -> int:
+    """The job's step from which `f` is injected: a kill placed in sync n is armed a sync before."""
+    sync, inner = placement(f.at_step, s.sync_every)
+    return max(sync - 1, 0) if _in_sync(f, s) else sync
+
+
+def _hold_file(records: Path, f: Failure, suffix: str) -> Path:
+    return records / f"sync-{f.at_step}-{f.replica}.{suffix}"
 
 
 @dataclass
@@ -164,7 +242,8 @@ def _controller(workdir: Path, s: RunSettings, secret: str) -> procs.ControllerP
     settings.write_text(json.dumps({"diagnosis": {**diagnosis, "dry_run": s.diagnosis_dry_run}}))
     return procs.start_controller(workdir / "controller.log", job_id=JOB_ID, replicas=s.replicas,
                                   join_timeout_s=s.join_timeout_s, heartbeat_timeout_s=s.heartbeat_timeout_s,
-                                  lr_policy=s.lr_policy, settings=settings, secret=secret)
+                                  lr_policy=s.lr_policy, settings=settings, secret=secret,
+                                  sync_mode=s.sync_mode, sync_every=s.sync_every)
 
 
 def _done(records: Path, s: RunSettings) -> bool:
@@ -232,13 +311,72 @@ class Progress:
             self._last_line, self._last_at = line, now
 
 
+#: how often the demo looks for the moment a semi-synchronous failure is placed at
+MOMENT_POLL_S = 0.005
+
+
+def _last_trained(records: Path, replica: str) -> dict | None:
+    """The newest "trained" row of the replica's rank 0 (its current process), or None."""
+    try:
+        pid = int((records / f"{replica}-0.pid").read_text())
+        with open(records / f"{replica}-0-{pid}.jsonl", "rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - 8192))
+            lines = f.read().decode(errors="replace").splitlines()
+    except (OSError, ValueError):
+        return None
+    for line in reversed(lines):
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:  # being written, or cut by the tail's start
+            continue
+        if row.get("event") == "trained":
+            return row
+    return None
+
+
+def await_moment(f: Failure, s: RunSettings, records: Path) -> bool:
+    """Semi-synchronous: wait (bounded: about two rounds) until the replica is where `f` is placed
+    (schedule.placement): training inner step k of a round ending at or after its sync (read from
+    its rank 0's records), or held at the start of a sync's all-reduce (fault_specs). False when
+    the moment did not come in time (the caller tries again later)."""
+    sync, inner = placement(f.at_step, s.sync_every)
+    go, held = _hold_file(records, f, "go"), _hold_file(records, f, "held")
+    if not inner and not go.exists():  # the replica holds (once) in the first sync from `sync` on, writes `held`
+        go.write_text(str(sync))
+    deadline = time.monotonic() + 2 * s.sync_every * max(s.min_step_s, 0.05) + 10.0
+    while time.monotonic() < deadline:
+        if not inner and held.exists():
+            return True
+        row = _last_trained(records, f.replica) if inner else None
+        if row is not None and row["step"] >= sync and row.get("inner") == inner:
+            return True
+        time.sleep(MOMENT_POLL_S)
+    return False
+
+
 def _inject(f: Failure, job: dict, replicas: dict, hosts: list, agents: dict, records: Path,
-            configured: list[str]) -> dict | None:
+            configured: list[str], s: RunSettings) -> dict | None:
     """Inject `f` once every configured replica is HEALTHY (failures never overlap, so some
     replica always holds the live state; one that has not registered yet counts as not
-    healthy); the injection record, or None to try again later."""
+    healthy) and, semi-synchronous, at its moment (`await_moment`); the injection record, or
+    None to try again later."""
     if any(replicas.get(rid, {}).get("state") != "HEALTHY" for rid in configured):
         return None
+    placed = s.semi_synchronous and f.kind not in DIAGNOSED
+    if placed and not await_moment(f, s, records):
+        return None
+    record = _kill(f, job, hosts, agents, records, configured)
+    if record is not None and placed:
+        record.update(training_step=f.at_step, moment=moment(f.at_step, s.sync_every),
+                      injected_sync=placement(f.at_step, s.sync_every)[0])
+    return record
+
+
+def _kill(f: Failure, job: dict, hosts: list, agents: dict, records: Path, configured: list[str]) -> dict | None:
+    """Make `f` happen now; the injection record (with the pid of the replica's rank 0 then), or
+    None when its target is not there yet."""
+    pid_file = records / f"{f.replica}-0.pid"
+    leader = int(pid_file.read_text()) if pid_file.exists() else 0
     if f.kind in DIAGNOSED:  # the trainer on that host goes bad once this file exists
         (records / f"fault-{f.replica}.go").write_text(str(job["max_step"]))
         host = host_of(f.replica, configured)
@@ -260,7 +398,8 @@ def _inject(f: Failure, job: dict, replicas: dict, hosts: list, agents: dict, re
         under = procs.kill_host(agents.pop(host))
         target = f"host {host} (agent and {len(under)} trainer process(es))"
     return {"kind": f.kind, "replica": f.replica, "scheduled_step": f.at_step, "injected_step": job["max_step"],
-            "injected_at": time.time(), "target": target, "signal": "SIGSTOP" if f.kind == "hang-trainer" else "SIGKILL"}
+            "injected_at": time.time(), "target": target, "pid": leader,
+            "signal": "SIGSTOP" if f.kind == "hang-trainer" else "SIGKILL"}
 
 
 def _with_controller(workdir: Path, s: RunSettings, records: Path, body, secret: str) -> RunResult:
@@ -297,13 +436,14 @@ def run_job(workdir: Path, data: Path, s: RunSettings, failures: list[Failure], 
         for i, rid in enumerate(replica_ids(s.replicas)):
             agents[f"h{i}"] = procs.start_agent(workdir / f"agent-h{i}.log", controller=controller.grpc,
                                                 host_id=f"h{i}", job_id=JOB_ID, command=command, replica_id=rid,
-                                                ranks=s.ranks_per_replica, secret=secret, extra=warm)
+                                                ranks=s.ranks_per_replica, secret=secret, extra=warm,
+                                                env=s.sync_environment())
             children.append(agents[f"h{i}"])
         for j in range(s.spares):
             agents[f"spare{j}"] = procs.start_agent(workdir / f"agent-spare{j}.log", controller=controller.grpc,
                                                     host_id=f"spare{j}", job_id=JOB_ID, command=command,
                                                     ranks=s.ranks_per_replica, spare=True, standby=s.standby,
-                                                    secret=secret, extra=warm)
+                                                    secret=secret, extra=warm, env=s.sync_environment())
             children.append(agents[f"spare{j}"])
         for host, agent in agents.items():
             procs.read_json_line(agent, 60.0, f"agent {host} (log {workdir / f'agent-{host}.log'})")
@@ -337,23 +477,24 @@ def _follow(http: httpx.Client, s: RunSettings, failures: list[Failure], agents:
         replicas = http.get("/api/v1/replicas").json()
         now = time.time()
         result.samples.append((now, sum(r["state"] == "HEALTHY" for r in replicas)))
-        if pending and job["max_step"] >= s.steps - LATE_MARGIN_STEPS:
+        if pending and job["max_step"] >= s.steps - (1 if s.semi_synchronous else LATE_MARGIN_STEPS):
             # Too close to the end: the survivors would finish and leave nobody to rejoin.
             late = pending.pop(0)
             result.skipped.append(late.describe())
             progress.note(f"step {job['max_step']}: skipped {late.describe()}: the job is within "
                           f"{LATE_MARGIN_STEPS} steps of its end (failures wait until every replica is HEALTHY)")
-        elif pending and job["max_step"] >= pending[0].at_step:
+        elif pending and job["max_step"] >= _due(pending[0], s):
             hosts = http.get("/api/v1/hosts").json()
             done = _inject(pending[0], job, {r["replica_id"]: r for r in replicas}, hosts, agents, records,
-                           replica_ids(s.replicas))
+                           replica_ids(s.replicas), s)
             if done is not None:
                 pending.pop(0)
                 done["after_s"] = round(done["injected_at"] - result.started_at, 3)
                 result.injections.append(done)
                 what = (f"{done['target']} goes bad" if done["kind"] in DIAGNOSED
                         else f"{done['signal']} {done['target']}")
-                progress.note(f"step {done['injected_step']}: {done['kind']} {done['replica']}: {what}")
+                progress.note(f"step {done['injected_step']}: {done['kind']} {done['replica']}: {what}"
+                              + (f" {done['moment']}" if done.get("moment") else ""))
         progress.show(job, replicas, time.monotonic())
         time.sleep(POLL_S)
     result.skipped += [f.describe() for f in pending]
@@ -368,7 +509,7 @@ def run_baseline(workdir: Path, data: Path, s: RunSettings) -> RunResult:
         for rid in replica_ids(s.replicas):
             for k in range(s.ranks_per_replica):
                 env = {"FTHSDP_REPLICA_ID": rid, "FTHSDP_RANK": str(k), "FTHSDP_WORLD_SIZE": str(s.ranks_per_replica),
-                       "FTHSDP_CONTROLLER": controller.grpc, "FTHSDP_JOB_ID": JOB_ID}
+                       "FTHSDP_CONTROLLER": controller.grpc, "FTHSDP_JOB_ID": JOB_ID, **s.sync_environment()}
                 children.append(procs.start_trainer(workdir / f"trainer-{rid}-{k}.log", config, env, secret))
         deadline = time.monotonic() + s.timeout_s
         for t in children:

@@ -13,6 +13,12 @@ step's collectives), stall (it joins the FTAR all-reduce and never progresses), 
 and sdc (it flips a bit of its weights after every step). Errors name the bad entry.
 The demo injects a failure only once every replica is HEALTHY again, so failures never
 overlap: a later entry may land a few steps after its STEP.
+
+Semi-synchronous runs (--sync local_sgd or diloco, a sync every H training steps): STEP counts
+training steps, and `placement` says where a failure lands: at step n with n % H = k != 0, in
+inner step k of the round before sync n // H (the replica loses the inner steps since its last
+sync); at n = H * s, in sync s - 1 itself (its all-reduce started: the sync retries without the
+replica). The default schedule hits both.
 """
 
 from __future__ import annotations
@@ -46,13 +52,42 @@ def replica_ids(replicas: int) -> list[str]:
     return [f"r{i}" for i in range(replicas)]
 
 
-def default_text(*, replicas: int, steps: int, spares: int) -> str:
+def default_text(*, replicas: int, steps: int, spares: int, every: int = 1) -> str:
     """The schedule used when --failures is not given: a trainer kill at 25% of the steps,
-    then (with a spare) a host kill at 65%, on different replicas."""
-    text = f"kill-trainer@{max(1, steps // 4)}:r{min(1, replicas - 1)}"
+    then (with a spare) a host kill at 65%, on different replicas. Semi-synchronous (`every`
+    H > 1, `placement`), with a spare: the host dies first, during the sync nearest 25% (a warm
+    spare takes over in seconds), then the trainer, in inner step H/2 of the round at 65%
+    (its cold restart takes longest); without a spare, the trainer dies in the round at 25%."""
+    first, second = max(1, steps // 4), max(2, steps * 65 // 100)
+    trainer, host = f"r{min(1, replicas - 1)}", f"r{min(2, replicas - 1)}"
+    if every > 1:
+        mid_inner = (second if spares > 0 else first) // every * every + every // 2
+        at_sync = max(every, first // every * every)
+        if spares > 0 and at_sync < mid_inner:
+            return f"kill-agent@{at_sync}:{host},kill-trainer@{mid_inner}:{trainer}"
+        return f"kill-trainer@{mid_inner}:{trainer}"
+    text = f"kill-trainer@{first}:{trainer}"
     if spares > 0:
-        text += f",kill-agent@{max(2, steps * 65 // 100)}:r{min(2, replicas - 1)}"
+        text += f",kill-agent@{second}:{host}"
     return text
+
+
+def placement(step: int, every: int) -> tuple[int, int]:
+    """Where a failure at training `step` lands with a sync every `every` steps: (sync, inner).
+    inner > 0: in that inner step of the round that ends with that sync; inner == 0: in the
+    sync itself (every step is a sync when every == 1)."""
+    if every == 1:
+        return step, 0
+    sync, inner = divmod(step, every)
+    return (sync - 1, 0) if inner == 0 else (sync, inner)
+
+
+def moment(step: int, every: int) -> str:
+    """`placement` in words."""
+    sync, inner = placement(step, every)
+    if inner:
+        return f"(inner step {inner} of {every} before sync {sync})"
+    return f"(during sync {sync})"
 
 
 def parse(text: str, *, replicas: int, steps: int, spares: int) -> list[Failure]:

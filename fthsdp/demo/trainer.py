@@ -9,7 +9,12 @@ directly by the baseline run. Writes JSON lines to <records>/<replica>-<rank>-<p
 "trained" before each all-reduce (the batch this replica computed), "catching_up" when a step
 fetches the state of its source (named), "commit"/"retry" after each step (with the digests
 of the state it trained from and of the state after it), "done" with the held-out score and
-the state digest at the end. Exits 0 when the job reached its steps in a full step (one every
+the state digest at the end. Semi-synchronous (FTHSDP_SYNC_MODE local_sgd or diloco, which the
+runtime reads from the environment: the loop is the same), "trained" comes per inner step (the
+sync it trains for, its position, its inner index) and "commit" per committed sync (with
+"batches": H, the mean loss of its inner steps, and the digests of the global state: the
+parameters, the outer optimizer and the ledger; the inner optimizer is each replica's own).
+Exits 0 when the job reached its steps in a full step (one every
 configured replica contributed to, at or past the end, even if the end was read late), or when
 its replica ended first (another of its ranks read the end a step earlier). Optional
 config keys: "checkpoint_dir" and "checkpoint_every" (durable checkpoints), "ports_by": "host"
@@ -31,6 +36,7 @@ import sys
 import time
 from datetime import timedelta
 from pathlib import Path
+from typing import Callable
 
 from agent import env as agent_env
 
@@ -105,13 +111,37 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _faulty(faults, host: str, rank: int, opt):
+def _faulty(faults, host: str, rank: int, opt, step: Callable[[], int]):
     """The Seams (and optimizer) of a trainer on a host the demo made go bad: the fault's
-    wrapper, let loose when its file appears (fthsdp/demo/faults.py). Other trainers: as is."""
+    wrapper, let loose when its file appears (fthsdp/demo/faults.py); a rank that holds in a
+    sync for a kill to land there (run.fault_specs: from the sync its file names on, `step()`
+    being the step trained now) gets that wrapper too. Other trainers: as is."""
+    import dataclasses
+
+    from fthsdp.demo import faults as f
+
+    mine = [x for x in faults if x["host"] == host and x["rank"] == rank]
+    seams, opt = _diagnosed(next((x for x in mine if x["kind"] != "hold-in-sync"), None), opt)
+    for hold in (x for x in mine if x["kind"] == "hold-in-sync"):
+        go, held = Path(hold["go"]), Path(hold["held"])
+
+        def armed(go=go, held=held) -> bool:  # once: a restarted trainer on this host finds `held`
+            try:
+                return not held.exists() and step() >= int(go.read_text())
+            except (OSError, ValueError):  # not armed (yet)
+                return False
+
+        def holding(held=held) -> None:
+            _write_atomic(held, json.dumps({"pid": os.getpid(), "t": time.time()}))
+        seams = dataclasses.replace(seams, endpoint=lambda ep, inner=seams.endpoint, armed=armed, holding=holding,
+                                    hold_s=hold["hold_s"]: f.HoldsInSync(inner(ep), armed, holding, hold_s))
+    return seams, opt
+
+
+def _diagnosed(mine, opt):
     from fthsdp import Seams
     from fthsdp.demo import faults as f
 
-    mine = next((x for x in faults if x["host"] == host and x["rank"] == rank), None)
     if mine is None:
         return Seams(), opt
     go_file = Path(mine["go"])
@@ -142,7 +172,7 @@ def main(argv: list[str]) -> int:
     import torch
     import torch.distributed as dist
 
-    from fthsdp import Manager, RuntimeSettings, state_digest
+    from fthsdp import Manager, RuntimeSettings
     from fthsdp.demo.workloads import build_mlp
 
     torch.set_num_threads(1)
@@ -200,7 +230,8 @@ def main(argv: list[str]) -> int:
         ftar_chunk_bytes=64 << 10,
         digest_every_steps=cfg.get("digest_every_steps", 100),
         checkpoint_dir=cfg.get("checkpoint_dir", ""), checkpoint_every_steps=cfg.get("checkpoint_every", 0))
-    seams, opt = _faulty(cfg.get("faults", ()), host, rank, opt)
+    seams, opt = _faulty(cfg.get("faults", ()), host, rank, opt,
+                         lambda: manager.plan.step if manager.plan is not None else manager.step)
     replicas = cfg["replicas"]
     manager = Manager(model, opt, settings, process_group=group, seams=seams).start()
     write(event="started", step=manager.step, incarnation=manager.incarnation, standby=standby,
@@ -210,16 +241,22 @@ def main(argv: list[str]) -> int:
     # or past the end: the end may become known a step late (the chaos run decides it from a
     # view that a controller failover left stale), and once the others finished no later step
     # is ever full again -- so a full step at the end, even if seen late, ends this replica too.
+    # Semi-synchronous (FTHSDP_SYNC_MODE): the same loop; a step of the protocol is a sync, and
+    # the H inner steps before it each train a batch (end_step of the H-th syncs).
+    h = settings.sync_every_steps if settings.semi_synchronous else 1
     full_step = -1  # the last step committed with every replica included
+    began, before, losses = 0.0, "", []  # of the step (semi-synchronous: of the round of H inner steps)
     while not (manager.step >= _steps(cfg) and full_step + 1 >= _steps(cfg)) and manager.step < cfg["max_steps"]:
-        began = time.time()
+        started = time.time()
         try:
-            x, y = next(batches)  # begins the step: quorum, plan, catch-up when behind
+            x, y = next(batches)  # begins the step: quorum, plan, catch-up when behind (or an inner step)
         except StopIteration:  # the replica ended first: another rank read the end step a step earlier
             break
-        position = batches.last_position
-        before = "" if manager.is_behind else state_digest(model, opt, manager.ledger.to_json(), manager.step)
-        if manager.is_behind:  # fetching from its source while it computes (and contributes zeros)
+        step, position = manager.step, batches.last_position
+        inner = position - manager.ledger.position(rid) if h > 1 else 0
+        if inner == 0:  # the state this step (round) trains from: the global state when semi-synchronous
+            began, before, losses = started, "" if manager.is_behind and h == 1 else manager.digest(), []
+        if manager.is_behind and h == 1:  # fetching from its source while it computes (and contributes zeros)
             write(event="catching_up", step=manager.plan.step, quorum_id=manager.plan.quorum_id,
                   source=manager.plan.source_replica)
         opt.zero_grad(set_to_none=True)
@@ -227,24 +264,29 @@ def main(argv: list[str]) -> int:
         rows = slice(rank, None, world)
         loss = w.loss(x[rows], y[rows])
         plan = manager.plan
-        if plan is not None and not plan.behind:  # before backward: a sharded model all-reduces inside it
+        if h > 1:  # whether the round counts is decided at its sync
+            write(event="trained", step=step, position=position, inner=inner)
+        elif plan is not None and not plan.behind:  # before backward: a sharded model all-reduces inside it
             write(event="trained", step=plan.step, quorum_id=plan.quorum_id, position=position)
         loss.backward()
         pace = cfg["min_step_s"] - (time.time() - computing)  # stands in for accelerator time
         if pace > 0:
             time.sleep(pace)
-        manager.sync_gradients(loss.item())
-        committed = manager.end_step(loss.item(), tokens=len(x))
+        losses.append(loss.item())
+        committed = manager.end_step(loss.item(), tokens=len(x))  # averages (or syncs), votes, commits
+        if h > 1 and manager.step == step:
+            continue  # an inner step (or the replica ended)
         o = manager.last_outcome
         if committed and len(o.included) == len(replicas):
             full_step = o.step
+        semi = {"batches": h} if h > 1 else {"position": position}
         write(event="commit" if committed else "retry", began=began, step=o.step, quorum_id=o.quorum_id,
-              behind=o.behind, included=list(o.included), positions_before=o.positions_before, position=position,
-              loss=loss.item(), lr_scale=o.lr_scale, reason=o.reason, before=before,
-              digest=state_digest(model, opt, manager.ledger.to_json(), manager.step))
+              behind=o.behind, included=list(o.included), positions_before=o.positions_before, **semi,
+              loss=sum(losses) / len(losses), lr_scale=o.lr_scale, reason=o.reason,
+              before="" if o.behind else before, digest=manager.digest())
     test_loss, test_acc = w.evaluate()  # every rank: a sharded model's forward is collective
     write(event="done", step=manager.step, test_loss=test_loss, test_acc=test_acc, params=param_hash(model),
-          digest=state_digest(model, opt, manager.ledger.to_json(), manager.step))
+          digest=manager.digest())
     _write_atomic(records / f"{rid}-{rank}.done", str(manager.step))
     manager.close()
     out.close()

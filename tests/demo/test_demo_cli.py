@@ -14,6 +14,14 @@ FTHSDP = str(Path(sys.executable).with_name("fthsdp"))
 HEARTBEAT_TIMEOUT_S = 2.0
 
 
+def run_demo(out: Path, *flags: str, timeout_s: float) -> tuple[subprocess.CompletedProcess, dict]:
+    """`fthsdp demo FLAGS --out OUT` to its end (it must pass); its output and report.json."""
+    proc = subprocess.run([FTHSDP, "demo", *flags, "--out", str(out)], capture_output=True, text=True,
+                          timeout=timeout_s, check=False)
+    assert proc.returncode == 0, f"{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
+    return proc, json.loads((out / "report.json").read_text())
+
+
 def _png_size(path: Path) -> tuple[int, int]:
     head = path.read_bytes()[:24]
     assert head[:8] == b"\x89PNG\r\n\x1a\n" and head[12:16] == b"IHDR", f"{path} is not a PNG"
@@ -62,3 +70,66 @@ def test_bad_schedule_exits_2_naming_the_entry(tmp_path, failures, named):
     assert proc.returncode == 2
     assert "bad --failures" in proc.stderr and named in proc.stderr
     assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_diloco_demo_kills_a_host_in_a_sync_and_a_trainer_between_syncs(tmp_path):
+    """`fthsdp demo --sync diloco --sync-every 8` with its default failures, small: 3 replicas, 12 syncs."""
+    proc, report = run_demo(tmp_path / "report", "--sync", "diloco", "--sync-every", "8", "--replicas", "3",
+                            "--steps", "96", "--step-time-s", "0.1", "--heartbeat-timeout-s", str(HEARTBEAT_TIMEOUT_S),
+                            "--no-baseline", "--timeout-s", "300", timeout_s=390)
+    assert all(report["checks"].values()), report["checks"]
+    assert report["sync"]["mode"] == "diloco" and report["sync"]["every_steps"] == 8
+    assert "mode diloco, a sync every 8 training steps" in proc.stdout
+    host, trainer = report["failures"]
+    assert (host["kind"], host["replica"], host["training_step"]) == ("kill-agent", "r2", 24)
+    assert (trainer["kind"], trainer["replica"], trainer["training_step"]) == ("kill-trainer", "r1", 60)
+    # the host died in a sync (its all-reduce held open for it): that round's 8 batches were lost;
+    # the trainer in an inner step: the batches since its last sync; the history trained each again
+    assert host["landed"].startswith("in sync ") and len(host["lost_batches"]) == 8, host["landed"]
+    assert trainer["landed"].startswith("in inner step 4 of 8") and len(trainer["lost_batches"]) == 5
+    assert report["checks"]["lost_batches_served_again"] and report["checks"]["identical_after_every_commit"]
+    assert report["history"]["steps"] == report["steps"] >= 12  # one committed chain of syncs
+
+
+@pytest.mark.parametrize("flags, named", [
+    (["--sync-every", "8"], "--sync-every 8 needs --sync local_sgd or diloco"),
+    (["--sync", "diloco", "--sync-every", "0"], "--sync-every must be between 1 and --steps (200), got 0"),
+    (["--sync", "local_sgd", "--outer-lr", "0.5"], "--outer-lr needs --sync diloco"),
+    (["--sync", "diloco", "--outer-momentum", "1.0"], "--outer-momentum must be in [0, 1), got 1.0"),
+    (["--sync", "diloco", "--outer-lr", "nan"], "--outer-lr must be a finite number > 0, got nan"),
+    (["--sync", "diloco", "--sync-fragments", "2"], "--sync-fragments 2 needs --sync streaming_diloco"),
+    (["--sync", "diloco", "--failures", "sdc@40:r1"], "'sdc@40:r1' is a host for the diagnosis"),
+])
+def test_bad_sync_flags_exit_2_naming_the_value(tmp_path, capsys, flags, named):
+    from fthsdp.demo.cli import main
+
+    assert main([*flags, "--out", str(tmp_path / "r")]) == 2
+    assert named in capsys.readouterr().err
+    assert not (tmp_path / "r").exists()
+
+
+def test_an_unknown_sync_mode_is_an_argparse_error(capsys):
+    from fthsdp.demo.cli import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["--sync", "gossip"])
+    assert exit_.value.code == 2 and "invalid choice: 'gossip'" in capsys.readouterr().err
+
+
+def test_the_trainers_get_the_mode_in_their_environment_and_the_choices_follow_the_runtime():
+    from fthsdp.demo.cli import parser
+    from fthsdp.demo.run import RunSettings
+    from protos.sync_modes import SYNC_MODES
+
+    base = RunSettings(replicas=4, ranks_per_replica=1, steps=25, seed=0, lr_policy="sqrt")
+    assert base.sync_environment() == {}  # every step: the runtime's default
+    diloco = RunSettings(**{**base.__dict__, "sync_mode": "diloco", "sync_every": 8, "outer_lr": 0.5})
+    assert diloco.sync_environment() == {"FTHSDP_SYNC_MODE": "diloco", "FTHSDP_SYNC_EVERY_STEPS": "8",
+                                         "FTHSDP_OUTER_LR": "0.5"}
+    streaming = RunSettings(**{**diloco.__dict__, "sync_mode": "streaming_diloco", "sync_fragments": 4})
+    assert streaming.sync_environment()["FTHSDP_SYNC_FRAGMENTS"] == "4"
+    assert "4 fragments" in streaming.describe_mode() and "lr 0.5, momentum 0.9" in streaming.describe_mode()
+    [sync] = [a for a in parser()._actions if a.dest == "sync"]
+    assert tuple(sync.choices) == SYNC_MODES  # streaming_diloco is offered once the runtime has it

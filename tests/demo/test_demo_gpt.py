@@ -6,25 +6,17 @@ longer than a killed trainer takes to restart on a loaded machine.
 
 from __future__ import annotations
 
-import json
-import subprocess
-
 import pytest
 
-from tests.demo.test_demo_cli import FTHSDP
+from tests.demo.test_demo_cli import run_demo
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_gpt_demo_recovers_a_killed_sharded_trainer(tmp_path):
-    out = tmp_path / "report"
-    proc = subprocess.run(
-        [FTHSDP, "demo", "--model", "gpt", "--replicas", "2", "--steps", "20", "--step-time-s", "0.25",
-         "--failures", "kill-trainer@6:r1", "--spares", "0", "--heartbeat-timeout-s", "2", "--no-baseline",
-         "--out", str(out), "--timeout-s", "200"],
-        capture_output=True, text=True, timeout=230, check=False)
-    assert proc.returncode == 0, f"{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
-    report = json.loads((out / "report.json").read_text())
+    _, report = run_demo(tmp_path / "report", "--model", "gpt", "--replicas", "2", "--steps", "20", "--step-time-s",
+                         "0.25", "--failures", "kill-trainer@6:r1", "--spares", "0", "--heartbeat-timeout-s", "2",
+                         "--no-baseline", "--timeout-s", "200", timeout_s=230)
     assert all(report["checks"].values()), report["checks"]
     assert report["settings"]["model"] == "gpt" and report["settings"]["ranks_per_replica"] == 2
     assert [(f["kind"], f["replica"], f["detected_by"]) for f in report["failures"]] == \

@@ -151,7 +151,8 @@ def test_build_report_checks_and_baseline_difference():
                                                              "kind": "kill-trainer", "injected_step": 1}],
                        events=EVENTS, wall_s=10.0, detection_bound_s=4.5, baseline=base, baseline_wall_s=8.0)
     assert out["checks"] == {"exactly_once": True, "bitwise_identical": True, "all_failures_detected": True,
-                             "detection_within_bound": True, "all_failures_rejoined": True}
+                             "detection_within_bound": True, "all_failures_rejoined": True,
+                             "identical_after_every_commit": True, "lost_batches_served_again": True}
     assert report.passed(out)
     assert out["accuracy_difference"] == pytest.approx(-0.05)
     assert out["failures"][0]["detection_s"] == pytest.approx(0.4)
@@ -223,3 +224,89 @@ def test_comparison_states_the_seed_band():
     far = report.build(settings={}, main=main, injections=[], events=[], wall_s=1.0, detection_bound_s=1.0,
                        baseline=dict(base, test_accuracy=0.99), baseline_wall_s=1.0, band=band)
     assert far["comparison"]["difference_within_band"] is False
+
+
+# -- semi-synchronous (diloco, H = 2): a sync commits H batches per contributor
+
+def sync_row(replica, n, included, positions, t, pid, behind=False, digest=None, before="", quorum=1):
+    return {"event": "commit", "replica": replica, "rank": 0, "pid": pid, "step": n, "included": included,
+            "positions_before": positions, "t": t, "began": t - 1.0, "behind": behind, "loss": 1.0 / (n + 1),
+            "batches": 2, "before": before, "digest": digest or f"g{n}", "quorum_id": quorum}
+
+
+def inner(replica, n, position, pid, i):
+    return {"event": "trained", "replica": replica, "rank": 0, "pid": pid, "step": n, "position": position,
+            "inner": i, "t": 0.0}
+
+
+def diloco_history():
+    """r1 (pid 11) is killed in inner step 0 of the round before sync 1; its restart (pid 12)
+    trains a round from scratch, catches up at sync 2, then trains the lost batch 2 again."""
+    return [
+        inner("r0", 0, 0, 10, 0), inner("r0", 0, 1, 10, 1), inner("r1", 0, 0, 11, 0), inner("r1", 0, 1, 11, 1),
+        sync_row("r0", 0, ["r0", "r1"], {}, 1.0, 10), sync_row("r1", 0, ["r0", "r1"], {}, 1.0, 11),
+        inner("r0", 1, 2, 10, 0), inner("r1", 1, 2, 11, 0), inner("r0", 1, 3, 10, 1),
+        sync_row("r0", 1, ["r0"], {"r0": 2, "r1": 2}, 2.0, 10, before="g0", quorum=2),
+        inner("r0", 2, 4, 10, 0), inner("r0", 2, 5, 10, 1), inner("r1", 0, 0, 12, 0), inner("r1", 0, 1, 12, 1),
+        sync_row("r0", 2, ["r0"], {"r0": 4, "r1": 2}, 3.0, 10, before="g1", quorum=3),
+        sync_row("r1", 2, ["r0"], {"r0": 4, "r1": 2}, 3.0, 12, behind=True, quorum=3),
+        inner("r0", 3, 6, 10, 0), inner("r0", 3, 7, 10, 1), inner("r1", 3, 2, 12, 0), inner("r1", 3, 3, 12, 1),
+        sync_row("r0", 3, ["r0", "r1"], {"r0": 6, "r1": 2}, 4.0, 10, before="g2", quorum=3),
+        sync_row("r1", 3, ["r0", "r1"], {"r0": 6, "r1": 2}, 4.0, 12, before="g2", quorum=3),
+    ] + [{"event": "done", "replica": r, "rank": 0, "pid": p, "digest": "g3", "step": 4, "test_loss": 0.2,
+          "test_acc": 0.9} for r, p in (("r0", 10), ("r1", 12))]
+
+
+KILL = {"kind": "kill-trainer", "replica": "r1", "pid": 11, "injected_at": 100.0, "injected_step": 1,
+        "moment": "(inner step 1 of 2 before sync 1)"}
+
+
+def test_a_diloco_run_commits_h_batches_per_contributor_and_serves_a_killed_replicas_lost_batches_again():
+    main = report.summary(diloco_history(), R, 1, batch_rows=32, injections=[KILL], every=2)
+    assert main["exactly_once"] and main["identical_after_every_commit"] and main["problems"] == []
+    assert report.samples_by_step(diloco_history(), 32) == {0: 128, 1: 192, 2: 256, 3: 384}  # cumulative
+    assert main["samples_seen"] == 384 and main["history"]["steps"] == 4
+    [landed] = main["landings"]
+    assert landed == {"step": 1, "lost_batches": [2], "served_again": True,
+                      "text": "in inner step 0 of 2 before sync 1: batches 2..2 lost, served again"}
+    out = report.build(settings={}, main=main, injections=[KILL], events=EVENTS, wall_s=1.0, detection_bound_s=1.0,
+                       baseline=None, baseline_wall_s=None, sync={"mode": "diloco", "every_steps": 2, "text": "x"})
+    assert out["checks"]["lost_batches_served_again"] and out["checks"]["identical_after_every_commit"]
+    assert out["failures"][0]["lost_batches"] == [2] and out["sync"]["every_steps"] == 2
+
+
+def test_a_diloco_record_that_skips_the_lost_batch_or_commits_two_states_fails_its_check():
+    skipped = diloco_history()
+    for row in skipped[-4:-2]:  # the last sync reads r1 at 3: batch 2 is never served again
+        row["positions_before"] = {"r0": 6, "r1": 3}
+    main = report.summary(skipped, R, 1, batch_rows=32, injections=[KILL], every=2)
+    assert not main["exactly_once"] and not main["landings"][0]["served_again"]
+    out = report.build(settings={}, main=main, injections=[KILL], events=EVENTS, wall_s=1.0, detection_bound_s=1.0,
+                       baseline=None, baseline_wall_s=None)
+    assert not out["checks"]["lost_batches_served_again"] and not report.passed(out)
+    torn = diloco_history()
+    torn[5]["digest"] = "h0"  # r1 committed sync 0 into another global state than r0 (same quorum)
+    problems = report.identical_after_every_commit(torn)
+    assert problems == ["step 0 (quorum 1) committed into different states: {'r0/0/10': 'g0', 'r1/0/11': 'h0'}"]
+    assert not report.summary(torn, R, 1, every=2)["identical_after_every_commit"]
+
+
+def test_the_states_an_sdc_fault_corrupts_are_left_to_the_diagnosis():
+    rows = diloco_history()
+    for row in rows:
+        if row.get("pid") == 12 and row["event"] == "commit" and row["step"] == 3:
+            row["digest"] = "flipped"  # r1's restarted process corrupts its state after the sdc went live
+    assert report.identical_after_every_commit(rows) != []
+    sdc = {"kind": "sdc", "replica": "r1", "injected_at": 3.5}  # pid 12 ran before it (t = 3.0)
+    assert report.corrupting(rows, [sdc]) == {("r1", 11), ("r1", 12)}
+    assert report.identical_after_every_commit(rows, [sdc]) == []
+    assert report.identical_after_every_commit(rows, [{**sdc, "kind": "hang"}]) != []
+
+
+def test_each_mode_and_h_is_compared_with_its_own_band():
+    assert report.band_path() == report.BAND_FILE
+    assert report.band_path("diloco", 8).name == "baseline_band_diloco_h8.json"
+    band = report.band_view({"config": {"replicas": 4, "steps": 200, "sync_mode": "diloco", "sync_every": 8},
+                             "seeds": [0, 1, 2], "test_accuracy": [0.94, 0.95, 0.96], "measured_with": ""},
+                            {"replicas": 4, "steps": 200, "sync_mode": "diloco", "sync_every": 4})
+    assert not band["applies"]  # measured for H = 8, not 4

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from fthsdp.demo.schedule import Failure, ScheduleError, default_text, parse
+from fthsdp.demo.schedule import Failure, ScheduleError, default_text, moment, parse, placement
 
 
 @pytest.mark.parametrize("text, expected", [
@@ -50,3 +50,29 @@ def test_no_spares_means_no_agent_kills():
 def test_default_schedule_fits_the_run(replicas, steps, spares, text):
     assert default_text(replicas=replicas, steps=steps, spares=spares) == text
     assert parse(text, replicas=replicas, steps=steps, spares=spares)
+
+
+@pytest.mark.parametrize("replicas, steps, spares, every, text", [
+    (4, 200, 1, 8, "kill-agent@48:r2,kill-trainer@132:r1"),  # the host in sync 5, the trainer mid-round
+    (3, 96, 1, 8, "kill-agent@24:r2,kill-trainer@60:r1"),
+    (4, 200, 0, 8, "kill-trainer@52:r1"),
+    (4, 16, 1, 8, "kill-agent@8:r2,kill-trainer@12:r1"),
+    (4, 10, 1, 8, "kill-trainer@4:r1"),  # no sync before the trainer's round: the host is left out
+    (4, 200, 1, 2, "kill-agent@50:r2,kill-trainer@131:r1"),
+])
+def test_semi_synchronous_default_kills_a_host_in_a_sync_and_a_trainer_between_syncs(replicas, steps, spares,
+                                                                                     every, text):
+    assert default_text(replicas=replicas, steps=steps, spares=spares, every=every) == text
+    failures = parse(text, replicas=replicas, steps=steps, spares=spares)
+    assert [placement(f.at_step, every)[1] == 0 for f in failures] == [f.kind == "kill-agent" for f in failures]
+
+
+@pytest.mark.parametrize("step, every, where, words", [
+    (52, 8, (6, 4), "(inner step 4 of 8 before sync 6)"),
+    (48, 8, (5, 0), "(during sync 5)"),
+    (8, 8, (0, 0), "(during sync 0)"),
+    (1, 8, (0, 1), "(inner step 1 of 8 before sync 0)"),
+    (40, 1, (40, 0), "(during sync 40)"),  # every step is a sync
+])
+def test_placement_of_a_failure_in_a_round_or_a_sync(step, every, where, words):
+    assert placement(step, every) == where and moment(step, every) == words

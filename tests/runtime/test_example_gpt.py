@@ -1,9 +1,13 @@
-"""examples/train_gpt.py as users launch it: one replica by torchrun, one by an agent, FSDP2 in each.
+"""examples/train_gpt.py as users launch it: one replica by torchrun, one by an agent, FSDP2 in each,
+switched to DiLoCo by configuration alone.
 
 Both replicas are 2 ranks sharding the transformer with FSDP2 over Gloo; they meet at the
-same controller and all-reduce their gradient shards over FTAR. At the end rank k of one
-replica holds exactly what rank k of the other holds, and the job is COMPLETED. Run from their
-own working directory with the example's defaults, they write a durable checkpoint beside it.
+same controller (--sync-mode diloco --sync-every 2; the trainers' FTHSDP_SYNC_* say the same)
+every 2 training steps and all-reduce their pseudo-gradient shards over FTAR. At the end rank k
+of one replica holds exactly what rank k of the other holds (the global state), and the job is
+COMPLETED. Run from their own working directory with the example's defaults, they write a
+durable checkpoint beside it. The example's synchronous runs: tests/runtime/test_endings_*.py,
+test_cluster_endings.py, test_example_defaults.py and README's torchrun line (tests/docs).
 """
 
 from __future__ import annotations
@@ -21,16 +25,20 @@ from tests.runtime.cluster import FTHSDP, PYTHON, REPO
 from tests.runtime.test_torchrun import TORCHRUN, two_free_ports
 
 pytestmark = pytest.mark.slow
-STEPS = 5
+STEPS = 5  # training steps: 3 syncs of H = 2
+H = 2
+SYNCS = 3
 
 
 @pytest.mark.timeout(300)
 def test_one_replica_under_torchrun_and_one_under_an_agent_train_the_example_alike(tmp_path, controller_process):
-    ctl = controller_process("--replicas", "2", "--min-replicas", "1", "--join-timeout-s", "60", "--job-id", "gpt")
+    ctl = controller_process("--replicas", "2", "--min-replicas", "1", "--join-timeout-s", "60", "--job-id", "gpt",
+                             "--sync-mode", "diloco", "--sync-every", str(H))
     base = {k: v for k, v in os.environ.items() if not k.startswith("FTHSDP_")
             and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
     # the agent hands the job secret to its trainers; torchrun's trainers read it themselves
-    base.update({"FTHSDP_CONTROLLER": ctl.grpc, "FTHSDP_JOB_ID": "gpt", "PYTHONPATH": str(REPO), **trainer_secret.ENV})
+    base.update({"FTHSDP_CONTROLLER": ctl.grpc, "FTHSDP_JOB_ID": "gpt", "PYTHONPATH": str(REPO), **trainer_secret.ENV,
+                 "FTHSDP_SYNC_MODE": "diloco", "FTHSDP_SYNC_EVERY_STEPS": str(H)})
     script = [str(REPO / "examples/train_gpt.py"), "--steps", str(STEPS), "--out", str(tmp_path)]
     with open(tmp_path / "torchrun.log", "w") as t_log, open(tmp_path / "agent.log", "w") as a_log:
         torchrun = subprocess.Popen(
@@ -52,7 +60,8 @@ def test_one_replica_under_torchrun_and_one_under_an_agent_train_the_example_ali
 
     ends = {(r["replica"], r["rank"]): r for r in (json.loads(p.read_text()) for p in tmp_path.glob("r*-*.json"))}
     assert sorted(ends) == [("r0", 0), ("r0", 1), ("r1", 0), ("r1", 1)]
-    assert {r["step"] for r in ends.values()} == {STEPS}
+    assert {r["step"] for r in ends.values()} == {SYNCS}  # manager.step counts syncs
+    assert {tuple(r["committed"]) for r in ends.values()} == {tuple(range(SYNCS))}
     for rank in (0, 1):  # the shards are equal rank by rank (and differ between the ranks)
         assert ends[("r0", rank)]["digest"] == ends[("r1", rank)]["digest"]
     assert ends[("r0", 0)]["digest"] != ends[("r0", 1)]["digest"]
@@ -61,5 +70,5 @@ def test_one_replica_under_torchrun_and_one_under_an_agent_train_the_example_ali
     assert job["job_state"] == "COMPLETED"
     # safe by default: a checkpoint beside the run (a run shorter than the period: at its end),
     # and the controller knew the job had one
-    assert (tmp_path / "fthsdp-checkpoints" / "gpt" / f"step-{STEPS:010d}" / "COMPLETE").is_file()
+    assert (tmp_path / "fthsdp-checkpoints" / "gpt" / f"step-{SYNCS:010d}" / "COMPLETE").is_file()
     assert job["durable_checkpoint"] is True and job["checkpoint_warning"] == ""

@@ -97,6 +97,8 @@ async def test_status_page_shows_the_live_job(controller_process, browser, tmp_p
         assert chart[0] >= 0.98 * chart[1] and abs(chart[2] - chart[0]) <= 2, chart
         assert chart[3][0] == "0" and len(chart[3]) >= 2 and chart[4] == ["0", "1", "2", "3"] and chart[5] == 3, chart
         assert (await in_browser(browser.evaluate, "document.getElementById('healthy').textContent")) == "2 / 3"
+        assert (await in_browser(browser.evaluate, "document.getElementById('sync-mode').textContent")) == \
+            "every step (sync)"  # the default mode; tests/ui/test_status_page_sync_mode.py shows another
         assert "%" in await in_browser(browser.evaluate, "document.getElementById('ett').textContent")
         quorum = await in_browser(browser.evaluate, "document.getElementById('quorum').textContent")
         assert "r0, r1" in quorum and "r2" not in quorum

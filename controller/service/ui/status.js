@@ -100,6 +100,15 @@ function withoutSubject(message, noun, subject) {
 // A step number: -1 (nothing committed yet) reads "none yet".
 function stepText(step) { return step < 0 ? "none yet" : String(step); }
 
+// How the replicas meet (the job's sync_mode): every step, or every sync_every_steps inner steps,
+// when a step of the protocol (the committed step, the step rate) is one sync.
+function semiSynchronous(job) { return (job.sync_mode || "sync") !== "sync"; }
+
+function syncText(job) {
+  if (!semiSynchronous(job)) return "every step (sync)";
+  return job.sync_mode + ": a sync every " + job.sync_every_steps + " inner steps";
+}
+
 // RUNNING while no replica can make progress: FAILING, FAILED when its countdown ends.
 function shownState(job) { return job.job_state === "RUNNING" && job.failing ? "FAILING" : job.job_state; }
 
@@ -131,6 +140,11 @@ function renderJob(job) {
   $("job-state").className = "state state-" + state;
   $("job-reason").replaceChildren(...withShortIds(jobReason(job)));
   $("committed-step").textContent = stepText(job.committed_step);
+  const semi = semiSynchronous(job);
+  $("committed-label").textContent = semi ? "committed sync" : "committed step";
+  $("step-rate-label").textContent = semi ? "syncs / s" : "steps / s";
+  $("sync-mode").textContent = syncText(job);
+  $("sync-mode").dataset.mode = job.sync_mode || "sync";
   const running = job.job_state === "RUNNING";
   $("healthy-label").textContent = running ? "healthy replicas" : "finished replicas";
   $("healthy").textContent = (running ? job.replicas_healthy : job.replicas_finished) + " / " + job.replicas_total;
