@@ -7,8 +7,13 @@ Each seed is one job (3 replicas x 2 ranks, a warm spare, two controllers on a r
 agents supervising the demo's trainers) with the seed's fault schedule (tests/chaos/
 schedule.py) carried out by tests/chaos/executor.py and checked by tests/chaos/invariants.py.
 Prints one JSON line per seed (FIELDS: seed, schedule, violations, faults, wall_s, injections,
-logs, and the invariants' numbers), then a summary line (SUMMARY_FIELDS): seeds, violations
-(their total count), failed_seeds, faults_by_kind, faults, wall_s. Exit status 1
+trainer_errors, swaps, timeline, logs, and the invariants' numbers), then a summary line
+(SUMMARY_FIELDS): seeds, violations (their total count), failed_seeds, faults_by_kind, faults,
+wall_s. A seed's line explains itself (tests/chaos/explain.py): `trainer_errors` holds every
+trainer traceback (at_s from the run's start, host, trainer, text, where it was raised, the
+exception it was handling, the agent's word on the trainer after it), `swaps` every swap and
+cordon with its reason, and `timeline` one short line per fault action, death, swap, cordon,
+leader, rollback and trainer error, in order. Exit status 1
 when any seed has a violation. Runs go one after another (the machine has few cores);
 their logs go to --keep (default: a temporary folder removed after each seed that passed).
 
@@ -32,7 +37,7 @@ from collections import Counter
 from dataclasses import replace
 from pathlib import Path
 
-from tests.chaos import net_kinds
+from tests.chaos import explain, net_kinds
 from tests.chaos.executor import ChaosRun
 from tests.chaos.invariants import check
 from tests.chaos.network import Network
@@ -40,7 +45,8 @@ from tests.chaos.schedule import ChaosSettings, make_schedule, parse_seeds
 
 #: the fields of each seed's JSON line (`python -m bench.chaos --json`) and their types
 FIELDS = {"seed": int, "schedule": list[str], "violations": list[str], "faults": dict, "wall_s": float,
-          "injections": list[dict], "logs": str}
+          "injections": list[dict], "trainer_errors": list[dict], "swaps": list[dict], "timeline": list[str],
+          "logs": str}
 #: the fields of the last line, the summary
 SUMMARY_FIELDS = {"summary": bool, "seeds": int, "violations": int, "failed_seeds": list[int], "faults_by_kind": dict,
                   "faults": int, "wall_s": float}
@@ -62,17 +68,27 @@ def run_network_seed(seed: int, settings: "net_kinds.NetSettings", workdir: Path
             net.add(name)
         recorded = ChaosRun(workdir, settings, schedule, seed, net=net).run()
         faults = [r.to_json() for r in net.faults.records]
-    line = _line(seed, schedule, recorded, check(recorded, settings))
+    line = _line(seed, schedule, recorded, check(recorded, settings), faults)
     line.update(figures=net_kinds.figures(recorded, settings), network_faults=faults)
     return line
 
 
-def _line(seed: int, schedule, recorded, verdict) -> dict:
+def _line(seed: int, schedule, recorded, verdict, network_faults: list[dict] = ()) -> dict:
     return {"seed": seed, "schedule": [f.describe() for f in schedule], "violations": verdict.violations,
             **{k: val for k, val in verdict.stats.items() if k != "seed"},
             "injections": [{"kind": i.kind, "replicas": i.replicas, "hosts": i.hosts, "detail": i.detail,
-                            "settle_s": None if i.settled_at is None else round(i.settled_at - i.at, 2)}
-                           for i in recorded.injections]}
+                            "settle_s": None if i.settled_at is None else round(i.settled_at - i.at, 2),
+                            **({"observed": i.observed} if i.observed else {})}
+                           for i in recorded.injections],
+            "trainer_errors": [_since(e.to_json(), recorded.started_at) for e in recorded.trainer_errors],
+            "swaps": [_since(row, recorded.started_at) for row in explain.swaps(recorded.events)],
+            "timeline": explain.timeline(recorded, recorded.trainer_errors, network_faults)}
+
+
+def _since(row: dict, started_at: float) -> dict:
+    """`row` with its epoch `at` as seconds from the run's start (the timeline's clock)."""
+    at = row.pop("at")
+    return {"at_s": None if at is None else round(at - started_at, 2), **row}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -34,6 +34,7 @@ from fthsdp.demo.data import prepare
 from fthsdp.demo.run import RunSettings, load_rows
 from protos import job_secret
 from tests.chaos import composed, net_kinds
+from tests.chaos.explain import TrainerError, trainer_errors
 from tests.chaos.schedule import ChaosSettings, Fault, stop_past_the_timeouts
 from tests.chaos.leadership import leadership_lines
 from tests.etcd_server import EtcdServer
@@ -61,6 +62,7 @@ class Injection:
     controller_killed_at: float | None = None  # when it SIGKILLed (or cut off) the active controller
     controller: str = ""                   # ...and that controller's name
     quiet_after: float | None = None       # no death of what it touched may follow this (swap_then_kill_controller)
+    observed: dict = field(default_factory=dict)  # what a fault that expects an answer saw (skewed_host: the agent's)
 
 
 @dataclass
@@ -76,6 +78,7 @@ class Recorded:
     error: str = ""
     leadership: dict[str, list[dict]] = field(default_factory=dict)  # controller -> its leader events, from its log
     leftover: list[str] = field(default_factory=list)  # processes still running once the run stopped everything
+    trainer_errors: list = field(default_factory=list)  # tests/chaos/explain.py TrainerError, from the agents' logs
 
     def to_json(self) -> dict:
         return {"seed": self.seed, "injections": [asdict(i) for i in self.injections], "skipped": self.skipped,
@@ -227,7 +230,15 @@ class ChaosRun:
             leftover = self._leftover()
         return Recorded(self.seed, load_rows(self.records), sorted(self.events.values(), key=lambda e: e["at"]),
                         injections, skipped, finished, started, time.time(), error,
-                        {c.name: leadership_lines(c.log_path) for c in self.controllers}, leftover)
+                        {c.name: leadership_lines(c.log_path) for c in self.controllers}, leftover,
+                        self._trainer_errors())
+
+    def _trainer_errors(self) -> list[TrainerError]:
+        """Every trainer traceback in the agents' logs (each agent copies its trainers' stderr)."""
+        found = []
+        for log in sorted(self.workdir.glob("agent-*.log")):
+            found += trainer_errors(log.read_text(errors="replace"), log.stem.removeprefix("agent-"))
+        return sorted(found, key=lambda e: e.at or 0.0)
 
     def _leftover(self) -> list[str]:
         """On a network: the processes still in its namespaces once everything was stopped
