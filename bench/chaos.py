@@ -20,9 +20,12 @@ their logs go to --keep (default: a temporary folder removed after each seed tha
 --network runs each seed on a test network (tests/chaos/network.py: etcd, two controllers and
 every host in network namespaces of their own, joined by a bridge) with the seed's network
 faults instead (tests/chaos/net_kinds.py: a host partitioned, cut from its peers or from the
-controllers, the leader cut from etcd, a lossy, a capped and a slow host; 2 replicas x 1 rank, each
-fault lasting --fault-s); each seed's line carries `figures` per fault (time to exclude the
-cut replica, its time back after healing, survivors' stall, steps it missed).
+controllers, the leader cut from etcd, a lossy, a capped and a slow host, a host joining with its
+clock skewed beyond or within the 300 s registration window; 2 replicas x 1 rank, each fault
+lasting --fault-s); each seed's line carries `figures` per fault (time to exclude the cut
+replica, its time back after healing, survivors' stall, steps it missed), and the skewed hosts'
+outcomes as `skew_refused` (beyond the window: refused naming the skew, as expected) and
+`skew_within_stayed`. Controllers check every caller's proof with the run's job secret.
 """
 
 from __future__ import annotations

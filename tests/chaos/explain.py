@@ -57,6 +57,7 @@ class TrainerError:
     trainer: str         # "r2/0" (replica/rank) or the agent's slot label
     text: str            # the last line: "OSError: [Errno 98] Address already in use"
     where: str           # its innermost frame: "fthsdp/step/client.py:158 in receive"
+    called_from: str = ""  # raised outside this repository (torch): the innermost frame of ours
     cause: str = ""      # the first exception of a chain and its frame, "" when not chained
     ended: str = ""      # the agent's line about the trainer that followed it (its exit, its stop)
 
@@ -65,6 +66,7 @@ class TrainerError:
 
     def describe(self) -> str:
         line = f"{self.host} {self.trainer}: {self.text} at {self.where}"
+        line += f" (called from {self.called_from})" if self.called_from else ""
         return line + (f", while handling {self.cause}" if self.cause else "")
 
 
@@ -73,22 +75,33 @@ def _stamp(line: str) -> float | None:
     return datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp() if m else None
 
 
+_OURS = ("fthsdp/", "controller/", "agent/", "ftar_kernels/", "protos/", "tests/", "bench/")
+
+
 def _short_path(path: str) -> str:
-    """A repository file as its path from the repository (`fthsdp/x.py`), others as they are."""
-    for top in ("/fthsdp/", "/controller/", "/agent/", "/ftar_kernels/", "/protos/", "/tests/", "/bench/"):
-        i = path.rfind(top)
-        if i >= 0 and "site-packages" not in path:
+    """A repository file as its path from the repository (`fthsdp/x.py`), an installed one from
+    its site-packages (`torch/distributed/x.py`), others as they are."""
+    if "site-packages/" in path:
+        return path.rsplit("site-packages/", 1)[1]
+    for top in _OURS:
+        i = path.rfind("/" + top)
+        if i >= 0:
             return path[i + 1:]
     return path
 
 
+def _ours(frame: str) -> bool:
+    return frame.startswith(_OURS)
+
+
 @dataclass
 class _Block:
-    """A traceback being read: its chain of (exception line, innermost frame)."""
+    """A traceback being read: its chain of (exception line, innermost frame, innermost of ours)."""
     start: int
-    chain: list[tuple[str, str]]
+    chain: list[tuple[str, str, str]]
     last: int = 0          # the index of its last line so far
     frame: str = ""
+    our_frame: str = ""
     reading: bool = True   # inside a "Traceback ..." section (frames, then the exception line)
     chained: bool = False  # a "During handling ..." line came after its last exception line
 
@@ -117,7 +130,7 @@ def trainer_errors(log: str, host: str) -> list[TrainerError]:
                 block = None
             if block is None:
                 block = open_blocks[trainer] = _Block(i, [])
-            block.reading, block.chained, block.frame, block.last = True, False, "", i
+            block.reading, block.chained, block.frame, block.our_frame, block.last = True, False, "", "", i
             continue
         if block is None:
             continue
@@ -129,8 +142,9 @@ def trainer_errors(log: str, host: str) -> list[TrainerError]:
         frame = _FRAME.match(text)
         if frame and block.reading:
             block.frame = f"{_short_path(frame.group('path'))}:{frame.group('line')} in {frame.group('func')}"
+            block.our_frame = block.frame if _ours(block.frame) else block.our_frame
         elif block.reading and text and not text[0].isspace():
-            block.chain.append((text.strip(), block.frame))
+            block.chain.append((text.strip(), block.frame, "" if _ours(block.frame) else block.our_frame))
             block.reading = False  # what follows is a link of a chain, or the end
     done += list(open_blocks.items())
     out = []
@@ -138,13 +152,13 @@ def trainer_errors(log: str, host: str) -> list[TrainerError]:
         end = block.last
         if not block.chain:
             continue
-        text, where = block.chain[-1]
-        first_text, first_where = block.chain[0]
+        text, where, called_from = block.chain[-1]
+        first_text, first_where, _ = block.chain[0]
         cause = f"{_clip(first_text)} at {first_where}" if len(block.chain) > 1 else ""
         ended, at = _ended(lines, end, host, trainer)
         if at is None:
             at = next((t for j, t in reversed(last_stamp) if j <= end), None)
-        out.append(TrainerError(at, host, trainer, _clip(text), where, cause, ended))
+        out.append(TrainerError(at, host, trainer, _clip(text), where, called_from, cause, ended))
     return out
 
 
@@ -185,8 +199,6 @@ def timeline(rec: "Recorded", errors: list[TrainerError], faults: list[dict] = (
         if inj.done_at is not None and inj.done_at > inj.at:
             add(inj.done_at, f"fault {inj.scheduled} done: {'; '.join(inj.detail[1:]) or 'its last action'}", 0)
         add(inj.settled_at, f"fault {inj.scheduled} settled: every replica HEALTHY again", 2)
-        if inj.observed:
-            add(inj.done_at or inj.at, f"fault {inj.scheduled} observed: {inj.observed}", 0)
     for f in faults:
         add(f.get("began_at"), f"network: {f['detail']}", 0)
         add(f.get("ended_at"), f"network: healed {f['detail']}", 0)

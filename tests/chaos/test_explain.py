@@ -63,6 +63,12 @@ def test_a_chained_traceback_gives_what_was_raised_where_and_what_it_was_handlin
 def test_a_log_without_tracebacks_has_no_errors_and_a_cut_off_one_still_counts():
     warnings_only = "\n".join(line for line in CHAINED.splitlines() if "WARNING" in line or "INFO" in line)
     assert trainer_errors(warnings_only, "h0") == []
+    torch = ("[h1 r1/0] Traceback (most recent call last):\n"
+             "[h1 r1/0]   File \"/w/fthsdp/sync/gradients.py\", line 40, in reduce\n"
+             "[h1 r1/0]   File \"/w/.venv/lib/python3.11/site-packages/torch/distributed/c10d.py\", line 9, in wait\n"
+             "[h1 r1/0] RuntimeError: Connection reset by peer")
+    (err,) = trainer_errors(torch, "h1")
+    assert (err.where, err.called_from) == ("torch/distributed/c10d.py:9 in wait", "fthsdp/sync/gradients.py:40 in reduce")
     cut = "[h1 r1/0] Traceback (most recent call last):\n[h1 r1/0]   File \"/a/fthsdp/x.py\", line 3, in f\n" \
           "[h1 r1/0] RuntimeError: boom"
     (err,) = trainer_errors(cut, "h1")
@@ -91,7 +97,7 @@ def test_swaps_and_cordons_keep_their_reasons_and_the_timeline_tells_the_run_in_
                     done_at=t0 + 3.0, settled_at=t0 + 9.2)
     rec = Recorded(1, [], events, [inj], [], True, t0, t0 + 20.0)
     (err,) = trainer_errors(CHAINED, "h0")[1:]
-    err = type(err)(t0 + 7.0, "spare0", "r2/0", err.text, err.where)
+    err = type(err)(t0 + 7.0, "spare0", "r2/0", err.text, err.where, called_from="fthsdp/x.py:3 in dial")
 
     assert [(s["kind"], s["host"]) for s in swaps(events)] == [("cordon", "h2"), ("swap", "h2")]
     assert "agent silent" in swaps(events)[1]["reason"]
@@ -103,7 +109,7 @@ def test_swaps_and_cordons_keep_their_reasons_and_the_timeline_tells_the_run_in_
         "+6.2s swap: host spare0 takes replica r2 ranks 0,1 from host h2 (spare spare0 is the first free one): "
         "agent silent for 3.2s (limit 3s)",
         "+7.0s trainer error spare0 r2/0: OSError: [Errno 113] No route to host at "
-        "/usr/lib/python3.12/socket.py:836 in create_connection",
+        "/usr/lib/python3.12/socket.py:836 in create_connection (called from fthsdp/x.py:3 in dial)",
         "+9.0s replica: replica r2 became HEALTHY",
         "+9.2s fault kill_host:r2 settled: every replica HEALTHY again",
     ]
