@@ -13,7 +13,9 @@ wall_s. A seed's line explains itself (tests/chaos/explain.py): `trainer_errors`
 trainer traceback (at_s from the run's start, host, trainer, text, where it was raised, the
 exception it was handling, the agent's word on the trainer after it), `swaps` every swap and
 cordon with its reason, and `timeline` one short line per fault action, death, swap, cordon,
-leader, rollback and trainer error, in order. Exit status 1
+leader, rollback and trainer error, in order; `unexplained_moves` names each cordon or swap of
+a host that no fault was aimed at (not a violation: a restart budget spent is replaced by
+design), and such a seed keeps its logs as a failed one does. Exit status 1
 when any seed has a violation. Runs go one after another (the machine has few cores);
 their logs go to --keep (default: a temporary folder removed after each seed that passed).
 
@@ -125,7 +127,8 @@ def main(argv: list[str] | None = None) -> int:
         base = args.keep or Path(tempfile.mkdtemp(prefix=f"fthsdp-chaos-{seed}-"))
         workdir = base / f"seed-{seed}"
         line = run_seed(seed, settings, workdir)
-        line["logs"] = str(workdir) if args.keep or line["violations"] else ""
+        kept = args.keep or line["violations"] or line.get("unexplained_moves")
+        line["logs"] = str(workdir) if kept else ""
         print(json.dumps(line), flush=True)
         kinds.update(line["faults"])
         for row in line.get("figures", ()):
@@ -136,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
         violations += len(line["violations"])
         if line["violations"]:
             failed.append(seed)
-        elif not args.keep:
+        if not kept:
             shutil.rmtree(base, ignore_errors=True)
     print(json.dumps({"summary": True, "seeds": len(seeds), "violations": violations, "failed_seeds": failed,
                       "faults_by_kind": dict(sorted(kinds.items())), "faults": sum(kinds.values()),

@@ -222,3 +222,23 @@ def test_a_skewed_host_is_refused_by_name_beyond_the_window_and_stays_within_it(
         assert verdict.stats["skew_refused"] + verdict.stats["skew_within_stayed"] == 1
     else:
         assert len(verdict.violations) >= 1 and found in verdict.violations[0], verdict.violations
+
+
+def test_a_spare_moved_off_with_no_fault_aimed_at_it_is_named_but_not_a_violation():
+    rec = run_with_a_leader_kill()
+    rec.injections.append(Injection("kill_host", "kill_host:r2", T0 + 5.0, 5, ["r2"], ["h2"], ["SIGKILL host h2"],
+                                    done_at=T0 + 5.0, settled_at=T0 + 6.0))
+    rec.events += [
+        {"at": T0 + 5.4, "kind": "host_death", "subject": "h2", "cause": "heartbeat", "message": "host h2 died"},
+        {"at": T0 + 5.4, "kind": "death", "subject": "r2", "cause": "host", "message": "r2 became DEAD"},
+        {"at": T0 + 5.5, "kind": "cordon", "subject": "h2", "cause": "", "message": "host h2 cordoned: agent silent"},
+        {"at": T0 + 5.9, "kind": "replica", "subject": "r2", "cause": "", "message": "replica r2 became HEALTHY"},
+        {"at": T0 + 8.5, "kind": "cordon", "subject": "spare0", "cause": "",
+         "message": "host spare0 cordoned: restart budget exhausted: 3 replica restart(s) in the last 300 s, budget 3"},
+    ]
+    rec.events.sort(key=lambda e: e["at"])
+    verdict = check(rec, S)
+    assert verdict.violations == []
+    assert verdict.stats["unexplained_moves"] == [
+        "+8.5s cordon of host spare0, which no fault was aimed at: host spare0 cordoned: restart budget exhausted: "
+        "3 replica restart(s) in the last 300 s, budget 3"]
