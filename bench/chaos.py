@@ -7,17 +7,27 @@ Each seed is one job (3 replicas x 2 ranks, a warm spare, two controllers on a r
 agents supervising the demo's trainers) with the seed's fault schedule (tests/chaos/
 schedule.py) carried out by tests/chaos/executor.py and checked by tests/chaos/invariants.py.
 Prints one JSON line per seed (FIELDS: seed, schedule, violations, faults, wall_s, injections,
-logs, and the invariants' numbers), then a summary line (SUMMARY_FIELDS): seeds, violations
-(their total count), failed_seeds, faults_by_kind, faults, wall_s. Exit status 1
+trainer_errors, swaps, timeline, logs, and the invariants' numbers), then a summary line
+(SUMMARY_FIELDS): seeds, violations (their total count), failed_seeds, faults_by_kind, faults,
+wall_s. A seed's line explains itself (tests/chaos/explain.py): `trainer_errors` holds every
+trainer traceback (at_s from the run's start, host, trainer, text, where it was raised, the
+exception it was handling, the agent's word on the trainer after it), `swaps` every swap and
+cordon with its reason, and `timeline` one short line per fault action, death, swap, cordon,
+leader, rollback and trainer error, in order; `unexplained_moves` names each cordon or swap of
+a host that no fault was aimed at (not a violation: a restart budget spent is replaced by
+design), and such a seed keeps its logs as a failed one does. Exit status 1
 when any seed has a violation. Runs go one after another (the machine has few cores);
 their logs go to --keep (default: a temporary folder removed after each seed that passed).
 
 --network runs each seed on a test network (tests/chaos/network.py: etcd, two controllers and
 every host in network namespaces of their own, joined by a bridge) with the seed's network
 faults instead (tests/chaos/net_kinds.py: a host partitioned, cut from its peers or from the
-controllers, the leader cut from etcd, a lossy, a capped and a slow host; 2 replicas x 1 rank, each
-fault lasting --fault-s); each seed's line carries `figures` per fault (time to exclude the
-cut replica, its time back after healing, survivors' stall, steps it missed).
+controllers, the leader cut from etcd, a lossy, a capped and a slow host, a host joining with its
+clock skewed beyond or within the 300 s registration window; 2 replicas x 1 rank, each fault
+lasting --fault-s); each seed's line carries `figures` per fault (time to exclude the cut
+replica, its time back after healing, survivors' stall, steps it missed), and the skewed hosts'
+outcomes as `skew_refused` (beyond the window: refused naming the skew, as expected) and
+`skew_within_stayed`. Controllers check every caller's proof with the run's job secret.
 """
 
 from __future__ import annotations
@@ -32,7 +42,7 @@ from collections import Counter
 from dataclasses import replace
 from pathlib import Path
 
-from tests.chaos import net_kinds
+from tests.chaos import explain, net_kinds
 from tests.chaos.executor import ChaosRun
 from tests.chaos.invariants import check
 from tests.chaos.network import Network
@@ -40,7 +50,8 @@ from tests.chaos.schedule import ChaosSettings, make_schedule, parse_seeds
 
 #: the fields of each seed's JSON line (`python -m bench.chaos --json`) and their types
 FIELDS = {"seed": int, "schedule": list[str], "violations": list[str], "faults": dict, "wall_s": float,
-          "injections": list[dict], "logs": str}
+          "injections": list[dict], "trainer_errors": list[dict], "swaps": list[dict], "timeline": list[str],
+          "logs": str}
 #: the fields of the last line, the summary
 SUMMARY_FIELDS = {"summary": bool, "seeds": int, "violations": int, "failed_seeds": list[int], "faults_by_kind": dict,
                   "faults": int, "wall_s": float}
@@ -62,17 +73,27 @@ def run_network_seed(seed: int, settings: "net_kinds.NetSettings", workdir: Path
             net.add(name)
         recorded = ChaosRun(workdir, settings, schedule, seed, net=net).run()
         faults = [r.to_json() for r in net.faults.records]
-    line = _line(seed, schedule, recorded, check(recorded, settings))
+    line = _line(seed, schedule, recorded, check(recorded, settings), faults)
     line.update(figures=net_kinds.figures(recorded, settings), network_faults=faults)
     return line
 
 
-def _line(seed: int, schedule, recorded, verdict) -> dict:
+def _line(seed: int, schedule, recorded, verdict, network_faults: list[dict] = ()) -> dict:
     return {"seed": seed, "schedule": [f.describe() for f in schedule], "violations": verdict.violations,
             **{k: val for k, val in verdict.stats.items() if k != "seed"},
             "injections": [{"kind": i.kind, "replicas": i.replicas, "hosts": i.hosts, "detail": i.detail,
-                            "settle_s": None if i.settled_at is None else round(i.settled_at - i.at, 2)}
-                           for i in recorded.injections]}
+                            "settle_s": None if i.settled_at is None else round(i.settled_at - i.at, 2),
+                            **({"observed": i.observed} if i.observed else {})}
+                           for i in recorded.injections],
+            "trainer_errors": [_since(e.to_json(), recorded.started_at) for e in recorded.trainer_errors],
+            "swaps": [_since(row, recorded.started_at) for row in explain.swaps(recorded.events)],
+            "timeline": explain.timeline(recorded, recorded.trainer_errors, network_faults)}
+
+
+def _since(row: dict, started_at: float) -> dict:
+    """`row` with its epoch `at` as seconds from the run's start (the timeline's clock)."""
+    at = row.pop("at")
+    return {"at_s": None if at is None else round(at - started_at, 2), **row}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -106,7 +127,8 @@ def main(argv: list[str] | None = None) -> int:
         base = args.keep or Path(tempfile.mkdtemp(prefix=f"fthsdp-chaos-{seed}-"))
         workdir = base / f"seed-{seed}"
         line = run_seed(seed, settings, workdir)
-        line["logs"] = str(workdir) if args.keep or line["violations"] else ""
+        kept = args.keep or line["violations"] or line.get("unexplained_moves")
+        line["logs"] = str(workdir) if kept else ""
         print(json.dumps(line), flush=True)
         kinds.update(line["faults"])
         for row in line.get("figures", ()):
@@ -117,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
         violations += len(line["violations"])
         if line["violations"]:
             failed.append(seed)
-        elif not args.keep:
+        if not kept:
             shutil.rmtree(base, ignore_errors=True)
     print(json.dumps({"summary": True, "seeds": len(seeds), "violations": violations, "failed_seeds": failed,
                       "faults_by_kind": dict(sorted(kinds.items())), "faults": sum(kinds.values()),

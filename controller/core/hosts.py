@@ -383,7 +383,8 @@ class HostRegistry:
                              version=spare.assignment_version)
         self.swaps += 1
         self._writes.mark(REPLICAS)
-        why = f"host {spare.host_id} takes {a.describe()} from host {failed.host_id} ({choice.reason})"
+        because = failed.cordon_reason if failed.cordoned else f"host {failed.host_id} is {failed.state.name}"
+        why = f"host {spare.host_id} takes {a.describe()} from host {failed.host_id} ({choice.reason}): {because}"
         self._announce(now, "swap", failed.host_id, why)
         self.announce_orders(first, now)
         return why

@@ -34,6 +34,7 @@ from fthsdp.demo.data import prepare
 from fthsdp.demo.run import RunSettings, load_rows
 from protos import job_secret
 from tests.chaos import composed, net_kinds
+from tests.chaos.explain import TrainerError, trainer_errors
 from tests.chaos.schedule import ChaosSettings, Fault, stop_past_the_timeouts
 from tests.chaos.leadership import leadership_lines
 from tests.etcd_server import EtcdServer
@@ -61,6 +62,7 @@ class Injection:
     controller_killed_at: float | None = None  # when it SIGKILLed (or cut off) the active controller
     controller: str = ""                   # ...and that controller's name
     quiet_after: float | None = None       # no death of what it touched may follow this (swap_then_kill_controller)
+    observed: dict = field(default_factory=dict)  # what a fault that expects an answer saw (skewed_host: the agent's)
 
 
 @dataclass
@@ -76,6 +78,7 @@ class Recorded:
     error: str = ""
     leadership: dict[str, list[dict]] = field(default_factory=dict)  # controller -> its leader events, from its log
     leftover: list[str] = field(default_factory=list)  # processes still running once the run stopped everything
+    trainer_errors: list = field(default_factory=list)  # tests/chaos/explain.py TrainerError, from the agents' logs
 
     def to_json(self) -> dict:
         return {"seed": self.seed, "injections": [asdict(i) for i in self.injections], "skipped": self.skipped,
@@ -123,6 +126,7 @@ class ChaosRun:
         self.events: dict[tuple, dict] = {}
         self._seen_seq: dict[str, int] = {}
         self._last_leader = ""
+        self._agent_args: dict = {}
         self.view: dict = {}
 
     def _in(self, node: str):
@@ -151,11 +155,14 @@ class ChaosRun:
         settings_file.write_text(json.dumps({"rollback_wait_s": s.rollback_wait_s,
                                              "diagnosis": {"straggler_min_span_s": s.straggler_min_span_s}}))
         ports = [free_port() for _ in range(2)]
+        # One secret per run: the controllers check every agent's and coordinator's proof with it
+        # (a registration proof carries the agent's clock: skewed_host), the trainer ports too.
+        secret = job_secret.generate()
         for i, name in enumerate("ab"):
             c = PlacedController(
                 etcd.endpoint, replicas=s.replicas, lease_ttl_s=s.lease_ttl_s, name=name,
                 heartbeat_timeout_s=s.heartbeat_timeout_s, log_path=self.workdir / f"controller-{name}.log",
-                extra=("--grpc-port", str(ports[i]), "--min-replicas", "1", "--join-timeout-s",
+                env=procs.environment(secret), extra=("--grpc-port", str(ports[i]), "--min-replicas", "1", "--join-timeout-s",
                        str(s.join_timeout_s), "--settings", str(settings_file), "--host", self._address(f"c{name}")))
             c.place = lambda node=f"c{name}": self._in(node)
             self.controllers.append(c.start())
@@ -175,7 +182,7 @@ class ChaosRun:
         config.write_text(json.dumps(cfg, indent=1))
         command = procs.TRAINER + [str(config)]
         budget = ("--standby-restart-budget", "50")  # every fault here is one the job must survive
-        secret = job_secret.generate()  # one per run: the trainer ports authenticate with it
+        self._agent_args = dict(controller=addresses, job_id=JOB, command=command, secret=secret, extra=budget)
         for i, rid in enumerate(s.replica_ids):
             with self._in(f"h{i}"):
                 self.agents[f"h{i}"] = procs.start_agent(
@@ -190,6 +197,14 @@ class ChaosRun:
                     extra=budget, env=self._clock_of(f"spare{j}"))
         for host, agent in self.agents.items():
             procs.read_json_line(agent, 60.0, f"agent {host} (log {self.workdir / f'agent-{host}.log'})")
+
+    def start_spare_agent(self, host: str, log: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
+        """Agent `host` joins the running job as a spare (no standby trainers), started in its node
+        as the job's own agents were; the run stops it at its end if nothing did before."""
+        with self._in(host):
+            agent = procs.start_agent(log, host_id=host, ranks=self.s.ranks, spare=True, env=env, **self._agent_args)
+        self.agents[host] = agent
+        return agent
 
     def _clock_of(self, host: str) -> dict[str, str] | None:
         if host not in self.clock_skew_s:
@@ -227,7 +242,15 @@ class ChaosRun:
             leftover = self._leftover()
         return Recorded(self.seed, load_rows(self.records), sorted(self.events.values(), key=lambda e: e["at"]),
                         injections, skipped, finished, started, time.time(), error,
-                        {c.name: leadership_lines(c.log_path) for c in self.controllers}, leftover)
+                        {c.name: leadership_lines(c.log_path) for c in self.controllers}, leftover,
+                        self._trainer_errors())
+
+    def _trainer_errors(self) -> list[TrainerError]:
+        """Every trainer traceback in the agents' logs (each agent copies its trainers' stderr)."""
+        found = []
+        for log in sorted(self.workdir.glob("agent-*.log")):
+            found += trainer_errors(log.read_text(errors="replace"), log.stem.removeprefix("agent-"))
+        return sorted(found, key=lambda e: e.at or 0.0)
 
     def _leftover(self) -> list[str]:
         """On a network: the processes still in its namespaces once everything was stopped

@@ -13,6 +13,9 @@ the process faults (first action now, the follow-up `now -> (next or None, poll 
 | lossy_host                | `percent` % of the host's packets lost each way          | nothing         |
 | capped_host               | the host's link capped at `rate_kbit` kbit/s (tbf)       | nothing         |
 | slow_host                 | what the host sends waits `delay_ms` +- a fifth of it    | nothing         |
+| skewed_host               | a new host joins as a spare, its clock `skew_s` off:     | nothing         |
+|                           | beyond 300 s refused naming the skew, within it a spare  |                 |
+|                           | that stays (tests/chaos/skewed_host.py)                  |                 |
 
 *the controller still hears both replicas, so nobody is declared dead: their all-reduce fails
 and both retry until the cut heals (the job stalls for the cut, within the stall bound).
@@ -32,13 +35,15 @@ import random
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
+from protos.credentials import REGISTRATION_WINDOW_S
+from tests.chaos import skewed_host
 from tests.chaos.schedule import ChaosSettings, Fault
 
 if TYPE_CHECKING:
     from tests.chaos.executor import ChaosRun, Injection
 
 KINDS = ("partition_host", "cut_host_from_peers", "cut_host_from_controllers", "cut_leader_from_etcd",
-         "lossy_host", "capped_host", "slow_host")
+         "lossy_host", "capped_host", "slow_host", "skewed_host")
 #: kinds after which the replica cut off from its quorum may commit nothing until healed
 CUT_OFF_KINDS = ("partition_host", "cut_host_from_controllers")
 #: kinds that take a replica out (declared dead, then back)
@@ -57,6 +62,10 @@ class NetSettings(ChaosSettings):
     loss_percent: tuple[int, int] = (1, 5)
     rate_kbit: tuple[int, int] = (2000, 8000)
     delay_ms: tuple[int, int] = (50, 150)
+    # skewed_host: half the draws beyond the registration window (REGISTRATION_WINDOW_S, 300 s),
+    # half within it, each side of the controller's clock
+    skew_beyond_s: tuple[float, float] = (REGISTRATION_WINDOW_S + 50, REGISTRATION_WINDOW_S + 200)
+    skew_within_s: tuple[float, float] = (30.0, REGISTRATION_WINDOW_S - 60)
 
     def validate(self) -> "NetSettings":
         problems = []
@@ -74,6 +83,12 @@ class NetSettings(ChaosSettings):
             problems.append(f"rate_kbit must be a range from at least 8, got {self.rate_kbit}.")
         if not 1 <= self.delay_ms[0] <= self.delay_ms[1] <= 10_000:
             problems.append(f"delay_ms must be a range within 1..10000, got {self.delay_ms}.")
+        if not REGISTRATION_WINDOW_S < self.skew_beyond_s[0] <= self.skew_beyond_s[1]:
+            problems.append(f"skew_beyond_s must be a range beyond the {REGISTRATION_WINDOW_S:g}s registration window, "
+                            f"got {self.skew_beyond_s}.")
+        if not 0 < self.skew_within_s[0] <= self.skew_within_s[1] < REGISTRATION_WINDOW_S:
+            problems.append(f"skew_within_s must be a range within the {REGISTRATION_WINDOW_S:g}s registration window, "
+                            f"got {self.skew_within_s}.")
         if problems:
             raise ValueError(" ".join(problems))
         ChaosSettings.validate(replace(self, replicas=max(self.replicas, 3), ranks=max(self.ranks, 2)))
@@ -90,11 +105,15 @@ def make_net_schedule(seed: int, s: NetSettings) -> tuple[Fault, ...]:
     for i in range(s.faults):
         kind = kinds[i % len(kinds)]
         lasts = round(rng.uniform(*s.fault_s), 1)
-        target = () if kind == "cut_leader_from_etcd" else (rng.choice(s.replica_ids),)
+        target = () if kind in ("cut_leader_from_etcd", "skewed_host") else (rng.choice(s.replica_ids),)
+        skew = 0.0
+        if kind == "skewed_host":
+            skew = round(rng.uniform(*(s.skew_beyond_s if rng.random() < 0.5 else s.skew_within_s)), 1)
+            skew *= rng.choice((1, -1))
         out.append(Fault(kind, target, stop_s=lasts,
                          percent=rng.randint(*s.loss_percent) if kind == "lossy_host" else 0,
                          rate_kbit=rng.randint(*s.rate_kbit) if kind == "capped_host" else 0,
-                         delay_ms=rng.randint(*s.delay_ms) if kind == "slow_host" else 0))
+                         delay_ms=rng.randint(*s.delay_ms) if kind == "slow_host" else 0, skew_s=skew))
     return tuple(out)
 
 
@@ -103,6 +122,8 @@ def inject(run: "ChaosRun", f: Fault, inj: "Injection"):
     net = run.net
     if net is None:
         raise ValueError(f"fault {f.describe()} needs a test network: give ChaosRun net=Network()")
+    if f.kind == skewed_host.KIND:
+        return skewed_host.join(run, f, inj)
     faults = net.faults
     lasts = f.stop_s
     if f.kind == "cut_leader_from_etcd":

@@ -142,14 +142,16 @@ class Fault:
     percent: int = 0                 # lossy_host (tests/chaos/net_kinds.py): the share of packets lost
     rate_kbit: int = 0               # capped_host: the link's rate
     delay_ms: int = 0                # slow_host: what the host sends waits this long (jitter: a fifth of it)
+    skew_s: float = 0.0              # skewed_host: how far the joining host's clock is off (+: ahead)
 
     def describe(self) -> str:
-        target = "+".join(self.replicas) or "controller"
+        target = "+".join(self.replicas) or ("a new host" if self.kind == "skewed_host" else "controller")
         extra = f" rank {self.rank}" if self.kind in ("kill_rank", "kill_source", "kill_controller_catching_up") else ""
         extra += f" for {self.stop_s:.1f}s" if self.stop_s else ""
         extra += f" {self.percent}%" if self.percent else ""
         extra += f" at {self.rate_kbit} kbit/s" if self.rate_kbit else ""
         extra += f" delayed {self.delay_ms} ms" if self.delay_ms else ""
+        extra += f" clock {self.skew_s:+.0f}s" if self.skew_s else ""
         return f"{self.kind}:{target}{extra}"
 
 

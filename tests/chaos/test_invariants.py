@@ -186,3 +186,59 @@ def test_a_composed_controller_kill_without_a_new_leader_is_found():
     rec = run_with_a_swap_then_a_controller_kill()
     rec.events = [e for e in rec.events if e["kind"] != "leader"]
     assert any("no controller took over after the active one was killed" in p for p in problems(rec))
+
+
+def _skewed(skew_s: float, **observed) -> Recorded:
+    rec = run_with_a_leader_kill()
+    seen = {"skew_s": skew_s, "window_s": 300.0, "heartbeat_timeout_s": 3.0, "timed_out": False, **observed}
+    rec.injections.append(Injection("skewed_host", f"skewed_host:a new host clock {skew_s:+.0f}s", T0 + 6.0, 6,
+                                    observed=seen, done_at=T0 + 7.0, settled_at=T0 + 7.0))
+    return rec
+
+
+@pytest.mark.parametrize("skew_s, observed, found", [
+    (412.0, {"exit_code": 3, "registered": False, "named": "412s ahead of this controller's clock"}, None),
+    (-380.0, {"exit_code": 3, "registered": False, "named": "381s behind this controller's clock"}, None),
+    (120.0, {"exit_code": None, "registered": True, "host_state": "SPARE", "heard_s_ago": 0.4}, None),
+    # beyond the window, yet it became a host
+    (412.0, {"exit_code": None, "registered": True, "host_state": "SPARE", "heard_s_ago": 0.4},
+     "(beyond the 300s window) was not refused"),
+    # refused, but the message names another skew (or the other side)
+    (412.0, {"exit_code": 3, "registered": False, "named": "412s behind this controller's clock"},
+     "refused without naming its skew (412s ahead of)"),
+    (412.0, {"exit_code": 3, "registered": False}, "no skew in its log"),
+    # within the window, refused
+    (-120.0, {"exit_code": 3, "registered": False, "named": "120s behind this controller's clock"},
+     "(within the 300s window) did not register and stay: exit 3"),
+    # within, registered, then went silent
+    (120.0, {"exit_code": None, "registered": True, "host_state": "SPARE", "heard_s_ago": 4.2},
+     "last heard 4.2s ago"),
+    (120.0, {"timed_out": True, "exit_code": None}, "neither exited nor registered"),
+])
+def test_a_skewed_host_is_refused_by_name_beyond_the_window_and_stays_within_it(skew_s, observed, found):
+    verdict = check(_skewed(skew_s, **observed), S)
+    if found is None:
+        assert verdict.violations == []
+        assert verdict.stats["skew_refused"] + verdict.stats["skew_within_stayed"] == 1
+    else:
+        assert len(verdict.violations) >= 1 and found in verdict.violations[0], verdict.violations
+
+
+def test_a_spare_moved_off_with_no_fault_aimed_at_it_is_named_but_not_a_violation():
+    rec = run_with_a_leader_kill()
+    rec.injections.append(Injection("kill_host", "kill_host:r2", T0 + 5.0, 5, ["r2"], ["h2"], ["SIGKILL host h2"],
+                                    done_at=T0 + 5.0, settled_at=T0 + 6.0))
+    rec.events += [
+        {"at": T0 + 5.4, "kind": "host_death", "subject": "h2", "cause": "heartbeat", "message": "host h2 died"},
+        {"at": T0 + 5.4, "kind": "death", "subject": "r2", "cause": "host", "message": "r2 became DEAD"},
+        {"at": T0 + 5.5, "kind": "cordon", "subject": "h2", "cause": "", "message": "host h2 cordoned: agent silent"},
+        {"at": T0 + 5.9, "kind": "replica", "subject": "r2", "cause": "", "message": "replica r2 became HEALTHY"},
+        {"at": T0 + 8.5, "kind": "cordon", "subject": "spare0", "cause": "",
+         "message": "host spare0 cordoned: restart budget exhausted: 3 replica restart(s) in the last 300 s, budget 3"},
+    ]
+    rec.events.sort(key=lambda e: e["at"])
+    verdict = check(rec, S)
+    assert verdict.violations == []
+    assert verdict.stats["unexplained_moves"] == [
+        "+8.5s cordon of host spare0, which no fault was aimed at: host spare0 cordoned: restart budget exhausted: "
+        "3 replica restart(s) in the last 300 s, budget 3"]

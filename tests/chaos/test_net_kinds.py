@@ -9,6 +9,7 @@ from collections import Counter
 
 import pytest
 
+from protos.credentials import REGISTRATION_WINDOW_S
 from tests.chaos.executor import Injection, Recorded
 from tests.chaos.net_kinds import KINDS, NetSettings, figures, make_net_schedule
 
@@ -25,8 +26,19 @@ def test_a_schedule_of_as_many_faults_as_kinds_has_one_of_each_and_the_same_seed
             assert (1 <= f.percent <= 5) == (f.kind == "lossy_host")
             assert (f.rate_kbit > 0) == (f.kind == "capped_host")
             assert (50 <= f.delay_ms <= 150) == (f.kind == "slow_host")
-            assert (f.replicas == ()) == (f.kind == "cut_leader_from_etcd")
+            assert (f.replicas == ()) == (f.kind in ("cut_leader_from_etcd", "skewed_host"))
+            assert (f.skew_s != 0) == (f.kind == "skewed_host")
     assert len({make_net_schedule(s, SETTINGS) for s in range(41, 61)}) > 10
+
+
+def test_the_benchmark_seeds_skew_clocks_beyond_and_within_the_window_on_both_sides():
+    skews = [f.skew_s for seed in range(41, 61) for f in make_net_schedule(seed, SETTINGS) if f.skew_s]
+    assert len(skews) == 20
+    beyond = [s for s in skews if abs(s) > REGISTRATION_WINDOW_S]
+    within = [s for s in skews if abs(s) < REGISTRATION_WINDOW_S]
+    assert len(beyond) >= 5 and len(within) >= 5, skews
+    assert min(beyond) < 0 < max(beyond) and min(within) < 0 < max(within), skews
+    assert all(abs(s) <= SETTINGS.skew_beyond_s[1] and abs(s) >= SETTINGS.skew_within_s[0] for s in skews), skews
 
 
 @pytest.mark.parametrize("bad, named", [
@@ -35,6 +47,9 @@ def test_a_schedule_of_as_many_faults_as_kinds_has_one_of_each_and_the_same_seed
     ({"loss_percent": (0, 5)}, "(0, 5)"),
     ({"rate_kbit": (4, 100)}, "(4, 100)"),
     ({"delay_ms": (0, 100)}, "(0, 100)"),
+    ({"skew_beyond_s": (250.0, 400.0)}, "skew_beyond_s must be a range beyond the 300s registration window, got "
+                                        "(250.0, 400.0)"),
+    ({"skew_within_s": (30.0, 300.0)}, "(30.0, 300.0)"),
     ({"join_timeout_s": 0}, "join_timeout_s must be above 0 seconds, got 0"),
 ])
 def test_bad_settings_are_refused_by_name(bad, named):

@@ -44,6 +44,17 @@ def test_agent_silence_swaps_to_spare():
     assert s.swaps == 1
 
 
+def test_a_swap_says_why_the_host_it_replaces_failed():
+    s = cluster()
+    s.heartbeat_hosts(["h1", "s0"], 8.0)
+    s.heartbeat_replicas(["r0", "r1"], 8.0)
+    s.expire(10.5)
+    (swap,) = [e for e in s.events if e.kind == "swap"]
+    # the journal alone explains it (chaos runs carry it): which spare, why that one, why at all
+    assert swap.message.startswith("host s0 takes replica r0 ranks 0,1 from host h0 (spare s0 is ")
+    assert swap.message.endswith(f"): {s.hosts['h0'].cordon_reason}") and "agent silent" in swap.message
+
+
 def test_trainer_exit_kills_replica_and_gave_up_cordons_and_swaps():
     s = cluster()
     s.trainer_exit("h1", "r1", 1, 1.0, signal=9)

@@ -24,21 +24,24 @@ class ControllerProcess:
 
     def __init__(self, etcd_endpoint: str, *, replicas: int = 3, lease_ttl_s: float = 2.0, name: str = "c",
                  heartbeat_timeout_s: float = 10.0, extra: tuple[str, ...] = (), log_path: Path | None = None,
-                 job_id: str = JOB) -> None:
+                 job_id: str = JOB, env: dict[str, str] | None = None) -> None:
         self.flags = ["--job-id", job_id, "--replicas", str(replicas), "--min-replicas", str(min(2, replicas)),
                       "--join-timeout-s", "2", "--heartbeat-timeout-s", str(heartbeat_timeout_s),
                       "--etcd", etcd_endpoint, "--lease-ttl-s", str(lease_ttl_s), *extra]
         self.name = name
+        self.env = env  # with a job secret in it, the controller checks every caller's proof (else --insecure)
         self.log_path = log_path  # stderr (text log and JSON event lines), appended across restarts
         self.proc: subprocess.Popen | None = None
         self.grpc = self.http = ""
 
     def start(self) -> "ControllerProcess":
+        # failover, not identity, is tested here, unless a job secret was given
+        security = {"env": self.env, "insecure": False} if self.env else {"insecure": True}
         if self.log_path is None:
-            started = launch(*self.flags, insecure=True)  # failover, not identity, is tested here
+            started = launch(*self.flags, **security)
         else:
             with open(self.log_path, "a") as log:
-                started = launch(*self.flags, stderr=log, insecure=True)
+                started = launch(*self.flags, stderr=log, **security)
         self.proc, self.grpc, self.http = started.proc, started.grpc, started.http
         return self
 
