@@ -3,20 +3,59 @@
 The state changes only through `ControllerCore.step` (controller/core/core.py); everybody else
 gets this view (`core.view`): named, read-only properties and read methods over the state the
 core decides on -- what the REST API, the metrics and the quorum answers show, and what the
-store sections hold. It has no verb that changes anything; the records it hands out are the
-core's own (read them, never change them: tests/controller/test_one_way_in.py checks the
-service and the tests). Pure: no clock, no I/O.
+store sections hold. It has no verb that changes anything, and no property can be set; the
+records it hands out are the core's own (read them, never change them:
+tests/controller/test_one_way_in.py checks the service and the tests). Pure: no clock, no I/O.
+
+Most properties pass one attribute of the state through as it is (`PASSED_THROUGH`) or behind a
+read-only mapping (`PASSED_AS_MAPPINGS`): name -> where it lives in the state.
 """
 
 from __future__ import annotations
 
+from operator import attrgetter
 from types import MappingProxyType
 from typing import Mapping
 
 from controller.core import snapshots
-from controller.core.model import Event, Host, OrderOut, Quorum, Replica
+from controller.core.model import Host, OrderOut, Quorum, Replica
 from controller.core.state import ControllerState
 from controller.settings import ControllerSettings
+
+#: view name -> the state's attribute it shows as it is (the job's ending, the rounds' counters, ...)
+PASSED_THROUGH = {
+    **{name: f"lifecycle.{name}" for name in (
+        "job_state", "job_over", "job_state_reason", "completed_at", "failed_at", "job_end_reason", "stuck_since",
+        "failing_since", "exit_causes")},
+    **{name: f"rounds.{name}" for name in (
+        "first_quorum_id", "round_first_join_at", "round_reason", "round_wake_at", "steps_committed",
+        "max_committed_step", "history_step", "history_epoch", "branch_start_step", "newest_checkpoint_step",
+        "rollback_wait_since")},
+    **{name: f"host_registry.{name}" for name in ("swaps", "assignment_seq", "version_ceiling")},
+    "silence_counted_from": "silence_counted_from",
+    "suspects": "replica_registry.suspects",
+    "digest_ledger": "divergence.ledger",
+    "digest_mismatches": "divergence.mismatches",
+    "order_seq": "outbox.order_seq",
+    "event_seq": "journal.event_seq",
+    #: the goodput tracker, for its read methods (view, timeline, history, failures, snapshot)
+    "goodput": "goodput",
+    #: the diagnosis engine, for its log, findings and registry
+    "diagnosis": "diagnostician.engine",
+}
+#: view name -> the state's dict it shows as a read-only mapping
+PASSED_AS_MAPPINGS = {
+    "deaths": "replica_registry.deaths",
+    "round_joined": "rounds.round_joined",
+    "steps_lost": "rounds.steps_lost",
+    "history_changes": "rounds.history_changes",
+    "replica_versions": "host_registry.replica_versions",
+}
+
+
+def _as_mapping(path: str) -> property:
+    get = attrgetter(path)
+    return property(lambda self: MappingProxyType(get(self)), doc=f"the state's {path.split('.', 1)[1]}, read-only")
 
 
 class ControllerView:
@@ -25,22 +64,9 @@ class ControllerView:
     def __init__(self, state: ControllerState) -> None:
         self._s = state
 
-    # -- the job -------------------------------------------------------------------------------
-
     @property
     def settings(self) -> ControllerSettings:
         return self._s.settings
-
-    job_state = property(lambda self: self._s.lifecycle.job_state)
-    job_over = property(lambda self: self._s.lifecycle.job_over)
-    job_state_reason = property(lambda self: self._s.lifecycle.job_state_reason)
-    completed_at = property(lambda self: self._s.lifecycle.completed_at)
-    failed_at = property(lambda self: self._s.lifecycle.failed_at)
-    job_end_reason = property(lambda self: self._s.lifecycle.job_end_reason)
-    stuck_since = property(lambda self: self._s.lifecycle.stuck_since)
-    failing_since = property(lambda self: self._s.lifecycle.failing_since)
-    exit_causes = property(lambda self: self._s.lifecycle.exit_causes)
-    silence_counted_from = property(lambda self: self._s.silence_counted_from)
 
     def join_refusal(self, replica_id: str) -> str:
         """Why a join of `replica_id` is refused for good now ("" while the job runs)."""
@@ -55,9 +81,6 @@ class ControllerView:
     def replicas(self) -> Mapping[str, Replica]:
         return MappingProxyType(self._s.replica_registry.replicas)
 
-    deaths = property(lambda self: MappingProxyType(self._s.replica_registry.deaths))
-    suspects = property(lambda self: self._s.replica_registry.suspects)
-
     def live_replicas(self) -> frozenset[str]:
         return self._s.replica_registry.live()
 
@@ -67,30 +90,15 @@ class ControllerView:
     def durable_checkpoint(self) -> bool | None:
         return self._s.replica_registry.durable_checkpoint()
 
-    digest_ledger = property(lambda self: self._s.divergence.ledger)
-    digest_mismatches = property(lambda self: self._s.divergence.mismatches)
-
     # -- rounds and quorums --------------------------------------------------------------------
 
     @property
     def quorum(self) -> Quorum | None:
         return self._s.rounds.quorum
 
-    quorum_history = property(lambda self: tuple(self._s.rounds.quorum_history))
-    first_quorum_id = property(lambda self: self._s.rounds.first_quorum_id)
-    round_joined = property(lambda self: MappingProxyType(self._s.rounds.round_joined))
-    round_first_join_at = property(lambda self: self._s.rounds.round_first_join_at)
-    round_reason = property(lambda self: self._s.rounds.round_reason)
-    round_wake_at = property(lambda self: self._s.rounds.round_wake_at)
-    steps_committed = property(lambda self: self._s.rounds.steps_committed)
-    max_committed_step = property(lambda self: self._s.rounds.max_committed_step)
-    history_step = property(lambda self: self._s.rounds.history_step)
-    history_epoch = property(lambda self: self._s.rounds.history_epoch)
-    branch_start_step = property(lambda self: self._s.rounds.branch_start_step)
-    newest_checkpoint_step = property(lambda self: self._s.rounds.newest_checkpoint_step)
-    steps_lost = property(lambda self: MappingProxyType(self._s.rounds.steps_lost))
-    history_changes = property(lambda self: MappingProxyType(self._s.rounds.history_changes))
-    rollback_wait_since = property(lambda self: self._s.rounds.rollback_wait_since)
+    @property
+    def quorum_history(self) -> tuple[Quorum, ...]:
+        return tuple(self._s.rounds.quorum_history)
 
     # -- hosts and orders ----------------------------------------------------------------------
 
@@ -102,14 +110,8 @@ class ControllerView:
     def rank_holders(self) -> Mapping[tuple[str, int], str]:
         return MappingProxyType(self._s.host_registry.rank_holders)
 
-    replica_versions = property(lambda self: MappingProxyType(self._s.host_registry.replica_versions))
-    swaps = property(lambda self: self._s.host_registry.swaps)
-    order_seq = property(lambda self: self._s.outbox.order_seq)
-    assignment_seq = property(lambda self: self._s.host_registry.assignment_seq)
-    version_ceiling = property(lambda self: self._s.host_registry.version_ceiling)
-
     def authenticate_agent(self, host_id: str, secret: str) -> Host:
-        """The host whose agent proves `secret` (PermissionDenied / FailedPrecondition otherwise)."""
+        """The host whose agent proves `secret` (PermissionDenied / NotFound otherwise)."""
         return self._s.host_registry.authenticate_agent(host_id, secret)
 
     def is_superseded(self, order: OrderOut) -> bool:
@@ -124,14 +126,11 @@ class ControllerView:
     def encoded_host_shard(self, shard: int) -> bytes:
         return self._s.host_registry.encoded_host_shard(shard)
 
-    # -- events, goodput, diagnosis ------------------------------------------------------------
+    # -- events --------------------------------------------------------------------------------
 
-    events = property(lambda self: tuple(self._s.journal.events))
-    event_seq = property(lambda self: self._s.journal.event_seq)
-    #: the goodput tracker, for its read methods (view, timeline, history, failures, snapshot)
-    goodput = property(lambda self: self._s.goodput)
-    #: the diagnosis engine, for its log, findings and registry
-    diagnosis = property(lambda self: self._s.diagnostician.engine)
+    @property
+    def events(self) -> tuple:
+        return tuple(self._s.journal.events)
 
     # -- the store sections (controller.core.pending_writes names them) ------------------------
 
@@ -160,4 +159,10 @@ class ControllerView:
     addresses_snapshot = staticmethod(snapshots.addresses_snapshot)
 
 
-__all__ = ["ControllerView", "Event"]
+for _name, _path in PASSED_THROUGH.items():
+    setattr(ControllerView, _name, property(attrgetter(f"_s.{_path}"), doc=f"the state's {_path}"))
+for _name, _path in PASSED_AS_MAPPINGS.items():
+    setattr(ControllerView, _name, _as_mapping(f"_s.{_path}"))
+del _name, _path
+
+__all__ = ["ControllerView", "PASSED_THROUGH", "PASSED_AS_MAPPINGS"]
