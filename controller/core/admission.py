@@ -15,26 +15,26 @@ What a join then does (a restarted process's old one dies, the record, the round
 `ControllerState.join`'s.
 
 The configured replicas. Where agents run the job (some host holds an assignment), the
-replicas are the ones the hosts hold: a coordinator may join a replica whose rank 0 a host holds only with the world size of that
-assignment, and a new replica that no host holds only while the job has fewer replicas than
-configured (`replicas`). A trainer that starts as another replica (a standby that did not wait for
-its assignment and took the defaults, a typo in FTHSDP_REPLICA_ID) or with another rank
-count is refused with a message naming the configured replicas, instead of being admitted
-as one more member whose FTAR ring cannot match the others'. Replicas started without
-agents (no host holds anything) are not checked here: the controller has no other record
+replicas are the ones the hosts hold: a coordinator may join a replica whose rank 0 a host holds
+only with the world size of that assignment, and a new replica that no host holds only while the
+job has fewer replicas than configured (`replicas`). A trainer that starts as another replica (a
+standby that did not wait for its assignment and took the defaults, a typo in FTHSDP_REPLICA_ID)
+or with another rank count is refused with a message naming the configured replicas, instead of
+being admitted as one more member whose FTAR ring cannot match the others'. Replicas started
+without agents (no host holds anything) are not checked here: the controller has no other record
 of which replicas the job has.
 
 The step's plausibility. A replica's step comes from the quorums this controller formed: a
-member of the quorum for step s trains s and, once it committed, asks for s + 1. So no replica can honestly ask for more
-than one past the newest step a quorum handed out (or one past the newest committed step the
-job's history holds, if that is newer) -- except a member of the current quorum after a
-takeover: a fast-path round (same quorum id, the step after its commit) is answered without a
-write, so the old leader may have handed out step s + 1 and died with its commit report; that
-member then asks for s + 2. One step more, for members only. A join beyond that -- a
-newcomer claiming step 10^9 -- would make it the only holder of "the newest step" and
-everyone's catch-up source on its own word; it is refused. A controller with no history at
-all (a new job, or an in-memory store that was lost) takes the first quorum's steps as the
-replicas say them.
+member of the quorum for step s trains s and, once it committed, asks for s + 1. So no replica
+can honestly ask for more than one past the newest step a quorum handed out (or one past the
+newest committed step the job's history holds, if that is newer) -- except a member of the
+current quorum after a takeover: a fast-path round (same quorum id, the step after its commit)
+is answered without a write, so the old leader may have handed out step s + 1 and died with its
+commit report; that member then asks for s + 2. One step more, for members only. A join beyond
+that -- a newcomer claiming step 10^9 -- would make it the only holder of "the newest step" and
+everyone's catch-up source on its own word; it is refused. A controller with no history at all
+(a new job, or an in-memory store that was lost) takes the first quorum's steps as the replicas
+say them.
 
 Pure: the rules are functions of their arguments; `check_join` reads the components it is
 handed and changes nothing.

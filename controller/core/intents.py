@@ -99,4 +99,5 @@ class Evict:
     cause: str
 
 
-Intent = MoveWork | Evict | Announce | Persist | EndRounds | KillReplica | MoveReplica | Diagnose | RestartReplica | ReplaceHost
+Intent = (MoveWork | Evict | Announce | Persist | EndRounds | KillReplica | MoveReplica | Diagnose | RestartReplica
+          | ReplaceHost)

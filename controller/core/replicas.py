@@ -25,7 +25,8 @@ from controller.core.digests import check_digest
 from controller.core.intents import KillReplica
 from controller.core.errors import FailedPrecondition, InvalidArgument
 from controller.core.model import (
-    NO_CHECKPOINT, REPLICA_MOVES, SETTLED, DeathCause, JoinRequest, Quorum, Replica, ReplicaState, check_move, refresh_seen,
+    NO_CHECKPOINT, REPLICA_MOVES, SETTLED, DeathCause, JoinRequest, Quorum, Replica, ReplicaState, check_move,
+    refresh_seen,
 )
 from controller.core.pending_writes import REPLICAS, PendingWrites, addresses_section
 from controller.core.sizes import addresses_problem

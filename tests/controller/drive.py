@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from controller.core import commands as c
 from controller.core.core import ControllerCore
+from controller.core.host_records import HOST_SHARDS
 from controller.core.model import Event, JobState, JoinRequest, OrderOut, Quorum
 from controller.core.ready import Ready
 from controller.settings import ControllerSettings
@@ -126,3 +127,9 @@ class Driver:
     def take_observations(self) -> list:
         out, self.observations = self.observations, []
         return out
+
+
+def stored(d: Driver) -> tuple[dict, list[dict]]:
+    """The replicas section and every host shard as `d`'s core would write them now (what a
+    successor loads: `Driver.restored(settings, *stored(d), now)`)."""
+    return d.view.snapshot_replicas(), [d.view.snapshot_hosts(i) for i in range(HOST_SHARDS)]

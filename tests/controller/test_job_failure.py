@@ -5,11 +5,10 @@ import copy
 import pytest
 
 from controller.core.errors import FailedPrecondition
-from controller.core.host_records import HOST_SHARDS
 from controller.core.job_failure import ReplicaOutlook, crash_loop_cause, failure_decision, stuck_reason
 from controller.core.model import Assignment, JobState, JoinRequest, ReplicaState
 from controller.settings import ControllerSettings
-from tests.controller.drive import Driver
+from tests.controller.drive import Driver, stored
 
 SETTINGS = ControllerSettings(replicas=2, min_replicas=1, join_timeout_s=2.0, heartbeat_timeout_s=10.0,
                               restart_budget=1, restart_window_s=100.0, fail_after_s=5.0)
@@ -158,7 +157,7 @@ def test_failed_survives_a_failover_with_its_reason():
     s.tick(3.0)
     beat(s, 8.0)
     s.tick(8.0)
-    t = Driver.restored(SETTINGS, s.view.snapshot_replicas(), [s.view.snapshot_hosts(i) for i in range(HOST_SHARDS)], 50.0)
+    t = Driver.restored(SETTINGS, *stored(s), 50.0)
     assert t.view.job_state == JobState.FAILED and t.view.failed_at == 8.0 and t.view.job_state_reason == s.view.job_state_reason
     t.tick(100.0)  # the failed job's silent agents are no failure
     assert not [e for e in t.view.events if e.kind == "host_death"] and t.view.job_state == JobState.FAILED

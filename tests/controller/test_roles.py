@@ -4,11 +4,10 @@ its role is what the durable record says, never its --spare flag. Fake clock."""
 import pytest
 
 from controller.core.errors import FailedPrecondition
-from controller.core.host_records import HOST_SHARDS
 from controller.core.model import Assignment, HostState, JoinRequest, ReplicaState
 from controller.core.roles import reconcile_spare_claim
 from controller.settings import ControllerSettings
-from tests.controller.drive import Driver
+from tests.controller.drive import Driver, stored
 
 R0 = Assignment("r0", (0, 1), 2)
 
@@ -31,7 +30,7 @@ def swapped() -> Driver:
 
 
 def failed_over(s: Driver, now: float) -> Driver:
-    t = Driver.restored(s.settings, s.view.snapshot_replicas(), [s.view.snapshot_hosts(i) for i in range(HOST_SHARDS)], now,
+    t = Driver.restored(s.settings, *stored(s), now,
               journal=s.view.snapshot_journal())
     return t
 

@@ -6,10 +6,9 @@ import json
 import pytest
 
 from controller.core.errors import InvalidArgument
-from controller.core.host_records import HOST_SHARDS
 from controller.core.model import JoinRequest, ReplicaState
 from controller.settings import ControllerSettings
-from tests.controller.drive import Driver
+from tests.controller.drive import Driver, stored
 
 A, B = "a0" * 8, "b1" * 8
 SETTINGS = ControllerSettings(replicas=3, min_replicas=2, join_timeout_s=2.0, heartbeat_timeout_s=10.0,
@@ -141,7 +140,7 @@ def test_a_diverged_replica_late_for_a_round_keeps_its_mark():
 
 def test_divergence_survives_a_failover():
     s, _ = diverged_r1()
-    t = Driver.restored(SETTINGS, s.view.snapshot_replicas(), [s.view.snapshot_hosts(i) for i in range(HOST_SHARDS)], 50.0)
+    t = Driver.restored(SETTINGS, *stored(s), 50.0)
     assert t.view.replicas["r1"].state == ReplicaState.DIVERGED and t.view.digest_mismatches == 1
     assert t.view.replicas["r1"].digest == B
     q = form(t, {"r0": 1, "r1": 1, "r2": 1}, 51.0)
@@ -163,7 +162,7 @@ def test_bad_digest_is_refused_and_changes_nothing(digest, message):
 
 
 def failed_over(s, now):
-    t = Driver.restored(SETTINGS, s.view.snapshot_replicas(), [s.view.snapshot_hosts(i) for i in range(HOST_SHARDS)], now)
+    t = Driver.restored(SETTINGS, *stored(s), now)
     return t
 
 

@@ -6,10 +6,9 @@ import re
 import pytest
 
 from controller.core.errors import FailedPrecondition, InvalidArgument, NotFound
-from controller.core.host_records import HOST_SHARDS
 from controller.core.model import Assignment, HostState, JobState, JoinRequest, ReplicaState
 from controller.settings import ControllerSettings
-from tests.controller.drive import Driver
+from tests.controller.drive import Driver, stored
 
 SETTINGS = ControllerSettings(replicas=3, min_replicas=2, join_timeout_s=2.0, heartbeat_timeout_s=10.0)
 
@@ -34,7 +33,7 @@ def advance(s, step, now, replicas=("r0", "r1", "r2")):
 
 
 def picture(s):
-    return copy.deepcopy((s.view.snapshot_replicas(), [s.view.snapshot_hosts(i) for i in range(HOST_SHARDS)],
+    return copy.deepcopy((*stored(s),
                           dict(s.view.round_joined), len(s.view.events)))
 
 
@@ -87,7 +86,7 @@ def test_a_completed_job_survives_a_failover_and_its_silent_agents_are_no_failur
     s = started()
     for rid in ("r0", "r1", "r2"):
         s.finished(rid, 0, 1.0, host_id=f"h{rid[1:]}")
-    t = Driver.restored(SETTINGS, s.view.snapshot_replicas(), [s.view.snapshot_hosts(i) for i in range(HOST_SHARDS)], 5.0)
+    t = Driver.restored(SETTINGS, *stored(s), 5.0)
     assert t.view.job_state == JobState.COMPLETED and t.view.replicas["r1"].state == ReplicaState.FINISHED
     t.tick(100.0)
     assert {h.state for h in t.view.hosts.values()} == {HostState.ACTIVE} and not t.take_orders()

@@ -10,7 +10,7 @@ from controller.core.rendezvous import Endpoints
 from controller.core.spares import SpareChoice, pick_spare
 from controller.core.host_records import HOST_SHARDS
 from controller.settings import ControllerSettings
-from tests.controller.drive import Driver
+from tests.controller.drive import Driver, stored
 
 
 def a(replica, *ranks, world=2):
@@ -161,7 +161,7 @@ def test_swap_restarts_the_replicas_other_hosts():
 def test_hosts_survive_a_snapshot_round_trip():
     s = cluster()
     s.drain("h1", 1.0)
-    t = Driver.restored(s.settings, s.view.snapshot_replicas(), [s.view.snapshot_hosts(i) for i in range(HOST_SHARDS)], 5.0)
+    t = Driver.restored(s.settings, *stored(s), 5.0)
     assert {h: (x.state, x.assignment, x.cordoned) for h, x in t.view.hosts.items()} == \
         {h: (x.state, x.assignment, x.cordoned) for h, x in s.view.hosts.items()}
     with pytest.raises(FailedPrecondition, match="duplicate assignment: host s0 already runs replica r1"):

@@ -8,7 +8,7 @@ from controller.core.errors import FailedPrecondition, InvalidArgument
 from controller.core.model import JoinRequest, ReplicaState
 from controller.core.host_records import HOST_SHARDS
 from controller.settings import ControllerSettings
-from tests.controller.drive import Driver
+from tests.controller.drive import Driver, stored
 
 SETTINGS = ControllerSettings(replicas=3, min_replicas=2, join_timeout_s=2.0, heartbeat_timeout_s=10.0)
 
@@ -34,7 +34,7 @@ def commit(state, rid, now, **kw):
 
 
 def picture(state):
-    return copy.deepcopy((state.view.snapshot_replicas(), [state.view.snapshot_hosts(i) for i in range(HOST_SHARDS)], dict(state.view.round_joined)))
+    return copy.deepcopy((*stored(state), dict(state.view.round_joined)))
 
 
 def test_first_quorum_and_fast_path():
@@ -179,7 +179,7 @@ def test_snapshot_round_trip():
     s = fresh()
     form(s, {"r0": 0, "r1": 0, "r2": 0}, 0.0)
     commit(s, "r0", 1.0)
-    t = Driver.restored(SETTINGS, s.view.snapshot_replicas(), [s.view.snapshot_hosts(i) for i in range(HOST_SHARDS)], 50.0,
+    t = Driver.restored(SETTINGS, *stored(s), 50.0,
               {"r0": s.view.snapshot_addresses("r0")}, s.view.snapshot_journal())
     assert t.view.quorum == s.view.quorum
     assert t.view.replicas["r0"].committed_step == 0 and t.view.replicas["r0"].last_seen == 50.0
@@ -253,7 +253,7 @@ def test_live_replicas_follow_registration_death_rejoin_finish_and_restore():
     assert s.view.live_replicas() == naive() == {"r0", "r1", "r2"}
     s.finished("r0", 0, 5.0)
     assert s.view.live_replicas() == naive() == {"r1", "r2"}
-    t = Driver.restored(s.settings, s.view.snapshot_replicas(), [s.view.snapshot_hosts(i) for i in range(HOST_SHARDS)], 6.0)
+    t = Driver.restored(s.settings, *stored(s), 6.0)
     assert t.view.live_replicas() == {"r1", "r2"}
 
 

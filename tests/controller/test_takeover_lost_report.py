@@ -13,9 +13,8 @@ import pytest
 
 from controller.core.errors import FailedPrecondition
 from controller.core.model import JoinRequest
-from controller.core.host_records import HOST_SHARDS
 from tests.controller.test_takeover_state import running_job
-from tests.controller.drive import Driver
+from tests.controller.drive import Driver, stored
 
 REPLICAS = ("r0", "r1", "r2")
 
@@ -35,7 +34,7 @@ def durable_after_lost_report(through: int):
             return durable
         for i, rid in enumerate(REPLICAS):
             s.report(rid, step, 1.0, quorum_id=s.view.quorum.quorum_id, host_id=f"h{i}")
-        durable = s.view.snapshot_replicas(), [s.view.snapshot_hosts(i) for i in range(HOST_SHARDS)]
+        durable = stored(s)
 
 
 def take_over(durable, now):

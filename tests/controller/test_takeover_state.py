@@ -7,7 +7,7 @@ from controller.core.host_records import HOST_SHARDS
 from controller.core.model import Assignment, HostState, JoinRequest, ReplicaState
 from controller.core.hosts import VERSION_BLOCK
 from controller.settings import ControllerSettings
-from tests.controller.drive import Driver
+from tests.controller.drive import Driver, stored
 
 HB = 3.0  # the demo's heartbeat timeout
 SETTINGS = ControllerSettings(replicas=3, min_replicas=1, heartbeat_timeout_s=HB)
@@ -30,7 +30,7 @@ def running_job(now=0.0):
 
 def take_over(s, now):
     """What a new leader does: load the last snapshot, then forgive silence."""
-    t = Driver.restored(s.settings, s.view.snapshot_replicas(), [s.view.snapshot_hosts(i) for i in range(HOST_SHARDS)], now)
+    t = Driver.restored(s.settings, *stored(s), now)
     t.takeover("b", t.settings.takeover_grace_s, now)
     return t
 
