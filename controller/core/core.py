@@ -1,8 +1,13 @@
 """ControllerCore: the controller's one entry, `step(command, now) -> Ready`.
 
-    shell:  ready = core.step(command, now); write ready.writes; deliver ready.orders;
-            answer with ready.answer; write ready.writes_behind; a failed write comes
-            back as core.step(WriteFailed(sections), now)
+    shell:  ready = core.step(command, now); execute(ready): write ready.writes, then deliver
+            ready.orders and answer, then write ready.writes_behind; a failed write comes
+            back as core.step(WriteFailed(sections, orders), now)
+            (controller/service/server.py `ControllerServer.execute`: the only place that applies a Ready)
+
+It is the only way to change the controller's state: the state object is private
+(`_state`); the service and the tests read it through `core.view` (controller/core/view.py),
+which has no verb that changes anything, and drive it with commands (controller/core/commands.py).
 
 The state the core decides on (`ControllerState`, controller/core/state.py) holds three
 kinds of record -- hosts, replicas and the job -- each with its own lifecycle, drawn once in
@@ -12,8 +17,8 @@ HostState, ReplicaState, JobState).
 Every command below is one handler: it changes the state through the components'
 public methods, and the step collects what that asks of the shell into one `Ready`:
 the sections the change left unwritten (`PendingWrites`: before the answer unless they
-may be written behind), the orders for agents, the events, the quorum formed. Nothing
-here reads a clock or does I/O.
+may be written behind), the orders for agents (`Outbox`), the events, the quorum formed,
+when to be woken. Nothing here reads a clock or does I/O.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from typing import Callable
 from controller.core import commands as c
 from controller.core.ready import Ready
 from controller.core.state import ControllerState
+from controller.core.view import ControllerView
 from controller.settings import ControllerSettings
 
 Handler = Callable[[ControllerState, object, float], object]
@@ -65,7 +71,7 @@ def _takeover(s: ControllerState, cmd: c.Takeover, now: float) -> None:
 
 def _write_failed(s: ControllerState, cmd: c.WriteFailed, now: float) -> None:
     s.writes.failed(cmd.sections)
-    s.host_registry.undelivered(cmd.orders)
+    s.outbox.put_back(cmd.orders)
 
 
 HANDLERS: dict[type, Handler] = {
@@ -80,13 +86,12 @@ HANDLERS: dict[type, Handler] = {
                                                             host_id=cmd.host_id),
     c.Heartbeat: _heartbeat,
     c.RegisterAgent: _register,
-    c.DeregisterAgent: lambda s, cmd, now: s.host_registry.deregister_agent(cmd.host_id, cmd.incarnation,
-                                                                            cmd.reason, now),
+    c.DeregisterAgent: lambda s, cmd, now: s.deregister_agent(cmd.host_id, cmd.incarnation, cmd.reason, now),
     c.ConnectOrders: lambda s, cmd, now: s.host_registry.orders_on_connect(cmd.host_id, cmd.pending),
     c.AckOrder: lambda s, cmd, now: s.host_registry.ack_order(cmd.host_id, cmd.order_id, cmd.ok, cmd.error, now),
     c.TrainerExit: _trainer_exit,
     c.Telemetry: lambda s, cmd, now: s.report_telemetry(cmd.report, cmd.agent_secret, now),
-    c.Drain: lambda s, cmd, now: s.host_registry.drain(cmd.host_id, now),
+    c.Drain: lambda s, cmd, now: s.drain(cmd.host_id, now),
     c.Cordon: lambda s, cmd, now: s.host_registry.cordon(cmd.host_id, cmd.reason, now),
     c.Uncordon: lambda s, cmd, now: s.host_registry.uncordon(cmd.host_id, now),
     c.CloseRound: lambda s, cmd, now: None,
@@ -104,14 +109,25 @@ LOOK_AT_ROUND = (
 
 
 class ControllerCore:
-    def __init__(self, state_or_settings: ControllerState | ControllerSettings) -> None:
-        self.state = (state_or_settings if isinstance(state_or_settings, ControllerState)
-                      else ControllerState(state_or_settings))
+    """The state the controller decides on, reached only through `step`; `view` reads it."""
+
+    def __init__(self, settings: ControllerSettings) -> None:
+        self._state = ControllerState(settings)
+        #: what the service and the tests read (controller.core.view): nothing in it changes state
+        self.view = ControllerView(self._state)
+
+    @classmethod
+    def restored(cls, settings: ControllerSettings, replicas: dict | None, host_shards: list[dict | None],
+                 now: float, addresses: dict[str, dict] | None = None, journal: dict | None = None) -> ControllerCore:
+        """A core that starts from the store sections a previous leader wrote (ControllerState.restore)."""
+        core = cls(settings)
+        core._state.restore(replicas, host_shards, now, addresses, journal)
+        return core
 
     def step(self, command, now: float) -> Ready:
         """Apply one command at `now`; what the shell must do comes back. A refused command
         (RequestError) raises before anything is asked of the shell."""
-        s = self.state
+        s = self._state
         handler = HANDLERS.get(type(command))
         if handler is None:
             raise TypeError(f"{type(command).__name__} is not a controller command")
@@ -129,7 +145,7 @@ class ControllerCore:
             answer=answer,
             writes=() if retry else s.writes.take(background=False),
             writes_behind=s.writes.take(background=True) if isinstance(command, c.Tick) else (),
-            orders=() if retry else tuple(s.host_registry.take_orders()),
+            orders=() if retry else s.outbox.take(),
             events=tuple(s.take_events()),
             observations=tuple(s.goodput.take_observations()),
             quorum=quorum, quorum_wait_s=wait_s, wake_at=rounds.round_wake_at, round_members=members,

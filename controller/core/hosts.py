@@ -1,8 +1,9 @@
 """Host registry: agents, spares, cordons, swaps, replica versions and the orders they
 produce. A component: it owns the hosts and what belongs to them (rank holders, shards,
-versions, the outbox of orders) and changes nothing else. What it needs of the rest of the
-controller comes in at construction: the pending writes to mark, `announce` (an event) and
-`kill_replica` (the replica registry's). Time passed in.
+versions) and changes nothing else; the orders it decides go to the outbox
+(controller.core.outbox), which the core empties into each step's Ready. What it needs of the
+rest of the controller comes in at construction: the pending writes to mark, the outbox,
+`announce` (an event) and `kill_replica` (the replica registry's). Time passed in.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from controller.core.host_checks import check_exit, checked_registration, free_s
 from controller.core.host_records import HostShards, host_shard
 from controller.core.identity import secret_matches
 from controller.core.model import Assignment, DeathCause, Host, HostState, OrderOut, host_can_run, move_host
+from controller.core.intents import KillReplica, MoveWork
+from controller.core.outbox import Outbox
 from controller.core.pending_writes import REPLICAS, PendingWrites, host_section
 from controller.core.rendezvous import Endpoints, endpoints
 from controller.core.spares import pick_spare
@@ -26,19 +29,19 @@ VERSION_BLOCK = 1024
 
 class HostRegistry:
     """Everything about hosts. `announce(now, kind, subject, message, cause="")` records an
-    event; `kill_replica(replica_id, cause, reason, now)` takes a replica out."""
+    event. A host's failure takes its replica out: the methods that decide one return a
+    `KillReplica` intent (controller.core.intents) for the core to carry out."""
 
-    def __init__(self, settings: ControllerSettings, writes: PendingWrites, announce: Callable[..., None],
-                 kill_replica: Callable[..., bool]) -> None:
+    def __init__(self, settings: ControllerSettings, writes: PendingWrites, outbox: Outbox,
+                 announce: Callable[..., None]) -> None:
         self.settings = settings
-        self._writes, self._announce, self._kill_replica = writes, announce, kill_replica
+        self._writes, self._announce = writes, announce
         self.hosts: dict[str, Host] = {}
         #: (replica, rank) -> the host that holds it
         self.rank_holders: dict[tuple[str, int], str] = {}
         self.shards = HostShards()
-        #: orders for agents, not yet taken by the service
-        self.outbox: list[OrderOut] = []
-        self.order_seq = 0
+        #: where the orders it decides go (controller.core.outbox: the state's, handed to the shell)
+        self.outbox = outbox
         #: assignment versions: the last one given, and the ceiling persisted ahead of it
         self.assignment_seq = 0
         self.version_ceiling = 0
@@ -157,18 +160,21 @@ class HostRegistry:
         self._announce(now, "host", host_id, reason)
         if h.assignment is not None and (held or new_rank0 and len(self.replica_hosts(h.assignment.replica_id)) > 1):
             # Its replica's other ranks lost their peers (or their rank 0 moved here): all restart.
-            first = len(self.outbox)
-            self.restart_replica(h.assignment.replica_id, f"host {host_id} {verb}", skip=h)
-            self.announce_orders(first, now)
+            with self.outbox.batch() as orders:
+                self.restart_replica(h.assignment.replica_id, f"host {host_id} {verb}", skip=h)
+            self.announce_orders(orders, now)
         return h, reason
 
-    def expire(self, now: float, silence: Callable[[float, float], str]) -> None:
-        """Declare dead every host whose agent is silent (`silence(last_seen, now)`: why, or "")."""
+    def expire(self, now: float, silence: Callable[[float, float], str]) -> list[KillReplica]:
+        """Declare dead every host whose agent is silent (`silence(last_seen, now)`: why, or "");
+        returns what that asks of their replicas."""
+        kills = []
         for h in list(self.hosts.values()):
             if h.state != HostState.DEAD:
                 why = silence(h.last_seen, now)
                 if why:
-                    self._host_died(h, f"agent silent {why}", now)
+                    kills += self._host_died(h, f"agent silent {why}", now)
+        return kills
 
     def trainer_exited(self, host_id: str, replica_id: str, rank: int, now: float, *, exit_code: int,
                        signal: int, stderr_tail: str, version: int) -> tuple[str, str]:
@@ -205,10 +211,12 @@ class HostRegistry:
         self._cordon(h, "failure", reason, now)
         self._swap(h, now)
 
-    def deregister_agent(self, host_id: str, incarnation: str, reason: str, now: float) -> str:
+    def deregister_agent(self, host_id: str, incarnation: str, reason: str,
+                         now: float) -> tuple[str, list[KillReplica]]:
         """A cleanly stopping agent leaves: its host is DEAD at once (not cordoned: nothing is
         wrong with it), its work moves to a spare or its replica is marked down, and a new
-        agent process may register the host right away."""
+        agent process may register the host right away. Returns what happened, in a line, and
+        what it asks of the host's replica."""
         h = self._known_host(host_id)
         check_id("incarnation", incarnation, self.settings.max_id_chars)
         if incarnation != h.incarnation:
@@ -216,14 +224,14 @@ class HostRegistry:
                                      f"{shown(incarnation)}: only the registered agent may deregister it.")
         why = f"its agent stopped: {clip_text(reason, self.settings.max_reason_chars) or 'no reason given'}"
         if h.state == HostState.DEAD:
-            return f"host {host_id} had left already"
+            return f"host {host_id} had left already", []
         move_host(h, HostState.DEAD)
         self.touch(h, urgent=True)
         self._announce(now, "host_left", host_id, f"host {host_id} left: {why}")
         if h.assignment is not None:
-            self._kill_replica(h.assignment.replica_id, DeathCause.HOST, f"host {host_id} left: {why}", now)
-            return self._swap(h, now)
-        return f"host {host_id} left the spare pool"
+            kill = KillReplica(h.assignment.replica_id, DeathCause.HOST, f"host {host_id} left: {why}")
+            return self._move_line(h), [kill, MoveWork(host_id)]
+        return f"host {host_id} left the spare pool", []
 
     def ack_order(self, host_id: str, order_id: str, ok: bool, error: str, now: float) -> None:
         self._known_host(host_id)
@@ -257,12 +265,14 @@ class HostRegistry:
 
     # -- operator actions --------------------------------------------------------------------
 
-    def drain(self, host_id: str, now: float) -> str:
+    def drain(self, host_id: str, now: float) -> tuple[str, list[KillReplica]]:
         return self.evict(host_id, "admin", "drained by an operator", now, what="drain")
 
-    def evict(self, host_id: str, by: str, reason: str, now: float, what: str = "evict") -> str:
+    def evict(self, host_id: str, by: str, reason: str, now: float,
+              what: str = "evict") -> tuple[str, list[KillReplica]]:
         """Move a host's work onto a spare and keep the host out: cordoned by `by` ("admin" and
-        "diagnosis" cordons survive re-registration), its replica rebuilt on the spare."""
+        "diagnosis" cordons survive re-registration), its replica rebuilt on the spare (the
+        returned intent takes it out first: it restarts on the spare). Returns what happened."""
         h = self._known_host(host_id)
         if h.assignment is None:
             raise FailedPrecondition(f"host {host_id} runs nothing; there is nothing to {what}.")
@@ -270,8 +280,8 @@ class HostRegistry:
         if choice.host_id is None:
             raise FailedPrecondition(f"cannot {what} host {host_id}: {choice.reason}.")
         self._cordon(h, by, reason, now)
-        self._kill_replica(h.assignment.replica_id, DeathCause.HOST, f"host {host_id} is being {what}ed", now)
-        return self._swap(h, now)
+        kill = KillReplica(h.assignment.replica_id, DeathCause.HOST, f"host {host_id} is being {what}ed")
+        return self._move_line(h), [kill, MoveWork(host_id)]
 
     def cordon(self, host_id: str, reason: str, now: float) -> None:
         self._cordon(self._known_host(host_id), "admin", reason or "cordoned by an operator", now)
@@ -344,15 +354,27 @@ class HostRegistry:
         self.touch(h, urgent=True)
         self._announce(now, "cordon", h.host_id, f"host {h.host_id} cordoned: {reason}")
 
-    def _host_died(self, h: Host, why: str, now: float) -> None:
+    def _host_died(self, h: Host, why: str, now: float) -> list[KillReplica]:
         move_host(h, HostState.DEAD)
         self.touch(h, urgent=True)
         self._announce(now, "host_death", h.host_id, f"host {h.host_id} died: {why}", "heartbeat")
-        if h.assignment is not None:
-            self._kill_replica(h.assignment.replica_id, DeathCause.HOST, f"host {h.host_id} died: {why}", now)
-            if not h.cordoned:
-                self._cordon(h, "failure", why, now)
-            self._swap(h, now)
+        if h.assignment is None:
+            return []
+        if not h.cordoned:
+            self._cordon(h, "failure", why, now)
+        return [KillReplica(h.assignment.replica_id, DeathCause.HOST, f"host {h.host_id} died: {why}"),
+                MoveWork(h.host_id)]
+
+    def move_work(self, host_id: str, now: float) -> str:
+        """Carry out a MoveWork intent (a host's death, departure or eviction decided it)."""
+        return self._swap(self.hosts[host_id], now)
+
+    def _move_line(self, failed: Host) -> str:
+        """What moving `failed`'s work will do, in the words `_swap` announces it."""
+        choice = pick_spare(failed, list(self.hosts.values()))
+        if choice.host_id is None or failed.assignment is None:
+            return choice.reason
+        return _swap_line(choice.host_id, failed.assignment, failed.host_id, choice.reason)
 
     def _swap(self, failed: Host, now: float) -> str:
         """Move `failed`'s assignment to a spare and restart the replica around it (its other
@@ -364,35 +386,34 @@ class HostRegistry:
             self._announce(now, "no_spare", failed.host_id,
                            f"{choice.reason}; {a.describe() if a else 'nothing'} stays out until one is free")
             if a is not None:
-                first = len(self.outbox)
-                self.restart_replica(a.replica_id, f"host {failed.host_id} failed and {choice.reason}")
-                self.announce_orders(first, now)
+                with self.outbox.batch() as orders:
+                    self.restart_replica(a.replica_id, f"host {failed.host_id} failed and {choice.reason}")
+                self.announce_orders(orders, now)
             return choice.reason
         spare = self.hosts[choice.host_id]
-        first = len(self.outbox)
         self._assign(failed, None)
         self._assign(spare, a)
         move_host(spare, HostState.ACTIVE)
         if failed.state != HostState.DEAD:
             move_host(failed, HostState.SPARE)
-        # A dead host is told too: if its agent still listens (it was only slow), it stops now;
-        # if not, it learns its (empty) assignment when it reconnects.
-        self._order(failed.host_id, "STOP", None, f"its work moved to host {spare.host_id}")
-        self._order(spare.host_id, "ASSIGN", a, f"replaces host {failed.host_id}: {choice.reason}")
-        self.restart_replica(a.replica_id, f"rebuilds after host {failed.host_id} failed", skip=spare,
-                             version=spare.assignment_version)
+        with self.outbox.batch() as orders:
+            # A dead host is told too: if its agent still listens (it was only slow), it stops now;
+            # if not, it learns its (empty) assignment when it reconnects.
+            self._order(failed.host_id, "STOP", None, f"its work moved to host {spare.host_id}")
+            self._order(spare.host_id, "ASSIGN", a, f"replaces host {failed.host_id}: {choice.reason}")
+            self.restart_replica(a.replica_id, f"rebuilds after host {failed.host_id} failed", skip=spare,
+                                 version=spare.assignment_version)
         self.swaps += 1
         self._writes.mark(REPLICAS)
         because = failed.cordon_reason if failed.cordoned else f"host {failed.host_id} is {failed.state.name}"
-        why = f"host {spare.host_id} takes {a.describe()} from host {failed.host_id} ({choice.reason}): {because}"
+        why = f"{_swap_line(spare.host_id, a, failed.host_id, choice.reason)}: {because}"
         self._announce(now, "swap", failed.host_id, why)
-        self.announce_orders(first, now)
+        self.announce_orders(orders, now)
         return why
 
-    def announce_orders(self, first: int, now: float) -> None:
-        """One event for the orders queued from outbox index `first` on (a replica of 1,000
-        hosts is restarted by one line, not 1,000)."""
-        orders = self.outbox[first:]
+    def announce_orders(self, orders: list[OrderOut], now: float) -> None:
+        """One event for the orders of one decision (a replica of 1,000 hosts is restarted by
+        one line, not 1,000): those an `outbox.batch()` collected."""
         if orders:
             self._announce(now, "order", orders[0].host_id, orders_summary(orders))
 
@@ -405,12 +426,11 @@ class HostRegistry:
                 self._swap(h, now)
 
     def _order(self, host_id: str, kind: str, a: Assignment | None, reason: str) -> None:
-        self.outbox.append(self._new_order(self.hosts[host_id], kind, a, reason))
+        self.outbox.put(self._new_order(self.hosts[host_id], kind, a, reason))
 
     def _new_order(self, h: Host, kind: str, a: Assignment | None, reason: str) -> OrderOut:
-        self.order_seq += 1
         meet = self.replica_endpoints(a.replica_id) if a else Endpoints()
-        return OrderOut(h.host_id, f"o{self.order_seq}", kind, a, reason, version=h.assignment_version,
+        return OrderOut(h.host_id, self.outbox.next_id(), kind, a, reason, version=h.assignment_version,
                         replica_version=self.replica_versions.get(a.replica_id, 0) if a else 0,
                         rendezvous_address=meet.rendezvous, coordinator_address=meet.coordinator)
 
@@ -433,8 +453,8 @@ class HostRegistry:
         its ranks together, under one new replica version (`version`: one already decided for
         the replica, e.g. the spare's ASSIGN). If a host of the replica cannot run, stop the
         others instead: the replica is down until that host is replaced or back. Returns how
-        many hosts restart (0: the replica is down). The caller announces the orders
-        (`announce_orders`)."""
+        many hosts restart (0: the replica is down). The caller collects the orders in an
+        `outbox.batch()` and announces them (`announce_orders`)."""
         hosts = self.replica_hosts(replica_id)
         down = [h for h in hosts if not host_can_run(h)]
         if down:
@@ -462,26 +482,18 @@ class HostRegistry:
             self._writes.mark(REPLICAS)
         return self.assignment_seq
 
-    def take_orders(self) -> list[OrderOut]:
-        out, self.outbox = self.outbox, []
-        return out
-
-    def undelivered(self, orders) -> None:
-        """Orders taken but not delivered (their decisions' write failed): they go out with the
-        next write that succeeds, before any newer ones."""
-        self.outbox[:0] = list(orders)
-
     def restore(self, replicas: dict | None, host_shards: list[dict | None], now: float) -> None:
         """Load what a previous leader wrote: the counters of the replicas section (None: an
         empty store, count from the clock in ms, so agents that outlive a controller without a
         durable store never see a version or an order id go back) and the host shards."""
         if not replicas:
-            self.version_ceiling = self.order_seq = int(now * 1000)
+            self.version_ceiling = int(now * 1000)
+            self.outbox.restore(self.version_ceiling)
         else:
             self.swaps = replicas["swaps"]
             # Order ids must never repeat (agents answer a repeated id from memory), and the
             # counter is written only now and then: continue from the clock if it is ahead.
-            self.order_seq = max(replicas["order_seq"], int(now * 1000))
+            self.outbox.restore(max(replicas["order_seq"], int(now * 1000)))
             self.version_ceiling = replicas.get("version_ceiling", 0)
             self.replica_versions = dict(replicas.get("replica_versions", {}))
         for shard in host_shards:
@@ -497,3 +509,7 @@ class HostRegistry:
         self.assignment_seq = self.version_ceiling
         for h in self.hosts.values():
             self.shards.reserve(h, self.settings)
+
+
+def _swap_line(spare_id: str, a: Assignment, failed_id: str, reason: str) -> str:
+    return f"host {spare_id} takes {a.describe()} from host {failed_id} ({reason})"

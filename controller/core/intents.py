@@ -81,6 +81,14 @@ class ReplaceHost:
 
 
 @dataclass(frozen=True)
+class MoveWork:
+    """Move the failed, departed or evicted host's assignment to a spare (its replica restarts
+    around it), or, without a spare, stop the replica's other hosts."""
+
+    host_id: str
+
+
+@dataclass(frozen=True)
 class Evict:
     """Move the host's work to a spare and cordon it ("diagnosis"); if that fails, an event
     names `finding` and the error (with `cause`)."""
@@ -91,4 +99,5 @@ class Evict:
     cause: str
 
 
-Intent = Evict | Announce | Persist | EndRounds | KillReplica | MoveReplica | Diagnose | RestartReplica | ReplaceHost
+Intent = (MoveWork | Evict | Announce | Persist | EndRounds | KillReplica | MoveReplica | Diagnose | RestartReplica
+          | ReplaceHost)

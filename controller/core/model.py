@@ -50,6 +50,9 @@ class ReplicaState(str, enum.Enum):
     FINISHED = "FINISHED"
 
 
+#: What a job without a durable checkpoint risks (the log, the status API and page say it).
+NO_CHECKPOINT = "a failure of every replica restarts from step 0"
+
 #: Replica states whose work is over until a new incarnation: rounds do not wait for them.
 SETTLED = (ReplicaState.DEAD, ReplicaState.FINISHED)
 

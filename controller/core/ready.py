@@ -2,7 +2,8 @@
 
 The shell's rule, in this order: write `writes` (compare-and-set, one value per section);
 only then deliver `orders` and send `answer` (and, when `quorum` formed, the quorum's answer
-to its members); then write `writes_behind`. A write that fails is told back to the core as
+to its members); then write `writes_behind`. One function applies it:
+`ControllerServer.execute` (controller/service/server.py). A write that fails is told back to the core as
 `WriteFailed(sections)`, and the answer is refused instead of sent: nothing leaves the
 controller that a successor could not find in the store. `events` go to the event log at
 once (they are telemetry; their durable copy is the journal section).

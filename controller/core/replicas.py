@@ -5,7 +5,7 @@ controller.core.model.ReplicaState, and every move is checked against REPLICA_MO
 
 It owns the records (and the deaths counted, the suspects) and changes nothing else: the
 open round and the quorum are the rounds' (controller.core.rounds), who may act for a replica
-is the hosts' (controller.core.replica_set checks it), and the job's ending is the lifecycle's.
+is the hosts' (controller.core.admission checks it), and the job's ending is the lifecycle's.
 What it needs of the rest comes in at construction: the pending writes, `announce` (an event),
 the goodput tracker it reports state changes to, and `settled(record, now)`, called whenever a
 replica becomes DEAD or FINISHED (ControllerState then takes it out of the round and asks the
@@ -22,9 +22,11 @@ from controller.core.checks import (
 )
 from controller.core.diagnosis.sdc import check_rank_digests
 from controller.core.digests import check_digest
+from controller.core.intents import KillReplica
 from controller.core.errors import FailedPrecondition, InvalidArgument
 from controller.core.model import (
-    REPLICA_MOVES, SETTLED, DeathCause, JoinRequest, Quorum, Replica, ReplicaState, check_move, refresh_seen,
+    NO_CHECKPOINT, REPLICA_MOVES, SETTLED, DeathCause, JoinRequest, Quorum, Replica, ReplicaState, check_move,
+    refresh_seen,
 )
 from controller.core.pending_writes import REPLICAS, PendingWrites, addresses_section
 from controller.core.sizes import addresses_problem
@@ -33,8 +35,6 @@ from controller.core.suspects import Suspects
 from controller.settings import ControllerSettings
 
 
-#: What a job without a durable checkpoint risks (the log, the status API and page say it).
-NO_CHECKPOINT = "a failure of every replica restarts from step 0"
 #: The wire's int32 limit.
 MAX_CHECKPOINT_EVERY_STEPS = 2**31 - 1
 
@@ -52,12 +52,14 @@ class JoinPlan(NamedTuple):  # a tuple: made on every join, cheaper than a froze
 
 class ReplicaRegistry:
     """Everything about replica records. `announce(now, kind, subject, message, cause="")`
-    records an event; `settled(record, now)` hears of each replica that became DEAD or FINISHED."""
+    records an event. A replica that becomes DEAD or FINISHED has *settled*: the methods that
+    settle one say so in what they return (`kill`, `expire`, `finish`, `transition`), and the
+    core carries out what follows (ControllerState._replica_settled)."""
 
     def __init__(self, settings: ControllerSettings, writes: PendingWrites, announce: Callable[..., None],
-                 goodput, settled: Callable[[Replica, float], None]) -> None:
+                 goodput) -> None:
         self.settings = settings
-        self._writes, self._announce, self._goodput, self._settled = writes, announce, goodput, settled
+        self._writes, self._announce, self._goodput = writes, announce, goodput
         self.replicas: dict[str, Replica] = {}
         #: (live, dead) replica ids, until a replica registers or changes state (None: to be computed)
         self._live: tuple[frozenset[str], frozenset[str]] | None = None
@@ -111,10 +113,11 @@ class ReplicaRegistry:
                 f"{r.committed_step}; a step may go back only after a failed-commit report."
             )
 
-    def admit(self, plan: JoinPlan, req: JoinRequest, now: float, job_over: Callable[[], bool] = lambda: False) -> bool:
-        """The checked join changes the record. Returns whether the replica joins renewed (a
-        new process or new addresses: the quorum id must change). A replica whose old process's
-        death ended the job (`job_over` after it) stays DEAD: it does not rejoin a COMPLETED job."""
+    def admit(self, plan: JoinPlan, req: JoinRequest, now: float, job_over: bool = False) -> bool:
+        """The checked join changes the record (a restarted replica's old process is dead
+        already: `restart_kills`). Returns whether the replica joins renewed (a new process or
+        new addresses: the quorum id must change). A replica whose old process's death ended
+        the job (`job_over` after it) stays DEAD: it does not rejoin a COMPLETED job."""
         rid, r = plan.replica_id, plan.record
         if r is None:
             r = self.replicas[rid] = Replica(replica_id=rid, incarnation=req.incarnation, step=req.step)
@@ -123,12 +126,9 @@ class ReplicaRegistry:
         elif plan.restarted and r.state == ReplicaState.FINISHED:
             self.transition(r, ReplicaState.JOINING, f"trains again after it finished (incarnation "
                                                      f"{r.incarnation} → {req.incarnation})", now)
-        elif plan.restarted and r.state != ReplicaState.DEAD:
-            self.kill(rid, DeathCause.RESTARTED,
-                      f"its coordinator restarted (incarnation {r.incarnation} → {req.incarnation})", now)
         if plan.restarted:  # a restarted replica may resume from an older checkpoint
             r.committed_step = min(r.committed_step, req.step - 1)
-        if r.state == ReplicaState.DEAD and not job_over():
+        if r.state == ReplicaState.DEAD and not job_over:
             self.transition(r, ReplicaState.JOINING, f"rejoined at step {req.step}", now)
         r.incarnation = req.incarnation or r.incarnation
         r.step = req.step
@@ -150,6 +150,16 @@ class ReplicaRegistry:
             self._announce(now, "no_checkpoint", rid, f"replica {rid} writes no durable checkpoint, and no replica "
                                                       f"of the job does: {NO_CHECKPOINT}")
         return renewed
+
+    @staticmethod
+    def restart_kills(plan: JoinPlan, req: JoinRequest) -> KillReplica | None:
+        """A join from a new process of a replica that is neither DEAD nor FINISHED: its old
+        process is dead (the core carries it out before `admit`)."""
+        r = plan.record
+        if r is None or not plan.restarted or r.state in SETTLED:
+            return None
+        return KillReplica(plan.replica_id, DeathCause.RESTARTED,
+                           f"its coordinator restarted (incarnation {r.incarnation} → {req.incarnation})")
 
     def durable_checkpoint(self) -> bool | None:
         """Whether a replica of the job writes durable checkpoints (None: none joined yet). The
@@ -295,6 +305,7 @@ class ReplicaRegistry:
     # -- liveness ----------------------------------------------------------------------------
 
     def kill(self, replica_id: str, cause: DeathCause, reason: str, now: float) -> bool:
+        """`replica_id` is DEAD for `cause`; returns whether it died now (it settled)."""
         r = self.replicas.get(replica_id)
         # A finished replica's work is done: only a new incarnation takes it out of FINISHED.
         if r is None or r.state in SETTLED:
@@ -303,13 +314,16 @@ class ReplicaRegistry:
         self.deaths[cause.value] = self.deaths.get(cause.value, 0) + 1
         return True
 
-    def expire(self, now: float, silence: Callable[[float, float], str]) -> None:
-        """Declare dead every live replica silent past what `silence(last_seen, now)` allows."""
+    def expire(self, now: float, silence: Callable[[float, float], str]) -> list[str]:
+        """Declare dead every live replica silent past what `silence(last_seen, now)` allows;
+        returns those that died."""
+        died = []
         for r in list(self.replicas.values()):
             if r.state not in SETTLED:
                 why = silence(r.last_seen, now)
-                if why:
-                    self.kill(r.replica_id, DeathCause.HEARTBEAT, f"no heartbeat {why}", now)
+                if why and self.kill(r.replica_id, DeathCause.HEARTBEAT, f"no heartbeat {why}", now):
+                    died.append(r.replica_id)
+        return died
 
     def connection_lost(self, replica_id: str, how: str, now: float) -> bool:
         """A coordinator's connection (`how`: which) closed without goodbye: its replica is suspect
@@ -351,11 +365,13 @@ class ReplicaRegistry:
                           frozenset(r.replica_id for r in rs if r.state == ReplicaState.DEAD))
         return self._live
 
-    def transition(self, r: Replica, state: ReplicaState, reason: str, now: float, cause: str = "") -> None:
+    def transition(self, r: Replica, state: ReplicaState, reason: str, now: float, cause: str = "") -> bool:
+        """Move `r` to `state` (checked against its table), for `reason`; returns whether it
+        settled now (became DEAD or FINISHED)."""
         check_move(REPLICA_MOVES, f"replica {r.replica_id}", r.state, state)
         reason = clip_text(reason, self.settings.max_reason_chars)
         if r.state == state and r.reason == reason:
-            return
+            return False
         changed = r.state != state
         r.state, r.reason = state, reason
         if state in (ReplicaState.DIVERGED, ReplicaState.HEALTHY):
@@ -367,8 +383,7 @@ class ReplicaRegistry:
                            f"replica {r.replica_id} became {state.value}: {reason}", cause)
             self._goodput.on_state(r.replica_id, state == ReplicaState.HEALTHY, state == ReplicaState.DEAD,
                                    cause, r.last_seen, now)
-            if state in SETTLED:
-                self._settled(r, now)
+        return changed and state in SETTLED
 
     # -- durable snapshot --------------------------------------------------------------------
 

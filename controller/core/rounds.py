@@ -21,7 +21,7 @@ from typing import Callable
 from controller.core.checks import clip_text
 from controller.core.model import Quorum, Replica, ReplicaState
 from controller.core.pending_writes import REPLICAS, PendingWrites
-from controller.core.plausible import step_problem
+from controller.core.admission import step_problem
 from controller.core.quorum import RoundView, compute_quorum, form_quorum, quorate_since
 from controller.core.quorum_codec import quorum_from_dict
 from controller.core.rollback import RollbackDecision, check_rollback
@@ -72,7 +72,7 @@ class Rounds:
     # -- the open round ----------------------------------------------------------------------
 
     def beyond_history(self, replica_id: str, step: int) -> str | None:
-        """Why a join at `step` asks for more than the job's history allows (plausible.py), or None."""
+        """Why a join at `step` asks for more than the job's history allows (admission.step_problem), or None."""
         member = self.quorum is not None and any(m.replica_id == replica_id for m in self.quorum.members)
         return step_problem(replica_id, step, self.quorum.max_step if self.quorum else None,
                             self.max_committed_step, member)

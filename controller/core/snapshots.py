@@ -36,25 +36,26 @@ def section(state, which: str) -> dict | bytes:
 
 def replicas_section(state) -> dict:
     """Written before answering: small, and on the hot path of every committed step."""
+    rounds = state.rounds
     return {
         "version": SNAPSHOT_VERSION,
         "quorum": quorum_to_dict(state.quorum) if state.quorum else None,
         "replicas": [
             {k: getattr(r, k) for k in REPLICA_DURABLE_FIELDS} for r in state.replicas.values()
         ],
-        "first_quorum_id": state.first_quorum_id,
-        "max_committed_step": state.max_committed_step,
-        "steps_committed": state.steps_committed,
+        "first_quorum_id": state.rounds.first_quorum_id,
+        "max_committed_step": state.rounds.max_committed_step,
+        "steps_committed": state.rounds.steps_committed,
         "swaps": state.host_registry.swaps,
-        "deaths": state.deaths,
-        "order_seq": state.host_registry.order_seq,
+        "deaths": state.replica_registry.deaths,
+        "order_seq": state.outbox.order_seq,
         "digest_mismatches": state.divergence.mismatches,
         "completed_at": state.lifecycle.completed_at,
         "failed_at": state.lifecycle.failed_at,
         "job_end_reason": state.lifecycle.job_end_reason,
-        "history": [state.history_step, state.history_epoch, state.branch_start_step, state.newest_checkpoint_step],
-        "steps_lost": state.steps_lost,
-        "history_changes": state.history_changes,
+        "history": [rounds.history_step, rounds.history_epoch, rounds.branch_start_step, rounds.newest_checkpoint_step],
+        "steps_lost": state.rounds.steps_lost,
+        "history_changes": state.rounds.history_changes,
         "version_ceiling": state.host_registry.version_ceiling,
         "replica_versions": state.host_registry.replica_versions,
         "goodput": state.goodput.snapshot(),
@@ -66,9 +67,9 @@ def journal_section(state) -> dict:
     """Recent quorums and events, for the status API: written behind, within a tick."""
     return {
         "version": SNAPSHOT_VERSION,
-        "history": [quorum_to_dict(q) for q in state.quorum_history],
-        "events": [[e.at, e.kind, e.subject, e.message, e.cause, e.level, e.seq] for e in state.events],
-        "event_seq": state.event_seq,
+        "history": [quorum_to_dict(q) for q in state.rounds.quorum_history],
+        "events": [[e.at, e.kind, e.subject, e.message, e.cause, e.level, e.seq] for e in state.journal.events],
+        "event_seq": state.journal.event_seq,
         "goodput": state.goodput.snapshot_history(),
     }
 

@@ -1,85 +1,52 @@
 """ControllerState: the whole picture the controller decides on, and its durable snapshot.
 
 Every method takes `now` (seconds) from the caller; nothing here reads a clock, opens a
-socket or touches the store. The service changes it only through `ControllerCore.step`
-(controller/core/core.py), which hands back what a change asks for: the store sections it
-left unwritten (`writes`, controller/core/pending_writes.py), the orders for agents
-(`outbox`) and the events.
+socket or touches the store. Only `ControllerCore.step` (controller/core/core.py) calls it;
+the service and the tests read it through `ControllerView` (controller/core/view.py). A step
+leaves what it asks of the shell here for the core to fold into its Ready: the store sections
+left unwritten (`writes`, controller/core/pending_writes.py), the orders for agents (`outbox`,
+controller/core/outbox.py) and the events (`journal`).
 
 It holds the event journal (controller.core.journal) and combines the components that own
 the rest: `replica_registry` (controller.core.replicas: the replica records, liveness,
 suspects), `rounds` (controller.core.rounds: the open round, the quorums, the job's history),
-`host_registry` (controller.core.hosts: hosts, assignments, versions, orders), `lifecycle`
-(controller.core.finishing), `divergence` (controller.core.divergence), `restart_budget`
-(controller.core.restarts) and `diagnostician` (controller.core.diagnosis.acting). A component
-changes only its own data and returns intents (controller.core.intents), which `act` carries
-out here, in one place; the registries and the rounds are handed what they need at
-construction (the pending writes, `_event`, the goodput tracker, and one hook each: the host
-registry the replica registry's `kill`, the replica registry `_replica_settled`). What crosses
-components -- a join's checks, closing a round, a commit, a replica that settled -- is
-combined here, in the methods of the same names.
+`host_registry` (controller.core.hosts: hosts, assignments, versions, the orders they need),
+`lifecycle` (controller.core.finishing), `divergence` (controller.core.divergence),
+`restart_budget` (controller.core.restarts) and `diagnostician` (controller.core.diagnosis.acting).
+A component changes only its own data and returns what it asks of the others as intents
+(controller.core.intents: a host's death returns `KillReplica` and `MoveWork`, a replica that
+settled says so), which `act` carries out here, in one place and in order. What crosses
+components -- a join's checks, closing a round, a commit, a replica that settled -- is combined
+here, in the methods of the same names.
 """
 
 from __future__ import annotations
 
-from controller.core import snapshots
-from controller.core.checks import check_optional_id, clip_text
+from controller.core.admission import check_coordinator_host, check_join
+from controller.core.checks import clip_text
 from controller.core.diagnosis.acting import Diagnostician, Facts
 from controller.core.diagnosis.telemetry import HostReport
 from controller.core.divergence import DivergenceTracker
-from controller.core.errors import FailedPrecondition, RequestError
+from controller.core.errors import RequestError
 from controller.core.finishing import JobLifecycle
 from controller.core.goodput import GoodputTracker, NoGoodput
 from controller.core.hosts import HostRegistry
 from controller.core.journal import EventJournal
 from controller.core.intents import (
-    Announce, Diagnose, EndRounds, Evict, KillReplica, MoveReplica, Persist, ReplaceHost, RestartReplica,
+    Announce, Diagnose, EndRounds, Evict, KillReplica, MoveReplica, MoveWork, Persist, ReplaceHost, RestartReplica,
 )
 from controller.core.model import (
     SETTLED, DeathCause, Event, HostState, JobState, JoinRequest, Quorum, Replica, ReplicaState, refresh_seen,
 )
+from controller.core.outbox import Outbox
 from controller.core.pending_writes import JOURNAL, PendingWrites
-from controller.core.replica_set import coordinator_host_problem, replica_set_problem
-from controller.core.replicas import JoinPlan, ReplicaRegistry
+from controller.core.replicas import ReplicaRegistry
 from controller.core.restarts import RestartBudget
 from controller.core.rounds import Rounds
 from controller.settings import ControllerSettings
 
 
-class _Settings:
-    """`state.settings = x` (tests change settings) hands `x` to the components as well.
-    Only setting is hooked: with no __get__, reading is the plain instance lookup (it is read
-    on every request)."""
-
-    COMPONENTS = ("lifecycle", "restart_budget", "diagnostician", "host_registry", "replica_registry", "rounds")
-
-    def __set__(self, state, settings: ControllerSettings) -> None:
-        state.__dict__["settings"] = settings
-        for name in self.COMPONENTS:
-            if name in state.__dict__:
-                state.__dict__[name].settings = settings
-
-
-#: what ControllerState shows of its components, for the service and the tests (the core's own
-#: code calls the components): name -> the component that holds it
-SHOWN = {
-    **dict.fromkeys((
-        "hosts", "rank_holders", "replica_versions", "swaps", "order_seq", "assignment_seq", "version_ceiling",
-        "outbox", "register_agent", "deregister_agent", "ack_order", "orders_on_connect", "is_superseded",
-        "authenticate_agent", "drain", "evict", "cordon", "uncordon", "encoded_host_shard", "replica_endpoints",
-        "restart_replica", "replica_hosts", "take_orders", "undelivered"), "host_registry"),
-    **dict.fromkeys(("deaths", "suspects"), "replica_registry"),
-    **dict.fromkeys(("events", "event_seq"), "journal"),
-    **dict.fromkeys((
-        "quorum_history", "first_quorum_id", "round_joined", "round_first_join_at", "round_reason", "round_wake_at",
-        "steps_committed", "max_committed_step", "history_step", "history_epoch", "branch_start_step",
-        "newest_checkpoint_step", "steps_lost", "history_changes", "rollback_wait_since"), "rounds"),
-}
-
-
 class ControllerState:
-    settings = _Settings()
-
     def __init__(self, settings: ControllerSettings) -> None:
         self.settings = settings.validate()
         #: the recent events, numbered and kept by level (controller.core.journal)
@@ -90,12 +57,13 @@ class ControllerState:
         #: the store sections changed and not yet handed out for writing (pending_writes.py)
         self.writes = PendingWrites()
         #: replica records, liveness and suspects (controller.core.replicas)
-        self.replica_registry = ReplicaRegistry(self.settings, self.writes, self._event, self.goodput,
-                                                self._replica_settled)
+        self.replica_registry = ReplicaRegistry(self.settings, self.writes, self._event, self.goodput)
         #: the open round, the quorums and the job's history (controller.core.rounds)
         self.rounds = Rounds(self.settings, self.writes, self._event, self.goodput)
         #: hosts, their assignments, versions and orders (controller.core.hosts)
-        self.host_registry = HostRegistry(self.settings, self.writes, self._event, self.replica_registry.kill)
+        #: the orders for agents not yet handed to the shell (controller.core.outbox)
+        self.outbox = Outbox()
+        self.host_registry = HostRegistry(self.settings, self.writes, self.outbox, self._event)
         #: each host's replica restarts, against the restart budget (controller.core.restarts)
         self.restart_budget = RestartBudget(self.settings)
         #: replica digests compared per step, DIVERGED replicas (controller.core.divergence)
@@ -116,42 +84,20 @@ class ControllerState:
     # -- joins and rounds (the replica registry and the rounds, with the hosts' fencing) -------
 
     def join(self, req: JoinRequest, now: float) -> None:
-        plan = self._checked_join(req)
+        plan = check_join(req, self.replica_registry, self.host_registry, self.lifecycle, self.rounds, self.settings)
         # Validated: from here on the request changes state.
         if plan.restarted and plan.record is not None and plan.record.state == ReplicaState.FINISHED:
             self.lifecycle.trains_again(plan.replica_id)
-        renewed = self.replica_registry.admit(plan, req, now, job_over=lambda: self.lifecycle.job_over)
+        self.act([k for k in [self.replica_registry.restart_kills(plan, req)] if k], now)
+        renewed = self.replica_registry.admit(plan, req, now, job_over=self.lifecycle.job_over)
         if self.lifecycle.job_over:
             # Its old process's death (the restart) ended the job: every other replica had
             # finished. The new process trains nothing: its join is refused as the round's end.
             return
         self.rounds.joined(plan.replica_id, req.step, renewed, now)
 
-    def _checked_join(self, req: JoinRequest) -> JoinPlan:
-        """A join's fields and its right to join checked (RequestError says why not), in this
-        order: its own fields, its host's right to run the replica's coordinator, the room in
-        the records, the job's state, the configured replicas, the job's history, its step."""
-        replicas = self.replica_registry
-        rid, ftar, state = replicas.check_join_fields(req)
-        self._check_coordinator_host(rid, req.host_id)
-        plan = replicas.check_room(rid, req, ftar, state)
-        self.lifecycle.check_join_allowed(rid, plan.record, plan.restarted)
-        hosts = self.host_registry
-        holder = hosts.hosts.get(hosts.rank_holders.get((rid, 0), ""))
-        held = holder.assignment.world_size if holder is not None and holder.assignment is not None else None
-        problem = (replica_set_problem(rid, req.world_size, held, hosts.rank_holders, self.replicas,
-                                       self.settings.replicas)
-                   or self.rounds.beyond_history(rid, req.step))
-        if problem:
-            raise FailedPrecondition(problem)
-        replicas.check_goes_back(plan, req.step)
-        return plan
-
     def _check_coordinator_host(self, replica_id: str, host_id: str) -> None:
-        check_optional_id("host_id", host_id, self.settings.max_id_chars)
-        problem = coordinator_host_problem(replica_id, host_id, self.host_registry.rank_holders.get((replica_id, 0)))
-        if problem:
-            raise FailedPrecondition(problem)
+        check_coordinator_host(replica_id, host_id, self.host_registry.rank_holders, self.settings)
 
     def try_close_round(self, now: float) -> Quorum | None:
         """Close the round if the policy says so; returns the new quorum or None. The rounds
@@ -221,6 +167,7 @@ class ControllerState:
         replicas.check_finished(r, step)
         # Validated: from here on the request changes state.
         if replicas.finish(r, step, reason, now):
+            self._replica_settled(r, now)
             self.rounds.finished_at(step)
         return self.lifecycle.job_state
 
@@ -233,7 +180,10 @@ class ControllerState:
     # -- liveness ------------------------------------------------------------------------------
 
     def kill_replica(self, replica_id: str, cause: DeathCause, reason: str, now: float) -> bool:
-        return self.replica_registry.kill(replica_id, cause, reason, now)
+        if not self.replica_registry.kill(replica_id, cause, reason, now):
+            return False
+        self._replica_settled(self.replicas[replica_id], now)
+        return True
 
     def _replica_settled(self, r: Replica, now: float) -> None:
         """`r` became DEAD or FINISHED: out of the open round (a dead one's telemetry groups
@@ -247,7 +197,8 @@ class ControllerState:
         return self.replica_registry.connection_lost(replica_id, how, now)
 
     def expire_replicas(self, now: float) -> None:
-        self.replica_registry.expire(now, self.silence)
+        for rid in self.replica_registry.expire(now, self.silence):
+            self._replica_settled(self.replicas[rid], now)
 
     def live_replicas(self) -> frozenset[str]:
         return self.replica_registry.live()
@@ -260,7 +211,7 @@ class ControllerState:
         that waited long enough, and run the periodic diagnosis. A completed job's agents leave:
         their silence is no failure (no host deaths, no swaps, no diagnosis)."""
         if not self.lifecycle.job_over:
-            self.host_registry.expire(now, self.silence)
+            self.act(self.host_registry.expire(now, self.silence), now)
         self.expire_replicas(now)
         self.compare_digests(now)
         if not self.lifecycle.job_over:
@@ -284,7 +235,8 @@ class ControllerState:
             elif isinstance(i, MoveReplica):
                 r = self.replicas.get(i.replica_id)
                 if r is not None and not (i.unless_settled and r.state in SETTLED):
-                    self.replica_registry.transition(r, i.state, i.reason, now)
+                    if self.replica_registry.transition(r, i.state, i.reason, now):
+                        self._replica_settled(r, now)
             elif isinstance(i, Diagnose):
                 self._carry_out(self.diagnostician.verdicts(list(i.verdicts), self._facts(), now), now)
             elif isinstance(i, Evict):
@@ -293,6 +245,8 @@ class ControllerState:
                 self._restart_in_place(i.replica_id, i.why, now)
             elif isinstance(i, ReplaceHost):
                 self.host_registry.replace(i.host_id, i.reason, now)
+            elif isinstance(i, MoveWork):
+                self.host_registry.move_work(i.host_id, now)
             else:
                 raise TypeError(f"{i!r} is not an intent")
 
@@ -312,6 +266,18 @@ class ControllerState:
         hosts = self.host_registry
         return Facts(hosts.hosts, self.replicas, hosts.rank_holders, self.quorum)
 
+    def deregister_agent(self, host_id: str, incarnation: str, reason: str, now: float) -> str:
+        """An agent leaves cleanly (HostRegistry decides); its replica is taken out if it ran one."""
+        message, kills = self.host_registry.deregister_agent(host_id, incarnation, reason, now)
+        self.act(kills, now)
+        return message
+
+    def drain(self, host_id: str, now: float) -> str:
+        """An operator moves the host's work to a spare (HostRegistry decides)."""
+        message, kills = self.host_registry.drain(host_id, now)
+        self.act(kills, now)
+        return message
+
     def report_telemetry(self, report: HostReport, agent_secret: str, now: float) -> list[str]:
         """Keep an agent's summary (its agent secret checked); returns what was left out and why."""
         self.diagnostician.check(report)
@@ -322,11 +288,12 @@ class ControllerState:
 
     def _evict_for_diagnosis(self, i: Evict, now: float) -> None:
         try:
-            self.host_registry.evict(i.host_id, "diagnosis", i.reason, now)
+            _, kills = self.host_registry.evict(i.host_id, "diagnosis", i.reason, now)
         except RequestError as exc:  # the host changed between deciding and acting
             self._event(now, "diagnosis", i.host_id, f"{i.finding}: eviction of host {i.host_id} failed: {exc}",
                         i.cause)
             return
+        self.act(kills, now)
         self.diagnostician.evicted(i.host_id, now)
 
     # -- trainers' exits (the hosts check them, JobLifecycle and RestartBudget decide) --------
@@ -353,13 +320,13 @@ class ControllerState:
 
     def _restart_in_place(self, rid: str, why: str, now: float) -> None:
         hosts = self.host_registry
-        first = len(hosts.outbox)
-        restarted = hosts.restart_replica(rid, why)
+        with self.outbox.batch() as orders:
+            restarted = hosts.restart_replica(rid, why)
         if restarted:
             self.replica_registry.count_restart(rid)
             self._event(now, "replica_restart", rid, f"replica {rid} restarts its ranks on {restarted} host(s) "
                                                      f"together: {why}")
-        hosts.announce_orders(first, now)
+        hosts.announce_orders(orders, now)
 
     # -- digests (DivergenceTracker decides) ---------------------------------------------------
 
@@ -388,21 +355,6 @@ class ControllerState:
             if r is not None and r.state not in SETTLED and r.committed_step < step:
                 out.append(m.replica_id)
         return out
-
-    digest_ledger = property(lambda self: self.divergence.ledger)
-    digest_mismatches = property(lambda self: self.divergence.mismatches)
-
-    # -- the job's ending, as read by the service and the tests (JobLifecycle owns it) --------
-
-    job_state = property(lambda self: self.lifecycle.job_state)
-    job_over = property(lambda self: self.lifecycle.job_over)
-    job_state_reason = property(lambda self: self.lifecycle.job_state_reason)
-    completed_at = property(lambda self: self.lifecycle.completed_at)
-    failed_at = property(lambda self: self.lifecycle.failed_at)
-    job_end_reason = property(lambda self: self.lifecycle.job_end_reason)
-    stuck_since = property(lambda self: self.lifecycle.stuck_since)
-    failing_since = property(lambda self: self.lifecycle.failing_since)
-    exit_causes = property(lambda self: self.lifecycle.exit_causes)
 
     def silence(self, last_seen: float, now: float) -> str:
         """Why a record last seen at `last_seen` counts as dead now, or "" while it does not.
@@ -458,25 +410,7 @@ class ControllerState:
                                     keep=self.settings.recent_events)
         self.writes.mark(JOURNAL, urgent=event.level != "info")
 
-    # -- the components' records, as the service and the tests read them --------------------
-
-    def __getattr__(self, name: str):
-        """`state.hosts`, `state.round_joined`, ...: a component's (SHOWN), for the service
-        and the tests; the core's own code calls the component."""
-        component = self.__dict__.get(SHOWN.get(name, ""))
-        if component is not None:
-            return getattr(component, name)
-        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
-
     # -- durable snapshot --------------------------------------------------------------------
-
-    snapshot_section = snapshots.section
-    snapshot_replicas = snapshots.replicas_section
-    snapshot_journal = snapshots.journal_section
-    snapshot_addresses = snapshots.addresses_section
-    addresses_snapshot = staticmethod(snapshots.addresses_snapshot)
-    snapshot_hosts = snapshots.host_section
-    snapshot_host_shards = snapshots.host_sections
 
     def restore(self, replicas: dict | None, host_shards: list[dict | None], now: float,
                 addresses: dict[str, dict] | None = None, journal: dict | None = None) -> None:

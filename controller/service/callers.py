@@ -20,7 +20,7 @@ def check_coordinator(server, state, request) -> None:
     check_id("replica_id", request.replica_id, limit)  # bounded before anything is computed of it
     check_optional_id("host_id", request.host_id, limit)
     server.credentials.check_coordinator(request.credential, request.replica_id, request.host_id,
-                                         state.host_registry.rank_holders.get((request.replica_id, 0)))
+                                         state.rank_holders.get((request.replica_id, 0)))
 
 
 def check_beat(server, state, beat) -> None:
@@ -29,9 +29,9 @@ def check_beat(server, state, beat) -> None:
     if not server.credentials.enabled:
         return
     for host_id in beat.host_ids:
-        if host_id in state.host_registry.hosts:
-            state.host_registry.authenticate_agent(host_id, beat.agent_secret)
+        if host_id in state.hosts:
+            state.authenticate_agent(host_id, beat.agent_secret)
     for replica_id in beat.replica_ids:
         if replica_id in state.replicas:
             server.credentials.check_coordinator(beat.credential, replica_id, beat.host_id,
-                                                 state.host_registry.rank_holders.get((replica_id, 0)))
+                                                 state.rank_holders.get((replica_id, 0)))

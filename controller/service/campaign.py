@@ -19,7 +19,6 @@ import json
 import logging
 
 from controller.core.commands import Takeover
-from controller.core.core import ControllerCore
 from controller.store import Leadership, StoreError
 
 log = logging.getLogger("fthsdp.controller")
@@ -43,7 +42,7 @@ class Campaign:
             leadership = None
             try:
                 leadership = await srv.store.campaign(srv.candidate, srv.settings.lease_ttl_s)
-                state = await srv.load_state(for_writing=True)
+                core = await srv.load_core(for_writing=True)
             except StoreError as exc:
                 log.warning("store unavailable while campaigning: %s; retrying", exc)
                 if leadership is not None:  # won but could not load: let go, or nobody ever leads
@@ -56,15 +55,15 @@ class Campaign:
                     await self.let_go(leadership)
                 await asyncio.sleep(RETRY_S)
                 continue
-            srv.core, srv.leadership, srv.leading = ControllerCore(state), leadership, True
+            srv.core, srv.leadership, srv.leading = core, leadership, True
             srv.leader_address = srv.advertise_address
             await self._announce(leadership)
             # Clients lost the old leader and back off: they get a reconnect cycle to find us
             # before silence counts.
-            srv.step_now(Takeover(srv.candidate, srv.settings.takeover_grace_s))
+            srv.submit(Takeover(srv.candidate, srv.settings.takeover_grace_s))
             srv.set_health(True)
             log.info("controller %s became leader (quorum id %s)", srv.candidate,
-                     state.quorum.quorum_id if state.quorum else 0)
+                     core.view.quorum.quorum_id if core.view.quorum else 0)
             ticker = asyncio.create_task(srv.tick(), name="ticker")
             try:
                 await leadership.lost.wait()

@@ -126,12 +126,12 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
                 continue
             try:
                 self._check_beat(beat, context)
-            except RequestError as exc:
+                state = self.server.state
+                unknown = await self.server.apply(c.Heartbeat(tuple(beat.host_ids), tuple(beat.replica_ids),
+                                                              max(beat.finishing_trainers, 0)))
+            except (RequestError, NotLeader, StoreError) as exc:
                 refuse(context, "Heartbeat", exc)
                 return
-            state = self.server.state
-            unknown = self.server.step_now(c.Heartbeat(tuple(beat.host_ids), tuple(beat.replica_ids),
-                                                       max(beat.finishing_trainers, 0)))
             yield pb.HeartbeatResponse(unknown_ids=unknown, job_state=JOB_STATES[state.job_state],
                                        job_state_reason=state.job_end_reason if state.job_over else "")
 
@@ -186,7 +186,7 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
             address=request.address, rendezvous_port=request.rendezvous_port,
             coordinator_port=request.coordinator_port, previous_secret=request.previous_secret,
             standby=request.standby))
-        hosts = state.host_registry
+        hosts = state
         host = hosts.hosts[request.host_id]
         issued = host.secret_hash == hash_secret(secret)
         rid = assignment.replica_id if assignment else ""
@@ -201,7 +201,7 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
         try:
             state = server.require_leader()
             server.check_peer_may_act_as(context, request.host_id)
-            host = state.host_registry.authenticate_agent(request.host_id, request.agent_secret)
+            host = state.authenticate_agent(request.host_id, request.agent_secret)
             if host.incarnation != request.incarnation:
                 raise FailedPrecondition(
                     f"host {request.host_id} incarnation {shown(request.incarnation)} is not the registered one "
@@ -215,7 +215,7 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
             old.put_nowait(None)
         server.order_streams[request.host_id] = queue
         pending = server.pending_orders.pop(request.host_id, None)
-        first = server.step_now(c.ConnectOrders(request.host_id, pending))
+        first = server.submit(c.ConnectOrders(request.host_id, pending)).answer
         if pending is not None and pending not in first:
             log.info("host %s: dropped order %s %s, superseded by its current assignment", request.host_id,
                      pending.order_id, pending.kind)
@@ -235,7 +235,7 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
     async def AckOrder(self, request, context):
         state = self.server.require_leader()
         self.server.check_peer_may_act_as(context, request.host_id)
-        state.host_registry.authenticate_agent(request.host_id, request.agent_secret)
+        state.authenticate_agent(request.host_id, request.agent_secret)
         await self.server.apply(c.AckOrder(request.host_id, request.order_id, request.ok, request.error))
         return pb.AckOrderResponse()
 
@@ -250,7 +250,7 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
     async def ReportTrainerExit(self, request, context):
         state = self.server.require_leader()
         self.server.check_peer_may_act_as(context, request.host_id)
-        state.host_registry.authenticate_agent(request.host_id, request.agent_secret)
+        state.authenticate_agent(request.host_id, request.agent_secret)
         await self.server.apply(c.TrainerExit(
             request.host_id, request.replica_id, request.rank, exit_code=request.exit_code, signal=request.signal,
             stderr_tail=request.stderr_tail, gave_up=request.gave_up, version=request.version))
@@ -260,7 +260,7 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
     async def DeregisterAgent(self, request, context):
         state = self.server.require_leader()
         self.server.check_peer_may_act_as(context, request.host_id)
-        state.host_registry.authenticate_agent(request.host_id, request.agent_secret)
+        state.authenticate_agent(request.host_id, request.agent_secret)
         await self.server.apply(c.DeregisterAgent(request.host_id, request.incarnation, request.reason))
         return pb.DeregisterAgentResponse()
 

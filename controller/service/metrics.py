@@ -120,7 +120,7 @@ class StateCollector:
                         {kind: state.history_changes.get(kind, 0) for kind in ("rollback", "roll_forward")})
 
     def _hosts(self, state, job: str):
-        registry = state.host_registry
+        registry = state
         hosts = list(registry.hosts.values())
         yield _by_state("fthsdp_hosts", "Hosts by state", job, HostState, hosts)
         yield _gauge("fthsdp_spares_free", "Live, uncordoned spare hosts", job,

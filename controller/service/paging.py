@@ -25,9 +25,9 @@ class SortedIds:
         self._ids: list[str] = []
 
     def of(self, state) -> list[str]:
-        if state is not self._state or len(state.host_registry.hosts) != self._count:
-            self._state, self._count = state, len(state.host_registry.hosts)
-            self._ids = sorted(state.host_registry.hosts)
+        if state is not self._state or len(state.hosts) != self._count:
+            self._state, self._count = state, len(state.hosts)
+            self._ids = sorted(state.hosts)
         return self._ids
 
 

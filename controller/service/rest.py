@@ -19,7 +19,7 @@ from controller.core.checks import ID_PATTERN
 from controller.core.commands import Cordon, Drain, Uncordon
 from controller.core.diagnosis.findings import FindingKind
 from controller.core.errors import RequestError
-from controller.core.state import ControllerState
+from controller.core.view import ControllerView
 from controller.service.errors import NotLeader, http_status
 from controller.service.event_log import iso_time
 from controller.service.paging import PAGE_MAX, SortedIds, event_page, host_page, next_link
@@ -104,11 +104,11 @@ async def view(srv: Annotated[object, Depends(read_access)]) -> tuple:
     """The leader's live state, or on a standby the last durable snapshot."""
     if srv.leading and srv.state is not None:
         return srv.state, srv
-    return await srv.load_state(), srv
+    return (await srv.load_core()).view, srv
 
 
 View = Annotated[tuple, Depends(view)]
-Admin = Annotated[ControllerState, Depends(admin_access)]
+Admin = Annotated[ControllerView, Depends(admin_access)]
 
 
 def make_app(server) -> FastAPI:
@@ -184,7 +184,7 @@ def _add_status_routes(app: FastAPI) -> None:
         if cursor is not None:
             response.headers["Link"] = next_link("/api/v1/hosts", limit=limit, after=cursor)
         reasons = host_reasons(state)
-        return [host_view(state.host_registry.hosts[h], now, reasons) for h in page]
+        return [host_view(state.hosts[h], now, reasons) for h in page]
 
     @app.get("/api/v1/stalls", responses=READ_PROBLEMS, response_model=StallsView,
              summary="When the job stood still (its committed step did not advance), and the failures behind it")

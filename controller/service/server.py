@@ -1,4 +1,4 @@
-"""ControllerServer: the thin shell around ControllerState.
+"""ControllerServer: the thin shell around the controller's core (controller.core.core).
 
 It owns the event loop side of things: the gRPC and HTTP servers, leadership in the store,
 persisting snapshots, waking rounds on time, and delivering orders to agent streams. All
@@ -32,7 +32,7 @@ from controller.core.commands import CloseRound, ConnectionLost, Join, LeaveRoun
 from controller.core.core import ControllerCore
 from controller.core.pending_writes import write_order
 from controller.core.ready import Ready
-from controller.core.state import ControllerState
+from controller.core.view import ControllerView
 from controller.freed_memory import trim_freed_memory
 from controller.service import event_log
 from controller.service.campaign import Campaign
@@ -263,11 +263,10 @@ class ControllerServer:
         for q in self.order_streams.values():
             q.put_nowait(None)
 
-    async def load_state(self, for_writing: bool = False) -> ControllerState:
-        """The last durable snapshot as a state: what a new leader starts from
+    async def load_core(self, for_writing: bool = False) -> ControllerCore:
+        """A core started from the last durable snapshot: what a new leader decides with
         (`for_writing`: it remembers the revisions its next writes must match) and what a
-        standby shows."""
-        state = ControllerState(self.settings)
+        standby shows (its `view`)."""
         sections = ["replicas", "journal"] + [f"hosts/{i}" for i in range(HOST_SHARDS)]
         found = {section: await self.store.get(self.key(section)) for section in sections}
         loaded = {section: json.loads(v.value) if v.value else None for section, v in found.items()}
@@ -276,17 +275,19 @@ class ControllerServer:
             found[section] = await self.store.get(self.key(section))
             loaded[section] = json.loads(found[section].value) if found[section].value else None
         addresses = {k.split("/", 1)[1]: v for k, v in loaded.items() if k.startswith("addresses/") and v}
-        state.restore(loaded["replicas"], [loaded[s] for s in sections[2:]], self.clock(), addresses, loaded["journal"])
+        core = ControllerCore.restored(self.settings, loaded["replicas"], [loaded[s] for s in sections[2:]],
+                                       self.clock(), addresses, loaded["journal"])
         if for_writing:
             self.writer.start_leading({section: v.revision for section, v in found.items()})
-        return state
+        return core
 
     @property
-    def state(self) -> ControllerState | None:
-        """The state the core decides on (read-only outside the core's steps)."""
-        return self.core.state if self.core is not None else None
+    def state(self) -> ControllerView | None:
+        """What the service reads of the leader's state (controller.core.view); it changes only
+        through `step`."""
+        return self.core.view if self.core is not None else None
 
-    def require_leader(self) -> ControllerState:
+    def require_leader(self) -> ControllerView:
         if not self.leading or self.state is None:
             where = f" (at {self.leader_address})" if self.leader_address else ""
             raise NotLeader(f"controller {self.candidate} is a standby; the leader is elsewhere{where}",
@@ -314,22 +315,67 @@ class ControllerServer:
             self._poke.set()
         return ready
 
+    def execute(self, ready: Ready, answered: list[tuple[asyncio.Future, int, bool]] = ()):
+        """Carry out `ready`: the one place Ready's rule (controller/core/ready.py) is applied.
+        What must be durable is written first; only then are the orders delivered and the
+        waiting answers sent; then what may follow is written behind. A failed write goes back
+        to the core (WriteFailed) and `answered` hear the refusal instead.
+
+        When nothing is to be written and no write is under way or gathering (every round of an
+        unchanged quorum id), all of it happens now, in this call, and None comes back.
+        Otherwise what is left comes back as a coroutine: the caller awaits it (`apply`: its
+        failure is the caller's) or leaves it to run (`submit`). Writes are shared by every
+        caller of this pass of the event loop (group commit: 64 registrations or commit
+        reports that arrive together cost one write of each section they changed, not 64)."""
+        if not (ready.durable_first or self.writer.busy or self.writer.batch_open):
+            self._deliver(ready.orders)
+            self._answer(answered)
+            return self._write_behind(ready.writes_behind) if ready.writes_behind else None
+        return self._durable_first(ready, answered)
+
+    async def _durable_first(self, ready: Ready, answered) -> None:
+        try:
+            # an answer may follow from a write under way, or from one this pass of the loop shares
+            await self.writer.write_shared(ready.writes)
+        except BaseException as exc:
+            if isinstance(exc, SectionsUnwritten) and self.leading:
+                self.core.step(WriteFailed(exc.unwritten, ready.orders), self.clock())
+            refusal = exc if isinstance(exc, (NotLeader, StoreError)) else NotLeader(f"could not settle: {exc!r}")
+            for fut, *_ in answered:
+                if not fut.done():
+                    fut.set_exception(refusal)
+            raise
+        self._deliver(ready.orders)
+        self._answer(answered)
+        if ready.writes_behind:
+            await self._write_behind(ready.writes_behind)
+
+    async def _write_behind(self, sections: tuple[str, ...]) -> None:
+        try:
+            await self.writer.write(sections)
+        except SectionsUnwritten as exc:
+            if self.leading:
+                self.core.step(WriteFailed(exc.unwritten), self.clock())
+            raise
+
     async def apply(self, command):
-        """Step, then carry out what the step asks (writes first, then orders and answers);
-        returns the command's answer. The write is shared by every caller of this pass of the
-        event loop (group commit: 64 registrations or commit reports that arrive together cost
-        one write of each section they changed, not 64)."""
+        """Step, then carry out what the step asks (`execute`); returns the command's answer
+        once it may leave (what it follows from is durable)."""
         ready = self.step(command)
-        await self._carry_out(ready, self._round_outcome(ready), shared=True)
+        pending = self.execute(ready, self._round_outcome(ready))
+        if pending is not None:
+            await pending
         return ready.answer
 
-    def step_now(self, command):
-        """A step whose answer may leave before its writes (it claims nothing durable:
-        heartbeats, a join that left, an order stream opened): they follow in a task."""
+    def submit(self, command) -> Ready:
+        """Step, and carry out what the step asks (`execute`) without waiting for it: for
+        callers that cannot wait (event loop callbacks, a stream being opened, a takeover).
+        Whatever the step asks still follows the rule; a failure is logged."""
         ready = self.step(command)
-        if ready.writes or ready.orders:
-            self._spawn(self._carry_out_logged(ready, []))
-        return ready.answer
+        pending = self.execute(ready, self._round_outcome(ready))
+        if pending is not None:
+            self._spawn(pending)
+        return ready
 
     async def settle(self) -> None:
         """Look at the round (it closes if due), and carry out what is pending."""
@@ -350,57 +396,34 @@ class ControllerServer:
             for rid in [rid for rid in self.waiters if rid not in ready.round_members]:
                 r = self.state.replicas.get(rid)
                 reason = r.reason if r is not None else "unknown replica"
-                ended = self.state.lifecycle.join_refusal(rid)  # the job ended: said at once, no retry
+                ended = self.state.join_refusal(rid)  # the job ended: said at once, no retry
                 for fut, *_ in self.waiters.pop(rid):
                     if not fut.done():
                         fut.set_exception(FailedPrecondition(ended) if ended else
                                           NotLeader(f"replica {rid} was dropped from the round: {reason}"))
         return answered
 
-    async def _carry_out(self, ready: Ready, answered: list[tuple[asyncio.Future, int, bool]],
-                         shared: bool = False) -> None:
-        """Ready's rule: write, then deliver and answer, then write behind. A failed write
-        goes back to the core; the quorum's members hear the refusal instead of an answer that
-        is not durable (they join again)."""
-        try:
-            # an answer may follow from a write under way, or from one this pass of the loop shares
-            if ready.writes or self.writer.busy or (shared and self.writer.batch_open):
-                await (self.writer.write_shared if shared else self.writer.write)(ready.writes)
-        except BaseException as exc:
-            if isinstance(exc, SectionsUnwritten) and self.leading:
-                self.core.step(WriteFailed(exc.unwritten, ready.orders), self.clock())
-            refusal = exc if isinstance(exc, (NotLeader, StoreError)) else NotLeader(f"could not settle: {exc!r}")
-            for fut, *_ in answered:
-                if not fut.done():
-                    fut.set_exception(refusal)
-            raise
-        self._deliver(ready.orders)
-        self._answer(answered)
-        if ready.writes_behind:
-            try:
-                await self.writer.write(ready.writes_behind)
-            except SectionsUnwritten as exc:
-                if self.leading:
-                    self.core.step(WriteFailed(exc.unwritten), self.clock())
-                raise
-
     def _answer(self, answered: list[tuple[asyncio.Future, int, bool]]) -> None:
         for fut, known, encoded in answered:
             if not fut.done():
                 fut.set_result(self.answers.encoded(known) if encoded else self.answers.get(known))
 
-    async def _carry_out_logged(self, ready: Ready, answered) -> None:
-        try:
-            await self._carry_out(ready, answered)
-        except (NotLeader, StoreError) as exc:  # the joiners' futures carry it
-            log.warning("could not carry out a step: %s", exc)
-        except Exception as exc:  # noqa: BLE001 - a bug must not leave coordinators waiting for ever
-            self._settle_failed(exc)
-
-    def _spawn(self, coro) -> None:
-        task = asyncio.ensure_future(coro)
+    def _spawn(self, pending) -> None:
+        """Run the rest of an `execute` on its own; its failure is logged (the joiners' futures
+        carry it to them)."""
+        task = asyncio.ensure_future(pending)
         self._settling.add(task)
-        task.add_done_callback(self._settling.discard)
+        task.add_done_callback(self._settled_task)
+
+    def _settled_task(self, task: asyncio.Task) -> None:
+        self._settling.discard(task)
+        if task.cancelled():
+            return
+        exc = task.exception()
+        if isinstance(exc, (NotLeader, StoreError)):
+            log.warning("could not carry out a step: %s", exc)
+        elif exc is not None:  # a bug must not leave coordinators waiting for ever
+            self._settle_failed(exc)
 
     def join(self, request: JoinRequest, waiter: tuple[asyncio.Future, int, bool]) -> None:
         """Enter a join in the open round; `waiter` (future, the quorum id it knows, whether it
@@ -416,9 +439,9 @@ class ControllerServer:
         N joins costs one look at the round, not N. The joiners wait on their futures, which
         the settle answers or fails.
 
-        When nothing must be written before the answers and no write is under way (every
-        round of an unchanged quorum id), the settle is done right in that callback: no task,
-        no lock, no further pass of the loop. Otherwise a task writes, then answers."""
+        `execute` carries the round out: when nothing must be written before the answers and
+        no write is under way (every round of an unchanged quorum id), right in that callback
+        (no task, no lock, no further pass of the loop); otherwise a task writes, then answers."""
         if self._settle_scheduled:
             return
         self._settle_scheduled = True
@@ -438,16 +461,14 @@ class ControllerServer:
             if joins:  # what the joins asked goes with the round's answer (a coordinator's new addresses)
                 ready = replace(ready, writes=write_order({w: None for j in joins for w in j.writes} | dict.fromkeys(
                     ready.writes)), orders=tuple(o for j in joins for o in j.orders) + ready.orders)
-            if not ready.writes and not self.writer.busy:
-                self._deliver(ready.orders)
-                self._answer(answered)
-                return
-            self._spawn(self._carry_out_logged(ready, answered))
+            pending = self.execute(ready, answered)
+            if pending is not None:
+                self._spawn(pending)
 
         asyncio.get_running_loop().call_soon(start)
 
     def _settle_failed(self, exc: Exception) -> None:
-        log.exception("settling the round failed")
+        log.error("settling the round failed: %r", exc, exc_info=exc)
         for waiting in self.waiters.values():
             for fut, *_ in waiting:
                 if not fut.done():
@@ -462,13 +483,13 @@ class ControllerServer:
         if waiting:
             return
         self.waiters.pop(replica_id, None)
-        if self.leading and self.state is not None and self.step_now(LeaveRound(replica_id, why)):
+        if self.leading and self.state is not None and self.submit(LeaveRound(replica_id, why)).answer:
             self._poke.set()
 
     def coordinator_connection_lost(self, replica_id: str, how: str) -> None:
         """A coordinator's connection (`how`) closed without goodbye: the core decides (its replica
         becomes suspect), the next settle closes the round without it if it may."""
-        if self.leading and self.state is not None and self.step_now(ConnectionLost(replica_id, how)):
+        if self.leading and self.state is not None and self.submit(ConnectionLost(replica_id, how)).answer:
             self._poke.set()
 
     def _deliver(self, orders) -> None:
@@ -500,7 +521,7 @@ class ControllerServer:
     async def tick(self) -> None:
         tick_s = min(0.25, self.settings.heartbeat_timeout_s / 10)
         while True:
-            wake = self.state.round_wake_at
+            wake = self._last_wake  # the last Ready's wake_at
             delay = tick_s if wake is None else min(tick_s, max(wake - self.clock(), 0.001))
             self._poke.clear()
             try:
@@ -510,8 +531,7 @@ class ControllerServer:
             if not self.leading:
                 return
             try:
-                ready = self.step(Tick())
-                await self._carry_out(ready, self._round_outcome(ready))
+                await self.apply(Tick())
             except (NotLeader, StoreError) as exc:
                 log.warning("tick could not settle: %s", exc)
             except Exception:  # noqa: BLE001 - a bug must not stop the clock: no round would close, no host expire

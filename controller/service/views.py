@@ -1,11 +1,10 @@
-"""The status API's JSON: plain functions from ControllerState to dicts."""
+"""The status API's JSON: plain functions from the controller's read-only view (controller.core.view) to dicts."""
 
 from __future__ import annotations
 
 from dataclasses import asdict
 
-from controller.core.model import HostState, JobState, Quorum, Replica, ReplicaState, host_can_run
-from controller.core.replicas import NO_CHECKPOINT
+from controller.core.model import NO_CHECKPOINT, HostState, JobState, Quorum, Replica, ReplicaState, host_can_run
 from controller.core.stalls import Pause, find_stalls
 
 
@@ -70,15 +69,15 @@ def job_view(state, leader: str, leading: bool, now: float) -> dict:
         # `steps_committed` is its older name, kept for existing readers
         "replica_commits": state.steps_committed,
         "steps_committed": state.steps_committed,
-        "spares_free": sum(h.state == HostState.SPARE and not h.cordoned for h in state.host_registry.hosts.values()),
-        "swaps": state.host_registry.swaps,
+        "spares_free": sum(h.state == HostState.SPARE and not h.cordoned for h in state.hosts.values()),
+        "swaps": state.swaps,
         "deaths": dict(state.deaths),
         "history_step": state.history_step,
         "steps_lost": dict(state.steps_lost),
         "history_changes": dict(state.history_changes),
         "newest_checkpoint_step": state.newest_checkpoint_step,
         # None until a replica joined; False: a failure of every replica restarts from step 0
-        "durable_checkpoint": (durable := state.replica_registry.durable_checkpoint()),
+        "durable_checkpoint": (durable := state.durable_checkpoint()),
         "checkpoint_warning": f"no durable checkpoint: {NO_CHECKPOINT}" if durable is False else "",
         "telemetry": state.settings.telemetry,
         "goodput": goodput_view(state, now),
@@ -102,7 +101,7 @@ def replica_rows(state, now: float) -> list[dict]:
     hosts cannot run (the job's failure rule counts them so) or once the job ended, JOINING
     otherwise."""
     hosts: dict[str, list] = {}
-    for h in state.host_registry.hosts.values():
+    for h in state.hosts.values():
         if h.assignment is not None and h.assignment.replica_id not in state.replicas:
             hosts.setdefault(h.assignment.replica_id, []).append(h)
     rows = {rid: replica_view(r, now) for rid, r in state.replicas.items()}
@@ -153,7 +152,7 @@ def host_reasons(state) -> dict:
     or left. Hosts that are not DEAD, or whose event is no longer recent, are absent."""
     out = {}
     for e in state.events:
-        h = state.host_registry.hosts.get(e.subject) if e.kind in HOST_GONE_KINDS else None
+        h = state.hosts.get(e.subject) if e.kind in HOST_GONE_KINDS else None
         if h is not None and h.state == HostState.DEAD:
             out[e.subject] = e.message
     return out

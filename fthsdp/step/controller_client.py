@@ -56,7 +56,7 @@ CONFIGURATION_PREFIX = "the controller refused this replica's configuration: "
 CONFIGURATION_CODES = frozenset({grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNAUTHENTICATED,
                                  grpc.StatusCode.INVALID_ARGUMENT})
 #: FAILED_PRECONDITION refusals of the replica's configuration: a replica id or rank count the
-#: job is not configured with (controller.core.replica_set, check_room), another job's id.
+#: job is not configured with (controller.core.admission), another job's id.
 CONFIGURATION_REFUSALS = ("configured", "does not match this controller's job")
 T = TypeVar("T")
 

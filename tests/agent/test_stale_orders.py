@@ -11,6 +11,7 @@ import pytest
 
 from agent.runner import Agent
 from agent.settings import AgentSettings
+from controller.core.commands import Drain, Tick
 from controller.core.model import HostState
 from controller.service.server import ControllerServer
 from controller.settings import ControllerSettings
@@ -73,8 +74,7 @@ async def test_a_host_that_was_cut_off_never_runs_a_superseded_assign(controller
             clock.advance(1.0)
             await wait_for(lambda: all(state.hosts[h].last_seen == clock.now for h in fresh), 10,
                            f"heartbeats of {fresh}")
-            state.expire(clock.now)  # what the ticker does, at once
-            await server.settle()
+            await server.apply(Tick())  # what the ticker does, at once
 
     # h2 is cut off first, spare0 a little later: h2 is declared dead while spare0 still
     # counts as alive, so r2 moves to spare0, whose ASSIGN cannot reach it.
@@ -108,8 +108,7 @@ async def test_a_host_that_was_cut_off_never_runs_a_superseded_assign(controller
     assert spare0.version > stale.version
 
     # The next swap onto spare0 is accepted (no "duplicate assignment").
-    state.drain("h2", clock.now)
-    await server.settle()
+    await server.apply(Drain("h2"))
     await wait_for(lambda: r2_trainers(tmp_path, "spare0"), 10, "r2 on spare0")
     await wait_for(lambda: not r2_trainers(tmp_path, "h2"), 10, "r2 stopped on h2")
     assert not [e for e in state.events if e.kind == "order_failed"], [e.message for e in state.events]

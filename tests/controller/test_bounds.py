@@ -9,9 +9,9 @@ from controller.core.errors import FailedPrecondition, InvalidArgument
 from controller.core.host_records import HOST_SHARDS, host_shard
 from controller.core.model import Assignment
 from controller.core.sizes import encode_section, fit_journal, value_limit, worst_replica_record_bytes
-from controller.core.state import ControllerState
 from controller.core.store_health import WriteStreak
 from controller.settings import ControllerSettings
+from tests.controller.drive import Driver
 
 
 @pytest.mark.parametrize("length", [0, 63, 64, 65, 100, 10_000, 3_000_000])
@@ -59,29 +59,29 @@ def test_the_journal_drops_its_oldest_entries_until_it_fits():
 
 
 def test_a_shard_that_would_outgrow_one_store_write_refuses_the_next_host():
-    s = ControllerState(ControllerSettings(store_max_request_bytes=64 * 1024, max_id_chars=32, max_reason_chars=64))
+    s = Driver(ControllerSettings(store_max_request_bytes=64 * 1024, max_id_chars=32, max_reason_chars=64))
     labels = {f"k{i}": "v" * 30 for i in range(32)}
     registered = 0
     with pytest.raises(FailedPrecondition, match="its shard .* would need up to .* bytes"):
         for i in range(10_000):
-            s.register_agent(f"h{i}", "i", 0.0, spare=True, labels=labels)
+            s.register(f"h{i}", "i", 0.0, spare=True, labels=labels)
             registered += 1
-    before = len(s.hosts)
+    before = len(s.view.hosts)
     assert before == registered and 0 < registered < 10_000
     for shard in range(HOST_SHARDS):  # every shard, fully grown, still fits
-        hosts = [h for h in s.hosts.values() if host_shard(h.host_id) == shard]
+        hosts = [h for h in s.view.hosts.values() if host_shard(h.host_id) == shard]
         for h in hosts:
             h.cordon_reason = "\u20ac" * 512
-        assert len(encode_section(s.snapshot_hosts(shard))) <= value_limit(s.settings)
+        assert len(encode_section(s.view.snapshot_hosts(shard))) <= value_limit(s.settings)
 
 
 def test_too_many_hosts_are_refused():
-    s = ControllerState(ControllerSettings(max_hosts=2))
-    s.register_agent("a", "i", 0.0, spare=True)
-    s.register_agent("b", "i", 0.0, spare=True)
+    s = Driver(ControllerSettings(max_hosts=2))
+    s.register("a", "i", 0.0, spare=True)
+    s.register("b", "i", 0.0, spare=True)
     with pytest.raises(FailedPrecondition, match="host c is one too many.*at most 2 hosts"):
-        s.register_agent("c", "i", 0.0, spare=True)
-    s.register_agent("a", "j", 100.0, spare=True)  # a known host may register again
+        s.register("c", "i", 0.0, spare=True)
+    s.register("a", "j", 100.0, spare=True)  # a known host may register again
 
 
 def test_settings_whose_replicas_section_could_outgrow_the_store_are_refused():
@@ -117,16 +117,14 @@ def test_the_leader_steps_down_after_failures_in_a_row_or_for_long():
 
 
 def test_the_incrementally_encoded_host_shard_is_the_snapshot_byte_for_byte():
-    s = ControllerState(ControllerSettings(replicas=2, min_replicas=1))
+    s = Driver(ControllerSettings(replicas=2, min_replicas=1))
     for i in range(300):
-        s.register_agent(f"h{i}", "i", 0.0, spare=i % 3 == 0, labels={"zone": f"z{i % 4}"},
+        s.register(f"h{i}", "i", 0.0, spare=i % 3 == 0, labels={"zone": f"z{i % 4}"},
                          assignment=None if i % 3 == 0 else Assignment(f"r{i % 2}", (i,), 1000))
     shards = range(HOST_SHARDS)
-    assert [s.encoded_host_shard(i) for i in shards] == [encode_section(s.snapshot_hosts(i)) for i in shards]
+    assert [s.view.encoded_host_shard(i) for i in shards] == [encode_section(s.view.snapshot_hosts(i)) for i in shards]
     s.drain("h1", 1.0)  # changes (cordon, swap) re-encode the hosts they touch
-    s.hosts["h2"].cordon_reason = "changed"  # every change of a host is followed by _touch
-    s.host_registry.touch(s.hosts["h2"])
-    assert [s.encoded_host_shard(i) for i in shards] == [encode_section(s.snapshot_hosts(i)) for i in shards]
-    t = ControllerState(s.settings)
-    t.restore(s.snapshot_replicas(), [s.snapshot_hosts(i) for i in shards], 5.0)
-    assert [t.encoded_host_shard(i) for i in shards] == [s.encoded_host_shard(i) for i in shards]
+    s.cordon("h2", "changed", 1.1)  # every change of a host is followed by its touch
+    assert [s.view.encoded_host_shard(i) for i in shards] == [encode_section(s.view.snapshot_hosts(i)) for i in shards]
+    t = Driver.restored(s.settings, s.view.snapshot_replicas(), [s.view.snapshot_hosts(i) for i in shards], 5.0)
+    assert [t.view.encoded_host_shard(i) for i in shards] == [s.view.encoded_host_shard(i) for i in shards]

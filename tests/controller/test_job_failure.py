@@ -1,15 +1,14 @@
-"""The FAILED job: no replica can make progress for fail_after_s. Pure rule + ControllerState, fake clock."""
+"""The FAILED job: no replica can make progress for fail_after_s. Pure rule + core commands, fake clock."""
 
 import copy
 
 import pytest
 
 from controller.core.errors import FailedPrecondition
-from controller.core.host_records import HOST_SHARDS
 from controller.core.job_failure import ReplicaOutlook, crash_loop_cause, failure_decision, stuck_reason
 from controller.core.model import Assignment, JobState, JoinRequest, ReplicaState
-from controller.core.state import ControllerState
 from controller.settings import ControllerSettings
+from tests.controller.drive import Driver, stored
 
 SETTINGS = ControllerSettings(replicas=2, min_replicas=1, join_timeout_s=2.0, heartbeat_timeout_s=10.0,
                               restart_budget=1, restart_window_s=100.0, fail_after_s=5.0)
@@ -81,123 +80,122 @@ def crash_looping(settings=SETTINGS, *, committed=True, join=True, tails=("Runti
     """Hosts h0, h1 run r0, r1; both replicas joined (`join`) and committed step 0
     (`committed`), then every trainer death crash-loops (r{i}'s stderr ends with `tails[i]`)
     until the restart budget is spent and both hosts are cordoned without a spare."""
-    s = ControllerState(settings)
+    s = Driver(settings)
     for i in range(2):
-        s.register_agent(f"h{i}", f"i{i}", 0.0, assignment=Assignment(f"r{i}", (0,), 1))
+        s.register(f"h{i}", f"i{i}", 0.0, assignment=Assignment(f"r{i}", (0,), 1))
         if join:
             s.join(JoinRequest(f"r{i}", 0, 1, incarnation="one", host_id=f"h{i}"), 0.0)
-    q = s.try_close_round(0.0)
+    q = s.close_round(0.0)
     if committed:
         for i in range(2):
-            s.report_step(f"r{i}", 0, 0.5, quorum_id=q.quorum_id, host_id=f"h{i}")
+            s.report(f"r{i}", 0, 0.5, quorum_id=q.quorum_id, host_id=f"h{i}")
     for t in (1.0, 2.0):
         for i in range(2):
-            s.trainer_exit(f"h{i}", f"r{i}", 0, t, exit_code=1, stderr_tail=f"Traceback\n{tails[i]}\n",
-                           version=s.hosts[f"h{i}"].assignment_version)
+            s.exit(f"h{i}", f"r{i}", 0, t, exit_code=1, stderr_tail=f"Traceback\n{tails[i]}\n",
+                           version=s.view.hosts[f"h{i}"].assignment_version)
     return s
 
 
 def beat(s, now):
-    s.heartbeat_hosts(list(s.hosts), now)
+    s.beat_hosts(list(s.view.hosts), now)
 
 
 def test_a_crash_looping_job_without_spares_fails_after_fail_after_s():
     s = crash_looping()
-    assert {r.state for r in s.replicas.values()} == {ReplicaState.DEAD}
-    assert all(h.cordoned for h in s.hosts.values())
+    assert {r.state for r in s.view.replicas.values()} == {ReplicaState.DEAD}
+    assert all(h.cordoned for h in s.view.hosts.values())
     beat(s, 3.0)
-    s.expire(3.0)
-    assert s.job_state == JobState.RUNNING and s.stuck_since == 3.0
-    [stuck] = [e for e in s.events if e.kind == "job_stuck"]
+    s.tick(3.0)
+    assert s.view.job_state == JobState.RUNNING and s.view.stuck_since == 3.0
+    [stuck] = [e for e in s.view.events if e.kind == "job_stuck"]
     assert "no replica can make progress" in stuck.message and "FAILS in 5.0s" in stuck.message
-    assert s.job_state_reason.startswith("no replica can make progress")
+    assert s.view.job_state_reason.startswith("no replica can make progress")
     beat(s, 7.9)
-    s.expire(7.9)
-    assert s.job_state == JobState.RUNNING
+    s.tick(7.9)
+    assert s.view.job_state == JobState.RUNNING
     beat(s, 8.0)
-    s.expire(8.0)
-    assert s.job_state == JobState.FAILED and s.failed_at == 8.0
-    assert s.job_state_reason == ("no replica can make progress: all 2 are DEAD and wait on hosts that cannot run "
+    s.tick(8.0)
+    assert s.view.job_state == JobState.FAILED and s.view.failed_at == 8.0
+    assert s.view.job_state_reason == ("no replica can make progress: all 2 are DEAD and wait on hosts that cannot run "
                                   "(r0 on host h0, r1 on host h1), and no spare is free for 5.0s (fail_after_s 5)")
-    [failed] = [e for e in s.events if e.kind == "job_failed"]
-    assert failed.level == "error" and failed.message == f'job "job" FAILED: {s.job_state_reason}'
-    assert s.round_reason == "the job is FAILED" and s.try_close_round(9.0) is None
+    [failed] = [e for e in s.view.events if e.kind == "job_failed"]
+    assert failed.level == "error" and failed.message == f'job "job" FAILED: {s.view.job_state_reason}'
+    assert s.view.round_reason == "the job is FAILED" and s.close_round(9.0) is None
     # final: a join is refused, naming the state and the reason; nothing changes
-    before = copy.deepcopy(s.snapshot_replicas())
+    before = copy.deepcopy(s.view.snapshot_replicas())
     with pytest.raises(FailedPrecondition, match=r'job "job" is FAILED: no replica can make progress.*may not join'):
         s.join(JoinRequest("r0", 0, 1, incarnation="two", host_id="h0"), 9.0)
-    assert s.snapshot_replicas() == before
+    assert s.view.snapshot_replicas() == before
     # a spare arriving now changes nothing: FAILED is final
-    s.register_agent("h9", "i9", 9.5, spare=True)
-    s.expire(10.0)
-    assert s.job_state == JobState.FAILED and s.failed_at == 8.0
+    s.register("h9", "i9", 9.5, spare=True)
+    s.tick(10.0)
+    assert s.view.job_state == JobState.FAILED and s.view.failed_at == 8.0
 
 
 def test_a_spare_in_time_lifts_the_stuck_job():
     s = crash_looping()
     beat(s, 3.0)
-    s.expire(3.0)
-    assert s.stuck_since == 3.0
-    s.register_agent("h9", "i9", 4.0, spare=True)  # takes one cordoned host's work
+    s.tick(3.0)
+    assert s.view.stuck_since == 3.0
+    s.register("h9", "i9", 4.0, spare=True)  # takes one cordoned host's work
     beat(s, 9.0)
-    s.expire(9.0)
-    assert s.job_state == JobState.RUNNING and s.stuck_since is None and s.job_state_reason == ""
+    s.tick(9.0)
+    assert s.view.job_state == JobState.RUNNING and s.view.stuck_since is None and s.view.job_state_reason == ""
 
 
 def test_a_dead_replica_whose_hosts_can_run_is_not_stuck():
     s = crash_looping(ControllerSettings(**{**SETTINGS.__dict__, "restart_budget": 10}))
     for now in (3.0, 12.0, 20.0):
         beat(s, now)
-        s.expire(now)
-    assert s.job_state == JobState.RUNNING and s.stuck_since is None
+        s.tick(now)
+    assert s.view.job_state == JobState.RUNNING and s.view.stuck_since is None
 
 
 def test_failed_survives_a_failover_with_its_reason():
     s = crash_looping()
     beat(s, 3.0)
-    s.expire(3.0)
+    s.tick(3.0)
     beat(s, 8.0)
-    s.expire(8.0)
-    t = ControllerState(SETTINGS)
-    t.restore(s.snapshot_replicas(), [s.snapshot_hosts(i) for i in range(HOST_SHARDS)], 50.0)
-    assert t.job_state == JobState.FAILED and t.failed_at == 8.0 and t.job_state_reason == s.job_state_reason
-    t.expire(100.0)  # the failed job's silent agents are no failure
-    assert not [e for e in t.events if e.kind == "host_death"] and t.job_state == JobState.FAILED
+    s.tick(8.0)
+    t = Driver.restored(SETTINGS, *stored(s), 50.0)
+    assert t.view.job_state == JobState.FAILED and t.view.failed_at == 8.0 and t.view.job_state_reason == s.view.job_state_reason
+    t.tick(100.0)  # the failed job's silent agents are no failure
+    assert not [e for e in t.view.events if e.kind == "host_death"] and t.view.job_state == JobState.FAILED
 
 
 def test_completed_has_a_reason_too():
-    s = ControllerState(SETTINGS)
+    s = Driver(SETTINGS)
     for i in range(2):
-        s.register_agent(f"h{i}", f"i{i}", 0.0, assignment=Assignment(f"r{i}", (0,), 1))
+        s.register(f"h{i}", f"i{i}", 0.0, assignment=Assignment(f"r{i}", (0,), 1))
         s.join(JoinRequest(f"r{i}", 0, 1, incarnation="one", host_id=f"h{i}"), 0.0)
-    s.try_close_round(0.0)
-    s.report_finished("r0", -1, 1.0, host_id="h0")
-    s.report_replica_dead("r1", "gone", 1.0, host_id="h1")
-    assert s.job_state == JobState.COMPLETED and s.job_state_reason == "1 replica(s) finished, 1 dead"
-    s.expire(100.0)
-    assert s.job_state == JobState.COMPLETED and s.failed_at is None
+    s.close_round(0.0)
+    s.finished("r0", -1, 1.0, host_id="h0")
+    s.report_dead("r1", "gone", 1.0, host_id="h1")
+    assert s.view.job_state == JobState.COMPLETED and s.view.job_state_reason == "1 replica(s) finished, 1 dead"
+    s.tick(100.0)
+    assert s.view.job_state == JobState.COMPLETED and s.view.failed_at is None
 
 
 @pytest.mark.parametrize("join", [True, False])  # False: the trainers die before their first join
 def test_a_crash_loop_before_any_committed_step_fails_at_the_first_tick_naming_its_cause(join):
     s = crash_looping(committed=False, join=join, tails=("RuntimeError: config file train.yaml not found",) * 2)
-    assert s.job_state == JobState.RUNNING  # the budgets are spent; the tick decides
+    assert s.view.job_state == JobState.RUNNING  # the budgets are spent; the tick decides
     beat(s, 2.5)
-    s.expire(2.5)
-    assert s.job_state == JobState.FAILED and s.failed_at == 2.5
-    assert s.job_state_reason.startswith(
+    s.tick(2.5)
+    assert s.view.job_state == JobState.FAILED and s.view.failed_at == 2.5
+    assert s.view.job_state_reason.startswith(
         f"crash loop before any committed step: every replica's trainers died of the same cause ({CAUSE}) until "
         f"their restart budgets were spent; no replica can make progress: all 2 are DEAD")
-    assert not [e for e in s.events if e.kind == "job_stuck"]  # no FAILING countdown: it failed at once
-    [failed] = [e for e in s.events if e.kind == "job_failed"]
+    assert not [e for e in s.view.events if e.kind == "job_stuck"]  # no FAILING countdown: it failed at once
+    [failed] = [e for e in s.view.events if e.kind == "job_failed"]
     assert CAUSE in failed.message
 
 
 def test_a_crash_loop_of_different_causes_waits_fail_after_s():
     s = crash_looping(committed=False, tails=("RuntimeError: CUDA error", "OSError: disk full"))
     beat(s, 3.0)
-    s.expire(3.0)
-    assert s.job_state == JobState.RUNNING and s.failing_since == 3.0
+    s.tick(3.0)
+    assert s.view.job_state == JobState.RUNNING and s.view.failing_since == 3.0
     beat(s, 8.0)
-    s.expire(8.0)
-    assert s.job_state == JobState.FAILED and "crash loop" not in s.job_state_reason
+    s.tick(8.0)
+    assert s.view.job_state == JobState.FAILED and "crash loop" not in s.view.job_state_reason

@@ -145,7 +145,7 @@ DIGESTS = ("a" * 64, "b" * 64)
 
 
 def _command(rng: random.Random, core: ControllerCore, incarnations: dict[str, int]):
-    state = core.state
+    state = core.view
     rid = rng.choice(sorted(incarnations))
     r = state.replicas.get(rid)
     kind = rng.choice(("join", "join", "close", "commit", "commit", "failed", "dead", "finish", "beat", "tick",
@@ -183,7 +183,7 @@ def test_random_commands_move_replicas_and_the_job_only_along_their_tables(seed)
     now = 0.0
     for _ in range(400):
         now += rng.choice((0.1, 0.5, 3.0, 11.0)) if rng.random() < 0.3 else 0.0
-        job_before = core.state.job_state
+        job_before = core.view.job_state
         try:
             ready = core.step(_command(rng, core, incarnations), now)
         except RequestError:
@@ -197,8 +197,8 @@ def test_random_commands_move_replicas_and_the_job_only_along_their_tables(seed)
             assert (old, new) in REPLICA_MOVES, f"seed {seed}: replica {rid} moved {old.name} → {new.name}"
             seen.add((old, new))
             states[rid] = new
-        assert core.state.job_state in (job_before,) or (job_before, core.state.job_state) in JOB_MOVES
-        for rid, r in core.state.replicas.items():
+        assert core.view.job_state in (job_before,) or (job_before, core.view.job_state) in JOB_MOVES
+        for rid, r in core.view.replicas.items():
             assert r.state == states.get(rid, ReplicaState.JOINING), f"seed {seed}: {rid} moved without its event"
     # the walk moved replicas several ways (it could not pass by moving nobody)
     assert len(seen) >= 3, f"seed {seed}: replicas moved only {sorted(seen)}"
@@ -211,13 +211,13 @@ def test_a_replica_left_out_of_a_quorum_moves_back_to_joining():
         core.step(c.Join(JoinRequest(rid, 0, 1, incarnation=rid)), 0.0)
     assert core.step(c.CloseRound(), 0.0).quorum is not None
     for rid in ("r0", "r1", "r2"):
-        core.step(c.ReportStep(rid, 0, core.state.replicas[rid].given_quorum_id), 0.5)
+        core.step(c.ReportStep(rid, 0, core.view.replicas[rid].given_quorum_id), 0.5)
     for rid in ("r0", "r1"):
         core.step(c.Join(JoinRequest(rid, 1, 1, incarnation=rid)), 1.0)
     assert core.step(c.CloseRound(), 1.0).quorum is None  # r2 is live: the round waits for it
     ready = core.step(c.CloseRound(), 1.0 + SETTINGS.join_timeout_s)
     assert ready.quorum is not None and ready.quorum.member_ids == {"r0", "r1"}
-    r2 = core.state.replicas["r2"]
+    r2 = core.view.replicas["r2"]
     assert r2.state == ReplicaState.JOINING and r2.reason.startswith("left out of quorum")
     assert (ReplicaState.HEALTHY, ReplicaState.JOINING) in REPLICA_MOVES
 
@@ -231,11 +231,11 @@ def test_the_last_replica_row_is_real_a_dead_replica_healed_by_a_late_caught_up_
         core.step(c.Join(JoinRequest(rid, 0, 1, incarnation=rid)), 0.0)
     core.step(c.CloseRound(), 0.0)
     for rid, digest in (("r0", a), ("r1", a), ("r2", b)):
-        core.step(c.ReportStep(rid, 0, core.state.replicas[rid].given_quorum_id, digest=digest), 0.5)
+        core.step(c.ReportStep(rid, 0, core.view.replicas[rid].given_quorum_id, digest=digest), 0.5)
     for rid in ("r0", "r1", "r2"):
         core.step(c.Join(JoinRequest(rid, 1, 1, incarnation=rid)), 1.0)
     core.step(c.CloseRound(), 1.0)
-    r2 = core.state.replicas["r2"]
+    r2 = core.view.replicas["r2"]
     assert r2.state == ReplicaState.DIVERGED
     core.step(c.ReportReplicaDead("r2", "reported"), 1.1)
     assert r2.state == ReplicaState.DEAD

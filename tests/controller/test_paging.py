@@ -1,9 +1,11 @@
 """Large views come in bounded pages that follow each other without gaps or repeats."""
 
+import asyncio
 from types import SimpleNamespace
 
 import httpx
 
+from controller.core.commands import RegisterAgent
 from controller.service.paging import PAGE_MAX, event_page, host_page
 
 
@@ -24,8 +26,7 @@ async def follow(http, path: str) -> tuple[list[dict], int]:
 
 async def test_hosts_are_paged_by_id(server):
     ids = [f"h{i:05d}" for i in range(2 * PAGE_MAX + 345)]
-    for host_id in reversed(ids):
-        server.state.register_agent(host_id, "i", server.clock(), spare=True)
+    await asyncio.gather(*(server.apply(RegisterAgent(host_id, "i", spare=True)) for host_id in reversed(ids)))
     async with httpx.AsyncClient(base_url=server.http_url, timeout=30) as http:
         items, pages = await follow(http, "/api/v1/hosts")
         assert [h["host_id"] for h in items] == ids and pages == 3
@@ -38,13 +39,13 @@ async def test_hosts_are_paged_by_id(server):
 
 
 async def test_events_are_paged_by_sequence_number(server):
+    # each registration is one event ("host e00042 registered: spare pool")
+    await asyncio.gather(*(server.apply(RegisterAgent(f"e{i:05d}", "i", spare=True)) for i in range(1500)))
     state = server.state
-    for i in range(1500):
-        state._event(server.clock(), "test", f"s{i}", f"event {i}")
     first = state.events[0].seq  # the window keeps the newest recent_events (1000)
     async with httpx.AsyncClient(base_url=server.http_url, timeout=30) as http:
         newest = (await http.get("/api/v1/events", params={"limit": 5})).json()
-        assert [e["message"] for e in newest] == [f"event {i}" for i in range(1495, 1500)]
+        assert [e["subject"] for e in newest] == [f"e{i:05d}" for i in range(1495, 1500)]
         items, pages = await follow(http, f"/api/v1/events?limit=400&after={first - 1}")
         assert [e["seq"] for e in items] == list(range(first, first + len(state.events))) and pages == 3
         later = (await http.get("/api/v1/events", params={"after": items[-1]["seq"]})).json()

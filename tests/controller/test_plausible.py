@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from controller.core.plausible import step_problem
+from controller.core.admission import step_problem
 
 
 @pytest.mark.parametrize("step, quorum_max_step, committed, allowed", [

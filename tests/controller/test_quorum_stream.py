@@ -7,7 +7,7 @@ import json
 import grpc
 import pytest
 
-from controller.core.commands import CloseRound, ReportStep
+from controller.core.commands import CloseRound, ReportStep, Takeover, WriteFailed
 from controller.service.server import ControllerServer
 from controller.store import MemoryStore, StoreError
 from protos import controller_pb2 as pb
@@ -198,9 +198,10 @@ async def test_a_fast_path_answer_waits_for_a_write_under_way(settings, clock):
             qid = (await stream_round(leaders, 0))[0].quorum_id
             for rid in REPLICAS:
                 await stub.ReportStep(pb.ReportStepRequest(job_id="t", replica_id=rid, step=0, quorum_id=qid))
-            # An event dirties the journal: the ticker writes it behind, and the write holds.
+            # A warning dirties the journal (a second election of this controller: it is written
+            # before anything else is answered), and the write holds.
             store.held = True
-            server.state._event(clock(), "replica", "r0", "an event for the journal")
+            server.submit(Takeover(server.candidate, 0.0))
             await asyncio.wait_for(store.writing.wait(), WAIT_S)
             pending = asyncio.ensure_future(stream_round(leaders, 1))
             done, _ = await asyncio.wait([pending], timeout=0.3)
@@ -229,7 +230,7 @@ async def test_commit_reports_of_one_pass_share_one_write_and_each_returns_after
     assert store.writes["replicas"] == before + 1  # three reports, one write
     # A write that fails fails every caller that waited for it; none hears its change is durable.
     store.fail = "/replicas"
-    state.writes.mark("replicas")  # a change to write
+    server.step(WriteFailed(("replicas",)))  # a change to write (as a failed write leaves it)
     results = await asyncio.wait_for(asyncio.gather(
         server.apply(CloseRound()), server.apply(CloseRound()), return_exceptions=True),
         WAIT_S)

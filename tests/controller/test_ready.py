@@ -40,10 +40,19 @@ def cluster() -> ControllerCore:
     return core
 
 
+def settled() -> ControllerCore:
+    """The cluster, with what its setup asked taken as done (the ticker wrote the rest behind):
+    a clean start for a row."""
+    core = cluster()
+    core.step(c.Tick(), 0.0)
+    assert not core.view.pending_writes()
+    return core
+
+
 def durable(core: ControllerCore) -> dict[str, object]:
     """Every section as the store would hold it, less what is durable only now and then: goodput's
     counters (they grow with time) and the order counter (a successor continues from its clock)."""
-    s = core.state
+    s = core.view
     replicas = {k: v for k, v in s.snapshot_replicas().items() if k not in ("goodput", "order_seq")}
     if replicas["quorum"]:  # a fast-path round renews only these, by design never written
         replicas["quorum"] = {k: v for k, v in replicas["quorum"].items() if k not in ("reason", "formed_at")}
@@ -54,18 +63,11 @@ def durable(core: ControllerCore) -> dict[str, object]:
 
 
 def given(core: ControllerCore, rid: str) -> c.ReportStep:
-    r = core.state.replicas[rid]
+    r = core.view.replicas[rid]
     return c.ReportStep(rid, r.given_step, quorum_id=r.given_quorum_id, host_id=HOLDER[rid])
 
 
 HOLDER = {"r0": "h0", "r1": "h1"}
-
-
-def settled(core: ControllerCore) -> None:
-    """What the setup asked is taken as done: a clean start for the row."""
-    core.state.writes.clear()
-    core.state.take_orders()
-    core.state.take_events()
 
 
 @dataclass
@@ -93,11 +95,11 @@ def _silence(core: ControllerCore) -> None:
 ROWS = [
     Row("a new host registers: its agent secret is durable before the answer",
         lambda core: c.RegisterAgent("s1", "i-s1", spare=True, secret_hash="x" * 64),
-        lambda core, ready: ready.answer[0] is None and core.state.hosts["s1"].state == HostState.SPARE,
+        lambda core, ready: ready.answer[0] is None and core.view.hosts["s1"].state == HostState.SPARE,
         writes=(host_section(host_shard("s1")),)),
     Row("a restarted agent's registration carries a new agent secret: durable before the answer",
         lambda core: c.RegisterAgent("s0", "i-s0-2", spare=True, secret_hash="y" * 64, previous_secret="secret-s0"),
-        lambda core, ready: core.state.hosts["s0"].secret_hash == "y" * 64, writes=(host_section(host_shard("s0")),)),
+        lambda core, ready: core.view.hosts["s0"].secret_hash == "y" * 64, writes=(host_section(host_shard("s0")),)),
     Row("a join with new addresses writes them before its answer",
         lambda core: c.Join(JoinRequest("r0", 1, 2, host_id="h0", ftar_addresses=("h0:7", "h0:8"))),
         lambda core, ready: ready.answer is None and ready.quorum is None, writes=(addresses_section("r0"),),
@@ -106,7 +108,7 @@ ROWS = [
         deferred=(REPLICAS,)),
     Row("a round that forms a new quorum id writes the replicas first",
         lambda core: c.CloseRound(),
-        lambda core, ready: ready.quorum is not None and ready.quorum.quorum_id == core.state.quorum.quorum_id
+        lambda core, ready: ready.quorum is not None and ready.quorum.quorum_id == core.view.quorum.quorum_id
         and ready.round_members == frozenset(),
         before=lambda core: [core.step(c.ReportCommitFailed("r1", 0, "nan", quorum_id=1, host_id="h1"), 0.5)] + [
             core.step(c.Join(JoinRequest(rid, 0, 2, host_id=HOLDER[rid])), 1.0) for rid in ("r0", "r1")],
@@ -121,13 +123,13 @@ ROWS = [
         before=lambda core: [core.step(given(core, rid), 0.5) for rid in ("r0", "r1")] and [
             core.step(c.Join(JoinRequest(rid, 1, 2, host_id=h)), 1.0) for rid, h in (("r0", "h0"), ("r1", "h1"))]),
     Row("a commit report is durable before its answer", lambda core: given(core, "r1"),
-        lambda core, ready: core.state.replicas["r1"].committed_step == 0, writes=(REPLICAS,)),
-    Row("a failed commit", lambda core: c.ReportCommitFailed("r1", 0, "nan loss", quorum_id=core.state.quorum.quorum_id,
+        lambda core, ready: core.view.replicas["r1"].committed_step == 0, writes=(REPLICAS,)),
+    Row("a failed commit", lambda core: c.ReportCommitFailed("r1", 0, "nan loss", quorum_id=core.view.quorum.quorum_id,
                                                               host_id="h1"),
         lambda core, ready: True, writes=(REPLICAS,)),
     Row("a replica reported dead",
         lambda core: c.ReportReplicaDead("r1", "rank 1 lost its GPU", host_id="h1"),
-        lambda core, ready: core.state.replicas["r1"].state == ReplicaState.DEAD, writes=(REPLICAS,)),
+        lambda core, ready: core.view.replicas["r1"].state == ReplicaState.DEAD, writes=(REPLICAS,)),
     Row("a trainer died", lambda core: c.TrainerExit("h1", "r1", 1, signal=9),
         lambda core, ready: [(o.host_id, o.kind) for o in ready.orders] == [("h1", "RESTART")], writes=(REPLICAS,)),
     Row("a host silent past the timeout: the swap is durable before its orders",
@@ -136,10 +138,10 @@ ROWS = [
         and JOURNAL in ready.writes + ready.writes_behind, before=_silence, now=10.5,
         writes=(REPLICAS, host_section(host_shard("h0")), host_section(host_shard("s0")))),
     Row("an agent leaves", lambda core: c.DeregisterAgent("s0", "i-s0", "scaled down"),
-        lambda core, ready: core.state.hosts["s0"].state == HostState.DEAD, writes=(host_section(host_shard("s0")),)),
+        lambda core, ready: core.view.hosts["s0"].state == HostState.DEAD, writes=(host_section(host_shard("s0")),)),
     Row("a cordon", lambda core: c.Cordon("s0", "bad fan"),
-        lambda core, ready: core.state.hosts["s0"].cordoned, writes=(host_section(host_shard("s0")),)),
-    Row("an uncordon", lambda core: c.Uncordon("s0"), lambda core, ready: not core.state.hosts["s0"].cordoned,
+        lambda core, ready: core.view.hosts["s0"].cordoned, writes=(host_section(host_shard("s0")),)),
+    Row("an uncordon", lambda core: c.Uncordon("s0"), lambda core, ready: not core.view.hosts["s0"].cordoned,
         before=lambda core: core.step(c.Cordon("s0", "bad fan"), 0.5), writes=(host_section(host_shard("s0")),)),
     Row("a drain moves the work to the spare first", lambda core: c.Drain("h1"),
         lambda core, ready: ("s0", "ASSIGN") in [(o.host_id, o.kind) for o in ready.orders]
@@ -157,16 +159,16 @@ ROWS = [
     Row("an acknowledged order", lambda core: c.AckOrder("h0", "no-such-order", True),
         lambda core, ready: ready.answer is None),
     Row("a join that left the round", lambda core: c.LeaveRound("r0", "its call was cancelled"),
-        lambda core, ready: ready.answer is True and "r0" not in core.state.round_joined,
+        lambda core, ready: ready.answer is True and "r0" not in core.view.round_joined,
         before=lambda core: core.step(c.Join(JoinRequest("r0", 1, 2, host_id="h0")), 0.5)),
     Row("a leader's connection lost", lambda core: c.ConnectionLost("r0", "its quorum port connection"),
-        lambda core, ready: "r0" in core.state.suspects.since,
+        lambda core, ready: "r0" in core.view.suspects.since,
         before=lambda core: core.step(c.Join(JoinRequest("r0", 1, 2, host_id="h0")), 0.5)),
     Row("telemetry of a host", lambda core: c.Telemetry(HostReport("h0", 1, (RankReport("r0", 0, 0.5, 10.0, ()),)), "secret-h0"),
         lambda core, ready: isinstance(ready.answer, list)),
     Row("a takeover of a running job warns in the journal before anything else is answered",
         lambda core: c.Takeover("ctl-b", 5.0),
-        lambda core, ready: JOURNAL in ready.writes and core.state.silence_counted_from == 6.0),
+        lambda core, ready: JOURNAL in ready.writes and core.view.silence_counted_from == 6.0),
     Row("a look at a round that cannot close", lambda core: c.CloseRound(),
         lambda core, ready: ready.quorum is None and ready.round_members == frozenset({"r0"}),
         before=lambda core: core.step(c.Join(JoinRequest("r0", 1, 2, host_id="h0")), 0.5)),
@@ -175,14 +177,13 @@ ROWS = [
 
 @pytest.mark.parametrize("row", ROWS, ids=[r.name for r in ROWS])
 def test_each_command_writes_what_it_changed_before_its_answer(row: Row):
-    core = cluster()
+    core = settled()
     row.before(core)
-    settled(core)
     command = row.command(core)
     before = durable(core)
     ready = core.step(command, row.now)
     after = durable(core)
-    pending = core.state.writes.pending()
+    pending = core.view.pending_writes()
     for section in after:
         if after[section] == before.get(section):
             continue
@@ -195,8 +196,7 @@ def test_each_command_writes_what_it_changed_before_its_answer(row: Row):
 
 
 def test_a_failed_write_goes_back_to_the_core_with_its_orders_and_comes_out_again():
-    core = cluster()
-    settled(core)
+    core = settled()
     ready = core.step(c.TrainerExit("h1", "r1", 1, signal=9), 1.0)
     assert REPLICAS in ready.writes and ready.orders
     again = core.step(c.WriteFailed(ready.writes, ready.orders), 1.1)
@@ -204,30 +204,28 @@ def test_a_failed_write_goes_back_to_the_core_with_its_orders_and_comes_out_agai
     nxt = core.step(c.CloseRound(), 1.2)
     # again before the next answer, all but the journal (always written behind when it failed)
     assert set(ready.writes) - {JOURNAL} <= set(nxt.writes) and nxt.orders[:len(ready.orders)] == ready.orders
-    assert core.state.writes.pending() == ({JOURNAL: False} if JOURNAL in ready.writes else {})
+    assert core.view.pending_writes() == ({JOURNAL: False} if JOURNAL in ready.writes else {})
 
 
 def test_a_refused_command_asks_nothing_and_changes_nothing():
-    core = cluster()
-    settled(core)
+    core = settled()
     before = durable(core)
     with pytest.raises(FailedPrecondition, match="'r9' is unknown"):
         core.step(c.ReportStep("r9", 0, quorum_id=1), 1.0)
     with pytest.raises(FailedPrecondition):
-        core.step(c.ReportStep("r0", 5, quorum_id=core.state.quorum.quorum_id, host_id="h0"), 1.0)
-    assert durable(core) == before and not core.state.writes.pending().get(REPLICAS)
+        core.step(c.ReportStep("r0", 5, quorum_id=core.view.quorum.quorum_id, host_id="h0"), 1.0)
+    assert durable(core) == before and not core.view.pending_writes().get(REPLICAS)
     with pytest.raises(TypeError, match="str is not a controller command"):
         core.step("join", 1.0)
 
 
 def test_the_ticker_writes_the_rest_behind():
-    core = cluster()
-    settled(core)
+    core = settled()
     first = core.step(c.Join(JoinRequest("r0", 1, 2, host_id="h0")), 1.0)  # an info event: for the status page
     first = core.step(c.LeaveRound("r0", "its call ended"), 1.0)
-    assert JOURNAL not in first.writes and core.state.writes.pending() == {JOURNAL: False}
+    assert JOURNAL not in first.writes and core.view.pending_writes() == {JOURNAL: False}
     ready = core.step(c.Tick(), 1.1)
-    assert ready.writes_behind == (JOURNAL,) and not core.state.writes.pending()
+    assert ready.writes_behind == (JOURNAL,) and not core.view.pending_writes()
 
 
 def test_pending_writes_order_and_urgency():

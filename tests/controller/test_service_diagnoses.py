@@ -9,6 +9,7 @@ import grpc
 import httpx
 import pytest
 
+from controller.core.commands import Tick
 from controller.settings import ControllerSettings
 from controller.core.diagnosis.settings import DiagnosisSettings
 from protos import controller_pb2 as pb
@@ -77,8 +78,7 @@ async def test_a_hang_reported_by_agents_is_found_evicted_and_shown(server, stub
         answer = await stub.ReportTelemetry(report(host, replica, rank, hung_rank=1))
         assert list(answer.ignored) == []
     clock.advance(1.0)
-    server.state.expire(clock())
-    await server.settle()
+    await server.apply(Tick())
     async with httpx.AsyncClient(base_url=server.http_url) as http:
         page = (await http.get("/api/v1/diagnoses")).json()
         [f] = page["findings"]

@@ -4,32 +4,38 @@ the stall the survivors stood through after a failure, beside the failure's own 
 import httpx
 import pytest
 
+from controller.core.commands import (
+    CloseRound, Cordon, DeregisterAgent, Join, RegisterAgent, ReportReplicaDead, ReportStep,
+)
 from controller.core.model import JoinRequest
 from protos import controller_pb2 as pb
 
 
-def train(state, replicas, steps, clock, every_s=0.1):
-    """One quorum of `replicas`, then `steps` committed steps, one every `every_s`."""
+async def train(server, replicas, steps, clock, every_s=0.1):
+    """One quorum of `replicas`, then `steps` committed steps, one every `every_s` (by commands)."""
+    s = server.state
+    before = s.quorum
     for rid in replicas:
-        state.join(JoinRequest(rid, state.replicas[rid].step if rid in state.replicas else 0, 1), clock.now)
-    assert state.try_close_round(clock.now) is not None
+        await server.apply(Join(JoinRequest(rid, s.replicas[rid].step if rid in s.replicas else 0, 1)))
+    await server.apply(CloseRound())
+    assert s.quorum is not None and s.quorum is not before  # formed (by this look, or the ticker's)
     for _ in range(steps):
         clock.advance(every_s)
         for rid in replicas:
-            r = state.replicas[rid]
-            state.report_step(rid, r.given_step, clock.now, quorum_id=r.given_quorum_id, step_time_s=every_s)
-            state.join(JoinRequest(rid, r.step, 1), clock.now)
-        state.try_close_round(clock.now)
+            r = s.replicas[rid]
+            await server.apply(ReportStep(rid, r.given_step, quorum_id=r.given_quorum_id, step_time_s=every_s))
+            await server.apply(Join(JoinRequest(rid, r.step, 1)))
+        await server.apply(CloseRound())
 
 
 async def test_stalls_show_how_long_the_survivors_stood_still(server, clock):
     s = server.state
     t0 = clock.now
-    train(s, ["r0", "r1", "r2"], 20, clock)  # steps 0..19 by t0+2.0
+    await train(server, ["r0", "r1", "r2"], 20, clock)  # steps 0..19 by t0+2.0
     clock.advance(1.0)
-    s.report_replica_dead("r2", "GPU fell off the bus", clock.now)  # declared at t0+3.0
+    await server.apply(ReportReplicaDead("r2", "GPU fell off the bus"))  # declared at t0+3.0
     clock.advance(6.9)  # the survivors stand still until t0+9.9
-    train(s, ["r0", "r1"], 5, clock)  # they commit again from t0+10.0
+    await train(server, ["r0", "r1"], 5, clock)  # they commit again from t0+10.0
     async with httpx.AsyncClient(base_url=server.http_url) as http:
         body = (await http.get("/api/v1/stalls")).json()
         spec = (await http.get("/openapi.json")).json()
@@ -48,7 +54,7 @@ async def test_stalls_show_how_long_the_survivors_stood_still(server, clock):
 
 
 async def test_a_stall_is_ongoing_while_the_job_stands_still(server, clock):
-    train(server.state, ["r0", "r1", "r2"], 10, clock)
+    await train(server, ["r0", "r1", "r2"], 10, clock)
     clock.advance(5.0)
     async with httpx.AsyncClient(base_url=server.http_url) as http:
         (stall,) = (await http.get("/api/v1/stalls")).json()["stalls"]
@@ -56,12 +62,11 @@ async def test_a_stall_is_ongoing_while_the_job_stands_still(server, clock):
 
 
 async def test_hosts_say_why_they_are_dead_or_cordoned(server, stub, clock):
-    s = server.state
     for host in ("h0", "h1", "h2"):
-        s.register_agent(host, f"{host}-1", clock.now, spare=True)
+        await server.apply(RegisterAgent(host, f"{host}-1", spare=True))
     await stub.RegisterAgent(pb.RegisterAgentRequest(host_id="h3", incarnation="h3-1", spare=True, standby=True))
-    s.deregister_agent("h1", "h1-1", "node drained for a kernel upgrade", clock.now)
-    s.cordon("h2", "flaky NIC", clock.now)
+    await server.apply(DeregisterAgent("h1", "h1-1", "node drained for a kernel upgrade"))
+    await server.apply(Cordon("h2", "flaky NIC"))
     clock.advance(2.5)
     async with httpx.AsyncClient(base_url=server.http_url) as http:
         hosts = {h["host_id"]: h for h in (await http.get("/api/v1/hosts")).json()}

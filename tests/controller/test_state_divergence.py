@@ -1,4 +1,4 @@
-"""Digests in ControllerState on a fake clock: mismatch → DIVERGED → re-sync → HEALTHY."""
+"""Digests in the controller core on a fake clock: mismatch → DIVERGED → re-sync → HEALTHY."""
 
 import copy
 import json
@@ -6,10 +6,9 @@ import json
 import pytest
 
 from controller.core.errors import InvalidArgument
-from controller.core.host_records import HOST_SHARDS
 from controller.core.model import JoinRequest, ReplicaState
-from controller.core.state import ControllerState
 from controller.settings import ControllerSettings
+from tests.controller.drive import Driver, stored
 
 A, B = "a0" * 8, "b1" * 8
 SETTINGS = ControllerSettings(replicas=3, min_replicas=2, join_timeout_s=2.0, heartbeat_timeout_s=10.0,
@@ -19,24 +18,24 @@ SETTINGS = ControllerSettings(replicas=3, min_replicas=2, join_timeout_s=2.0, he
 def form(state, steps, now):
     for rid, step in steps.items():
         state.join(JoinRequest(rid, step, 2), now)
-    return state.try_close_round(now)
+    return state.close_round(now)
 
 
 def commit(state, digests, step, now, **kw):
     for rid, digest in digests.items():
-        state.report_step(rid, step, now, quorum_id=state.replicas[rid].given_quorum_id, digest=digest, **kw)
+        state.report(rid, step, now, quorum_id=state.view.replicas[rid].given_quorum_id, digest=digest, **kw)
 
 
 def states(state):
-    return {rid: r.state for rid, r in state.replicas.items()}
+    return {rid: r.state for rid, r in state.view.replicas.items()}
 
 
 def mismatches(state):
-    return [e for e in state.events if e.kind == "digest_mismatch"]
+    return [e for e in state.view.events if e.kind == "digest_mismatch"]
 
 
 def diverged_r1():
-    s = ControllerState(SETTINGS)
+    s = Driver(SETTINGS)
     first = form(s, {"r0": 0, "r1": 0, "r2": 0}, 0.0)
     commit(s, {"r0": A, "r1": B}, 0, 1.0)
     assert not mismatches(s)  # r2 has not reported step 0 yet: nothing decided
@@ -49,9 +48,9 @@ def test_minority_digest_makes_the_replica_diverged_with_one_event():
     assert states(s) == {"r0": ReplicaState.HEALTHY, "r1": ReplicaState.DIVERGED, "r2": ReplicaState.HEALTHY}
     [event] = mismatches(s)
     assert f"r0, r2 hold {A}" in event.message and f"r1 holds {B}" in event.message
-    assert event.subject == "r1" and s.digest_mismatches == 1
-    assert "held by r0, r2" in s.replicas["r1"].reason
-    assert (s.replicas["r1"].digest, s.replicas["r1"].digest_step) == (B, 0)
+    assert event.subject == "r1" and s.view.digest_mismatches == 1
+    assert "held by r0, r2" in s.view.replicas["r1"].reason
+    assert (s.view.replicas["r1"].digest, s.view.replicas["r1"].digest_step) == (B, 0)
 
 
 def test_diverged_member_is_not_healthy_next_quorum_then_resyncs():
@@ -62,11 +61,11 @@ def test_diverged_member_is_not_healthy_next_quorum_then_resyncs():
     assert {m.replica_id: m.healthy for m in heal.members} == {"r0": True, "r1": False, "r2": True}
     assert heal.recover == {"r1": ("r0", "r2")}
     assert heal.lr_scale == pytest.approx((2 / 3) ** 0.5)
-    assert s.replicas["r1"].state == ReplicaState.DIVERGED and "re-syncing in quorum" in s.replicas["r1"].reason
+    assert s.view.replicas["r1"].state == ReplicaState.DIVERGED and "re-syncing in quorum" in s.view.replicas["r1"].reason
     commit(s, {"r0": A, "r2": A}, 1, 3.0)
     commit(s, {"r1": A}, 1, 3.0, caught_up=True)
-    assert s.replicas["r1"].state == ReplicaState.HEALTHY
-    assert s.replicas["r1"].reason == "re-synced from r0, r2 and committed step 1"
+    assert s.view.replicas["r1"].state == ReplicaState.HEALTHY
+    assert s.view.replicas["r1"].reason == "re-synced from r0, r2 and committed step 1"
     after = form(s, {"r0": 2, "r1": 2, "r2": 2}, 4.0)
     assert after.quorum_id == heal.quorum_id and all(m.healthy for m in after.members)
     assert len(mismatches(s)) == 1
@@ -77,74 +76,73 @@ def test_a_resync_that_still_disagrees_stays_diverged():
     form(s, {"r0": 1, "r1": 1, "r2": 1}, 2.0)
     commit(s, {"r0": A}, 1, 3.0)
     commit(s, {"r1": B}, 1, 3.0, caught_up=True)
-    assert s.replicas["r1"].state == ReplicaState.DIVERGED and "still differs" in s.replicas["r1"].reason
+    assert s.view.replicas["r1"].state == ReplicaState.DIVERGED and "still differs" in s.view.replicas["r1"].reason
     commit(s, {"r2": A}, 1, 3.1)
-    assert len(mismatches(s)) == 2 and s.digest_mismatches == 2
+    assert len(mismatches(s)) == 2 and s.view.digest_mismatches == 2
 
 
 def test_without_the_catch_up_flag_a_diverged_replica_stays_diverged():
     s, _ = diverged_r1()
     form(s, {"r0": 1, "r1": 1, "r2": 1}, 2.0)
     commit(s, {"r0": "", "r1": "", "r2": ""}, 1, 3.0)
-    assert s.replicas["r1"].state == ReplicaState.DIVERGED
+    assert s.view.replicas["r1"].state == ReplicaState.DIVERGED
     again = form(s, {"r0": 2, "r1": 2, "r2": 2}, 4.0)
     assert [m.replica_id for m in again.members if not m.healthy] == ["r1"]
 
 
 def test_a_tie_of_two_keeps_the_lowest_replica_id_and_names_both():
-    s = ControllerState(ControllerSettings(replicas=2, min_replicas=1))
+    s = Driver(ControllerSettings(replicas=2, min_replicas=1))
     form(s, {"r0": 0, "r1": 0}, 0.0)
     commit(s, {"r1": B, "r0": A}, 0, 1.0)
     [event] = mismatches(s)
     assert f"r0 holds {A}" in event.message and f"r1 holds {B}" in event.message
     assert "lowest replica id" in event.message
     assert states(s) == {"r0": ReplicaState.HEALTHY, "r1": ReplicaState.DIVERGED}
-    assert "lowest replica id" in s.replicas["r1"].reason
+    assert "lowest replica id" in s.view.replicas["r1"].reason
 
 
 def test_a_missing_report_is_not_waited_for_past_digest_wait_s():
-    s = ControllerState(SETTINGS)
+    s = Driver(SETTINGS)
     form(s, {"r0": 0, "r1": 0, "r2": 0}, 0.0)
     commit(s, {"r0": A, "r1": A, "r2": ""}, 0, 1.0)  # r2 sent no digest: the step waits for nobody
-    assert not mismatches(s) and len(s.digest_ledger) == 1
+    assert not mismatches(s) and len(s.view.digest_ledger) == 1
     form(s, {"r0": 1, "r1": 1, "r2": 1}, 1.5)
-    s.report_step("r0", 1, 2.0, quorum_id=s.replicas["r0"].given_quorum_id, digest=A)
-    s.report_step("r1", 1, 2.0, quorum_id=s.replicas["r1"].given_quorum_id, digest=B)
-    s.expire(6.9)
+    s.report("r0", 1, 2.0, quorum_id=s.view.replicas["r0"].given_quorum_id, digest=A)
+    s.report("r1", 1, 2.0, quorum_id=s.view.replicas["r1"].given_quorum_id, digest=B)
+    s.tick(6.9)
     assert not mismatches(s)  # r2 may still report step 1
-    s.heartbeat_replicas(["r0", "r1", "r2"], 7.0)
-    s.expire(7.0)
+    s.beat_replicas(["r0", "r1", "r2"], 7.0)
+    s.tick(7.0)
     [event] = mismatches(s)
-    assert "step 1" in event.message and s.replicas["r1"].state == ReplicaState.DIVERGED
-    late = s.replicas["r2"].given_quorum_id
-    s.report_step("r2", 1, 8.0, quorum_id=late, digest=B)  # late: judged against the reference that stands
-    assert len(mismatches(s)) == 2 and s.replicas["r2"].state == ReplicaState.DIVERGED
+    assert "step 1" in event.message and s.view.replicas["r1"].state == ReplicaState.DIVERGED
+    late = s.view.replicas["r2"].given_quorum_id
+    s.report("r2", 1, 8.0, quorum_id=late, digest=B)  # late: judged against the reference that stands
+    assert len(mismatches(s)) == 2 and s.view.replicas["r2"].state == ReplicaState.DIVERGED
 
 
 def test_without_a_reference_member_the_diverged_one_carries_on():
-    s = ControllerState(ControllerSettings(replicas=2, min_replicas=1))
+    s = Driver(ControllerSettings(replicas=2, min_replicas=1))
     form(s, {"r0": 0, "r1": 0}, 0.0)
     commit(s, {"r0": A, "r1": B}, 0, 1.0)
-    s.report_replica_dead("r0", "host lost", 1.5)
+    s.report_dead("r0", "host lost", 1.5)
     q = form(s, {"r1": 1}, 2.0)
     assert [m.healthy for m in q.members] == [True] and "no member holds the reference state" in q.reason
-    assert s.replicas["r1"].state == ReplicaState.HEALTHY and "goes on from r1's state" in s.replicas["r1"].reason
+    assert s.view.replicas["r1"].state == ReplicaState.HEALTHY and "goes on from r1's state" in s.view.replicas["r1"].reason
 
 
 def test_a_diverged_replica_late_for_a_round_keeps_its_mark():
     s, _ = diverged_r1()
     form(s, {"r0": 1, "r2": 1}, 2.0)
-    s.heartbeat_replicas(["r1"], 2.0)
-    q = s.try_close_round(4.0)
-    assert q.member_ids == {"r0", "r2"} and s.replicas["r1"].state == ReplicaState.DIVERGED
+    s.beat_replicas(["r1"], 2.0)
+    q = s.close_round(4.0)
+    assert q.member_ids == {"r0", "r2"} and s.view.replicas["r1"].state == ReplicaState.DIVERGED
 
 
 def test_divergence_survives_a_failover():
     s, _ = diverged_r1()
-    t = ControllerState(SETTINGS)
-    t.restore(s.snapshot_replicas(), [s.snapshot_hosts(i) for i in range(HOST_SHARDS)], 50.0)
-    assert t.replicas["r1"].state == ReplicaState.DIVERGED and t.digest_mismatches == 1
-    assert t.replicas["r1"].digest == B
+    t = Driver.restored(SETTINGS, *stored(s), 50.0)
+    assert t.view.replicas["r1"].state == ReplicaState.DIVERGED and t.view.digest_mismatches == 1
+    assert t.view.replicas["r1"].digest == B
     q = form(t, {"r0": 1, "r1": 1, "r2": 1}, 51.0)
     assert q.recover == {"r1": ("r0", "r2")}
 
@@ -155,23 +153,22 @@ def test_divergence_survives_a_failover():
     ("1234", "is 4 characters"),
 ])
 def test_bad_digest_is_refused_and_changes_nothing(digest, message):
-    s = ControllerState(SETTINGS)
+    s = Driver(SETTINGS)
     form(s, {"r0": 0, "r1": 0, "r2": 0}, 0.0)
-    before = copy.deepcopy((s.snapshot_replicas(), len(s.digest_ledger), len(s.events)))
+    before = copy.deepcopy((s.view.snapshot_replicas(), len(s.view.digest_ledger), len(s.view.events)))
     with pytest.raises(InvalidArgument, match=message):
-        s.report_step("r0", 0, 1.0, quorum_id=s.replicas["r0"].given_quorum_id, digest=digest)
-    assert copy.deepcopy((s.snapshot_replicas(), len(s.digest_ledger), len(s.events))) == before
+        s.report("r0", 0, 1.0, quorum_id=s.view.replicas["r0"].given_quorum_id, digest=digest)
+    assert copy.deepcopy((s.view.snapshot_replicas(), len(s.view.digest_ledger), len(s.view.events))) == before
 
 
 def failed_over(s, now):
-    t = ControllerState(SETTINGS)
-    t.restore(s.snapshot_replicas(), [s.snapshot_hosts(i) for i in range(HOST_SHARDS)], now)
+    t = Driver.restored(SETTINGS, *stored(s), now)
     return t
 
 
 def test_a_digest_comparison_pending_at_a_failover_is_decided_by_the_successor():
     """Race 4 of issue 28: r0 and r1 reported step 0 (they differ), r2 had not; the leader dies."""
-    s = ControllerState(SETTINGS)
+    s = Driver(SETTINGS)
     form(s, {"r0": 0, "r1": 0, "r2": 0}, 0.0)
     commit(s, {"r0": A, "r1": B}, 0, 1.0)
     assert not mismatches(s)
@@ -179,24 +176,24 @@ def test_a_digest_comparison_pending_at_a_failover_is_decided_by_the_successor()
     commit(t, {"r2": A}, 0, 50.5)  # the last report reaches the new leader
     [event] = mismatches(t)
     assert f"r0, r2 hold {A}" in event.message and f"r1 holds {B}" in event.message
-    assert t.replicas["r1"].state == ReplicaState.DIVERGED
+    assert t.view.replicas["r1"].state == ReplicaState.DIVERGED
 
 
 def test_a_pending_comparison_waits_its_bound_anew_after_a_failover():
-    s = ControllerState(SETTINGS)
+    s = Driver(SETTINGS)
     form(s, {"r0": 0, "r1": 0, "r2": 0}, 0.0)
     commit(s, {"r0": A, "r1": B}, 0, 1.0)
     t = failed_over(s, 50.0)
-    t.compare_digests(54.9)  # r2 may still report step 0: it is waited for, digest_wait_s from the takeover
+    t.tick(54.9)  # r2 may still report step 0: it is waited for, digest_wait_s from the takeover
     assert not mismatches(t)
-    t.compare_digests(55.0)
+    t.tick(55.0)
     assert len(mismatches(t)) == 1 and "no majority" in mismatches(t)[0].message
 
 
 def test_a_decided_reference_survives_a_failover_for_late_reports():
     s, _ = diverged_r1()
     t = failed_over(s, 50.0)
-    assert t.digest_ledger.expected(0, []) == A
+    assert t.view.digest_ledger.expected(0, []) == A
 
 
 def test_a_diverged_replica_that_restarts_with_a_new_incarnation_still_re_syncs():
@@ -204,13 +201,13 @@ def test_a_diverged_replica_that_restarts_with_a_new_incarnation_still_re_syncs(
     s, _ = diverged_r1()
     s.join(JoinRequest("r1", 1, 2, incarnation="r1-a"), 2.0)
     s.join(JoinRequest("r1", 1, 2, incarnation="r1-new"), 2.1)  # r1's leader restarted, its state at step 1
-    assert s.replicas["r1"].state != ReplicaState.DIVERGED and s.replicas["r1"].must_resync
+    assert s.view.replicas["r1"].state != ReplicaState.DIVERGED and s.view.replicas["r1"].must_resync
     t = failed_over(s, 3.0)  # and a failover on top: the mark is durable
     q = form(t, {"r0": 1, "r1": 1, "r2": 1}, 4.0)
-    assert q.recover == {"r1": ("r0", "r2")} and t.replicas["r1"].state == ReplicaState.DIVERGED
+    assert q.recover == {"r1": ("r0", "r2")} and t.view.replicas["r1"].state == ReplicaState.DIVERGED
     commit(t, {"r0": A, "r2": A}, 1, 5.0)
     commit(t, {"r1": A}, 1, 5.0, caught_up=True)
-    assert t.replicas["r1"].state == ReplicaState.HEALTHY and not t.replicas["r1"].must_resync
+    assert t.view.replicas["r1"].state == ReplicaState.HEALTHY and not t.view.replicas["r1"].must_resync
 
 
 def test_the_ledger_snapshot_keeps_the_newest_steps_that_fit():

@@ -8,7 +8,6 @@ import httpx
 
 from controller.core.model import Assignment, JoinRequest, ReplicaState
 from controller.core.quorum import RoundView, compute_quorum
-from controller.core.state import ControllerState
 from controller.service.event_log import event_line
 from controller.settings import ControllerSettings
 from fthsdp.step.quorum_port_client import resolve
@@ -16,68 +15,69 @@ from protos.quorum_wire import JOIN, PREAMBLE, frame
 
 from .conftest import quorum_request, wait_for
 from .test_quorum_port import PortLeader
+from tests.controller.drive import Driver
 
 SETTINGS = ControllerSettings(replicas=2, min_replicas=1, join_timeout_s=5.0, heartbeat_timeout_s=10.0)
 
 
 def running():
     """r0, r1 (rank 0 on hosts h0, h1) in a quorum at step 0, committed."""
-    s = ControllerState(SETTINGS)
+    s = Driver(SETTINGS)
     for i in range(2):
-        s.register_agent(f"h{i}", f"i{i}", 0.0, assignment=Assignment(f"r{i}", (0,), 1))
+        s.register(f"h{i}", f"i{i}", 0.0, assignment=Assignment(f"r{i}", (0,), 1))
         s.join(JoinRequest(f"r{i}", 0, 1, incarnation="one", host_id=f"h{i}"), 0.0)
-    q = s.try_close_round(0.0)
+    q = s.close_round(0.0)
     for i in range(2):
-        s.report_step(f"r{i}", 0, 0.5, quorum_id=q.quorum_id, host_id=f"h{i}")
+        s.report(f"r{i}", 0, 0.5, quorum_id=q.quorum_id, host_id=f"h{i}")
     return s
 
 
 def test_without_suspects_a_lone_survivor_waits_for_the_majority():
     s = running()
     s.join(JoinRequest("r0", 1, 1, incarnation="one", host_id="h0"), 1.0)
-    assert s.try_close_round(1.0) is None
-    assert s.round_reason == "waiting: 1 joined (r0) is not a majority of 2 live replicas; missing r1"
+    assert s.close_round(1.0) is None
+    assert s.view.round_reason == "waiting: 1 joined (r0) is not a majority of 2 live replicas; missing r1"
 
 
 def test_a_lost_connection_lets_the_survivor_form_its_quorum_at_once():
     s = running()
-    assert s.coordinator_connection_lost("r1", "its leader's quorum port connection", 1.0)
-    assert not s.coordinator_connection_lost("r1", "its leader's quorum port connection", 1.01)  # said once
-    [event] = [e for e in s.events if e.kind == "suspect"]
+    assert s.connection_lost("r1", "its leader's quorum port connection", 1.0)
+    assert not s.connection_lost("r1", "its leader's quorum port connection", 1.01)  # said once
+    [event] = [e for e in s.view.events if e.kind == "suspect"]
     assert event.level == "warning" and "replica r1 is suspect: its leader's quorum port connection closed" \
                                       " without goodbye" in event.message
     s.join(JoinRequest("r0", 1, 1, incarnation="one", host_id="h0"), 1.1)
-    q = s.try_close_round(1.1)
+    q = s.close_round(1.1)
     assert q is not None and q.member_ids == {"r0"}
     assert q.reason == "all 1 live replicas joined (r1 suspect: its coordinator's connection closed)"
     # suspicion is no death: r1 is left out of the quorum, not DEAD, and no death is counted
-    assert s.replicas["r1"].state == ReplicaState.JOINING and s.deaths == {}
+    assert s.view.replicas["r1"].state == ReplicaState.JOINING and s.view.deaths == {}
 
 
 def test_a_join_or_a_later_heartbeat_clears_the_suspicion():
     s = running()
-    s.coordinator_connection_lost("r1", "x", 1.0)
-    s.heartbeat_hosts(["h1"], 1.0)  # not after the loss: proves nothing
-    assert s.suspects.ids() == {"r1"}
-    s.heartbeat_hosts(["h0"], 1.5)  # another host's heartbeat: nothing about r1
-    assert s.suspects.ids() == {"r1"}
-    s.heartbeat_hosts(["h1"], 1.5)
-    assert s.suspects.ids() == frozenset()
-    assert any("replica r1 is no longer suspect: a heartbeat of host h1" in e.message for e in s.events)
-    s.coordinator_connection_lost("r1", "x", 2.0)
-    s.heartbeat_replicas(["r1"], 2.5)
-    assert s.suspects.ids() == frozenset()
-    s.coordinator_connection_lost("r1", "x", 3.0)
+    s.connection_lost("r1", "x", 1.0)
+    s.beat_hosts(["h1"], 1.0)  # not after the loss: proves nothing
+    assert s.view.suspects.ids() == {"r1"}
+    s.beat_hosts(["h0"], 1.5)  # another host's heartbeat: nothing about r1
+    assert s.view.suspects.ids() == {"r1"}
+    s.beat_hosts(["h1"], 1.5)
+    assert s.view.suspects.ids() == frozenset()
+    assert any("replica r1 is no longer suspect: a heartbeat of host h1" in e.message for e in s.view.events)
+    s.connection_lost("r1", "x", 2.0)
+    s.beat_replicas(["r1"], 2.5)
+    assert s.view.suspects.ids() == frozenset()
+    s.connection_lost("r1", "x", 3.0)
     s.join(JoinRequest("r1", 1, 1, incarnation="one", host_id="h1"), 3.1)
-    assert s.suspects.ids() == frozenset()
+    assert s.view.suspects.ids() == frozenset()
     s.join(JoinRequest("r0", 1, 1, incarnation="one", host_id="h0"), 3.2)
-    assert s.try_close_round(3.2).member_ids == {"r0", "r1"}
+    assert s.close_round(3.2).member_ids == {"r0", "r1"}
 
 
 def test_a_dead_or_finished_replica_is_not_made_suspect():
     s = running()
-    s.report_replica_dead("r1", "gone", 1.0, host_id="h1")
-    assert not s.coordinator_connection_lost("r1", "x", 1.1) and not s.coordinator_connection_lost("r9", "x", 1.1)
+    s.report_dead("r1", "gone", 1.0, host_id="h1")
+    assert not s.connection_lost("r1", "x", 1.1) and not s.connection_lost("r9", "x", 1.1)
 
 
 def test_the_majority_rule_leaves_suspects_out_and_names_them():

@@ -13,9 +13,8 @@ import pytest
 
 from controller.core.errors import FailedPrecondition
 from controller.core.model import JoinRequest
-from controller.core.host_records import HOST_SHARDS
-from controller.core.state import ControllerState
 from tests.controller.test_takeover_state import running_job
+from tests.controller.drive import Driver, stored
 
 REPLICAS = ("r0", "r1", "r2")
 
@@ -29,32 +28,30 @@ def durable_after_lost_report(through: int):
         if step:
             for i, rid in enumerate(REPLICAS):
                 s.join(JoinRequest(rid, step, 1, host_id=f"h{i}"), 1.0)
-            assert s.try_close_round(1.0) is not None
+            assert s.close_round(1.0) is not None
         if step == through:
-            assert s.writes.take(background=False) == ()  # the fast path: its answer writes nothing
+            assert s.ready.writes == ()  # the fast path: its answer writes nothing
             return durable
         for i, rid in enumerate(REPLICAS):
-            s.report_step(rid, step, 1.0, quorum_id=s.quorum.quorum_id, host_id=f"h{i}")
-        s.writes.take(background=False)
-        durable = s.snapshot_replicas(), [s.snapshot_hosts(i) for i in range(HOST_SHARDS)]
+            s.report(rid, step, 1.0, quorum_id=s.view.quorum.quorum_id, host_id=f"h{i}")
+        durable = stored(s)
 
 
 def take_over(durable, now):
-    t = ControllerState(running_job().settings)
-    t.restore(*durable, now)
-    t.forgive_silence(now, t.settings.takeover_grace_s, "controller b took over")
+    t = Driver.restored(running_job().settings, *durable, now)
+    t.takeover("b", t.settings.takeover_grace_s, now)
     return t
 
 
 def test_a_member_whose_last_report_died_with_the_old_leader_joins_the_new_one():
     t = take_over(durable_after_lost_report(5), 10.0)  # 0-4 reported; 5 committed, its report lost
-    assert t.max_committed_step == 4
+    assert t.view.max_committed_step == 4
     for i, rid in enumerate(REPLICAS):
         t.join(JoinRequest(rid, 6, 1, host_id=f"h{i}"), 11.0)  # refused before the fix
-    q = t.try_close_round(11.0)
+    q = t.close_round(11.0)
     assert q is not None and q.max_step == 6 and {m.replica_id for m in q.members} == set(REPLICAS)
-    t.report_step("r0", 6, 11.0, quorum_id=q.quorum_id, host_id="h0")  # and its commit is taken
-    assert t.max_committed_step == 6
+    t.report("r0", 6, 11.0, quorum_id=q.quorum_id, host_id="h0")  # and its commit is taken
+    assert t.view.max_committed_step == 6
 
 
 def test_one_step_more_is_all_a_member_gets_and_a_newcomer_gets_none():
@@ -63,4 +60,4 @@ def test_one_step_more_is_all_a_member_gets_and_a_newcomer_gets_none():
         t.join(JoinRequest("r0", 7, 1, host_id="h0"), 11.0)
     with pytest.raises(FailedPrecondition, match="'zz' is not one of this job's configured replicas"):
         t.join(JoinRequest("zz", 6, 1), 11.0)  # a newcomer is no member (the step bound: test_plausible)
-    assert "zz" not in t.replicas and not t.round_joined
+    assert "zz" not in t.view.replicas and not t.view.round_joined

@@ -6,8 +6,8 @@ import pytest
 from controller.core.host_records import HOST_SHARDS
 from controller.core.model import Assignment, HostState, JoinRequest, ReplicaState
 from controller.core.hosts import VERSION_BLOCK
-from controller.core.state import ControllerState
 from controller.settings import ControllerSettings
+from tests.controller.drive import Driver, stored
 
 HB = 3.0  # the demo's heartbeat timeout
 SETTINGS = ControllerSettings(replicas=3, min_replicas=1, heartbeat_timeout_s=HB)
@@ -18,26 +18,26 @@ def a(replica, *ranks, world=1):
 
 
 def running_job(now=0.0):
-    s = ControllerState(SETTINGS)
+    s = Driver(SETTINGS)
     for i, rid in enumerate(("r0", "r1", "r2")):
-        s.register_agent(f"h{i}", f"i{i}", now, assignment=a(rid, 0))
+        s.register(f"h{i}", f"i{i}", now, assignment=a(rid, 0))
         s.join(JoinRequest(rid, 0, 1, host_id=f"h{i}"), now)
-    s.register_agent("spare0", "is", now, spare=True)
-    assert s.try_close_round(now) is not None
+    s.register("spare0", "is", now, spare=True)
+    s.close_round(now)  # the spare's registration looked at the round already: it formed then
+    assert s.view.quorum is not None
     return s
 
 
 def take_over(s, now):
     """What a new leader does: load the last snapshot, then forgive silence."""
-    t = ControllerState(s.settings)
-    t.restore(s.snapshot_replicas(), [s.snapshot_hosts(i) for i in range(HOST_SHARDS)], now)
-    t.forgive_silence(now, t.settings.takeover_grace_s, "controller b took over")
+    t = Driver.restored(s.settings, *stored(s), now)
+    t.takeover("b", t.settings.takeover_grace_s, now)
     return t
 
 
 def dead(s):
-    return sorted([h.host_id for h in s.hosts.values() if h.state == HostState.DEAD]
-                  + [r.replica_id for r in s.replicas.values() if r.state == ReplicaState.DEAD])
+    return sorted([h.host_id for h in s.view.hosts.values() if h.state == HostState.DEAD]
+                  + [r.replica_id for r in s.view.replicas.values() if r.state == ReplicaState.DEAD])
 
 
 def test_the_grace_is_a_reconnect_cycle_after_a_frozen_leader_is_given_up():
@@ -50,21 +50,21 @@ def test_nobody_is_declared_dead_for_silence_during_the_takeover_grace():
     s = running_job()
     t = take_over(s, 100.0)  # the old leader died long ago: that silence is forgiven
     grace = t.settings.takeover_grace_s
-    t.expire(100.0 + HB + 0.5)  # the old rule's deadline: everybody would have died here
-    assert dead(t) == [] and t.swaps == 0 and t.take_orders() == []
+    t.tick(100.0 + HB + 0.5)  # the old rule's deadline: everybody would have died here
+    assert dead(t) == [] and t.view.swaps == 0 and t.take_orders() == []
     # Agents and leaders reconnect within the grace and beat as usual: still nobody dies.
-    t.heartbeat_hosts(["h0", "h1", "spare0"], 100.0 + grace - 1)
-    t.heartbeat_replicas(["r0", "r1"], 100.0 + grace - 1)
-    t.expire(100.0 + grace + HB - 0.01)
+    t.beat_hosts(["h0", "h1", "spare0"], 100.0 + grace - 1)
+    t.beat_replicas(["r0", "r1"], 100.0 + grace - 1)
+    t.tick(100.0 + grace + HB - 0.01)
     assert dead(t) == []
     # Whoever never came back counts as silent from the end of the grace, then dies.
-    t.heartbeat_hosts(["h0", "h1", "spare0"], 100.0 + grace + 1)
-    t.heartbeat_replicas(["r0", "r1"], 100.0 + grace + 1)
-    t.expire(100.0 + grace + HB + 0.01)
+    t.beat_hosts(["h0", "h1", "spare0"], 100.0 + grace + 1)
+    t.beat_replicas(["r0", "r1"], 100.0 + grace + 1)
+    t.tick(100.0 + grace + HB + 0.01)
     assert dead(t) == ["h2", "r2"]
-    host_death = next(e for e in t.events if e.kind == "host_death")
+    host_death = next(e for e in t.view.events if e.kind == "host_death")
     assert "counted from the end of a takeover grace" in host_death.message
-    assert any(e.kind == "grace" and "took over" in e.message for e in t.events)
+    assert any(e.kind == "grace" and "took over" in e.message for e in t.view.events)
 
 
 def test_a_heartbeat_timeout_that_cannot_cover_a_reconnect_cycle_is_refused():
@@ -81,15 +81,14 @@ def test_a_heartbeat_timeout_that_cannot_cover_a_reconnect_cycle_is_refused():
 
 def test_versions_never_go_back_across_a_takeover_even_unpersisted_ones():
     s = running_job()
-    hosts_before = [s.snapshot_hosts(i) for i in range(HOST_SHARDS)]
-    s.register_agent("h9", "i9", 1.0)  # a spare's registration: its shard is written behind
+    hosts_before = [s.view.snapshot_hosts(i) for i in range(HOST_SHARDS)]
+    s.register("h9", "i9", 1.0)  # a spare's registration: its shard is written behind
     s.drain("h0", 1.0)  # and this decision's version went out with an order
-    given = max(h.assignment_version for h in s.hosts.values())
-    t = ControllerState(s.settings)
-    t.restore(s.snapshot_replicas(), hosts_before, 2.0)  # the host shards never got written
+    given = max(h.assignment_version for h in s.view.hosts.values())
+    t = Driver.restored(s.settings, s.view.snapshot_replicas(), hosts_before, 2.0)  # the host shards never got written
     t.drain("h1", 3.0)  # the new leader's decisions: versions above every one given before
-    assert t.hosts["h1"].assignment_version > given and t.hosts["spare0"].assignment_version > given
-    assert t.version_ceiling >= t.assignment_seq and s.version_ceiling == VERSION_BLOCK + 1
+    assert t.view.hosts["h1"].assignment_version > given and t.view.hosts["spare0"].assignment_version > given
+    assert t.view.version_ceiling >= t.view.assignment_seq and s.view.version_ceiling == VERSION_BLOCK + 1
 
 
 def test_the_issue_sequence_a_stale_assign_is_never_replayed():
@@ -102,57 +101,57 @@ def test_the_issue_sequence_a_stale_assign_is_never_replayed():
         for order in s.take_orders():
             pending[order.host_id] = order
     # h2 falls silent: r2 moves to spare0 (which is cut off too: its ASSIGN waits).
-    s.heartbeat_hosts(["h0", "h1"], 2.5)
-    s.heartbeat_replicas(["r0", "r1"], 2.5)
-    s.heartbeat_hosts(["spare0"], 2.0)
-    s.expire(3.5)
-    assert s.hosts["spare0"].assignment == a("r2", 0)
+    s.beat_hosts(["h0", "h1"], 2.5)
+    s.beat_replicas(["r0", "r1"], 2.5)
+    s.beat_hosts(["spare0"], 2.0)
+    s.tick(3.5)
+    assert s.view.hosts["spare0"].assignment == a("r2", 0)
     deliver()
     stale_assign = pending["spare0"]
-    assert stale_assign.kind == "ASSIGN" and stale_assign.version == s.hosts["spare0"].assignment_version
+    assert stale_assign.kind == "ASSIGN" and stale_assign.version == s.view.hosts["spare0"].assignment_version
     # h2's agent comes back (its work moved: it joins the pool); spare0 is declared dead.
-    s.register_agent("h2", "i2-new", 4.0, assignment=a("r2", 0))
+    s.register("h2", "i2-new", 4.0, assignment=a("r2", 0))
     for t in (4.0, 5.0, 5.5):
-        s.heartbeat_hosts(["h0", "h1", "h2"], t)
-    s.expire(5.5)
-    assert s.hosts["spare0"].state == HostState.DEAD and s.hosts["h2"].assignment == a("r2", 0)
+        s.beat_hosts(["h0", "h1", "h2"], t)
+    s.tick(5.5)
+    assert s.view.hosts["spare0"].state == HostState.DEAD and s.view.hosts["h2"].assignment == a("r2", 0)
     deliver()
-    assert pending["spare0"].kind == "STOP" and s.is_superseded(stale_assign)
+    assert pending["spare0"].kind == "STOP" and s.view.is_superseded(stale_assign)
     # spare0 reconnects: told its current assignment (none), nothing replayed.
-    assignment, _ = s.register_agent("spare0", "is-2", 6.0, spare=True)
+    assignment, _ = s.register("spare0", "is-2", 6.0, spare=True)
     assert assignment is None
-    [current] = s.orders_on_connect("spare0", pending.pop("spare0"))
+    [current] = s.connect_orders("spare0", pending.pop("spare0"))
     assert current.kind == "CURRENT" and current.assignment is None
-    assert current.version == s.hosts["spare0"].assignment_version > stale_assign.version
+    assert current.version == s.view.hosts["spare0"].assignment_version > stale_assign.version
     # The next swap onto spare0 goes through.
-    s.heartbeat_hosts(["h1", "h2", "spare0"], 9.0)
-    s.heartbeat_replicas(["r1", "r2"], 9.0)
-    s.expire(9.0)
-    assert s.hosts["spare0"].assignment == a("r0", 0)
+    s.beat_hosts(["h1", "h2", "spare0"], 9.0)
+    s.beat_replicas(["r1", "r2"], 9.0)
+    s.tick(9.0)
+    assert s.view.hosts["spare0"].assignment == a("r0", 0)
     orders = s.take_orders()
     assert [(o.host_id, o.kind) for o in orders] == [("h0", "STOP"), ("spare0", "ASSIGN")]
-    assert orders[1].replica_version == s.replica_versions["r0"] == orders[1].version
+    assert orders[1].replica_version == s.view.replica_versions["r0"] == orders[1].version
 
 
 def test_a_pending_restart_still_stands_unless_superseded():
-    s = ControllerState(ControllerSettings(replicas=1, heartbeat_timeout_s=10.0))
-    s.register_agent("h0", "i0", 0.0, assignment=a("r0", 0, world=2))
-    s.register_agent("h1", "i1", 0.0, assignment=a("r0", 1, world=2))
-    s.register_agent("s0", "is", 0.0, spare=True)
-    s.heartbeat_hosts(["h1", "s0"], 9.0)
-    s.expire(10.5)
-    s.register_agent("s1", "is1", 10.5, spare=True)
+    s = Driver(ControllerSettings(replicas=1, heartbeat_timeout_s=10.0))
+    s.register("h0", "i0", 0.0, assignment=a("r0", 0, world=2))
+    s.register("h1", "i1", 0.0, assignment=a("r0", 1, world=2))
+    s.register("s0", "is", 0.0, spare=True)
+    s.beat_hosts(["h1", "s0"], 9.0)
+    s.tick(10.5)
+    s.register("s1", "is1", 10.5, spare=True)
     restart = next(o for o in s.take_orders() if o.kind == "RESTART")
-    assert [o.kind for o in s.orders_on_connect("h1", restart)] == ["CURRENT", "RESTART"]
+    assert [o.kind for o in s.connect_orders("h1", restart)] == ["CURRENT", "RESTART"]
     s.drain("h1", 11.0)  # too late: h1's assignment changed since
-    assert [o.kind for o in s.orders_on_connect("h1", restart)] == ["CURRENT"]
+    assert [o.kind for o in s.connect_orders("h1", restart)] == ["CURRENT"]
 
 
 def test_current_orders_get_ids_that_a_new_leader_never_repeats():
     s = running_job()
-    first = s.orders_on_connect("h0", None)[0]
+    first = s.connect_orders("h0", None)[0]
     t = take_over(s, 50.0)
-    assert int(t.orders_on_connect("h0", None)[0].order_id[1:]) > int(first.order_id[1:])
+    assert int(t.connect_orders("h0", None)[0].order_id[1:]) > int(first.order_id[1:])
 
 
 def test_the_durable_quorum_record_holds_every_field_and_reads_back_equal():
@@ -175,10 +174,10 @@ def test_a_replicas_section_written_before_the_coordinator_address_was_named_so_
     """The replica's coordinator address was once stored as `leader_address`: a snapshot a
     controller of that time wrote still restores, with the address kept."""
     s = running_job()
-    s.replicas["r1"].coordinator_address = "10.0.0.1:29500"
-    old = s.snapshot_replicas()
+    old = s.view.snapshot_replicas()
     for d in old["replicas"]:
         d["leader_address"] = d.pop("coordinator_address")
-    t = ControllerState(SETTINGS)
-    t.restore(old, [s.snapshot_hosts(i) for i in range(HOST_SHARDS)], 1.0)
-    assert t.replicas["r1"].coordinator_address == "10.0.0.1:29500" and t.replicas["r0"].coordinator_address == ""
+        if d["replica_id"] == "r1":
+            d["leader_address"] = "10.0.0.1:29500"
+    t = Driver.restored(SETTINGS, old, [s.view.snapshot_hosts(i) for i in range(HOST_SHARDS)], 1.0)
+    assert t.view.replicas["r1"].coordinator_address == "10.0.0.1:29500" and t.view.replicas["r0"].coordinator_address == ""

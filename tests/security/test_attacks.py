@@ -200,7 +200,7 @@ async def test_3_a_stranger_cannot_take_a_replicas_place_on_the_quorum_port(mode
 @pytest.mark.parametrize("mode", MODES)
 async def test_4_a_stranger_cannot_join_far_ahead_and_become_the_catch_up_source(mode):
     """Refused twice over: a stranger proves nothing, and a step beyond the job's history is
-    refused even to a holder of the job secret (controller/core/plausible.py)."""
+    refused even to a holder of the job secret (controller/core/admission.py)."""
     async with job(mode, "--replicas", "5") as (ctl, legit, stranger, _):  # r1..r4 configured, not running
         before = await picture(ctl.http)
         ahead = stranger.Quorum(pb.QuorumRequest(job_id=JOB, replica_id="r4", step=10**9, world_size=1,

@@ -19,7 +19,7 @@ ATTACKER, VICTIM = ("r1", 0), ("r1", 1)  # on hosts h-r1-0 and h-r1-1
 
 def report(state, job, rk, now):
     v = job.views[rk]
-    return state.report_telemetry(HostReport(v.host_id, 4, (v.report,)), secret(v.host_id), now)
+    return state.telemetry(HostReport(v.host_id, 4, (v.report,)), secret(v.host_id), now)
 
 
 def claim_hang(job, waited_s):
@@ -45,12 +45,12 @@ def test_one_host_claiming_another_hangs_evicts_nobody():
         report(s, job, ATTACKER, now)
         job.set(VICTIM, group(INTRA, Kind.REDUCE_SCATTER, 2, 10, 10), group(CROSS, Kind.FTAR_ALL_REDUCE, 3, 20, 20))
         report(s, job, VICTIM, now)  # the victim, busy, says it has not joined #11
-        s.expire(now)
-    [entry] = [e for e in s.diagnosis.log.entries if e.finding.kind == FindingKind.HANG]
+        s.tick(now)
+    [entry] = [e for e in s.view.diagnosis.log.entries if e.finding.kind == FindingKind.HANG]
     assert entry.finding.hosts[0] == "h-r1-1" and not entry.finding.own_evidence
     assert entry.finding.witnesses == ("h-r1-0",)
     assert entry.decision.action == ActionKind.REPORT and "only 1 other host(s) (h-r1-0)" in entry.decision.reason
-    assert not s.hosts["h-r1-1"].cordoned and s.hosts["h-r1-1"].assignment is not None
+    assert not s.view.hosts["h-r1-1"].cordoned and s.view.hosts["h-r1-1"].assignment is not None
 
 
 def test_a_hang_the_suspects_own_telemetry_shows_evicts_it():
@@ -59,10 +59,10 @@ def test_a_hang_the_suspects_own_telemetry_shows_evicts_it():
     job.never_joins(VICTIM, waited_s=40.0)  # its own report: idle 45 s, never joined
     for rk in job.keys():
         report(s, job, rk, 100.0)
-    s.expire(100.0)
-    [entry] = s.diagnosis.log.entries
+    s.tick(100.0)
+    [entry] = s.view.diagnosis.log.entries
     assert entry.finding.hosts[0] == "h-r1-1" and entry.finding.own_evidence
-    assert entry.decision.action == ActionKind.EVICT and s.hosts["h-r1-1"].cordoned
+    assert entry.decision.action == ActionKind.EVICT and s.view.hosts["h-r1-1"].cordoned
 
 
 def _decision(own: bool, witnesses: tuple[str, ...]):

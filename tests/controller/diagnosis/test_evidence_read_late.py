@@ -41,15 +41,15 @@ def reported_hang(s, job):
     for t in range(1, 32):
         waits(job, WITNESS, 11, t)
         report(s, job, WITNESS, 100.0 + t)
-        s.expire(100.0 + t)
+        s.tick(100.0 + t)
     [entry] = hangs(s)
     assert entry.finding.hosts[0] == "h-r1-1" and not entry.finding.own_evidence
-    assert entry.decision.action == ActionKind.REPORT and not s.hosts["h-r1-1"].cordoned
+    assert entry.decision.action == ActionKind.REPORT and not s.view.hosts["h-r1-1"].cordoned
     return entry
 
 
 def hangs(s):
-    return [e for e in s.diagnosis.log.entries if e.finding.kind == FindingKind.HANG]
+    return [e for e in s.view.diagnosis.log.entries if e.finding.kind == FindingKind.HANG]
 
 
 def run_until(s, job, start, end, send=()):
@@ -58,7 +58,7 @@ def run_until(s, job, start, end, send=()):
         report(s, job, WITNESS, float(t))
         for rk in send:
             report(s, job, rk, float(t))
-        s.expire(float(t))
+        s.tick(float(t))
 
 
 def test_the_suspects_own_idle_telemetry_read_late_decides_the_reported_hang_again():
@@ -72,11 +72,11 @@ def test_the_suspects_own_idle_telemetry_read_late_decides_the_reported_hang_aga
     [entry] = hangs(s)
     assert entry.id == first.id and entry.finding.own_evidence
     assert entry.decision.action == ActionKind.EVICT, entry.decision.reason
-    assert s.hosts["h-r1-1"].cordoned and s.hosts["s0"].assignment is not None
-    log = s.diagnosis.log
+    assert s.view.hosts["h-r1-1"].cordoned and s.view.hosts["s0"].assignment is not None
+    log = s.view.diagnosis.log
     assert log.findings_by_kind["hang"] == 1 and log.actions_by_kind["evict"] == 1
     assert any("(decided again)" in e.message and "evict: evict host h-r1-1" in e.message
-               for e in s.events if e.kind == "diagnosis")
+               for e in s.view.events if e.kind == "diagnosis")
 
 
 def test_more_hosts_waiting_on_the_suspect_decide_the_reported_hang_again():
@@ -89,7 +89,7 @@ def test_more_hosts_waiting_on_the_suspect_decide_the_reported_hang_again():
     [entry] = hangs(s)
     assert entry.id == first.id and not entry.finding.own_evidence
     assert set(entry.finding.witnesses) == {"h-r1-0", "h-r0-1", "h-r2-1"}
-    assert entry.decision.action == ActionKind.EVICT and s.hosts["h-r1-1"].cordoned
+    assert entry.decision.action == ActionKind.EVICT and s.view.hosts["h-r1-1"].cordoned
 
 
 def test_the_suspects_busy_telemetry_keeps_it_reported():
@@ -99,7 +99,7 @@ def test_the_suspects_busy_telemetry_keeps_it_reported():
     job.set(SUSPECT, group(INTRA, Kind.REDUCE_SCATTER, 2, 10, 10), group(CROSS, Kind.FTAR_ALL_REDUCE, 3, 20, 20))
     run_until(s, job, 132, 160, send=(SUSPECT,))  # it says it is busy, not idle
     [entry] = hangs(s)
-    assert entry.decision.action == ActionKind.REPORT and not s.hosts["h-r1-1"].cordoned
+    assert entry.decision.action == ActionKind.REPORT and not s.view.hosts["h-r1-1"].cordoned
 
 
 def _hang(own, witnesses, host="v", confidence=0.7):
