@@ -25,7 +25,10 @@ import torch
 Go = Callable[[], bool]
 
 
-class _Delegate:
+class Delegate:
+    """A wrapper around a part (a GradientSync, an endpoint, an optimizer) that passes every name
+    it does not override to the part: the base of each fault here and of the tests' faults."""
+
     def __init__(self, inner) -> None:
         self._inner = inner
 
@@ -37,7 +40,7 @@ def _hang() -> None:
     threading.Event().wait()  # until the agent stops the process
 
 
-class NeverJoins(_Delegate):
+class NeverJoins(Delegate):
     """A GradientSync whose rank stops before the step's collectives."""
 
     def __init__(self, sync, go: Go) -> None:
@@ -50,7 +53,7 @@ class NeverJoins(_Delegate):
         return self._inner.reduce_(flat, plan)
 
 
-class Slow(_Delegate):
+class Slow(Delegate):
     """A GradientSync whose rank arrives `extra_s` late to every step's collectives."""
 
     def __init__(self, sync, extra_s: float, go: Go) -> None:
@@ -68,7 +71,7 @@ class _Stuck:
         _hang()
 
 
-class StallsInside(_Delegate):
+class StallsInside(Delegate):
     """An FTAR endpoint whose all-reduce is joined (recorded) and never moves."""
 
     def __init__(self, endpoint, go: Go) -> None:
@@ -81,7 +84,7 @@ class StallsInside(_Delegate):
         return self._inner.allreduce(tensor)
 
 
-class FlipsBits(_Delegate):
+class FlipsBits(Delegate):
     """An optimizer whose host corrupts one weight after every step (bit 0 of element 0 of
     the first parameter: the digest changes, the training does not notice)."""
 
@@ -99,7 +102,7 @@ class FlipsBits(_Delegate):
         return out
 
 
-class HoldsInSync(_Delegate):
+class HoldsInSync(Delegate):
     """An FTAR endpoint that, when `armed()`, says so (`holding()`) at the start of an all-reduce
     and waits up to `hold_s` before it starts (the demo kills the process meanwhile)."""
 

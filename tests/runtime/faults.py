@@ -15,19 +15,12 @@ import threading
 from pathlib import Path
 from typing import Callable
 
+from fthsdp.demo.faults import Delegate
 from fthsdp.state.checkpoint import CheckpointStore
 from fthsdp.sync.gradients import GradientSync, SyncResult
 
 
-class _Delegate:
-    def __init__(self, inner) -> None:
-        self._inner = inner
-
-    def __getattr__(self, name: str):
-        return getattr(self._inner, name)
-
-
-class KillWhenAllreduceStarts(_Delegate):
+class KillWhenAllreduceStarts(Delegate):
     """An FTAR endpoint whose process exits (as if SIGKILLed: no cleanup, code 137; or by a
     real signal, when `kill` sends it) right after an all-reduce was submitted, when
     `should_kill()` says so. With FSDP2 that is in the middle of backward: the first group's
@@ -48,7 +41,7 @@ class KillWhenAllreduceStarts(_Delegate):
         return handle
 
 
-class HoldWhenAllreduceStarts(_Delegate):
+class HoldWhenAllreduceStarts(Delegate):
     """An FTAR endpoint that, when `should_hold()` says so as an all-reduce is about to be
     submitted (it is asked at every one: let it say yes once), first calls `hold()`, which
     returns when the test lets the rank go on: the rank sits inside a step (or sync) whose
@@ -65,7 +58,7 @@ class HoldWhenAllreduceStarts(_Delegate):
         return self._inner.allreduce(tensor)
 
 
-class HoldBeforeQuorum(_Delegate):
+class HoldBeforeQuorum(Delegate):
     """A coordinator's controller client that, when `should_hold(step)` says so, calls
     `hold(step)` before it sends the replica's join for that step: the replica has not joined
     the round yet while the others have (and wait for it at the controller)."""
@@ -80,7 +73,7 @@ class HoldBeforeQuorum(_Delegate):
         return self._inner.quorum(request, *args, **kwargs)
 
 
-class FailingSync(_Delegate):
+class FailingSync(Delegate):
     """A GradientSync whose reduction really runs (other replicas include this rank's
     gradient) but reports failure when `reason_for(plan)` returns a reason: this rank votes no."""
 
@@ -99,7 +92,7 @@ class FailingSync(_Delegate):
         return SyncResult(False, reason) if reason else result
 
 
-class HiddenAtStart(_Delegate):
+class HiddenAtStart(Delegate):
     """A checkpoint store whose first `latest_complete()` (the Manager's look at start) finds
     nothing, as if the process had started before any checkpoint was written; later loads
     (a resume a rollback quorum offers) see the real store."""
