@@ -2,6 +2,7 @@
 
     python -m bench.semisync --json [--configs sync:1,local_sgd:8,diloco:8[,streaming_diloco:8:2]]
                              [--link auto|veth|bucket] [--link-mb-s 50] [--seeds 3] [--no-torchft]
+                             [--wire-dtype float32|bfloat16] [--threads 1]
 
 Each configuration (`mode:H` or `mode:H:F`, F the fragments of streaming DiLoCo) starts the
 product as a user does -- `fthsdp controller --sync-mode MODE --sync-every H [--sync-fragments
@@ -35,9 +36,14 @@ One JSON line per configuration (FIELDS):
   `heldout_loss_torchft` and `heldout_torchft_vs_sync_band` (null when not run) and
   `wire_bytes_per_sample_torchft` (veth only).
 
-Every line also names `mode`, `sync_every`, `sync_fragments`, `replicas`, `inner_steps`,
-`batch_size`, `params`, `commits` (syncs committed, per replica) and `replicas_agree` (one
-global model at the end).
+Every line also names `mode`, `sync_every`, `sync_fragments`, `sync_wire_dtype` (the
+pseudo-gradient's wire dtype as the trainers' settings hold it: --wire-dtype bfloat16 asks for
+it, a runtime without the setting says float32), `replicas`, `inner_steps`, `batch_size`,
+`params`, `commits` (syncs committed, per replica), `replicas_agree` (one global model at
+the end) and `load` (the machine's 1/5/15-minute load averages when the line was printed: the
+rates are only as good as the machine was quiet). Every replica process, ours and torchft's, runs torch on --threads threads (default 1:
+the replicas share this machine's cores; oversubscribed, torchft's inner steps ran several times
+slower on a 2-core machine).
 """
 
 from __future__ import annotations
@@ -51,6 +57,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from bench.common import load
 from bench.semisync_link import KINDS, open_link
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -58,12 +65,13 @@ ROOT = Path(__file__).resolve().parents[1]
 #: adds samples_per_s_torchft, ratio, heldout_loss_torchft, heldout_torchft_vs_sync_band and
 #: wire_bytes_per_sample_torchft.
 FIELDS: dict[str, object] = {
-    "mode": str, "sync_every": int, "sync_fragments": int, "replicas": int, "inner_steps": int, "batch_size": int,
+    "mode": str, "sync_every": int, "sync_fragments": int, "sync_wire_dtype": str, "replicas": int,
+    "inner_steps": int, "batch_size": int,
     "link": str, "bytes_across_replicas_per_sample": float, "wire_bytes_per_sample": float | None,
     "samples_per_s": float, "heldout_loss": float, "samples_per_replica": int, "replicas_agree": bool,
     "params": int, "commits": int, "bytes_ratio_vs_sync": float, "speedup_vs_sync": float,
     "heldout_loss_sync": float, "heldout_loss_sync_band": list, "sync_seeds": int, "heldout_vs_sync_band": str,
-    "torchft": str,
+    "torchft": str, "load": list,
 }
 TORCHFT_FIELDS = ("samples_per_s_torchft", "ratio", "heldout_loss_torchft", "heldout_torchft_vs_sync_band",
                   "wire_bytes_per_sample_torchft")
@@ -141,7 +149,7 @@ def _replicas(args, link, impl: str, extra: dict, env: dict, what: str) -> list[
         for r in range(args.replicas):
             cfg = {"impl": impl, "replica_id": str(r), "host": link.replica_host(r), "replicas": args.replicas,
                    "steps": args.steps, "batch_size": args.batch_size, "features": args.features,
-                   "hidden": args.hidden, "lr": args.lr, "heldout": args.heldout,
+                   "hidden": args.hidden, "lr": args.lr, "heldout": args.heldout, "threads": args.threads,
                    "bucket_bytes_s": link.bucket_bytes_s, **extra}
             with link.entered(link.replica_node(r)):  # the child lives in the replica's namespace
                 procs.append(subprocess.Popen([sys.executable, "-m", "bench.semisync", "--worker", json.dumps(cfg)],
@@ -177,6 +185,7 @@ def _measure(args, link, outs: list[dict], wire_before: list[int | None]) -> dic
             "heldout_loss": outs[0]["heldout_loss"], "samples_per_replica": samples // args.replicas,
             "replicas_agree": len({round(o["heldout_loss"], 12) for o in outs}) == 1,
             "params": outs[0]["params"], "commits": outs[0]["commits"],
+            "sync_wire_dtype": outs[0].get("wire_dtype", "float32"),
             "bytes_sent": sum(o.get("bytes_sent", 0) for o in outs)}
 
 
@@ -190,6 +199,8 @@ def run_fthsdp(args, link, config: Config, seed: int) -> dict:
     if config.fragments > 1:  # only then: a runtime without streaming DiLoCo knows neither
         flags += ["--sync-fragments", str(config.fragments)]
         env["FTHSDP_SYNC_FRAGMENTS"] = str(config.fragments)
+    if args.wire_dtype != "float32" and config.mode != "sync":
+        env["FTHSDP_SYNC_WIRE_DTYPE"] = args.wire_dtype
     wire_before = [link.wire_bytes(r) for r in range(args.replicas)]
     with link.entered(link.controller_node):
         ctl = launch(*flags, insecure=True, cwd=str(ROOT), timeout_s=120.0)
@@ -269,6 +280,9 @@ def main(argv: list[str] | None = None) -> int:
                    "bucket in our FTAR transport; auto: veth where the machine allows (default)")
     p.add_argument("--link-mb-s", type=float, default=50.0, help="each replica's link rate, MB/s (0: uncapped)")
     p.add_argument("--seeds", type=int, default=1, help="seeds of the synchronous run (its held-out loss band)")
+    p.add_argument("--wire-dtype", default="float32", choices=("float32", "bfloat16"),
+                   help="the pseudo-gradient's wire dtype for the non-sync configurations (FTHSDP_SYNC_WIRE_DTYPE)")
+    p.add_argument("--threads", type=int, default=1, help="torch threads per replica process, ours and torchft's")
     p.add_argument("--no-torchft", action="store_true", help="do not run torchft's DiLoCo beside ours")
     p.add_argument("--timeout-s", type=float, default=600.0, help="longest one configuration may take")
     p.add_argument("--worker", help=argparse.SUPPRESS)
@@ -283,9 +297,9 @@ def main(argv: list[str] | None = None) -> int:
         configs = parse_configs(args.configs or default_configs(), args.steps)
     except ValueError as exc:
         p.error(str(exc))
-    if args.replicas < 2 or args.seeds < 1 or args.link_mb_s < 0:
-        p.error(f"need --replicas >= 2, --seeds >= 1 and --link-mb-s >= 0, got {args.replicas}, {args.seeds}, "
-                f"{args.link_mb_s:g}")
+    if args.replicas < 2 or args.seeds < 1 or args.link_mb_s < 0 or args.threads < 1:
+        p.error(f"need --replicas >= 2, --seeds >= 1, --link-mb-s >= 0 and --threads >= 1, got {args.replicas}, "
+                f"{args.seeds}, {args.link_mb_s:g}, {args.threads}")
     try:
         link = open_link(args.link, args.replicas, args.link_mb_s)
     except ValueError as exc:
@@ -316,7 +330,7 @@ def run(args, link, configs: list[Config]) -> None:
         if config.mode == "diloco" and not torchft_done:
             line.update(torchft_side(args, link, config, result, band))
             torchft_done = True
-        print(json.dumps(line), flush=True)
+        print(json.dumps({**line, "load": load()}), flush=True)
 
 
 if __name__ == "__main__":

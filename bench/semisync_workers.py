@@ -8,7 +8,8 @@ one JSON line: the bytes its FTAR endpoint sent (fthsdp only), when each sync co
 after how many inner steps), the inner steps it trained and the final model's held-out loss.
 
 - `fthsdp_worker`: `Manager` + `FaultTolerantOptimizer`, the settings a user's script reads
-  (FTHSDP_SYNC_* from the environment: bench.semisync sets FTHSDP_SYNC_FRAGMENTS for F > 1).
+  (FTHSDP_SYNC_* from the environment: bench.semisync sets FTHSDP_SYNC_FRAGMENTS for F > 1 and
+  FTHSDP_SYNC_WIRE_DTYPE for --wire-dtype bfloat16); it reports the wire dtype its settings hold.
 - `torchft_worker`: torchft's `Manager` over its `ProcessGroupGloo` and `torchft.local_sgd.DiLoCo`
   wrapping the inner optimizer, as torchft's own DiLoCo tests do; its own TCPStore (the
   replica group's, world size 1) and the lighthouse bench.semisync started.
@@ -23,8 +24,11 @@ HELDOUT_REPLICA = "999"  # held-out samples come from a replica id no run trains
 
 
 def model_and_data(cfg: dict):
-    """(model, inner optimizer, batch_at(replica, position, rows=None) -> (x, y))."""
+    """(model, inner optimizer, batch_at(replica, position, rows=None) -> (x, y)); torch on
+    cfg["threads"] threads (the replicas share the machine's cores: more oversubscribe them)."""
     import torch
+
+    torch.set_num_threads(cfg["threads"])
 
     torch.manual_seed(10_007)  # the teacher: the same on every replica and in every run
     teacher = torch.nn.Sequential(torch.nn.Linear(cfg["features"], 32), torch.nn.Tanh(), torch.nn.Linear(32, 1))
@@ -86,7 +90,8 @@ def fthsdp_worker(cfg: dict) -> dict:
         if manager.step != step:
             commits.append((time.perf_counter(), inner))
     manager.close()
-    return _result(model, batch_at, cfg, commits, inner, bytes_sent=pacer.sent)
+    return _result(model, batch_at, cfg, commits, inner, bytes_sent=pacer.sent,
+                   wire_dtype=getattr(settings, "sync_wire_dtype", "float32"))  # what the runtime used
 
 
 def torchft_worker(cfg: dict) -> dict:

@@ -26,6 +26,7 @@ def test_bench_semisync_prints_one_line_per_configuration_on_the_slowed_link():
     assert len(lines) == (3 if STREAMING else 2)
     assert (sync["mode"], sync["sync_every"], diloco["mode"], diloco["sync_every"]) == ("sync", 1, "diloco", 4)
     assert sync["commits"] == 8 and diloco["commits"] == 2  # one sync per 4 inner steps
+    assert sync["sync_wire_dtype"] == diloco["sync_wire_dtype"] == "float32"  # the default, as the trainers hold it
     assert sync["samples_per_replica"] == diloco["samples_per_replica"] == 32  # equal samples
     assert 0 < diloco["bytes_across_replicas_per_sample"] < 0.5 * sync["bytes_across_replicas_per_sample"]
     assert diloco["samples_per_s"] > 0 and diloco["replicas_agree"] and sync["replicas_agree"]
@@ -46,10 +47,14 @@ def test_bench_semisync_prints_one_line_per_configuration_on_the_slowed_link():
         assert 0 < streaming["bytes_across_replicas_per_sample"] < 0.5 * sync["bytes_across_replicas_per_sample"]
 
 
-def test_bench_semisync_refuses_an_h_that_does_not_divide_the_steps():
-    out = subprocess.run([sys.executable, "-m", "bench.semisync", "--steps", "10", "--configs", "diloco:4"], cwd=ROOT,
-                         capture_output=True, text=True, timeout=60)
-    assert out.returncode == 2 and "'diloco:4': H must be >= 1 and divide --steps 10" in out.stderr
+@pytest.mark.parametrize("args, says", [
+    (("--steps", "10", "--configs", "diloco:4"), "'diloco:4': H must be >= 1 and divide --steps 10"),
+    (("--threads", "0"), "--threads >= 1, got 2, 1, 50, 0"),
+])
+def test_bench_semisync_refuses_bad_arguments_naming_them(args, says):
+    out = subprocess.run([sys.executable, "-m", "bench.semisync", *args], cwd=ROOT, capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 2 and says in out.stderr
 
 
 @pytest.mark.parametrize("text, problem", [
