@@ -77,9 +77,9 @@ TORCHFT_FIELDS = ("samples_per_s_torchft", "ratio", "heldout_loss_torchft", "hel
                   "wire_bytes_per_sample_torchft")
 TORCHFT_DIFFERENCES = (
     "torchft 0.2 DiLoCo (Manager + ProcessGroupGloo, its own lighthouse, init_sync off: both start from the "
-    "same seeded weights) on the same model, H, data, samples, inner and outer optimizers and link; not equal: "
-    "its all-reduce is Gloo's per parameter tensor in float32 and it heartbeats its lighthouse every 100 ms, "
-    "ours is FTAR over the whole pseudo-gradient with a two-phase commit; it keeps no data ledger or digests")
+    "same seeded weights) on the same model, H, data, samples, inner and outer optimizers; not equal: its "
+    "all-reduce is Gloo's per parameter tensor in float32 and it heartbeats its lighthouse every 100 ms, ours is "
+    "FTAR over the whole pseudo-gradient with a two-phase commit; it keeps no data ledger or digests")
 
 
 @dataclass(frozen=True)
@@ -241,7 +241,7 @@ def torchft_side(args, link, config: Config, ours: dict, band: list[float]) -> d
     empty = dict.fromkeys(TORCHFT_FIELDS)
     if why:
         return {"torchft": f"not run: {why}", **empty}
-    what = TORCHFT_DIFFERENCES
+    what = TORCHFT_DIFFERENCES + (f"; both on the same link, {link.name}" if link.caps_torchft else "")
     if not link.caps_torchft:  # the token bucket paces our FTAR only: compare both on the plain link
         plain = open_link("bucket", args.replicas, 0.0)
         ours = run_fthsdp(args, plain, config, seed=0)
