@@ -54,16 +54,19 @@ def missing() -> str:
 
 
 class Lighthouse:
-    """The lighthouse binary on a loopback port (picked free just before it starts)."""
+    """The lighthouse binary on a port of `host` (picked free just before it starts; `host` is
+    loopback unless the caller's thread is in a network namespace that has another address)."""
 
-    def __init__(self, replicas: int, attempts: int = 3, listen_timeout_s: float = 30.0) -> None:
+    def __init__(self, replicas: int, attempts: int = 3, listen_timeout_s: float = 30.0,
+                 host: str = "127.0.0.1") -> None:
+        self.host = host
         # The port is free when picked, but another process may take it before the binary
         # binds (a shared machine): then the binary exits, and we try a new port.
         for _ in range(attempts):
             port = free_port()
-            self.address = f"http://127.0.0.1:{port}"
+            self.address = f"http://{host}:{port}"
             self.proc = subprocess.Popen(
-                [_binary(), "--bind", f"127.0.0.1:{port}", "--min_replicas", str(replicas), "--join_timeout_ms",
+                [_binary(), "--bind", f"{host}:{port}", "--min_replicas", str(replicas), "--join_timeout_ms",
                  "60000", "--heartbeat_timeout_ms", "600000"],
                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             if self._listening(port, time.monotonic() + listen_timeout_s):
@@ -75,7 +78,7 @@ class Lighthouse:
     def _listening(self, port: int, deadline: float) -> bool:
         while self.proc.poll() is None and time.monotonic() < deadline:
             try:
-                socket.create_connection(("127.0.0.1", port), timeout=1.0).close()
+                socket.create_connection((self.host, port), timeout=1.0).close()
                 return True
             except OSError:
                 time.sleep(0.05)
