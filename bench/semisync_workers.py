@@ -17,6 +17,7 @@ after how many inner steps), the inner steps it trained and the final model's he
 
 from __future__ import annotations
 
+import os
 import time
 
 OUTER_LR, OUTER_MOMENTUM = 0.7, 0.9  # fthsdp's defaults (RuntimeSettings.outer_lr / outer_momentum)
@@ -75,7 +76,8 @@ def fthsdp_worker(cfg: dict) -> dict:
     settings = RuntimeSettings.from_env(
         job_id="semisync", replica_id=cfg["replica_id"], controller_address=cfg["controller"],
         bind_host=cfg["host"], insecure_trainer_ports=True, sync_mode=cfg["mode"], sync_every_steps=h,
-        max_steps=cfg["steps"] // h, quorum_timeout_s=120.0, gather_timeout_s=120.0, allreduce_timeout_s=120.0,
+        max_steps=cfg["steps"] // (h // int(os.environ.get("FTHSDP_SYNC_FRAGMENTS", "1"))),  # syncs: one per fragment
+        quorum_timeout_s=120.0, gather_timeout_s=120.0, allreduce_timeout_s=120.0,
         digest_every_steps=0)
     manager = Manager(model, opt, settings, seams=Seams(endpoint=paced)).start()
     ft = FaultTolerantOptimizer(manager, opt)
