@@ -41,6 +41,9 @@ from protos.sync_modes import SYNC_MODES  # streaming_diloco is offered once the
 MODELS = ("mlp", "gpt")  # built by fthsdp/demo/workloads.py (not imported here: it imports torch)
 #: the gpt workload's run settings: 8 windows of 64 bytes per replica and step, AdamW
 GPT_SETTINGS = {"model": "gpt", "batch_rows": 8, "lr": 0.003}
+#: each model's trainable parameter tensors (tests/demo checks them against the built models):
+#: streaming_diloco cuts a model into at most this many fragments (fthsdp/sync/outer.py fragments_of)
+TRAINABLE_TENSORS = {"mlp": 4, "gpt": 28}
 
 
 def parser() -> argparse.ArgumentParser:
@@ -127,6 +130,10 @@ def _check_sync(args) -> None:
     if args.sync_fragments > 1 and args.sync != "streaming_diloco":
         raise ValueError(f"--sync-fragments {args.sync_fragments} needs --sync streaming_diloco, "
                          f"got --sync {args.sync}.")
+    if args.sync_fragments > TRAINABLE_TENSORS[args.model]:
+        raise ValueError(f"--sync-fragments {args.sync_fragments} is more than the {args.model} model's "
+                         f"{TRAINABLE_TENSORS[args.model]} parameter tensors (a fragment holds at least one); "
+                         f"give at most {TRAINABLE_TENSORS[args.model]}.")
     if args.sync_every % args.sync_fragments:
         raise ValueError(f"--sync-every {args.sync_every} must be a multiple of --sync-fragments "
                          f"{args.sync_fragments} (each fragment syncs once per H training steps, one every H / F).")

@@ -103,6 +103,7 @@ def test_diloco_demo_kills_a_host_in_a_sync_and_a_trainer_between_syncs(tmp_path
     (["--sync", "streaming_diloco", "--sync-every", "6", "--sync-fragments", "4"],
      "--sync-every 6 must be a multiple of --sync-fragments 4"),
     (["--sync", "streaming_diloco", "--sync-fragments", "0"], "--sync-fragments must be >= 1, got 0"),
+    (["--sync", "streaming_diloco", "--sync-fragments", "8"], "--sync-fragments 8 is more than the mlp model's 4"),
     (["--sync", "diloco", "--failures", "sdc@40:r1"], "'sdc@40:r1' is a host for the diagnosis"),
 ])
 def test_bad_sync_flags_exit_2_naming_the_value(tmp_path, capsys, flags, named):
@@ -168,3 +169,17 @@ def test_streaming_counts_syncs_of_k_steps_and_the_controller_agrees_with_the_tr
     assert plain.steps_per_sync == 8 and plain.controller_flags()[-2:] == ("--sync-fragments", "1")
     assert RunSettings(**{**s.__dict__, "sync_mode": "sync", "sync_every": 1, "sync_fragments": 1}
                        ).controller_flags() == ()
+
+
+def test_the_fragment_limit_is_each_models_trainable_tensors():
+    """A model cut into more fragments than it has parameter tensors is refused by the runtime in
+    every trainer (a crash loop): the demo refuses it first, by the models' real counts."""
+    from fthsdp.demo.cli import TRAINABLE_TENSORS
+    from fthsdp.demo.gpt import GptConfig, TinyGPT
+    from fthsdp.demo.workloads import build_mlp
+    from fthsdp.sync.outer import fragments_of
+
+    for name, model in (("mlp", build_mlp(32)), ("gpt", TinyGPT(GptConfig()))):
+        sizes = [p.numel() for p in model.parameters() if p.requires_grad]
+        assert TRAINABLE_TENSORS[name] == len(sizes), name
+        assert len(fragments_of(sizes, TRAINABLE_TENSORS[name])) == len(sizes)
