@@ -7,12 +7,15 @@ are injected on a schedule.
                 [--failures kill-trainer@50:r1,kill-agent@130:r2] [--ranks-per-replica 1]
                 [--lr-policy sqrt] [--out fthsdp-report] [--seed 0] [--no-baseline] [--warm-restarts]
                 [--sync diloco --sync-every 8 [--outer-lr 0.7 --outer-momentum 0.9]]
+                [--sync streaming_diloco --sync-every 8 --sync-fragments 2]
 
 With --sync local_sgd or diloco the replicas meet every --sync-every (H) training steps
 instead of every step: the controller runs the job in that mode and every trainer gets it in
-its FTHSDP_SYNC_* environment (the trainer's loop is the same). --steps and the STEP of
---failures then count training steps (one batch per replica each); a failure at step n with
-n % H != 0 lands in that inner step, one at a multiple of H in the sync before step n.
+its FTHSDP_SYNC_* environment (the trainer's loop is the same). With streaming_diloco and
+--sync-fragments F (H a multiple of F) one fragment syncs every K = H / F training steps, each
+fragment every H; otherwise K = H. --steps and the STEP of --failures then count training
+steps (one batch per replica each); a run is --steps / K syncs, and a failure at step n with
+n % K != 0 lands in that inner step, one at a multiple of K in the sync before step n.
 
 Writes OUT/report.json, OUT/loss.png and OUT/healthy_replicas.png (logs and records under
 OUT/run and OUT/baseline). Exit status: 0 when every check passed, 1 when a check failed or
@@ -30,7 +33,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 
 from controller.settings import LR_POLICIES  # the controller computes the learning-rate factor
-from fthsdp.demo.schedule import DIAGNOSED, ScheduleError, default_text, parse
+from fthsdp.demo.schedule import DIAGNOSED, ScheduleError, default_text, parse, steps_per_sync
 from protos import timeout_rules
 from protos import cli_flags as flags
 from protos.sync_modes import SYNC_MODES  # streaming_diloco is offered once the runtime has it
@@ -38,6 +41,9 @@ from protos.sync_modes import SYNC_MODES  # streaming_diloco is offered once the
 MODELS = ("mlp", "gpt")  # built by fthsdp/demo/workloads.py (not imported here: it imports torch)
 #: the gpt workload's run settings: 8 windows of 64 bytes per replica and step, AdamW
 GPT_SETTINGS = {"model": "gpt", "batch_rows": 8, "lr": 0.003}
+#: each model's trainable parameter tensors (tests/demo checks them against the built models):
+#: streaming_diloco cuts a model into at most this many fragments (fthsdp/sync/outer.py fragments_of)
+TRAINABLE_TENSORS = {"mlp": 4, "gpt": 28}
 
 
 def parser() -> argparse.ArgumentParser:
@@ -77,7 +83,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--outer-momentum", type=float,
                    help="diloco's outer Nesterov momentum (default: the runtime's, 0.9)")
     p.add_argument("--sync-fragments", type=int, default=1, metavar="F",
-                   help="streaming_diloco: fragments synced on staggered schedules (FTHSDP_SYNC_FRAGMENTS)")
+                   help="streaming_diloco: fragments synced on staggered schedules, each every H training steps, "
+                        "one every H / F (FTHSDP_SYNC_FRAGMENTS; H a multiple of F)")
     p.add_argument("--diagnosis-dry-run", action="store_true",
                    help="the controller's diagnosis only reports what it would evict (a hung host then stays "
                         "hung: use it with slow or sdc)")
@@ -123,6 +130,13 @@ def _check_sync(args) -> None:
     if args.sync_fragments > 1 and args.sync != "streaming_diloco":
         raise ValueError(f"--sync-fragments {args.sync_fragments} needs --sync streaming_diloco, "
                          f"got --sync {args.sync}.")
+    if args.sync_fragments > TRAINABLE_TENSORS[args.model]:
+        raise ValueError(f"--sync-fragments {args.sync_fragments} is more than the {args.model} model's "
+                         f"{TRAINABLE_TENSORS[args.model]} parameter tensors (a fragment holds at least one); "
+                         f"give at most {TRAINABLE_TENSORS[args.model]}.")
+    if args.sync_every % args.sync_fragments:
+        raise ValueError(f"--sync-every {args.sync_every} must be a multiple of --sync-fragments "
+                         f"{args.sync_fragments} (each fragment syncs once per H training steps, one every H / F).")
 
 
 def _check_failures(failures, sync: str) -> None:
@@ -140,7 +154,8 @@ def main(argv: list[str]) -> int:
     try:
         _check(args)
         text = args.failures if args.failures is not None else default_text(
-            replicas=args.replicas, steps=args.steps, spares=args.spares, every=args.sync_every)
+            replicas=args.replicas, steps=args.steps, spares=args.spares,
+            every=steps_per_sync(args.sync_every, args.sync_fragments))
         failures = parse(text, replicas=args.replicas, steps=args.steps, spares=args.spares)
         _check_failures(failures, args.sync)
     except ScheduleError as exc:
@@ -153,14 +168,16 @@ def main(argv: list[str]) -> int:
     from fthsdp.demo import data, plots, report, run, schedule
     from fthsdp.demo.schedule import replica_ids
 
-    h = args.sync_every  # a run ends at a sync: the protocol's steps are syncs of H training steps
     settings = run.RunSettings(
-        replicas=args.replicas, ranks_per_replica=args.ranks_per_replica, steps=-(-args.steps // h), seed=args.seed,
+        replicas=args.replicas, ranks_per_replica=args.ranks_per_replica, steps=args.steps, seed=args.seed,
         lr_policy=args.lr_policy, spares=args.spares, standby=not args.cold_spares, warm_restarts=args.warm_restarts,
         heartbeat_timeout_s=args.heartbeat_timeout_s, timeout_s=args.timeout_s, min_step_s=args.step_time_s,
-        diagnosis_dry_run=args.diagnosis_dry_run, sync_mode=args.sync, sync_every=h, outer_lr=args.outer_lr,
-        outer_momentum=args.outer_momentum, sync_fragments=args.sync_fragments,
+        diagnosis_dry_run=args.diagnosis_dry_run, sync_mode=args.sync, sync_every=args.sync_every,
+        outer_lr=args.outer_lr, outer_momentum=args.outer_momentum, sync_fragments=args.sync_fragments,
         **GPT_SETTINGS if args.model == "gpt" else {})
+    # a run ends at a sync: the protocol's steps are syncs of K training steps (H, or H / F streaming)
+    k = settings.steps_per_sync
+    settings = replace(settings, steps=-(-args.steps // k))
     broken = timeout_rules.check(settings.timeout_values())
     if broken:  # the demo runs every process: every rule of the timeout hierarchy applies
         print(f"fthsdp demo: {' '.join(v.message() for v in broken)}", file=sys.stderr)
@@ -174,19 +191,19 @@ def main(argv: list[str]) -> int:
           f"failures: {', '.join(f.describe() for f in failures) or 'none'}; output in {out}", flush=True)
     if settings.semi_synchronous:
         print(f"demo: mode {settings.describe_mode()}; failures: "
-              f"{'; '.join(f'{f.describe()} {schedule.moment(f.at_step, h)}' for f in failures) or 'none'}", flush=True)
+              f"{'; '.join(f'{f.describe()} {schedule.moment(f.at_step, k)}' for f in failures) or 'none'}", flush=True)
     main_run = run.run_job(out / "run", dataset, settings, failures, tty=sys.stdout.isatty())
     if main_run.error:
         print(f"demo: the run failed: {main_run.error}", file=sys.stderr)
     ids = replica_ids(args.replicas)
     main_summary = report.summary(main_run.rows, ids, args.ranks_per_replica, settings.batch_rows,
-                                  main_run.injections, h)
+                                  main_run.injections, k)
     base_summary, base_run = None, None
     if not args.no_baseline:
         # The paper compares at equal tokens: the baseline trains until it has seen as many
         # samples as the run with failures did, so the difference is quality, not lost time.
-        base_steps = max(-(-10 // h), report.baseline_steps_for(main_summary["samples_seen"], args.replicas,
-                                                                settings.batch_rows * h))
+        base_steps = max(-(-10 // k), report.baseline_steps_for(main_summary["samples_seen"], args.replicas,
+                                                                settings.batch_rows * k))
         print(f"demo: baseline run to the same samples seen ({main_summary['samples_seen']}: "
               f"{replace(settings, steps=base_steps).describe_steps()}; same mode, seed and data order; "
               f"no failures, no agents)", flush=True)
@@ -196,7 +213,7 @@ def main(argv: list[str]) -> int:
         base_summary = report.summary(base_run.rows, ids, args.ranks_per_replica, settings.batch_rows)
     main_losses = report.loss_by_samples(main_run.rows, settings.batch_rows)
     base_losses = base_run and report.loss_by_samples(base_run.rows, settings.batch_rows)
-    window = max(10, h) * args.replicas * settings.batch_rows  # about the last 10 steps (or one sync)
+    window = max(10, k) * args.replicas * settings.batch_rows  # about the last 10 steps (or one sync)
     seen = main_summary["samples_seen"]
     result = report.build(
         settings={**asdict(settings), "failures": [f.describe() for f in failures]}, sync=settings.sync_view(),
@@ -204,7 +221,7 @@ def main(argv: list[str]) -> int:
         wall_s=main_run.ended_at - main_run.started_at,
         detection_bound_s=settings.heartbeat_timeout_s + 1.5, baseline=base_summary,
         baseline_wall_s=base_run and base_run.ended_at - base_run.started_at,
-        band=report.band_view(report.load_band(report.band_path(args.sync, h)),
+        band=report.band_view(report.load_band(report.band_path(args.sync, args.sync_every)),
                               {**asdict(settings), "steps": args.steps}),
         loss_window=base_losses and {"samples": [max(seen - window, 0), seen],
                                      "run": report.mean_loss_near(main_losses, seen, window),
@@ -226,7 +243,7 @@ def main(argv: list[str]) -> int:
 def _print_summary(r: dict, out: Path) -> None:
     sync = r["sync"]
     steps = f"{r['steps']} steps" if sync["mode"] == "sync" else \
-        f"{r['steps']} syncs ({r['steps'] * sync['every_steps']} training steps)"
+        f"{r['steps']} syncs ({r['steps'] * sync['steps_per_sync']} training steps)"
     print(f"demo: mode {sync['text']}: {steps} in {r['wall_s']:.1f}s; effective training time "
           f"{r['effective_training_time']:.1%}; test accuracy {r['final']['test_accuracy']}")
     for f in r["failures"]:

@@ -26,12 +26,10 @@ TRAINER = [PYTHON, "-m", "fthsdp.demo.trainer"]
 
 def start_controller(log: Path, *, job_id: str, replicas: int, join_timeout_s: float,
                      heartbeat_timeout_s: float, lr_policy: str, settings: Path | None = None,
-                     secret: str, sync_mode: str = "sync", sync_every: int = 1) -> ControllerProcess:
+                     secret: str, sync_flags: tuple[str, ...] = ()) -> ControllerProcess:
     """The controller, holding the run's job secret (agents and leaders prove it), running the
-    job in `sync_mode` (the trainers must agree)."""
-    extra = ("--settings", str(settings)) if settings else ()
-    if sync_mode != "sync":
-        extra += ("--sync-mode", sync_mode, "--sync-every", str(sync_every))
+    job in the mode `sync_flags` name (RunSettings.controller_flags: the trainers must agree)."""
+    extra = (("--settings", str(settings)) if settings else ()) + tuple(sync_flags)
     with open(log, "w") as err:
         return launch("--job-id", job_id, "--replicas", str(replicas), "--min-replicas", "1",
                       "--join-timeout-s", str(join_timeout_s), "--heartbeat-timeout-s", str(heartbeat_timeout_s),

@@ -147,7 +147,7 @@ def samples_by_step(rows: list[dict], batch_rows: int) -> dict[int, int]:
     step included adds `batch_rows` (the paper's x-axis is tokens; ours is samples). Along the
     committed history: the batches of the steps a rollback abandoned are not in the model."""
     included: dict[int, int] = {}
-    for r in committed_rows(rows):  # a sync commits `batches` (H) per contributor
+    for r in committed_rows(rows):  # a sync commits `batches` (K) per contributor
         included.setdefault(r["step"], len(r["included"]) * r.get("batches", 1))
     total, out = 0, {}
     for step in sorted(included):
@@ -221,7 +221,8 @@ def _round(value: float | None, digits: int = 5) -> float | None:
 def summary(rows: list[dict], replicas: list[str], ranks: int, batch_rows: int = 0, injections: list[dict] = (),
             every: int = 1) -> dict:
     """What a run's records say; `injections` (the run's kills) get where each landed (`landing`),
-    `every`: H, the training steps per sync (1: every step is one)."""
+    `every`: K, the training steps per sync (H, or H / F with streaming_diloco's F fragments;
+    1: every step is one)."""
     done = [r for r in rows if r.get("event") == "done" and r.get("rank") == 0]
     final = done[-1] if done else {}
     losses = loss_by_step(rows)

@@ -20,7 +20,7 @@ from pathlib import Path
 import httpx
 
 from fthsdp.demo import procs
-from fthsdp.demo.schedule import DIAGNOSED, Failure, moment, placement, replica_ids
+from fthsdp.demo.schedule import DIAGNOSED, Failure, moment, placement, replica_ids, steps_per_sync
 from fthsdp.status import render
 from protos import job_secret
 from protos import timeout_rules as tr
@@ -52,9 +52,9 @@ class RunSettings:
     diagnosis_dry_run: bool = False
     #: False: the controller's own diagnosis defaults instead of the demo's quick DIAGNOSIS
     demo_diagnosis: bool = True
-    #: how replicas meet (protos/sync_modes.py); `steps` counts syncs of `sync_every` training steps
+    #: how replicas meet (protos/sync_modes.py); `steps` counts syncs of `steps_per_sync` training steps
     sync_mode: str = "sync"
-    sync_every: int = 1
+    sync_every: int = 1                  # H: training steps between two syncs of the same parameters
     outer_lr: float | None = None        # diloco's outer optimizer; None: the runtime's default
     outer_momentum: float | None = None
     sync_fragments: int = 1              # streaming_diloco
@@ -63,29 +63,47 @@ class RunSettings:
     def semi_synchronous(self) -> bool:
         return self.sync_mode != "sync"
 
+    @property
+    def steps_per_sync(self) -> int:
+        """K, the training steps of one protocol step (a sync): H, or with streaming_diloco's F
+        fragments H / F (one fragment's sync every K training steps, each fragment every H;
+        RuntimeSettings.inner_steps_per_sync). Failures are placed and syncs counted in K."""
+        return steps_per_sync(self.sync_every, self.sync_fragments)
+
     def describe_steps(self) -> str:
         if not self.semi_synchronous:
             return f"{self.steps} steps"
-        return f"{self.steps} syncs of {self.sync_every} training steps ({self.steps * self.sync_every} steps)"
+        k = self.steps_per_sync
+        return f"{self.steps} syncs of {k} training steps ({self.steps * k} steps)"
 
     def describe_mode(self) -> str:
         if not self.semi_synchronous:
             return "sync (gradients averaged every step)"
         text = f"{self.sync_mode}, a sync every {self.sync_every} training steps"
+        if self.sync_fragments > 1:
+            text = (f"{self.sync_mode}, {self.sync_fragments} fragments each synced every {self.sync_every} "
+                    f"training steps (a sync of one fragment every {self.steps_per_sync})")
         if "diloco" in self.sync_mode:
             from fthsdp.settings import RuntimeSettings
 
             lr = RuntimeSettings.outer_lr if self.outer_lr is None else self.outer_lr
             momentum = RuntimeSettings.outer_momentum if self.outer_momentum is None else self.outer_momentum
             text += f" (outer Nesterov SGD, lr {lr:g}, momentum {momentum:g})"
-        if self.sync_fragments > 1:
-            text += f", {self.sync_fragments} fragments"
         return text
 
     def sync_view(self) -> dict:
         """The mode as the report names it."""
         return {"mode": self.sync_mode, "every_steps": self.sync_every, "outer_lr": self.outer_lr,
-                "outer_momentum": self.outer_momentum, "fragments": self.sync_fragments, "text": self.describe_mode()}
+                "outer_momentum": self.outer_momentum, "fragments": self.sync_fragments,
+                "steps_per_sync": self.steps_per_sync, "text": self.describe_mode()}
+
+    def controller_flags(self) -> tuple[str, ...]:
+        """The controller's flags for the mode (it must agree with the trainers' environment,
+        `sync_environment`, or every trainer is refused); none for the default mode."""
+        if not self.semi_synchronous:
+            return ()
+        return ("--sync-mode", self.sync_mode, "--sync-every", str(self.sync_every),
+                "--sync-fragments", str(self.sync_fragments))
 
     def sync_environment(self) -> dict[str, str]:
         """What every trainer of the run gets in its environment: the runtime reads its mode there
@@ -100,7 +118,7 @@ class RunSettings:
         if self.outer_momentum is not None:
             env[rs.ENV_OUTER_MOMENTUM] = repr(self.outer_momentum)
         if self.sync_fragments > 1:
-            env[SYNC_FRAGMENTS_ENV] = str(self.sync_fragments)
+            env[rs.ENV_SYNC_FRAGMENTS] = str(self.sync_fragments)
         return env
 
     def trainer_config(self, data: Path, records: Path, ports: dict, faults: list[dict] = ()) -> dict:
@@ -130,9 +148,6 @@ class RunSettings:
         return {**tr.qualified(tr.CONTROLLER, controller.timeout_values()),
                 **tr.qualified(tr.AGENT, agent.timeout_values()), **tr.qualified(tr.RUNTIME, runtime.timeout_values())}
 
-
-#: streaming_diloco's fragments, in the trainers' environment (set only when more than one)
-SYNC_FRAGMENTS_ENV = "FTHSDP_SYNC_FRAGMENTS"
 
 #: The trainers' timeouts in the demo (a step is 0.1-0.5 s here).
 TRAINER_TIMEOUTS = {"quorum_s": 30.0, "allreduce_s": 5.0, "vote_s": 10.0, "fetch_s": 10.0, "fetch_hold_s": 5.0,
@@ -177,12 +192,12 @@ HOLD_IN_SYNC = "hold-in-sync"
 
 
 def _in_sync(f: Failure, s: RunSettings) -> bool:
-    return s.semi_synchronous and f.kind not in DIAGNOSED and placement(f.at_step, s.sync_every)[1] == 0
+    return s.semi_synchronous and f.kind not in DIAGNOSED and placement(f.at_step, s.steps_per_sync)[1] == 0
 
 
 def _due(f: Failure, s: RunSettings) -> int:
     """The job's step from which `f` is injected: a kill placed in sync n is armed a sync before."""
-    sync, inner = placement(f.at_step, s.sync_every)
+    sync, inner = placement(f.at_step, s.steps_per_sync)
     return max(sync - 1, 0) if _in_sync(f, s) else sync
 
 
@@ -243,7 +258,7 @@ def _controller(workdir: Path, s: RunSettings, secret: str) -> procs.ControllerP
     return procs.start_controller(workdir / "controller.log", job_id=JOB_ID, replicas=s.replicas,
                                   join_timeout_s=s.join_timeout_s, heartbeat_timeout_s=s.heartbeat_timeout_s,
                                   lr_policy=s.lr_policy, settings=settings, secret=secret,
-                                  sync_mode=s.sync_mode, sync_every=s.sync_every)
+                                  sync_flags=s.controller_flags())
 
 
 def _done(records: Path, s: RunSettings) -> bool:
@@ -339,11 +354,11 @@ def await_moment(f: Failure, s: RunSettings, records: Path) -> bool:
     (schedule.placement): training inner step k of a round ending at or after its sync (read from
     its rank 0's records), or held at the start of a sync's all-reduce (fault_specs). False when
     the moment did not come in time (the caller tries again later)."""
-    sync, inner = placement(f.at_step, s.sync_every)
+    sync, inner = placement(f.at_step, s.steps_per_sync)
     go, held = _hold_file(records, f, "go"), _hold_file(records, f, "held")
     if not inner and not go.exists():  # the replica holds (once) in the first sync from `sync` on, writes `held`
         go.write_text(str(sync))
-    deadline = time.monotonic() + 2 * s.sync_every * max(s.min_step_s, 0.05) + 10.0
+    deadline = time.monotonic() + 2 * s.steps_per_sync * max(s.min_step_s, 0.05) + 10.0
     while time.monotonic() < deadline:
         if not inner and held.exists():
             return True
@@ -367,8 +382,8 @@ def _inject(f: Failure, job: dict, replicas: dict, hosts: list, agents: dict, re
         return None
     record = _kill(f, job, hosts, agents, records, configured)
     if record is not None and placed:
-        record.update(training_step=f.at_step, moment=moment(f.at_step, s.sync_every),
-                      injected_sync=placement(f.at_step, s.sync_every)[0])
+        record.update(training_step=f.at_step, moment=moment(f.at_step, s.steps_per_sync),
+                      injected_sync=placement(f.at_step, s.steps_per_sync)[0])
     return record
 
 

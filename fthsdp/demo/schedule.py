@@ -14,11 +14,12 @@ and sdc (it flips a bit of its weights after every step). Errors name the bad en
 The demo injects a failure only once every replica is HEALTHY again, so failures never
 overlap: a later entry may land a few steps after its STEP.
 
-Semi-synchronous runs (--sync local_sgd or diloco, a sync every H training steps): STEP counts
-training steps, and `placement` says where a failure lands: at step n with n % H = k != 0, in
-inner step k of the round before sync n // H (the replica loses the inner steps since its last
-sync); at n = H * s, in sync s - 1 itself (its all-reduce started: the sync retries without the
-replica). The default schedule hits both.
+Semi-synchronous runs (--sync local_sgd or diloco, a sync every H training steps;
+streaming_diloco with F fragments, a sync of one fragment every K = H / F): STEP counts
+training steps, and `placement` (with `every` K, `steps_per_sync`) says where a failure lands:
+at step n with n % K = k != 0, in inner step k of the round before sync n // K (the replica
+loses the inner steps since its last sync); at n = K * s, in sync s - 1 itself (its all-reduce
+started: the sync retries without the replica). The default schedule hits both.
 """
 
 from __future__ import annotations
@@ -70,6 +71,12 @@ def default_text(*, replicas: int, steps: int, spares: int, every: int = 1) -> s
     if spares > 0:
         text += f",kill-agent@{second}:{host}"
     return text
+
+
+def steps_per_sync(sync_every: int, fragments: int = 1) -> int:
+    """K, the training steps of one sync (one protocol step): H, or with streaming_diloco's F
+    fragments H / F (one fragment synced every K training steps, each fragment every H)."""
+    return sync_every // fragments
 
 
 def placement(step: int, every: int) -> tuple[int, int]:

@@ -9,11 +9,13 @@ directly by the baseline run. Writes JSON lines to <records>/<replica>-<rank>-<p
 "trained" before each all-reduce (the batch this replica computed), "catching_up" when a step
 fetches the state of its source (named), "commit"/"retry" after each step (with the digests
 of the state it trained from and of the state after it), "done" with the held-out score and
-the state digest at the end. Semi-synchronous (FTHSDP_SYNC_MODE local_sgd or diloco, which the
-runtime reads from the environment: the loop is the same), "trained" comes per inner step (the
-sync it trains for, its position, its inner index) and "commit" per committed sync (with
-"batches": H, the mean loss of its inner steps, and the digests of the global state: the
-parameters, the outer optimizer and the ledger; the inner optimizer is each replica's own).
+the state digest at the end. Semi-synchronous (FTHSDP_SYNC_MODE local_sgd, diloco or
+streaming_diloco, which the runtime reads from the environment: the loop is the same),
+"trained" comes per inner step (the sync it trains for, its position, its inner index) and
+"commit" per committed sync (with "batches": K, the inner steps a sync commits: H, or H / F
+with streaming_diloco's F fragments; the mean loss of its inner steps, and the digests of the
+global state: the parameters, the outer optimizer and the ledger; the inner optimizer is each
+replica's own).
 Exits 0 when the job reached its steps in a full step (one every
 configured replica contributed to, at or past the end, even if the end was read late), or when
 its replica ended first (another of its ranks read the end a step earlier). Optional
@@ -242,10 +244,11 @@ def main(argv: list[str]) -> int:
     # view that a controller failover left stale), and once the others finished no later step
     # is ever full again -- so a full step at the end, even if seen late, ends this replica too.
     # Semi-synchronous (FTHSDP_SYNC_MODE): the same loop; a step of the protocol is a sync, and
-    # the H inner steps before it each train a batch (end_step of the H-th syncs).
-    h = settings.sync_every_steps if settings.semi_synchronous else 1
+    # the K inner steps before it each train a batch (end_step of the K-th syncs): K = H, or
+    # H / F with streaming_diloco's F fragments (a sync of one fragment every K inner steps).
+    semi, k = settings.semi_synchronous, settings.inner_steps_per_sync
     full_step = -1  # the last step committed with every replica included
-    began, before, losses = 0.0, "", []  # of the step (semi-synchronous: of the round of H inner steps)
+    began, before, losses = 0.0, "", []  # of the step (semi-synchronous: of the round of K inner steps)
     while not (manager.step >= _steps(cfg) and full_step + 1 >= _steps(cfg)) and manager.step < cfg["max_steps"]:
         started = time.time()
         try:
@@ -253,10 +256,10 @@ def main(argv: list[str]) -> int:
         except StopIteration:  # the replica ended first: another rank read the end step a step earlier
             break
         step, position = manager.step, batches.last_position
-        inner = position - manager.ledger.position(rid) if h > 1 else 0
+        inner = position - manager.ledger.position(rid) if semi else 0
         if inner == 0:  # the state this step (round) trains from: the global state when semi-synchronous
-            began, before, losses = started, "" if manager.is_behind and h == 1 else manager.digest(), []
-        if manager.is_behind and h == 1:  # fetching from its source while it computes (and contributes zeros)
+            began, before, losses = started, "" if manager.is_behind and not semi else manager.digest(), []
+        if manager.is_behind and not semi:  # fetching from its source while it computes (and contributes zeros)
             write(event="catching_up", step=manager.plan.step, quorum_id=manager.plan.quorum_id,
                   source=manager.plan.source_replica)
         opt.zero_grad(set_to_none=True)
@@ -264,7 +267,7 @@ def main(argv: list[str]) -> int:
         rows = slice(rank, None, world)
         loss = w.loss(x[rows], y[rows])
         plan = manager.plan
-        if h > 1:  # whether the round counts is decided at its sync
+        if semi:  # whether the round counts is decided at its sync
             write(event="trained", step=step, position=position, inner=inner)
         elif plan is not None and not plan.behind:  # before backward: a sharded model all-reduces inside it
             write(event="trained", step=plan.step, quorum_id=plan.quorum_id, position=position)
@@ -274,14 +277,14 @@ def main(argv: list[str]) -> int:
             time.sleep(pace)
         losses.append(loss.item())
         committed = manager.end_step(loss.item(), tokens=len(x))  # averages (or syncs), votes, commits
-        if h > 1 and manager.step == step:
+        if semi and manager.step == step:
             continue  # an inner step (or the replica ended)
         o = manager.last_outcome
         if committed and len(o.included) == len(replicas):
             full_step = o.step
-        semi = {"batches": h} if h > 1 else {"position": position}
+        counted = {"batches": k} if semi else {"position": position}
         write(event="commit" if committed else "retry", began=began, step=o.step, quorum_id=o.quorum_id,
-              behind=o.behind, included=list(o.included), positions_before=o.positions_before, **semi,
+              behind=o.behind, included=list(o.included), positions_before=o.positions_before, **counted,
               loss=sum(losses) / len(losses), lr_scale=o.lr_scale, reason=o.reason,
               before="" if o.behind else before, digest=manager.digest())
     test_loss, test_acc = w.evaluate()  # every rank: a sharded model's forward is collective

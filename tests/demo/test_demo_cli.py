@@ -100,6 +100,10 @@ def test_diloco_demo_kills_a_host_in_a_sync_and_a_trainer_between_syncs(tmp_path
     (["--sync", "diloco", "--outer-momentum", "1.0"], "--outer-momentum must be in [0, 1), got 1.0"),
     (["--sync", "diloco", "--outer-lr", "nan"], "--outer-lr must be a finite number > 0, got nan"),
     (["--sync", "diloco", "--sync-fragments", "2"], "--sync-fragments 2 needs --sync streaming_diloco"),
+    (["--sync", "streaming_diloco", "--sync-every", "6", "--sync-fragments", "4"],
+     "--sync-every 6 must be a multiple of --sync-fragments 4"),
+    (["--sync", "streaming_diloco", "--sync-fragments", "0"], "--sync-fragments must be >= 1, got 0"),
+    (["--sync", "streaming_diloco", "--sync-fragments", "8"], "--sync-fragments 8 is more than the mlp model's 4"),
     (["--sync", "diloco", "--failures", "sdc@40:r1"], "'sdc@40:r1' is a host for the diagnosis"),
 ])
 def test_bad_sync_flags_exit_2_naming_the_value(tmp_path, capsys, flags, named):
@@ -133,3 +137,49 @@ def test_the_trainers_get_the_mode_in_their_environment_and_the_choices_follow_t
     assert "4 fragments" in streaming.describe_mode() and "lr 0.5, momentum 0.9" in streaming.describe_mode()
     [sync] = [a for a in parser()._actions if a.dest == "sync"]
     assert tuple(sync.choices) == SYNC_MODES  # streaming_diloco is offered once the runtime has it
+
+
+def test_streaming_counts_syncs_of_k_steps_and_the_controller_agrees_with_the_trainers():
+    """streaming_diloco, H = 8, F = 2: a sync (one protocol step) is K = 4 training steps; the
+    controller's flags (parsed by the controller's own parser) say the same mode, H and F as the
+    trainers' environment (the runtime's own reading), or every trainer would be refused."""
+    from controller.main import parse_args
+    from controller.settings import ControllerSettings
+    from fthsdp.demo.run import RunSettings, _due, _in_sync
+    from fthsdp.demo.schedule import Failure
+    from fthsdp.settings import ENV_INSECURE_TRAINER_PORTS, RuntimeSettings
+
+    s = RunSettings(replicas=3, ranks_per_replica=1, steps=24, seed=0, lr_policy="sqrt", sync_mode="streaming_diloco",
+                    sync_every=8, sync_fragments=2)
+    assert s.steps_per_sync == 4 and s.describe_steps() == "24 syncs of 4 training steps (96 steps)"
+    assert s.sync_view()["steps_per_sync"] == 4 and "a sync of one fragment every 4" in s.describe_mode()
+    args = parse_args(["--job-id", "demo", *s.controller_flags()])
+    assert (args.sync_mode, args.sync_every, args.sync_fragments) == ("streaming_diloco", 8, 2)
+    ControllerSettings(sync_mode=args.sync_mode, sync_every_steps=args.sync_every,
+                       sync_fragments=args.sync_fragments).validate()
+    trainer_env = {**s.sync_environment(), ENV_INSECURE_TRAINER_PORTS: "1"}  # no ports are opened here
+    runtime = RuntimeSettings.from_env(trainer_env, job_id="demo", replica_id="r0",
+                                       controller_address="127.0.0.1:1", coordinator_address="127.0.0.1:2")
+    assert (runtime.sync_mode, runtime.sync_every_steps, runtime.sync_fragments) == ("streaming_diloco", 8, 2)
+    assert runtime.inner_steps_per_sync == s.steps_per_sync  # the trainer's "batches" per commit
+    # a kill at training step 20 (a multiple of K, not of H) lands in sync 4, armed from sync 3
+    assert _in_sync(Failure("kill-agent", 20, "r2"), s) and _due(Failure("kill-agent", 20, "r2"), s) == 3
+    assert not _in_sync(Failure("kill-trainer", 22, "r1"), s) and _due(Failure("kill-trainer", 22, "r1"), s) == 5
+    plain = RunSettings(**{**s.__dict__, "sync_mode": "diloco", "sync_fragments": 1})
+    assert plain.steps_per_sync == 8 and plain.controller_flags()[-2:] == ("--sync-fragments", "1")
+    assert RunSettings(**{**s.__dict__, "sync_mode": "sync", "sync_every": 1, "sync_fragments": 1}
+                       ).controller_flags() == ()
+
+
+def test_the_fragment_limit_is_each_models_trainable_tensors():
+    """A model cut into more fragments than it has parameter tensors is refused by the runtime in
+    every trainer (a crash loop): the demo refuses it first, by the models' real counts."""
+    from fthsdp.demo.cli import TRAINABLE_TENSORS
+    from fthsdp.demo.gpt import GptConfig, TinyGPT
+    from fthsdp.demo.workloads import build_mlp
+    from fthsdp.sync.outer import fragments_of
+
+    for name, model in (("mlp", build_mlp(32)), ("gpt", TinyGPT(GptConfig()))):
+        sizes = [p.numel() for p in model.parameters() if p.requires_grad]
+        assert TRAINABLE_TENSORS[name] == len(sizes), name
+        assert len(fragments_of(sizes, TRAINABLE_TENSORS[name])) == len(sizes)

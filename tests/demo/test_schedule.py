@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from fthsdp.demo.schedule import Failure, ScheduleError, default_text, moment, parse, placement
+from fthsdp.demo.schedule import Failure, ScheduleError, default_text, moment, parse, placement, steps_per_sync
 
 
 @pytest.mark.parametrize("text, expected", [
@@ -76,3 +76,21 @@ def test_semi_synchronous_default_kills_a_host_in_a_sync_and_a_trainer_between_s
 ])
 def test_placement_of_a_failure_in_a_round_or_a_sync(step, every, where, words):
     assert placement(step, every) == where and moment(step, every) == words
+
+
+@pytest.mark.parametrize("sync_every, fragments, k", [(8, 1, 8), (8, 2, 4), (8, 8, 1), (1, 1, 1), (12, 3, 4)])
+def test_a_sync_is_k_training_steps_h_or_h_over_f_with_fragments(sync_every, fragments, k):
+    assert steps_per_sync(sync_every, fragments) == k
+
+
+def test_streaming_failures_are_placed_in_syncs_of_one_fragment_every_k_steps():
+    """--sync streaming_diloco --sync-every 8 --sync-fragments 2, 96 training steps: a sync every
+    K = 4 (24 of them); the default host kill lands in a sync, the trainer's in an inner step of K."""
+    k = steps_per_sync(8, 2)
+    text = default_text(replicas=3, steps=96, spares=1, every=k)
+    assert text == "kill-agent@24:r2,kill-trainer@62:r1"
+    host, trainer = parse(text, replicas=3, steps=96, spares=1)
+    assert placement(host.at_step, k) == (5, 0) and moment(host.at_step, k) == "(during sync 5)"
+    assert placement(trainer.at_step, k) == (15, 2)
+    assert moment(trainer.at_step, k) == "(inner step 2 of 4 before sync 15)"
+    assert placement(20, k) == (4, 0) and placement(8, 8) == (0, 0)  # in sync 4 with K = 4, in sync 0 with K = H
