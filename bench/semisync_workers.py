@@ -91,6 +91,12 @@ def fthsdp_worker(cfg: dict) -> dict:
         inner += 1
         if manager.step != step:
             commits.append((time.perf_counter(), inner))
+    if manager.outer is not None and manager.outer.streaming:
+        # each fragment's global copy is the model: between its syncs the model holds the
+        # replica's own inner steps of the fragments not synced last (the loss is the global one's)
+        with torch.no_grad():
+            for p, g in zip(model.parameters(), manager.outer.global_tensors()):
+                p.copy_(g)
     manager.close()
     return _result(model, batch_at, cfg, commits, inner, bytes_sent=pacer.sent,
                    wire_dtype=getattr(settings, "sync_wire_dtype", "float32"))  # what the runtime used
