@@ -210,18 +210,7 @@ class ControllerSettings:
             problems.append(f"rollback_wait_s must not be negative, got {self.rollback_wait_s}.")
         if self.lr_policy not in LR_POLICIES:
             problems.append(f"lr_policy must be one of {', '.join(LR_POLICIES)}, got {self.lr_policy!r}.")
-        if self.sync_mode not in SYNC_MODES:
-            problems.append(f"sync_mode must be one of {', '.join(SYNC_MODES)}, got {self.sync_mode!r}.")
-        elif not isinstance(self.sync_every_steps, int) or self.sync_every_steps < 1 or (
-                self.sync_mode == "sync" and self.sync_every_steps != 1):
-            problems.append(f"sync_every_steps must be 1 with sync_mode sync and >= 1 otherwise, got "
-                            f"{self.sync_every_steps!r} with {self.sync_mode}.")
-        elif not isinstance(self.sync_fragments, int) or self.sync_fragments < 1 or (
-                self.sync_fragments > 1 and self.sync_mode != "streaming_diloco") or \
-                self.sync_every_steps % self.sync_fragments:
-            problems.append(f"sync_fragments must be 1, or with sync_mode streaming_diloco a divisor of "
-                            f"sync_every_steps ({self.sync_every_steps}), got {self.sync_fragments!r} with "
-                            f"{self.sync_mode}.")
+        problems += _sync_problems(self)
         if self.hosts_per_replica < 0:
             problems.append(f"hosts_per_replica must not be negative, got {self.hosts_per_replica}.")
         if self.hosts_per_replica * self.ranks_per_host > self.max_world_size:
@@ -270,3 +259,18 @@ class ControllerSettings:
             data = dict(data, diagnosis=DiagnosisSettings(**nested))
         merged = replace(cls(), **data)
         return replace(merged, **{k: v for k, v in overrides.items() if v is not None})
+
+
+def _sync_problems(s: "ControllerSettings") -> list[str]:
+    """What is wrong with how the replicas meet: the mode, H, and F (protos/sync_modes.py)."""
+    if s.sync_mode not in SYNC_MODES:
+        return [f"sync_mode must be one of {', '.join(SYNC_MODES)}, got {s.sync_mode!r}."]
+    if not isinstance(s.sync_every_steps, int) or s.sync_every_steps < 1 or (
+            s.sync_mode == "sync" and s.sync_every_steps != 1):
+        return [f"sync_every_steps must be 1 with sync_mode sync and >= 1 otherwise, got "
+                f"{s.sync_every_steps!r} with {s.sync_mode}."]
+    if not isinstance(s.sync_fragments, int) or s.sync_fragments < 1 or (
+            s.sync_fragments > 1 and s.sync_mode != "streaming_diloco") or s.sync_every_steps % s.sync_fragments:
+        return [f"sync_fragments must be 1, or with sync_mode streaming_diloco a divisor of "
+                f"sync_every_steps ({s.sync_every_steps}), got {s.sync_fragments!r} with {s.sync_mode}."]
+    return []
