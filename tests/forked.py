@@ -98,6 +98,20 @@ def start(module: str, argv: list[str], *, log: Path, env: dict[str, str], cwd: 
     return Forked(process, [sys.executable, "-m", module, *argv], stdin, stdout)
 
 
+def run(module: str, argv: list[str], *, log: Path, env: dict[str, str], cwd: Path,
+        timeout_s: float) -> tuple[int, str]:
+    """`subprocess.run` for a forked worker: `python -m module *argv` to its end (killed after
+    `timeout_s`, which fails); its exit status and what it wrote (stderr and stdout, from `log`)."""
+    proc = start(module, argv, log=log, env=env, cwd=cwd, pipes=False)
+    try:
+        code = proc.wait(timeout_s)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return code, log.read_text()
+
+
 def _run(module: str, argv: list[str], env: dict[str, str], cwd: str, log: str,
          stdin: Connection | None, stdout: Connection | None) -> None:
     """In the forked child: become `python -m module *argv` with these streams, env and cwd."""

@@ -23,7 +23,7 @@ import httpx
 import pytest
 
 from tests.runtime.cluster import FTHSDP, PYTHON, REPO
-from tests.runtime.test_cluster_endings import base_env
+from tests.runtime.test_cluster_endings import base_env, example
 from tests.runtime.test_torchrun import two_free_ports
 from tests.waiting import wait_until
 
@@ -87,13 +87,12 @@ def test_a_trainer_outside_the_configured_replicas_is_refused_and_the_job_is_una
                    "both agents registered")
         intruder_out = tmp_path / "intruder"
         intruder_out.mkdir()
-        intruder = subprocess.run(  # as a standby that did not wait for its assignment: the default id "0"
-            [PYTHON, *script[:-3], "--out", str(intruder_out), "--cpu"], cwd=REPO,
-            env={**base_env(ctl), "FTHSDP_CONTROLLER": ctl.grpc, "FTHSDP_REPLICA_ID": "0"},
-            capture_output=True, text=True, timeout=BOUND_S)
-        assert intruder.returncode != 0, intruder.stderr[-3000:]
+        code, intruder = example(  # as a standby that did not wait for its assignment: the default id "0"
+            tmp_path / "intruder.log", {**base_env(ctl), "FTHSDP_CONTROLLER": ctl.grpc, "FTHSDP_REPLICA_ID": "0"},
+            *script[1:-3], "--out", str(intruder_out), "--cpu")
+        assert code != 0, intruder[-3000:]
         assert ("Quorum was refused: FAILED_PRECONDITION: replica '0' is not one of this job's configured replicas "
-                "(r0, r1): no host holds it") in intruder.stderr, intruder.stderr[-3000:]
+                "(r0, r1): no host holds it") in intruder, intruder[-3000:]
         assert not list(intruder_out.iterdir())
         assert "0" not in {r["replica_id"] for r in get(ctl, "/api/v1/replicas")}  # state unchanged
         for i in range(2):
