@@ -10,9 +10,15 @@ real trainer. The workers are still real processes: their own pid, stdin and std
 log file as stderr, the environment and working directory they are given, killed with real
 signals, and their exit code (negative: the signal) read back like `subprocess.Popen`'s.
 
+The server imports the trainer runtime too (fthsdp's Manager and what it loads: gRPC, the
+protos, the step protocol, the state server): about a sixth of a trainer's imports, which a
+restarted replica's ranks would otherwise redo while the survivors wait for it.
+
 Forking after these imports is safe: nothing in `PRELOAD` starts a thread that holds a lock a
-child could need (numpy's BLAS pool re-forms after a fork), and nothing here touches gRPC, whose
-channels must not cross a fork; the worker imports gRPC itself.
+child could need (numpy's BLAS pool re-forms after a fork), none reads the environment when
+imported (each reads it when called: the child's, set before the worker runs), and gRPC is only
+imported: its core starts with the first channel or server, which each worker makes after the
+fork (a channel must never cross one).
 """
 
 from __future__ import annotations
@@ -27,7 +33,9 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 
 PRELOAD = ["numpy", "torch", "torch.distributed", "torch.distributed.device_mesh", "torch.distributed.fsdp",
-           "torch.distributed.tensor", "torch.distributed.checkpoint", "torch.optim", "ftar_kernels"]
+           "torch.distributed.tensor", "torch.distributed.checkpoint", "torch.optim", "ftar_kernels",
+           "grpc", "fthsdp.manager", "fthsdp.optimizer_wrapper", "fthsdp.state.checkpoint", "fthsdp.state.digest",
+           "fthsdp.state.shards", "fthsdp.process_group"]
 
 
 def context() -> multiprocessing.context.ForkServerContext:
