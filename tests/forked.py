@@ -10,9 +10,15 @@ real trainer. The workers are still real processes: their own pid, stdin and std
 log file as stderr, the environment and working directory they are given, killed with real
 signals, and their exit code (negative: the signal) read back like `subprocess.Popen`'s.
 
+The server imports the trainer runtime too (fthsdp's Manager and what it loads: gRPC, the
+protos, the step protocol, the state server): about a sixth of a trainer's imports, which a
+restarted replica's ranks would otherwise redo while the survivors wait for it.
+
 Forking after these imports is safe: nothing in `PRELOAD` starts a thread that holds a lock a
-child could need (numpy's BLAS pool re-forms after a fork), and nothing here touches gRPC, whose
-channels must not cross a fork; the worker imports gRPC itself.
+child could need (numpy's BLAS pool re-forms after a fork), none reads the environment when
+imported (each reads it when called: the child's, set before the worker runs), and gRPC is only
+imported: its core starts with the first channel or server, which each worker makes after the
+fork (a channel must never cross one).
 """
 
 from __future__ import annotations
@@ -27,7 +33,9 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 
 PRELOAD = ["numpy", "torch", "torch.distributed", "torch.distributed.device_mesh", "torch.distributed.fsdp",
-           "torch.distributed.tensor", "torch.distributed.checkpoint", "torch.optim", "ftar_kernels"]
+           "torch.distributed.tensor", "torch.distributed.checkpoint", "torch.optim", "ftar_kernels",
+           "grpc", "fthsdp.manager", "fthsdp.optimizer_wrapper", "fthsdp.state.checkpoint", "fthsdp.state.digest",
+           "fthsdp.state.shards", "fthsdp.process_group"]
 
 
 def context() -> multiprocessing.context.ForkServerContext:
@@ -96,6 +104,20 @@ def start(module: str, argv: list[str], *, log: Path, env: dict[str, str], cwd: 
     stdin = os.fdopen(stdin_w, "w", buffering=1) if pipes else None
     stdout = os.fdopen(stdout_r, "r") if pipes else None
     return Forked(process, [sys.executable, "-m", module, *argv], stdin, stdout)
+
+
+def run(module: str, argv: list[str], *, log: Path, env: dict[str, str], cwd: Path,
+        timeout_s: float) -> tuple[int, str]:
+    """`subprocess.run` for a forked worker: `python -m module *argv` to its end (killed after
+    `timeout_s`, which fails); its exit status and what it wrote (stderr and stdout, from `log`)."""
+    proc = start(module, argv, log=log, env=env, cwd=cwd, pipes=False)
+    try:
+        code = proc.wait(timeout_s)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return code, log.read_text()
 
 
 def _run(module: str, argv: list[str], env: dict[str, str], cwd: str, log: str,

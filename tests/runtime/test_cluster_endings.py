@@ -4,6 +4,10 @@ Scenario 1: README's warm-spare line (`fthsdp agent ... --spare --standby -- pyt
 with a script that never calls wait_for_assignment: the standby waits for its assignment
 inside the runtime (RuntimeSettings.from_env), the job's two replicas train and COMPLETE
 alike, and no third replica ever appears.
+
+A trainer the tests start themselves (not through an agent or torchrun) is examples/train_gpt.py
+forked from the session's server that imported torch once (tests/forked.py): a real process
+with its own environment, exit status and log, without a second torch import.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests import trainer_secret
+from tests import forked, trainer_secret
 from tests.runtime.cluster import FTHSDP, PYTHON, REPO
 from tests.runtime.test_torchrun import two_free_ports
 from tests.waiting import wait_until
@@ -24,6 +28,9 @@ from tests.waiting import wait_until
 pytestmark = pytest.mark.slow
 STEPS = 5
 BOUND_S = 240
+#: examples/train_gpt.py's model at a size whose steps cost little: what these tests check (who
+#: trains, how each path ends, equal digests) does not depend on the model's size
+SMALL_MODEL = ("--layers", "1", "--d-model", "32", "--seq-len", "16")
 
 
 def base_env(ctl) -> dict[str, str]:
@@ -40,6 +47,12 @@ def agent(ctl, host: str, log: Path, script: list[str], *flags: str) -> subproce
              "--heartbeat-interval-s", "0.5", *flags, "--", PYTHON, *script], cwd=REPO,
             stdout=subprocess.DEVNULL, stderr=out,
             env={**base_env(ctl), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(two_free_ports())})
+
+
+def example(log: Path, env: dict[str, str], *args: str) -> tuple[int, str]:
+    """`python examples/train_gpt.py *args` to its end, forked from the test session's server that
+    imported torch once (tests/forked.py): its exit status and its log."""
+    return forked.run("examples.train_gpt", list(args), log=log, env=env, cwd=REPO, timeout_s=BOUND_S)
 
 
 def wait_for_text(path: Path, text: str, bound_s: float, proc: subprocess.Popen) -> None:
@@ -84,20 +97,18 @@ def test_a_replica_started_after_completed_ends_with_its_exit_code_and_writes_no
     from examples.train_gpt import EXIT_JOB_ALREADY_COMPLETED
 
     ctl = controller_process("--replicas", "1", "--min-replicas", "1", "--join-timeout-s", "1", "--job-id", "gpt")
-    env = {**base_env(ctl), "FTHSDP_CONTROLLER": ctl.grpc}
-    script = [PYTHON, "examples/train_gpt.py", "--checkpoint-dir", "", "--steps", "2", "--cpu"]
-    first = subprocess.run([*script, "--out", str(tmp_path)], cwd=REPO, env={**env, "FTHSDP_REPLICA_ID": "r0"},
-                           capture_output=True, text=True, timeout=BOUND_S)
-    assert first.returncode == 0, first.stderr[-3000:]
-    assert "finished after step 1" in first.stderr and (tmp_path / "r0-0.json").exists()
+    env = {**base_env(ctl), "FTHSDP_CONTROLLER": ctl.grpc, "FTHSDP_REPLICA_ID": "r0"}
+    args = ["--checkpoint-dir", "", "--steps", "2", "--cpu", *SMALL_MODEL]
+    code, first = example(tmp_path / "first.log", env, *args, "--out", str(tmp_path))
+    assert code == 0, first[-3000:]
+    assert "finished after step 1" in first and (tmp_path / "r0-0.json").exists()
     assert httpx.get(f"{ctl.http}/api/v1/job", timeout=5.0).json()["job_state"] == "COMPLETED"
     late_out = tmp_path / "late"
     late_out.mkdir()
-    late = subprocess.run([*script, "--out", str(late_out)], cwd=REPO, env={**env, "FTHSDP_REPLICA_ID": "r0"},
-                          capture_output=True, text=True, timeout=BOUND_S)
-    assert late.returncode == EXIT_JOB_ALREADY_COMPLETED, late.stderr[-3000:]
-    assert "replica r0 started after the job COMPLETED and trained nothing" in late.stderr
-    assert "finished after" not in late.stderr and not list(late_out.iterdir())
+    code, late = example(tmp_path / "late.log", env, *args, "--out", str(late_out))
+    assert code == EXIT_JOB_ALREADY_COMPLETED, late[-3000:]
+    assert "replica r0 started after the job COMPLETED and trained nothing" in late
+    assert "finished after" not in late and not list(late_out.iterdir())
 
 
 @pytest.mark.timeout(400)
@@ -116,14 +127,12 @@ def test_a_trainer_whose_join_is_refused_because_the_job_failed_ends_with_that_e
         cwd=REPO, env=base_env(ctl), capture_output=True, text=True, timeout=BOUND_S)
     assert crashing.returncode == EXIT_JOB_FAILED, crashing.stderr[-3000:]
     assert httpx.get(f"{ctl.http}/api/v1/job", timeout=5.0).json()["job_state"] == "FAILED"
-    late = subprocess.run([PYTHON, "examples/train_gpt.py", "--checkpoint-dir", "",
-                           "--steps", "2", "--cpu", "--out", str(tmp_path)],
-                          cwd=REPO, env={**base_env(ctl), "FTHSDP_CONTROLLER": ctl.grpc, "FTHSDP_REPLICA_ID": "x"},
-                          capture_output=True, text=True, timeout=BOUND_S)
-    assert late.returncode != 0
-    assert "fthsdp.errors.Fatal: the controller says the job is FAILED, so this replica ends" in late.stderr, \
-        late.stderr
-    assert 'job "gpt" is FAILED: ' in late.stderr and "no replica can make progress" in late.stderr
+    env = {**base_env(ctl), "FTHSDP_CONTROLLER": ctl.grpc, "FTHSDP_REPLICA_ID": "x"}
+    code, late = example(tmp_path / "late.log", env, "--checkpoint-dir", "", "--steps", "2", "--cpu",
+                         "--out", str(tmp_path))
+    assert code != 0
+    assert "fthsdp.errors.Fatal: the controller says the job is FAILED, so this replica ends" in late, late
+    assert 'job "gpt" is FAILED: ' in late and "no replica can make progress" in late
     assert not list(tmp_path.glob("x-*.json"))
 
 
@@ -149,17 +158,19 @@ def test_torchrun_max_restarts_brings_a_killed_ranks_replica_back_to_equal_diges
     SIGKILLed: torchrun restarts r0's ranks, their rendezvous succeeds on the first try (no
     "connectFullMesh failed"), r0 rejoins as a new incarnation, catches up from r1, and both
     end at the same step with equal digests, rank by rank. `--min-replicas 2`: r1 trains no step
-    alone, so it can neither run ahead before r0 first joins nor finish the job (150 steps take
-    5 s on a quiet machine) while torchrun restarts r0 -- the job would then be COMPLETED and the
-    restarted r0 refused, as it should be."""
+    alone, so it can neither run ahead before r0 first joins nor finish the job while torchrun
+    restarts r0 -- the job would then be COMPLETED and the restarted r0 refused, as it should be.
+    The kill comes once r0 committed step 3; the job's 60 steps of a small model leave it many
+    steps to land before the end (they take about 2 s on a quiet machine)."""
     import signal
 
     from tests.runtime.test_torchrun import TORCHRUN
 
-    steps = 150
+    steps = 60
     ctl = controller_process("--replicas", "2", "--min-replicas", "2", "--join-timeout-s", "2", "--job-id", "gpt")
     env = {**base_env(ctl), "FTHSDP_CONTROLLER": ctl.grpc}
-    script = ["examples/train_gpt.py", "--checkpoint-dir", "", "--steps", str(steps), "--out", str(tmp_path), "--cpu"]
+    script = ["examples/train_gpt.py", "--checkpoint-dir", "", "--steps", str(steps), "--out", str(tmp_path), "--cpu",
+              *SMALL_MODEL]
     launchers, logs = {}, {}
     try:
         for rid in ("r0", "r1"):

@@ -5,12 +5,12 @@ torchrun restarts every non-zero exit up to --max-restarts; these exit EXIT_CONF
 from a crash (1) and from a start after the job COMPLETED (3).
 
 Real processes: a controller holding the session's job secret, and one-rank replicas
-(tests/runtime/end_worker.py, which exits with `fthsdp.exit_status`)."""
+(tests/runtime/end_worker.py, which exits with `fthsdp.exit_status`), forked from the test
+session's pre-imported server (tests/forked.py)."""
 
 from __future__ import annotations
 
 import os
-import subprocess
 
 import pytest
 
@@ -20,8 +20,8 @@ from fthsdp.settings import RuntimeSettings
 from fthsdp.step import coordination as co
 from fthsdp.step.controller_client import ControllerClient
 from protos import job_secret
-from tests import trainer_secret
-from tests.runtime.cluster import PYTHON, REPO
+from tests import forked, trainer_secret
+from tests.runtime.cluster import REPO
 from tests.runtime.test_cluster_endings import base_env
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
@@ -56,13 +56,15 @@ def test_the_controllers_refusals_of_who_a_replica_is_are_configuration_errors(c
             client.close()
 
 
-def test_a_replica_without_a_secret_or_with_another_one_exits_78(controller):
+def test_a_replica_without_a_secret_or_with_another_one_exits_78(controller, tmp_path):
     env = {**base_env(None), "FTHSDP_CONTROLLER": controller.grpc, "FTHSDP_REPLICA_ID": "r0", "FTHSDP_JOB_ID": "t"}
     no_secret = {k: v for k, v in env.items() if not k.startswith("FTHSDP_JOB_SECRET")}
     wrong = {**env, job_secret.ENV_JOB_SECRET: job_secret.generate()}
-    runs = [subprocess.Popen([PYTHON, "-m", "tests.runtime.end_worker", "3"], cwd=REPO, env=e, text=True,
-                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE) for e in (no_secret, wrong)]
-    (_, none_err), (_, wrong_err) = [p.communicate(timeout=BOUND_S) for p in runs]
-    assert [p.returncode for p in runs] == [EXIT_CONFIGURATION_ERROR] * 2, (none_err[-2000:], wrong_err[-2000:])
+    logs = [tmp_path / "no-secret.log", tmp_path / "wrong.log"]
+    runs = [forked.start("tests.runtime.end_worker", ["3"], log=log, env=e, cwd=REPO, pipes=False)
+            for log, e in zip(logs, (no_secret, wrong))]
+    codes = [p.wait(BOUND_S) for p in runs]
+    none_err, wrong_err = [log.read_text() for log in logs]
+    assert codes == [EXIT_CONFIGURATION_ERROR] * 2, (none_err[-2000:], wrong_err[-2000:])
     assert "The trainer ports need the job secret" in none_err
     assert "ConfigurationError" in wrong_err and "the job secret differs from the controller's" in wrong_err

@@ -3,18 +3,16 @@ controller address logs its failed attempts (once per doubling of their count, e
 address and the reason) and gives up after connect_timeout_s (FTHSDP_CONNECT_TIMEOUT_S, short:
 it never had an answer), exiting non-zero with a Fatal error that names the setting, instead of
 retrying for ever. The rule on a fake clock is in tests/test_dial_outage.py; here the settings,
-then examples/train_gpt.py as users run it."""
+then examples/train_gpt.py (forked from the session's pre-imported server, tests/forked.py)."""
 
 from __future__ import annotations
 
 import socket
-import subprocess
 
 import pytest
 
 from fthsdp.settings import RuntimeSettings
-from tests.runtime.cluster import PYTHON, REPO
-from tests.runtime.test_cluster_endings import base_env
+from tests.runtime.test_cluster_endings import base_env, example
 
 BOUND_S = 120
 
@@ -38,20 +36,19 @@ def test_a_trainer_with_a_wrong_controller_address_logs_each_attempt_and_gives_u
     with socket.socket() as closed:  # bound, never listening: every connection is refused
         closed.bind(("127.0.0.1", 0))
         address = f"127.0.0.1:{closed.getsockname()[1]}"
-        run = subprocess.run(
-            [PYTHON, "examples/train_gpt.py", "--checkpoint-dir", "",
-             "--steps", "2", "--cpu", "--out", str(tmp_path)], cwd=REPO,
-            env={**base_env(None), "FTHSDP_CONTROLLER": address, "FTHSDP_REPLICA_ID": "r0",
-                 "FTHSDP_CONNECT_TIMEOUT_S": "3"},
-            capture_output=True, text=True, timeout=BOUND_S)
-    assert run.returncode != 0, run.stderr[-3000:]
-    attempts = [line for line in run.stderr.splitlines() if f"replica r0: controller {address} failed Quorum" in line]
-    assert len(attempts) >= 2, run.stderr[-3000:]
+        out = tmp_path / "out"
+        out.mkdir()
+        code, stderr = example(tmp_path / "trainer.log", {**base_env(None), "FTHSDP_CONTROLLER": address,
+                                                          "FTHSDP_REPLICA_ID": "r0", "FTHSDP_CONNECT_TIMEOUT_S": "3"},
+                               "--checkpoint-dir", "", "--steps", "2", "--cpu", "--out", str(out))
+    assert code != 0, stderr[-3000:]
+    attempts = [line for line in stderr.splitlines() if f"replica r0: controller {address} failed Quorum" in line]
+    assert len(attempts) >= 2, stderr[-3000:]
     assert "UNAVAILABLE" in attempts[0] and "attempt 1; trying" in attempts[0] and "attempt 2; trying" in attempts[1]
     assert "(giving up after 3 s without an answer, FTHSDP_CONNECT_TIMEOUT_S)" in attempts[0]
-    made = int(run.stderr.split("no controller answered for ")[1].split("(")[1].split(" attempt")[0])
+    made = int(stderr.split("no controller answered for ")[1].split("(")[1].split(" attempt")[0])
     assert made > len(attempts) and len(attempts) <= made.bit_length()  # once per doubling, not per attempt
-    assert "fthsdp.errors.Fatal: " in run.stderr or "ControllerUnreachable" in run.stderr, run.stderr[-3000:]
-    assert "no controller answered for" in run.stderr
-    assert "giving up (connect_timeout_s 3, FTHSDP_CONNECT_TIMEOUT_S)" in run.stderr
-    assert not list(tmp_path.iterdir())  # trained nothing, wrote nothing
+    assert "fthsdp.errors.Fatal: " in stderr or "ControllerUnreachable" in stderr, stderr[-3000:]
+    assert "no controller answered for" in stderr
+    assert "giving up (connect_timeout_s 3, FTHSDP_CONNECT_TIMEOUT_S)" in stderr
+    assert not list(out.iterdir())  # trained nothing, wrote nothing
