@@ -270,7 +270,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--configs", help="mode:H[:F],... (sync:1, the baseline, is added when missing; default "
                    "sync:1,local_sgd:8,diloco:8 and streaming_diloco:8:2 where the mode exists)")
     p.add_argument("--replicas", type=int, default=2)
-    p.add_argument("--steps", type=int, default=64, help="inner steps per replica (a multiple of every H)")
+    p.add_argument("--steps", type=int, default=256,
+                   help="inner steps per replica (a multiple of every H); fewer make the rate a measure of start-up")
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--features", type=int, default=32)
     p.add_argument("--hidden", type=int, default=512)
