@@ -9,6 +9,7 @@ policy's decision on a fake clock is in tests/agent/test_policy.py."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sys
 
 from tests.agent.cluster import Cluster
@@ -18,16 +19,21 @@ from tests.waiting import wait_for_async
 BOUND_S = 120.0
 
 
-def _command(out) -> tuple[str, ...]:
-    return (sys.executable, "-m", "tests.runtime.closing_worker", str(out), "3")
-
-
-async def test_a_trainers_work_after_close_finishes_and_it_exits_0_by_itself(tmp_path):
+@contextlib.asynccontextmanager
+async def _job(tmp_path, grace_s: str):
+    """One replica's job: a controller, and an agent whose trainer closes and then waits for
+    tmp_path/go before it saves; the agent's --finish-grace-s is grace_s."""
     c = Cluster(tmp_path)
     try:
         await c.start_controller(replicas=1)
-        agent = await c.start_agent("h0", replica="r0", command=_command(tmp_path),
-                                    extra=("--finish-grace-s", "300"))
+        command = (sys.executable, "-m", "tests.runtime.closing_worker", str(tmp_path), "3")
+        yield c, await c.start_agent("h0", replica="r0", command=command, extra=("--finish-grace-s", grace_s))
+    finally:
+        await c.close()
+
+
+async def test_a_trainers_work_after_close_finishes_and_it_exits_0_by_itself(tmp_path):
+    async with _job(tmp_path, "300") as (c, agent):
 
         async def finishing() -> bool:
             host = await c.host("h0")
@@ -41,16 +47,10 @@ async def test_a_trainers_work_after_close_finishes_and_it_exits_0_by_itself(tmp
         exits = [e["message"] for e in await c.events("finished")]
         assert any("exited with code 0" in m for m in exits), exits  # on its own, not stopped
         assert "did not exit within the finish grace" not in agent.log()
-    finally:
-        await c.close()
 
 
 async def test_a_trainer_that_never_exits_after_close_is_stopped_after_the_grace(tmp_path):
-    c = Cluster(tmp_path)
-    try:
-        await c.start_controller(replicas=1)
-        agent = await c.start_agent("h0", replica="r0", command=_command(tmp_path),
-                                    extra=("--finish-grace-s", "1"))
+    async with _job(tmp_path, "1") as (c, agent):
         assert await asyncio.wait_for(agent.proc.wait(), BOUND_S) == 0, agent.log()
         assert "did not exit within the finish grace" in agent.log()
         assert "closed" in agent.log()  # it had closed: its replica finished, the job COMPLETED
@@ -58,5 +58,3 @@ async def test_a_trainer_that_never_exits_after_close_is_stopped_after_the_grace
         pids = [int(line.split("started pid ")[1].split()[0]) for line in agent.log().splitlines()
                 if "started pid " in line]
         assert pids and not any(alive(pid) for pid in pids)
-    finally:
-        await c.close()
