@@ -46,8 +46,11 @@ def _goodput_line(job: dict) -> list[str]:
 
 def _sync(job: dict) -> str:
     """The job's sync mode, when replicas do not meet every step (absent from older controllers)."""
-    mode = job.get("sync_mode", "sync")
-    return "" if mode == "sync" else f"  sync {mode} every {job.get('sync_every_steps', '?')} inner steps"
+    mode, fragments = job.get("sync_mode", "sync"), job.get("sync_fragments", 1)
+    if mode == "sync":
+        return ""
+    return f"  sync {mode} every {job.get('sync_every_steps', '?')} inner steps" + \
+        (f" in {fragments} fragments" if fragments > 1 else "")
 
 
 def render(job: dict, replicas: list, hosts: list, quorums: dict, events: list) -> str:

@@ -89,9 +89,11 @@ class StateCollector:
         yield _gauge("fthsdp_replicas_total", "Configured replica count", job, state.settings.replicas)
         yield _gauge("fthsdp_min_replicas", "Fewest replicas a round may close with", job, state.settings.min_replicas)
         yield _labelled(GaugeMetricFamily, "fthsdp_sync_mode", "1 for the mode the replicas meet in (sync, local_sgd, "
-                        "diloco)", job, "mode", {state.settings.sync_mode: 1.0})
-        yield _gauge("fthsdp_sync_every_steps", "Inner steps between two syncs (1: every step)", job,
+                        "diloco, streaming_diloco)", job, "mode", {state.settings.sync_mode: 1.0})
+        yield _gauge("fthsdp_sync_every_steps", "Inner steps between two syncs of the whole model (1: every step)", job,
                      state.settings.sync_every_steps)
+        yield _gauge("fthsdp_sync_fragments", "Fragments synced on staggered schedules (streaming_diloco; else 1)", job,
+                     state.settings.sync_fragments)
         yield _gauge("fthsdp_quorum_size", "Members of the current quorum", job,
                      len(state.quorum.members) if state.quorum else 0)
         yield _gauge("fthsdp_quorum_id", "Current quorum id", job, state.quorum.quorum_id if state.quorum else 0)

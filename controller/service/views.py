@@ -62,6 +62,7 @@ def job_view(state, leader: str, leading: bool, now: float) -> dict:
         "lr_scale": state.quorum.lr_scale if state.quorum else 1.0,
         "sync_mode": state.settings.sync_mode,
         "sync_every_steps": state.settings.sync_every_steps,
+        "sync_fragments": state.settings.sync_fragments,
         "round": {"joined": sorted(state.round_joined), "reason": state.round_reason},
         # the job's newest committed step (-1: none yet)
         "committed_step": state.max_committed_step,

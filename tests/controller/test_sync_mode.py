@@ -18,10 +18,22 @@ def test_the_sync_mode_is_shown_in_rest_metrics_and_status(controller_process):
     assert out.returncode == 0 and "sync diloco every 8 inner steps" in out.stdout, out.stderr
 
 
+def test_a_streaming_controller_shows_its_fragments_in_rest_metrics_and_status(controller_process):
+    ctl = controller_process("--replicas", "2", "--job-id", "stream", "--sync-mode", "streaming_diloco",
+                             "--sync-every", "8", "--sync-fragments", "2")
+    job = httpx.get(f"{ctl.http}/api/v1/job", timeout=10.0).json()
+    assert (job["sync_mode"], job["sync_every_steps"], job["sync_fragments"]) == ("streaming_diloco", 8, 2)
+    metrics = httpx.get(f"{ctl.http}/metrics", timeout=10.0).text
+    assert 'fthsdp_sync_fragments{job_id="stream"} 2.0' in metrics
+    out = subprocess.run([sys.executable, "-m", "fthsdp.cli", "status", "--url", ctl.http],
+                         capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0 and "sync streaming_diloco every 8 inner steps in 2 fragments" in out.stdout, out.stderr
+
+
 def test_a_sync_controller_says_so_and_status_stays_as_it_was(controller_process):
     ctl = controller_process("--replicas", "2", "--job-id", "plain")
     job = httpx.get(f"{ctl.http}/api/v1/job", timeout=10.0).json()
-    assert (job["sync_mode"], job["sync_every_steps"]) == ("sync", 1)
+    assert (job["sync_mode"], job["sync_every_steps"], job["sync_fragments"]) == ("sync", 1, 1)
     out = subprocess.run([sys.executable, "-m", "fthsdp.cli", "status", "--url", ctl.http],
                          capture_output=True, text=True, timeout=30)
     assert out.returncode == 0 and "inner steps" not in out.stdout

@@ -106,7 +106,8 @@ function semiSynchronous(job) { return (job.sync_mode || "sync") !== "sync"; }
 
 function syncText(job) {
   if (!semiSynchronous(job)) return "every step (sync)";
-  return job.sync_mode + ": a sync every " + job.sync_every_steps + " inner steps";
+  const text = job.sync_mode + ": a sync every " + job.sync_every_steps + " inner steps";
+  return (job.sync_fragments || 1) > 1 ? text + " in " + job.sync_fragments + " fragments" : text;
 }
 
 // RUNNING while no replica can make progress: FAILING, FAILED when its countdown ends.
