@@ -17,8 +17,8 @@ after how many inner steps), the inner steps it trained and the final model's he
 
 from __future__ import annotations
 
-import os
 import time
+from dataclasses import replace
 
 OUTER_LR, OUTER_MOMENTUM = 0.7, 0.9  # fthsdp's defaults (RuntimeSettings.outer_lr / outer_momentum)
 HELDOUT_REPLICA = "999"  # held-out samples come from a replica id no run trains on
@@ -72,13 +72,12 @@ def fthsdp_worker(cfg: dict) -> dict:
         return FtarEndpoint.open(host, 0, ep.settings, transport=paced_transport(pacer, ep.settings.socket_buffer_bytes))
 
     model, opt, batch_at = model_and_data(cfg)
-    h = cfg["sync_every"]
     settings = RuntimeSettings.from_env(
         job_id="semisync", replica_id=cfg["replica_id"], controller_address=cfg["controller"],
-        bind_host=cfg["host"], insecure_trainer_ports=True, sync_mode=cfg["mode"], sync_every_steps=h,
-        max_steps=cfg["steps"] // (h // int(os.environ.get("FTHSDP_SYNC_FRAGMENTS", "1"))),  # syncs: one per fragment
-        quorum_timeout_s=120.0, gather_timeout_s=120.0, allreduce_timeout_s=120.0,
-        digest_every_steps=0)
+        bind_host=cfg["host"], insecure_trainer_ports=True, sync_mode=cfg["mode"], sync_every_steps=cfg["sync_every"],
+        quorum_timeout_s=120.0, gather_timeout_s=120.0, allreduce_timeout_s=120.0, digest_every_steps=0)
+    # max_steps counts syncs: one per H inner steps, or per H/F with streaming_diloco's F fragments
+    settings = replace(settings, max_steps=cfg["steps"] // settings.inner_steps_per_sync)
     manager = Manager(model, opt, settings, seams=Seams(endpoint=paced)).start()
     ft = FaultTolerantOptimizer(manager, opt)
     commits: list[tuple[float, int]] = []
