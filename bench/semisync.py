@@ -59,6 +59,7 @@ from pathlib import Path
 
 from bench.common import load
 from bench.semisync_link import KINDS, open_link
+from protos.sync_modes import SYNC_MODES
 
 ROOT = Path(__file__).resolve().parents[1]
 #: The fields every line has (tests/bench/test_semisync_bench.py checks them); the diloco line
@@ -96,14 +97,8 @@ class Config:
 SYNC = Config("sync", 1)
 
 
-def sync_modes() -> tuple[str, ...]:
-    from protos.sync_modes import SYNC_MODES
-
-    return tuple(SYNC_MODES)
-
-
-def default_configs() -> str:
-    return "sync:1,local_sgd:8,diloco:8" + (",streaming_diloco:8:2" if "streaming_diloco" in sync_modes() else "")
+#: the configurations a plain run measures
+DEFAULT_CONFIGS = "sync:1,local_sgd:8,diloco:8,streaming_diloco:8:2"
 
 
 def parse_configs(text: str, steps: int) -> list[Config]:
@@ -118,8 +113,8 @@ def parse_configs(text: str, steps: int) -> list[Config]:
         except (IndexError, ValueError):
             bad.append(f"{item!r} is not mode:H or mode:H:F")
             continue
-        if len(parts) > 3 or mode not in sync_modes():
-            bad.append(f"{item!r}: the mode must be one of {', '.join(sync_modes())}")
+        if len(parts) > 3 or mode not in SYNC_MODES:
+            bad.append(f"{item!r}: the mode must be one of {', '.join(SYNC_MODES)}")
         elif every < 1 or steps % every:
             bad.append(f"{item!r}: H must be >= 1 and divide --steps {steps}")
         elif mode == "sync" and every != 1:
@@ -295,7 +290,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(WORKERS[cfg["impl"]](cfg)), flush=True)
         return 0
     try:
-        configs = parse_configs(args.configs or default_configs(), args.steps)
+        configs = parse_configs(args.configs or DEFAULT_CONFIGS, args.steps)
     except ValueError as exc:
         p.error(str(exc))
     if args.replicas < 2 or args.seeds < 1 or args.link_mb_s < 0 or args.threads < 1:

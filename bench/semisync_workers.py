@@ -98,7 +98,7 @@ def fthsdp_worker(cfg: dict) -> dict:
                 p.copy_(g)
     manager.close()
     return _result(model, batch_at, cfg, commits, inner, bytes_sent=pacer.sent,
-                   wire_dtype=getattr(settings, "sync_wire_dtype", "float32"))  # what the runtime used
+                   wire_dtype=settings.sync_wire_dtype)  # what the runtime used
 
 
 def torchft_worker(cfg: dict) -> dict:

@@ -36,7 +36,7 @@ from controller.settings import LR_POLICIES  # the controller computes the learn
 from fthsdp.demo.schedule import DIAGNOSED, ScheduleError, default_text, parse, steps_per_sync
 from protos import timeout_rules
 from protos import cli_flags as flags
-from protos.sync_modes import SYNC_MODES  # streaming_diloco is offered once the runtime has it
+from protos.sync_modes import SYNC_MODES
 
 MODELS = ("mlp", "gpt")  # built by fthsdp/demo/workloads.py (not imported here: it imports torch)
 #: the gpt workload's run settings: 8 windows of 64 bytes per replica and step, AdamW

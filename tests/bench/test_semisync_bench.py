@@ -16,14 +16,12 @@ from tests.bench import smoke
 from tests.chaos.network import list_namespaces, run
 
 ROOT = Path(__file__).resolve().parents[2]
-STREAMING = "streaming_diloco" in semisync.sync_modes()  # the line lights up once the mode exists
 
 
 @pytest.mark.timeout(900)  # two or three configurations, each a controller and two trainer processes (a loaded machine)
 def test_bench_semisync_prints_one_line_per_configuration_on_the_slowed_link():
     lines = smoke.check("semisync")  # tests/bench/smoke.py's row: each line checked against FIELDS
-    sync, diloco = lines[:2]
-    assert len(lines) == (3 if STREAMING else 2)
+    sync, diloco, streaming = lines
     assert (sync["mode"], sync["sync_every"], diloco["mode"], diloco["sync_every"]) == ("sync", 1, "diloco", 4)
     assert sync["commits"] == 8 and diloco["commits"] == 2  # one sync per 4 inner steps
     assert sync["sync_wire_dtype"] == diloco["sync_wire_dtype"] == "float32"  # the default, as the trainers hold it
@@ -40,11 +38,9 @@ def test_bench_semisync_prints_one_line_per_configuration_on_the_slowed_link():
     assert sync["heldout_vs_sync_band"] == "inside" and diloco["heldout_loss_sync"] == sync["heldout_loss"]
     assert diloco["heldout_vs_sync_band"] == semisync.band_position(diloco["heldout_loss"], [sync["heldout_loss"]] * 2)
     assert diloco["torchft"] == "not run: --no-torchft" and diloco["samples_per_s_torchft"] is None
-    if STREAMING:
-        streaming = lines[2]
-        assert (streaming["mode"], streaming["sync_every"], streaming["sync_fragments"]) == ("streaming_diloco", 4, 2)
-        assert streaming["replicas_agree"] and streaming["samples_per_replica"] == 32
-        assert 0 < streaming["bytes_across_replicas_per_sample"] < 0.5 * sync["bytes_across_replicas_per_sample"]
+    assert (streaming["mode"], streaming["sync_every"], streaming["sync_fragments"]) == ("streaming_diloco", 4, 2)
+    assert streaming["replicas_agree"] and streaming["samples_per_replica"] == 32
+    assert 0 < streaming["bytes_across_replicas_per_sample"] < 0.5 * sync["bytes_across_replicas_per_sample"]
 
 
 @pytest.mark.parametrize("args, says", [
@@ -74,7 +70,7 @@ def test_configurations_start_with_sync_once_and_keep_their_order():
     assert semisync.parse_configs("diloco:8,local_sgd:4,sync:1,diloco:8", 64) == [
         semisync.SYNC, semisync.Config("diloco", 8), semisync.Config("local_sgd", 4)]
     assert semisync.Config("streaming_diloco", 8, 2).label == "streaming_diloco:8:2"
-    assert ("streaming_diloco:8:2" in semisync.default_configs()) == STREAMING
+    assert "streaming_diloco:8:2" in semisync.DEFAULT_CONFIGS
 
 
 def test_a_loss_falls_below_inside_or_above_the_sync_band():

@@ -136,7 +136,7 @@ def test_the_trainers_get_the_mode_in_their_environment_and_the_choices_follow_t
     assert streaming.sync_environment()["FTHSDP_SYNC_FRAGMENTS"] == "4"
     assert "4 fragments" in streaming.describe_mode() and "lr 0.5, momentum 0.9" in streaming.describe_mode()
     [sync] = [a for a in parser()._actions if a.dest == "sync"]
-    assert tuple(sync.choices) == SYNC_MODES  # streaming_diloco is offered once the runtime has it
+    assert tuple(sync.choices) == SYNC_MODES
 
 
 def test_streaming_counts_syncs_of_k_steps_and_the_controller_agrees_with_the_trainers():
