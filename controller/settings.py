@@ -12,7 +12,7 @@ from pathlib import Path
 
 from controller.core.diagnosis.settings import DiagnosisSettings
 from protos import timeout_rules
-from protos.sync_modes import SYNC_MODES
+from protos import sync_modes
 
 LR_POLICIES = ("none", "linear", "sqrt")
 #: Hard ceilings on the settings themselves (a settings file is input too).
@@ -263,14 +263,4 @@ class ControllerSettings:
 
 def _sync_problems(s: "ControllerSettings") -> list[str]:
     """What is wrong with how the replicas meet: the mode, H, and F (protos/sync_modes.py)."""
-    if s.sync_mode not in SYNC_MODES:
-        return [f"sync_mode must be one of {', '.join(SYNC_MODES)}, got {s.sync_mode!r}."]
-    if not isinstance(s.sync_every_steps, int) or s.sync_every_steps < 1 or (
-            s.sync_mode == "sync" and s.sync_every_steps != 1):
-        return [f"sync_every_steps must be 1 with sync_mode sync and >= 1 otherwise, got "
-                f"{s.sync_every_steps!r} with {s.sync_mode}."]
-    if not isinstance(s.sync_fragments, int) or s.sync_fragments < 1 or (
-            s.sync_fragments > 1 and s.sync_mode != "streaming_diloco") or s.sync_every_steps % s.sync_fragments:
-        return [f"sync_fragments must be 1, or with sync_mode streaming_diloco a divisor of "
-                f"sync_every_steps ({s.sync_every_steps}), got {s.sync_fragments!r} with {s.sync_mode}."]
-    return []
+    return sync_modes.schedule_problems(s.sync_mode, s.sync_every_steps, s.sync_fragments)

@@ -45,6 +45,7 @@ from fthsdp.errors import InvalidSettings
 from fthsdp.step.relay_tree import RelayTree
 from protos import dial, job_secret, timeout_rules
 from protos.job_secret import JobSecret
+from protos import sync_modes
 from protos.sync_modes import SYNC_MODES
 
 ENV_JOB_ID = "FTHSDP_JOB_ID"
@@ -310,23 +311,9 @@ class RuntimeSettings:
         return self
 
     def _sync_problems(self) -> list[str]:
-        problems = []
+        problems = sync_modes.schedule_problems(self.sync_mode, self.sync_every_steps, self.sync_fragments)
         if self.sync_mode not in SYNC_MODES:
-            return [f"sync_mode must be one of {', '.join(SYNC_MODES)}, got {self.sync_mode!r}."]
-        if not isinstance(self.sync_every_steps, int) or self.sync_every_steps < 1:
-            problems.append(f"sync_every_steps must be a number of inner steps >= 1, got {self.sync_every_steps!r}.")
-        elif self.sync_mode == "sync" and self.sync_every_steps != 1:
-            problems.append(f"sync_every_steps={self.sync_every_steps} needs sync_mode local_sgd, diloco or "
-                            f"streaming_diloco (sync_mode 'sync' meets every step).")
-        if not isinstance(self.sync_fragments, int) or self.sync_fragments < 1:
-            problems.append(f"sync_fragments must be a number of fragments >= 1, got {self.sync_fragments!r}.")
-        elif self.sync_fragments > 1 and self.sync_mode != "streaming_diloco":
-            problems.append(f"sync_fragments={self.sync_fragments} needs sync_mode streaming_diloco (got "
-                            f"{self.sync_mode!r}).")
-        elif isinstance(self.sync_every_steps, int) and self.sync_every_steps % self.sync_fragments:
-            problems.append(f"sync_every_steps={self.sync_every_steps} must be a multiple of sync_fragments="
-                            f"{self.sync_fragments} (each fragment syncs once per sync_every_steps inner steps, "
-                            f"one every sync_every_steps / sync_fragments).")
+            return problems
         if self.sync_wire_dtype not in SYNC_WIRE_DTYPES:
             problems.append(f"sync_wire_dtype must be one of {', '.join(SYNC_WIRE_DTYPES)}, got "
                             f"{self.sync_wire_dtype!r}.")
