@@ -1,6 +1,7 @@
-"""The benchmarks that run a whole job of trainers (bench.recovery: the demo's job with one
-failure; bench.chaos: one seed on a real etcd), at their smallest size: they run and print the
-fields they declare (tests/bench/smoke.py). `solo` (tests/conftest.py): the machine to themselves."""
+"""The benchmark that runs a whole job of trainers (bench.recovery: the demo's job with one
+failure), at its smallest size: it runs and prints the fields it declares (tests/bench/smoke.py).
+`solo` (tests/conftest.py): the machine to itself. (bench.chaos, the other such benchmark, runs
+as tests/chaos/test_chaos_run.py's seed.)"""
 
 from __future__ import annotations
 
