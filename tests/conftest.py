@@ -46,7 +46,7 @@ TRAINER_FILES = ("tests/runtime/test_cluster_*.py", "tests/runtime/test_endings_
                  "tests/runtime/test_fsdp_shards.py", "tests/runtime/test_gpu_hsdp.py",
                  "tests/runtime/test_deterministic_mode.py", "tests/runtime/test_compare_checkpoints.py",
                  "tests/bench/test_smoke_trainers.py", "tests/ha/test_semisync_failover.py",
-                 "tests/bench/test_semisync_bench.py")
+                 "tests/bench/test_semisync_bench.py", "tests/chaos/test_trainer_end.py")
 #: The end-to-end runs that start a dozen trainers at once (the demos, the diagnosis, chaos, the
 #: DaemonSets): marked `solo`; `make test` runs them after the rest, one at a time, with the machine
 #: to themselves. Beside the other worker a replica's trainers could take longer to import than

@@ -16,7 +16,7 @@ from agent.policy import Placement, Role, Want
 from agent.process import Launch, SubprocessHooks
 from agent.settings import AgentSettings
 from agent.supervisor import Supervisor, TrainerExit
-from tests.agent.helpers import alive, ready_files, standby_files, trainer_command, wait_for
+from tests.agent.helpers import alive, ready_files, standby_files, trainer_command, wait_for, wait_for_async
 
 
 class Clock:
@@ -128,8 +128,13 @@ async def test_standby_restart_budget_on_a_fake_clock(tmp_path):
         rig.clock.now_s += 10
         os.kill(pid, signal.SIGKILL)
         await wait_for(lambda: not alive(pid), 10, "the third standby gone")
-        await rig.sup.reconcile()
-        assert len(standby_files(tmp_path)) == 3 and rig.sup.slots[0].handle is None  # gave up
+
+        async def given_up() -> bool:  # its exit is seen once the process watcher reports it
+            await rig.sup.reconcile()
+            return rig.sup.slots[0].handle is None
+
+        await wait_for_async(given_up, 10, "the slot halted (budget spent)")
+        assert len(standby_files(tmp_path)) == 3  # ...and not restarted
         assert rig.exits == []  # standbys have no replica to report to
 
 
