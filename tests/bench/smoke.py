@@ -3,8 +3,8 @@ runs it (a subprocess, the worktree on PYTHONPATH), its lines checked against th
 module declares (`FIELDS`; the last line against `SUMMARY_FIELDS` where a module ends with a
 summary). One table, SMOKE, says how each is run and on which pytest worker group; the test
 files run their group's rows, and test_smoke.py fails for a benchmark the table lacks.
-(bench.goodput, bench.diagnosis, bench.data, bench.quorum, bench.limits, bench.ftar, bench.swap,
-bench.failover, bench.scale, bench.ftar_gpu: test_smoke.py; bench.overhead, bench.hsdp:
+(bench.goodput, bench.diagnosis, bench.data, bench.limits, bench.swap, bench.failover, bench.scale,
+bench.ftar_gpu: test_smoke.py; bench.quorum, bench.ftar: test_suite.py; bench.overhead, bench.hsdp:
 test_smoke_trainers.py; bench.recovery: test_smoke_jobs.py; bench.semisync, bench.chaos: their own
 test files.)"""
 
@@ -42,9 +42,11 @@ SMOKE: dict[str, Smoke] = {
     "diagnosis": Smoke(("--ranks", "256", "--replicas", "4", "--faults", "8")),
     "data": Smoke(("--workers", "1", "--batch-size", "4", "--batches", "4", "--rounds", "1", "--samples", "64",
                    "--features", "8", "--resume-at", "20")),
-    "quorum": Smoke(("--replicas", "2", "--rounds", "2")),
+    # bench.quorum and bench.ftar: `fthsdp bench --suite smoke` runs them (tests/bench/test_suite.py),
+    # each line checked against FIELDS by the suite itself
+    "quorum": Smoke(("--replicas", "2", "--rounds", "2"), OWN),
     "limits": Smoke(("--total", "4MiB", "--repeats", "1")),
-    "ftar": Smoke(("--world", "2", "--sizes", "64KiB", "--iters", "1", "--warmup", "0")),
+    "ftar": Smoke(("--world", "2", "--sizes", "64KiB", "--iters", "1", "--warmup", "0"), OWN),
     "swap": Smoke(("--trials", "1", "--weights-mb", "1")),
     "failover": Smoke(("--trials", "1", "--lease-ttl-s", "1")),
     "scale": Smoke(("--replicas", "2", "--ranks-per-replica", "16", "--hosts-per-replica", "4", "--rounds", "2",

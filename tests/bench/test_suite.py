@@ -25,7 +25,8 @@ def test_fthsdp_bench_writes_results_a_report_and_plots_then_compares_two_report
                           env=env, capture_output=True, text=True, timeout=540, stdin=subprocess.DEVNULL)
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
-    assert {r["bench"] for r in rows if "result" in r} == {"quorum", "ftar"}
+    # the smoke runs of bench.quorum and bench.ftar (tests/bench/smoke.py): every line matched FIELDS
+    assert [r for r in rows if "error" in r] == [] and {r["bench"] for r in rows if "result" in r} == {"quorum", "ftar"}
     for row in rows:
         assert row["host"] and row["cpus"] == os.cpu_count() and len(row["load"]) == 3 and row["git"], row
         assert row["versions"]["python"] and row["versions"]["torch"] and row["versions"]["fthsdp"], row
