@@ -221,7 +221,7 @@ def main(argv: list[str]) -> int:
         wall_s=main_run.ended_at - main_run.started_at,
         detection_bound_s=settings.heartbeat_timeout_s + 1.5, baseline=base_summary,
         baseline_wall_s=base_run and base_run.ended_at - base_run.started_at,
-        band=report.band_view(report.load_band(report.band_path(args.sync, args.sync_every)),
+        band=report.band_view(report.load_band(report.band_path(args.sync, args.sync_every, args.sync_fragments)),
                               {**asdict(settings), "steps": args.steps}),
         loss_window=base_losses and {"samples": [max(seen - window, 0), seen],
                                      "run": report.mean_loss_near(main_losses, seen, window),

@@ -18,9 +18,13 @@ from fthsdp import history
 BAND_FILE = Path(__file__).with_name("baseline_band.json")
 
 
-def band_path(sync_mode: str = "sync", sync_every: int = 1) -> Path:
-    """Where the band of a mode and H is stored: each configuration is compared with its own."""
-    return BAND_FILE if sync_mode == "sync" else BAND_FILE.with_name(f"baseline_band_{sync_mode}_h{sync_every}.json")
+def band_path(sync_mode: str = "sync", sync_every: int = 1, sync_fragments: int = 1) -> Path:
+    """Where the band of a mode, H (and F, streaming_diloco's fragments) is stored: each
+    configuration is compared with its own."""
+    if sync_mode == "sync":
+        return BAND_FILE
+    fragments = f"_f{sync_fragments}" if sync_fragments > 1 else ""
+    return BAND_FILE.with_name(f"baseline_band_{sync_mode}_h{sync_every}{fragments}.json")
 
 
 def leader_rows(rows: list[dict], event: str) -> list[dict]:

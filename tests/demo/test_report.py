@@ -310,3 +310,18 @@ def test_each_mode_and_h_is_compared_with_its_own_band():
                              "seeds": [0, 1, 2], "test_accuracy": [0.94, 0.95, 0.96], "measured_with": ""},
                             {"replicas": 4, "steps": 200, "sync_mode": "diloco", "sync_every": 4})
     assert not band["applies"]  # measured for H = 8, not 4
+
+
+def test_streaming_is_compared_with_the_band_of_its_own_fragments():
+    from fthsdp.demo import band
+
+    assert report.band_path("streaming_diloco", 8, 2).name == "baseline_band_streaming_diloco_h8_f2.json"
+    assert report.band_path("streaming_diloco", 8, 1).name == "baseline_band_streaming_diloco_h8.json"
+    cfg = band.config("streaming_diloco", 8, 2)
+    assert (cfg["sync_mode"], cfg["sync_every"], cfg["sync_fragments"]) == ("streaming_diloco", 8, 2)
+    run_settings = {**band.CONFIG, "sync_mode": "streaming_diloco", "sync_every": 8, "sync_fragments": 4}
+    view = report.band_view({"config": cfg, "seeds": [0, 1], "test_accuracy": [0.9, 0.91], "measured_with": ""},
+                            run_settings)
+    assert not view["applies"]  # measured for F = 2, not 4
+    with pytest.raises(SystemExit):  # F that does not divide H: argparse's error, nothing measured
+        band.main(["--sync", "streaming_diloco", "--sync-every", "8", "--sync-fragments", "3", "--seeds", "0", "1"])
