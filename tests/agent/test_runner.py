@@ -145,7 +145,9 @@ async def test_a_refused_claim_on_reregistration_keeps_the_trainers_and_asks_wit
     controller.forget = 1  # the controller lost track of it: it registers again, claiming r0
     await wait_for(lambda: [r for r in controller.registrations[first:] if not r.HasField("assignment")], 10,
                    "a registration without the claim")
-    await wait_for(lambda: controller.heartbeats["h1"] >= 3 and run.agent.registered.is_set(), 10, "heartbeats")
+    beats = controller.heartbeats["h1"]  # heartbeats after that answer, not the ones before the forget
+    await wait_for(lambda: controller.heartbeats["h1"] >= beats + 2 and run.agent.registered.is_set()
+                   and run.agent.assignment is not None, 10, "heartbeats under the record's assignment")
     assert not run.task.done()
     assert [r.HasField("assignment") for r in controller.registrations[first:]][:2] == [True, False]
     assert run.agent.assignment is not None and run.agent.assignment.replica_id == "r0"
