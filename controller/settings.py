@@ -18,6 +18,8 @@ LR_POLICIES = ("none", "linear", "sqrt")
 #: Hard ceilings on the settings themselves (a settings file is input too).
 MAX_WORLD_SIZE = 1 << 20
 MAX_RECENT = 10_000
+#: restart_budget's bound: each host's durable record keeps up to that many restart times
+MAX_RESTART_BUDGET = 100
 MIN_REASON_CHARS, MAX_REASON_CHARS = 64, 65_536
 #: Below this not even an empty job's snapshot fits.
 MIN_STORE_REQUEST_BYTES = 16_384
@@ -51,7 +53,9 @@ class ControllerSettings:
     #: A replica restarts as a unit: when one of its trainers dies, every host of the replica
     #: restarts its ranks together (controller.core.restarts). Each such restart is counted
     #: against the host whose trainer died: at most restart_budget within restart_window_s;
-    #: the next death cordons that host and moves its work to a spare instead.
+    #: the next death cordons that host and moves its work to a spare instead. The restart times
+    #: are part of the host's durable record: a failover does not reset the count. At most
+    #: MAX_RESTART_BUDGET.
     restart_budget: int = 3
     restart_window_s: float = 300.0
     #: The job becomes FAILED (final) once no replica could make progress for this long: every
@@ -204,8 +208,9 @@ class ControllerSettings:
         if self.quorum_port_buffer_bytes < self.max_request_bytes + 8:
             problems.append(f"quorum_port_buffer_bytes must hold at least one largest frame (max_request_bytes + "
                             f"8 = {self.max_request_bytes + 8}), got {self.quorum_port_buffer_bytes}.")
-        if self.restart_budget < 0:
-            problems.append(f"restart_budget must not be negative, got {self.restart_budget}.")
+        if not 0 <= self.restart_budget <= MAX_RESTART_BUDGET:
+            problems.append(f"restart_budget must be between 0 and {MAX_RESTART_BUDGET} (each host's record keeps "
+                            f"that many restart times), got {self.restart_budget}.")
         if self.rollback_wait_s < 0:
             problems.append(f"rollback_wait_s must not be negative, got {self.rollback_wait_s}.")
         if self.lr_policy not in LR_POLICIES:

@@ -16,8 +16,8 @@ from controller.core.sizes import ShardBudget, encode_section, host_reservation_
 
 HOSTS_SNAPSHOT_VERSION = 1
 HOST_SHARDS = 64
-#: What of a host survives a failover (last_seen starts anew, as does the restart budget,
-#: controller.core.restarts; the assignment is written apart).
+#: What of a host survives a failover (last_seen starts anew; the assignment is written apart;
+#: the restart times stay, so a crash loop does not get a new restart budget from a failover).
 HOST_DURABLE_FIELDS = tuple(f.name for f in fields(Host)
                             if f.name not in ("last_seen", "assignment", "finishing_trainers"))
 

@@ -228,6 +228,9 @@ class Host:
     coordinator_port: int = 0
     #: Its agent pre-starts standby trainers while the host has no assignment (shown, not acted on).
     standby: bool = False
+    #: When its trainers' deaths restarted its replica, those inside restart_window_s (at most
+    #: restart_budget of them; controller.core.restarts): durable, so a new leader counts on.
+    restart_times_s: list[float] = field(default_factory=list)
     #: How many of its trainers still run after the job COMPLETED, finishing their own work after
     #: Manager.close() (its agent's heartbeats say; shown, not persisted).
     finishing_trainers: int = 0

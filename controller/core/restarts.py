@@ -15,9 +15,11 @@ The restart budget counts replica restarts, charged to the host whose trainer di
 cannot run (DEAD, or cordoned after a failure and waiting for a spare) does not restart: its
 other hosts are stopped, and it restarts when the host is replaced or comes back.
 
-`restart_decision` is the pure rule; `RestartBudget` owns each host's restart times and
-applies it, returning intents (controller.core.intents): restart the replica in place
-(`RestartReplica`), or replace the host (`ReplaceHost`). Time is passed in.
+`restart_decision` is the pure rule; `RestartBudget` applies it to the restart times each
+host's durable record keeps (`Host.restart_times_s`: a new leader counts on, so a crash loop
+gets no fresh budget from a controller failover), returning intents (controller.core.intents):
+restart the replica in place (`RestartReplica`), or replace the host (`ReplaceHost`). Time is
+passed in (the controllers' wall clock, the same across a failover).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from controller.core.intents import Intent, ReplaceHost, RestartReplica
+from controller.core.model import Host
 from controller.settings import ControllerSettings
 
 
@@ -46,22 +49,18 @@ def restart_decision(restart_times_s: list[float], now: float, budget: int, wind
 
 
 class RestartBudget:
-    """When each host's trainer deaths restarted its replica (not durable: a new leader counts
-    anew), and what the next death does."""
+    """What the next trainer death on a host does, from the restart times its record keeps."""
 
     def __init__(self, settings: ControllerSettings) -> None:
         self.settings = settings
-        self._times: dict[str, list[float]] = {}
 
-    def after_death(self, host_id: str, replica_id: str, why: str, now: float) -> list[Intent]:
-        """One of the host's trainers died: restart its replica in place, or replace the host
-        when its restart budget is spent."""
-        s, times = self.settings, self._times.get(host_id, [])
+    def after_death(self, host: Host, replica_id: str, why: str, now: float) -> list[Intent]:
+        """One of the host's trainers died: restart its replica in place (the time is added to
+        the host's record, which the caller writes), or replace the host when its restart
+        budget is spent."""
+        s, times = self.settings, host.restart_times_s
         decision = restart_decision(times, now, s.restart_budget, s.restart_window_s)
         if decision.replace_host:
-            return [ReplaceHost(host_id, f"{decision.reason}: {why}")]
-        self._times[host_id] = [t for t in times if now - s.restart_window_s < t] + [now]
+            return [ReplaceHost(host.host_id, f"{decision.reason}: {why}")]
+        host.restart_times_s = [t for t in times if now - s.restart_window_s < t <= now] + [now]  # < budget + 1
         return [RestartReplica(replica_id, f"{why} ({decision.reason})")]
-
-    def times(self, host_id: str) -> list[float]:
-        return list(self._times.get(host_id, ()))

@@ -110,13 +110,14 @@ def replicas_section_problem(settings) -> str | None:
 
 def host_reservation_bytes(record: dict, slots: int, settings) -> int:
     """The most a host's durable record can grow to: as it is, plus the longest cordon
-    reason and an assignment with as many ranks as its slots (or its own, if more). `record`
-    holds the durable fields as the snapshot writes them."""
-    base = len(encode_section({**record, "cordon_reason": "", "assignment": None}))
+    reason, an assignment with as many ranks as its slots (or its own, if more) and
+    restart_budget restart times. `record` holds the durable fields as the snapshot writes them."""
+    base = len(encode_section({**record, "cordon_reason": "", "assignment": None, "restart_times_s": []}))
     assignment = record.get("assignment")
     ranks = max(slots, len(assignment[1]) if assignment else 0, 1)
     return (base + MAX_CORDON_REASON_CHARS * JSON_BYTES_PER_CHAR  # the longest cordon reason
-            + settings.max_id_chars + 2 * _FLOAT_CHARS + ranks * _RANK_CHARS)  # the largest assignment
+            + settings.max_id_chars + 2 * _FLOAT_CHARS + ranks * _RANK_CHARS  # the largest assignment
+            + settings.restart_budget * _FLOAT_CHARS)  # a full budget of restart times
 
 
 class ShardBudget:

@@ -316,7 +316,10 @@ class ControllerState:
         if gave_up:
             self.act([ReplaceHost(host_id, f"its agent gave up: {why}")], now)
         else:
-            self.act(self.restart_budget.after_death(host_id, replica_id, why, now), now)
+            host = self.host_registry.hosts[host_id]
+            intents = self.restart_budget.after_death(host, replica_id, why, now)
+            self.host_registry.touch(host, urgent=True)  # its restart times, with the restart's orders
+            self.act(intents, now)
 
     def _restart_in_place(self, rid: str, why: str, now: float) -> None:
         hosts = self.host_registry

@@ -11,7 +11,7 @@ from controller.core.identity import hash_secret
 from controller.core.model import Assignment, HostState, JoinRequest, ReplicaState
 from controller.core.restarts import restart_decision
 from controller.settings import ControllerSettings
-from tests.controller.drive import Driver
+from tests.controller.drive import Driver, stored
 
 
 def a(replica, *ranks, world=2):
@@ -105,6 +105,26 @@ def test_the_budget_counts_replica_restarts_per_host_then_the_host_is_replaced()
     for t in (4.0, 5.0, 200.0, 201.0):
         s.exit("h0", "r0", 0, t, signal=9, version=version(s, "h0"))
         assert orders(s) == [("h0", "RESTART"), ("s0", "RESTART")], t
+
+
+def test_a_new_leader_counts_on_the_restarts_its_predecessor_allowed():
+    """A crash loop must not earn a fresh budget from every controller failover: the restart
+    times are part of the host's durable record. The window still moves on the clock."""
+    s = cluster()
+    for t in (1.0, 2.0):  # the whole budget (2 per 100 s) spent under the first leader
+        s.exit("h1", "r0", 1, t, signal=9, version=version(s, "h1"))
+        assert orders(s) == [("h0", "RESTART"), ("h1", "RESTART")]
+    t = Driver.restored(s.settings, *stored(s), 3.0)
+    assert t.view.hosts["h1"].restart_times_s == [1.0, 2.0]
+    t.exit("h1", "r0", 1, 4.0, signal=9, version=version(t, "h1"))
+    h1 = t.view.hosts["h1"]
+    assert h1.cordoned and h1.cordon_reason.startswith("restart budget exhausted: 2 replica restart(s)")
+    # h0's record: no restart charged to it; 150 s on, h1's old restarts have left the window
+    u = Driver.restored(s.settings, *stored(s), 150.0)
+    assert u.view.hosts["h0"].restart_times_s == []
+    u.exit("h1", "r0", 1, 150.0, signal=9, version=version(u, "h1"))
+    assert orders(u) == [("h0", "RESTART"), ("h1", "RESTART")]
+    assert u.view.hosts["h1"].restart_times_s == [150.0]  # only the times inside the window are kept
 
 
 def test_without_a_spare_the_replica_is_down_until_one_comes():
