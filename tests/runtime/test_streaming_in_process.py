@@ -65,16 +65,20 @@ def train(ctl, replica: str, steps: int, fragments: int, between: Callable[[Mana
             "global": manager.outer.global_tensors(), "wire_bytes": manager.outer.nbytes}
 
 
-def reference(steps: int, fragments: int, wire: torch.dtype = torch.float32) -> list[list[torch.Tensor]]:
-    """Streaming DiLoCo by hand, two replicas: the global parameters after each sync."""
+def reference(steps: int, fragments: int, wire: torch.dtype = torch.float32, tau: int = 0) -> list[list[torch.Tensor]]:
+    """Streaming DiLoCo by hand, two replicas: the global parameters after each sync. With an
+    overlap of tau inner steps the pseudo-gradient is taken tau steps before the sync is due;
+    the replicas train those steps on, and the synced fragment then takes the new global value."""
     g = [p.detach().clone() for p in build().parameters()]
     local = {r: [t.clone() for t in g] for r in ("0", "1")}
     momentum: list[torch.Tensor | None] = [None] * len(g)
     cut, k, after = fragments_of([t.numel() for t in g], fragments), H // fragments, []
     for step in range(steps):
-        local = {r: inner(local[r], r, step * k, k, build) for r in local}
+        local = {r: inner(local[r], r, step * k, k - tau, build) for r in local}
+        taken = {r: [t.clone() for t in local[r]] for r in local}
+        local = {r: inner(local[r], r, step * k + k - tau, tau, build) for r in local}
         for i in cut[(step + 1) % fragments]:
-            d0, d1 = (g[i] - local["0"][i]).to(wire), (g[i] - local["1"][i]).to(wire)
+            d0, d1 = (g[i] - taken["0"][i]).to(wire), (g[i] - taken["1"][i]).to(wire)
             delta = (d0 + d1).float() / 2  # FTAR sums in the wire dtype; the division is after
             momentum[i] = delta if momentum[i] is None else MU * momentum[i] + delta
             g[i] = g[i] - OUTER_LR * (delta + MU * momentum[i])  # Nesterov
@@ -89,11 +93,12 @@ def both(ctl, steps: int, fragments: int, **overrides) -> tuple[dict, dict]:
         return futures[0].result(timeout=120), futures[1].result(timeout=120)
 
 
-@pytest.mark.parametrize("fragments, wire", [(2, "float32"), (4, "float32"), (2, "bfloat16")])
+@pytest.mark.parametrize("fragments, wire, tau", [(2, "float32", 1), (4, "float32", 0), (2, "bfloat16", 0)])
 def test_streaming_replicas_are_bitwise_equal_after_every_fragment_sync_and_match_a_reference(controller, fragments,
-                                                                                            wire):
+                                                                                            wire, tau):
+    """tau = 1: each fragment's sync overlaps an inner step (sync_overlap_steps)."""
     steps, k = 2 * fragments, H // fragments  # every fragment synced twice
-    a, b = both(controller(fragments), steps, fragments, sync_wire_dtype=wire)
+    a, b = both(controller(fragments), steps, fragments, sync_wire_dtype=wire, sync_overlap_steps=tau)
     assert sorted(a["syncs"]) == sorted(b["syncs"]) == list(range(1, steps + 1))
     for step, (digest, tensors) in a["syncs"].items():
         assert b["syncs"][step][0] == digest  # the digest covers the global copy and the outer state
@@ -101,7 +106,7 @@ def test_streaming_replicas_are_bitwise_equal_after_every_fragment_sync_and_matc
     # exactly once: every inner step's batch, in order, and the ledger moved by k per sync
     assert a["positions"] == b["positions"] == list(range(steps * k))
     assert a["ledger"] == b["ledger"] == {"0": steps * k, "1": steps * k}
-    want = reference(steps, fragments, torch.bfloat16 if wire == "bfloat16" else torch.float32)
+    want = reference(steps, fragments, torch.bfloat16 if wire == "bfloat16" else torch.float32, tau)
     for step, (_, tensors) in a["syncs"].items():
         for got, expected in zip(tensors, want[step - 1]):
             torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
