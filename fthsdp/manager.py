@@ -8,13 +8,11 @@
 
 With settings.sync_mode local_sgd or diloco the same loop trains sync_every_steps inner steps
 on the replica's own group per step of the protocol, and the end_step() of the last one syncs
-(fthsdp/sync/outer.py; the protocol decides which is which); streaming_diloco syncs one of
-sync_fragments fragments every sync_every_steps / sync_fragments inner steps.
+(fthsdp/sync/outer.py, fthsdp/sync/effects.py); streaming_diloco syncs one of sync_fragments
+fragments every sync_every_steps / sync_fragments inner steps, overlapping sync_overlap_steps.
 
 fthsdp/wiring.py opens the parts; `_EFFECTS` (the end of this module) maps each effect type to
-its handler; fthsdp/step/frames.py turns frames into events.
-
-Every step decision is made by the pure protocol (fthsdp/step/protocol.py), and which rank
+its handler; fthsdp/step/frames.py turns frames into events. Every step decision is made by the pure protocol (fthsdp/step/protocol.py), and which rank
 reads and writes durable checkpoints by fthsdp/state/replica_checkpoints.py; this class feeds
 the protocol events -- what the training script called, what the coordinator said, what the catch-up
 fetch reported, time passing -- and executes the effects it returns, nothing else. Rank 0
@@ -138,7 +136,12 @@ class Manager:
     @property
     def plan(self) -> RankPlan | None:
         in_step = self._state.phase in (Phase.TRAINING, Phase.SYNCING, Phase.VOTING)
-        return self._state.plan if in_step or self._state.flight is not Flight.NONE else None
+        return self._state.plan if in_step or self.sync_in_flight else None
+
+    @property
+    def sync_in_flight(self) -> bool:
+        """streaming_diloco's overlap: a fragment's sync runs while this replica trains inner steps."""
+        return self._state.flight is not Flight.NONE
 
     @property
     def is_behind(self) -> bool:
@@ -414,7 +417,6 @@ class Manager:
         done, without waiting, then a Tick for its deadlines (never blocks the trainer)."""
         def flying() -> bool:
             return self._state.flight is not Flight.NONE and self._state.phase is Phase.IDLE
-        assert self.client is not None
         while flying() and (frame := self._receive_now()) is not None:
             self._feed(self._event_of(*frame))
         if flying() and self._state.flight is Flight.REDUCING:
@@ -551,9 +553,6 @@ class Manager:
         last = f"after step {self.step - 1}" if self.step else "before its first commit"  # as the controller says it
         log.log(level, "replica %s rank %s closed %s: %s", self.settings.replica_id, self.settings.rank, last, e.reason)
 
-    def _ended(self, e: ev.Ended) -> None:
-        log.debug("replica %s rank %s has no more steps: %s", self.settings.replica_id, self.settings.rank, e.reason)
-
     def _fail(self, e: ev.Fail) -> None:
         error = RetryLimitExceeded if e.retries_exhausted else (
             ConfigurationError if CONFIGURATION_PREFIX in e.message else Fatal)
@@ -595,6 +594,7 @@ _EFFECTS: dict[type, Callable[[Manager, Any], ev.Event | None]] = {
     ev.Checkpoint: Manager._checkpoint,
     ev.Concluded: Manager._concluded,
     ev.Closed: Manager._closed,
-    ev.Ended: Manager._ended,
+    ev.Ended: lambda m, e: log.debug("replica %s rank %s has no more steps: %s", m.settings.replica_id,
+                                     m.settings.rank, e.reason),
     ev.Fail: Manager._fail,
 }
