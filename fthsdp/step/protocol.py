@@ -39,6 +39,24 @@ f(s) = (s + 1) mod F (settings.fragment_at): fragment f is due when the inner st
     SYNCING ── Reduced (and the fetch done) ──▶ VOTING ── commit: ApplyOuterStep(f(plan.step)) ──▶ IDLE, step + 1, inner 0
                                                           retry ──▶ IDLE, inner = K (the same pseudo-gradient)
 
+Overlapped (streaming_diloco, tau = settings.overlap_steps >= 1): the sync is *prepared*
+tau inner steps before it is due and runs *in flight* (state.flight) while the trainer trains
+inner steps K - tau ... K - 1; between them (phase IDLE) `_FLIGHT_TABLE` takes the sync's events
+before the phase's table does:
+
+    End (inner -> K - tau): InnerStep, TakePseudoGradient(f, keep_local: the fragment trains on)
+    IDLE ── Begin (inner = K - tau): SendBegin (no ServeState: the state moves), BeginInner ──▶ INNER
+                                      flight NONE ──▶ PLANNING
+    flight PLANNING ── PlanArrived: ConfigureRing, StartReduce(f) ──▶ REDUCING
+                    ── a plan with a catch-up (a member behind, fetchers, this replica behind),
+                       or none: SendVote(no) ──▶ VOTING (a catch-up: deferred, not counted)
+    flight REDUCING ── Reduced: SendVote ──▶ VOTING ── DecisionArrived commit ──▶ COMMITTED (held)
+    the due step, Begin at inner = K:  COMMITTED: the commit (GatherReduced, ApplyOuterStep(f), ...)
+        PLANNING ──▶ PLANNING,  REDUCING ──▶ SYNCING (AwaitReduce),  VOTING ──▶ VOTING
+        (the rest of the sync is a blocking one, its deadlines running on)
+    a retry in flight (DropReduce) ──▶ flight NONE, inner steps on to K, then the blocking sync
+        with the same pseudo-gradient; Close, CoordinatorLost, deadlines: as in PLANNING/VOTING
+
 The commit advances the ledger by K for every contributor: the batches of the inner steps
 since its last committed sync enter the committed history with the next sync that commits
 with it as a contributor, whichever fragment that sync carries (each inner step is counted
