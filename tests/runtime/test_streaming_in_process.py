@@ -1,9 +1,11 @@
 """Streaming DiLoCo and bf16 on the wire: two Managers in this process (threads) against a real
-controller, checked against a streaming outer step computed by hand, and through a replica lost
-between fragment syncs and rebuilt."""
+controller, checked against a streaming outer step computed by hand (blocking and overlapped
+fragment syncs), through a replica lost between fragment syncs and rebuilt, and for where an
+overlapped sync's all-reduce starts."""
 
 from __future__ import annotations
 
+import select
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
@@ -11,10 +13,12 @@ from typing import Callable
 import pytest
 import torch
 
-from fthsdp import FaultTolerantOptimizer, Manager, RuntimeSettings
+from fthsdp import FaultTolerantOptimizer, Manager, RuntimeSettings, Seams
+from fthsdp.demo.faults import Delegate
 from fthsdp.sync.outer import fragments_of
 from tests.runtime.test_semisync_in_process import LR, batch_at, controllers, inner  # noqa: F401 - a fixture
 from tests.trainer_secret import SECRET
+from tests.waiting import wait_until
 
 OUTER_LR, MU, H = 0.7, 0.9, 4
 
@@ -174,3 +178,52 @@ def test_a_streaming_replica_resumes_from_its_checkpoint_at_its_place_in_the_sch
     cut = fragments_of([t.numel() for t in resumed], fragments)
     assert all(not torch.equal(resumed[i], after[i]) for i in cut[0])  # the due fragment moved
     assert all(torch.equal(resumed[i], after[i]) for i in cut[1])  # the other one waits for its turn
+
+
+def test_an_overlapped_sync_starts_its_all_reduce_between_inner_steps_before_it_is_due(controllers):
+    """H = 8, F = 2 (K = 4), tau = 2: the sync is prepared after inner step K - tau. Once its
+    begin went ahead, each replica waits (bounded) until its plan is readable before its next
+    inner step, so that begin_step feeds it: the FTAR all-reduce starts between inner steps,
+    before the sync's last overlap step trains, and the due step only finishes it. Every
+    all-reduce start is recorded through the endpoint with the rank's inner step and phase."""
+    h, fragments, tau, syncs = 8, 2, 2, 4
+    k = h // fragments
+    ctl = controllers("streaming_diloco", h, 5.0, fragments)
+
+    def run(replica: str) -> dict:
+        starts: list[tuple[int, int, str]] = []
+        manager: Manager | None = None
+
+        class Recording(Delegate):
+            def allreduce(self, tensor):
+                starts.append((manager.step, manager.inner, manager.phase.name))
+                return self._inner.allreduce(tensor)
+
+        model = build()
+        opt = torch.optim.SGD(model.parameters(), lr=LR)
+        settings = RuntimeSettings(job_id="t", replica_id=replica, controller_address=ctl.grpc, max_steps=syncs,
+                                   quorum_timeout_s=20.0, heartbeat_interval_s=0.5, job_secret=SECRET,
+                                   sync_mode="streaming_diloco", sync_every_steps=h, sync_fragments=fragments,
+                                   sync_overlap_steps=tau)
+        manager = Manager(model, opt, settings, seams=Seams(endpoint=Recording)).start()
+        ft, digests = FaultTolerantOptimizer(manager, opt), {}
+        for x, y in manager.batches(batch_at):
+            step = manager.step
+            ft.zero_grad()
+            torch.nn.functional.mse_loss(model(x), y).backward()
+            ft.step()
+            if manager.step != step:
+                digests[manager.step] = manager.digest()
+            elif manager.sync_in_flight and manager.plan is None:  # the begin went ahead; its plan is not in
+                wait_until(lambda: select.select([manager.client.fileno()], [], [], 0)[0], 30.0,
+                           f"replica {replica}'s plan for step {step}")
+        manager.close()
+        return {"starts": starts, "digests": digests}
+
+    with ThreadPoolExecutor(2) as pool:
+        a, b = [f.result(timeout=120) for f in [pool.submit(run, r) for r in ("0", "1")]]
+    assert a["digests"] == b["digests"] and sorted(a["digests"]) == list(range(1, syncs + 1))
+    for starts in (a["starts"], b["starts"]):
+        assert [s for s, _, _ in starts] == list(range(syncs))  # one all-reduce per sync, none retried
+        # between inner steps (IDLE), after the prepare point and before the due step
+        assert all(k - tau < inner < k and phase == "IDLE" for _, inner, phase in starts), starts
