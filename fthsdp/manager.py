@@ -471,7 +471,7 @@ class Manager:
         self.state_server.stop(e.wait_for, e.timeout_s, keep=copy.served() if copy is not None else None)
 
     def _configure_ring(self, e: ev.ConfigureRing) -> None:
-        if e.plan.fetchers and not e.plan.behind:
+        if e.serving and e.plan.fetchers and not e.plan.behind:
             self._source.snapshot()  # at the step boundary, before this step can change the state
         self.sync.configure(e.plan)
 

@@ -157,7 +157,10 @@ class StopServing:
 
 @dataclass(frozen=True)
 class ConfigureRing:
+    """(Re)build the FTAR ring for the plan; `serving`: this rank serves the plan's fetchers, so
+    its state is snapshotted at the step boundary first (never in flight: it serves nobody)."""
     plan: RankPlan
+    serving: bool = True
 
 
 @dataclass(frozen=True)

@@ -47,9 +47,10 @@ before the phase's table does:
     End (inner -> K - tau): InnerStep, TakePseudoGradient(f, keep_local: the fragment trains on)
     IDLE ── Begin (inner = K - tau): SendBegin (no ServeState: the state moves), BeginInner ──▶ INNER
                                       flight NONE ──▶ PLANNING
-    flight PLANNING ── PlanArrived: ConfigureRing, StartReduce(f) ──▶ REDUCING
+    flight PLANNING ── PlanArrived: ConfigureRing (serving nobody), StartReduce(f) ──▶ REDUCING
                     ── a plan with a catch-up (a member behind, fetchers, this replica behind),
-                       or none: SendVote(no) ──▶ VOTING (a catch-up: deferred, not counted)
+                       or none: SendVote(no), out of the ring ──▶ VOTING (a catch-up: deferred,
+                       not counted)
     flight REDUCING ── Reduced: SendVote ──▶ VOTING ── DecisionArrived commit ──▶ COMMITTED (held)
     the due step, Begin at inner = K:  COMMITTED: the commit (GatherReduced, ApplyOuterStep(f), ...)
         PLANNING ──▶ PLANNING,  REDUCING ──▶ SYNCING (AwaitReduce),  VOTING ──▶ VOTING
@@ -314,13 +315,15 @@ def _ahead_plan(state: RankState, ev: PlanArrived, now: float, s: RuntimeSetting
     if plan is None or (not plan.behind and plan.step != state.step):
         return _vote(_replace(new, failure=ev.error or "no plan" if plan is None else _wrong_step(plan, new, s)),
                      now, s, ahead=True)
-    if plan.behind or plan.fetchers or len(plan.included) < len(plan.ftar_members):  # nobody may fetch a moving state: every replica of the quorum sees it and defers
+    if plan.behind or plan.fetchers or len(plan.included) < len(plan.ftar_members):
+        # Nobody may fetch a moving state: every replica of the quorum sees the catch-up and
+        # defers it, staying out of the ring (no sum another replica could commit without it).
         why = (f"quorum {plan.quorum_id} has a replica catching up ({len(plan.included)} of "
                f"{len(plan.ftar_members)} members healthy): a catch-up needs a quiescent sync: retried at the due "
                f"step")
         return _vote(_replace(new, failure=why, deferred=True), now, s, ahead=True)
     new = _replace(new, flight=Flight.REDUCING, background=True)
-    return new, (ConfigureRing(plan), StartReduce(plan, s.fragment_at(plan.step)))
+    return new, (ConfigureRing(plan, serving=False), StartReduce(plan, s.fragment_at(plan.step)))
 
 
 def _ahead_reduced(state: RankState, ev: Reduced, now: float, s: RuntimeSettings) -> Result:

@@ -62,7 +62,7 @@ def test_the_plan_and_the_all_reduce_start_before_the_next_inner_step_and_the_tr
     run(ev.End(0.5, 8))
     p = plan(3)
     started = run(ev.PlanArrived(1, 3, p))
-    assert started == (ev.ConfigureRing(p), ev.StartReduce(p, 0))
+    assert started == (ev.ConfigureRing(p, serving=False), ev.StartReduce(p, 0))
     assert run.state.flight is Flight.REDUCING and run.state.background
     order = [type(e).__name__ for e in run.effects]
     assert order[order.index("SendBegin"):] == ["SendBegin", "BeginInner", "InnerStep", "ConfigureRing",
@@ -121,11 +121,12 @@ def test_a_catch_up_in_flight_is_deferred_to_a_blocking_sync_at_the_due_step_and
     run = in_flight()
     run(ev.End(0.5, 8))
     p = plan(5 if catch_up.get("behind") else 3, **catch_up)
-    effects = run(ev.PlanArrived(1, 3, p))
-    [vote] = effects  # no ring, no reduce, no fetch: nobody may fetch a moving state
+    # no ring (no sum another replica could commit without it), no fetch, no serving: nobody may
+    # fetch a moving state
+    [vote] = run(ev.PlanArrived(1, 3, p))
     assert not vote.ok and "a catch-up needs a quiescent sync: retried at the due step" in vote.reason
     assert run.state.flight is Flight.VOTING and run.state.deferred
-    run(ev.DecisionArrived(1, False, "replica a voted no"))
+    assert not of_type(run(ev.DecisionArrived(1, False, "replica a voted no")), ev.DropReduce)
     assert run.state.failures_in_a_row == 0 and run.state.flight is Flight.NONE  # a deferral is not a failure
     inner_steps(run, K - TAU - 1)
     assert run(ev.Begin()) == (ev.ServeState(3), ev.SendBegin(3))  # the catch-up's quiescent sync
