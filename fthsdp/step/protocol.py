@@ -558,17 +558,13 @@ _TABLE: dict[tuple[Phase, type], Handler] = {
     (P.FAILED, Close): _close_failed,
 }
 F = Flight
-#: a sync in flight, between the overlap's inner steps (phase IDLE): its events before the phase's
+#: a sync in flight, between the overlap's inner steps (phase IDLE): its events before the phase's;
+#: what is not its own is handled as in the blocking phase it stands for (PLANNING, SYNCING, VOTING)
 _FLIGHT_TABLE: dict[tuple[Flight, type], Handler] = {
     (F.PLANNING, PlanArrived): _ahead_plan,
-    (F.PLANNING, ResumeOrdered): _resume,
-    (F.PLANNING, PlanRefused): _refused,
-    (F.PLANNING, DecisionArrived): _planning_decision,
-    (F.PLANNING, Tick): _planning_tick,
+    **{(F.PLANNING, e): _TABLE[(P.PLANNING, e)] for e in (ResumeOrdered, PlanRefused, DecisionArrived, Tick)},
     (F.REDUCING, Reduced): _ahead_reduced,
-    (F.REDUCING, PlanArrived): _training_message,
-    (F.REDUCING, PlanRefused): _training_message,
-    (F.REDUCING, DecisionArrived): _training_message,
+    **{(F.REDUCING, e): _TABLE[(P.SYNCING, e)] for e in (PlanArrived, PlanRefused, DecisionArrived)},
     (F.VOTING, DecisionArrived): _ahead_decided,
-    (F.VOTING, Tick): _voting_tick,
+    (F.VOTING, Tick): _TABLE[(P.VOTING, Tick)],
 }
