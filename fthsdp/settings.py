@@ -378,9 +378,11 @@ class RuntimeSettings:
         between inner steps, so the plan is in at the end of inner step K - tau at the earliest
         and the all-reduce overlaps at most tau - 1 inner steps (tau = 1 hides only the quorum).
         Measured with bench.semisync (2 replicas, H = 8, F = 2, K = 4, a 50 MB/s veth link, a
-        loaded 2-core machine), streaming samples/s over DiLoCo's in the same run: 0.82-0.91 at
-        tau = 1, 0.93-0.95 at tau = 2, 1.12-1.33 at tau = 3 = K - 1, where the time left at each
-        due step fell from about 27 ms to 12 ms. The price: the tau overlap steps' change to the
+        2-core machine loaded by other work), streaming samples/s over DiLoCo's in the same run:
+        0.53-0.91 at tau = 1 (4 runs), 0.77-0.95 at tau = 2 (4 runs), 0.83-1.33 at tau = 3 = K - 1
+        (6 runs at 1-minute loads of 2 to 6, 1.09 and 1.12 once the look between inner steps
+        stopped waiting 1 ms; 3.1 in one at a load of 13): only K - 1 reached DiLoCo, and the time left at each due step fell from about 27 ms at tau = 1
+        to 7-21 ms. The price: the tau overlap steps' change to the
         synced fragment is dropped at its commit (tau / H of each fragment's inner steps); where
         inner steps are long enough to hide a sync in fewer of them, a smaller tau drops less."""
         if self.sync_overlap_steps is not None:
