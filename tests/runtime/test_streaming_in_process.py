@@ -64,9 +64,10 @@ def train(ctl, replica: str, steps: int, fragments: int, between: Callable[[Mana
         if not between(manager):
             manager.abort()
             return {"positions": positions, "syncs": syncs, "lost": True, "start": start}
-    manager.close()
+    manager.close()  # the model takes the global copy of every fragment
     return {"positions": positions, "syncs": syncs, "ledger": dict(manager.ledger.positions), "start": start,
-            "global": manager.outer.global_tensors(), "wire_bytes": manager.outer.nbytes}
+            "global": manager.outer.global_tensors(), "wire_bytes": manager.outer.nbytes,
+            "model": [p.detach().clone() for p in model.parameters()]}
 
 
 def reference(steps: int, fragments: int, wire: torch.dtype = torch.float32, tau: int = 0) -> list[list[torch.Tensor]]:
@@ -114,6 +115,8 @@ def test_streaming_replicas_are_bitwise_equal_after_every_fragment_sync_and_matc
     for step, (_, tensors) in a["syncs"].items():
         for got, expected in zip(tensors, want[step - 1]):
             torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
+    # after close() the model is the global model, every fragment (what the script saves)
+    assert all(torch.equal(m, g) for m, g in zip(a["model"], a["global"]))
     params = sum(t.numel() for t in a["global"])
     assert a["wire_bytes"] == params * (2 if wire == "bfloat16" else 4)  # bf16: half the bytes on the wire
 
