@@ -38,7 +38,11 @@ One JSON line per configuration (FIELDS):
 
 Every line also names `mode`, `sync_every`, `sync_fragments`, `sync_wire_dtype` (the
 pseudo-gradient's wire dtype as the trainers' settings hold it: --wire-dtype bfloat16 asks for
-it, a runtime without the setting says float32), `replicas`, `inner_steps`, `batch_size`,
+it, a runtime without the setting says float32), `sync_overlap_steps` (the inner steps each of
+streaming_diloco's fragment syncs overlaps: --overlap-steps, else the runtime's default; 0 in
+the other modes), `time_per_sync_s` (replica 0's seconds per committed sync at its due step,
+`sync_s`, in the runtime at its other steps, `runtime_s`, and in forward/backward,
+`compute_s`: where the time goes), `replicas`, `inner_steps`, `batch_size`,
 `params`, `commits` (syncs committed, per replica), `replicas_agree` (one global model at
 the end) and `load` (the machine's 1/5/15-minute load averages when the line was printed: the
 rates are only as good as the machine was quiet). Every replica process, ours and torchft's, runs torch on --threads threads (default 1:
@@ -72,7 +76,7 @@ FIELDS: dict[str, object] = {
     "samples_per_s": float, "heldout_loss": float, "samples_per_replica": int, "replicas_agree": bool,
     "params": int, "commits": int, "bytes_ratio_vs_sync": float, "speedup_vs_sync": float,
     "heldout_loss_sync": float, "heldout_loss_sync_band": list, "sync_seeds": int, "heldout_vs_sync_band": str,
-    "torchft": str, "load": list,
+    "torchft": str, "load": list, "sync_overlap_steps": int, "time_per_sync_s": dict,
 }
 TORCHFT_FIELDS = ("samples_per_s_torchft", "ratio", "heldout_loss_torchft", "heldout_torchft_vs_sync_band",
                   "wire_bytes_per_sample_torchft")
@@ -181,7 +185,19 @@ def _measure(args, link, outs: list[dict], wire_before: list[int | None]) -> dic
             "replicas_agree": len({round(o["heldout_loss"], 12) for o in outs}) == 1,
             "params": outs[0]["params"], "commits": outs[0]["commits"],
             "sync_wire_dtype": outs[0].get("wire_dtype", "float32"),
+            "sync_overlap_steps": outs[0].get("overlap_steps", 0),
+            "time_per_sync_s": _per_sync(outs),
             "bytes_sent": sum(o.get("bytes_sent", 0) for o in outs)}
+
+
+def _per_sync(outs: list[dict]) -> dict | None:
+    """Replica 0's time per committed sync (fthsdp only): at its due step (`sync_s`: the wait
+    for the sync and the commit), in the runtime at the other steps (`runtime_s`), and in the
+    script's forward/backward (`compute_s`)."""
+    o = outs[0]
+    if "sync_s" not in o or not o["commits"]:
+        return None
+    return {k: round(o[k] / o["commits"], 5) for k in ("sync_s", "runtime_s", "compute_s")}
 
 
 def run_fthsdp(args, link, config: Config, seed: int) -> dict:
@@ -196,6 +212,8 @@ def run_fthsdp(args, link, config: Config, seed: int) -> dict:
         env["FTHSDP_SYNC_FRAGMENTS"] = str(config.fragments)
     if args.wire_dtype != "float32" and config.mode != "sync":
         env["FTHSDP_SYNC_WIRE_DTYPE"] = args.wire_dtype
+    if args.overlap_steps is not None and config.mode == "streaming_diloco":
+        env["FTHSDP_SYNC_OVERLAP_STEPS"] = str(args.overlap_steps)
     wire_before = [link.wire_bytes(r) for r in range(args.replicas)]
     with link.entered(link.controller_node):
         ctl = launch(*flags, insecure=True, cwd=str(ROOT), timeout_s=120.0)
@@ -278,6 +296,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seeds", type=int, default=1, help="seeds of the synchronous run (its held-out loss band)")
     p.add_argument("--wire-dtype", default="float32", choices=("float32", "bfloat16"),
                    help="the pseudo-gradient's wire dtype for the non-sync configurations (FTHSDP_SYNC_WIRE_DTYPE)")
+    p.add_argument("--overlap-steps", type=int, help="streaming_diloco's sync_overlap_steps (FTHSDP_SYNC_OVERLAP_STEPS; "
+                   "default: the runtime's)")
     p.add_argument("--threads", type=int, default=1, help="torch threads per replica process, ours and torchft's")
     p.add_argument("--no-torchft", action="store_true", help="do not run torchft's DiLoCo beside ours")
     p.add_argument("--timeout-s", type=float, default=600.0, help="longest one configuration may take")

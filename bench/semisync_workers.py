@@ -9,7 +9,10 @@ after how many inner steps), the inner steps it trained and the final model's he
 
 - `fthsdp_worker`: `Manager` + `FaultTolerantOptimizer`, the settings a user's script reads
   (FTHSDP_SYNC_* from the environment: bench.semisync sets FTHSDP_SYNC_FRAGMENTS for F > 1 and
-  FTHSDP_SYNC_WIRE_DTYPE for --wire-dtype bfloat16); it reports the wire dtype its settings hold.
+  FTHSDP_SYNC_WIRE_DTYPE for --wire-dtype bfloat16, FTHSDP_SYNC_OVERLAP_STEPS for --overlap-steps);
+  it reports the wire dtype and the overlap its settings hold, and where its time went. The
+  held-out loss is the model's after Manager.close(), which in streaming_diloco loads the
+  global copy of every fragment.
 - `torchft_worker`: torchft's `Manager` over its `ProcessGroupGloo` and `torchft.local_sgd.DiLoCo`
   wrapping the inner optimizer, as torchft's own DiLoCo tests do; its own TCPStore (the
   replica group's, world size 1) and the lighthouse bench.semisync started.
@@ -82,23 +85,35 @@ def fthsdp_worker(cfg: dict) -> dict:
     ft = FaultTolerantOptimizer(manager, opt)
     commits: list[tuple[float, int]] = []
     inner = 0
-    for x, y in manager.batches(batch_at):
+    # where the time goes: inside the runtime at a sync's due step (the wait for its quorum,
+    # all-reduce and decision, and the commit), at the other steps' begin/end, and in the script
+    spent = {"sync_s": 0.0, "runtime_s": 0.0, "compute_s": 0.0}
+    batches = manager.batches(batch_at)
+    while True:
+        t0 = time.perf_counter()
+        try:
+            x, y = next(batches)
+        except StopIteration:
+            break
         step = manager.step
+        t1 = time.perf_counter()
         ft.zero_grad()
         torch.nn.functional.mse_loss(model(x), y).backward()
+        t2 = time.perf_counter()
         ft.step()
+        t3 = time.perf_counter()
         inner += 1
+        spent["compute_s"] += t2 - t1
         if manager.step != step:
-            commits.append((time.perf_counter(), inner))
-    if manager.outer is not None and manager.outer.streaming:
-        # each fragment's global copy is the model: between its syncs the model holds the
-        # replica's own inner steps of the fragments not synced last (the loss is the global one's)
-        with torch.no_grad():
-            for p, g in zip(model.parameters(), manager.outer.global_tensors()):
-                p.copy_(g)
-    manager.close()
+            commits.append((t3, inner))
+            spent["sync_s"] += t3 - t2
+            spent["runtime_s"] += t1 - t0
+        else:
+            spent["runtime_s"] += t1 - t0 + t3 - t2
+    manager.close()  # streaming_diloco: the model takes the global copy of every fragment
     return _result(model, batch_at, cfg, commits, inner, bytes_sent=pacer.sent,
-                   wire_dtype=settings.sync_wire_dtype)  # what the runtime used
+                   wire_dtype=settings.sync_wire_dtype,  # what the runtime used
+                   overlap_steps=settings.overlap_steps, **spent)
 
 
 def torchft_worker(cfg: dict) -> dict:

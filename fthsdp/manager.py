@@ -8,13 +8,11 @@
 
 With settings.sync_mode local_sgd or diloco the same loop trains sync_every_steps inner steps
 on the replica's own group per step of the protocol, and the end_step() of the last one syncs
-(fthsdp/sync/outer.py; the protocol decides which is which); streaming_diloco syncs one of
-sync_fragments fragments every sync_every_steps / sync_fragments inner steps.
+(fthsdp/sync/outer.py, fthsdp/sync/effects.py); streaming_diloco syncs one of sync_fragments
+fragments every sync_every_steps / sync_fragments inner steps, overlapping sync_overlap_steps.
 
 fthsdp/wiring.py opens the parts; `_EFFECTS` (the end of this module) maps each effect type to
-its handler; fthsdp/step/frames.py turns frames into events.
-
-Every step decision is made by the pure protocol (fthsdp/step/protocol.py), and which rank
+its handler; fthsdp/step/frames.py turns frames into events. Every step decision is made by the pure protocol (fthsdp/step/protocol.py), and which rank
 reads and writes durable checkpoints by fthsdp/state/replica_checkpoints.py; this class feeds
 the protocol events -- what the training script called, what the coordinator said, what the catch-up
 fetch reported, time passing -- and executes the effects it returns, nothing else. Rank 0
@@ -54,8 +52,9 @@ from fthsdp.step.client import CoordinatorClient
 from fthsdp.step.controller_client import COMPLETED_PREFIX, CONFIGURATION_PREFIX
 from fthsdp.step.coordinator import CoordinatorService
 from fthsdp.step.plan import AddressBook, RankPlan
-from fthsdp.step.protocol import INF, Phase, ProtocolError, advance, initial_state, next_deadline
+from fthsdp.step.protocol import INF, Flight, Phase, ProtocolError, advance, initial_state, next_deadline
 from fthsdp.sync import fsdp
+from fthsdp.sync.effects import OUTER_EFFECTS
 from fthsdp.sync.gradients import SyncResult, flatten_grads, unflatten_grads_
 from fthsdp.sync.outer import OUTER_STATE_NAME, OuterSync, scaled_step
 from fthsdp.telemetry import Collectives
@@ -136,7 +135,13 @@ class Manager:
 
     @property
     def plan(self) -> RankPlan | None:
-        return self._state.plan if self._state.phase in (Phase.TRAINING, Phase.SYNCING, Phase.VOTING) else None
+        in_step = self._state.phase in (Phase.TRAINING, Phase.SYNCING, Phase.VOTING)
+        return self._state.plan if in_step or self.sync_in_flight else None
+
+    @property
+    def sync_in_flight(self) -> bool:
+        """streaming_diloco's overlap: a fragment's sync runs while this replica trains inner steps."""
+        return self._state.flight is not Flight.NONE
 
     @property
     def is_behind(self) -> bool:
@@ -215,7 +220,10 @@ class Manager:
 
     def close(self) -> None:
         """Leave the replica cleanly: once every rank closed, the coordinator reports the
-        replica FINISHED to the controller, then lets every rank go (bounded waits)."""
+        replica FINISHED to the controller, then lets every rank go (bounded waits). In
+        streaming_diloco the model then takes the global copy of every fragment (the last
+        committed global model; a sync in flight is dropped), so what the script evaluates or
+        saves after close() is the global model, not this replica's own inner steps."""
         if not self._started:
             return
         try:
@@ -226,6 +234,8 @@ class Manager:
             log.warning("replica %s rank %s: closing: %s", self.settings.replica_id, self.settings.rank, exc)
         finally:
             self._teardown()
+            if self.outer is not None and self.outer.streaming:
+                self.outer.load_global()
 
     def abort(self) -> None:
         """Stop at once without finishing the replica (after an error: the agent restarts it)."""
@@ -260,6 +270,7 @@ class Manager:
         quorum answer did not fit this rank: it then votes no). Idempotent within a step.
         Raises ReplicaFinished when there are no more steps."""
         self._require_started()
+        self._drain_flight()
         while self._state.phase not in (Phase.TRAINING, Phase.VOTING, Phase.INNER):
             if self._state.phase is Phase.ENDED:
                 self._feed(ev.Begin())  # re-states why (Ended), changes nothing
@@ -328,6 +339,7 @@ class Manager:
         if self._state.phase is Phase.INNER:
             self._feed(ev.End(value, tokens))
             self._in_step = False
+            self._drain_flight()
             return self._sync_if_due()
         if self._state.phase is Phase.TRAINING:
             if not self._state.reduced:
@@ -359,7 +371,8 @@ class Manager:
                 self.protocol_s += time.perf_counter() - t0
                 self.protocol_events += 1
                 for effect in effects:
-                    _EFFECTS[type(effect)](self, effect)
+                    if (follow := _EFFECTS[type(effect)](self, effect)) is not None:
+                        self._queue.append(follow)
         except BaseException:
             self._queue.clear()  # nothing left over for the next call
             raise
@@ -387,15 +400,30 @@ class Manager:
 
     def _drain(self) -> None:
         """Feed whatever already arrived, without waiting."""
-        assert self.client is not None
-        while self._state.phase is Phase.TRAINING:
-            try:
-                frame = self.client.receive(0.0)
-            except ChannelError as exc:
-                return self._feed(ev.CoordinatorLost(str(exc)))
-            if frame is None:
-                return
+        while self._state.phase is Phase.TRAINING and (frame := self._receive_now()) is not None:
             self._feed(self._event_of(*frame))
+
+    def _receive_now(self) -> tuple | None:
+        """A frame that already arrived, or None (a lost channel is fed as CoordinatorLost)."""
+        assert self.client is not None
+        try:
+            return self.client.receive(0.0)
+        except ChannelError as exc:
+            self._feed(ev.CoordinatorLost(str(exc)))
+            return None
+
+    def _drain_flight(self) -> None:
+        """A sync in flight, between inner steps: feed what arrived and the reduce once it is
+        done, without waiting, then a Tick for its deadlines (never blocks the trainer)."""
+        def flying() -> bool:
+            return self._state.flight is not Flight.NONE and self._state.phase is Phase.IDLE
+        while flying() and (frame := self._receive_now()) is not None:
+            self._feed(self._event_of(*frame))
+        if flying() and self._state.flight is Flight.REDUCING:
+            if (result := self.outer.poll_reduce(self.sync, wait=False)) is not None:
+                self._feed(ev.Reduced(result.ok, result.reason))
+        if flying():
+            self._feed(ev.Tick())
 
     def _event_of(self, kind: str, message) -> ev.Event:
         """The frame's event (fthsdp/step/frames.py translates); the telemetry notes its arrival."""
@@ -443,7 +471,7 @@ class Manager:
         self.state_server.stop(e.wait_for, e.timeout_s, keep=copy.served() if copy is not None else None)
 
     def _configure_ring(self, e: ev.ConfigureRing) -> None:
-        if e.plan.fetchers and not e.plan.behind:
+        if e.serving and e.plan.fetchers and not e.plan.behind:
             self._source.snapshot()  # at the step boundary, before this step can change the state
         self.sync.configure(e.plan)
 
@@ -488,34 +516,13 @@ class Manager:
 
     def _apply_step(self, e: ev.ApplyStep) -> None:
         """A commit's update: the script's optimizer, learning rate × the quorum's lr_scale."""
-        scaled_step(self.optimizer, self._lr_scale(e.plan))
+        scaled_step(self.optimizer, e.plan.lr_scale if self.settings.apply_lr_scale else 1.0)
         if self.registry.rng is not None:
             self.registry.rng.advance()
-
-    def _apply_outer_step(self, e: ev.ApplyOuterStep) -> None:
-        """A sync's commit: the outer optimizer of its fragment (fthsdp/sync/outer.py)."""
-        self.outer.apply(self._lr_scale(e.plan), e.fragment)
-        if self.registry.rng is not None:
-            self.registry.rng.advance()
-
-    def _lr_scale(self, plan: RankPlan) -> float:
-        return plan.lr_scale if self.settings.apply_lr_scale else 1.0
-
-    def _begin_inner(self, e: ev.BeginInner) -> None:
-        if e.index == 0:
-            self.outer.begin_outer_step()
-
-    def _inner_step(self, e: ev.InnerStep) -> None:
-        self.optimizer.step()
-
-    def _take_pseudo_gradient(self, e: ev.TakePseudoGradient) -> None:
-        self.outer.take_pseudo_gradient(e.fragment)
-
-    def _reduce_pseudo_gradient(self, e: ev.ReducePseudoGradient) -> None:
-        result = self.outer.reduce(self.sync, e.plan, e.fragment)
-        self._queue.append(ev.Reduced(result.ok, result.reason))
 
     def _drop_gradients(self, e: ev.DropGradients) -> None:
+        if self.outer is not None:
+            self.outer.drop_reduce()
         self.optimizer.zero_grad(set_to_none=True)
         self.sync.mark_broken(e.reason)  # the next attempt rebuilds the ring
         if self.registry.rng is not None:
@@ -546,9 +553,6 @@ class Manager:
         last = f"after step {self.step - 1}" if self.step else "before its first commit"  # as the controller says it
         log.log(level, "replica %s rank %s closed %s: %s", self.settings.replica_id, self.settings.rank, last, e.reason)
 
-    def _ended(self, e: ev.Ended) -> None:
-        log.debug("replica %s rank %s has no more steps: %s", self.settings.replica_id, self.settings.rank, e.reason)
-
     def _fail(self, e: ev.Fail) -> None:
         error = RetryLimitExceeded if e.retries_exhausted else (
             ConfigurationError if CONFIGURATION_PREFIX in e.message else Fatal)
@@ -570,8 +574,9 @@ class Manager:
                                 f"FaultTolerantOptimizer.zero_grad()) first")
 
 
-#: the executor: one handler per effect of the step protocol (fthsdp/step/events.py)
-_EFFECTS: dict[type, Callable[[Manager, Any], None]] = {
+#: the executor: one handler per effect of the step protocol (fthsdp/step/events.py); a
+#: handler may return the event to feed next
+_EFFECTS: dict[type, Callable[[Manager, Any], ev.Event | None]] = {
     ev.SendBegin: Manager._send_begin,
     ev.SendVote: Manager._send_vote,
     ev.SendDigest: Manager._send_digest,
@@ -584,15 +589,12 @@ _EFFECTS: dict[type, Callable[[Manager, Any], None]] = {
     ev.AdoptFetched: Manager._adopt_fetched,
     ev.LoadCheckpoint: Manager._load_checkpoint,
     ev.ApplyStep: Manager._apply_step,
-    ev.ApplyOuterStep: Manager._apply_outer_step,
-    ev.BeginInner: Manager._begin_inner,
-    ev.InnerStep: Manager._inner_step,
-    ev.TakePseudoGradient: Manager._take_pseudo_gradient,
-    ev.ReducePseudoGradient: Manager._reduce_pseudo_gradient,
+    **OUTER_EFFECTS,  # inner steps and syncs (fthsdp/sync/effects.py)
     ev.DropGradients: Manager._drop_gradients,
     ev.Checkpoint: Manager._checkpoint,
     ev.Concluded: Manager._concluded,
     ev.Closed: Manager._closed,
-    ev.Ended: Manager._ended,
+    ev.Ended: lambda m, e: log.debug("replica %s rank %s has no more steps: %s", m.settings.replica_id,
+                                     m.settings.rank, e.reason),
     ev.Fail: Manager._fail,
 }

@@ -144,7 +144,8 @@ class CoordinatorClient:
         if wake_fd is not None:
             poller.register(wake_fd, select.POLLIN)
         while not self._ready:
-            left_ms = max(0, int((deadline - time.monotonic()) * 1000) + 1)
+            # timeout 0 (a look at what already arrived: between inner steps) never waits
+            left_ms = 0 if timeout_s <= 0 else max(0, int((deadline - time.monotonic()) * 1000) + 1)
             ready = {fd for fd, _ in poller.poll(left_ms)}
             if self._sock.fileno() not in ready:
                 if ready or time.monotonic() >= deadline:

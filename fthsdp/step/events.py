@@ -157,7 +157,10 @@ class StopServing:
 
 @dataclass(frozen=True)
 class ConfigureRing:
+    """(Re)build the FTAR ring for the plan; `serving`: this rank serves the plan's fetchers, so
+    its state is snapshotted at the step boundary first (never in flight: it serves nobody)."""
     plan: RankPlan
+    serving: bool = True
 
 
 @dataclass(frozen=True)
@@ -217,10 +220,13 @@ class InnerStep:
 
 @dataclass(frozen=True)
 class TakePseudoGradient:
-    """After the last inner step before a sync: pseudo-gradient = global - local of `fragment`;
-    its model tensors go back to the global state (kept for every attempt of the sync)."""
+    """After the last inner step before a sync (streaming_diloco with an overlap: sync_overlap_steps
+    before it): pseudo-gradient = global - local of `fragment` (kept for every attempt of the
+    sync); its model tensors go back to the global state, unless `keep_local` (they train on
+    during the overlap)."""
     step: int
     fragment: int = 0                   # the fragment this sync carries (streaming_diloco; else 0)
+    keep_local: bool = False
 
 
 @dataclass(frozen=True)
@@ -229,6 +235,35 @@ class ReducePseudoGradient:
     rank runs it, with or without a plan), then feed Reduced."""
     plan: RankPlan | None
     fragment: int = 0                   # the quorum's fragment: that of the plan's step
+
+
+@dataclass(frozen=True)
+class StartReduce:
+    """A sync in flight (streaming_diloco's overlap): start this rank's cross-replica part of the
+    pseudo-gradient's average in the background -- no collective inside the replica -- and feed
+    Reduced once it is done (the Manager polls it between inner steps)."""
+    plan: RankPlan
+    fragment: int
+
+
+@dataclass(frozen=True)
+class AwaitReduce:
+    """The due step came while the started reduce still runs: wait for it (bounded by the FTAR
+    timeout), then feed Reduced."""
+
+
+@dataclass(frozen=True)
+class GatherReduced:
+    """The commit of a reduce started in flight, at the due step on every rank: a replicated
+    replica's ranks all-gather their averaged parts (nothing to do when sharded or one rank)."""
+    fragment: int
+
+
+@dataclass(frozen=True)
+class DropReduce:
+    """A sync in flight ends without a commit: forget its reduce; the next attempt rebuilds the
+    ring. The inner steps and their gradients are untouched."""
+    reason: str
 
 
 @dataclass(frozen=True)
@@ -288,4 +323,5 @@ class Fail:
 
 Effect = Union[SendBegin, ServeState, StopServing, ConfigureRing, StartFetch, CancelFetch, AdoptFetched,
                LoadCheckpoint, SendVote, ApplyStep, BeginInner, InnerStep, TakePseudoGradient, ReducePseudoGradient,
-               ApplyOuterStep, DropGradients, SendDigest, Checkpoint, Concluded, SendClose, Closed, Ended, Fail]
+               StartReduce, AwaitReduce, GatherReduced, DropReduce, ApplyOuterStep, DropGradients, SendDigest,
+               Checkpoint, Concluded, SendClose, Closed, Ended, Fail]

@@ -39,6 +39,25 @@ f(s) = (s + 1) mod F (settings.fragment_at): fragment f is due when the inner st
     SYNCING ── Reduced (and the fetch done) ──▶ VOTING ── commit: ApplyOuterStep(f(plan.step)) ──▶ IDLE, step + 1, inner 0
                                                           retry ──▶ IDLE, inner = K (the same pseudo-gradient)
 
+Overlapped (streaming_diloco, tau = settings.overlap_steps >= 1): the sync is *prepared*
+tau inner steps before it is due and runs *in flight* (state.flight) while the trainer trains
+inner steps K - tau ... K - 1; between them (phase IDLE) `_FLIGHT_TABLE` takes the sync's events
+before the phase's table does:
+
+    End (inner -> K - tau): InnerStep, TakePseudoGradient(f, keep_local: the fragment trains on)
+    IDLE ── Begin (inner = K - tau): SendBegin (no ServeState: the state moves), BeginInner ──▶ INNER
+                                      flight NONE ──▶ PLANNING
+    flight PLANNING ── PlanArrived: ConfigureRing (serving nobody), StartReduce(f) ──▶ REDUCING
+                    ── a plan with a catch-up (a member behind, fetchers, this replica behind),
+                       or none: SendVote(no), out of the ring ──▶ VOTING (a catch-up: deferred,
+                       not counted)
+    flight REDUCING ── Reduced: SendVote ──▶ VOTING ── DecisionArrived commit ──▶ COMMITTED (held)
+    the due step, Begin at inner = K:  COMMITTED: the commit (GatherReduced, ApplyOuterStep(f), ...)
+        PLANNING ──▶ PLANNING,  REDUCING ──▶ SYNCING (AwaitReduce),  VOTING ──▶ VOTING
+        (the rest of the sync is a blocking one, its deadlines running on)
+    a retry in flight (DropReduce) ──▶ flight NONE, inner steps on to K, then the blocking sync
+        with the same pseudo-gradient; Close, CoordinatorLost, deadlines: as in PLANNING/VOTING
+
 The commit advances the ledger by K for every contributor: the batches of the inner steps
 since its last committed sync enter the committed history with the next sync that commits
 with it as a contributor, whichever fragment that sync carries (each inner step is counted
@@ -67,81 +86,19 @@ raises ProtocolError and changes nothing.
 from __future__ import annotations
 
 import dataclasses
-import enum
-from dataclasses import dataclass
 from typing import Callable, Union
 
-from fthsdp.data_ledger import DataLedger
 from fthsdp.settings import RuntimeSettings
-from fthsdp.step.events import (FROM_COORDINATOR, AdoptFetched, ApplyOuterStep, ApplyStep, Begin, BeginInner,
-                                CancelFetch, Checkpoint, CheckpointLoaded, Close, Closed, Concluded, ConfigureRing,
-                                CoordinatorLost, DecisionArrived, DropGradients, Effect, End, Ended, Event, Fail,
-                                FetchFinished, FinishedArrived, InnerStep, LoadCheckpoint, PlanArrived, PlanRefused,
-                                ReducePseudoGradient, Reduced, Refusal, ResumeOrdered, SendBegin, SendClose,
-                                SendDigest, SendVote, ServeState, StartFetch, StepOutcome, StopServing,
-                                TakePseudoGradient, Tick)
+from fthsdp.step.events import (FROM_COORDINATOR, AdoptFetched, ApplyOuterStep, ApplyStep, AwaitReduce, Begin,
+                                BeginInner, CancelFetch, Checkpoint, CheckpointLoaded, Close, Closed, Concluded,
+                                ConfigureRing, CoordinatorLost, DecisionArrived, DropGradients, DropReduce, Effect, End,
+                                Ended, Event, Fail, FetchFinished, FinishedArrived, GatherReduced, InnerStep,
+                                LoadCheckpoint, PlanArrived, PlanRefused, ReducePseudoGradient, Reduced, Refusal,
+                                ResumeOrdered, SendBegin, SendClose, SendDigest, SendVote, ServeState, StartFetch,
+                                StartReduce, StepOutcome, StopServing, TakePseudoGradient, Tick)
 from fthsdp.step.plan import RankPlan
-
-INF = float("inf")
-
-
-class ProtocolError(RuntimeError):
-    """A local event in a state that does not allow it (a bug in the caller)."""
-
-
-class Phase(enum.Enum):
-    IDLE = "idle"              # between steps: the state is the committed state at `step`
-    PLANNING = "planning"      # begin sent; waiting for the coordinator's plan
-    INNER = "inner"            # semi-synchronous: an inner step on the replica's own group
-    TRAINING = "training"      # plan in hand: reducing gradients (behind: fetching meanwhile)
-    SYNCING = "syncing"        # semi-synchronous: plan in hand, reducing the pseudo-gradient
-    VOTING = "voting"          # vote sent; waiting for the decision
-    RESUMING = "resuming"      # loading the durable checkpoint a rollback quorum offered
-    ENDED = "ended"            # no more steps (max_steps, a rank closed, job COMPLETED)
-    FINISHING = "finishing"    # close sent; waiting for the coordinator's last word
-    FINISHED = "finished"
-    FAILED = "failed"          # fatal: raised to the training script
-
-
-class Fetch(enum.Enum):
-    NONE = "none"
-    RUNNING = "running"
-    DONE = "done"
-    FAILED = "failed"
-
-
-_HELD = (Fetch.RUNNING, Fetch.DONE)  # a fetch thread or its staged result: CancelFetch drops either
-
-
-@dataclass(frozen=True)
-class RankState:
-    settings: RuntimeSettings           # rank, replica, bounds (fixed for the process's life)
-    phase: Phase
-    step: int                           # the committed state this rank holds is the state at its start
-    ledger: DataLedger
-    attempt: int = 0                    # the newest attempt number seen from the coordinator
-    plan: RankPlan | None = None
-    quorum_id: int = 0
-    deadline: float = INF               # PLANNING, VOTING, FINISHING
-    reduced: bool = False
-    failure: str = ""                   # the first local failure of this attempt: the vote is no
-    fetch: Fetch = Fetch.NONE
-    fetch_deadline: float = INF
-    ending: bool = False                # End arrived while the fetch still ran
-    loss: float = 0.0
-    tokens: int = 0
-    ledger_before: DataLedger | None = None
-    fetched_ledger: DataLedger | None = None  # the source's ledger, taken at commit
-    torn: bool = False                  # a fetch wrote into the live state and no commit adopted one since
-    failures_in_a_row: int = 0
-    last_failure: str = ""
-    reason: str = ""                    # why ENDED, FINISHED or FAILED
-    resume_to: int = -1                 # RESUMING: the step the checkpoint being loaded starts
-    inner: int = 0                      # semi-synchronous: inner steps trained since the last sync
-
-
-def initial_state(settings: RuntimeSettings, step: int = 0, ledger: DataLedger | None = None) -> RankState:
-    return RankState(settings, Phase.IDLE, step, ledger or DataLedger())
+from fthsdp.step.rank_state import (_HELD, INF, Fetch, Flight, Phase, ProtocolError, RankState,  # noqa: F401 - re-exported
+                                    initial_state)
 
 
 Result = tuple[RankState, tuple[Effect, ...]]
@@ -152,7 +109,8 @@ Result = tuple[RankState, tuple[Effect, ...]]
 
 def advance(state: RankState, event: Event, now: float) -> Result:
     """The next state and the effects to execute, in order. Pure."""
-    handler = _TABLE.get((state.phase, type(event)))
+    handler = _FLIGHT_TABLE.get((state.flight, type(event))) if state.phase is Phase.IDLE else None
+    handler = handler or _TABLE.get((state.phase, type(event)))
     if handler is None:
         if isinstance(event, FROM_COORDINATOR) or isinstance(event, Tick):
             return state, ()
@@ -177,10 +135,20 @@ def _begin(state: RankState, _ev: Begin, now: float, s: RuntimeSettings) -> Resu
     if s.max_steps and state.step >= s.max_steps:
         reason = f"max_steps={s.max_steps} reached"
         return _replace(state, phase=Phase.ENDED, reason=reason), (Ended(reason),)
-    if s.semi_synchronous and state.inner < s.inner_steps_per_sync:  # an inner step: no coordinator
+    k, tau = s.inner_steps_per_sync, s.overlap_steps
+    if s.semi_synchronous and state.inner < k:  # an inner step: no coordinator (but a sync may start)
         first = state.inner == 0
-        new = _replace(state, phase=Phase.INNER, loss=0.0 if first else state.loss, tokens=0 if first else state.tokens)
+        new = _replace(state, phase=Phase.INNER, loss=0.0 if first else state.loss,
+                       tokens=state.tokens - state.tokens_voted if first else state.tokens,
+                       tokens_voted=0 if first else state.tokens_voted)
+        if tau and state.inner == k - tau and state.flight is Flight.NONE and not state.torn:
+            # the sync goes ahead: its live state moves on, so nobody may fetch it (no ServeState)
+            new = _replace(new, flight=Flight.PLANNING, deadline=now + s.plan_timeout_s, plan=None, quorum_id=0,
+                           reduced=False, failure="", deferred=False, ledger_before=state.ledger)
+            return new, (SendBegin(state.step), BeginInner(state.step, state.inner))
         return new, (BeginInner(state.step, state.inner),)
+    if state.flight is not Flight.NONE:
+        return _due(state, now, s)
     sums = s.semi_synchronous  # a sync reports what its inner steps trained
     new = _replace(state, phase=Phase.PLANNING, deadline=now + s.plan_timeout_s, plan=None, quorum_id=0,
                    reduced=False, failure="", fetch=Fetch.NONE, fetch_deadline=INF, ending=False,
@@ -223,8 +191,7 @@ def _planned(new: RankState, plan: RankPlan | None, error: str, now: float, s: R
     if not plan.behind and plan.step != new.step:
         # Taking part with the wrong state could put a wrong gradient into other replicas' sums:
         # stay out of the ring (every replica of the ring retries) and vote no.
-        return _replace(new, plan=None, failure=f"quorum {plan.quorum_id} calls replica {s.replica_id} healthy "
-                                                f"at step {plan.step} but it is at step {new.step}"), ()
+        return _replace(new, plan=None, failure=_wrong_step(plan, new, s)), ()
     if not plan.behind and new.torn:
         return _replace(new, plan=None, failure=f"quorum {plan.quorum_id} calls replica {s.replica_id} healthy at "
                                                 f"step {plan.step}, but rank {s.rank}'s state was partly overwritten "
@@ -236,6 +203,10 @@ def _planned(new: RankState, plan: RankPlan | None, error: str, now: float, s: R
     return new, (ServeState(new.step, plan.fetchers), ConfigureRing(plan))
 
 
+def _wrong_step(plan: RankPlan, state: RankState, s: RuntimeSettings) -> str:
+    return f"quorum {plan.quorum_id} calls replica {s.replica_id} healthy at step {plan.step} but it is at step {state.step}"
+
+
 def _resume(state: RankState, ev: ResumeOrdered, _now: float, s: RuntimeSettings) -> Result:
     if (other := _not_the_answer(state, ev.attempt, ev.step, "a resume order", s)) is not None:
         return other
@@ -244,7 +215,7 @@ def _resume(state: RankState, ev: ResumeOrdered, _now: float, s: RuntimeSettings
         return _fail(state, f"quorum {ev.quorum_id} tells rank {s.rank} to resume from the checkpoint of step "
                             f"{ev.checkpoint_step}, but it holds the state at step {state.step} already")
     new = _replace(state, phase=Phase.RESUMING, attempt=ev.attempt, deadline=INF, plan=None, quorum_id=ev.quorum_id,
-                   resume_to=resume_to)
+                   resume_to=resume_to, **_LANDED)
     return new, (StopServing(), LoadCheckpoint(resume_to))
 
 
@@ -254,7 +225,7 @@ def _loaded(state: RankState, ev: CheckpointLoaded, _now: float, s: RuntimeSetti
         return _fail(state, f"rank {s.rank} cannot resume from the checkpoint of step {state.resume_to - 1} that "
                             f"quorum {state.quorum_id} offered: {why}; exit so the replica is restarted")
     new = _replace(state, phase=Phase.IDLE, step=ev.step, ledger=ev.ledger, ledger_before=None, resume_to=-1,
-                   torn=False, inner=0)
+                   torn=False, inner=0, tokens=0, tokens_voted=0)
     return new, ()
 
 
@@ -263,7 +234,7 @@ def _refused(state: RankState, ev: PlanRefused, now: float, s: RuntimeSettings) 
         return state, ()
     state = _replace(state, attempt=ev.attempt)
     if ev.kind is Refusal.FINISHED:
-        return _replace(state, phase=Phase.ENDED, deadline=INF, reason=ev.reason), (Ended(ev.reason),)
+        return _replace(state, phase=Phase.ENDED, deadline=INF, reason=ev.reason, **_LANDED), (Ended(ev.reason),)
     if ev.kind is Refusal.FATAL:
         return _fail(state, ev.reason)
     return _retry(state, f"no plan: {ev.reason}", s)
@@ -285,10 +256,10 @@ def _reduced(state: RankState, ev: Reduced, _now: float, _s: RuntimeSettings) ->
 
 
 def _inner_end(state: RankState, ev: End, _now: float, s: RuntimeSettings) -> Result:
-    inner = state.inner + 1
+    inner, tau = state.inner + 1, s.overlap_steps
     effects: tuple[Effect, ...] = (InnerStep(state.step, state.inner),)
-    if inner == s.inner_steps_per_sync:
-        effects += (TakePseudoGradient(state.step, s.fragment_at(state.step)),)
+    if inner == s.inner_steps_per_sync - tau:
+        effects += (TakePseudoGradient(state.step, s.fragment_at(state.step), keep_local=tau > 0),)
     return _replace(state, phase=Phase.IDLE, inner=inner, loss=ev.loss, tokens=state.tokens + ev.tokens), effects
 
 
@@ -326,9 +297,59 @@ def _end(state: RankState, ev: End, now: float, s: RuntimeSettings) -> Result:
     return _vote(state, now, s)
 
 
-def _vote(state: RankState, now: float, s: RuntimeSettings) -> Result:
+def _vote(state: RankState, now: float, s: RuntimeSettings, ahead: bool = False) -> Result:
     vote = SendVote(state.attempt, not state.failure, state.failure, state.loss, state.tokens)
-    return _replace(state, phase=Phase.VOTING, deadline=now + s.decision_timeout_s), (vote,)
+    where = {"flight": Flight.VOTING} if ahead else {"phase": Phase.VOTING}
+    return _replace(state, deadline=now + s.decision_timeout_s, tokens_voted=state.tokens, **where), (vote,)
+
+
+# ---------------------------------------------------------------- a sync in flight (the overlap)
+
+
+def _ahead_plan(state: RankState, ev: PlanArrived, now: float, s: RuntimeSettings) -> Result:
+    """The plan of a sync in flight: start the reduce in the background, or vote no at once."""
+    if (other := _not_the_answer(state, ev.attempt, ev.step, "a plan", s)) is not None:
+        return other
+    plan = ev.plan
+    new = _replace(state, attempt=ev.attempt, deadline=INF, plan=plan, quorum_id=plan.quorum_id if plan else 0)
+    if plan is None or (not plan.behind and plan.step != state.step):
+        return _vote(_replace(new, failure=ev.error or "no plan" if plan is None else _wrong_step(plan, new, s)),
+                     now, s, ahead=True)
+    if plan.behind or plan.fetchers or len(plan.included) < len(plan.ftar_members):
+        # Nobody may fetch a moving state: every replica of the quorum sees the catch-up and
+        # defers it, staying out of the ring (no sum another replica could commit without it).
+        why = (f"quorum {plan.quorum_id} has a replica catching up ({len(plan.included)} of "
+               f"{len(plan.ftar_members)} members healthy): a catch-up needs a quiescent sync: retried at the due "
+               f"step")
+        return _vote(_replace(new, failure=why, deferred=True), now, s, ahead=True)
+    new = _replace(new, flight=Flight.REDUCING, background=True)
+    return new, (ConfigureRing(plan, serving=False), StartReduce(plan, s.fragment_at(plan.step)))
+
+
+def _ahead_reduced(state: RankState, ev: Reduced, now: float, s: RuntimeSettings) -> Result:
+    state, _ = _reduced(state, ev, now, s)
+    return _vote(state, now, s, ahead=True)
+
+
+def _ahead_decided(state: RankState, ev: DecisionArrived, now: float, s: RuntimeSettings) -> Result:
+    """A commit is held until the due step, so that every run applies it at the same inner step."""
+    if ev.attempt != state.attempt:
+        return state, ()
+    if not ev.commit:
+        return _retry(state, ev.reason, s)
+    if state.failure or state.plan is None:
+        return _fail(state, _COMMITTED_A_NO.format(attempt=ev.attempt, rank=s.rank))
+    return _replace(state, flight=Flight.COMMITTED, deadline=INF), ()
+
+
+def _due(state: RankState, now: float, s: RuntimeSettings) -> Result:
+    """Begin at inner = K with a sync in flight: apply a held commit, or wait for the rest of the
+    sync as a blocking one (its deadlines run on)."""
+    if state.flight is Flight.COMMITTED:
+        return _commit(state, s)
+    phase = {Flight.PLANNING: Phase.PLANNING, Flight.REDUCING: Phase.SYNCING, Flight.VOTING: Phase.VOTING}
+    new = _replace(state, phase=phase[state.flight], flight=Flight.NONE)
+    return new, (AwaitReduce(),) if state.flight is Flight.REDUCING else ()
 
 
 def _training_tick(state: RankState, _ev: Tick, now: float, s: RuntimeSettings) -> Result:
@@ -363,8 +384,7 @@ def _decided(state: RankState, ev: DecisionArrived, now: float, s: RuntimeSettin
     if not ev.commit:
         return _retry(state, ev.reason, s)
     if state.failure or state.plan is None:
-        return _fail(state, f"the coordinator committed attempt {ev.attempt} although rank {s.rank} voted no; "
-                            f"exit so the replica is restarted and catches up")
+        return _fail(state, _COMMITTED_A_NO.format(attempt=ev.attempt, rank=s.rank))
     return _commit(state, s)
 
 
@@ -393,6 +413,8 @@ def _commit(state: RankState, s: RuntimeSettings) -> Result:
     effects: list[Effect] = [StopServing(plan.fetchers, s.fetch_hold_timeout_s if plan.fetchers else 0.0)]
     if plan.behind:
         effects.append(AdoptFetched(plan.step))
+    if state.background:
+        effects.append(GatherReduced(s.fragment_at(plan.step)))
     effects += [ApplyOuterStep(plan, s.fragment_at(plan.step)) if s.semi_synchronous else ApplyStep(plan),
                 Concluded(outcome)]
     if plan.report_digest:
@@ -402,7 +424,7 @@ def _commit(state: RankState, s: RuntimeSettings) -> Result:
         effects.append(Checkpoint(next_step, plan.writes_checkpoint_state))
     new = _replace(state, phase=Phase.IDLE, step=next_step, ledger=before.advanced(plan.included, s.inner_steps_per_sync),
                    deadline=INF, fetch=Fetch.NONE, fetched_ledger=None, failures_in_a_row=0, last_failure="",
-                   torn=state.torn and not plan.behind, inner=0)
+                   torn=state.torn and not plan.behind, inner=0, **_LANDED)
     return new, tuple(effects)
 
 
@@ -412,14 +434,16 @@ def _retry(state: RankState, reason: str, s: RuntimeSettings) -> Result:
         effects.append(CancelFetch(reason))
     if state.phase in (Phase.TRAINING, Phase.SYNCING, Phase.VOTING):
         effects.append(DropGradients(reason))
+    elif state.background:
+        effects.append(DropReduce(reason))
     plan = state.plan
     before = state.ledger_before or state.ledger
     effects.append(Concluded(StepOutcome(
         False, plan.step if plan else state.step, state.quorum_id, state.attempt, bool(plan and plan.behind),
         plan.included if plan else (), dict(before.positions), reason, plan.lr_scale if plan else 1.0)))
-    failures = state.failures_in_a_row + 1
+    failures = state.failures_in_a_row + (0 if state.deferred else 1)  # a deferral is no failure
     new = _replace(state, phase=Phase.IDLE, deadline=INF, fetch=Fetch.NONE, fetched_ledger=None,
-                   failures_in_a_row=failures, last_failure=reason)
+                   failures_in_a_row=failures, last_failure=reason, **_LANDED)
     if failures > s.max_retries:
         message = (f"step {state.step} failed {failures} times in a row, more than max_retries={s.max_retries}; "
                    f"last failure: {reason}")
@@ -429,7 +453,8 @@ def _retry(state: RankState, reason: str, s: RuntimeSettings) -> Result:
 
 def _fail(state: RankState, message: str) -> Result:
     effects: tuple[Effect, ...] = (CancelFetch(message),) if state.fetch in _HELD else ()
-    return _replace(state, phase=Phase.FAILED, deadline=INF, fetch=Fetch.NONE, reason=message), (*effects, Fail(message))
+    new = _replace(state, phase=Phase.FAILED, deadline=INF, fetch=Fetch.NONE, reason=message, **_LANDED)
+    return new, (*effects, Fail(message))
 
 
 def _lost(state: RankState, ev: CoordinatorLost, _now: float, s: RuntimeSettings) -> Result:
@@ -443,8 +468,11 @@ def _close(state: RankState, ev: Close, now: float, s: RuntimeSettings) -> Resul
         effects.append(CancelFetch(ev.reason))
     if state.phase in (Phase.TRAINING, Phase.SYNCING):
         effects.append(DropGradients(ev.reason))
+    elif state.background:
+        effects.append(DropReduce(ev.reason))
     effects.append(SendClose(state.step, ev.reason))
-    new = _replace(state, phase=Phase.FINISHING, deadline=now + s.finish_timeout_s, fetch=Fetch.NONE, reason=ev.reason)
+    new = _replace(state, phase=Phase.FINISHING, deadline=now + s.finish_timeout_s, fetch=Fetch.NONE, reason=ev.reason,
+                   **_LANDED)
     return new, tuple(effects)
 
 
@@ -472,6 +500,10 @@ def _finishing_lost(state: RankState, ev: CoordinatorLost, _now: float, _s: Runt
     return _replace(state, phase=Phase.FINISHED, deadline=INF, reason=reason), (Closed(False, reason),)
 
 
+#: the flight's fields once an attempt ended (committed, retried, failed, closed)
+_LANDED = {"flight": Flight.NONE, "background": False, "deferred": False}
+_COMMITTED_A_NO = ("the coordinator committed attempt {attempt} although rank {rank} voted no; exit so the replica is "
+                   "restarted and catches up")
 _COMMIT_WITHOUT_VOTE = ("the coordinator committed attempt {attempt} before rank {rank} voted: the replica's ranks "
                         "disagree; exit so the replica is restarted and catches up")
 
@@ -524,4 +556,15 @@ _TABLE: dict[tuple[Phase, type], Handler] = {
     (P.FINISHED, Close): _nothing,
     (P.FAILED, Begin): _begin_again,
     (P.FAILED, Close): _close_failed,
+}
+F = Flight
+#: a sync in flight, between the overlap's inner steps (phase IDLE): its events before the phase's;
+#: what is not its own is handled as in the blocking phase it stands for (PLANNING, SYNCING, VOTING)
+_FLIGHT_TABLE: dict[tuple[Flight, type], Handler] = {
+    (F.PLANNING, PlanArrived): _ahead_plan,
+    **{(F.PLANNING, e): _TABLE[(P.PLANNING, e)] for e in (ResumeOrdered, PlanRefused, DecisionArrived, Tick)},
+    (F.REDUCING, Reduced): _ahead_reduced,
+    **{(F.REDUCING, e): _TABLE[(P.SYNCING, e)] for e in (PlanArrived, PlanRefused, DecisionArrived)},
+    (F.VOTING, DecisionArrived): _ahead_decided,
+    (F.VOTING, Tick): _TABLE[(P.VOTING, Tick)],
 }

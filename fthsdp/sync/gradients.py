@@ -51,6 +51,22 @@ class _Shard:
 
 
 @dataclass
+class CrossReduce:
+    """One cross-replica average under way: `start_across` → `finish_across` → `gather`.
+    `shard` (this rank's part of `work`) is what is averaged with the same rank of the other
+    contributors; `work` is `flat`, or a padded copy of it when the replica's ranks split it."""
+    plan: RankPlan | None
+    flat: torch.Tensor
+    work: torch.Tensor
+    shard: torch.Tensor
+    split: bool
+    wire: torch.Tensor | None = None
+    handle: AllReduceHandle | None = None
+    token: object = None
+    result: SyncResult | None = None
+
+
+@dataclass
 class _ShardStep:
     pending: list[_Shard] = field(default_factory=list)
     count: int = 0
@@ -149,7 +165,7 @@ class GradientSync:
         """Average `flat` (this rank's gradient, 1-D float) across the step's contributors, in place.
         `in_replica=False`: `flat` is equal on every rank of the replica already (a replicated
         model's pseudo-gradient): it is not averaged inside the replica, only split and gathered.
-        `wire_dtype`: the dtype this rank's shard crosses replicas in (see `_cross_replica_`)."""
+        `wire_dtype`: the dtype this rank's shard crosses replicas in (see `start_across`)."""
         if plan is not None and plan.behind:  # the whole replica is behind: every rank skips this
             flat.zero_()
         elif self.world_size > 1 and in_replica:  # without a plan too: the other ranks are in this all-reduce
@@ -157,54 +173,91 @@ class GradientSync:
             dist.all_reduce(flat, group=self.process_group)
             self.collectives.done(token)
             flat.div_(self.world_size)
-        padded = -(-flat.numel() // self.world_size) * self.world_size
-        work = flat if padded == flat.numel() else torch.cat([flat, flat.new_zeros(padded - flat.numel())])
-        shards = list(work.chunk(self.world_size))
-        shard = shards[self.rank]
-        result = self._cross_replica_(shard, plan, wire_dtype)
-        if self.world_size > 1:
-            gathered = [torch.empty_like(s) for s in shards]
-            token = self.collectives.join(Kind.ALL_GATHER, work.numel() * work.element_size())
-            dist.all_gather(gathered, shard.contiguous(), group=self.process_group)
-            self.collectives.done(token)
-            torch.cat(gathered, out=work)
-        if work is not flat:
-            flat.copy_(work[:flat.numel()])
+        pending = self.start_across(flat, plan, wire_dtype, split=True)
+        result = self.finish_across(pending)
+        self.gather(pending)
         return result
 
     def reduce_across_(self, flat: torch.Tensor, plan: RankPlan | None,
                        wire_dtype: torch.dtype | None = None) -> SyncResult:
         """Average this rank's own piece (a shard's pseudo-gradient) with the same rank of the
         other contributors only, in place (a behind replica contributes zeros)."""
+        return self.finish_across(self.start_across(flat, plan, wire_dtype))
+
+    def start_across(self, flat: torch.Tensor, plan: RankPlan | None, wire_dtype: torch.dtype | None = None, *,
+                     split: bool = False, own_buffer: bool = False) -> CrossReduce:
+        """Start averaging across replicas, with no collective inside the replica: all of `flat`
+        (this rank's own piece), or with `split` this rank's 1/world_size of it (`flat` is equal on
+        every rank of the replica; `gather` puts the pieces together). With a `wire_dtype` other
+        than the piece's, a copy in that dtype travels and is summed (bfloat16: half the bytes)
+        and the sum is cast back: every contributor gets the same bytes, so the result is equal
+        everywhere; the division happens after, in the piece's dtype. `own_buffer`: a copy
+        travels whatever the dtype, so an abandoned all-reduce never writes into `flat`. A behind
+        replica contributes zeros."""
         if plan is not None and plan.behind:
             flat.zero_()
-        return self._cross_replica_(flat, plan, wire_dtype)
-
-    def _cross_replica_(self, shard: torch.Tensor, plan: RankPlan | None,
-                        wire_dtype: torch.dtype | None = None) -> SyncResult:
-        """All-reduce `shard` over FTAR, then divide by the contributors. With a `wire_dtype` other
-        than the shard's, a copy in that dtype travels and is summed (bfloat16: half the bytes) and
-        the sum is cast back: every contributor gets the same bytes, so the result is equal
-        everywhere; the division happens after, in the shard's dtype."""
+        work = flat
+        if split:
+            padded = -(-flat.numel() // self.world_size) * self.world_size
+            work = flat if padded == flat.numel() else torch.cat([flat, flat.new_zeros(padded - flat.numel())])
+        shard = work.chunk(self.world_size)[self.rank] if split else work
+        pending = CrossReduce(plan, flat, work, shard, split)
         if plan is None:
-            return SyncResult(False, "no plan for this step")
-        if self._broken:
-            return SyncResult(False, self._broken)
-        wire = shard if wire_dtype in (None, shard.dtype) else shard.to(wire_dtype)
-        token = self.collectives.join_ftar(plan.quorum_id, len(plan.ftar_members), wire.numel() * wire.element_size())
+            pending.result = SyncResult(False, "no plan for this step")
+        elif self._broken:
+            pending.result = SyncResult(False, self._broken)
+        if pending.result is not None:
+            return pending
+        dtype = wire_dtype or shard.dtype
+        pending.wire = shard.to(dtype, copy=True) if own_buffer or dtype != shard.dtype else shard
+        pending.token = self.collectives.join_ftar(plan.quorum_id, len(plan.ftar_members),
+                                                   pending.wire.numel() * pending.wire.element_size())
         try:
-            self.endpoint.allreduce(wire).wait(self.timeout_s)
+            pending.handle = self.endpoint.allreduce(pending.wire)
+        except FatalError as exc:
+            self.collectives.done(pending.token)
+            raise _fatal(exc) from exc
+        return pending
+
+    def finish_across(self, pending: CrossReduce, wait: bool = True) -> SyncResult | None:
+        """The result of `start_across` (waited for at most timeout_s), divided by the
+        contributors into its piece; None while it still runs and not `wait`."""
+        if pending.result is not None:
+            return pending.result
+        assert pending.handle is not None and pending.wire is not None and pending.plan is not None
+        if not wait and not pending.handle.done():
+            return None
+        try:
+            pending.handle.wait(self.timeout_s)
         except RecoverableError as exc:
-            self._broken = f"FTAR all-reduce of step {plan.step} failed: {exc}"
-            return SyncResult(False, self._broken)
+            self._broken = f"FTAR all-reduce of step {pending.plan.step} failed: {exc}"
+            pending.result = SyncResult(False, self._broken)
+            return pending.result
         except FatalError as exc:
             raise _fatal(exc) from exc
         finally:
+            self.collectives.done(pending.token)
+        if pending.wire is not pending.shard:
+            pending.shard.copy_(pending.wire)
+        pending.shard.div_(pending.plan.divisor)
+        pending.result = SyncResult(True)
+        return pending.result
+
+    def gather(self, pending: CrossReduce) -> None:
+        """A split average: the replica's ranks all-gather their pieces into `flat` (every rank
+        of the replica, whatever its own piece's result, so the ranks stay in one order)."""
+        if not pending.split:
+            return
+        work = pending.work
+        if self.world_size > 1:
+            shards = list(work.chunk(self.world_size))
+            gathered = [torch.empty_like(s) for s in shards]
+            token = self.collectives.join(Kind.ALL_GATHER, work.numel() * work.element_size())
+            dist.all_gather(gathered, pending.shard.contiguous(), group=self.process_group)
             self.collectives.done(token)
-        if wire is not shard:
-            shard.copy_(wire)
-        shard.div_(plan.divisor)
-        return SyncResult(True)
+            torch.cat(gathered, out=work)
+        if work is not pending.flat:
+            pending.flat.copy_(work[:pending.flat.numel()])
 
 
 def _fatal(exc: FatalError) -> Fatal:

@@ -11,10 +11,14 @@ carries; this class only moves tensors:
     ...inner steps change the model to L (the script's inner optimizer)...
     take_pseudo_gradient(f)       pseudo_f = G_f - L_f (kept for every attempt of the sync); the
                                   fragment's model tensors go back to G_f, so the state served to
-                                  a catch-up is the global one there
+                                  a catch-up is the global one there (with an overlap they keep
+                                  training: keep_local)
     reduce(sync, plan, f)         average fragment f's pseudo-gradient over the sync's
                                   contributors (a behind replica adds zeros), into a work buffer;
                                   cast to sync_wire_dtype for the FTAR all-reduce, back after it
+    start_reduce(sync, plan, f)   the same in the background while the trainer trains on
+                                  (streaming_diloco's overlap): GradientSync.finish_across polls
+                                  it, GradientSync.gather completes it at the due step
     apply(lr_scale, f)            G_f := outer_step_f(G_f, average): SGD with outer_lr × lr_scale,
                                   outer_momentum, Nesterov (diloco, streaming), or G - average,
                                   i.e. the mean of the replicas' L (local_sgd); the fragment's
@@ -44,7 +48,7 @@ import torch
 from fthsdp.settings import RuntimeSettings
 from fthsdp.state.shards import local
 from fthsdp.step.plan import RankPlan
-from fthsdp.sync.gradients import GradientSync, SyncResult
+from fthsdp.sync.gradients import CrossReduce, GradientSync, SyncResult
 
 #: the outer optimizer's name among the registered state
 OUTER_STATE_NAME = "fthsdp.outer_optimizer"
@@ -91,6 +95,7 @@ class OuterSync:
         device = self._global[0].device if self._global else torch.device("cpu")
         self._pseudo = torch.zeros(offsets[-1], dtype=torch.float32, device=device)
         self._work = torch.zeros_like(self._pseudo)
+        self._pending: CrossReduce | None = None  # a reduce started in the background (start_reduce)
         self.optimizers = [self._outer_optimizer([self._global[i] for i in r]) for r in self.fragments]
 
     def _outer_optimizer(self, params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
@@ -151,14 +156,15 @@ class OuterSync:
             g.copy_(t)
 
     @torch.no_grad()
-    def take_pseudo_gradient(self, fragment: int = 0) -> None:
+    def take_pseudo_gradient(self, fragment: int = 0, keep_local: bool = False) -> None:
         locals_ = self._locals
         offset = self._slices[fragment].start
         for i in self.fragments[fragment]:
             g, t = self._global[i], locals_[i]
             n = t.numel()
             torch.sub(g.reshape(-1), t.reshape(-1).float(), out=self._pseudo[offset:offset + n])
-            t.copy_(g)
+            if not keep_local:
+                t.copy_(g)
             offset += n
 
     def reduce(self, sync: GradientSync, plan: RankPlan | None, fragment: int = 0) -> SyncResult:
@@ -166,12 +172,39 @@ class OuterSync:
         work buffer (the pseudo-gradient itself stays for a retry). Sharded: each rank's shard
         with the same rank of the other replicas; replicated: the ranks split the vector (equal
         on every rank of the replica: no average inside it)."""
-        part = self._slices[fragment]
-        work = self._work[part]
-        work.copy_(self._pseudo[part])
+        work = self._work_of(fragment)
         if self.sharded:
             return sync.reduce_across_(work, plan, self.wire_dtype)
         return sync.reduce_(work, plan, in_replica=False, wire_dtype=self.wire_dtype)
+
+    def start_reduce(self, sync: GradientSync, plan: RankPlan, fragment: int) -> SyncResult | None:
+        """`reduce` started in the background, with no collective inside the replica: a sharded
+        rank's own piece, or a replicated rank's 1/world_size of the vector (`gather` joins the
+        pieces at the commit). What travels is a copy, so an abandoned all-reduce never writes
+        into the work buffer a later attempt uses. Its result when it failed at once, else None."""
+        self._pending = sync.start_across(self._work_of(fragment), plan, self.wire_dtype, split=not self.sharded,
+                                          own_buffer=True)
+        return self._pending.result
+
+    def poll_reduce(self, sync: GradientSync, wait: bool) -> SyncResult | None:
+        """The started reduce's result: None while it runs (`wait`: at most the FTAR timeout)."""
+        assert self._pending is not None
+        return sync.finish_across(self._pending, wait)
+
+    def gather(self, sync: GradientSync) -> None:
+        """The commit of a started reduce: its pieces joined in the work buffer (`apply` reads it)."""
+        pending, self._pending = self._pending, None
+        assert pending is not None
+        sync.gather(pending)
+
+    def drop_reduce(self) -> None:
+        self._pending = None
+
+    def _work_of(self, fragment: int) -> torch.Tensor:
+        part = self._slices[fragment]
+        work = self._work[part]
+        work.copy_(self._pseudo[part])
+        return work
 
     @torch.no_grad()
     def apply(self, lr_scale: float, fragment: int = 0) -> None:
@@ -193,6 +226,13 @@ class OuterSync:
     def global_tensors(self) -> list[torch.Tensor]:
         """This rank's global copy (for checks: bitwise equal on every replica after a sync)."""
         return [g.detach() for g in self._global]
+
+    @torch.no_grad()
+    def load_global(self) -> None:
+        """The model takes the global copy, every fragment (streaming_diloco at close: what the
+        script saves afterwards is the global model, not the replica's own inner steps)."""
+        for g, t in zip(self._global, self._locals):
+            t.copy_(g)
 
 
 def scaled_step(optimizer: torch.optim.Optimizer, lr_scale: float) -> None:

@@ -41,6 +41,9 @@ def test_bench_semisync_prints_one_line_per_configuration_on_the_slowed_link():
     assert (streaming["mode"], streaming["sync_every"], streaming["sync_fragments"]) == ("streaming_diloco", 4, 2)
     assert streaming["replicas_agree"] and streaming["samples_per_replica"] == 32
     assert 0 < streaming["bytes_across_replicas_per_sample"] < 0.5 * sync["bytes_across_replicas_per_sample"]
+    # K = H / F = 2 inner steps per fragment sync: the runtime's default overlap of 1; the others block
+    assert (streaming["sync_overlap_steps"], diloco["sync_overlap_steps"], sync["sync_overlap_steps"]) == (1, 0, 0)
+    assert set(streaming["time_per_sync_s"]) == {"sync_s", "runtime_s", "compute_s"}
 
 
 @pytest.mark.parametrize("args, says", [

@@ -10,7 +10,9 @@ reads them):
 - "commit" per committed sync: included, positions_before, batches (H), behind, before (the
   global state the sync trained from, "" when it caught up), digest (the global state after it:
   parameters, outer optimizer, ledger; the inner optimizer is each replica's own);
-- "killed" right before a fault's SIGKILL, "stopped" where the whole-job kill waits.
+- "killed" right before a fault's SIGKILL (in_flight: streaming_diloco's overlapped sync was
+  under way), "stopped" where the whole-job kill waits.
+"allreduce_timeout_s" (default 10) also bounds each FTAR ring's connect.
 Faults (first incarnation only): {"kind": "sigkill_inner", "replica", "step", "inner"} SIGKILLs
 the process in that inner step of that sync, before its optimizer step; {"kind": "sigkill",
 "replica", "step"} once the FTAR all-reduce of that sync's pseudo-gradient started (mid-sync). With "stop_after": after
@@ -80,7 +82,8 @@ def main(cfg: dict) -> int:
     settings = RuntimeSettings.from_env(
         job_id=cfg.get("job_id", "t"), replica_id=cfg["replica_id"], rank=cfg["rank"], world_size=world,
         controller_address=cfg["controller"], coordinator_address=cfg["coordinator_address"], max_retries=4,
-        quorum_timeout_s=30.0, allreduce_timeout_s=10.0, gather_timeout_s=15.0, fetch_timeout_s=10.0,
+        quorum_timeout_s=30.0, allreduce_timeout_s=cfg.get("allreduce_timeout_s", 10.0), gather_timeout_s=15.0,
+        fetch_timeout_s=10.0,
         fetch_hold_timeout_s=5.0, heartbeat_interval_s=0.5, checkpoint_dir=cfg.get("checkpoint_dir", ""),
         checkpoint_every_steps=cfg.get("checkpoint_every", 0), digest_every_steps=1, ftar_chunk_bytes=64 << 10,
         sync_mode=cfg["sync_mode"], sync_every_steps=h)
@@ -105,7 +108,8 @@ def main(cfg: dict) -> int:
         return manager.plan is not None and ("allreduce", manager.plan.step) in holds
 
     seams = Seams(endpoint=lambda ep: HoldWhenAllreduceStarts(KillWhenAllreduceStarts(
-        ep, killing_now, lambda: write(event="killed", step=manager.plan.step, inner=h),
+        ep, killing_now, lambda: write(event="killed", step=manager.plan.step, inner=manager.inner,
+                                       in_flight=manager.sync_in_flight),
         lambda: os.kill(os.getpid(), signal.SIGKILL)),
         holding_sync, lambda: hold("allreduce", manager.plan.step, quorum_id=manager.plan.quorum_id)),
         controller=lambda c: HoldBeforeQuorum(c, lambda step: ("quorum", step) in holds,
@@ -130,7 +134,8 @@ def main(cfg: dict) -> int:
             sys.stdin.readline()
             raise SystemExit("the cluster should have killed this worker")
         if (step, inner) in kills:
-            write(event="killed", step=step, inner=inner, position=batches.last_position)
+            write(event="killed", step=step, inner=inner, position=batches.last_position,
+                  in_flight=manager.sync_in_flight)
             os.kill(os.getpid(), signal.SIGKILL)
         write(event="trained", step=step, position=batches.last_position, **served)
         ft_opt.zero_grad()

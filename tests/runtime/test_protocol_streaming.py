@@ -21,7 +21,9 @@ from tests.runtime.protocol_helpers import SETTINGS, Run, plan, state
 
 H, F = 4, 2
 K = H // F
-STREAM = dataclasses.replace(SETTINGS, sync_mode="streaming_diloco", sync_every_steps=H, sync_fragments=F).validate()
+# blocking fragment syncs (no overlap): tests/runtime/test_protocol_overlap.py has the overlapped ones
+STREAM = dataclasses.replace(SETTINGS, sync_mode="streaming_diloco", sync_every_steps=H, sync_fragments=F,
+                             sync_overlap_steps=0).validate()
 
 
 def sync(run: Run, commit: bool = True, **plan_fields) -> list:

@@ -1,9 +1,11 @@
 """Streaming DiLoCo and bf16 on the wire: two Managers in this process (threads) against a real
-controller, checked against a streaming outer step computed by hand, and through a replica lost
-between fragment syncs and rebuilt."""
+controller, checked against a streaming outer step computed by hand (blocking and overlapped
+fragment syncs), through a replica lost between fragment syncs and rebuilt, and for where an
+overlapped sync's all-reduce starts."""
 
 from __future__ import annotations
 
+import select
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
@@ -11,10 +13,12 @@ from typing import Callable
 import pytest
 import torch
 
-from fthsdp import FaultTolerantOptimizer, Manager, RuntimeSettings
+from fthsdp import FaultTolerantOptimizer, Manager, RuntimeSettings, Seams
+from fthsdp.demo.faults import Delegate
 from fthsdp.sync.outer import fragments_of
 from tests.runtime.test_semisync_in_process import LR, batch_at, controllers, inner  # noqa: F401 - a fixture
 from tests.trainer_secret import SECRET
+from tests.waiting import wait_until
 
 OUTER_LR, MU, H = 0.7, 0.9, 4
 
@@ -60,21 +64,26 @@ def train(ctl, replica: str, steps: int, fragments: int, between: Callable[[Mana
         if not between(manager):
             manager.abort()
             return {"positions": positions, "syncs": syncs, "lost": True, "start": start}
-    manager.close()
+    manager.close()  # the model takes the global copy of every fragment
     return {"positions": positions, "syncs": syncs, "ledger": dict(manager.ledger.positions), "start": start,
-            "global": manager.outer.global_tensors(), "wire_bytes": manager.outer.nbytes}
+            "global": manager.outer.global_tensors(), "wire_bytes": manager.outer.nbytes,
+            "model": [p.detach().clone() for p in model.parameters()]}
 
 
-def reference(steps: int, fragments: int, wire: torch.dtype = torch.float32) -> list[list[torch.Tensor]]:
-    """Streaming DiLoCo by hand, two replicas: the global parameters after each sync."""
+def reference(steps: int, fragments: int, wire: torch.dtype = torch.float32, tau: int = 0) -> list[list[torch.Tensor]]:
+    """Streaming DiLoCo by hand, two replicas: the global parameters after each sync. With an
+    overlap of tau inner steps the pseudo-gradient is taken tau steps before the sync is due;
+    the replicas train those steps on, and the synced fragment then takes the new global value."""
     g = [p.detach().clone() for p in build().parameters()]
     local = {r: [t.clone() for t in g] for r in ("0", "1")}
     momentum: list[torch.Tensor | None] = [None] * len(g)
     cut, k, after = fragments_of([t.numel() for t in g], fragments), H // fragments, []
     for step in range(steps):
-        local = {r: inner(local[r], r, step * k, k, build) for r in local}
+        local = {r: inner(local[r], r, step * k, k - tau, build) for r in local}
+        taken = {r: [t.clone() for t in local[r]] for r in local}
+        local = {r: inner(local[r], r, step * k + k - tau, tau, build) for r in local}
         for i in cut[(step + 1) % fragments]:
-            d0, d1 = (g[i] - local["0"][i]).to(wire), (g[i] - local["1"][i]).to(wire)
+            d0, d1 = (g[i] - taken["0"][i]).to(wire), (g[i] - taken["1"][i]).to(wire)
             delta = (d0 + d1).float() / 2  # FTAR sums in the wire dtype; the division is after
             momentum[i] = delta if momentum[i] is None else MU * momentum[i] + delta
             g[i] = g[i] - OUTER_LR * (delta + MU * momentum[i])  # Nesterov
@@ -89,11 +98,12 @@ def both(ctl, steps: int, fragments: int, **overrides) -> tuple[dict, dict]:
         return futures[0].result(timeout=120), futures[1].result(timeout=120)
 
 
-@pytest.mark.parametrize("fragments, wire", [(2, "float32"), (4, "float32"), (2, "bfloat16")])
+@pytest.mark.parametrize("fragments, wire, tau", [(2, "float32", 1), (4, "float32", 0), (2, "bfloat16", 0)])
 def test_streaming_replicas_are_bitwise_equal_after_every_fragment_sync_and_match_a_reference(controller, fragments,
-                                                                                            wire):
+                                                                                            wire, tau):
+    """tau = 1: each fragment's sync overlaps an inner step (sync_overlap_steps)."""
     steps, k = 2 * fragments, H // fragments  # every fragment synced twice
-    a, b = both(controller(fragments), steps, fragments, sync_wire_dtype=wire)
+    a, b = both(controller(fragments), steps, fragments, sync_wire_dtype=wire, sync_overlap_steps=tau)
     assert sorted(a["syncs"]) == sorted(b["syncs"]) == list(range(1, steps + 1))
     for step, (digest, tensors) in a["syncs"].items():
         assert b["syncs"][step][0] == digest  # the digest covers the global copy and the outer state
@@ -101,10 +111,12 @@ def test_streaming_replicas_are_bitwise_equal_after_every_fragment_sync_and_matc
     # exactly once: every inner step's batch, in order, and the ledger moved by k per sync
     assert a["positions"] == b["positions"] == list(range(steps * k))
     assert a["ledger"] == b["ledger"] == {"0": steps * k, "1": steps * k}
-    want = reference(steps, fragments, torch.bfloat16 if wire == "bfloat16" else torch.float32)
+    want = reference(steps, fragments, torch.bfloat16 if wire == "bfloat16" else torch.float32, tau)
     for step, (_, tensors) in a["syncs"].items():
         for got, expected in zip(tensors, want[step - 1]):
             torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
+    # after close() the model is the global model, every fragment (what the script saves)
+    assert all(torch.equal(m, g) for m, g in zip(a["model"], a["global"]))
     params = sum(t.numel() for t in a["global"])
     assert a["wire_bytes"] == params * (2 if wire == "bfloat16" else 4)  # bf16: half the bytes on the wire
 
@@ -169,3 +181,52 @@ def test_a_streaming_replica_resumes_from_its_checkpoint_at_its_place_in_the_sch
     cut = fragments_of([t.numel() for t in resumed], fragments)
     assert all(not torch.equal(resumed[i], after[i]) for i in cut[0])  # the due fragment moved
     assert all(torch.equal(resumed[i], after[i]) for i in cut[1])  # the other one waits for its turn
+
+
+def test_an_overlapped_sync_starts_its_all_reduce_between_inner_steps_before_it_is_due(controllers):
+    """H = 8, F = 2 (K = 4), tau = 2: the sync is prepared after inner step K - tau. Once its
+    begin went ahead, each replica waits (bounded) until its plan is readable before its next
+    inner step, so that begin_step feeds it: the FTAR all-reduce starts between inner steps,
+    before the sync's last overlap step trains, and the due step only finishes it. Every
+    all-reduce start is recorded through the endpoint with the rank's inner step and phase."""
+    h, fragments, tau, syncs = 8, 2, 2, 4
+    k = h // fragments
+    ctl = controllers("streaming_diloco", h, 5.0, fragments)
+
+    def run(replica: str) -> dict:
+        starts: list[tuple[int, int, str]] = []
+        manager: Manager | None = None
+
+        class Recording(Delegate):
+            def allreduce(self, tensor):
+                starts.append((manager.step, manager.inner, manager.phase.name))
+                return self._inner.allreduce(tensor)
+
+        model = build()
+        opt = torch.optim.SGD(model.parameters(), lr=LR)
+        settings = RuntimeSettings(job_id="t", replica_id=replica, controller_address=ctl.grpc, max_steps=syncs,
+                                   quorum_timeout_s=20.0, heartbeat_interval_s=0.5, job_secret=SECRET,
+                                   sync_mode="streaming_diloco", sync_every_steps=h, sync_fragments=fragments,
+                                   sync_overlap_steps=tau)
+        manager = Manager(model, opt, settings, seams=Seams(endpoint=Recording)).start()
+        ft, digests = FaultTolerantOptimizer(manager, opt), {}
+        for x, y in manager.batches(batch_at):
+            step = manager.step
+            ft.zero_grad()
+            torch.nn.functional.mse_loss(model(x), y).backward()
+            ft.step()
+            if manager.step != step:
+                digests[manager.step] = manager.digest()
+            elif manager.sync_in_flight and manager.plan is None:  # the begin went ahead; its plan is not in
+                wait_until(lambda: select.select([manager.client.fileno()], [], [], 0)[0], 30.0,
+                           f"replica {replica}'s plan for step {step}")
+        manager.close()
+        return {"starts": starts, "digests": digests}
+
+    with ThreadPoolExecutor(2) as pool:
+        a, b = [f.result(timeout=120) for f in [pool.submit(run, r) for r in ("0", "1")]]
+    assert a["digests"] == b["digests"] and sorted(a["digests"]) == list(range(1, syncs + 1))
+    for starts in (a["starts"], b["starts"]):
+        assert [s for s, _, _ in starts] == list(range(syncs))  # one all-reduce per sync, none retried
+        # between inner steps (IDLE), after the prepare point and before the due step
+        assert all(k - tau < inner < k and phase == "IDLE" for _, inner, phase in starts), starts
