@@ -287,11 +287,17 @@ def main(argv: list[str]) -> int:
               behind=o.behind, included=list(o.included), positions_before=o.positions_before, **counted,
               loss=sum(losses) / len(losses), lr_scale=o.lr_scale, reason=o.reason,
               before="" if o.behind else before, digest=manager.digest())
+    # streaming_diloco: between fragment syncs the model holds this replica's own inner steps;
+    # close() gives it the global copy of every fragment, the job's result, which is what is judged
+    streaming = settings.sync_mode == "streaming_diloco"
+    if streaming:
+        manager.close()
     test_loss, test_acc = w.evaluate()  # every rank: a sharded model's forward is collective
     write(event="done", step=manager.step, test_loss=test_loss, test_acc=test_acc, params=param_hash(model),
           digest=manager.digest())
     _write_atomic(records / f"{rid}-{rank}.done", str(manager.step))
-    manager.close()
+    if not streaming:
+        manager.close()
     out.close()
     if group is not None:
         dist.destroy_process_group()
