@@ -7,7 +7,9 @@ controller, a standby that is not the leader -- or DEADLINE_EXCEEDED moves on as
 named, else the next address, at once; a pause (doubling, capped) only after a whole pass
 without an answer, until the caller's deadline. Errors come out as the runtime's two
 kinds (fthsdp/errors.py): ControllerUnavailable (retry later) or ControllerRefused (give
-up), plus JobCompleted when a quorum is refused because the job is COMPLETED.
+up), plus JobCompleted when a quorum is refused because the job is COMPLETED. The Heartbeat
+stream keeps a channel and a rotation of its own, so it finds a new leader even while no call
+is made (a long step, the inner steps between semi-synchronous syncs).
 TLS comes from FTHSDP_TLS_* (see protos/dial.py), as for the agent that started us.
 Quorums and commit reports go to the leader's quorum port once an answer named it
 (fthsdp/step/quorum_port_client.py; one connection each), else on gRPC (one long-lived
@@ -98,6 +100,10 @@ class ControllerClient:
         self._sent_addresses: tuple[tuple[str, ...], tuple[str, ...]] | None = None
         self._stop = threading.Event()
         self._heartbeat_thread: threading.Thread | None = None
+        #: where the heartbeat stream goes now (its own failover: _heartbeat_loop), and how many
+        #: beats a leader answered
+        self.heartbeat_address = self.address
+        self.heartbeats_answered = 0
         #: the job state the controller last told us (heartbeat answers, finish reports)
         self.job_state = "RUNNING"
 
@@ -277,23 +283,49 @@ class ControllerClient:
             self._stop.wait(interval_s)
 
     def _heartbeat_loop(self, interval_s: float) -> None:
-        while not self._stop.is_set():
-            try:
-                for answer in self._stub.Heartbeat(self._beats(interval_s)):
-                    if answer.not_leader:
-                        break  # a standby: the next address may be the leader
-                    if answer.job_state:
-                        self.job_state = pb.JobState.Name(answer.job_state)
-                    if self.replica_id in answer.unknown_ids:
-                        # normal before its first join (every start): not worth a line
-                        log.debug("replica %s: controller does not know this replica yet", self.replica_id)
-            except grpc.RpcError as exc:
-                if not self._stop.is_set():
-                    log.info("replica %s: heartbeat stream broke (%s); reconnecting", self.replica_id,
-                             exc.code().name)
-            # Reconnect to whichever controller the last call found (calls fail over; the
-            # stream follows them, so it never closes a channel a call is using).
-            self._stop.wait(interval_s)
+        """The Heartbeat stream on a channel of its own, with its own failover: it starts where the
+        calls are and, when the stream breaks or a standby answers, moves on as AddressRotation
+        says (to the leader a standby named, else the next address). It never waits for a call
+        to fail over first: a replica that has nothing to ask (a long step, inner steps between
+        syncs) must still reach a new leader before its heartbeat times out there."""
+        rotation = AddressRotation(self._controllers, base_s=BACKOFF_BASE_S, cap_s=MAX_BACKOFF_S)
+        rotation.index = self._rotation.index
+        channel = None
+        try:
+            while not self._stop.is_set():
+                if channel is None:
+                    channel = sync_channel(rotation.current, self._tls)
+                    stub = controller_pb2_grpc.ControllerStub(channel)
+                    self.heartbeat_address = rotation.current
+                hint = ""
+                try:
+                    for answer in stub.Heartbeat(self._beats(interval_s)):
+                        if answer.not_leader:
+                            hint = answer.leader_address
+                            break  # a standby: the leader it names, else the next address
+                        rotation.succeeded()
+                        self.heartbeats_answered += 1
+                        if answer.job_state:
+                            self.job_state = pb.JobState.Name(answer.job_state)
+                        if self.replica_id in answer.unknown_ids:
+                            # normal before its first join (every start): not worth a line
+                            log.debug("replica %s: controller does not know this replica yet", self.replica_id)
+                except grpc.RpcError as exc:
+                    hint = leader_hint(exc)
+                    if not self._stop.is_set():
+                        log.info("replica %s: heartbeat stream to %s broke (%s); moving on", self.replica_id,
+                                 rotation.current, exc.code().name)
+                if self._stop.is_set():
+                    break
+                before = rotation.index
+                pause = rotation.failed(hint, jitter=random.random() * 0.5)
+                if rotation.index != before:
+                    channel.close()
+                    channel = None
+                self._stop.wait(pause)
+        finally:
+            if channel is not None:
+                channel.close()
 
     def close(self) -> None:
         self._stop.set()

@@ -8,6 +8,7 @@ import pytest
 from fthsdp.errors import ControllerRefused, ControllerUnavailable
 from fthsdp.step import coordination as co
 from fthsdp.step.controller_client import ControllerClient
+from tests.waiting import wait_until
 
 REQUEST = co.RequestQuorum(0, 0, ("127.0.0.1:1",), ("127.0.0.1:2",))
 
@@ -32,6 +33,22 @@ def test_quorum_fails_over_past_dead_controllers_to_a_live_one(controller):
         # the next call goes straight to the live one and the addresses are not sent again
         client.report_step(co.ReportStep(answer.quorum_id, 0, 0.1, 1.0, 8, "", False))
         assert client.address == controller.grpc
+    finally:
+        client.close()
+
+
+def test_heartbeats_fail_over_on_their_own_while_no_call_moves(controller):
+    """A replica with nothing to ask (a long step, inner steps between syncs) still reaches the
+    live controller: its heartbeat stream does not wait for a call to fail over first (before,
+    it followed only the calls' channel and beat at a dead leader until the new one declared
+    the replica dead)."""
+    dead = dead_address()
+    client = ControllerClient(f"{dead},{controller.grpc}", "cc", "r0", "inc-1")
+    try:
+        client.start_heartbeats(0.05)
+        wait_until(lambda: client.heartbeats_answered >= 2, 20, "the live controller to answer heartbeats")
+        assert client.heartbeat_address == controller.grpc
+        assert client.address == dead  # no call was made: the calls did not move
     finally:
         client.close()
 
