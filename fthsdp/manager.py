@@ -522,7 +522,7 @@ class Manager:
 
     def _drop_gradients(self, e: ev.DropGradients) -> None:
         if self.outer is not None:
-            self.outer.drop_reduce()
+            self.outer.drop_reduce(self.sync)
         self.optimizer.zero_grad(set_to_none=True)
         self.sync.mark_broken(e.reason)  # the next attempt rebuilds the ring
         if self.registry.rng is not None:

@@ -197,8 +197,12 @@ class OuterSync:
         assert pending is not None
         sync.gather(pending)
 
-    def drop_reduce(self) -> None:
-        self._pending = None
+    def drop_reduce(self, sync: GradientSync) -> None:
+        """Forget a started reduce (a retry or a close): one still running is closed in the
+        telemetry ring (its FTAR join is abandoned, not hung; the next ring cancels it)."""
+        pending, self._pending = self._pending, None
+        if pending is not None and pending.result is None:
+            sync.collectives.done(pending.token)
 
     def _work_of(self, fragment: int) -> torch.Tensor:
         part = self._slices[fragment]
