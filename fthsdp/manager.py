@@ -25,7 +25,6 @@ fthsdp/errors.py: recoverable ones become "no" votes; fatal ones are raised.
 
 from __future__ import annotations
 
-import collections
 import logging
 import threading
 import uuid
@@ -96,7 +95,7 @@ class Manager(ProtocolFeed):
         self._flat: torch.Tensor | None = None
         self._book = AddressBook()
         self._fetch: FetchJob | None = None
-        self._queue: collections.deque[ev.Event] = collections.deque()
+        self._init_feed()  # fthsdp/step/feeding.py
         self._source = snapshot.ServedState(model, optimizer, self.registry, self.settings.copy_state_to_serve,
                                             self.sharded)
         self._started = self._in_step = False
@@ -215,6 +214,7 @@ class Manager(ProtocolFeed):
         if self.sharded and self.outer is None:  # inner steps reduce inside the replica only
             fsdp.install_all_reduce_hooks(self.model, self._reduce_shard)
         self._started = True
+        self._start_waker()
         self._source.training_thread = threading.current_thread()
         log.info("replica %s rank %s started at step %s", s.replica_id, s.rank, self.step)
         return self
@@ -250,6 +250,7 @@ class Manager(ProtocolFeed):
 
     def _teardown(self) -> None:
         self._started = False
+        self._stop_waker()  # before the channel and the ring it uses close
         if self._fetch is not None:
             self._fetch.cancel(self.settings.fetch_timeout_s)
             self._fetch = None
@@ -491,6 +492,7 @@ class Manager(ProtocolFeed):
     def _require_started(self) -> None:
         if not self._started:
             raise RuntimeError("Manager.start() must be called before the first step (and not after close()).")
+        self._check_waker()
 
     def _require_phase(self, phase: Phase, what: str) -> None:
         self._require_started()

@@ -41,7 +41,7 @@ per replica by design (not digested); a catch-up takes its source's.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -190,6 +190,20 @@ class OuterSync:
         """The started reduce's result: None while it runs (`wait`: at most the FTAR timeout)."""
         assert self._pending is not None
         return sync.finish_across(self._pending, wait)
+
+    @property
+    def pending_reduce(self) -> CrossReduce | None:
+        """The reduce started in the background, until it is gathered or dropped."""
+        return self._pending
+
+    def wake_when_reduced(self, callback: Callable[[], None]) -> None:
+        """Call `callback()` once the started reduce ended (at once when it has, or never ran):
+        streaming_diloco's flight waker (fthsdp/step/flight_waker.py) waits on it."""
+        handle = self._pending.handle if self._pending is not None else None
+        if handle is None:
+            callback()
+        else:
+            handle.add_done_callback(callback)
 
     def gather(self, sync: GradientSync) -> None:
         """The commit of a started reduce: its pieces joined in the work buffer (`apply` reads it)."""
