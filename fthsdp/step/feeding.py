@@ -5,7 +5,10 @@ through `_feed`, which advances the pure protocol (fthsdp/step/protocol.py) and 
 effect it returns through the Manager's `_EFFECTS` table; `_wait_while` waits (bounded, one
 `_pump` at a time) for what can move a blocking step on -- a frame from the coordinator, the
 catch-up fetch, a deadline; `_drain` and `_drain_flight` feed what already arrived without
-waiting. Frames become events in fthsdp/step/frames.py.
+waiting. Frames become events in fthsdp/step/frames.py. In streaming_diloco with an overlap the
+flight waker (fthsdp/step/flight_waker.py) feeds a sync in flight through `_feed_flight` while
+the trainer computes; every feed and every read of the coordinator's frames, the trainer's and
+the waker's, holds `_lock`.
 """
 
 from __future__ import annotations
