@@ -1,6 +1,7 @@
 """streaming_diloco's flight waker in one replica (a Manager in this process against a real
 controller whose quorums close on their join timeout): a failure it reads while the trainer
-computes raises at the trainer's next call as the blocking path raises it, and close() and
+computes raises at the trainer's next call as the blocking path raises it, so does an error that
+ends the waker, and close() and
 abort() with a sync in flight leave no waker thread behind; without an overlap there is none."""
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import torch
 
 from fthsdp import FaultTolerantOptimizer, Manager, RuntimeSettings
 from fthsdp.errors import Fatal
+from fthsdp.step.protocol import ProtocolError
 from tests.runtime.test_semisync_in_process import LR, batch_at, build, controllers  # noqa: F401 - a fixture
 from tests.trainer_secret import SECRET
 from tests.waiting import wait_until
@@ -65,6 +67,23 @@ def test_a_coordinator_lost_while_the_trainer_computes_raises_at_its_next_call_a
     finally:
         manager.abort()
     assert not wakers()
+
+
+def test_an_effect_the_waker_may_not_run_ends_it_and_raises_at_the_trainers_next_call(controllers, monkeypatch):
+    """Were the table to ask the waker for an effect outside WAKER_EFFECTS (here the vote, taken
+    out of them), the waker raises, ends, and the trainer's next Manager call raises its error."""
+    from fthsdp.step import events as ev, feeding
+    monkeypatch.setattr(feeding, "WAKER_EFFECTS", (ev.ConfigureRing, ev.StartReduce))
+    ctl = controllers("streaming_diloco", H, 0.2, F)
+    manager, opt, model = start(ctl)
+    try:
+        ft, _, _ = to_flight(manager, opt, model)
+        wait_until(lambda: not wakers(), 30.0, "the waker to end on the vote it may not send")
+        with pytest.raises(ProtocolError, match=r"the flight waker may only move a sync in flight on, but Reduced "
+                                                r"in flight REDUCING asks for SendVote: a bug in the step protocol"):
+            ft.zero_grad()
+    finally:
+        manager.abort()
 
 
 @pytest.mark.parametrize("how", ["close", "abort"])
