@@ -65,10 +65,6 @@ class FlightWaker:
         self._thread.start()
         return self
 
-    @property
-    def alive(self) -> bool:
-        return self._thread.is_alive()
-
     def kick(self) -> None:
         """Look at the state again now (any thread; never blocks)."""
         with self._pipe_lock:
