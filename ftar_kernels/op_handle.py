@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
+from typing import Callable
 
 from .errors import FtarError, RecoverableError
 
@@ -30,9 +31,20 @@ class AllReduceHandle:
         self._done = threading.Event()
         self._stats: OpStats | None = None
         self._error: FtarError | None = None
+        self._lock = threading.Lock()
+        self._callbacks: list[Callable[[], None]] = []
 
     def done(self) -> bool:
         return self._done.is_set()
+
+    def add_done_callback(self, callback: Callable[[], None]) -> None:
+        """Call `callback()` once the operation ended (at once when it has): on the thread that
+        ends it, so it must be quick and must not raise (a waiter writes a byte to a wake pipe)."""
+        with self._lock:
+            if not self._done.is_set():
+                self._callbacks.append(callback)
+                return
+        callback()
 
     def wait(self, timeout_s: float | None = None) -> OpStats:
         """Block until the operation ends (at most timeout_s if given).
@@ -48,11 +60,18 @@ class AllReduceHandle:
 
     def _succeed(self, stats: OpStats) -> None:
         self._stats = stats
-        self._done.set()
+        self._end()
 
     def _fail(self, error: FtarError) -> None:
         self._error = error
-        self._done.set()
+        self._end()
+
+    def _end(self) -> None:
+        with self._lock:
+            self._done.set()
+            callbacks, self._callbacks = self._callbacks, []
+        for callback in callbacks:
+            callback()
 
     @classmethod
     def failed(cls, error: FtarError) -> "AllReduceHandle":

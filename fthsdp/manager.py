@@ -12,7 +12,8 @@ on the replica's own group per step of the protocol, and the end_step() of the l
 fragments every sync_every_steps / sync_fragments inner steps, overlapping sync_overlap_steps.
 
 fthsdp/wiring.py opens the parts; `_EFFECTS` (the end of this module) maps each effect type to
-its handler; fthsdp/step/frames.py turns frames into events. Every step decision is made by the pure protocol (fthsdp/step/protocol.py), and which rank
+its handler; fthsdp/step/feeding.py feeds the protocol and waits for frames (fthsdp/step/frames.py
+turns them into events). Every step decision is made by the pure protocol (fthsdp/step/protocol.py), and which rank
 reads and writes durable checkpoints by fthsdp/state/replica_checkpoints.py; this class feeds
 the protocol events -- what the training script called, what the coordinator said, what the catch-up
 fetch reported, time passing -- and executes the effects it returns, nothing else. Rank 0
@@ -24,10 +25,8 @@ fthsdp/errors.py: recoverable ones become "no" votes; fatal ones are raised.
 
 from __future__ import annotations
 
-import collections
 import logging
 import threading
-import time
 import uuid
 from typing import Any, Callable, Iterator, TypeVar
 
@@ -47,12 +46,13 @@ from fthsdp.state.fetch_job import FetchJob
 from fthsdp.state import snapshot
 from fthsdp.state.registry import StateRegistry, Stateful
 from fthsdp.state.serve import StateServer
-from fthsdp.step import events as ev, frames, messages as msg
+from fthsdp.step import events as ev, messages as msg
 from fthsdp.step.client import CoordinatorClient
 from fthsdp.step.controller_client import COMPLETED_PREFIX, CONFIGURATION_PREFIX
 from fthsdp.step.coordinator import CoordinatorService
+from fthsdp.step.feeding import ProtocolFeed
 from fthsdp.step.plan import AddressBook, RankPlan
-from fthsdp.step.protocol import INF, Flight, Phase, ProtocolError, advance, initial_state, next_deadline
+from fthsdp.step.protocol import Flight, Phase, ProtocolError, initial_state
 from fthsdp.sync import fsdp
 from fthsdp.sync.effects import OUTER_EFFECTS
 from fthsdp.sync.gradients import SyncResult, flatten_grads, unflatten_grads_
@@ -68,7 +68,7 @@ __all__ = ["Manager", "Seams", "StepOutcome"]
 StepOutcome = ev.StepOutcome
 
 
-class Manager:
+class Manager(ProtocolFeed):
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, settings: RuntimeSettings,
                  *, process_group: dist.ProcessGroup | None = None, pre_init: Callable[[], None] | None = None,
                  seams: Seams = Seams()) -> None:
@@ -95,7 +95,7 @@ class Manager:
         self._flat: torch.Tensor | None = None
         self._book = AddressBook()
         self._fetch: FetchJob | None = None
-        self._queue: collections.deque[ev.Event] = collections.deque()
+        self._init_feed()  # fthsdp/step/feeding.py
         self._source = snapshot.ServedState(model, optimizer, self.registry, self.settings.copy_state_to_serve,
                                             self.sharded)
         self._started = self._in_step = False
@@ -214,6 +214,7 @@ class Manager:
         if self.sharded and self.outer is None:  # inner steps reduce inside the replica only
             fsdp.install_all_reduce_hooks(self.model, self._reduce_shard)
         self._started = True
+        self._start_waker()
         self._source.training_thread = threading.current_thread()
         log.info("replica %s rank %s started at step %s", s.replica_id, s.rank, self.step)
         return self
@@ -249,6 +250,7 @@ class Manager:
 
     def _teardown(self) -> None:
         self._started = False
+        self._stop_waker()  # before the channel and the ring it uses close
         if self._fetch is not None:
             self._fetch.cancel(self.settings.fetch_timeout_s)
             self._fetch = None
@@ -358,82 +360,6 @@ class Manager:
             self._wait_while(Phase.PLANNING, Phase.SYNCING, Phase.VOTING)
         return self._state.phase is Phase.IDLE
 
-    # ------------------------------------------------------------------ feeding the protocol
-
-    def _feed(self, event: ev.Event) -> None:
-        """Advance the protocol by `event` and execute its effects; events the execution
-        produces (a lost channel) are fed after them, in order. A Fail effect raises."""
-        self._queue.append(event)
-        try:
-            while self._queue:
-                t0 = time.perf_counter()
-                self._state, effects = advance(self._state, self._queue.popleft(), time.monotonic())
-                self.protocol_s += time.perf_counter() - t0
-                self.protocol_events += 1
-                for effect in effects:
-                    if (follow := _EFFECTS[type(effect)](self, effect)) is not None:
-                        self._queue.append(follow)
-        except BaseException:
-            self._queue.clear()  # nothing left over for the next call
-            raise
-
-    def _wait_while(self, *phases: Phase) -> None:
-        while self._state.phase in phases:
-            self._pump()
-
-    def _pump(self) -> None:
-        """Wait for the next thing that can move the protocol: a frame, the fetch, a deadline."""
-        assert self.client is not None
-        deadline = next_deadline(self._state)
-        timeout = 1.0 if deadline == INF else max(0.0, deadline - time.monotonic())
-        fetch = self._fetch
-        try:
-            frame = self.client.receive(timeout, fetch.wake_fd if fetch is not None and not fetch.reported else None)
-        except ChannelError as exc:
-            return self._feed(ev.CoordinatorLost(str(exc)))
-        if frame is not None:
-            return self._feed(self._event_of(*frame))
-        if fetch is not None and fetch.done and not fetch.reported:
-            fetch.reported = True
-            return self._feed(fetch.event())
-        self._feed(ev.Tick())
-
-    def _drain(self) -> None:
-        """Feed whatever already arrived, without waiting."""
-        while self._state.phase is Phase.TRAINING and (frame := self._receive_now()) is not None:
-            self._feed(self._event_of(*frame))
-
-    def _receive_now(self) -> tuple | None:
-        """A frame that already arrived, or None (a lost channel is fed as CoordinatorLost)."""
-        assert self.client is not None
-        try:
-            return self.client.receive(0.0)
-        except ChannelError as exc:
-            self._feed(ev.CoordinatorLost(str(exc)))
-            return None
-
-    def _drain_flight(self) -> None:
-        """A sync in flight, between inner steps: feed what arrived and the reduce once it is
-        done, without waiting, then a Tick for its deadlines (never blocks the trainer)."""
-        def flying() -> bool:
-            return self._state.flight is not Flight.NONE and self._state.phase is Phase.IDLE
-        while flying() and (frame := self._receive_now()) is not None:
-            self._feed(self._event_of(*frame))
-        if flying() and self._state.flight is Flight.REDUCING:
-            if (result := self.outer.poll_reduce(self.sync, wait=False)) is not None:
-                self._feed(ev.Reduced(result.ok, result.reason))
-        if flying():
-            self._feed(ev.Tick())
-
-    def _event_of(self, kind: str, message) -> ev.Event:
-        """The frame's event (fthsdp/step/frames.py translates); the telemetry notes its arrival."""
-        event = frames.event_of(kind, message, self._book, self.settings)
-        if isinstance(event, ev.DecisionArrived):
-            self.collectives.decided()
-        elif (step := frames.planned_step(event)) is not None:
-            self.collectives.planned(step)
-        return event
-
     # ------------------------------------------------------------------ executing effects
 
     def _send(self, frame: rpb.RankFrame) -> None:
@@ -522,7 +448,7 @@ class Manager:
 
     def _drop_gradients(self, e: ev.DropGradients) -> None:
         if self.outer is not None:
-            self.outer.drop_reduce()
+            self.outer.drop_reduce(self.sync)
         self.optimizer.zero_grad(set_to_none=True)
         self.sync.mark_broken(e.reason)  # the next attempt rebuilds the ring
         if self.registry.rng is not None:
@@ -566,6 +492,7 @@ class Manager:
     def _require_started(self) -> None:
         if not self._started:
             raise RuntimeError("Manager.start() must be called before the first step (and not after close()).")
+        self._check_waker()
 
     def _require_phase(self, phase: Phase, what: str) -> None:
         self._require_started()
@@ -598,3 +525,4 @@ _EFFECTS: dict[type, Callable[[Manager, Any], ev.Event | None]] = {
                                      m.settings.rank, e.reason),
     ev.Fail: Manager._fail,
 }
+Manager._EFFECTS = _EFFECTS

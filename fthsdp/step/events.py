@@ -241,7 +241,7 @@ class ReducePseudoGradient:
 class StartReduce:
     """A sync in flight (streaming_diloco's overlap): start this rank's cross-replica part of the
     pseudo-gradient's average in the background -- no collective inside the replica -- and feed
-    Reduced once it is done (the Manager polls it between inner steps)."""
+    Reduced once it is done (the Manager's flight waker is woken by its end)."""
     plan: RankPlan
     fragment: int
 

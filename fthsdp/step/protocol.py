@@ -41,8 +41,12 @@ f(s) = (s + 1) mod F (settings.fragment_at): fragment f is due when the inner st
 
 Overlapped (streaming_diloco, tau = settings.overlap_steps >= 1): the sync is *prepared*
 tau inner steps before it is due and runs *in flight* (state.flight) while the trainer trains
-inner steps K - tau ... K - 1; between them (phase IDLE) `_FLIGHT_TABLE` takes the sync's events
-before the phase's table does:
+inner steps K - tau ... K - 1; between them (phase IDLE) and during them (INNER) `_FLIGHT_TABLE`
+takes the sync's events before the phase's table does. The Manager feeds them as they come, not
+only between inner steps: its flight waker (fthsdp/step/flight_waker.py) applies, while the
+trainer computes, the transitions that only move the flight on (plan -> ConfigureRing and
+StartReduce, Reduced -> SendVote, a commit held); one that ends the flight or leaves the phase
+(a retry, a refusal, a failure) it holds for the trainer's next call, which feeds it in IDLE:
 
     End (inner -> K - tau): InnerStep, TakePseudoGradient(f, keep_local: the fragment trains on)
     IDLE ── Begin (inner = K - tau): SendBegin (no ServeState: the state moves), BeginInner ──▶ INNER
@@ -109,7 +113,7 @@ Result = tuple[RankState, tuple[Effect, ...]]
 
 def advance(state: RankState, event: Event, now: float) -> Result:
     """The next state and the effects to execute, in order. Pure."""
-    handler = _FLIGHT_TABLE.get((state.flight, type(event))) if state.phase is Phase.IDLE else None
+    handler = _FLIGHT_TABLE.get((state.flight, type(event))) if state.phase in _FLIES else None
     handler = handler or _TABLE.get((state.phase, type(event)))
     if handler is None:
         if isinstance(event, FROM_COORDINATOR) or isinstance(event, Tick):
@@ -123,8 +127,8 @@ def next_deadline(state: RankState) -> float:
     """When a Tick can next change something (INF: only another event can)."""
     if state.phase in (Phase.TRAINING, Phase.SYNCING):
         return state.fetch_deadline if state.fetch is Fetch.RUNNING else INF
-    if state.phase is Phase.INNER:
-        return INF
+    if state.phase is Phase.INNER:  # a sync in flight keeps its deadlines
+        return state.deadline if state.flight is not Flight.NONE else INF
     return state.deadline
 
 
@@ -558,7 +562,9 @@ _TABLE: dict[tuple[Phase, type], Handler] = {
     (P.FAILED, Close): _close_failed,
 }
 F = Flight
-#: a sync in flight, between the overlap's inner steps (phase IDLE): its events before the phase's;
+#: the phases in which a sync in flight takes its events (between the overlap's inner steps, and during one)
+_FLIES = (Phase.IDLE, Phase.INNER)
+#: a sync in flight, between and during the overlap's inner steps: its events before the phase's;
 #: what is not its own is handled as in the blocking phase it stands for (PLANNING, SYNCING, VOTING)
 _FLIGHT_TABLE: dict[tuple[Flight, type], Handler] = {
     (F.PLANNING, PlanArrived): _ahead_plan,

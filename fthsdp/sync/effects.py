@@ -50,7 +50,7 @@ def _gather_reduced(m: Any, e: ev.GatherReduced) -> None:
 
 
 def _drop_reduce(m: Any, e: ev.DropReduce) -> None:
-    m.outer.drop_reduce()
+    m.outer.drop_reduce(m.sync)
     m.sync.mark_broken(e.reason)  # the next attempt rebuilds the ring, which cancels the old all-reduce
 
 

@@ -41,7 +41,7 @@ per replica by design (not digested); a catch-up takes its source's.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -191,14 +191,32 @@ class OuterSync:
         assert self._pending is not None
         return sync.finish_across(self._pending, wait)
 
+    @property
+    def pending_reduce(self) -> CrossReduce | None:
+        """The reduce started in the background, until it is gathered or dropped."""
+        return self._pending
+
+    def wake_when_reduced(self, callback: Callable[[], None]) -> None:
+        """Call `callback()` once the started reduce ended (at once when it has, or never ran):
+        streaming_diloco's flight waker (fthsdp/step/flight_waker.py) waits on it."""
+        handle = self._pending.handle if self._pending is not None else None
+        if handle is None:
+            callback()
+        else:
+            handle.add_done_callback(callback)
+
     def gather(self, sync: GradientSync) -> None:
         """The commit of a started reduce: its pieces joined in the work buffer (`apply` reads it)."""
         pending, self._pending = self._pending, None
         assert pending is not None
         sync.gather(pending)
 
-    def drop_reduce(self) -> None:
-        self._pending = None
+    def drop_reduce(self, sync: GradientSync) -> None:
+        """Forget a started reduce (a retry or a close): one still running is closed in the
+        telemetry ring (its FTAR join is abandoned, not hung; the next ring cancels it)."""
+        pending, self._pending = self._pending, None
+        if pending is not None and pending.result is None:
+            sync.collectives.done(pending.token)
 
     def _work_of(self, fragment: int) -> torch.Tensor:
         part = self._slices[fragment]

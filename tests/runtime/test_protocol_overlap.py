@@ -75,6 +75,27 @@ def test_the_plan_and_the_all_reduce_start_before_the_next_inner_step_and_the_tr
     assert next_deadline(run.state) == 100.0 + OVERLAP.decision_timeout_s
 
 
+def test_during_an_inner_step_the_flight_moves_on_and_the_phase_stays_inner():
+    """The flight waker feeds the sync's events while the trainer computes (phase INNER): the
+    plan starts the reduce, its end votes, the commit is held; the inner step then ends as usual.
+    A transition that would leave INNER (here a refusal's retry) is the Manager's to hold."""
+    run = in_flight()
+    assert next_deadline(run.state) == 100.0 + OVERLAP.plan_timeout_s  # during the inner step too
+    p = plan(3)
+    assert run(ev.PlanArrived(1, 3, p)) == (ev.ConfigureRing(p, serving=False), ev.StartReduce(p, 0))
+    assert (run.state.phase, run.state.flight) == (Phase.INNER, Flight.REDUCING)
+    assert run(ev.Reduced(True)) == (ev.SendVote(1, True, "", 0.5, 8 * (K - TAU)),)  # what the steps so far trained
+    assert (run.state.phase, run.state.flight) == (Phase.INNER, Flight.VOTING)
+    assert next_deadline(run.state) == 100.0 + OVERLAP.decision_timeout_s
+    assert run(ev.DecisionArrived(1, True, "")) == ()
+    assert (run.state.phase, run.state.flight) == (Phase.INNER, Flight.COMMITTED)
+    assert run(ev.End(0.5, 8)) == (ev.InnerStep(3, K - TAU),)
+    assert (run.state.phase, run.state.inner) == (Phase.IDLE, K - TAU + 1)
+    refused = in_flight()
+    refused(ev.PlanRefused(1, ev.Refusal.RETRY, "quorum not ready", 3))
+    assert refused.state.phase is Phase.IDLE and refused.state.flight is Flight.NONE
+
+
 def test_a_commit_in_flight_is_held_until_the_due_step_then_applied_with_the_overlap_counted_once():
     run = in_flight()
     run(ev.End(0.5, 8))

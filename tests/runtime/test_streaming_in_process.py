@@ -1,11 +1,10 @@
 """Streaming DiLoCo and bf16 on the wire: two Managers in this process (threads) against a real
 controller, checked against a streaming outer step computed by hand (blocking and overlapped
-fragment syncs), through a replica lost between fragment syncs and rebuilt, and for where an
-overlapped sync's all-reduce starts."""
+fragment syncs), through a replica lost between fragment syncs and rebuilt, and for who moves an
+overlapped sync while the trainer computes (the flight waker)."""
 
 from __future__ import annotations
 
-import select
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
@@ -15,6 +14,7 @@ import torch
 
 from fthsdp import FaultTolerantOptimizer, Manager, RuntimeSettings, Seams
 from fthsdp.demo.faults import Delegate
+from fthsdp.step.rank_state import Flight
 from fthsdp.sync.outer import fragments_of
 from tests.runtime.test_semisync_in_process import LR, batch_at, controllers, inner  # noqa: F401 - a fixture
 from tests.trainer_secret import SECRET
@@ -183,23 +183,23 @@ def test_a_streaming_replica_resumes_from_its_checkpoint_at_its_place_in_the_sch
     assert all(torch.equal(resumed[i], after[i]) for i in cut[1])  # the other one waits for its turn
 
 
-def test_an_overlapped_sync_starts_its_all_reduce_between_inner_steps_before_it_is_due(controllers):
-    """H = 8, F = 2 (K = 4), tau = 2: the sync is prepared after inner step K - tau. Once its
-    begin went ahead, each replica waits (bounded) until its plan is readable before its next
-    inner step, so that begin_step feeds it: the FTAR all-reduce starts between inner steps,
-    before the sync's last overlap step trains, and the due step only finishes it. Every
-    all-reduce start is recorded through the endpoint with the rank's inner step and phase."""
+def test_the_flight_waker_moves_an_overlapped_sync_while_the_trainer_computes_one_inner_step(controllers):
+    """H = 8, F = 2 (K = 4), tau = 2: the sync is prepared after inner step K - tau. Each replica's
+    trainer then stays inside that inner step (phase INNER, no Manager call) until its sync is
+    decided: the flight waker alone must take the plan, start the FTAR all-reduce, vote and hold
+    the commit. Every all-reduce start is recorded through the endpoint with the rank's step,
+    inner step, phase and thread; the due step applies the commit on the trainer thread."""
     h, fragments, tau, syncs = 8, 2, 2, 4
     k = h // fragments
     ctl = controllers("streaming_diloco", h, 5.0, fragments)
 
     def run(replica: str) -> dict:
-        starts: list[tuple[int, int, str]] = []
+        starts: list[tuple[int, int, str, str]] = []
         manager: Manager | None = None
 
         class Recording(Delegate):
             def allreduce(self, tensor):
-                starts.append((manager.step, manager.inner, manager.phase.name))
+                starts.append((manager.step, manager.inner, manager.phase.name, threading.current_thread().name))
                 return self._inner.allreduce(tensor)
 
         model = build()
@@ -209,24 +209,28 @@ def test_an_overlapped_sync_starts_its_all_reduce_between_inner_steps_before_it_
                                    sync_mode="streaming_diloco", sync_every_steps=h, sync_fragments=fragments,
                                    sync_overlap_steps=tau)
         manager = Manager(model, opt, settings, seams=Seams(endpoint=Recording)).start()
-        ft, digests = FaultTolerantOptimizer(manager, opt), {}
+        ft, digests, held = FaultTolerantOptimizer(manager, opt), {}, []
         for x, y in manager.batches(batch_at):
             step = manager.step
+            if manager.sync_in_flight and manager.inner == k - tau:  # the begin went ahead: compute "slowly"
+                wait_until(lambda: manager._state.flight is Flight.COMMITTED, 30.0,
+                           f"replica {replica}'s sync of step {step} decided while its trainer computes")
+                held.append((step, manager.phase.name))
             ft.zero_grad()
             torch.nn.functional.mse_loss(model(x), y).backward()
             ft.step()
             if manager.step != step:
                 digests[manager.step] = manager.digest()
-            elif manager.sync_in_flight and manager.plan is None:  # the begin went ahead; its plan is not in
-                wait_until(lambda: select.select([manager.client.fileno()], [], [], 0)[0], 30.0,
-                           f"replica {replica}'s plan for step {step}")
         manager.close()
-        return {"starts": starts, "digests": digests}
+        return {"starts": starts, "digests": digests, "held": held, "trainer": threading.current_thread().name}
 
     with ThreadPoolExecutor(2) as pool:
         a, b = [f.result(timeout=120) for f in [pool.submit(run, r) for r in ("0", "1")]]
     assert a["digests"] == b["digests"] and sorted(a["digests"]) == list(range(1, syncs + 1))
-    for starts in (a["starts"], b["starts"]):
-        assert [s for s, _, _ in starts] == list(range(syncs))  # one all-reduce per sync, none retried
-        # between inner steps (IDLE), after the prepare point and before the due step
-        assert all(k - tau < inner < k and phase == "IDLE" for _, inner, phase in starts), starts
+    for got in (a, b):
+        assert got["held"] == [(s, "INNER") for s in range(syncs)]  # every sync decided inside an inner step
+        assert [s for s, _, _, _ in got["starts"]] == list(range(syncs))  # one all-reduce per sync, none retried
+        # started by the waker during the inner step the trainer stayed in, never by the trainer
+        assert all(inner == k - tau and phase == "INNER" and thread.startswith("fthsdp-flight-waker")
+                   for _, inner, phase, thread in got["starts"]), got["starts"]
+    assert not [t for t in threading.enumerate() if t.name.startswith("fthsdp-flight-waker")]  # joined at close
