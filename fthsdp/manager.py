@@ -28,6 +28,7 @@ from __future__ import annotations
 import logging
 import threading
 import uuid
+from collections import deque
 from typing import Any, Callable, Iterator, TypeVar
 
 import torch
@@ -64,6 +65,8 @@ from protos import replica_pb2 as rpb
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+#: concluded attempts kept for take_outcomes() (a caller that never takes them keeps only these)
+CONCLUDED_KEPT = 1000
 __all__ = ["Manager", "Seams", "StepOutcome"]
 StepOutcome = ev.StepOutcome
 
@@ -78,6 +81,8 @@ class Manager(ProtocolFeed):
         self.registry = StateRegistry()
         self.incarnation = uuid.uuid4().hex[:12]
         self.last_outcome: StepOutcome | None = None
+        #: the attempts concluded since take_outcomes() last took them (the newest CONCLUDED_KEPT)
+        self._outcomes: deque[StepOutcome] = deque(maxlen=CONCLUDED_KEPT)
         #: whether this process committed a step; whether it resumed at max_steps (nothing to train)
         self._committed_any = self._resumed_at_end = False
         #: bytes of the last catch-up transfer this rank adopted (its shards only, when sharded)
@@ -156,6 +161,15 @@ class Manager(ProtocolFeed):
     @property
     def finished(self) -> bool:
         return self._state.phase in (Phase.ENDED, Phase.FINISHING, Phase.FINISHED)
+
+    def take_outcomes(self) -> list[StepOutcome]:
+        """Every attempt concluded since the last call, oldest first: each committed step or
+        sync, and each attempt that will be retried. A semi-synchronous sync may take several
+        attempts inside one end_step() (and an overlapped one may conclude during inner steps),
+        where `last_outcome` shows only the last. At most CONCLUDED_KEPT are kept between calls."""
+        taken = list(self._outcomes)
+        self._outcomes.clear()
+        return taken
 
     def register_state(self, name: str, obj: Stateful) -> None:
         """Make `obj` (anything with state_dict()/load_state_dict() that is the same on every
@@ -465,6 +479,7 @@ class Manager(ProtocolFeed):
 
     def _concluded(self, e: ev.Concluded) -> None:
         o = self.last_outcome = e.outcome
+        self._outcomes.append(o)
         self._committed_any = self._committed_any or o.committed
         s = self.settings
         if not o.committed:

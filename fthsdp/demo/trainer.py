@@ -12,7 +12,7 @@ of the state it trained from and of the state after it), "done" with the held-ou
 the state digest at the end. Semi-synchronous (FTHSDP_SYNC_MODE local_sgd, diloco or
 streaming_diloco, which the runtime reads from the environment: the loop is the same),
 "trained" comes per inner step (the sync it trains for, its position, its inner index) and
-"commit" per committed sync (with "batches": K, the inner steps a sync commits: H, or H / F
+"commit" per committed sync, after a "retry" for each of its attempts that failed (with "batches": K, the inner steps a sync commits: H, or H / F
 with streaming_diloco's F fragments; the mean loss of its inner steps, and the digests of the
 global state: the parameters, the outer optimizer and the ledger; the inner optimizer is each
 replica's own).
@@ -283,10 +283,14 @@ def main(argv: list[str]) -> int:
         if committed and len(o.included) == len(replicas):
             full_step = o.step
         counted = {"batches": k} if semi else {"position": position}
-        write(event="commit" if committed else "retry", began=began, step=o.step, quorum_id=o.quorum_id,
-              behind=o.behind, included=list(o.included), positions_before=o.positions_before, **counted,
-              loss=sum(losses) / len(losses), lr_scale=o.lr_scale, reason=o.reason,
-              before="" if o.behind else before, digest=manager.digest())
+        # a sync's attempts all concluded inside this end_step (an overlapped one's maybe during
+        # its inner steps): a "retry" row for each that failed, then the sync's row
+        attempts = manager.take_outcomes()
+        for a in attempts if semi and attempts else [o]:
+            write(event="commit" if a.committed else "retry", began=began, step=a.step, quorum_id=a.quorum_id,
+                  behind=a.behind, included=list(a.included), positions_before=a.positions_before, **counted,
+                  loss=sum(losses) / len(losses), lr_scale=a.lr_scale, reason=a.reason,
+                  before="" if a.behind else before, digest=manager.digest())
     # streaming_diloco: between fragment syncs the model holds this replica's own inner steps;
     # close() gives it the global copy of every fragment, the job's result, which is what is judged
     streaming = settings.sync_mode == "streaming_diloco"
