@@ -361,10 +361,11 @@ class RuntimeSettings:
         """tau: the inner steps a fragment's sync overlaps: sync_overlap_steps, or by default
         K - 1 in streaming_diloco (K = sync_every_steps / sync_fragments), 0 in other modes.
 
-        Why K - 1, the longest the schedule allows: the Manager feeds a sync's events only
-        between inner steps, so the plan is in at the end of inner step K - tau at the earliest
-        and the all-reduce overlaps at most tau - 1 inner steps (tau = 1 hides only the quorum).
-        Measured with bench.semisync (2 replicas, H = 8, F = 2, K = 4, a 50 MB/s veth link, a
+        Why K - 1, the longest the schedule allows: it was chosen when the Manager fed a sync's
+        events only between inner steps (the plan was in at the end of inner step K - tau at the
+        earliest, so the all-reduce overlapped at most tau - 1 inner steps). The flight waker
+        (fthsdp/step/flight_waker.py) now moves the sync inside inner steps too, so a smaller tau
+        may now hide as much; the default was not measured again since. Measured before it, with bench.semisync (2 replicas, H = 8, F = 2, K = 4, a 50 MB/s veth link, a
         2-core machine loaded by other work), streaming samples/s over DiLoCo's in the same run:
         0.53-0.91 at tau = 1 (4 runs), 0.77-0.95 at tau = 2 (4 runs), 0.83-1.33 at tau = 3 = K - 1
         (6 runs at 1-minute loads of 2 to 6, 1.09 and 1.12 once the look between inner steps
