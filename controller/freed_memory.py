@@ -6,12 +6,18 @@ over 20 volleys), yet its RSS climbed ~15 % over them: glibc keeps freed chunks 
 heaps and the gRPC threads' arenas, and returns pages to the OS only from the top of the
 main heap. `malloc_trim(0)` releases the free pages anywhere in every arena.
 
-`Trimmer` decides when (pure, the time and RSS passed in): when the RSS is `GROWTH_MIB` above
-its base, at most once per `INTERVAL_S`. The base is the lowest RSS seen, raised only by a trim
-that gave little back (under half of GROWTH_MIB: that memory is alive, the controller grew for
-real). So a trim in the middle of a volley (much given back, more still in use) is followed by
-another once the volley's buffers are freed; a controller that grows for real (more hosts)
-trims once per GROWTH_MIB of growth; an idle one never.
+`Trimmer` decides when (pure, the time and RSS passed in), at most once per `INTERVAL_S`:
+  * grown: the RSS is `GROWTH_MIB` above its base;
+  * freed: the RSS fell `GROWTH_MIB` below its highest since the last trim (free() gave some
+    pages back by itself, so more was freed, and glibc may keep the rest inside its heaps);
+  * follow-up: the last trim gave much back (at least half of GROWTH_MIB: it ran in the middle
+    of a volley, more is being freed), until one gives little back.
+The base is the lowest RSS seen, raised only by a trim that gave little back (that memory is
+alive, the controller grew for real). So a volley ends with a trim after its buffers are freed,
+even when a trim in its middle found its memory alive and raised the base (without the freed
+rule the base then followed the RSS down by itself and nothing was trimmed: issue 28 race 6,
+up to 84 against 70 MiB settled); a controller that grows for real (more hosts) trims once per
+GROWTH_MIB of growth; an idle one never.
 Without glibc (musl, macOS) there is nothing to call and nothing is done.
 """
 
@@ -37,22 +43,34 @@ _PAGE_MIB = os.sysconf("SC_PAGE_SIZE") / (1 << 20)
 class Trimmer:
     interval_s: float = INTERVAL_S
     growth_mib: float = GROWTH_MIB
-    #: the RSS after the last trim (None: not measured yet) and when it was
+    #: what is taken as alive (None: not measured yet)
     base_mib: float | None = None
+    #: the highest RSS since the last trim
+    high_mib: float = 0.0
     last_at: float = float("-inf")
+    #: the last trim gave much back: trim again after the interval
+    follow_up: bool = False
 
     def due(self, now: float, rss_mib: float) -> bool:
         """Trim now? The first call only measures."""
-        if self.base_mib is None or rss_mib < self.base_mib:
-            self.base_mib = rss_mib
+        if self.base_mib is None:
+            self.base_mib = self.high_mib = rss_mib
             return False
-        return now - self.last_at >= self.interval_s and rss_mib - self.base_mib >= self.growth_mib
+        self.base_mib = min(self.base_mib, rss_mib)
+        self.high_mib = max(self.high_mib, rss_mib)
+        if now - self.last_at < self.interval_s:
+            return False
+        grown = rss_mib - self.base_mib >= self.growth_mib
+        freed = self.high_mib - rss_mib >= self.growth_mib
+        return grown or freed or self.follow_up
 
     def trimmed(self, now: float, before_mib: float, after_mib: float) -> None:
-        if before_mib - after_mib < self.growth_mib / 2:
+        self.follow_up = before_mib - after_mib >= self.growth_mib / 2
+        if not self.follow_up:
             self.base_mib = after_mib  # little to give back: what is left is alive
         else:
             self.base_mib = min(self.base_mib if self.base_mib is not None else after_mib, after_mib)
+        self.high_mib = after_mib
         self.last_at = now
 
 

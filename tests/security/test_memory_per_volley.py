@@ -106,8 +106,9 @@ async def test_rss_after_20_volleys_is_within_10_percent_of_after_2():
             if n in (WARM, *LATE):
                 settled[n] = await settled_rss(ctl)
         # What grows with the volleys is in every late reading; one reading that settled on a
-        # heap the trimmer had not yet returned (seen once in ~9 full runs: 86 against 73 MiB,
-        # the per-volley samples swinging 73-106) is not in the other.
+        # heap the trimmer had not yet returned is not in the other. (The misses, 84 against 70
+        # MiB in both late readings, were freed memory the trimmer never trimmed: see the test
+        # below.)
         assert min(settled[n] for n in LATE) <= settled[WARM] * 1.10, (settled, samples)
         await legit.still_served(ctl.http)
     finally:
@@ -117,7 +118,7 @@ async def test_rss_after_20_volleys_is_within_10_percent_of_after_2():
 
 def test_the_trimmer_trims_on_growth_at_most_once_an_interval():
     """controller/freed_memory.py's rule, on a fake clock: GROWTH_MIB above the base, at most
-    every INTERVAL_S; a trim that gave much back keeps the base (more may follow once freed),
+    every INTERVAL_S; a trim that gave much back keeps the base and is followed by another,
     one that gave little back raises it (that memory is alive)."""
     t = Trimmer(interval_s=1.0, growth_mib=8.0)
     assert not t.due(0.0, 100.0)  # the first reading only measures
@@ -131,8 +132,35 @@ def test_the_trimmer_trims_on_growth_at_most_once_an_interval():
     assert t.due(7.0, 120.0)  # the volley's buffers freed: trimmed again
     t.trimmed(7.0, 120.0, 104.0)
     assert t.base_mib == 104.0  # the lowest seen
-    assert not t.due(60.0, 90.0) and t.base_mib == 90.0  # shrank by itself: the new base
-    assert not t.due(62.0, 97.9) and t.due(62.0, 98.0)
+    assert t.due(8.0, 104.0)  # that one gave much back too: once more
+    t.trimmed(8.0, 104.0, 103.5)
+    assert t.base_mib == 103.5 and not t.due(60.0, 103.5)  # little: nothing more to give
+    assert not t.due(61.0, 103.0) and t.base_mib == 103.0  # shrank a little by itself: the new base
+    assert not t.due(62.0, 110.9) and t.due(62.0, 111.0)
+
+
+def test_the_trimmer_trims_what_a_volley_freed_after_a_trim_found_it_alive():
+    """Why the RSS test missed (84 against 70 MiB settled, one full run in three under load),
+    from the controller's trim log over a loaded run: a trim in the middle of a volley gives little back (the
+    volley's buffers are alive), so the base is raised to them; once they are freed the RSS
+    falls by itself, and glibc keeps the rest of them in its heaps. That fall is a reason to
+    trim, not a new base; and a trim that gave much back is followed by another until one
+    gives little back, even below GROWTH_MIB above the base."""
+    t = Trimmer(interval_s=1.0, growth_mib=4.0)
+    t.due(0.0, 73.0)
+    assert t.due(1.0, 97.4)
+    t.trimmed(1.0, 97.4, 97.3)  # alive mid-volley: the base is raised
+    assert t.base_mib == 97.3
+    assert t.due(3.0, 84.0)  # the volley is over and its buffers freed: trim them
+    t.trimmed(3.0, 84.0, 74.0)
+    assert t.base_mib == 74.0
+    assert t.due(4.0, 76.0)  # 2 MiB above the base, but the last trim gave 10 back: follow it up
+    t.trimmed(4.0, 76.0, 73.5)
+    assert t.due(5.0, 73.5)  # 2.5 given back: once more
+    t.trimmed(5.0, 73.5, 73.4)
+    assert not t.due(6.0, 73.4) and not t.due(60.0, 75.0)  # little given back: quiet until grown or freed
+    assert not t.due(61.0, 73.0)  # 2 MiB less: under GROWTH_MIB of a fall
+    assert t.due(62.0, 70.9)  # 4.1 below the highest since the last trim: freed
 
 
 def pbg_stub(channel):
