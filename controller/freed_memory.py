@@ -4,7 +4,10 @@ A volley of refused calls (2 MiB strings, 9 MiB bodies, thousands of strangers' 
 nothing alive in the controller (issue 28, race 6: tracemalloc's live Python memory is flat
 over 20 volleys), yet its RSS climbed ~15 % over them: glibc keeps freed chunks inside its
 heaps and the gRPC threads' arenas, and returns pages to the OS only from the top of the
-main heap. `malloc_trim(0)` releases the free pages anywhere in every arena.
+main heap. `malloc_trim(0)` releases the free pages inside every arena, but not the free top
+of a thread's arena, which glibc trims only on free() past its trim threshold; left dynamic,
+that threshold rose to 18 MiB after the first refused 9 MiB body, so `fix_malloc_thresholds`
+fixes it when the controller starts.
 
 `Trimmer` decides when (pure, the time and RSS passed in), at most once per `INTERVAL_S`:
   * grown: the RSS is `GROWTH_MIB` above its base;
@@ -36,6 +39,8 @@ log = logging.getLogger("fthsdp.controller")
 
 INTERVAL_S = 1.0
 GROWTH_MIB = 4.0
+MMAP_THRESHOLD = 256 << 10  # bytes: blocks this big or bigger are mapped and unmapped on their own
+_M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter (malloc.h)
 _PAGE_MIB = os.sysconf("SC_PAGE_SIZE") / (1 << 20)
 
 
@@ -79,22 +84,46 @@ def rss_mib() -> float:
         return int(f.read().split()[1]) * _PAGE_MIB
 
 
-def malloc_trim() -> Callable[[], object] | None:
-    """glibc's malloc_trim(0), or None where there is none."""
+def _glibc():
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        trim = libc.malloc_trim
-    except (OSError, AttributeError):
+        return libc if hasattr(libc, "malloc_trim") and hasattr(libc, "mallopt") else None
+    except OSError:
         return None
+
+
+def malloc_trim() -> Callable[[], object] | None:
+    """glibc's malloc_trim(0), or None where there is none."""
+    libc = _glibc()
+    if libc is None:
+        return None
+    trim = libc.malloc_trim
     trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
     return lambda: trim(0)
 
 
+def fix_malloc_thresholds() -> bool:
+    """Fix glibc's mmap threshold at MMAP_THRESHOLD (False where there is no glibc).
+
+    Left dynamic, glibc raises it to the size of each mmapped block freed (up to 32 MiB) and
+    the trim threshold to twice that: after one refused 9 MiB body, the next big buffers come
+    from the heaps instead of mmap, and the free space at the top of a gRPC thread's arena (up
+    to 18 MiB) is never given back, by free() nor by malloc_trim(), which trims only the main
+    heap's top. Fixed, a big buffer is unmapped as it is freed, and each heap's top is trimmed
+    past 128 KiB (glibc's default trim threshold, no longer raised)."""
+    libc = _glibc()
+    if libc is None:
+        return False
+    libc.mallopt.argtypes, libc.mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    return bool(libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD))
+
+
 async def trim_freed_memory(trimmer: Trimmer | None = None, clock=time.monotonic) -> None:
-    """Run for the process's life: trim when `trimmer` says so."""
+    """Run for the process's life: fix glibc's thresholds, then trim when `trimmer` says so."""
     trim = malloc_trim()
     if trim is None or not os.path.exists("/proc/self/statm"):
         return
+    fix_malloc_thresholds()
     trimmer = trimmer or Trimmer()
     while True:
         await asyncio.sleep(trimmer.interval_s)  # a pace: nothing to wait for
@@ -106,4 +135,4 @@ async def trim_freed_memory(trimmer: Trimmer | None = None, clock=time.monotonic
             log.debug("malloc_trim: RSS %.1f -> %.1f MiB", rss, after)
 
 
-__all__ = ["Trimmer", "malloc_trim", "rss_mib", "trim_freed_memory"]
+__all__ = ["MMAP_THRESHOLD", "Trimmer", "fix_malloc_thresholds", "malloc_trim", "rss_mib", "trim_freed_memory"]
