@@ -14,9 +14,11 @@ fixes it when the controller starts.
   * freed: the RSS fell `GROWTH_MIB` below its highest since the last trim (free() gave some
     pages back by itself, so more was freed, and glibc may keep the rest inside its heaps);
   * follow-up: the last trim gave much back (at least half of GROWTH_MIB: it ran in the middle
-    of a volley, more is being freed), until one gives little back.
+    of a volley, more is being freed), until one gives little back; or it gave little back but
+    left the RSS GROWTH_MIB above the base (it may have run during a volley's last calls, freed
+    a moment later without the RSS moving): once, to confirm.
 The base is the lowest RSS seen, raised only by a trim that gave little back (that memory is
-alive, the controller grew for real). So a volley ends with a trim after its buffers are freed,
+alive, the controller grew for real), twice in a row when that is GROWTH_MIB above it. So a volley ends with a trim after its buffers are freed,
 even when a trim in its middle found its memory alive and raised the base (without the freed
 rule the base then followed the RSS down by itself and nothing was trimmed: issue 28 race 6,
 up to 84 against 70 MiB settled); a controller that grows for real (more hosts) trims once per
@@ -53,8 +55,9 @@ class Trimmer:
     #: the highest RSS since the last trim
     high_mib: float = 0.0
     last_at: float = float("-inf")
-    #: the last trim gave much back: trim again after the interval
+    #: the last trim gave much back, or little far above the base: trim again after the interval
     follow_up: bool = False
+    doubting: bool = False
 
     def due(self, now: float, rss_mib: float) -> bool:
         """Trim now? The first call only measures."""
@@ -70,11 +73,16 @@ class Trimmer:
         return grown or freed or self.follow_up
 
     def trimmed(self, now: float, before_mib: float, after_mib: float) -> None:
-        self.follow_up = before_mib - after_mib >= self.growth_mib / 2
-        if not self.follow_up:
-            self.base_mib = after_mib  # little to give back: what is left is alive
+        base = self.base_mib if self.base_mib is not None else after_mib
+        much = before_mib - after_mib >= self.growth_mib / 2
+        # Little given back, GROWTH_MIB above the base: alive now, but maybe only the last calls
+        # of a volley; believed once a second trim agrees.
+        doubt = not much and after_mib - base >= self.growth_mib and not self.doubting
+        self.follow_up, self.doubting = much or doubt, doubt
+        if much or doubt:
+            self.base_mib = min(base, after_mib)
         else:
-            self.base_mib = min(self.base_mib if self.base_mib is not None else after_mib, after_mib)
+            self.base_mib = after_mib  # little to give back: what is left is alive
         self.high_mib = after_mib
         self.last_at = now
 

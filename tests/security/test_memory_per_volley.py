@@ -156,8 +156,10 @@ def test_the_trimmer_trims_what_a_volley_freed_after_a_trim_found_it_alive():
     t = Trimmer(interval_s=1.0, growth_mib=4.0)
     t.due(0.0, 73.0)
     assert t.due(1.0, 97.4)
-    t.trimmed(1.0, 97.4, 97.3)  # alive mid-volley: the base is raised
-    assert t.base_mib == 97.3
+    t.trimmed(1.0, 97.4, 97.3)  # little given back, far above the base: doubted, tried again
+    assert t.base_mib == 73.0 and t.due(2.0, 97.3)
+    t.trimmed(2.0, 97.3, 97.2)  # alive mid-volley: the base is raised
+    assert t.base_mib == 97.2
     assert t.due(3.0, 84.0)  # the volley is over and its buffers freed: trim them
     t.trimmed(3.0, 84.0, 74.0)
     assert t.base_mib == 74.0
@@ -168,6 +170,12 @@ def test_the_trimmer_trims_what_a_volley_freed_after_a_trim_found_it_alive():
     assert not t.due(6.0, 73.4) and not t.due(60.0, 75.0)  # little given back: quiet until grown or freed
     assert not t.due(61.0, 73.0)  # 2 MiB less: under GROWTH_MIB of a fall
     assert t.due(62.0, 70.9)  # 4.1 below the highest since the last trim: freed
+    # A trim during a volley's last calls (seen after volley 20: 83.8 -> 82.8 on a base of 72),
+    # which are freed a moment later with the RSS at 81.3: not believed alive until tried again.
+    t.trimmed(62.0, 70.9, 70.9)
+    assert t.due(63.0, 83.8)
+    t.trimmed(63.0, 83.8, 82.8)
+    assert t.base_mib == 70.9 and t.due(64.0, 81.3)
 
 
 #: A fresh process (glibc's thresholds are the process's): a thread (a gRPC thread has its own
