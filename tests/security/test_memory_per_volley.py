@@ -8,12 +8,18 @@ warm the allocator, gRPC's buffers and the caches up to their bounds). Both are 
 RSS has settled (a refused volley's buffers are freed, and controller/freed_memory.py trims
 what the allocator kept, within a second or two). Without the trim, the RSS after 20 volleys
 was 15-17 % above the RSS after 2 with nothing alive in Python (tracemalloc): glibc's heaps kept
-the freed pages."""
+the freed pages. Under load it still missed one full run in three (84 against 70 MiB): a trim
+in the middle of a volley raised the trimmer's base and the freed volley was never trimmed, and
+glibc's dynamic thresholds kept up to 18 MiB at the top of gRPC threads' arenas, out of
+malloc_trim's reach (both tested below)."""
 
 from __future__ import annotations
 
 import asyncio
 import itertools
+import os
+import subprocess
+import sys
 
 import grpc
 import pytest
@@ -31,6 +37,7 @@ NAMES = 300  # fresh claimed ids per kind of call, per volley
 NOT_A_MESSAGE = b"\x0a\xff\xff"
 OTHER = job_secret.parse(job_secret.generate(), "the stranger's guess")
 _fresh = itertools.count()
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _identity(data: bytes) -> bytes:
@@ -106,8 +113,9 @@ async def test_rss_after_20_volleys_is_within_10_percent_of_after_2():
             if n in (WARM, *LATE):
                 settled[n] = await settled_rss(ctl)
         # What grows with the volleys is in every late reading; one reading that settled on a
-        # heap the trimmer had not yet returned (seen once in ~9 full runs: 86 against 73 MiB,
-        # the per-volley samples swinging 73-106) is not in the other.
+        # heap the trimmer had not yet returned is not in the other. (The misses, 84 against 70
+        # MiB in both late readings, were freed memory the trimmer never trimmed: see the test
+        # below.)
         assert min(settled[n] for n in LATE) <= settled[WARM] * 1.10, (settled, samples)
         await legit.still_served(ctl.http)
     finally:
@@ -117,7 +125,7 @@ async def test_rss_after_20_volleys_is_within_10_percent_of_after_2():
 
 def test_the_trimmer_trims_on_growth_at_most_once_an_interval():
     """controller/freed_memory.py's rule, on a fake clock: GROWTH_MIB above the base, at most
-    every INTERVAL_S; a trim that gave much back keeps the base (more may follow once freed),
+    every INTERVAL_S; a trim that gave much back keeps the base and is followed by another,
     one that gave little back raises it (that memory is alive)."""
     t = Trimmer(interval_s=1.0, growth_mib=8.0)
     assert not t.due(0.0, 100.0)  # the first reading only measures
@@ -131,8 +139,82 @@ def test_the_trimmer_trims_on_growth_at_most_once_an_interval():
     assert t.due(7.0, 120.0)  # the volley's buffers freed: trimmed again
     t.trimmed(7.0, 120.0, 104.0)
     assert t.base_mib == 104.0  # the lowest seen
-    assert not t.due(60.0, 90.0) and t.base_mib == 90.0  # shrank by itself: the new base
-    assert not t.due(62.0, 97.9) and t.due(62.0, 98.0)
+    assert t.due(8.0, 104.0)  # that one gave much back too: once more
+    t.trimmed(8.0, 104.0, 103.5)
+    assert t.base_mib == 103.5 and not t.due(60.0, 103.5)  # little: nothing more to give
+    assert not t.due(61.0, 103.0) and t.base_mib == 103.0  # shrank a little by itself: the new base
+    assert not t.due(62.0, 110.9) and t.due(62.0, 111.0)
+
+
+def test_the_trimmer_trims_what_a_volley_freed_after_a_trim_found_it_alive():
+    """Why the RSS test missed (84 against 70 MiB settled, one full run in three under load),
+    from the controller's trim log over a loaded run: a trim in the middle of a volley gives little back (the
+    volley's buffers are alive), so the base is raised to them; once they are freed the RSS
+    falls by itself, and glibc keeps the rest of them in its heaps. That fall is a reason to
+    trim, not a new base; and a trim that gave much back is followed by another until one
+    gives little back, even below GROWTH_MIB above the base."""
+    t = Trimmer(interval_s=1.0, growth_mib=4.0)
+    t.due(0.0, 73.0)
+    assert t.due(1.0, 97.4)
+    t.trimmed(1.0, 97.4, 97.3)  # little given back, far above the base: doubted, tried again
+    assert t.base_mib == 73.0 and t.due(2.0, 97.3)
+    t.trimmed(2.0, 97.3, 97.2)  # alive mid-volley: the base is raised
+    assert t.base_mib == 97.2
+    assert t.due(3.0, 84.0)  # the volley is over and its buffers freed: trim them
+    t.trimmed(3.0, 84.0, 74.0)
+    assert t.base_mib == 74.0
+    assert t.due(4.0, 76.0)  # 2 MiB above the base, but the last trim gave 10 back: follow it up
+    t.trimmed(4.0, 76.0, 73.5)
+    assert t.due(5.0, 73.5)  # 2.5 given back: once more
+    t.trimmed(5.0, 73.5, 73.4)
+    assert not t.due(6.0, 73.4) and not t.due(60.0, 75.0)  # little given back: quiet until grown or freed
+    assert not t.due(61.0, 73.0)  # 2 MiB less: under GROWTH_MIB of a fall
+    assert t.due(62.0, 70.9)  # 4.1 below the highest since the last trim: freed
+    # A trim during a volley's last calls (seen after volley 20: 83.8 -> 82.8 on a base of 72),
+    # which are freed a moment later with the RSS at 81.3: not believed alive until tried again.
+    t.trimmed(62.0, 70.9, 70.9)
+    assert t.due(63.0, 83.8)
+    t.trimmed(63.0, 83.8, 82.8)
+    assert t.base_mib == 70.9 and t.due(64.0, 81.3)
+
+
+#: A fresh process (glibc's thresholds are the process's): a thread (a gRPC thread has its own
+#: arena) allocates, touches and frees a 9 MiB block twice, as a controller refusing two 9 MiB
+#: bodies does; prints how much more the RSS is once malloc_trim(0) has run.
+_BIG_BLOCK_PROBE = """
+import ctypes, sys, threading
+from controller.freed_memory import fix_malloc_thresholds, malloc_trim, rss_mib
+if sys.argv[1] == "fixed":
+    assert fix_malloc_thresholds()
+libc = ctypes.CDLL("libc.so.6")
+libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+libc.free.argtypes = [ctypes.c_void_p]
+N = 9 << 20
+def body():  # a gRPC thread: its own arena
+    for _ in range(2):  # the first raises glibc's thresholds; the second comes from the arena
+        small = libc.malloc(64)  # the arena exists before the big block
+        p = libc.malloc(N)
+        ctypes.memset(p, 1, N)
+        libc.free(p)
+        libc.free(small)
+t = threading.Thread(target=body); base = rss_mib(); t.start(); t.join()
+malloc_trim()()
+print(round(rss_mib() - base, 1))
+"""
+
+
+@pytest.mark.parametrize("thresholds, kept_mib", [("dynamic", (8.0, 10.0)), ("fixed", (-1.0, 1.0))])
+def test_a_freed_big_block_leaves_a_threads_arena_once_the_thresholds_are_fixed(thresholds, kept_mib):
+    """Why the late readings stayed ~8 MiB up even after trims that gave nothing more back: left
+    dynamic, glibc raised its mmap threshold to the first freed 9 MiB block and its trim threshold
+    to 18 MiB, so the second block came from the thread's arena and its top stayed resident;
+    malloc_trim(0) does not trim a thread arena's top. controller/freed_memory.py fixes the
+    thresholds (fix_malloc_thresholds) when the controller starts."""
+    out = subprocess.run([sys.executable, "-c", _BIG_BLOCK_PROBE, thresholds], capture_output=True, text=True,
+                         timeout=60, cwd=ROOT, env={**os.environ, "PYTHONPATH": ROOT})
+    assert out.returncode == 0, out.stderr
+    low, high = kept_mib
+    assert low <= float(out.stdout) <= high, (thresholds, out.stdout)
 
 
 def pbg_stub(channel):
