@@ -47,6 +47,11 @@ class ProtocolFeed:
     _queue: collections.deque[ev.Event]
     _book: AddressBook
 
+    @property
+    def rank_state(self) -> RankState:
+        """The step protocol's state now (frozen: a snapshot; only feeding changes it)."""
+        return self._state
+
     def _init_feed(self) -> None:
         self._queue = collections.deque()
         #: one feeder at a time: the trainer thread, or the flight waker (never while waiting or computing)

@@ -101,7 +101,7 @@ class FlightWaker:
     def _wait(self) -> None:
         """Until something can move the sync in flight, or _POLL_S; never with the lock."""
         m = self._m
-        state, client = m._state, m.client
+        state, client = m.rank_state, m.client
         fds, timeout = [self._read], _POLL_S
         if (state.flight in _MOVABLE and state.phase in (Phase.IDLE, Phase.INNER) and not m._held
                 and client is not None):

@@ -213,7 +213,7 @@ def test_the_flight_waker_moves_an_overlapped_sync_while_the_trainer_computes_on
         for x, y in manager.batches(batch_at):
             step = manager.step
             if manager.sync_in_flight and manager.inner == k - tau:  # the begin went ahead: compute "slowly"
-                wait_until(lambda: manager._state.flight is Flight.COMMITTED, 30.0,
+                wait_until(lambda: manager.rank_state.flight is Flight.COMMITTED, 30.0,
                            f"replica {replica}'s sync of step {step} decided while its trainer computes")
                 held.append((step, manager.phase.name))
             ft.zero_grad()
