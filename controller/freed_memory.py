@@ -18,11 +18,12 @@ fixes it when the controller starts.
     left the RSS GROWTH_MIB above the base (it may have run during a volley's last calls, freed
     a moment later without the RSS moving): once, to confirm.
 The base is the lowest RSS seen, raised only by a trim that gave little back (that memory is
-alive, the controller grew for real), twice in a row when that is GROWTH_MIB above it. So a volley ends with a trim after its buffers are freed,
-even when a trim in its middle found its memory alive and raised the base (without the freed
-rule the base then followed the RSS down by itself and nothing was trimmed: issue 28 race 6,
-up to 84 against 70 MiB settled); a controller that grows for real (more hosts) trims once per
-GROWTH_MIB of growth; an idle one never.
+alive, the controller grew for real), twice in a row when that is GROWTH_MIB above it. So a
+volley ends with a trim after its buffers are freed, even when a trim in its middle found its
+memory alive and raised the base (without the freed rule the base then followed the RSS down
+by itself and nothing was trimmed: issue 28 race 6, up to 84 against 70 MiB settled); a
+controller that grows for real (more hosts) trims once per GROWTH_MIB of growth; an idle one
+never.
 Without glibc (musl, macOS) there is nothing to call and nothing is done.
 """
 

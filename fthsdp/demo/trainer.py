@@ -12,8 +12,9 @@ of the state it trained from and of the state after it), "done" with the held-ou
 the state digest at the end. Semi-synchronous (FTHSDP_SYNC_MODE local_sgd, diloco or
 streaming_diloco, which the runtime reads from the environment: the loop is the same),
 "trained" comes per inner step (the sync it trains for, its position, its inner index) and
-"commit" per committed sync, after a "retry" for each of its attempts that failed (with "batches": K, the inner steps a sync commits: H, or H / F
-with streaming_diloco's F fragments; the mean loss of its inner steps, and the digests of the
+"commit" per committed sync, after a "retry" for each of its attempts that failed (with
+"batches": K, the inner steps a sync commits: H, or H / F with streaming_diloco's F fragments;
+the mean loss of its inner steps, and the digests of the
 global state: the parameters, the outer optimizer and the ledger; the inner optimizer is each
 replica's own).
 Exits 0 when the job reached its steps in a full step (one every
