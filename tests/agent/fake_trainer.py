@@ -124,14 +124,27 @@ def train(env):
     # the leader's credential, as the runtime shows it: its agent's trainer token, when it has one
     token = env.get(credentials.ENV_TRAINER_TOKEN, "")
     credential = credentials.host_credential(token) if token else ""
+    # A commit report that got no answer is sent again (to whichever controller the rotation
+    # finds), as the runtime's coordinator does, before the next quorum: a leader may have
+    # stored the commit and died before it answered, and its successor refuses that step again.
+    report = None
     while True:
         stub, pause = stubs[rotation.current], 0.3
         try:
-            q = stub.Quorum(pb.QuorumRequest(
-                replica_id=replica, step=step, world_size=world, known_quorum_id=known,
-                incarnation=incarnation, job_id=job, host_id=host, credential=credential), timeout=30)
-            stub.ReportStep(pb.ReportStepRequest(replica_id=replica, quorum_id=q.quorum_id, step=q.max_step,
-                                                 job_id=job, host_id=host, credential=credential), timeout=30)
+            if report is None:
+                q = stub.Quorum(pb.QuorumRequest(
+                    replica_id=replica, step=step, world_size=world, known_quorum_id=known,
+                    incarnation=incarnation, job_id=job, host_id=host, credential=credential), timeout=30)
+                report = q, pb.ReportStepRequest(replica_id=replica, quorum_id=q.quorum_id, step=q.max_step,
+                                                 job_id=job, host_id=host, credential=credential)
+            q, request = report
+            try:
+                stub.ReportStep(request, timeout=30)
+            except grpc.RpcError as exc:
+                if exc.code() not in FAILOVER_CODES:
+                    report = None  # refused, not unanswered: the next quorum says what to train
+                raise
+            report = None
             step, known = q.max_step + 1, q.quorum_id
             rotation.succeeded()
             counted += bool(counted) or len(q.members) == q.total_replicas
