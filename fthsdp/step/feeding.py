@@ -54,7 +54,10 @@ class ProtocolFeed:
 
     def _init_feed(self) -> None:
         self._queue = collections.deque()
-        #: one feeder at a time: the trainer thread, or the flight waker (never while waiting or computing)
+        #: one feeder at a time, the trainer thread or the flight waker, and one reader of the
+        #: coordinator's frames: the waker never holds it while it waits, nor the trainer while it
+        #: computes; the trainer's _pump holds it while it waits for a frame at a blocking step (the
+        #: waker has nothing to move then: it moves a sync only in phase IDLE or INNER)
         self._lock = threading.RLock()
         #: events the flight waker read but may not apply (they end the flight or leave the phase):
         #: the trainer feeds them first at its next _drain_flight, in order
@@ -68,13 +71,8 @@ class ProtocolFeed:
             self._queue.append(event)
             try:
                 while self._queue:
-                    t0 = time.perf_counter()
-                    self._state, effects = advance(self._state, self._queue.popleft(), time.monotonic())
-                    self.protocol_s += time.perf_counter() - t0
-                    self.protocol_events += 1
-                    for effect in effects:
-                        if (follow := self._EFFECTS[type(effect)](self, effect)) is not None:
-                            self._queue.append(follow)
+                    self._state, effects = self._advance(self._queue.popleft())
+                    self._execute(effects)
             except BaseException:
                 self._queue.clear()  # nothing left over for the next call
                 raise
@@ -91,10 +89,7 @@ class ProtocolFeed:
         try:
             while self._queue:
                 event = self._queue.popleft()
-                t0 = time.perf_counter()
-                new, effects = advance(self._state, event, time.monotonic())
-                self.protocol_s += time.perf_counter() - t0
-                self.protocol_events += 1
+                new, effects = self._advance(event)
                 if new.phase is not self._state.phase or new.flight is Flight.NONE:
                     self._held.extend((event, *self._queue))
                     return
@@ -104,11 +99,23 @@ class ProtocolFeed:
                                         f"on, but {type(event).__name__} in flight {self._state.flight.name} asks for "
                                         f"{', '.join(type(e).__name__ for e in wrong)}: a bug in the step protocol")
                 self._state = new
-                for effect in effects:
-                    if (follow := self._EFFECTS[type(effect)](self, effect)) is not None:
-                        self._queue.append(follow)
+                self._execute(effects)
         finally:
             self._queue.clear()
+
+    def _advance(self, event: ev.Event) -> tuple[RankState, list]:
+        """The protocol's next state and effects for `event` (timed and counted; nothing executed)."""
+        t0 = time.perf_counter()
+        new, effects = advance(self._state, event, time.monotonic())
+        self.protocol_s += time.perf_counter() - t0
+        self.protocol_events += 1
+        return new, effects
+
+    def _execute(self, effects) -> None:
+        """Run each effect through the Manager's table; the events they produce are fed next, in order."""
+        for effect in effects:
+            if (follow := self._EFFECTS[type(effect)](self, effect)) is not None:
+                self._queue.append(follow)
 
     def _wait_while(self, *phases: Phase) -> None:
         while self._state.phase in phases:
