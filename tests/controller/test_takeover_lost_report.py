@@ -61,3 +61,19 @@ def test_one_step_more_is_all_a_member_gets_and_a_newcomer_gets_none():
     with pytest.raises(FailedPrecondition, match="'zz' is not one of this job's configured replicas"):
         t.join(JoinRequest("zz", 6, 1), 11.0)  # a newcomer is no member (the step bound: test_plausible)
     assert "zz" not in t.view.replicas and not t.view.round_joined
+
+
+def test_a_report_the_old_leader_stored_sent_again_to_the_new_one_is_taken_once():
+    """The coordinator sends a commit report again when its first answer was lost (the old
+    leader died after storing it): the new leader takes it as the same report, not as a refusal
+    or a second commit."""
+    durable = durable_after_lost_report(5)  # 0-4 reported and stored, in one quorum
+    t = take_over(durable, 10.0)
+    quorum_id = t.view.quorum.quorum_id
+    before = t.view.replicas["r0"]
+    assert before.committed_step == 4
+    state, tokens = before.state, before.tokens
+    t.report("r0", 4, 11.0, quorum_id=quorum_id, host_id="h0", tokens=64)  # the stored report, again
+    after = t.view.replicas["r0"]
+    assert (after.committed_step, after.state, after.tokens) == (4, state, tokens)  # counted once
+    assert t.view.max_committed_step == 4
