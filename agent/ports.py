@@ -5,43 +5,32 @@ every interface) and the replica's coordinator. In a pod the defaults of torchru
 but hosts that share one network namespace (several agents on one machine, as in the tests)
 must not share them. So unless given (`--rendezvous-port`, `--coordinator-port`), the agent
 picks ports that are free when it starts, below the kernel's ephemeral range: ports that
-outgoing connections and port-0 listeners (FTAR, the state server) are never handed.
+outgoing connections and port-0 listeners (FTAR, the state server) are never handed; and below
+the window the demo's trainers and the benchmarks take theirs from (protos/local_ports.py).
 """
 
 from __future__ import annotations
 
 import random
-import socket
 
-#: The lowest port picked; the highest is one below the ephemeral range.
+from protos.local_ports import ephemeral_low, is_free, window
+
+#: The lowest port picked; the highest is one below the window of ports the demo and the
+#: benchmarks hand out (protos/local_ports.py), itself below the ephemeral range.
 LOWEST_PORT = 20000
-_EPHEMERAL_RANGE = "/proc/sys/net/ipv4/ip_local_port_range"
 _TRIES = 200
 
 
-def ephemeral_low(default: int = 32768) -> int:
-    try:
-        with open(_EPHEMERAL_RANGE) as f:
-            return int(f.read().split()[0])
-    except (OSError, ValueError, IndexError):
-        return default
-
-
-def is_free(port: int) -> bool:
-    """Nothing listens on `port` on any interface (as the rendezvous store binds it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        try:
-            sock.bind(("", port))
-        except OSError:
-            return False
-    return True
+def highest_port() -> int:
+    """The highest port picked: below the demo's and the benchmarks' window, else below the ephemeral range."""
+    return window().start - 1 if window() else ephemeral_low() - 1
 
 
 def pick_ports(count: int, avoid: frozenset[int] = frozenset(), rng: random.Random | None = None) -> list[int]:
-    """`count` distinct free ports from LOWEST_PORT up to the ephemeral range, none in
-    `avoid`; OSError when they are not found in a bounded number of tries."""
+    """`count` distinct free ports from LOWEST_PORT up to `highest_port()`, none in `avoid`;
+    OSError when they are not found in a bounded number of tries."""
     rng = rng or random.Random()
-    high = max(ephemeral_low() - 1, LOWEST_PORT + count)
+    high = max(highest_port(), LOWEST_PORT + count)
     found: list[int] = []
     for _ in range(_TRIES if count else 0):
         port = rng.randint(LOWEST_PORT, high)

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import types
 import typing
 from pathlib import Path
 
+from protos.local_ports import listen_port
 from protos import job_secret
 
 UNITS = {"KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "B": 1}
@@ -48,10 +48,9 @@ def size_text(nbytes: int) -> str:
 
 
 def free_port() -> int:
-    """A loopback port free now (for a process that cannot be started on port 0)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A loopback port free now, for a process that cannot be started on port 0: from below the
+    kernel's ephemeral range, where no port-0 bind takes it meanwhile (fthsdp/local_ports.py)."""
+    return listen_port()
 
 
 def load() -> list[float]:

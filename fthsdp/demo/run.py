@@ -21,6 +21,7 @@ import httpx
 
 from fthsdp.demo import procs
 from fthsdp.demo.schedule import DIAGNOSED, Failure, moment, placement, replica_ids, steps_per_sync
+from protos.local_ports import listen_port
 from fthsdp.status import render
 from protos import job_secret
 from protos import timeout_rules as tr
@@ -219,13 +220,8 @@ class RunResult:
 
 
 def _ports(owners: list[str]) -> dict:
-    import socket
-
-    def free() -> int:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            return s.getsockname()[1]
-    return {o: {"leader": free(), "gloo": free()} for o in owners}
+    """Each owner's coordinator and gloo ports, bound by its trainers later (fthsdp/local_ports.py)."""
+    return {o: {"leader": listen_port(), "gloo": listen_port()} for o in owners}
 
 
 def host_ids(s: RunSettings) -> list[str]:

@@ -7,7 +7,8 @@ from __future__ import annotations
 import socket
 
 from agent import state_file
-from agent.ports import LOWEST_PORT, ephemeral_low, is_free, pick_ports
+from agent.ports import LOWEST_PORT, highest_port, is_free, pick_ports
+from protos.local_ports import window
 from tests.agent.helpers import alive, ready_files, wait_for
 
 
@@ -73,7 +74,8 @@ def test_picked_ports_are_free_distinct_and_below_the_ephemeral_range():
     try:
         ports = pick_ports(3, avoid=frozenset({20001}))
         assert len(set(ports)) == 3 and 20001 not in ports and taken.getsockname()[1] not in ports
-        assert all(LOWEST_PORT <= p < ephemeral_low() and is_free(p) for p in ports)
+        assert all(LOWEST_PORT <= p <= highest_port() and is_free(p) for p in ports)
+        assert highest_port() < window().start  # never a port the demo or a benchmark handed out
         assert not is_free(taken.getsockname()[1])
     finally:
         taken.close()
