@@ -22,10 +22,11 @@ $(STAMP): pyproject.toml requirements-test.txt
 demo: $(STAMP)
 	$(BIN)/fthsdp demo $(DEMO_ARGS)
 
-# Two pytest workers: the tests that start torch trainers run on one, in turn; then the `solo`
-# end-to-end runs, one at a time (tests/conftest.py). Exit code 5 is "nothing selected" (a
-# PYTEST_ARGS that names only tests of the other part).
-PYTEST_WORKERS ?= 2
+# Three pytest workers, on two cores: the tests that start torch trainers run on one, in turn
+# (tests/scheduling.py); the other two share the rest, which mostly wait on sockets and processes.
+# Then the `solo` end-to-end runs, one at a time (tests/conftest.py). Exit code 5 is "nothing
+# selected" (a PYTEST_ARGS that names only tests of the other part).
+PYTEST_WORKERS ?= 3
 test: $(STAMP) tools
 	$(BIN)/lint-imports
 	$(BIN)/python -m compileall -q -j 0 agent bench controller examples ftar_kernels fthsdp protos tests > /dev/null
