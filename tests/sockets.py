@@ -1,4 +1,5 @@
-"""Real loopback connections for the data-plane tests, and what the kernel says about them."""
+"""Real loopback connections for the data-plane tests, and what the kernel says about them; and
+addresses where every connection is refused."""
 
 from __future__ import annotations
 
@@ -8,6 +9,20 @@ import socket
 import termios
 import threading
 from typing import Iterator
+
+
+#: the sockets behind refused_address(): bound, never listening, until the test process ends
+_REFUSING: list[socket.socket] = []
+
+
+def refused_address() -> str:
+    """A loopback address where every connection is refused for as long as the test process runs:
+    its port stays bound and never listens. A port bound and closed again would be free for the
+    next port-0 bind of any process (another worker's controller, say) to take and answer on."""
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    _REFUSING.append(s)
+    return f"127.0.0.1:{s.getsockname()[1]}"
 
 
 @contextlib.contextmanager

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import socket
 
 import grpc
 import pytest
@@ -15,6 +14,7 @@ from agent.runner import PermanentError
 from protos import controller_pb2 as pb
 from tests.agent.fake_controller import FakeController
 from tests.agent.helpers import alive, ready_files, standby_files, wait_for
+from tests.sockets import refused_address
 
 O = pb.Order
 
@@ -155,9 +155,7 @@ async def test_a_refused_claim_on_reregistration_keeps_the_trainers_and_asks_wit
 
 
 async def test_next_address_is_tried_when_the_first_is_down(controller, start_agent, tmp_path):
-    with socket.socket() as s:  # a port nobody listens on
-        s.bind(("127.0.0.1", 0))
-        dead = f"127.0.0.1:{s.getsockname()[1]}"
+    dead = refused_address()  # a port nobody listens on
     start_agent([dead, controller.address])
     await wait_for(lambda: ready_files(tmp_path), 10, "trainer ready via the second address")
     assert controller.registrations

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import socket
 import threading
 
 import pytest
@@ -13,6 +12,8 @@ import torch
 from ftar_kernels import (
     FatalError, Faults, FaultyTransport, FtarEndpoint, FtarSettings, RecoverableError, TcpTransport,
 )
+
+from tests.sockets import refused_address
 
 from .cluster import KEY, parallel
 
@@ -173,9 +174,7 @@ def test_argument_errors():
 
 
 def test_unreachable_peer_is_recoverable_within_the_connect_timeout():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        dead = f"127.0.0.1:{s.getsockname()[1]}"  # bound, never listening: refused
+    dead = refused_address()  # bound, never listening: refused
     ep = FtarEndpoint("127.0.0.1", 0, FtarSettings(connect_timeout_s=0.3, auth_key=KEY))
     try:
         with pytest.raises(RecoverableError, match="could not reach"):

@@ -6,7 +6,6 @@ error (NotReady for an all-reduce, IllegalTransition otherwise), never a silent 
 from __future__ import annotations
 
 import itertools
-import socket
 
 import pytest
 import torch
@@ -15,6 +14,7 @@ from ftar_kernels import FatalError, FtarEndpoint, FtarSettings, NotReady, Recov
 from ftar_kernels.protocol_state import (
     TRANSITIONS, IllegalTransition, RankEvent, RankProtocol, RankState, next_state,
 )
+from tests.sockets import refused_address
 
 S, E = RankState, RankEvent
 KEY = b"protocol-state test key, 32+ bytes long"
@@ -81,9 +81,7 @@ def test_allreduce_in_a_state_that_refuses_submit_is_not_ready_and_leaves_the_te
 def test_a_failed_first_configure_is_aborted_by_the_table_and_then_refuses_submit():
     # Before the fix the FAIL from a failed first configure was skipped (IDLE had no FAIL row),
     # so the endpoint stayed IDLE and reported "not configured" for a ring that had failed.
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        dead = f"127.0.0.1:{s.getsockname()[1]}"
+    dead = refused_address()
     ep = _endpoint(connect_timeout_s=0.3)
     try:
         with pytest.raises(RecoverableError, match="could not reach"):

@@ -1,13 +1,13 @@
 """The coordinator's controller client against real controller processes: failover, refusals."""
 
 import dataclasses
-import socket
 
 import pytest
 
 from fthsdp.errors import ControllerRefused, ControllerUnavailable
 from fthsdp.step import coordination as co
 from fthsdp.step.controller_client import ControllerClient
+from tests.sockets import refused_address
 from tests.waiting import wait_until
 
 REQUEST = co.RequestQuorum(0, 0, ("127.0.0.1:1",), ("127.0.0.1:2",))
@@ -19,9 +19,7 @@ def controller(controller_process):
 
 
 def dead_address() -> str:
-    with socket.socket() as s:  # bound and closed: nothing listens there now
-        s.bind(("127.0.0.1", 0))
-        return f"127.0.0.1:{s.getsockname()[1]}"
+    return refused_address()  # bound, never listening: nothing answers there
 
 
 def test_quorum_fails_over_past_dead_controllers_to_a_live_one(controller):

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 from pathlib import Path
 
@@ -12,6 +11,7 @@ import httpx
 import pytest
 
 from tests import trainer_secret
+from tests.ports import free_port
 from tests.runtime.cluster import PYTHON, REPO
 
 pytestmark = pytest.mark.slow
@@ -19,15 +19,11 @@ TORCHRUN = str(Path(PYTHON).with_name("torchrun"))
 
 
 def two_free_ports() -> int:
-    """A port P with P + 1 free too (torch.distributed's store takes P, the coordinator P + 1)."""
+    """A port P with P + 1 free too (torch.distributed's store takes P, the coordinator P + 1), from
+    this worker's block below the ephemeral range (tests/ports.py): torchrun listens on them later."""
     for _ in range(50):
-        with socket.socket() as a, socket.socket() as b:
-            a.bind(("127.0.0.1", 0))
-            port = a.getsockname()[1]
-            try:
-                b.bind(("127.0.0.1", port + 1))
-            except OSError:
-                continue
+        port, after = free_port(), free_port()  # handed out in turn: P + 1 unless it was taken
+        if after == port + 1:
             return port
     raise RuntimeError("no two consecutive free ports")
 

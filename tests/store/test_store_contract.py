@@ -13,6 +13,7 @@ import pytest
 from controller.etcd_store import EtcdStore, EtcdStoreSettings, parse_endpoint
 from controller.store import Leadership, MemoryStore, StoreError, Versioned
 from tests.etcd_server import EtcdServer
+from tests.sockets import refused_address
 
 WAIT_S = 10.0  # bound on waits that should end quickly
 FAST = EtcdStoreSettings(op_timeout_s=1.0, poll_interval_s=0.05, reconnect_backoff_max_s=0.2)
@@ -283,7 +284,7 @@ async def test_campaign_waits_out_an_outage(own_etcd):
 
 @etcd_only
 async def test_a_second_endpoint_takes_over(etcd):
-    dead = f"127.0.0.1:{_unused_port()}"
+    dead = refused_address()
     store = EtcdStore([dead, etcd.endpoint], "/fthsdp-test/" + uuid.uuid4().hex, FAST)
     try:
         with pytest.raises(StoreError):
@@ -292,12 +293,6 @@ async def test_a_second_endpoint_takes_over(etcd):
     finally:
         await store.close()
 
-
-def _unused_port() -> int:
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # -- settings and endpoints (no server) ----------------------------------------------------
