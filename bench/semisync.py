@@ -6,8 +6,9 @@
 
 Each configuration (`mode:H` or `mode:H:F`, F the fragments of streaming DiLoCo) starts the
 product as a user does -- `fthsdp controller --sync-mode MODE --sync-every H [--sync-fragments
-F]` and one trainer process per replica (bench/semisync_workers.py, a user's script reading the
-FTHSDP_SYNC_* settings; FTHSDP_SYNC_FRAGMENTS only for F > 1) -- on the same model (an MLP),
+F] --job-secret-file FILE` and one trainer process per replica (bench/semisync_workers.py, a
+user's script reading the FTHSDP_SYNC_* settings and the job secret; FTHSDP_SYNC_FRAGMENTS only
+for F > 1), every port authenticating its peer as in production -- on the same model (an MLP),
 the same data (a fixed random teacher network) and the same inner steps per replica. The
 default configurations add `streaming_diloco:8:2` where the mode exists (protos/sync_modes.py).
 
@@ -57,12 +58,14 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.common import load
+from bench.common import load, secret_file
 from bench.semisync_link import KINDS, open_link
+from protos import job_secret
 from protos.sync_modes import SYNC_MODES
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -215,8 +218,9 @@ def run_fthsdp(args, link, config: Config, seed: int) -> dict:
     if args.overlap_steps is not None and config.mode == "streaming_diloco":
         env["FTHSDP_SYNC_OVERLAP_STEPS"] = str(args.overlap_steps)
     wire_before = [link.wire_bytes(r) for r in range(args.replicas)]
-    with link.entered(link.controller_node):
-        ctl = launch(*flags, insecure=True, cwd=str(ROOT), timeout_s=120.0)
+    with link.entered(link.controller_node), tempfile.TemporaryDirectory(prefix="fthsdp-bench-") as tmp:
+        ctl = launch(*flags, "--job-secret-file", str(secret_file(tmp, os.environ[job_secret.ENV_JOB_SECRET])),
+                     cwd=str(ROOT), timeout_s=120.0)
     try:
         outs = _replicas(args, link, "fthsdp", {"controller": ctl.grpc, "mode": config.mode,
                                                 "sync_every": config.every, "seed": seed}, env,
@@ -303,6 +307,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--timeout-s", type=float, default=600.0, help="longest one configuration may take")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    # The ports authenticate as in production: one secret for this run, inherited by the workers.
+    os.environ.setdefault(job_secret.ENV_JOB_SECRET, job_secret.generate())
     if args.worker:
         from bench.semisync_workers import WORKERS
 

@@ -77,7 +77,7 @@ def fthsdp_worker(cfg: dict) -> dict:
     model, opt, batch_at = model_and_data(cfg)
     settings = RuntimeSettings.from_env(
         job_id="semisync", replica_id=cfg["replica_id"], controller_address=cfg["controller"],
-        bind_host=cfg["host"], insecure_trainer_ports=True, sync_mode=cfg["mode"], sync_every_steps=cfg["sync_every"],
+        bind_host=cfg["host"], sync_mode=cfg["mode"], sync_every_steps=cfg["sync_every"],
         quorum_timeout_s=120.0, gather_timeout_s=120.0, allreduce_timeout_s=120.0, digest_every_steps=0)
     # max_steps counts syncs: one per H inner steps, or per H/F with streaming_diloco's F fragments
     settings = replace(settings, max_steps=cfg["steps"] // settings.inner_steps_per_sync)
