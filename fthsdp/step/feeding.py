@@ -103,7 +103,7 @@ class ProtocolFeed:
         finally:
             self._queue.clear()
 
-    def _advance(self, event: ev.Event) -> tuple[RankState, list]:
+    def _advance(self, event: ev.Event) -> tuple[RankState, tuple]:
         """The protocol's next state and effects for `event` (timed and counted; nothing executed)."""
         t0 = time.perf_counter()
         new, effects = advance(self._state, event, time.monotonic())
@@ -111,7 +111,7 @@ class ProtocolFeed:
         self.protocol_events += 1
         return new, effects
 
-    def _execute(self, effects) -> None:
+    def _execute(self, effects: tuple) -> None:
         """Run each effect through the Manager's table; the events they produce are fed next, in order."""
         for effect in effects:
             if (follow := self._EFFECTS[type(effect)](self, effect)) is not None:
