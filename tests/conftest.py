@@ -37,6 +37,7 @@ def controller_process():
         ctl.stop()
 
 
+@pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist's: unknown with -p no:xdist
 def pytest_xdist_make_scheduler(config, log):
     """`--dist loadgroup`: the trainer tests on one worker, one at a time (tests/scheduling.py)."""
     if config.getvalue("dist") == "loadgroup":
