@@ -31,7 +31,7 @@ OWN = "own"
 @dataclass(frozen=True)
 class Smoke:
     args: tuple[str, ...]
-    #: LIGHT: beside other tests; TRAINERS: starts torch trainers (tests/conftest.py's group);
+    #: LIGHT: beside other tests; TRAINERS: starts torch trainers (tests/scheduling.py's group);
     #: SOLO: a whole job of trainers, with the machine to itself
     group: str = LIGHT
     timeout_s: float = 300.0

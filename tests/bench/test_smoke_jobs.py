@@ -1,6 +1,6 @@
 """The benchmark that runs a whole job of trainers (bench.recovery: the demo's job with one
 failure), at its smallest size: it runs and prints the fields it declares (tests/bench/smoke.py).
-`solo` (tests/conftest.py): the machine to itself. (bench.chaos, the other such benchmark, runs
+`solo` (tests/scheduling.py): the machine to itself. (bench.chaos, the other such benchmark, runs
 as tests/chaos/test_chaos_run.py's seed.)"""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The benchmarks that start torch trainers (a controller and a Manager per replica), at their
 smallest size: they run and print the fields they declare (tests/bench/smoke.py). They run on
-the "trainers" pytest worker group (tests/conftest.py)."""
+the "trainers" pytest worker group (tests/scheduling.py)."""
 
 from __future__ import annotations
 
