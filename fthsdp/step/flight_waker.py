@@ -73,9 +73,8 @@ class FlightWaker:
         self.error: BaseException | None = None
         #: the started reduce whose end already wakes this thread
         self._watched: object = None
-        #: how many times another thread asked it to look again (`kick`), and how many passes it made
+        #: how many times it was asked to look again (`kick`): each wake-up costs the trainer the GIL
         self.kicks = 0
-        self.passes = 0
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
 
     def start(self) -> "FlightWaker":
@@ -111,7 +110,6 @@ class FlightWaker:
             while not self._stopping:
                 self._wait()
                 if not self._stopping:
-                    self.passes += 1
                     self._m._waker_pass()
         except BaseException as exc:  # handed to the trainer thread (Manager._check_waker)
             log.debug("%s ended: %s", self._thread.name, exc)
