@@ -364,8 +364,12 @@ class RuntimeSettings:
         Why K - 1, the longest the schedule allows: it was chosen when the Manager fed a sync's
         events only between inner steps (the plan was in at the end of inner step K - tau at the
         earliest, so the all-reduce overlapped at most tau - 1 inner steps). The flight waker
-        (fthsdp/step/flight_waker.py) now moves the sync inside inner steps too, so a smaller tau
-        may now hide as much; the default was not measured again since. Measured before it, with bench.semisync (2 replicas, H = 8, F = 2, K = 4, a 50 MB/s veth link, a
+        (fthsdp/step/flight_waker.py) now moves the sync inside inner steps too; measured again
+        with it (same bench, 1-minute loads 1.3-3.3): streaming / DiLoCo 0.92 at tau = 1 (its
+        due steps still waited 52 ms per 8 inner steps: the quorum and the all-reduce do not fit
+        in one inner step), 0.84 and 0.96 at tau = 2 (26-61 ms), 1.28 at tau = 3 (15 ms; 0.87-0.97
+        in four more runs at loads of 1.7-2.7): K - 1 still waits least. Measured before it,
+        with bench.semisync (2 replicas, H = 8, F = 2, K = 4, a 50 MB/s veth link, a
         2-core machine loaded by other work), streaming samples/s over DiLoCo's in the same run:
         0.53-0.91 at tau = 1 (4 runs), 0.77-0.95 at tau = 2 (4 runs), 0.83-1.33 at tau = 3 = K - 1
         (6 runs at 1-minute loads of 2 to 6, 1.09 and 1.12 once the look between inner steps
