@@ -13,7 +13,9 @@ import os
 import socket
 
 BASE = 10000
-BLOCK = 5000  # per xdist worker: gw0 10000-14999, gw1 15000-19999, ... (4 blocks below 32768)
+#: per xdist worker: gw0 10000-12499, gw1 12500-14999, ... (4 blocks), all below the ports agents
+#: pick for themselves (agent/ports.py: from 20000 up) and the demo's window (protos/local_ports.py)
+BLOCK = 2500
 _next: dict[str, int] = {}
 
 

@@ -51,3 +51,13 @@ def test_a_full_window_is_an_error_naming_it():
         port = busy.getsockname()[1]
         with pytest.raises(RuntimeError, match=f"no free loopback port in {port}..{port}"):
             listen_port(range(port, port + 1))
+
+
+def test_the_tests_blocks_the_agents_picks_and_the_window_never_meet():
+    """Three owners pick ports for later listeners on one machine: the tests (a block per xdist
+    worker), the agents and the demo/benchmarks (the window). Their ranges must be disjoint."""
+    from agent.ports import LOWEST_PORT, highest_port
+    from tests import ports
+
+    tests_top = ports.BASE + 4 * ports.BLOCK - 1
+    assert tests_top < LOWEST_PORT <= highest_port() < window().start
