@@ -292,7 +292,7 @@ class Manager(ProtocolFeed):
                 self._feed(ev.Begin())  # re-states why (Ended), changes nothing
                 self._check_not_too_late()
                 raise ReplicaFinished(self._state.reason)
-            self._feed(ev.Begin())
+            self._feed_begin()
             self._wait_while(Phase.PLANNING, Phase.SYNCING, Phase.VOTING)  # a sync runs to its decision
             if self._state.phase is Phase.ENDED:
                 self._check_not_too_late()
@@ -370,7 +370,7 @@ class Manager(ProtocolFeed):
         """Semi-synchronous, after the last inner step: the sync, attempt after attempt (bounded by
         max_retries), until it commits (True) or the replica has no more steps (False)."""
         while self._state.phase is Phase.IDLE and self._state.inner == self.settings.inner_steps_per_sync:
-            self._feed(ev.Begin())
+            self._feed_begin()
             self._wait_while(Phase.PLANNING, Phase.SYNCING, Phase.VOTING)
         return self._state.phase is Phase.IDLE
 

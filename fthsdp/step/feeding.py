@@ -24,7 +24,7 @@ from fthsdp.state.fetch_job import FetchJob
 from fthsdp.step import events as ev, frames
 from fthsdp.step.client import CoordinatorClient
 from fthsdp.step.plan import AddressBook
-from fthsdp.step.flight_waker import WAKER_EFFECTS, WAKER_JOIN_S, FlightWaker, watched
+from fthsdp.step.flight_waker import WAKER_EFFECTS, WAKER_JOIN_S, FlightWaker
 from fthsdp.step.protocol import INF, Flight, Phase, ProtocolError, advance, next_deadline
 from fthsdp.step.rank_state import RankState
 from fthsdp.telemetry import Collectives
@@ -68,7 +68,6 @@ class ProtocolFeed:
         """Advance the protocol by `event` and execute its effects; events the execution
         produces (a lost channel) are fed after them, in order. A Fail effect raises."""
         with self._lock:
-            before = watched(self) if self._waker is not None else ()
             self._queue.append(event)
             try:
                 while self._queue:
@@ -78,7 +77,8 @@ class ProtocolFeed:
                 self._queue.clear()  # nothing left over for the next call
                 raise
             finally:
-                self._kick_waker(before)
+                if self._waker is not None and self._state.flight is not Flight.NONE:
+                    self._waker.kick()  # what it waits for may have changed
 
     def _feed_flight(self, event: ev.Event) -> None:
         """The flight waker's `_feed` (the lock held): only transitions that move the sync in flight
@@ -160,16 +160,18 @@ class ProtocolFeed:
         first, then what arrived and the reduce once it is done, without waiting, then a Tick for
         its deadlines (never blocks the trainer)."""
         with self._lock:
-            before = watched(self) if self._waker is not None else ()
             while self._held and self._state.phase is Phase.IDLE:  # in IDLE, as the trainer fed them before
                 self._feed(self._held.popleft())
             self._move_flight(self._feed, (Phase.IDLE,))
-            self._kick_waker(before)
 
-    def _kick_waker(self, before: tuple) -> None:
-        """The flight waker looks again when what it waits on (`watched`) changed since `before`."""
-        if self._waker is not None and watched(self) != before:
-            self._waker.kick()
+    def _feed_begin(self) -> None:
+        """Begin a step or a sync (the trainer thread). What the flight waker holds is fed first,
+        under the same hold of the lock: between a `_drain_flight` and a Begin fed apart, the
+        waker could read a sync's decision and hold it, and the Begin would then join that sync
+        in a blocking phase and wait for a frame already read, until the decision timeout."""
+        with self._lock:
+            self._drain_flight()
+            self._feed(ev.Begin())
 
     def _move_flight(self, feed: Callable[[ev.Event], None], phases: tuple[Phase, ...]) -> None:
         """Feed (the lock held) what can move the sync in flight on while the phase is one of `phases`."""

@@ -45,20 +45,6 @@ _POLL_S = 1.0
 _MOVABLE = (Flight.PLANNING, Flight.REDUCING, Flight.VOTING)
 
 
-def watched(m: Any) -> tuple:
-    """What the waker's wait depends on, read from the Manager `m`: () when no sync can move
-    here, else (the flight, the started reduce to watch or None, the next deadline). A feed
-    on the trainer thread kicks the waker only when it changed this (`ProtocolFeed._feed`):
-    each wake-up costs the trainer the GIL and a context switch, and the trainer's own looks
-    at the sync between inner steps (a Tick each) change nothing the waker waits on."""
-    state = m.rank_state
-    if not (state.flight in _MOVABLE and state.phase in (Phase.IDLE, Phase.INNER) and not m._held
-            and m.client is not None):
-        return ()
-    reduce = m.outer.pending_reduce if state.flight is Flight.REDUCING else None
-    return state.flight, reduce, next_deadline(state)
-
-
 class FlightWaker:
     def __init__(self, manager: Any, name: str) -> None:
         self._m = manager
@@ -73,8 +59,6 @@ class FlightWaker:
         self.error: BaseException | None = None
         #: the started reduce whose end already wakes this thread
         self._watched: object = None
-        #: how many times it was asked to look again (`kick`): each wake-up costs the trainer the GIL
-        self.kicks = 0
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
 
     def start(self) -> "FlightWaker":
@@ -84,7 +68,6 @@ class FlightWaker:
     def kick(self) -> None:
         """Look at the state again now (any thread; never blocks)."""
         with self._pipe_lock:
-            self.kicks += 1
             if self._closed:
                 return
             try:
@@ -118,14 +101,15 @@ class FlightWaker:
     def _wait(self) -> None:
         """Until something can move the sync in flight, or _POLL_S; never with the lock."""
         m = self._m
-        client, watch = m.client, watched(m)
+        state, client = m.rank_state, m.client
         fds, timeout = [self._read], _POLL_S
-        if watch and client is not None:
+        if (state.flight in _MOVABLE and state.phase in (Phase.IDLE, Phase.INNER) and not m._held
+                and client is not None):
             fds.append(client.fileno())
-            _, reduce, deadline = watch
-            if reduce is not None and reduce is not self._watched:
-                self._watched = reduce
+            if state.flight is Flight.REDUCING and m.outer.pending_reduce is not self._watched:
+                self._watched = m.outer.pending_reduce
                 m.outer.wake_when_reduced(self.kick)
+            deadline = next_deadline(state)
             if deadline != INF:
                 timeout = min(_POLL_S, max(0.0, deadline - time.monotonic()))
         poller = select.poll()

@@ -158,7 +158,7 @@ def test_a_replica_lost_between_fragment_syncs_loses_only_its_uncommitted_inner_
     caught_up = b["positions"][k:]  # its first k inner steps before the catch-up are discarded
     assert caught_up == list(range(2 * k, a["ledger"]["1"])) and a["ledger"]["1"] < steps * k
     common = sorted(set(a["syncs"]) & set(b["syncs"]))
-    assert common and common[-1] == steps
+    assert common and common[-1] == steps, (sorted(a["syncs"]), sorted(b["syncs"]), a["ledger"], b["positions"])
     for step in common:
         assert a["syncs"][step][0] == b["syncs"][step][0]
     assert all(torch.equal(x, y) for x, y in zip(a["global"], b["global"]))
