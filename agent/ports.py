@@ -23,7 +23,8 @@ _TRIES = 200
 
 def highest_port() -> int:
     """The highest port picked: below the demo's and the benchmarks' window, else below the ephemeral range."""
-    return window().start - 1 if window() else ephemeral_low() - 1
+    ports = window()
+    return ports.start - 1 if ports else ephemeral_low() - 1
 
 
 def pick_ports(count: int, avoid: frozenset[int] = frozenset(), rng: random.Random | None = None) -> list[int]:

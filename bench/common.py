@@ -16,8 +16,8 @@ import types
 import typing
 from pathlib import Path
 
-from protos.local_ports import listen_port
 from protos import job_secret
+from protos.local_ports import listen_port
 
 UNITS = {"KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "B": 1}
 
@@ -49,7 +49,7 @@ def size_text(nbytes: int) -> str:
 
 def free_port() -> int:
     """A loopback port free now, for a process that cannot be started on port 0: from below the
-    kernel's ephemeral range, where no port-0 bind takes it meanwhile (fthsdp/local_ports.py)."""
+    kernel's ephemeral range, where no port-0 bind takes it meanwhile (protos/local_ports.py)."""
     return listen_port()
 
 

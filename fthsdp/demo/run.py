@@ -21,9 +21,9 @@ import httpx
 
 from fthsdp.demo import procs
 from fthsdp.demo.schedule import DIAGNOSED, Failure, moment, placement, replica_ids, steps_per_sync
-from protos.local_ports import listen_port
 from fthsdp.status import render
 from protos import job_secret
+from protos.local_ports import listen_port
 from protos import timeout_rules as tr
 
 log = logging.getLogger("fthsdp.demo")
@@ -220,7 +220,7 @@ class RunResult:
 
 
 def _ports(owners: list[str]) -> dict:
-    """Each owner's coordinator and gloo ports, bound by its trainers later (fthsdp/local_ports.py)."""
+    """Each owner's coordinator and gloo ports, bound by its trainers later (protos/local_ports.py)."""
     return {o: {"leader": listen_port(), "gloo": listen_port()} for o in owners}
 
 
