@@ -4,9 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from controller.launch import launch
+from controller.launch import launch, set_spawner
+from tests import forked
 from tests.scheduling import SOLO_FILES, TrainersOnOneWorker, is_in
 from tests.etcd_server import EtcdServer
+
+
+def pytest_configure(config):
+    """Controllers that tests `launch` are forked from a process that imported them (tests/forked.py)."""
+    set_spawner(forked.popen)
 
 
 @pytest.fixture(scope="session")

@@ -99,7 +99,7 @@ async def _volley(stub, channel, legit: Legit, secret: str, n: int) -> None:
 
 
 async def test_rss_after_20_volleys_is_within_10_percent_of_after_2():
-    ctl = start_controller()
+    ctl = start_controller(spawner=subprocess.Popen)  # its own RSS, not a fork's of torch's pages
     channel = await open_channel(ctl.grpc)
     try:
         legit = Legit(pbg_stub(channel))
