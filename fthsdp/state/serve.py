@@ -393,7 +393,10 @@ class _Handler(BaseHTTPRequestHandler):
             # acknowledged yet would wait for its delayed ACK while the fetcher waits for it
             # (a 304-entry shard took 38-41 ms with it, 30-33 without; docs/architecture.md).
             self.request.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            snapshot = kept.snapshot if kept is not None else owner._snapshot()
+            try:
+                snapshot = kept.snapshot if kept is not None else owner._snapshot()
+            except RuntimeError as exc:  # no state to serve now (snapshot.py): refused like any fetch
+                return self._reply(HTTPStatus.CONFLICT, f"step {step}: {exc}")
             manifest = snapshot[0]
             self.send_response(HTTPStatus.OK)
             self.send_header("Content-Type", "application/octet-stream")

@@ -109,3 +109,29 @@ def test_the_kept_copy_goes_to_the_plans_fetchers_only_and_counts_acks_after_the
     _fetch(server.address, step=5)  # b: the whole stream, then its ack releases the copy
     with pytest.raises(TransferError, match="refused step 5"):
         _fetch(server.address, step=5)
+
+
+def test_a_rank_that_stopped_serving_after_admitting_a_fetch_answers_409_and_serves_the_next():
+    """Between the admission of a fetch and its snapshot the rank may stop serving (its state is
+    about to change): the fetcher is answered 409 naming why, as any refused fetch is, instead
+    of a connection closed without an answer (and a traceback in the trainer's log); the server
+    serves the next request."""
+    model, opt, registry = _trained(0)
+    held = snapshot.take(5, LEDGER, model, opt, registry, copy_cpu=True)
+    stopped = [True]
+
+    def snap():
+        if stopped[0]:
+            raise RuntimeError("this rank is not serving its state now")
+        return held.served()
+
+    server = StateServer("127.0.0.1", 0, snap, label="racy", key=KEY).start()
+    try:
+        server.serve(5, ("b",))
+        with pytest.raises(TransferError, match="refused step 5: 409 .*not serving its state now"):
+            _fetch(server.address, step=5)
+        stopped[0] = False
+        _, _, _, fetched = _fetch(server.address, step=5)
+        assert fetched.manifest.step == 5
+    finally:
+        server.close()
