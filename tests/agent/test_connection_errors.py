@@ -10,7 +10,6 @@ Every wait is a condition with a bound; nothing asserts on wall-clock time."""
 from __future__ import annotations
 
 import asyncio
-import socket
 import subprocess
 
 import pytest
@@ -19,6 +18,7 @@ from agent.main import EXIT_CONNECT_TIMEOUT, parse
 from protos import job_secret
 from tests.agent.cluster import CLI, Cluster
 from tests.agent.helpers import trainer_command
+from tests.sockets import refused_address
 
 pytestmark = pytest.mark.slow
 BOUND_S = 60
@@ -26,12 +26,10 @@ EXIT_REFUSED = 3
 
 
 def test_a_wrong_address_gives_up_after_the_short_timeout_with_a_line_per_doubling(tmp_path):
-    with socket.socket() as closed:  # bound, never listening: every connection is refused
-        closed.bind(("127.0.0.1", 0))
-        address = f"127.0.0.1:{closed.getsockname()[1]}"
-        run = subprocess.run([*CLI, "agent", "--controller", address, "--host-id", "h1", "--spare",
-                              "--connect-timeout-s", "4", "--insecure", "--", *trainer_command(tmp_path)],
-                             capture_output=True, text=True, timeout=BOUND_S)
+    address = refused_address()
+    run = subprocess.run([*CLI, "agent", "--controller", address, "--host-id", "h1", "--spare",
+                          "--connect-timeout-s", "4", "--insecure", "--", *trainer_command(tmp_path)],
+                         capture_output=True, text=True, timeout=BOUND_S)
     assert run.returncode == EXIT_CONNECT_TIMEOUT, run.stderr
     lines = [line for line in run.stderr.splitlines() if f"controller {address} failed" in line]
     assert all("UNAVAILABLE" in line and "--connect-timeout-s" in line for line in lines), lines

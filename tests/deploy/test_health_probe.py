@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import importlib.util
-import socket
 from concurrent import futures
 from pathlib import Path
 
 import grpc
 import pytest
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from tests.sockets import refused_address
 
 SCRIPT = Path(__file__).resolve().parents[2] / "deploy" / "images" / "grpc_health_probe.py"
 _spec = importlib.util.spec_from_file_location("grpc_health_probe", SCRIPT)
@@ -46,9 +47,7 @@ def test_named_service_and_unknown_service(server):
 
 
 def test_unreachable_server_is_not_serving():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))  # bound, never listening: connections are refused
-        serving, line = probe.check(f"127.0.0.1:{sock.getsockname()[1]}", timeout_s=1.0)
+    serving, line = probe.check(refused_address(), timeout_s=1.0)
     assert serving is False
     assert "UNAVAILABLE" in line or "DEADLINE_EXCEEDED" in line
 

@@ -7,12 +7,12 @@ then examples/train_gpt.py (forked from the session's pre-imported server, tests
 
 from __future__ import annotations
 
-import socket
 
 import pytest
 
 from fthsdp.settings import RuntimeSettings
 from tests.runtime.test_cluster_endings import base_env, example
+from tests.sockets import refused_address
 
 BOUND_S = 120
 
@@ -33,14 +33,12 @@ def test_the_connect_timeout_comes_from_the_environment_and_is_checked():
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_a_trainer_with_a_wrong_controller_address_logs_each_attempt_and_gives_up(tmp_path):
-    with socket.socket() as closed:  # bound, never listening: every connection is refused
-        closed.bind(("127.0.0.1", 0))
-        address = f"127.0.0.1:{closed.getsockname()[1]}"
-        out = tmp_path / "out"
-        out.mkdir()
-        code, stderr = example(tmp_path / "trainer.log", {**base_env(None), "FTHSDP_CONTROLLER": address,
-                                                          "FTHSDP_REPLICA_ID": "r0", "FTHSDP_CONNECT_TIMEOUT_S": "3"},
-                               "--checkpoint-dir", "", "--steps", "2", "--cpu", "--out", str(out))
+    address = refused_address()
+    out = tmp_path / "out"
+    out.mkdir()
+    code, stderr = example(tmp_path / "trainer.log", {**base_env(None), "FTHSDP_CONTROLLER": address,
+                                                      "FTHSDP_REPLICA_ID": "r0", "FTHSDP_CONNECT_TIMEOUT_S": "3"},
+                           "--checkpoint-dir", "", "--steps", "2", "--cpu", "--out", str(out))
     assert code != 0, stderr[-3000:]
     attempts = [line for line in stderr.splitlines() if f"replica r0: controller {address} failed Quorum" in line]
     assert len(attempts) >= 2, stderr[-3000:]
