@@ -99,6 +99,9 @@ def start(module: str, argv: list[str], *, log: Path | None, env: dict[str, str]
     With `pipes` its stdin and stdout are pipes (`stdin=False`: stdin is /dev/null instead).
     `stderr`, a file descriptor, takes the place of `log` for stderr (without `log` and
     `stderr`: /dev/null)."""
+    if not in_own_network_namespace():
+        raise RuntimeError(f"forked.start({module!r}) from a thread in another network namespace: the fork server "
+                           "lives in the process's own, and so would the worker; start it with subprocess instead")
     ctx = context()
     stdin = pipes if stdin is None else stdin
     stdin_r = stdin_w = stdout_r = stdout_w = None
@@ -129,10 +132,16 @@ def popen(argv: list[str], *, stdout=None, stderr=None, stdin=None, text: bool =
     Each controller a test starts then skips the imports its start would repeat (about 0.9 s of
     CPU of its 1.2 s; some 260 starts a run). The server has torch imported, which a forked
     controller carries unused in its memory: a test of the controller's own memory starts it
-    with `spawner=subprocess.Popen`."""
+    with `spawner=subprocess.Popen`.
+
+    Started as usual instead: from a thread that entered another network namespace
+    (tests/chaos/network.py: the child must live there, and the server lives in the process's
+    own), and with an environment whose exec-time variables differ from ours (LD_PRELOAD for
+    faketime's skewed clock, PYTHON*: only an exec reads them)."""
     forkable = (argv[:2] == [sys.executable, "-m"] and stdout == subprocess.PIPE and text
                 and stdin in (None, subprocess.DEVNULL)
-                and (stderr in (None, subprocess.DEVNULL) or hasattr(stderr, "fileno")))
+                and (stderr in (None, subprocess.DEVNULL) or hasattr(stderr, "fileno"))
+                and in_own_network_namespace() and not _exec_time_changes(os.environ if env is None else env))
     if not forkable:
         return subprocess.Popen(argv, stdout=stdout, stderr=stderr, stdin=stdin, text=text, env=env, cwd=cwd)
     if stderr is None:
@@ -158,6 +167,34 @@ def run(module: str, argv: list[str], *, log: Path, env: dict[str, str], cwd: Pa
             proc.kill()
             proc.wait()
     return code, log.read_text()
+
+
+def _network_namespace() -> int | None:
+    try:
+        return os.stat("/proc/thread-self/ns/net").st_ino
+    except OSError:
+        return None  # no such file: no namespaces to be in
+
+
+#: the test process's network namespace, where its fork server lives: this module is imported
+#: (by tests/conftest.py) before any test moves a thread elsewhere
+_HOME = _network_namespace()
+
+
+def in_own_network_namespace() -> bool:
+    """Whether the calling thread is in the test process's network namespace: a thread that
+    entered another (tests/chaos/network.py) starts its children there, and the fork server,
+    started from such a thread, would serve every later test from there."""
+    return _network_namespace() == _HOME
+
+
+#: variables a process reads only when it is exec'd (the loader's, the interpreter's, faketime's)
+_EXEC_TIME = ("LD_", "PYTHON", "FAKETIME")
+
+
+def _exec_time_changes(env) -> bool:
+    names = {k for k in (*env, *os.environ) if k.startswith(_EXEC_TIME)}
+    return any(env.get(k) != os.environ.get(k) for k in names)
 
 
 def _run(module: str, argv: list[str], env: dict[str, str], cwd: str, log: str | None,
