@@ -89,13 +89,31 @@ def chunk_ranges(lo: int, hi: int, chunk_elems: int, chunks: int = 1, align_elem
             yield a, b
 
 
-def send_chunks(steps: list[Step] | Iterator[Step], chunk_elems: int, chunks: int = 1,
-                align_elems: int = 1) -> Iterator[SendChunk]:
-    """The sender's chunks in order, each naming the receive chunk it depends on."""
+@dataclass(frozen=True)
+class StepChunks:
+    """One step of a rank's schedule cut into chunks: what it sends (each send naming the receive
+    chunk it depends on) and what it receives, in order."""
+
+    step: Step
+    sends: list[SendChunk]
+    recvs: list[tuple[int, int]]
+
+
+def step_chunks(steps: list[Step] | Iterator[Step], chunk_elems: int, chunks: int = 1,
+                align_elems: int = 1) -> Iterator[StepChunks]:
+    """Every step with its chunks; receive chunks are numbered across the whole operation."""
     recv_start = 0  # global index of the first receive chunk of the current step
     prev_recv_start = 0
     for st in steps:
-        for j, (lo, hi) in enumerate(chunk_ranges(*st.send, chunk_elems, chunks, align_elems)):
-            yield SendChunk(lo, hi, -1 if st.step == 0 else prev_recv_start + j)
-        n_recv = sum(1 for _ in chunk_ranges(*st.recv, chunk_elems, chunks, align_elems))
-        prev_recv_start, recv_start = recv_start, recv_start + n_recv
+        sends = [SendChunk(lo, hi, -1 if st.step == 0 else prev_recv_start + j)
+                 for j, (lo, hi) in enumerate(chunk_ranges(*st.send, chunk_elems, chunks, align_elems))]
+        recvs = list(chunk_ranges(*st.recv, chunk_elems, chunks, align_elems))
+        yield StepChunks(st, sends, recvs)
+        prev_recv_start, recv_start = recv_start, recv_start + len(recvs)
+
+
+def send_chunks(steps: list[Step] | Iterator[Step], chunk_elems: int, chunks: int = 1,
+                align_elems: int = 1) -> Iterator[SendChunk]:
+    """The sender's chunks in order, each naming the receive chunk it depends on."""
+    for sc in step_chunks(steps, chunk_elems, chunks, align_elems):
+        yield from sc.sends

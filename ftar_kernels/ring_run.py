@@ -1,14 +1,23 @@
 """One all-reduce over an established ring: header agreement, then the pipelined data phase.
 
 Two threads per generation: the calling (runner) thread receives from the left neighbour, and
-the generation's sender thread (`RingSender`, started once, not per operation) sends to the right
-neighbour. In reduce-scatter the receiver folds (adds) what it receives into the tensor as it
-arrives, piece by piece (the data plane chooses the pieces: on CPU a cache-sized staging
-buffer, on CUDA a whole chunk in a pinned slot); in all-gather it receives
-straight into the tensor (CPU) or a pinned slot (CUDA). A chunk counts as received once it is
-folded, and the sender forwards a chunk once the chunk it depends on was received: the sender
-never stops to fold, so the wire to the right stays busy while the receiver adds. Blocking socket
-calls release the GIL, and so does torch's add_.
+the generation's sender thread (`RingSender`, started once, not per operation) sends to the
+right neighbour. In reduce-scatter the receiver folds (adds) what it receives into the tensor as
+it arrives, piece by piece (the data plane chooses the pieces: on CPU a cache-sized staging
+buffer, on CUDA a whole chunk in a pinned slot); in all-gather it receives straight into the
+tensor (CPU) or a pinned slot (CUDA). A chunk counts as received once it is folded, and the
+sender forwards a chunk once the chunk it depends on was received: the sender never stops to
+fold, so the wire to the right stays busy while the receiver adds. Blocking socket calls
+release the GIL, and so does torch's add_.
+
+The runner sends too, as long as that costs no wait that could close a cycle around the ring:
+before each step's receives it sends the step's chunks itself while the transport takes each one
+at once (`Connection.try_send`) and the credit it needs is owed for an earlier step
+(`runner_may_send`); from the first chunk where either fails, the sender thread sends the rest
+of the operation. A small all-reduce so runs on the runner alone: no hand-off between threads,
+no GIL contention, which on a busy machine cost more than the operation's own work (a 4 KiB
+all-reduce took about 1 ms of CPU per rank with a sender thread per operation; see
+docs/architecture.md, "FTAR's fixed cost per operation").
 
 Flow control is by credits: the receiver returns one credit byte on the left connection per chunk
 it has taken off the wire and folded, and the sender never has more than `chunks_in_flight`
@@ -26,7 +35,7 @@ import threading
 from .errors import FatalError, FtarError, RecoverableError
 from .handshake import HEADER_BYTES, OpHeader, disagreement
 from .protocol_state import RankEvent, RankProtocol
-from .ring_plan import SendChunk, chunk_ranges, partition_elems, ring_steps, send_chunks
+from .ring_plan import SendChunk, partition_elems, ring_steps, step_chunks
 from .settings import FtarSettings
 from .transport import Connection
 
@@ -71,7 +80,7 @@ class RingSender:
         self.window, self.timeout_s = settings.chunks_in_flight, settings.timeout_s
         self.name = name
         self.cond = threading.Condition()
-        self.job: tuple[object, list[SendChunk]] | None = None  # (plane, chunks) of the operation being sent
+        self.job: tuple | None = None  # (plane, chunks, start, rest) of the operation being sent
         self.recv_done = 0  # receive chunks folded in the operation under way
         self.needed = 0  # the receive count the sender waits for (0: it does not wait for one)
         self.error: BaseException | None = None
@@ -95,11 +104,14 @@ class RingSender:
 
     # -- the runner's side
 
-    def begin(self, plane, chunks: list[SendChunk]) -> None:
+    def begin(self, plane, chunks: list[SendChunk], start: int = 0, rest: memoryview | None = None,
+              recv_done: int = 0) -> None:
+        """Send chunks[start:], the first of them only its `rest` when the runner sent part of it
+        (its credit taken); `recv_done` receive chunks are folded already."""
         with self.cond:
             if self.error is not None:
                 raise classify(self.error)
-            self.recv_done, self.job = 0, (plane, chunks)
+            self.recv_done, self.job = recv_done, (plane, chunks, start, rest)
             self.cond.notify_all()
 
     def received(self) -> None:
@@ -136,22 +148,27 @@ class RingSender:
                 self.cond.wait_for(lambda: self.job is not None or self.stopping)  # idle until stop()
                 if self.stopping:
                     return
-                plane, chunks = self.job
+                job = self.job
             try:
-                self._send(plane, chunks)
+                self._send(*job)
             except BaseException as exc:  # noqa: BLE001 - handed to the runner thread
                 self.fail(exc)
             with self.cond:
                 self.job = None
                 self.cond.notify_all()
 
-    def _send(self, plane, chunks: list[SendChunk]) -> None:
+    def _send(self, plane, chunks: list[SendChunk], start: int, rest: memoryview | None) -> None:
         links, right, timeout_s = self.links, self.links.right, self.timeout_s
-        for i, ch in enumerate(chunks):
-            if ch.after_recv >= 0:
-                self._wait_received(ch.after_recv + 1)
-            links.take_credit(self.window, timeout_s)
-            right.send_all(plane.send_view(i, ch.lo, ch.hi), timeout_s)
+        for i in range(start, len(chunks)):
+            ch = chunks[i]
+            if rest is not None:  # the runner sent the start of this chunk
+                right.send_all(rest, timeout_s)
+                rest = None
+            else:
+                if ch.after_recv >= 0:
+                    self._wait_received(ch.after_recv + 1)
+                links.take_credit(self.window, timeout_s)
+                right.send_all(plane.send_view(i, ch.lo, ch.hi), timeout_s)
             plane.sent(i)
             links.sent_chunks += 1
 
@@ -183,23 +200,58 @@ def agree_on_header(links: RingLinks, mine: OpHeader, rank: int, world: int, tim
         raise FatalError(problem)
 
 
+def runner_may_send(sent: int, acked: int, window: int, step_start: int) -> bool:
+    """Whether the runner may send the next chunk itself, waiting for its credit if need be: the
+    window has room, or the credit is owed for a chunk of an earlier step (`step_start`: chunks
+    sent before this step), which the right neighbour returns in its own receives of that step,
+    so without waiting for this rank. A credit owed for a chunk of this step comes only once the
+    neighbour is past its own sends of it, which may wait on its right neighbour, and so on
+    around the ring back to this rank: that wait is the sender thread's, never the runner's."""
+    return sent - acked < window or sent - window < step_start
+
+
 def run_ring(links: RingLinks, sender: RingSender, plane, numel: int, elem_size: int, rank: int, world: int,
              settings: FtarSettings, protocol: RankProtocol) -> None:
-    """Move the data of one agreed all-reduce: this (runner) thread receives and folds, `sender`
-    sends. Raises RecoverableError or FatalError."""
+    """Move the data of one agreed all-reduce. Raises RecoverableError or FatalError.
+
+    This (runner) thread receives and folds every chunk. It also sends, step by step before that
+    step's receives, as long as the transport takes each chunk at once and the credit a chunk
+    needs is owed for a chunk of an earlier step: so it never waits on the right neighbour for
+    anything the neighbour could only give after this rank's own receives (no cycle around the
+    ring). At the first chunk for which either fails, the rest of the operation's sends go to
+    `sender`, the generation's sender thread. A small all-reduce thus runs on one thread, with no
+    hand-off; a large one moves to the two-thread pipeline within its first chunks."""
     chunk_elems = settings.chunk_bytes // elem_size
     chunks = settings.chunks_in_flight
     align = max(1, 16 // elem_size)
     n_parts = -(-numel // partition_elems(chunk_elems, chunks, world))
-    timeout_s = settings.timeout_s
-    sender.begin(plane, list(send_chunks(ring_steps(rank, world, numel, chunk_elems, chunks, align),
-                                         chunk_elems, chunks, align)))
+    timeout_s, right = settings.timeout_s, links.right
+    schedule = list(step_chunks(ring_steps(rank, world, numel, chunk_elems, chunks, align), chunk_elems, chunks, align))
+    sends = [ch for sc in schedule for ch in sc.sends]
+    handed = False  # whether the sender thread has the rest of the sends
     try:
-        k, partition = 0, 0
-        for st in ring_steps(rank, world, numel, chunk_elems, chunks, align):
+        i, k, partition = 0, 0, 0  # next send chunk, next receive chunk, partition
+        for sc in schedule:
+            st = sc.step
             if st.step == world - 1:
                 protocol.apply(RankEvent.SCATTERED)
-            for lo, hi in chunk_ranges(*st.recv, chunk_elems, chunks, align):
+            step_start = links.sent_chunks
+            for ch in sc.sends if not handed else ():
+                if not runner_may_send(links.sent_chunks, links.acked_chunks, chunks, step_start):
+                    sender.begin(plane, sends, i, None, k)
+                    handed = True
+                    break
+                links.take_credit(chunks, timeout_s)
+                view = plane.send_view(i, ch.lo, ch.hi)
+                taken = right.try_send(view)
+                if taken < len(view):
+                    sender.begin(plane, sends, i, view[taken:], k)
+                    handed = True
+                    break
+                plane.sent(i)
+                links.sent_chunks += 1
+                i += 1
+            for lo, hi in sc.recvs:
                 # The receiver folds what it received at once, piece by piece (on CPU a piece
                 # small enough to be added while it is still in cache), so the sender never
                 # stops sending to fold, and a chunk is complete when it is folded.
@@ -212,7 +264,8 @@ def run_ring(links: RingLinks, sender: RingSender, plane, numel: int, elem_size:
                     # The left neighbour stopped reading. If it still owes us data, the next
                     # receive fails; if not (it finished and moved on), this op is unaffected.
                     pass
-                sender.received()
+                if handed:
+                    sender.received()
                 k += 1
             if st.last_of_partition:
                 partition += 1
