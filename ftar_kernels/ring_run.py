@@ -30,12 +30,14 @@ wakes every blocked call on this rank and closes the ring for the neighbours, wh
 
 from __future__ import annotations
 
+import itertools
 import threading
+from typing import Iterator
 
 from .errors import FatalError, FtarError, RecoverableError
 from .handshake import HEADER_BYTES, OpHeader, disagreement
 from .protocol_state import RankEvent, RankProtocol
-from .ring_plan import SendChunk, partition_elems, ring_steps, step_chunks
+from .ring_plan import SendChunk, op_schedule, partition_elems
 from .settings import FtarSettings
 from .transport import Connection
 
@@ -104,10 +106,11 @@ class RingSender:
 
     # -- the runner's side
 
-    def begin(self, plane, chunks: list[SendChunk], start: int = 0, rest: memoryview | None = None,
+    def begin(self, plane, chunks: Iterator[SendChunk], start: int = 0, rest: memoryview | None = None,
               recv_done: int = 0) -> None:
-        """Send chunks[start:], the first of them only its `rest` when the runner sent part of it
-        (its credit taken); `recv_done` receive chunks are folded already."""
+        """Send `chunks`, the operation's from number `start` on, the first of them only its `rest`
+        when the runner sent part of it (its credit taken); `recv_done` receive chunks are folded
+        already."""
         with self.cond:
             if self.error is not None:
                 raise classify(self.error)
@@ -157,10 +160,9 @@ class RingSender:
                 self.job = None
                 self.cond.notify_all()
 
-    def _send(self, plane, chunks: list[SendChunk], start: int, rest: memoryview | None) -> None:
+    def _send(self, plane, chunks: Iterator[SendChunk], start: int, rest: memoryview | None) -> None:
         links, right, timeout_s = self.links, self.links.right, self.timeout_s
-        for i in range(start, len(chunks)):
-            ch = chunks[i]
+        for i, ch in enumerate(chunks, start):
             if rest is not None:  # the runner sent the start of this chunk
                 right.send_all(rest, timeout_s)
                 rest = None
@@ -226,26 +228,29 @@ def run_ring(links: RingLinks, sender: RingSender, plane, numel: int, elem_size:
     align = max(1, 16 // elem_size)
     n_parts = -(-numel // partition_elems(chunk_elems, chunks, world))
     timeout_s, right = settings.timeout_s, links.right
-    schedule = list(step_chunks(ring_steps(rank, world, numel, chunk_elems, chunks, align), chunk_elems, chunks, align))
-    sends = [ch for sc in schedule for ch in sc.sends]
     handed = False  # whether the sender thread has the rest of the sends
+
+    def sends_from(i: int) -> Iterator[SendChunk]:
+        return itertools.islice((ch for sc in op_schedule(rank, world, numel, chunk_elems, chunks, align)
+                                 for ch in sc.sends), i, None)
+
     try:
         i, k, partition = 0, 0, 0  # next send chunk, next receive chunk, partition
-        for sc in schedule:
+        for sc in op_schedule(rank, world, numel, chunk_elems, chunks, align):
             st = sc.step
             if st.step == world - 1:
                 protocol.apply(RankEvent.SCATTERED)
             step_start = links.sent_chunks
             for ch in sc.sends if not handed else ():
                 if not runner_may_send(links.sent_chunks, links.acked_chunks, chunks, step_start):
-                    sender.begin(plane, sends, i, None, k)
+                    sender.begin(plane, sends_from(i), i, None, k)
                     handed = True
                     break
                 links.take_credit(chunks, timeout_s)
                 view = plane.send_view(i, ch.lo, ch.hi)
                 taken = right.try_send(view)
                 if taken < len(view):
-                    sender.begin(plane, sends, i, view[taken:], k)
+                    sender.begin(plane, sends_from(i), i, view[taken:], k)
                     handed = True
                     break
                 plane.sent(i)
