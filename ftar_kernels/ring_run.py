@@ -95,7 +95,8 @@ class RingSender:
 
     def stop(self) -> bool:
         """End the thread (its connections interrupted or closed first, so a send under way ends
-        too); whether it ended within timeout_s + 5 s (it does unless a transport ignores interrupt())."""
+        too); whether it ended within timeout_s + 5 s (it does unless a transport ignores
+        interrupt())."""
         with self.cond:
             self.stopping = True
             self.cond.notify_all()
