@@ -62,6 +62,13 @@ def paced_transport(pacer: Pacer, buffer_bytes: int):
             pacer.take(len(data))
             self._inner.send_all(data, timeout_s)
 
+        def try_send(self, data) -> int:
+            if pacer.rate > 0:
+                return 0  # paced: FTAR's sender thread waits for the bucket (send_all), then sends
+            taken = self._inner.try_send(data)
+            pacer.take(taken)  # counts only
+            return taken
+
         def recv_exact(self, into, timeout_s: float) -> None:
             self._inner.recv_exact(into, timeout_s)
 

@@ -5,9 +5,10 @@
     stats = ep.allreduce(tensor).wait()
     ep.close()
 
-Threads: one acceptor per endpoint (from the first configure to close), one runner per configured
-generation (executes queued all-reduces in order), one sender per running all-reduce. All are
-joined by configure (the runner of the old generation) and close.
+Threads: one acceptor per endpoint (from the first configure to close), and per configured
+generation of more than one member a runner (executes queued all-reduces in order, receiving
+and folding) and a sender (`RingSender`: sends each one's chunks). All are joined by configure
+(the old generation's) and close.
 
 On failure the tensor's contents are unspecified (partly summed) if data had started to move;
 failures before that (invalid arguments, header disagreement, not configured, cancelled queued
@@ -30,7 +31,7 @@ from .handshake import DTYPE_CODES, OpHeader
 from .membership import Membership
 from .op_handle import AllReduceHandle, OpStats
 from .protocol_state import IllegalTransition, RankEvent, RankProtocol, RankState
-from .ring_run import RingLinks, agree_on_header, classify, run_ring
+from .ring_run import RingLinks, RingSender, agree_on_header, classify, run_ring
 from .settings import FtarSettings
 from .transport import TcpTransport, Transport
 
@@ -47,11 +48,13 @@ class _Op:
 
 
 class _Session:
-    """One configured generation: its links, its queue and the runner thread that drains it."""
+    """One configured generation: its links, its queue, the runner thread that drains it and the
+    sender thread that sends for it."""
 
     def __init__(self, endpoint: "FtarEndpoint", links: RingLinks | None, rank: int, world: int,
                  generation: int) -> None:
         self.endpoint, self.links = endpoint, links
+        self.sender = None if links is None else RingSender(links, endpoint.settings, f"ftar-send-g{generation}")
         self.rank, self.world, self.generation = rank, world, generation
         self.cond = threading.Condition()
         self.queue: collections.deque[_Op] = collections.deque()
@@ -62,6 +65,8 @@ class _Session:
         self.registered: set[int] = set()  # data planes whose buffers the links have registered
 
     def start(self) -> None:
+        if self.sender is not None:
+            self.sender.start()
         self.thread = threading.Thread(target=self._run, name=f"ftar-run-g{self.generation}", daemon=True)
         self.thread.start()
 
@@ -113,6 +118,9 @@ class _Session:
         self._break(RecoverableError(reason))
         if self.thread is not None:
             self.thread.join()
+        if self.sender is not None and not self.sender.stop():  # only if a transport ignores interrupt()
+            log.warning("%s generation %d: the sender thread did not stop within %s s", self.endpoint.address,
+                        self.generation, self.endpoint.settings.timeout_s + 5.0)
         if self.links is not None:
             self.links.close()
 
@@ -242,7 +250,7 @@ class FtarEndpoint:
             sent_before = session.links.sent_chunks
             plane.begin(flat, op.ready) if flat.is_cuda else plane.begin(flat)
             try:
-                run_ring(session.links, plane, flat.numel(), flat.element_size(), session.rank,
+                run_ring(session.links, session.sender, plane, flat.numel(), flat.element_size(), session.rank,
                          session.world, self.settings, self.protocol)
             finally:
                 plane.finish()

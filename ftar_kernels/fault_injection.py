@@ -52,6 +52,12 @@ class FaultyConnection(Connection):
             self._interrupted.wait(self._faults.delay_s)  # cut short by interrupt()
         self._inner.send_all(data, timeout_s)
 
+    def try_send(self, data) -> int:
+        self._before()
+        if self._faults.delay_s:
+            return 0  # a slowed connection takes nothing at once: send_all waits, then sends
+        return self._inner.try_send(data)
+
     def recv_exact(self, into: memoryview, timeout_s: float) -> None:
         self._before()
         self._inner.recv_exact(into, timeout_s)

@@ -14,8 +14,9 @@ chunk j of step t waits for the receiver's chunk j of step t-1 (`SendChunk.after
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Iterable, Iterator
 
 
 @dataclass(frozen=True)
@@ -89,13 +90,50 @@ def chunk_ranges(lo: int, hi: int, chunk_elems: int, chunks: int = 1, align_elem
             yield a, b
 
 
-def send_chunks(steps: list[Step] | Iterator[Step], chunk_elems: int, chunks: int = 1,
-                align_elems: int = 1) -> Iterator[SendChunk]:
-    """The sender's chunks in order, each naming the receive chunk it depends on."""
+@dataclass(frozen=True)
+class StepChunks:
+    """One step of a rank's schedule cut into chunks: what it sends (each send naming the receive
+    chunk it depends on) and what it receives, in order."""
+
+    step: Step
+    sends: tuple[SendChunk, ...]
+    recvs: tuple[tuple[int, int], ...]
+
+
+def step_chunks(steps: list[Step] | Iterator[Step], chunk_elems: int, chunks: int = 1,
+                align_elems: int = 1) -> Iterator[StepChunks]:
+    """Every step with its chunks; receive chunks are numbered across the whole operation."""
     recv_start = 0  # global index of the first receive chunk of the current step
     prev_recv_start = 0
     for st in steps:
-        for j, (lo, hi) in enumerate(chunk_ranges(*st.send, chunk_elems, chunks, align_elems)):
-            yield SendChunk(lo, hi, -1 if st.step == 0 else prev_recv_start + j)
-        n_recv = sum(1 for _ in chunk_ranges(*st.recv, chunk_elems, chunks, align_elems))
-        prev_recv_start, recv_start = recv_start, recv_start + n_recv
+        sends = tuple(SendChunk(lo, hi, -1 if st.step == 0 else prev_recv_start + j)
+                      for j, (lo, hi) in enumerate(chunk_ranges(*st.send, chunk_elems, chunks, align_elems)))
+        recvs = tuple(chunk_ranges(*st.recv, chunk_elems, chunks, align_elems))
+        yield StepChunks(st, sends, recvs)
+        prev_recv_start, recv_start = recv_start, recv_start + len(recvs)
+
+
+def op_schedule(rank: int, world: int, numel: int, chunk_elems: int, chunks: int = 1,
+                align_elems: int = 1) -> Iterable[StepChunks]:
+    """`step_chunks` of one operation. A tensor of one partition (at most 2(world-1) steps of about
+    `chunks` chunks each) gets its schedule from a small cache, so an all-reduce of a size seen
+    before spends nothing on it; a larger one's steps are made as they are reached, so its
+    schedule never sits whole in memory."""
+    if numel <= partition_elems(chunk_elems, chunks, world):
+        return _one_partition(rank, world, numel, chunk_elems, chunks, align_elems)
+    return step_chunks(ring_steps(rank, world, numel, chunk_elems, chunks, align_elems), chunk_elems, chunks,
+                       align_elems)
+
+
+@functools.lru_cache(maxsize=32)
+def _one_partition(rank: int, world: int, numel: int, chunk_elems: int, chunks: int,
+                   align_elems: int) -> tuple[StepChunks, ...]:
+    return tuple(step_chunks(ring_steps(rank, world, numel, chunk_elems, chunks, align_elems), chunk_elems, chunks,
+                             align_elems))
+
+
+def send_chunks(steps: list[Step] | Iterator[Step], chunk_elems: int, chunks: int = 1,
+                align_elems: int = 1) -> Iterator[SendChunk]:
+    """The sender's chunks in order, each naming the receive chunk it depends on."""
+    for sc in step_chunks(steps, chunk_elems, chunks, align_elems):
+        yield from sc.sends

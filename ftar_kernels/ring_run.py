@@ -1,13 +1,23 @@
 """One all-reduce over an established ring: header agreement, then the pipelined data phase.
 
-Two threads per operation: the calling (runner) thread receives from the left neighbour, and a
-sender thread sends to the right neighbour. In reduce-scatter the receiver folds (adds) what it
-receives into the tensor as it arrives, piece by piece (the data plane chooses the pieces: on CPU
-a cache-sized staging buffer, on CUDA a whole chunk in a pinned slot); in all-gather it receives
-straight into the tensor (CPU) or a pinned slot (CUDA). A chunk counts as received once it is
-folded, and the sender forwards a chunk once the chunk it depends on was received: the sender
-never stops to fold, so the wire to the right stays busy while the receiver adds. Blocking socket
-calls release the GIL, and so does torch's add_.
+Two threads per generation: the calling (runner) thread receives from the left neighbour, and
+the generation's sender thread (`RingSender`, started once, not per operation) sends to the
+right neighbour. In reduce-scatter the receiver folds (adds) what it receives into the tensor as
+it arrives, piece by piece (the data plane chooses the pieces: on CPU a cache-sized staging
+buffer, on CUDA a whole chunk in a pinned slot); in all-gather it receives straight into the
+tensor (CPU) or a pinned slot (CUDA). A chunk counts as received once it is folded, and the
+sender forwards a chunk once the chunk it depends on was received: the sender never stops to
+fold, so the wire to the right stays busy while the receiver adds. Blocking socket calls
+release the GIL, and so does torch's add_.
+
+The runner sends too, as long as that costs no wait that could close a cycle around the ring:
+before each step's receives it sends the step's chunks itself while the transport takes each one
+at once (`Connection.try_send`) and the credit it needs is owed for an earlier step
+(`runner_may_send`); from the first chunk where either fails, the sender thread sends the rest
+of the operation. A small all-reduce so runs on the runner alone: no hand-off between threads,
+no GIL contention, which on a busy machine cost more than the operation's own work (a 4 KiB
+all-reduce took about 1 ms of CPU per rank with a sender thread per operation; see
+docs/architecture.md, "FTAR's fixed cost per operation").
 
 Flow control is by credits: the receiver returns one credit byte on the left connection per chunk
 it has taken off the wire and folded, and the sender never has more than `chunks_in_flight`
@@ -20,12 +30,14 @@ wakes every blocked call on this rank and closes the ring for the neighbours, wh
 
 from __future__ import annotations
 
+import itertools
 import threading
+from typing import Iterator
 
 from .errors import FatalError, FtarError, RecoverableError
 from .handshake import HEADER_BYTES, OpHeader, disagreement
 from .protocol_state import RankEvent, RankProtocol
-from .ring_plan import chunk_ranges, partition_elems, ring_steps, send_chunks
+from .ring_plan import SendChunk, op_schedule, partition_elems
 from .settings import FtarSettings
 from .transport import Connection
 
@@ -54,34 +66,125 @@ class RingLinks:
         self.right.close()
 
 
-class _Progress:
-    """How many receive chunks are finished, and the first error of the operation."""
+class RingSender:
+    """The sending side of one generation's ring: one thread, started with the generation and
+    joined when it ends, that sends each operation's chunks to the right neighbour as the
+    receiving (runner) thread's progress allows. A thread per operation cost its start, its join
+    and their hand-offs on every all-reduce, however small.
 
-    def __init__(self) -> None:
+    The runner `begin`s an operation, reports each receive chunk folded (`received`), and
+    `finish`es it: that waits, bounded, until the sender is idle again and returns the first
+    error. The first error (`fail`, from either side) interrupts both connections and is kept:
+    the generation is unusable after it, and every later `begin` fails with it."""
+
+    def __init__(self, links: RingLinks, settings: FtarSettings, name: str) -> None:
+        self.links = links
+        self.window, self.timeout_s = settings.chunks_in_flight, settings.timeout_s
+        self.name = name
         self.cond = threading.Condition()
-        self.recv_done = 0
+        self.job: tuple | None = None  # (plane, chunks, start, rest) of the operation being sent
+        self.recv_done = 0  # receive chunks folded in the operation under way
+        self.needed = 0  # the receive count the sender waits for (0: it does not wait for one)
         self.error: BaseException | None = None
+        self.stopping = False
+        self.thread: threading.Thread | None = None
 
-    def advance(self) -> None:
+    def start(self) -> None:
+        self.thread = threading.Thread(target=self._loop, name=self.name, daemon=True)
+        self.thread.start()
+
+    def stop(self) -> bool:
+        """End the thread (its connections interrupted or closed first, so a send under way ends
+        too); whether it ended within timeout_s + 5 s (it does unless a transport ignores
+        interrupt())."""
         with self.cond:
-            self.recv_done += 1
+            self.stopping = True
+            self.cond.notify_all()
+        if self.thread is None:
+            return True
+        self.thread.join(self.timeout_s + 5.0)
+        return not self.thread.is_alive()
+
+    # -- the runner's side
+
+    def begin(self, plane, chunks: Iterator[SendChunk], start: int = 0, rest: memoryview | None = None,
+              recv_done: int = 0) -> None:
+        """Send `chunks`, the operation's from number `start` on, the first of them only its `rest`
+        when the runner sent part of it (its credit taken); `recv_done` receive chunks are folded
+        already."""
+        with self.cond:
+            if self.error is not None:
+                raise classify(self.error)
+            self.recv_done, self.job = recv_done, (plane, chunks, start, rest)
             self.cond.notify_all()
 
-    def wait_for(self, count: int, timeout_s: float) -> None:
+    def received(self) -> None:
+        """One more receive chunk is folded; wakes the sender only if it waits for this one."""
         with self.cond:
-            if not self.cond.wait_for(lambda: self.recv_done >= count or self.error is not None, timeout_s):
-                raise RecoverableError(f"timed out after {timeout_s} s waiting for the left neighbour's data")
-            if self.error is not None:
-                raise RecoverableError("aborted by the receiving side") from self.error
+            self.recv_done += 1
+            if self.needed and self.recv_done >= self.needed:
+                self.cond.notify_all()
 
-    def fail(self, error: BaseException) -> bool:
-        """Record error if it is the first; return whether it was."""
+    def fail(self, error: BaseException) -> None:
+        """Keep error if it is the first, and then interrupt both connections."""
         with self.cond:
             first = self.error is None
             if first:
                 self.error = error
             self.cond.notify_all()
-            return first
+        if first:
+            self.links.interrupt()
+
+    def finish(self) -> BaseException | None:
+        """Wait until the operation's last chunk is sent or the sender gave up; the first error."""
+        with self.cond:
+            if not self.cond.wait_for(lambda: self.job is None, self.timeout_s + 5.0):
+                stuck = FatalError("the FTAR sender thread did not stop after its connections were interrupted")
+                if self.error is None:
+                    self.error = stuck
+            return self.error
+
+    # -- the sender thread
+
+    def _loop(self) -> None:
+        while True:
+            with self.cond:
+                self.cond.wait_for(lambda: self.job is not None or self.stopping)  # idle until stop()
+                if self.stopping:
+                    return
+                job = self.job
+            try:
+                self._send(*job)
+            except BaseException as exc:  # noqa: BLE001 - handed to the runner thread
+                self.fail(exc)
+            with self.cond:
+                self.job = None
+                self.cond.notify_all()
+
+    def _send(self, plane, chunks: Iterator[SendChunk], start: int, rest: memoryview | None) -> None:
+        links, right, timeout_s = self.links, self.links.right, self.timeout_s
+        for i, ch in enumerate(chunks, start):
+            if rest is not None:  # the runner sent the start of this chunk
+                right.send_all(rest, timeout_s)
+                rest = None
+            else:
+                if ch.after_recv >= 0:
+                    self._wait_received(ch.after_recv + 1)
+                links.take_credit(self.window, timeout_s)
+                right.send_all(plane.send_view(i, ch.lo, ch.hi), timeout_s)
+            plane.sent(i)
+            links.sent_chunks += 1
+
+    def _wait_received(self, count: int) -> None:
+        with self.cond:
+            if self.recv_done < count and self.error is None:
+                self.needed = count
+                done = self.cond.wait_for(lambda: self.recv_done >= count or self.error is not None, self.timeout_s)
+                self.needed = 0
+                if not done:
+                    raise RecoverableError(f"timed out after {self.timeout_s} s waiting for the left neighbour's data")
+            if self.error is not None:
+                raise RecoverableError("aborted by the receiving side") from self.error
 
 
 def agree_on_header(links: RingLinks, mine: OpHeader, rank: int, world: int, timeout_s: float) -> None:
@@ -100,65 +203,85 @@ def agree_on_header(links: RingLinks, mine: OpHeader, rank: int, world: int, tim
         raise FatalError(problem)
 
 
-def run_ring(links: RingLinks, plane, numel: int, elem_size: int, rank: int, world: int,
+def runner_may_send(sent: int, acked: int, window: int, step_start: int) -> bool:
+    """Whether the runner may send the next chunk itself, waiting for its credit if need be: the
+    window has room, or the credit is owed for a chunk of an earlier step (`step_start`: chunks
+    sent before this step), which the right neighbour returns in its own receives of that step,
+    so without waiting for this rank. A credit owed for a chunk of this step comes only once the
+    neighbour is past its own sends of it, which may wait on its right neighbour, and so on
+    around the ring back to this rank: that wait is the sender thread's, never the runner's."""
+    return sent - acked < window or sent - window < step_start
+
+
+def run_ring(links: RingLinks, sender: RingSender, plane, numel: int, elem_size: int, rank: int, world: int,
              settings: FtarSettings, protocol: RankProtocol) -> None:
-    """Move the data of one agreed all-reduce. Raises RecoverableError or FatalError."""
+    """Move the data of one agreed all-reduce. Raises RecoverableError or FatalError.
+
+    This (runner) thread receives and folds every chunk. It also sends, step by step before that
+    step's receives, as long as the transport takes each chunk at once and the credit a chunk
+    needs is owed for a chunk of an earlier step: so it never waits on the right neighbour for
+    anything the neighbour could only give after this rank's own receives (no cycle around the
+    ring). At the first chunk for which either fails, the rest of the operation's sends go to
+    `sender`, the generation's sender thread. A small all-reduce thus runs on one thread, with no
+    hand-off; a large one moves to the two-thread pipeline within its first chunks."""
     chunk_elems = settings.chunk_bytes // elem_size
     chunks = settings.chunks_in_flight
     align = max(1, 16 // elem_size)
     n_parts = -(-numel // partition_elems(chunk_elems, chunks, world))
-    progress = _Progress()
+    timeout_s, right = settings.timeout_s, links.right
+    handed = False  # whether the sender thread has the rest of the sends
 
-    def fail(error: BaseException) -> None:
-        if progress.fail(error):
-            links.interrupt()
+    def sends_from(i: int) -> Iterator[SendChunk]:
+        return itertools.islice((ch for sc in op_schedule(rank, world, numel, chunk_elems, chunks, align)
+                                 for ch in sc.sends), i, None)
 
-    def send_loop() -> None:
-        try:
-            steps = ring_steps(rank, world, numel, chunk_elems, chunks, align)
-            for i, ch in enumerate(send_chunks(steps, chunk_elems, chunks, align)):
-                if ch.after_recv >= 0:
-                    progress.wait_for(ch.after_recv + 1, settings.timeout_s)
-                links.take_credit(chunks, settings.timeout_s)
-                links.right.send_all(plane.send_view(i, ch.lo, ch.hi), settings.timeout_s)
-                plane.sent(i)
-                links.sent_chunks += 1
-        except BaseException as exc:  # noqa: BLE001 - handed to the runner thread
-            fail(exc)
-
-    sender = threading.Thread(target=send_loop, name=f"ftar-send-r{rank}", daemon=True)
-    sender.start()
     try:
-        k, partition = 0, 0
-        for st in ring_steps(rank, world, numel, chunk_elems, chunks, align):
+        i, k, partition = 0, 0, 0  # next send chunk, next receive chunk, partition
+        for sc in op_schedule(rank, world, numel, chunk_elems, chunks, align):
+            st = sc.step
             if st.step == world - 1:
                 protocol.apply(RankEvent.SCATTERED)
-            for lo, hi in chunk_ranges(*st.recv, chunk_elems, chunks, align):
+            step_start = links.sent_chunks
+            for ch in sc.sends if not handed else ():
+                if not runner_may_send(links.sent_chunks, links.acked_chunks, chunks, step_start):
+                    sender.begin(plane, sends_from(i), i, None, k)
+                    handed = True
+                    break
+                links.take_credit(chunks, timeout_s)
+                view = plane.send_view(i, ch.lo, ch.hi)
+                taken = right.try_send(view)
+                if taken < len(view):
+                    sender.begin(plane, sends_from(i), i, view[taken:], k)
+                    handed = True
+                    break
+                plane.sent(i)
+                links.sent_chunks += 1
+                i += 1
+            for lo, hi in sc.recvs:
                 # The receiver folds what it received at once, piece by piece (on CPU a piece
                 # small enough to be added while it is still in cache), so the sender never
                 # stops sending to fold, and a chunk is complete when it is folded.
                 for a, b in plane.pieces(lo, hi, st.reduce):
-                    links.left.recv_exact(plane.recv_view(k, a, b, st.reduce), settings.timeout_s)
+                    links.left.recv_exact(plane.recv_view(k, a, b, st.reduce), timeout_s)
                     plane.received(k, a, b, st.reduce)
                 try:
-                    links.left.send_all(CREDIT, settings.timeout_s)
+                    links.left.send_all(CREDIT, timeout_s)
                 except RecoverableError:
                     # The left neighbour stopped reading. If it still owes us data, the next
                     # receive fails; if not (it finished and moved on), this op is unaffected.
                     pass
-                progress.advance()
+                if handed:
+                    sender.received()
                 k += 1
             if st.last_of_partition:
                 partition += 1
                 if partition < n_parts:
                     protocol.apply(RankEvent.NEXT_PARTITION)
     except BaseException as exc:  # noqa: BLE001
-        fail(exc)
-    sender.join(settings.timeout_s + 5.0)
-    if sender.is_alive():  # only if a transport ignores interrupt()
-        fail(FatalError("the FTAR sender thread did not stop after its connections were interrupted"))
-    if progress.error is not None:
-        raise classify(progress.error)
+        sender.fail(exc)
+    error = sender.finish()
+    if error is not None:
+        raise classify(error)
     protocol.apply(RankEvent.GATHERED)  # every chunk sent, received and folded
 
 

@@ -2,9 +2,10 @@
 
 TCP is the only shipped transport. The interface is shaped for an RDMA (pyverbs) one too: data
 moves only between caller-owned memoryviews that the caller preallocates and reuses
-(`send_all`, `recv_exact`, `recv_some`; an RDMA transport would post work requests on them and
-wait for their completions), `interrupt()` wakes a blocked caller from another thread, and
-`register()` is the hook where an RDMA transport registers those buffers (TCP does nothing).
+(`send_all`, `try_send`, `recv_exact`, `recv_some`; an RDMA transport would post work requests
+on them and wait for their completions), `interrupt()` wakes a blocked caller from another
+thread, and `register()` is the hook where an RDMA transport registers those buffers (TCP does
+nothing).
 Every socket error becomes RecoverableError.
 """
 
@@ -28,6 +29,12 @@ class Connection(abc.ABC):
 
     @abc.abstractmethod
     def send_all(self, data: memoryview | bytes, timeout_s: float) -> None: ...
+
+    def try_send(self, data: memoryview | bytes) -> int:
+        """Send what the transport takes at once, without waiting; how many bytes it took (0 to
+        len(data)). A transport that cannot tell takes nothing, and every byte goes through
+        `send_all` (FTAR's sender thread)."""
+        return 0
 
     @abc.abstractmethod
     def recv_exact(self, into: memoryview, timeout_s: float) -> None: ...
@@ -112,6 +119,14 @@ class TcpConnection(Connection):
             self._sock.sendall(data)
         except OSError as exc:
             raise self._fail("sending to", exc, timeout_s) from exc
+
+    def try_send(self, data) -> int:
+        try:
+            return self._sock.send(data, socket.MSG_DONTWAIT)
+        except BlockingIOError:  # the socket's buffer is full
+            return 0
+        except OSError as exc:
+            raise self._fail("sending to", exc, 0.0) from exc
 
     def recv_exact(self, into: memoryview, timeout_s: float) -> None:
         """Woken once 512 KiB of what is due is in, not at each arrival (`woken_receive`)."""

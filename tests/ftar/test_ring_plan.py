@@ -6,7 +6,9 @@ import random
 
 import pytest
 
-from ftar_kernels.ring_plan import chunk_ranges, partition_elems, ring_steps, send_chunks
+from ftar_kernels.ring_plan import (
+    StepChunks, chunk_ranges, op_schedule, partition_elems, ring_steps, send_chunks, step_chunks,
+)
 
 
 def simulate(inputs: list[list[int]], chunk_elems: int, chunks: int, align: int) -> list[list[int]]:
@@ -94,3 +96,16 @@ def test_the_sender_waits_for_credit_only_when_the_window_is_full():
         assert links.sent_chunks - links.acked_chunks < window  # room for one more chunk
         links.sent_chunks += 1
     assert right.reads == 10 - window  # the first `window` chunks needed no credit
+
+
+@pytest.mark.parametrize("numel", [1, 599, 600, 601, 5000])
+def test_an_operation_schedule_is_its_steps_chunks_kept_only_for_one_partition(numel):
+    chunk_elems, chunks, world = 100, 2, 3  # one partition: 600 elements
+    for rank in range(world):
+        want = list(step_chunks(ring_steps(rank, world, numel, chunk_elems, chunks, 4), chunk_elems, chunks, 4))
+        got = op_schedule(rank, world, numel, chunk_elems, chunks, 4)
+        assert list(got) == want and all(isinstance(sc, StepChunks) for sc in want)
+        if numel <= 600:  # kept: the same tuple the next time
+            assert op_schedule(rank, world, numel, chunk_elems, chunks, 4) is got
+        else:  # made as the steps are reached, never whole
+            assert not isinstance(got, (tuple, list))
