@@ -52,60 +52,21 @@ class Pacer:
 
 def paced_transport(pacer: Pacer, buffer_bytes: int):
     """An FTAR transport whose every send first takes its bytes from `pacer`."""
-    from ftar_kernels.transport import Connection, Listener, TcpTransport, Transport
+    from ftar_kernels.transport import TcpTransport, WrappedConnection, WrappedTransport
 
-    class PacedConnection(Connection):
-        def __init__(self, inner: Connection) -> None:
-            self._inner, self.peer = inner, inner.peer
-
+    class PacedConnection(WrappedConnection):
         def send_all(self, data, timeout_s: float) -> None:
             pacer.take(len(data))
-            self._inner.send_all(data, timeout_s)
+            self.inner.send_all(data, timeout_s)
 
         def try_send(self, data) -> int:
             if pacer.rate > 0:
                 return 0  # paced: FTAR's sender thread waits for the bucket (send_all), then sends
-            taken = self._inner.try_send(data)
+            taken = self.inner.try_send(data)
             pacer.take(taken)  # counts only
             return taken
 
-        def recv_exact(self, into, timeout_s: float) -> None:
-            self._inner.recv_exact(into, timeout_s)
-
-        def recv_some(self, into, timeout_s: float) -> int:
-            return self._inner.recv_some(into, timeout_s)
-
-        def interrupt(self) -> None:
-            self._inner.interrupt()
-
-        def close(self) -> None:
-            self._inner.close()
-
-    class PacedListener(Listener):
-        def __init__(self, inner: Listener) -> None:
-            self._inner, self.address = inner, inner.address
-
-        def accept(self, timeout_s: float):
-            conn = self._inner.accept(timeout_s)
-            return None if conn is None else PacedConnection(conn)
-
-        def wake(self) -> None:
-            self._inner.wake()
-
-        def close(self) -> None:
-            self._inner.close()
-
-    class PacedTransport(Transport):
-        def __init__(self) -> None:
-            self.inner = TcpTransport(buffer_bytes)
-
-        def listen(self, host: str, port: int) -> Listener:
-            return PacedListener(self.inner.listen(host, port))
-
-        def dial(self, address: str, timeout_s: float) -> Connection:
-            return PacedConnection(self.inner.dial(address, timeout_s))
-
-    return PacedTransport()
+    return WrappedTransport(TcpTransport(buffer_bytes), PacedConnection)
 
 
 class BucketLink:

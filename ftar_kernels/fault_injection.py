@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import threading
 
-from .transport import Connection, Listener, Transport
+from .transport import Connection, Transport, WrappedConnection, WrappedTransport
 
 
 class Faults:
@@ -34,12 +34,11 @@ class Faults:
             return error
 
 
-class FaultyConnection(Connection):
+class FaultyConnection(WrappedConnection):
     def __init__(self, inner: Connection, faults: Faults) -> None:
-        self._inner = inner
+        super().__init__(inner)
         self._faults = faults
         self._interrupted = threading.Event()
-        self.peer = inner.peer
 
     def _before(self) -> None:
         error = self._faults.take()
@@ -50,55 +49,32 @@ class FaultyConnection(Connection):
         self._before()
         if self._faults.delay_s:
             self._interrupted.wait(self._faults.delay_s)  # cut short by interrupt()
-        self._inner.send_all(data, timeout_s)
+        self.inner.send_all(data, timeout_s)
 
     def try_send(self, data) -> int:
         self._before()
         if self._faults.delay_s:
             return 0  # a slowed connection takes nothing at once: send_all waits, then sends
-        return self._inner.try_send(data)
+        return self.inner.try_send(data)
 
     def recv_exact(self, into: memoryview, timeout_s: float) -> None:
         self._before()
-        self._inner.recv_exact(into, timeout_s)
+        self.inner.recv_exact(into, timeout_s)
 
     def recv_some(self, into: memoryview, timeout_s: float) -> int:
         self._before()
-        return self._inner.recv_some(into, timeout_s)
+        return self.inner.recv_some(into, timeout_s)
 
     def interrupt(self) -> None:
         self._interrupted.set()
-        self._inner.interrupt()
+        self.inner.interrupt()
 
     def close(self) -> None:
         self._interrupted.set()
-        self._inner.close()
+        self.inner.close()
 
 
-class FaultyListener(Listener):
-    def __init__(self, inner: Listener, faults: Faults) -> None:
-        self._inner = inner
-        self._faults = faults
-        self.address = inner.address
-
-    def accept(self, timeout_s: float) -> Connection | None:
-        conn = self._inner.accept(timeout_s)
-        return None if conn is None else FaultyConnection(conn, self._faults)
-
-    def wake(self) -> None:
-        self._inner.wake()
-
-    def close(self) -> None:
-        self._inner.close()
-
-
-class FaultyTransport(Transport):
+class FaultyTransport(WrappedTransport):
     def __init__(self, inner: Transport, faults: Faults | None = None) -> None:
-        self.inner = inner
         self.faults = faults or Faults()
-
-    def listen(self, host: str, port: int) -> Listener:
-        return FaultyListener(self.inner.listen(host, port), self.faults)
-
-    def dial(self, address: str, timeout_s: float) -> Connection:
-        return FaultyConnection(self.inner.dial(address, timeout_s), self.faults)
+        super().__init__(inner, lambda conn: FaultyConnection(conn, self.faults))

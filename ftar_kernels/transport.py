@@ -17,6 +17,7 @@ import selectors
 import socket
 import struct
 import time
+from typing import Callable
 
 from .errors import RecoverableError
 from .woken_receive import WokenReceiver
@@ -75,6 +76,63 @@ class Transport(abc.ABC):
     @abc.abstractmethod
     def dial(self, address: str, timeout_s: float) -> Connection:
         """Connect, retrying refused attempts until timeout_s; RecoverableError past it."""
+
+
+class WrappedConnection(Connection):
+    """`inner`'s stream, every call passed on to it: the base of a connection that watches or
+    shapes another's traffic (fault injection, a paced link). Override what changes."""
+
+    def __init__(self, inner: Connection) -> None:
+        self.inner, self.peer = inner, inner.peer
+
+    def send_all(self, data: memoryview | bytes, timeout_s: float) -> None:
+        self.inner.send_all(data, timeout_s)
+
+    def try_send(self, data: memoryview | bytes) -> int:
+        return self.inner.try_send(data)
+
+    def recv_exact(self, into: memoryview, timeout_s: float) -> None:
+        self.inner.recv_exact(into, timeout_s)
+
+    def recv_some(self, into: memoryview, timeout_s: float) -> int:
+        return self.inner.recv_some(into, timeout_s)
+
+    def register(self, buffer: memoryview) -> None:
+        self.inner.register(buffer)
+
+    def interrupt(self) -> None:
+        self.inner.interrupt()
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+class _WrappedListener(Listener):
+    def __init__(self, inner: Listener, wrap: Callable[[Connection], Connection]) -> None:
+        self._inner, self._wrap, self.address = inner, wrap, inner.address
+
+    def accept(self, timeout_s: float) -> Connection | None:
+        conn = self._inner.accept(timeout_s)
+        return None if conn is None else self._wrap(conn)
+
+    def wake(self) -> None:
+        self._inner.wake()
+
+    def close(self) -> None:
+        self._inner.close()
+
+
+class WrappedTransport(Transport):
+    """`inner` with every connection it accepts or dials wrapped by `wrap` (a WrappedConnection)."""
+
+    def __init__(self, inner: Transport, wrap: Callable[[Connection], Connection]) -> None:
+        self.inner, self._wrap = inner, wrap
+
+    def listen(self, host: str, port: int) -> Listener:
+        return _WrappedListener(self.inner.listen(host, port), self._wrap)
+
+    def dial(self, address: str, timeout_s: float) -> Connection:
+        return self._wrap(self.inner.dial(address, timeout_s))
 
 
 def split_address(address: str) -> tuple[str, int]:

@@ -15,14 +15,14 @@ from ftar_kernels import FatalError, FtarEndpoint, RecoverableError, TcpTranspor
 from ftar_kernels.errors import NotReady
 from ftar_kernels.ring_plan import ring_steps, step_chunks
 from ftar_kernels.ring_run import runner_may_send
-from ftar_kernels.transport import Connection, Listener, Transport
+from ftar_kernels.transport import Connection, WrappedConnection, WrappedTransport
 
 from .cluster import parallel
 from .test_in_process import SETTINGS, allreduce_all, configure, ftar_threads
 
 
 class SenderSeam:
-    """Shared by every connection of one SeamTransport: which threads sent chunks, how many bytes
+    """Shared by every connection of one seamed transport: which threads sent chunks, how many bytes
     `try_send` may still take (None: as many as the socket takes), and an error to raise in the
     sender thread's n-th chunk send from now."""
 
@@ -61,65 +61,28 @@ class SenderSeam:
             return take
 
 
-class SeamConnection(Connection):
+class SeamConnection(WrappedConnection):
     def __init__(self, inner: Connection, seam: SenderSeam) -> None:
-        self._inner, self._seam, self.peer = inner, seam, inner.peer
+        super().__init__(inner)
+        self._seam = seam
 
     def send_all(self, data, timeout_s: float) -> None:
         self._seam.on_send(data)
-        self._inner.send_all(data, timeout_s)
+        self.inner.send_all(data, timeout_s)
 
     def try_send(self, data) -> int:
         allowed = self._seam.allowance(len(data))
         if not allowed:
             return 0
         self._seam.on_send(data)
-        return self._inner.try_send(memoryview(data)[:allowed])
-
-    def recv_exact(self, into, timeout_s: float) -> None:
-        self._inner.recv_exact(into, timeout_s)
-
-    def recv_some(self, into, timeout_s: float) -> int:
-        return self._inner.recv_some(into, timeout_s)
-
-    def interrupt(self) -> None:
-        self._inner.interrupt()
-
-    def close(self) -> None:
-        self._inner.close()
-
-
-class SeamListener(Listener):
-    def __init__(self, inner: Listener, seam: SenderSeam) -> None:
-        self._inner, self._seam, self.address = inner, seam, inner.address
-
-    def accept(self, timeout_s: float):
-        conn = self._inner.accept(timeout_s)
-        return None if conn is None else SeamConnection(conn, self._seam)
-
-    def wake(self) -> None:
-        self._inner.wake()
-
-    def close(self) -> None:
-        self._inner.close()
-
-
-class SeamTransport(Transport):
-    """TCP, with every connection reporting to one SenderSeam."""
-
-    def __init__(self, seam: SenderSeam) -> None:
-        self._inner, self._seam = TcpTransport(), seam
-
-    def listen(self, host: str, port: int) -> Listener:
-        return SeamListener(self._inner.listen(host, port), self._seam)
-
-    def dial(self, address: str, timeout_s: float) -> Connection:
-        return SeamConnection(self._inner.dial(address, timeout_s), self._seam)
+        return self.inner.try_send(memoryview(data)[:allowed])
 
 
 def seamed(n: int, try_budget: int | None = None, settings=SETTINGS) -> tuple[list[FtarEndpoint], list[SenderSeam]]:
     seams = [SenderSeam(try_budget) for _ in range(n)]
-    return [FtarEndpoint("127.0.0.1", 0, settings, transport=SeamTransport(s)) for s in seams], seams
+    return [FtarEndpoint("127.0.0.1", 0, settings,
+                         transport=WrappedTransport(TcpTransport(), lambda conn, s=s: SeamConnection(conn, s)))
+            for s in seams], seams
 
 
 def configured(eps: list[FtarEndpoint], seams: list[SenderSeam], generation: int = 1) -> None:
