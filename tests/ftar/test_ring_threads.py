@@ -99,16 +99,22 @@ def inputs(world: int, numel: int, dtype=torch.float32, seed: int = 0) -> tuple[
     return xs, sum(x.to(torch.float64) for x in xs).to(dtype)
 
 
+def twenty_sums(eps: list[FtarEndpoint], threads: int) -> None:
+    """20 all-reduces of 3 ranks, each the exact sum, with `threads` threads alive after each
+    (4 KiB chunks, 2 in flight: several chunks a step, two partitions)."""
+    for i in range(20):
+        xs, want = inputs(3, 9000 + i, seed=i)
+        assert all(not isinstance(r, Exception) for r in allreduce_all(eps, xs))
+        assert all(torch.equal(x, want) for x in xs)
+        assert threading.active_count() == threads
+
+
 def test_a_small_all_reduce_runs_on_the_runner_alone():
     eps, seams = seamed(3)
     try:
         configured(eps, seams)
         before = threading.active_count()
-        for i in range(20):  # 4 KiB chunks, 2 in flight, several chunks a step, two partitions
-            xs, want = inputs(3, 9000 + i, seed=i)
-            assert all(not isinstance(r, Exception) for r in allreduce_all(eps, xs))
-            assert all(torch.equal(x, want) for x in xs)
-            assert threading.active_count() == before
+        twenty_sums(eps, before)
         for seam in seams:
             assert len(seam.chunk_senders) >= 20 * 8
             assert {t.name for t in seam.chunk_senders} == {"ftar-run-g1"}
@@ -122,11 +128,7 @@ def test_a_generation_sends_every_operation_from_one_thread_started_once():
         configured(eps, seams)
         before = threading.active_count()
         assert ftar_threads().count("ftar-send") == 3  # started with the generation, one a rank
-        for i in range(20):
-            xs, want = inputs(3, 9000 + i, seed=i)
-            assert all(not isinstance(r, Exception) for r in allreduce_all(eps, xs))
-            assert all(torch.equal(x, want) for x in xs)
-            assert threading.active_count() == before
+        twenty_sums(eps, before)
         for seam in seams:
             assert len(seam.chunk_senders) >= 20 * 8
             assert len(set(seam.chunk_senders)) == 1, set(seam.chunk_senders)
