@@ -130,10 +130,3 @@ def _one_partition(rank: int, world: int, numel: int, chunk_elems: int, chunks: 
                    align_elems: int) -> tuple[StepChunks, ...]:
     return tuple(step_chunks(ring_steps(rank, world, numel, chunk_elems, chunks, align_elems), chunk_elems, chunks,
                              align_elems))
-
-
-def send_chunks(steps: list[Step] | Iterator[Step], chunk_elems: int, chunks: int = 1,
-                align_elems: int = 1) -> Iterator[SendChunk]:
-    """The sender's chunks in order, each naming the receive chunk it depends on."""
-    for sc in step_chunks(steps, chunk_elems, chunks, align_elems):
-        yield from sc.sends
