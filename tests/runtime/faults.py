@@ -32,13 +32,17 @@ class KillWhenAllreduceStarts(Delegate):
         self._should_kill, self._before_exit, self._kill = should_kill, before_exit, kill
 
     def allreduce(self, tensor):
-        handle = self._inner.allreduce(tensor)
-        if self._should_kill():
-            self._before_exit()
-            if self._kill is not None:
-                self._kill()
-            os._exit(137)
-        return handle
+        if not self._should_kill():
+            return self._inner.allreduce(tensor)
+        # Recorded before the submit: from the submit to the exit this thread keeps the GIL, so
+        # FTAR's runner thread, which sends and receives a small all-reduce on its own, cannot
+        # finish it in between (with the record's write after the submit it sometimes did, and
+        # the peers' all-reduce succeeded: nothing to retry).
+        self._before_exit()
+        self._inner.allreduce(tensor)
+        if self._kill is not None:
+            self._kill()
+        os._exit(137)
 
 
 class HoldWhenAllreduceStarts(Delegate):
