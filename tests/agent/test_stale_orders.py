@@ -77,13 +77,22 @@ async def test_a_host_that_was_cut_off_never_runs_a_superseded_assign(controller
             await server.apply(Tick())  # what the ticker does, at once
 
     # h2 is cut off first, spare0 a little later: h2 is declared dead while spare0 still
-    # counts as alive, so r2 moves to spare0, whose ASSIGN cannot reach it.
+    # counts as alive, so r2 moves to spare0, whose ASSIGN cannot reach it. A heartbeat h2 sent
+    # just before its cut may still be handled after the clock's next step, so the steps count
+    # from the last_seen the controller holds, not from the cut.
     h2_link.cut()
-    await advance(4, fresh=("spare0",))
+    await wait_for(lambda: "h2" not in server.order_streams, 10, "h2's stream to break")
+    for _ in range(2 * int(HB)):
+        if clock.now - state.hosts["h2"].last_seen >= HB - 1:
+            break
+        await advance(1, fresh=("spare0",))
     spare0_link.cut()
     await wait_for(lambda: "spare0" not in server.order_streams, 10, "spare0's stream to break")
-    await advance(2, fresh=())
-    assert state.hosts["h2"].state == HostState.DEAD
+    for _ in range(3):
+        if state.hosts["h2"].state == HostState.DEAD:
+            break
+        await advance(1, fresh=())
+    assert state.hosts["h2"].state == HostState.DEAD and state.hosts["spare0"].state != HostState.DEAD
     assert state.hosts["spare0"].assignment.replica_id == "r2"
     stale = server.pending_orders["spare0"]
     assert stale.kind == "ASSIGN"
