@@ -8,19 +8,49 @@ import asyncio
 import json
 import os
 import signal
+import subprocess
 import sys
 from pathlib import Path
 
 import httpx
 
+from controller.launch import launch
 from protos import job_secret
 from tests.agent.helpers import alive, ready_files, trainer_command, wait_for
 
 CLI = (sys.executable, "-m", "fthsdp.cli")
 
 
+class Waitable:
+    """asyncio's Process interface (the part the tests use) over a `subprocess.Popen`-like
+    process, as `controller.launch` starts it (in tests: forked, tests/forked.py)."""
+
+    def __init__(self, proc) -> None:
+        self._proc = proc
+        self.pid = proc.pid
+
+    @property
+    def returncode(self) -> int | None:
+        return self._proc.poll()
+
+    def send_signal(self, sig: int) -> None:
+        self._proc.send_signal(sig)
+
+    def kill(self) -> None:
+        self._proc.kill()
+
+    async def wait(self) -> int:
+        """Its exit code, once it exited (each look at it bounded; the caller bounds the whole)."""
+        while (code := self._proc.poll()) is None:
+            try:
+                await asyncio.to_thread(self._proc.wait, 0.2)
+            except subprocess.TimeoutExpired:
+                pass
+        return code
+
+
 class Proc:
-    def __init__(self, name: str, proc: asyncio.subprocess.Process, out: Path, err: Path):
+    def __init__(self, name: str, proc: asyncio.subprocess.Process | Waitable, out: Path, err: Path):
         self.name, self.proc, self.out, self.err = name, proc, out, err
 
     @property
@@ -62,15 +92,17 @@ class Cluster:
     async def start_controller(self, replicas: int = 3, restart_budget: int = 0, *flags: str) -> Proc:
         """`restart_budget`: replica restarts a host's trainer deaths may cause before the host
         is replaced (0: the first death swaps it)."""
-        p = await self._spawn("controller", *CLI, "controller", "--grpc-port", "0",
-                              "--http-port", "0", "--replicas", str(replicas),
-                              "--min-replicas", "1", "--join-timeout-s", "1.0",
-                              "--heartbeat-timeout-s", str(self.heartbeat_timeout_s),
-                              "--restart-budget", str(restart_budget),
-                              "--admin-token-file", str(self.token_file), *flags)
-        line = await wait_for(p.first_line, 30, "the controller's serving line")
-        self.grpc, self.http = line["grpc"], line["http"]
-        return p
+        out, err = self.root / "controller.out", self.root / "controller.err"
+        with open(err, "wb") as fe:
+            ctl = await asyncio.to_thread(
+                launch, "--replicas", str(replicas), "--min-replicas", "1", "--join-timeout-s", "1.0",
+                "--heartbeat-timeout-s", str(self.heartbeat_timeout_s), "--restart-budget", str(restart_budget),
+                "--admin-token-file", str(self.token_file), *flags, stderr=fe, timeout_s=30.0, env=self.env)
+        # its serving line, read by `launch`, where `first_line` reads it
+        out.write_text(json.dumps({"grpc": ctl.grpc, "http": ctl.http, "quorum": ctl.quorum}) + "\n")
+        self.grpc, self.http = ctl.grpc, ctl.http
+        self.procs.append(Proc("controller", Waitable(ctl.proc), out, err))
+        return self.procs[-1]
 
     async def start_agent(self, host_id: str, *, replica: str = "", rank: int = 0,
                           world_size: int = 1, spare: bool = False, standby: bool = False,

@@ -108,7 +108,9 @@ async def test_the_page_shows_a_killed_host_the_job_and_the_stall(cluster, brows
     causes = [f["cause"] for f in (await c.get("/api/v1/stalls"))["failures"] if f["replica"] == "r0"]
     assert causes and causes[-1] in ("host", "heartbeat"), causes
     assert stall["failure"][1] == causes[-1] and float(stall["failure"][5]) == pytest.approx(stall["beside"], abs=0.051)
-    assert stall["stall"][4].startswith("quorum …")  # the quorum the job went on with, its id short
+    # the quorum the job went on with, its id short (on failure: what the API said, to tell why)
+    assert stall["stall"][4].startswith("quorum …"), (stall, await c.get("/api/v1/stalls"),
+                                                      await c.get("/api/v1/quorums"), await c.get("/api/v1/history"))
     # the chart shades it
     assert await in_browser(browser.evaluate, "document.querySelectorAll('#chart rect.stall').length") >= 1
     # quorum ids short, the whole id in the title
