@@ -43,7 +43,10 @@ it, a runtime without the setting says float32), `sync_overlap_steps` (the inner
 streaming_diloco's fragment syncs overlaps: --overlap-steps, else the runtime's default; 0 in
 the other modes), `time_per_sync_s` (replica 0's seconds per committed sync at its due step,
 `sync_s`, in the runtime at its other steps, `runtime_s`, and in forward/backward,
-`compute_s`: where the time goes), `replicas`, `inner_steps`, `batch_size`,
+`compute_s`: where the time goes), `sync_plan_ahead_steps` (how many inner steps before a
+blocking sync is due its quorum is asked for: --plan-ahead-steps, else the runtime's default;
+0 in sync mode and with an overlap) and `plans_in_at_due` (of replica 0's syncs asked for
+ahead, the share whose plan was in by the due step; null without), `replicas`, `inner_steps`, `batch_size`,
 `params`, `commits` (syncs committed, per replica), `replicas_agree` (one global model at
 the end) and `load` (the machine's 1/5/15-minute load averages when the line was printed: the
 rates are only as good as the machine was quiet). Every replica process, ours and torchft's, runs torch on --threads threads (default 1:
@@ -80,6 +83,7 @@ FIELDS: dict[str, object] = {
     "params": int, "commits": int, "bytes_ratio_vs_sync": float, "speedup_vs_sync": float,
     "heldout_loss_sync": float, "heldout_loss_sync_band": list, "sync_seeds": int, "heldout_vs_sync_band": str,
     "torchft": str, "load": list, "sync_overlap_steps": int, "time_per_sync_s": dict,
+    "sync_plan_ahead_steps": int, "plans_in_at_due": float | None,
 }
 TORCHFT_FIELDS = ("samples_per_s_torchft", "ratio", "heldout_loss_torchft", "heldout_torchft_vs_sync_band",
                   "wire_bytes_per_sample_torchft")
@@ -87,7 +91,9 @@ TORCHFT_DIFFERENCES = (
     "torchft 0.2 DiLoCo (Manager + ProcessGroupGloo, its own lighthouse, init_sync off: both start from the "
     "same seeded weights) on the same model, H, data, samples, inner and outer optimizers; not equal: its "
     "all-reduce is Gloo's per parameter tensor in float32 and it heartbeats its lighthouse every 100 ms, ours is "
-    "FTAR over the whole pseudo-gradient with a two-phase commit; it keeps no data ledger or digests")
+    "FTAR over the whole pseudo-gradient with a two-phase commit; it keeps no data ledger or digests; ours asks for "
+    "each sync's quorum sync_plan_ahead_steps inner steps before it is due, torchft's DiLoCo refuses an "
+    "asynchronous quorum (use_async_quorum=False): its quorum round trip is waited for at every sync")
 
 
 @dataclass(frozen=True)
@@ -189,6 +195,9 @@ def _measure(args, link, outs: list[dict], wire_before: list[int | None]) -> dic
             "params": outs[0]["params"], "commits": outs[0]["commits"],
             "sync_wire_dtype": outs[0].get("wire_dtype", "float32"),
             "sync_overlap_steps": outs[0].get("overlap_steps", 0),
+            "sync_plan_ahead_steps": outs[0].get("plan_ahead_steps", 0),
+            "plans_in_at_due": (round(outs[0]["plans_in_at_due"] / outs[0]["syncs_begun_ahead"], 4)
+                                if outs[0].get("syncs_begun_ahead") and not outs[0].get("overlap_steps") else None),
             "time_per_sync_s": _per_sync(outs),
             "bytes_sent": sum(o.get("bytes_sent", 0) for o in outs)}
 
@@ -217,6 +226,8 @@ def run_fthsdp(args, link, config: Config, seed: int) -> dict:
         env["FTHSDP_SYNC_WIRE_DTYPE"] = args.wire_dtype
     if args.overlap_steps is not None and config.mode == "streaming_diloco":
         env["FTHSDP_SYNC_OVERLAP_STEPS"] = str(args.overlap_steps)
+    if args.plan_ahead_steps is not None and config.mode in ("local_sgd", "diloco"):
+        env["FTHSDP_SYNC_PLAN_AHEAD_STEPS"] = str(args.plan_ahead_steps)
     wire_before = [link.wire_bytes(r) for r in range(args.replicas)]
     with link.entered(link.controller_node), tempfile.TemporaryDirectory(prefix="fthsdp-bench-") as tmp:
         ctl = launch(*flags, "--job-secret-file", str(secret_file(tmp, os.environ[job_secret.ENV_JOB_SECRET])),
@@ -302,6 +313,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="the pseudo-gradient's wire dtype for the non-sync configurations (FTHSDP_SYNC_WIRE_DTYPE)")
     p.add_argument("--overlap-steps", type=int, help="streaming_diloco's sync_overlap_steps (FTHSDP_SYNC_OVERLAP_STEPS; "
                    "default: the runtime's)")
+    p.add_argument("--plan-ahead-steps", type=int, help="local_sgd's and diloco's sync_plan_ahead_steps "
+                   "(FTHSDP_SYNC_PLAN_AHEAD_STEPS; default: the runtime's, 1)")
     p.add_argument("--threads", type=int, default=1, help="torch threads per replica process, ours and torchft's")
     p.add_argument("--no-torchft", action="store_true", help="do not run torchft's DiLoCo beside ours")
     p.add_argument("--timeout-s", type=float, default=600.0, help="longest one configuration may take")

@@ -89,6 +89,9 @@ class Manager(ProtocolFeed):
         self.last_catch_up_bytes = 0
         #: time spent inside the pure protocol, and how many events it took
         self.protocol_s, self.protocol_events = 0.0, 0
+        #: semi-synchronous: syncs whose begin went ahead of their due step (an overlap or
+        #: sync_plan_ahead_steps), and of the plans asked for ahead those in by the due step
+        self.syncs_begun_ahead = self.plans_in_at_due = 0
         self._state = initial_state(self.settings)
         self._params = [p for p in model.parameters() if p.requires_grad]
         #: FSDP2-wrapped: FTAR reduces each group's gradient shard from FSDP's hook
@@ -384,6 +387,7 @@ class Manager(ProtocolFeed):
             self._queue.append(ev.CoordinatorLost(str(exc)))
 
     def _send_begin(self, e: ev.SendBegin) -> None:
+        self.syncs_begun_ahead += self._state.phase is Phase.INNER  # sent with an inner step: ahead
         self.collectives.begin(e.step)
         self._send(msg.begin(e.step))
 

@@ -235,6 +235,7 @@ class ReducePseudoGradient:
     rank runs it, with or without a plan), then feed Reduced."""
     plan: RankPlan | None
     fragment: int = 0                   # the quorum's fragment: that of the plan's step
+    planned_ahead: bool = False         # its plan was asked for ahead and in by the due step
 
 
 @dataclass(frozen=True)

@@ -62,6 +62,16 @@ StartReduce, Reduced -> SendVote, a commit held); one that ends the flight or le
     a retry in flight (DropReduce) ──▶ flight NONE, inner steps on to K, then the blocking sync
         with the same pseudo-gradient; Close, CoordinatorLost, deadlines: as in PLANNING/VOTING
 
+Planned ahead (no overlap, P = settings.plan_ahead_steps >= 1: local_sgd and diloco by
+default): only the quorum goes ahead; the pseudo-gradient is still the K-th step's.
+
+    IDLE ── Begin (inner = K - P): SendBegin (no ServeState), BeginInner ──▶ INNER, flight PLANNING
+    flight PLANNING ── PlanArrived: ConfigureRing (serving nobody) ──▶ PLANNED (held)
+                    ── a plan with a catch-up, or none: as above (deferred to the due step)
+    flight PLANNED ── a newer plan, a refusal, a decision: a retry (nothing to drop) ──▶ flight NONE
+    the due step, Begin at inner = K:  PLANNED: ReducePseudoGradient(f) ──▶ SYNCING (as blocking)
+        PLANNING ──▶ PLANNING (its begin sent: nothing sent again; its deadline runs on)
+
 The commit advances the ledger by K for every contributor: the batches of the inner steps
 since its last committed sync enter the committed history with the next sync that commits
 with it as a contributor, whichever fragment that sync carries (each inner step is counted
@@ -139,13 +149,13 @@ def _begin(state: RankState, _ev: Begin, now: float, s: RuntimeSettings) -> Resu
     if s.max_steps and state.step >= s.max_steps:
         reason = f"max_steps={s.max_steps} reached"
         return _replace(state, phase=Phase.ENDED, reason=reason), (Ended(reason),)
-    k, tau = s.inner_steps_per_sync, s.overlap_steps
+    k, lead = s.inner_steps_per_sync, s.overlap_steps or s.plan_ahead_steps
     if s.semi_synchronous and state.inner < k:  # an inner step: no coordinator (but a sync may start)
         first = state.inner == 0
         new = _replace(state, phase=Phase.INNER, loss=0.0 if first else state.loss,
                        tokens=state.tokens - state.tokens_voted if first else state.tokens,
                        tokens_voted=0 if first else state.tokens_voted)
-        if tau and state.inner == k - tau and state.flight is Flight.NONE and not state.torn:
+        if lead and state.inner == k - lead and state.flight is Flight.NONE and not state.torn:
             # the sync goes ahead: its live state moves on, so nobody may fetch it (no ServeState)
             new = _replace(new, flight=Flight.PLANNING, deadline=now + s.plan_timeout_s, plan=None, quorum_id=0,
                            reduced=False, failure="", deferred=False, ledger_before=state.ledger)
@@ -326,6 +336,8 @@ def _ahead_plan(state: RankState, ev: PlanArrived, now: float, s: RuntimeSetting
                f"{len(plan.ftar_members)} members healthy): a catch-up needs a quiescent sync: retried at the due "
                f"step")
         return _vote(_replace(new, failure=why, deferred=True), now, s, ahead=True)
+    if not s.overlap_steps:  # planned ahead: the pseudo-gradient is taken at the due step's End
+        return _replace(new, flight=Flight.PLANNED), (ConfigureRing(plan, serving=False),)
     new = _replace(new, flight=Flight.REDUCING, background=True)
     return new, (ConfigureRing(plan, serving=False), StartReduce(plan, s.fragment_at(plan.step)))
 
@@ -351,6 +363,12 @@ def _due(state: RankState, now: float, s: RuntimeSettings) -> Result:
     sync as a blocking one (its deadlines run on)."""
     if state.flight is Flight.COMMITTED:
         return _commit(state, s)
+    if state.flight is Flight.PLANNED:  # the plan asked for ahead: the blocking sync from its reduce on
+        plan = state.plan
+        assert plan is not None
+        new = _replace(state, phase=Phase.SYNCING, flight=Flight.NONE, fetch=Fetch.NONE, fetch_deadline=INF,
+                       ending=False)
+        return new, (ReducePseudoGradient(plan, s.fragment_at(plan.step), planned_ahead=True),)
     phase = {Flight.PLANNING: Phase.PLANNING, Flight.REDUCING: Phase.SYNCING, Flight.VOTING: Phase.VOTING}
     new = _replace(state, phase=phase[state.flight], flight=Flight.NONE)
     return new, (AwaitReduce(),) if state.flight is Flight.REDUCING else ()
@@ -573,4 +591,5 @@ _FLIGHT_TABLE: dict[tuple[Flight, type], Handler] = {
     **{(F.REDUCING, e): _TABLE[(P.SYNCING, e)] for e in (PlanArrived, PlanRefused, DecisionArrived)},
     (F.VOTING, DecisionArrived): _ahead_decided,
     (F.VOTING, Tick): _TABLE[(P.VOTING, Tick)],
+    **{(F.PLANNED, e): _TABLE[(P.SYNCING, e)] for e in (PlanArrived, PlanRefused, DecisionArrived)},
 }

@@ -42,9 +42,11 @@ class Fetch(enum.Enum):
 
 
 class Flight(enum.Enum):
-    """A fragment sync in flight while the trainer trains its overlap steps (between them the phase is IDLE)."""
+    """A sync in flight while the trainer trains its last inner steps (between them the phase is IDLE):
+    streaming_diloco's overlap (tau), or a blocking sync's plan asked for ahead (P)."""
     NONE = "none"
-    PLANNING = "planning"      # begin sent at inner = K - tau; waiting for the plan
+    PLANNING = "planning"      # begin sent at inner = K - tau (or K - P); waiting for the plan
+    PLANNED = "planned"        # (plan ahead, no overlap) the plan is in and held: the reduce starts at the due step
     REDUCING = "reducing"      # the reduce runs in the background
     VOTING = "voting"          # vote sent; waiting for the decision
     COMMITTED = "committed"    # committed: applied at the due step (inner = K)

@@ -33,6 +33,7 @@ def _take_pseudo_gradient(m: Any, e: ev.TakePseudoGradient) -> None:
 
 
 def _reduce_pseudo_gradient(m: Any, e: ev.ReducePseudoGradient) -> ev.Reduced | None:
+    m.plans_in_at_due += e.planned_ahead
     return _reduced(m.outer.reduce(m.sync, e.plan, e.fragment))
 
 

@@ -283,7 +283,7 @@ def test_a_torn_rank_never_syncs_ahead():
 
 
 def test_without_an_overlap_the_sync_blocks_at_the_kth_step_as_before():
-    s = dataclasses.replace(OVERLAP, sync_overlap_steps=0).validate()
+    s = dataclasses.replace(OVERLAP, sync_overlap_steps=0, sync_plan_ahead_steps=0).validate()
     run = Run(state(3, s))
     effects = inner_steps(run, K)
     assert of_type(effects, ev.TakePseudoGradient) == [ev.TakePseudoGradient(3, 0)]
@@ -297,7 +297,8 @@ def test_the_flight_table_is_what_the_docstring_draws():
         (Flight.PLANNING, ev.DecisionArrived), (Flight.PLANNING, ev.Tick),
         (Flight.REDUCING, ev.Reduced), (Flight.REDUCING, ev.PlanArrived), (Flight.REDUCING, ev.PlanRefused),
         (Flight.REDUCING, ev.DecisionArrived),
-        (Flight.VOTING, ev.DecisionArrived), (Flight.VOTING, ev.Tick)}
+        (Flight.VOTING, ev.DecisionArrived), (Flight.VOTING, ev.Tick),
+        (Flight.PLANNED, ev.PlanArrived), (Flight.PLANNED, ev.PlanRefused), (Flight.PLANNED, ev.DecisionArrived)}
 
 
 # ---------------------------------------------------------------- the setting

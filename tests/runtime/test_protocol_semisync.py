@@ -12,7 +12,8 @@ from fthsdp.step.protocol import _TABLE, INF, Fetch, Phase, ProtocolError, next_
 from tests.runtime.protocol_helpers import SETTINGS, Run, plan, state
 
 H = 3
-SEMI = dataclasses.replace(SETTINGS, sync_mode="diloco", sync_every_steps=H).validate()
+#: the blocking sync: its begin sent at the due step (the plan asked for ahead: test_protocol_plan_ahead.py)
+SEMI = dataclasses.replace(SETTINGS, sync_mode="diloco", sync_every_steps=H, sync_plan_ahead_steps=0).validate()
 
 
 def inner_steps(run: Run, n: int, loss: float = 0.5, tokens: int = 8) -> list:

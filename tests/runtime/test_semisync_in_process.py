@@ -72,7 +72,8 @@ def train(controller, replica: str, steps: int, **overrides) -> dict:
         manager.close()
     outer = manager.registry.state_dicts().get(OUTER_STATE_NAME)
     return {"params": [p.detach().clone() for p in model.parameters()], "positions": positions,
-            "digests": digests, "ledger": dict(manager.ledger.positions), "outer": outer}
+            "digests": digests, "ledger": dict(manager.ledger.positions), "outer": outer,
+            "begun_ahead": manager.syncs_begun_ahead}
 
 
 def both(controller, steps: int, **overrides) -> tuple[dict, dict]:
@@ -110,9 +111,14 @@ def test_local_sgd_with_one_inner_step_of_plain_sgd_is_sync_training(controllers
     assert local_a["ledger"] == sync_a["ledger"] == {"0": 4, "1": 4}
 
 
-def test_diloco_outer_nesterov_step_matches_a_reference_computed_by_hand(controllers):
+@pytest.mark.parametrize("ahead", [0, None, 2])
+def test_diloco_outer_nesterov_step_matches_a_reference_computed_by_hand(controllers, ahead):
+    """With the quorum asked for at the due step (0), one inner step ahead (the default) or
+    right after the previous commit (2 = H): the same arithmetic."""
     h, lr, mu = 2, 0.7, 0.9
-    a, b = both(controllers("diloco", h), 2, sync_mode="diloco", sync_every_steps=h, outer_lr=lr, outer_momentum=mu)
+    a, b = both(controllers("diloco", h), 2, sync_mode="diloco", sync_every_steps=h, outer_lr=lr, outer_momentum=mu,
+                sync_plan_ahead_steps=ahead)
+    assert a["begun_ahead"] == b["begun_ahead"] == (0 if ahead == 0 else 2)  # both syncs' begins went ahead
     assert a["positions"] == [0, 1, 2, 3] and a["ledger"] == {"0": 4, "1": 4}
     assert [d for d in a["digests"]] == [d for d in b["digests"]] and [s for s, _ in a["digests"]] == [1, 2]
     for pa, pb in zip(a["params"], b["params"]):
