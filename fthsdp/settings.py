@@ -350,12 +350,17 @@ class RuntimeSettings:
             problems.append("outer_nesterov needs outer_momentum > 0 (torch's SGD refuses Nesterov without it).")
         return problems
 
+    def _inner_steps_problems(self, name: str) -> list[str]:
+        """A count of inner steps that is not an int >= 0 (None: unset, the default)."""
+        value = getattr(self, name)
+        if value is None or (isinstance(value, int) and not isinstance(value, bool) and value >= 0):
+            return []
+        return [f"{name} must be a number of inner steps >= 0, got {value!r}."]
+
     def _overlap_problems(self) -> list[str]:
         tau = self.sync_overlap_steps
-        if tau is None:
-            return []
-        if not isinstance(tau, int) or isinstance(tau, bool) or tau < 0:
-            return [f"sync_overlap_steps must be a number of inner steps >= 0, got {tau!r}."]
+        if tau is None or self._inner_steps_problems("sync_overlap_steps"):
+            return self._inner_steps_problems("sync_overlap_steps")
         if tau and self.sync_mode != "streaming_diloco":
             return [f"sync_overlap_steps={tau} needs sync_mode streaming_diloco (got {self.sync_mode!r}); "
                     f"set it to 0 or leave it unset."]
@@ -368,12 +373,8 @@ class RuntimeSettings:
 
     def _plan_ahead_problems(self) -> list[str]:
         ahead = self.sync_plan_ahead_steps
-        if ahead is None:
-            return []
-        if not isinstance(ahead, int) or isinstance(ahead, bool) or ahead < 0:
-            return [f"sync_plan_ahead_steps must be a number of inner steps >= 0, got {ahead!r}."]
-        if not ahead:
-            return []
+        if not ahead or self._inner_steps_problems("sync_plan_ahead_steps"):
+            return self._inner_steps_problems("sync_plan_ahead_steps")
         if self.sync_mode == "sync":
             return [f"sync_plan_ahead_steps={ahead} needs a semi-synchronous sync_mode (local_sgd, diloco, "
                     f"streaming_diloco); in 'sync' every step is a sync: set it to 0 or leave it unset."]

@@ -47,6 +47,14 @@ class Run:
         self.effects += effects
         return effects
 
+    def inner_steps(self, n: int, loss: float = 0.5, tokens: int = 8) -> list:
+        """`n` semi-synchronous inner steps (Begin, End); their effects."""
+        effects = []
+        for _ in range(n):
+            effects += self(ev.Begin())
+            effects += self(ev.End(loss, tokens))
+        return effects
+
     def to_training(self, p: RankPlan, attempt: int = 1) -> tuple:
         self(ev.Begin())
         return self(ev.PlanArrived(attempt, self.state.step, p))

@@ -23,18 +23,10 @@ OVERLAP = dataclasses.replace(SETTINGS, sync_mode="streaming_diloco", sync_every
                               sync_overlap_steps=TAU).validate()
 
 
-def inner_steps(run: Run, n: int, tokens: int = 8) -> list:
-    effects = []
-    for _ in range(n):
-        effects += run(ev.Begin())
-        effects += run(ev.End(0.5, tokens))
-    return effects
-
-
 def in_flight(step: int = 3, **fields) -> Run:
     """Inner steps up to the prepare point, and the Begin that sends the sync ahead."""
     run = Run(state(step, OVERLAP, **fields))
-    inner_steps(run, K - TAU)
+    run.inner_steps(K - TAU)
     run(ev.Begin())
     return run
 
@@ -45,7 +37,7 @@ def of_type(effects, kind) -> list:
 
 def test_the_pseudo_gradient_is_taken_tau_steps_early_and_keeps_the_local_fragment_training():
     run = Run(state(3, OVERLAP))
-    effects = inner_steps(run, K - TAU)
+    effects = run.inner_steps(K - TAU)
     assert of_type(effects, ev.TakePseudoGradient) == [ev.TakePseudoGradient(3, 0, keep_local=True)]
     assert effects[-1] == ev.TakePseudoGradient(3, 0, keep_local=True)  # after the step that brings inner to K - tau
     # the next Begin sends the sync ahead: no ServeState (the live state moves on), and trains
@@ -104,7 +96,7 @@ def test_a_commit_in_flight_is_held_until_the_due_step_then_applied_with_the_ove
     run(ev.Reduced(True))
     assert run(ev.DecisionArrived(1, True, "all yes")) == ()  # held: nothing applied yet
     assert run.state.flight is Flight.COMMITTED and run.state.step == 3 and next_deadline(run.state) == INF
-    inner_steps(run, K - TAU - 1)  # the rest of the overlap trains as usual
+    run.inner_steps(K - TAU - 1)  # the rest of the overlap trains as usual
     assert run.state.inner == K
     effects = run(ev.Begin())  # the due step
     assert [type(e).__name__ for e in effects] == ["StopServing", "GatherReduced", "ApplyOuterStep", "Concluded"]
@@ -122,7 +114,7 @@ def test_a_retry_in_flight_drops_the_reduce_and_the_due_step_syncs_blocking_with
     effects = run(ev.DecisionArrived(1, False, "rank 0 of replica a voted no: FTAR peer reset"))
     assert [type(e).__name__ for e in effects] == ["DropReduce", "Concluded"]  # no DropGradients: the inner step's are kept
     assert (run.state.phase, run.state.flight, run.state.failures_in_a_row) == (Phase.IDLE, Flight.NONE, 1)
-    effects = inner_steps(run, K - TAU - 1)
+    effects = run.inner_steps(K - TAU - 1)
     assert not of_type(effects, ev.TakePseudoGradient)  # the pseudo-gradient taken at K - tau stays
     assert run(ev.Begin()) == (ev.ServeState(3), ev.SendBegin(3))  # today's blocking sync at the due step
     p = plan(3, quorum_id=10, included=("b",))
@@ -149,7 +141,7 @@ def test_a_catch_up_in_flight_is_deferred_to_a_blocking_sync_at_the_due_step_and
     assert run.state.flight is Flight.VOTING and run.state.deferred
     assert not of_type(run(ev.DecisionArrived(1, False, "replica a voted no")), ev.DropReduce)
     assert run.state.failures_in_a_row == 0 and run.state.flight is Flight.NONE  # a deferral is not a failure
-    inner_steps(run, K - TAU - 1)
+    run.inner_steps(K - TAU - 1)
     assert run(ev.Begin()) == (ev.ServeState(3), ev.SendBegin(3))  # the catch-up's quiescent sync
 
 
@@ -181,7 +173,7 @@ def test_at_the_due_step_an_undecided_sync_is_waited_for_as_a_blocking_one_with_
     if flight == "voting":
         run(ev.Reduced(True))
     deadline = run.state.deadline
-    inner_steps(run, K - TAU - 1)
+    run.inner_steps(K - TAU - 1)
     assert run(ev.Begin(), at=150.0) == effects
     assert (run.state.phase, run.state.flight, run.state.deadline) == (phase, Flight.NONE, deadline)
     if flight == "reducing":  # the awaited reduce comes in: vote, then the commit applies at once
@@ -275,17 +267,17 @@ def test_late_and_stale_messages_in_flight_change_nothing_and_a_local_reduce_out
 
 def test_a_torn_rank_never_syncs_ahead():
     run = Run(state(3, OVERLAP, torn=True))
-    inner_steps(run, K - TAU)
+    run.inner_steps(K - TAU)
     assert run(ev.Begin()) == (ev.BeginInner(3, K - TAU),) and run.state.flight is Flight.NONE
     run(ev.End(0.5, 8))
-    inner_steps(run, TAU - 1)
+    run.inner_steps(TAU - 1)
     assert run(ev.Begin()) == (ev.SendBegin(3),)  # the blocking sync, serving nobody
 
 
 def test_without_an_overlap_the_sync_blocks_at_the_kth_step_as_before():
     s = dataclasses.replace(OVERLAP, sync_overlap_steps=0, sync_plan_ahead_steps=0).validate()
     run = Run(state(3, s))
-    effects = inner_steps(run, K)
+    effects = run.inner_steps(K)
     assert of_type(effects, ev.TakePseudoGradient) == [ev.TakePseudoGradient(3, 0)]
     assert not of_type(effects, ev.SendBegin)
     assert run(ev.Begin()) == (ev.ServeState(3), ev.SendBegin(3))

@@ -23,18 +23,10 @@ K, P = 4, 1
 AHEAD = dataclasses.replace(SETTINGS, sync_mode="diloco", sync_every_steps=K, sync_plan_ahead_steps=P).validate()
 
 
-def inner_steps(run: Run, n: int, tokens: int = 8) -> list:
-    effects = []
-    for _ in range(n):
-        effects += run(ev.Begin())
-        effects += run(ev.End(0.5, tokens))
-    return effects
-
-
 def asked_ahead(step: int = 3, settings: RuntimeSettings = AHEAD, **fields) -> Run:
     """Inner steps up to K - P, the Begin that sends the sync's begin ahead, and that step's End."""
     run = Run(state(step, settings, **fields))
-    inner_steps(run, K - P)
+    run.inner_steps(K - P)
     run(ev.Begin())
     run(ev.End(0.5, 8))
     return run
@@ -46,7 +38,7 @@ def of_type(effects, kind) -> list:
 
 def test_the_begin_goes_ahead_p_steps_early_without_serving_and_the_pseudo_gradient_waits_for_the_kth_step():
     run = Run(state(3, AHEAD))
-    assert not of_type(inner_steps(run, K - P), ev.SendBegin)
+    assert not of_type(run.inner_steps(K - P), ev.SendBegin)
     # the live state moves on for P more steps: nobody may fetch it (no ServeState)
     assert run(ev.Begin()) == (ev.SendBegin(3), ev.BeginInner(3, K - P))
     assert (run.state.phase, run.state.flight) == (Phase.INNER, Flight.PLANNING)
@@ -136,7 +128,7 @@ def test_close_while_the_plan_is_held_finishes_the_replica():
 
 def test_a_torn_rank_never_asks_ahead():
     run = Run(state(3, AHEAD, torn=True))
-    inner_steps(run, K - P)
+    run.inner_steps(K - P)
     assert run(ev.Begin()) == (ev.BeginInner(3, K - P),) and run.state.flight is Flight.NONE
     run(ev.End(0.5, 8))
     assert run(ev.Begin()) == (ev.SendBegin(3),)  # the blocking sync, serving nobody

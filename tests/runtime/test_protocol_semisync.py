@@ -16,17 +16,9 @@ H = 3
 SEMI = dataclasses.replace(SETTINGS, sync_mode="diloco", sync_every_steps=H, sync_plan_ahead_steps=0).validate()
 
 
-def inner_steps(run: Run, n: int, loss: float = 0.5, tokens: int = 8) -> list:
-    effects = []
-    for _ in range(n):
-        effects += run(ev.Begin())
-        effects += run(ev.End(loss, tokens))
-    return effects
-
-
 def at_sync(step: int = 3, **fields) -> Run:
     run = Run(state(step, SEMI, **fields))
-    inner_steps(run, H)
+    run.inner_steps(H)
     return run
 
 
@@ -36,8 +28,8 @@ def test_inner_steps_never_reach_the_coordinator_and_the_last_takes_the_pseudo_g
     assert (run.state.phase, next_deadline(run.state)) == (Phase.INNER, INF)
     assert run(ev.End(0.9, 8)) == (ev.InnerStep(3, 0),)
     assert (run.state.phase, run.state.inner, run.state.step) == (Phase.IDLE, 1, 3)
-    assert inner_steps(run, 1) == [ev.BeginInner(3, 1), ev.InnerStep(3, 1)]
-    assert inner_steps(run, 1) == [ev.BeginInner(3, 2), ev.InnerStep(3, 2), ev.TakePseudoGradient(3)]
+    assert run.inner_steps(1) == [ev.BeginInner(3, 1), ev.InnerStep(3, 1)]
+    assert run.inner_steps(1) == [ev.BeginInner(3, 2), ev.InnerStep(3, 2), ev.TakePseudoGradient(3)]
     assert run.state.inner == H and run.state.ledger == DataLedger({"a": 3, "b": 3})  # nothing committed yet
 
 
@@ -101,7 +93,7 @@ def test_a_plan_that_does_not_fit_still_runs_the_replicas_reduction_and_votes_no
 def test_max_steps_ends_the_replica_only_at_a_sync_boundary():
     s = dataclasses.replace(SEMI, max_steps=4)
     run = Run(state(3, s))
-    inner_steps(run, H)
+    run.inner_steps(H)
     run(ev.Begin())
     run(ev.PlanArrived(1, 3, plan(3)))
     run(ev.Reduced(True))
