@@ -91,9 +91,7 @@ TORCHFT_DIFFERENCES = (
     "torchft 0.2 DiLoCo (Manager + ProcessGroupGloo, its own lighthouse, init_sync off: both start from the "
     "same seeded weights) on the same model, H, data, samples, inner and outer optimizers; not equal: its "
     "all-reduce is Gloo's per parameter tensor in float32 and it heartbeats its lighthouse every 100 ms, ours is "
-    "FTAR over the whole pseudo-gradient with a two-phase commit; it keeps no data ledger or digests; ours asks for "
-    "each sync's quorum sync_plan_ahead_steps inner steps before it is due, torchft's DiLoCo refuses an "
-    "asynchronous quorum (use_async_quorum=False): its quorum round trip is waited for at every sync")
+    "FTAR over the whole pseudo-gradient with a two-phase commit; it keeps no data ledger or digests")
 
 
 @dataclass(frozen=True)
@@ -314,7 +312,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--overlap-steps", type=int, help="streaming_diloco's sync_overlap_steps (FTHSDP_SYNC_OVERLAP_STEPS; "
                    "default: the runtime's)")
     p.add_argument("--plan-ahead-steps", type=int, help="local_sgd's and diloco's sync_plan_ahead_steps "
-                   "(FTHSDP_SYNC_PLAN_AHEAD_STEPS; default: the runtime's, 1)")
+                   "(FTHSDP_SYNC_PLAN_AHEAD_STEPS; default: the runtime's, 0)")
     p.add_argument("--threads", type=int, default=1, help="torch threads per replica process, ours and torchft's")
     p.add_argument("--no-torchft", action="store_true", help="do not run torchft's DiLoCo beside ours")
     p.add_argument("--timeout-s", type=float, default=600.0, help="longest one configuration may take")

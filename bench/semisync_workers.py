@@ -113,7 +113,7 @@ def fthsdp_worker(cfg: dict) -> dict:
     manager.close()  # streaming_diloco: the model takes the global copy of every fragment
     return _result(model, batch_at, cfg, commits, inner, bytes_sent=pacer.sent,
                    wire_dtype=settings.sync_wire_dtype,  # what the runtime used
-                   overlap_steps=settings.overlap_steps, plan_ahead_steps=settings.plan_ahead_steps,
+                   overlap_steps=settings.overlap_steps, plan_ahead_steps=settings.sync_plan_ahead_steps,
                    syncs_begun_ahead=manager.syncs_begun_ahead, plans_in_at_due=manager.plans_in_at_due, **spent)
 
 

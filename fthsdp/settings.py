@@ -208,12 +208,21 @@ class RuntimeSettings:
         change to the synced fragment is dropped at its commit (the fragment takes the new
         global value), as in torchft's streaming DiLoCo.
     sync_plan_ahead_steps: P, how many inner steps before a blocking sync is due its quorum is
-        asked for (FTHSDP_SYNC_PLAN_AHEAD_STEPS; None: the default, see `plan_ahead_steps`): the
-        begin goes to the coordinator P steps early and the plan, once in, is held; the
-        pseudo-gradient's all-reduce still starts at the due step, from the state after all K
-        inner steps (the sync's arithmetic is unchanged; only its quorum round trip leaves the
-        due step). 0 asks at the due step. At most K; semi-synchronous modes without an
-        overlap only (an overlapped sync is asked for tau steps early already).
+        asked for (FTHSDP_SYNC_PLAN_AHEAD_STEPS; default 0: at the due step): the begin goes to
+        the coordinator P steps early and the plan, once in, is held; the pseudo-gradient's
+        all-reduce still starts at the due step, from the state after all K inner steps (the
+        sync's arithmetic is unchanged; only its quorum round trip leaves the due step). At most
+        K; semi-synchronous modes without an overlap only (an overlapped sync is asked for tau
+        steps early already). The price: a replica lost in those P steps is in a quorum already
+        formed, so the sync's all-reduce fails and retries without it; a quorum with a catch-up
+        is deferred to the due step (one more round). For a controller far from the replicas
+        (its round trip long beside the replicas' skew) with inner steps longer than that round
+        trip. Off by default because on bench.semisync's DiLoCo (2 replicas, H = 8, a 50 MB/s
+        veth link, 2 cores, inner steps of 6-7 ms) it gained nothing: of the 4-7 ms each due
+        step waited for its plan, about 3 ms came after the later replica's begin and the rest
+        was the replicas' skew, which P moves into the all-reduce; samples/s over torchft's at
+        P = 1: 0.95, 1.04, 1.06 (P = 0 alternated: 1.06, 1.10, 1.05); at P = 2 (plans in by the
+        due step 81-91 %) the due steps waited longer (39-48 ms against 30-41 ms).
     outer_lr / outer_momentum / outer_nesterov: DiLoCo's outer SGD (FTHSDP_OUTER_LR,
         FTHSDP_OUTER_MOMENTUM, FTHSDP_OUTER_NESTEROV=0|1); the quorum's lr_scale multiplies
         outer_lr (the inner optimizer's learning rate is the script's). Unused by other modes.
@@ -262,7 +271,7 @@ class RuntimeSettings:
     sync_fragments: int = 1
     sync_wire_dtype: str = "float32"
     sync_overlap_steps: int | None = None
-    sync_plan_ahead_steps: int | None = None
+    sync_plan_ahead_steps: int = 0
 
     def validate(self) -> "RuntimeSettings":
         problems = []
@@ -373,8 +382,11 @@ class RuntimeSettings:
 
     def _plan_ahead_problems(self) -> list[str]:
         ahead = self.sync_plan_ahead_steps
-        if not ahead or self._inner_steps_problems("sync_plan_ahead_steps"):
-            return self._inner_steps_problems("sync_plan_ahead_steps")
+        if ahead is None or self._inner_steps_problems("sync_plan_ahead_steps"):
+            return self._inner_steps_problems("sync_plan_ahead_steps") or [
+                "sync_plan_ahead_steps must be a number of inner steps >= 0, got None."]
+        if not ahead:
+            return []
         if self.sync_mode == "sync":
             return [f"sync_plan_ahead_steps={ahead} needs a semi-synchronous sync_mode (local_sgd, diloco, "
                     f"streaming_diloco); in 'sync' every step is a sync: set it to 0 or leave it unset."]
@@ -388,27 +400,6 @@ class RuntimeSettings:
             return [f"sync_plan_ahead_steps={ahead} must be at most sync_every_steps / sync_fragments = "
                     f"{self.inner_steps_per_sync} (the quorum is asked for after the previous sync committed)."]
         return []
-
-    @property
-    def plan_ahead_steps(self) -> int:
-        """P: the inner steps before a blocking sync is due that its begin goes ahead:
-        sync_plan_ahead_steps, or by default 1 in the semi-synchronous modes without an overlap
-        (local_sgd, diloco; streaming_diloco at tau = 0), 0 otherwise.
-
-        Why 1: the quorum round trip then runs beside the last inner step instead of at the due
-        step, where it is waited for. Measured on bench.semisync's DiLoCo (2 replicas, H = 8, a
-        50 MB/s veth link, a 2-core machine), each sync waited at its due step 4-7 ms for its
-        plan (about 3 ms after the later replica's begin, plus the replicas' skew), of about
-        80 ms per sync. One inner step is enough wherever an inner step outlasts that round
-        trip. The price, where a replica is lost in that step: the quorum already counted it,
-        so the sync's all-reduce fails and is retried without it (as a replica lost during a
-        sync is); and a quorum with a catch-up in it is deferred to the due step (a moving
-        state is never served), costing the catch-up one more round."""
-        if self.sync_plan_ahead_steps is not None:
-            return self.sync_plan_ahead_steps
-        if self.semi_synchronous and not self.overlap_steps:
-            return 1
-        return 0
 
     @property
     def overlap_steps(self) -> int:

@@ -62,8 +62,8 @@ StartReduce, Reduced -> SendVote, a commit held); one that ends the flight or le
     a retry in flight (DropReduce) ──▶ flight NONE, inner steps on to K, then the blocking sync
         with the same pseudo-gradient; Close, CoordinatorLost, deadlines: as in PLANNING/VOTING
 
-Planned ahead (no overlap, P = settings.plan_ahead_steps >= 1: local_sgd and diloco by
-default): only the quorum goes ahead; the pseudo-gradient is still the K-th step's.
+Planned ahead (no overlap, P = settings.sync_plan_ahead_steps >= 1; 0 by default): only the
+quorum goes ahead; the pseudo-gradient is still the K-th step's.
 
     IDLE ── Begin (inner = K - P): SendBegin (no ServeState), BeginInner ──▶ INNER, flight PLANNING
     flight PLANNING ── PlanArrived: ConfigureRing (serving nobody) ──▶ PLANNED (held)
@@ -149,7 +149,7 @@ def _begin(state: RankState, _ev: Begin, now: float, s: RuntimeSettings) -> Resu
     if s.max_steps and state.step >= s.max_steps:
         reason = f"max_steps={s.max_steps} reached"
         return _replace(state, phase=Phase.ENDED, reason=reason), (Ended(reason),)
-    k, lead = s.inner_steps_per_sync, s.overlap_steps or s.plan_ahead_steps
+    k, lead = s.inner_steps_per_sync, s.overlap_steps or s.sync_plan_ahead_steps
     if s.semi_synchronous and state.inner < k:  # an inner step: no coordinator (but a sync may start)
         first = state.inner == 0
         new = _replace(state, phase=Phase.INNER, loss=0.0 if first else state.loss,

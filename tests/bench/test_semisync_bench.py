@@ -44,7 +44,7 @@ def test_bench_semisync_prints_one_line_per_configuration_on_the_slowed_link():
     # K = H / F = 2 inner steps per fragment sync: the runtime's default overlap of 1; the others block
     assert (streaming["sync_overlap_steps"], diloco["sync_overlap_steps"], sync["sync_overlap_steps"]) == (1, 0, 0)
     assert set(streaming["time_per_sync_s"]) == {"sync_s", "runtime_s", "compute_s"}
-    # DiLoCo's quorum is asked for one inner step ahead (the default); a share of its 2 plans was in by the due step
+    # DiLoCo's quorum asked for one inner step ahead (--plan-ahead-steps 1); a share of its 2 plans in by the due step
     assert (diloco["sync_plan_ahead_steps"], streaming["sync_plan_ahead_steps"], sync["sync_plan_ahead_steps"]) == (1, 0, 0)
     assert diloco["plans_in_at_due"] in (0.0, 0.5, 1.0) and streaming["plans_in_at_due"] is sync["plans_in_at_due"] is None
 
