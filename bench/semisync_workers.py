@@ -2,7 +2,7 @@
 
 Both train the same model (an MLP seeded by the run's seed) on the same data (a fixed random
 teacher network; replica r's batch at position p is a function of the seed, r and p only) for
-the same inner steps with the same inner optimizer (AdamW) and, for DiLoCo, the same outer one
+the same inner steps with the same inner optimizer (AdamW, fused with --inner-optimizer adamw_fused) and, for DiLoCo, the same outer one
 (SGD, lr 0.7, momentum 0.9, Nesterov: fthsdp's defaults and the DiLoCo paper's). Each prints
 one JSON line: the bytes its FTAR endpoint sent (fthsdp only), when each sync committed (and
 after how many inner steps), the inner steps it trained and the final model's held-out loss.
@@ -47,7 +47,8 @@ def model_and_data(cfg: dict):
     f, hidden = cfg["features"], cfg["hidden"]
     model = torch.nn.Sequential(torch.nn.Linear(f, hidden), torch.nn.GELU(), torch.nn.Linear(hidden, hidden),
                                 torch.nn.GELU(), torch.nn.Linear(hidden, 1))
-    return model, torch.optim.AdamW(model.parameters(), lr=cfg["lr"]), batch_at
+    fused = cfg.get("inner_optimizer") == "adamw_fused"
+    return model, torch.optim.AdamW(model.parameters(), lr=cfg["lr"], fused=fused), batch_at
 
 
 def _result(model, batch_at, cfg: dict, commits: list[tuple[float, int]], inner_steps: int, **more) -> dict:

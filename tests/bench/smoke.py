@@ -63,6 +63,7 @@ SMOKE: dict[str, Smoke] = {
     # allows, without torchft (tests must not need it)
     "semisync": Smoke(("--steps", "8", "--hidden", "16", "--features", "8", "--batch-size", "4", "--heldout", "64",
                        "--configs", "diloco:4,streaming_diloco:4:2", "--plan-ahead-steps", "1",
+                       "--inner-optimizer", "adamw_fused",
                        "--link-mb-s", "1000", "--no-torchft"), OWN, 900.0),
     # GPU only: without a CUDA device it must refuse (test_smoke.py); with one, the smallest run
     "ftar_gpu": Smoke(("--world", "2", "--sizes", "1MiB", "--iters", "1", "--kernel-bytes", "1MiB",

@@ -47,6 +47,7 @@ def test_bench_semisync_prints_one_line_per_configuration_on_the_slowed_link():
     # DiLoCo's quorum asked for one inner step ahead (--plan-ahead-steps 1); a share of its 2 plans in by the due step
     assert (diloco["sync_plan_ahead_steps"], streaming["sync_plan_ahead_steps"], sync["sync_plan_ahead_steps"]) == (1, 0, 0)
     assert diloco["plans_in_at_due"] in (0.0, 0.5, 1.0) and streaming["plans_in_at_due"] is sync["plans_in_at_due"] is None
+    assert sync["inner_optimizer"] == diloco["inner_optimizer"] == "adamw_fused"  # --inner-optimizer, on every line
 
 
 @pytest.mark.parametrize("args, says", [
