@@ -116,11 +116,15 @@ class _Session:
             self.stopping = True
             self.cond.notify_all()
         self._break(RecoverableError(reason))
+        bound = self.endpoint.settings.timeout_s + 5.0  # each of its waits is at most timeout_s
         if self.thread is not None:
-            self.thread.join()
+            self.thread.join(bound)
+            if self.thread.is_alive():  # only if a transport ignores interrupt() and its read timeouts
+                log.warning("%s generation %d: the runner thread did not stop within %s s; left behind",
+                            self.endpoint.address, self.generation, bound)
         if self.sender is not None and not self.sender.stop():  # only if a transport ignores interrupt()
             log.warning("%s generation %d: the sender thread did not stop within %s s", self.endpoint.address,
-                        self.generation, self.endpoint.settings.timeout_s + 5.0)
+                        self.generation, bound)
         if self.links is not None:
             self.links.close()
 

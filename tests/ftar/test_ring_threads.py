@@ -233,3 +233,50 @@ def test_an_error_in_the_sender_fails_the_operation_everywhere_and_breaks_the_ge
         assert torch.equal(xs[0], torch.full((3000,), 2.0)) and torch.equal(xs[1], xs[0])
     finally:
         parallel(*[e.close for e in eps])
+
+
+class StuckReads(WrappedConnection):
+    """Once `armed`, a connection whose reads ignore their timeout and interrupt() (a broken
+    transport): a read blocks until the test sets `release` (at most 60 s), then fails."""
+
+    def __init__(self, inner: Connection, armed: threading.Event, entered: threading.Event,
+                 release: threading.Event) -> None:
+        super().__init__(inner)
+        self._armed, self._entered, self._release = armed, entered, release
+
+    def recv_exact(self, into, timeout_s: float) -> None:
+        if self._armed.is_set():
+            self._entered.set()
+            self._release.wait(60.0)
+            raise ConnectionResetError("released by the test")
+        self.inner.recv_exact(into, timeout_s)
+
+    def interrupt(self) -> None:
+        if not self._armed.is_set():
+            self.inner.interrupt()
+
+
+def test_close_is_bounded_even_when_the_runner_is_stuck_in_a_read_that_ignores_interrupt(caplog):
+    """Every wait bounded: close() gives up on a runner thread stuck in such a read after
+    timeout_s + 5 s, says so, and leaves it behind (it ends when the read does)."""
+    armed, entered, release = threading.Event(), threading.Event(), threading.Event()
+    settings = dataclasses.replace(SETTINGS, timeout_s=0.5)
+    eps = [FtarEndpoint("127.0.0.1", 0, settings,
+                        transport=WrappedTransport(TcpTransport(), lambda c: StuckReads(c, armed, entered, release)))
+           for _ in range(2)]
+    closer = None
+    try:
+        configure(eps, 1)
+        armed.set()
+        eps[0].allreduce(torch.ones(4096))  # rank 1 never joins: rank 0's runner reads from it
+        assert entered.wait(10), "the runner never read"
+        closer = threading.Thread(target=eps[0].close, daemon=True)
+        closer.start()
+        closer.join(30.0)
+        assert not closer.is_alive() and not release.is_set()  # returned while the read still blocks
+        assert any("runner thread did not stop within 5.5 s" in r.getMessage() for r in caplog.records)
+    finally:
+        release.set()
+        armed.clear()
+        for ep in eps:
+            ep.close()
