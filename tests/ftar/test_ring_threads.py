@@ -235,46 +235,62 @@ def test_an_error_in_the_sender_fails_the_operation_everywhere_and_breaks_the_ge
         parallel(*[e.close for e in eps])
 
 
-class StuckReads(WrappedConnection):
-    """Once `armed`, a connection whose reads ignore their timeout and interrupt() (a broken
-    transport): a read blocks until the test sets `release` (at most 60 s), then fails."""
+class Stuck(WrappedConnection):
+    """Once `armed`, a connection whose reads (or sends) ignore their timeout and interrupt() (a
+    broken transport): one blocks until the test sets `release` (at most 60 s), then fails.
+    With stuck sends `try_send` takes nothing, so every chunk goes to the sender thread, whose
+    sends block (the runner's own header and credits go through)."""
 
-    def __init__(self, inner: Connection, armed: threading.Event, entered: threading.Event,
+    def __init__(self, inner: Connection, sends: bool, armed: threading.Event, entered: threading.Event,
                  release: threading.Event) -> None:
         super().__init__(inner)
-        self._armed, self._entered, self._release = armed, entered, release
+        self._sends, self._armed, self._entered, self._release = sends, armed, entered, release
+
+    def _stuck(self) -> None:
+        self._entered.set()
+        self._release.wait(60.0)
+        raise ConnectionResetError("released by the test")
 
     def recv_exact(self, into, timeout_s: float) -> None:
-        if self._armed.is_set():
-            self._entered.set()
-            self._release.wait(60.0)
-            raise ConnectionResetError("released by the test")
+        if self._armed.is_set() and not self._sends:
+            self._stuck()
         self.inner.recv_exact(into, timeout_s)
+
+    def try_send(self, data) -> int:
+        return 0 if self._armed.is_set() and self._sends else self.inner.try_send(data)
+
+    def send_all(self, data, timeout_s: float) -> None:
+        if self._armed.is_set() and self._sends and threading.current_thread().name.startswith("ftar-send"):
+            self._stuck()
+        self.inner.send_all(data, timeout_s)
 
     def interrupt(self) -> None:
         if not self._armed.is_set():
             self.inner.interrupt()
 
 
-def test_close_is_bounded_even_when_the_runner_is_stuck_in_a_read_that_ignores_interrupt(caplog):
-    """Every wait bounded: close() gives up on a runner thread stuck in such a read after
-    timeout_s + 5 s, says so, and leaves it behind (it ends when the read does)."""
+@pytest.mark.parametrize("sends, thread", [(False, "runner"), (True, "sender")])
+def test_close_is_bounded_even_when_a_thread_is_stuck_in_a_transport_that_ignores_interrupt(caplog, sends, thread):
+    """Every wait bounded: close() gives up on the runner (stuck in a read) or the sender thread
+    (stuck in a send) after timeout_s + 5 s, says which, and leaves it behind (it ends when the
+    read or send does)."""
     armed, entered, release = threading.Event(), threading.Event(), threading.Event()
     settings = dataclasses.replace(SETTINGS, timeout_s=0.5)
-    eps = [FtarEndpoint("127.0.0.1", 0, settings,
-                        transport=WrappedTransport(TcpTransport(), lambda c: StuckReads(c, armed, entered, release)))
-           for _ in range(2)]
-    closer = None
+    eps = [FtarEndpoint("127.0.0.1", 0, settings, transport=WrappedTransport(  # only rank 0's transport breaks
+        TcpTransport(), lambda c, a=a: Stuck(c, sends, a, entered, release))) for a in (armed, threading.Event())]
     try:
         configure(eps, 1)
         armed.set()
-        eps[0].allreduce(torch.ones(4096))  # rank 1 never joins: rank 0's runner reads from it
-        assert entered.wait(10), "the runner never read"
+        # stuck reads: rank 1 never joins, so rank 0's runner reads; stuck sends: both run, and
+        # rank 0's chunks go to its sender thread
+        for ep in eps[:2 if sends else 1]:
+            ep.allreduce(torch.ones(4096))
+        assert entered.wait(10), f"the {thread} never got stuck"
         closer = threading.Thread(target=eps[0].close, daemon=True)
         closer.start()
         closer.join(30.0)
-        assert not closer.is_alive() and not release.is_set()  # returned while the read still blocks
-        assert any("runner thread did not stop within 5.5 s" in r.getMessage() for r in caplog.records)
+        assert not closer.is_alive() and not release.is_set()  # returned while the thread is still stuck
+        assert any(f"{thread} thread did not stop within 5.5 s" in r.getMessage() for r in caplog.records)
     finally:
         release.set()
         armed.clear()
