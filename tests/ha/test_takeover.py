@@ -50,7 +50,8 @@ async def committed(c: Cluster) -> dict[str, int]:
 
 async def no_damage(c: Cluster) -> None:
     bad = [e for e in await c.events() if e["kind"] in DAMAGE]
-    assert not bad, bad
+    # on failure, also the tail of each agent's log (its trainers' lines, their heartbeat failovers)
+    assert not bad, (bad, {p.name: p.log()[-1500:] for p in c.procs})
 
 
 async def health(address: str) -> int:
