@@ -48,8 +48,9 @@ async def committed(c: Cluster) -> dict[str, int]:
     return {r["replica_id"]: r["committed_step"] for r in await c.get("/api/v1/replicas")}
 
 
-async def no_damage(c: Cluster) -> None:
-    bad = [e for e in await c.events() if e["kind"] in DAMAGE]
+async def no_damage(c: Cluster, since: float = 0.0) -> None:
+    """No death, swap, cordon... since `since` (the controller's clock: events' `at`)."""
+    bad = [e for e in await c.events() if e["kind"] in DAMAGE and e["at"] >= since]
     # on failure, also the tail of each agent's log (its trainers' lines, their heartbeat failovers)
     assert not bad, (bad, {p.name: p.log()[-1500:] for p in c.procs})
 
@@ -90,6 +91,10 @@ async def test_sigkill_of_the_leader_declares_nobody_dead_and_swaps_nothing(ha):
 
     pids = {rid: [t["pid"] for t in c.trainers(rid)] for rid in REPLICAS}
     before = await committed(c)
+    # What the takeover must not add to. The fake trainers beat only by joining, so on a loaded
+    # machine one that waits in the first round for replicas still starting can be dropped
+    # before this point (CI once saw r0 "dropped from the round: no heartbeat for 3.0s" there).
+    job_before, killed_at = await c.get("/api/v1/job"), time.time()
     leader.signal(signal.SIGKILL)
     await wait_for_blocking(standby.leads, 30, "the standby to take over")
     c.http = standby.http
@@ -100,13 +105,14 @@ async def test_sigkill_of_the_leader_declares_nobody_dead_and_swaps_nothing(ha):
     danger_over_at = grace["at"] + GRACE + HB + 1.0
 
     async def safely_past():
-        await no_damage(c)
+        await no_damage(c, killed_at)
         return time.time() > danger_over_at and await trained_past({r: s + 2 for r, s in before.items()})
     await wait_for_async(safely_past, GRACE + HB + 40, "training past the takeover's danger window", every_s=0.3)
 
-    await no_damage(c)
+    await no_damage(c, killed_at)
     job = await c.get("/api/v1/job")
-    assert job["swaps"] == 0 and job["deaths"] == {} and job["replicas_healthy"] == 3
+    assert job["swaps"] <= job_before["swaps"] and job["replicas_healthy"] == 3  # swap events: no_damage
+    assert all(n <= job_before["deaths"].get(r, 0) for r, n in job["deaths"].items()), (job_before, job)
     hosts = {h["host_id"]: h for h in await c.get("/api/v1/hosts")}
     assert {h: x["state"] for h, x in hosts.items()} == {"h1": "ACTIVE", "h2": "ACTIVE", "h3": "ACTIVE",
                                                           "spare0": "SPARE"}
