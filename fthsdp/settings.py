@@ -213,16 +213,9 @@ class RuntimeSettings:
         all-reduce still starts at the due step, from the state after all K inner steps (the
         sync's arithmetic is unchanged; only its quorum round trip leaves the due step). At most
         K; semi-synchronous modes without an overlap only (an overlapped sync is asked for tau
-        steps early already). The price: a replica lost in those P steps is in a quorum already
-        formed, so the sync's all-reduce fails and retries without it; a quorum with a catch-up
-        is deferred to the due step (one more round). For a controller far from the replicas
-        (its round trip long beside the replicas' skew) with inner steps longer than that round
-        trip. Off by default because on bench.semisync's DiLoCo (2 replicas, H = 8, a 50 MB/s
-        veth link, 2 cores, inner steps of 6-7 ms) it gained nothing: of the 4-7 ms each due
-        step waited for its plan, about 3 ms came after the later replica's begin and the rest
-        was the replicas' skew, which P moves into the all-reduce; samples/s over torchft's at
-        P = 1: 0.95, 1.04, 1.06 (P = 0 alternated: 1.06, 1.10, 1.05); at P = 2 (plans in by the
-        due step 81-91 %) the due steps waited longer (39-48 ms against 30-41 ms).
+        steps early already). For a controller whose round trip is long beside the replicas'
+        skew; off by default: on bench.semisync it gained nothing (docs/architecture.md, "The
+        quorum asked for ahead", has the figures and what it changes when a replica fails).
     outer_lr / outer_momentum / outer_nesterov: DiLoCo's outer SGD (FTHSDP_OUTER_LR,
         FTHSDP_OUTER_MOMENTUM, FTHSDP_OUTER_NESTEROV=0|1); the quorum's lr_scale multiplies
         outer_lr (the inner optimizer's learning rate is the script's). Unused by other modes.
