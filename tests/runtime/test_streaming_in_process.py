@@ -150,7 +150,22 @@ def test_a_replica_lost_between_fragment_syncs_loses_only_its_uncommitted_inner_
         dead = train(ctl, "1", steps, fragments, first_life)
         lost.set()
         assert dead.get("lost") and dead["positions"] == list(range(2 * k + 1))
-        alive = pool.submit(train, ctl, "1", steps, fragments, lambda m: rebuilt.set() or True)
+        watching: list[threading.Thread] = []
+
+        def begun(m: Manager) -> bool:
+            """The survivor goes on once the rebuilt replica sent its first sync's begin (so the
+            controller's round has it, and waits for the survivor), not merely once it started:
+            else the survivor's last syncs could all form before it joins, with no sync in common."""
+            if not watching:
+                def watch() -> None:
+                    try:
+                        wait_until(lambda: m.syncs_begun_ahead, 60, "the rebuilt replica's first sync begun")
+                    finally:
+                        rebuilt.set()  # the survivor waits at most 60 s either way
+                watching.append(threading.Thread(target=watch, daemon=True))
+                watching[0].start()
+            return True
+        alive = pool.submit(train, ctl, "1", steps, fragments, begun)
         a, b = zero.result(timeout=120), alive.result(timeout=120)
     assert a["ledger"] == b["ledger"]  # one committed history
     assert a["ledger"]["0"] == steps * k
